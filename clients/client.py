@@ -1,0 +1,116 @@
+"""A small synchronous Python client for a liveloop server: chat (whole or streamed), feedback,
+versions. It speaks the same HTTP API as any OpenAI client, plus liveloop's own routes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+class LiveloopError(RuntimeError):
+    def __init__(self, status: int, body: Any):
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        super().__init__(f"HTTP {status}: {err.get('message', body)}")
+        self.status = status
+        self.body = body
+
+
+@dataclass
+class ChatReply:
+    id: str
+    text: str
+    policy_version: int
+    finish_reason: str | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+class LiveloopClient:
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str = "", model: str | None = None, timeout: float = 120):
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout)
+        self._model = model
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "LiveloopClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check(self, r: httpx.Response) -> Any:
+        try:
+            body = r.json()
+        except ValueError:
+            body = r.text
+        if r.status_code >= 400:
+            raise LiveloopError(r.status_code, body)
+        return body
+
+    @property
+    def model(self) -> str:
+        if self._model is None:
+            self._model = self._check(self.http.get("/v1/models"))["data"][0]["id"]
+        return self._model
+
+    def _chat_body(self, messages: list[dict[str, str]], **params: Any) -> dict[str, Any]:
+        return {"model": self.model, "messages": messages, "logprobs": True, "return_token_ids": True, **params}
+
+    def chat(self, messages: list[dict[str, str]], **params: Any) -> ChatReply:
+        body = self._check(self.http.post("/v1/chat/completions", json=self._chat_body(messages, **params)))
+        choice = body["choices"][0]
+        return ChatReply(
+            id=body["id"],
+            text=choice["message"]["content"],
+            policy_version=body["policy_version"],
+            finish_reason=choice["finish_reason"],
+            token_ids=choice.get("token_ids", []),
+            logprobs=[e["logprob"] for e in (choice.get("logprobs") or {}).get("content", [])],
+            usage=body.get("usage", {}),
+        )
+
+    def stream_chat(self, messages: list[dict[str, str]], **params: Any) -> Iterator[str | ChatReply]:
+        """Yields text pieces as they arrive, then the whole `ChatReply`."""
+        body = self._chat_body(messages, stream=True, **params)
+        reply = ChatReply(id="", text="", policy_version=-1, finish_reason=None)
+        with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
+            if r.status_code >= 400:
+                r.read()
+                self._check(r)
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise LiveloopError(500, chunk)
+                reply.id, reply.policy_version = chunk["id"], chunk["policy_version"]
+                for choice in chunk["choices"]:
+                    reply.token_ids += choice.get("token_ids", [])
+                    reply.logprobs += [e["logprob"] for e in (choice.get("logprobs") or {}).get("content", [])]
+                    reply.finish_reason = choice.get("finish_reason") or reply.finish_reason
+                    piece = choice.get("delta", {}).get("content")
+                    if piece:
+                        reply.text += piece
+                        yield piece
+        yield reply
+
+    def feedback(self, response_id: str, reward: int | str, comment: str | None = None) -> dict[str, Any]:
+        payload: dict[str, Any] = {"response_id": response_id, "reward": reward}
+        if comment:
+            payload["comment"] = comment
+        return self._check(self.http.post("/v1/feedback", json=payload))
+
+    def versions(self) -> dict[str, Any]:
+        return self._check(self.http.get("/v1/versions"))
+
+    def health(self) -> dict[str, Any]:
+        return self._check(self.http.get("/healthz"))

@@ -1,0 +1,159 @@
+"""The `liveloop` command line: serve, model init, store migrate/stats, chat, versions.
+
+Every command takes `--config` (default configs/default.toml); each component gets its own section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from liveloop.config import Config, ConfigError, load_config
+
+DEFAULT_CONFIG = "configs/default.toml"
+
+
+def _config(args: argparse.Namespace) -> Config:
+    path = args.config
+    if path == DEFAULT_CONFIG and not Path(path).exists():
+        raise ConfigError(f"{path} not found: run from the repository root or pass --config")
+    return load_config(path)
+
+
+def _model_dir(config: Config, build: bool = True) -> Path:
+    """The engine's checkpoint directory; the embedded default is built when missing."""
+    from liveloop.model.build import ensure_model
+
+    path = Path(config.engine.model)
+    if (path / "config.json").exists():
+        return path
+    if build and path == Path(config.model.out_dir):
+        print(f"[liveloop] building the default model into {path} (once; a few minutes)", file=sys.stderr)
+        return ensure_model(config.model, path)
+    raise ConfigError(f"engine.model: {path} is not a Hugging Face checkpoint directory (no config.json)")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from liveloop.server.app import create_app
+
+    config = _config(args)
+    server = dataclasses.replace(config.server, host=args.host or config.server.host, port=args.port or config.server.port)
+    config = dataclasses.replace(config, server=server)
+    if args.engine:
+        config = config.with_section("engine", backend=args.engine)
+    model_dir = _model_dir(config)
+    app = create_app(config, model_dir)
+    uvicorn.run(app, host=server.host, port=server.port, log_level=server.log_level, timeout_graceful_shutdown=30)
+    return 0
+
+
+def cmd_model_init(args: argparse.Namespace) -> int:
+    from liveloop.model.build import build_model, ensure_model
+
+    config = _config(args)
+    out = Path(args.out or config.model.out_dir)
+    path = build_model(config.model, out) if args.force else ensure_model(config.model, out)
+    print(path)
+    return 0
+
+
+def cmd_store_migrate(args: argparse.Namespace) -> int:
+    from liveloop.store import Store
+
+    config = _config(args)
+    store_cfg = dataclasses.replace(config.store, url=args.url) if args.url else config.store
+    store = Store(store_cfg)
+    revision = store.migrate()
+    print(f"{store.engine.url.render_as_string(hide_password=True)}: schema at {revision}")
+    store.close()
+    return 0
+
+
+def cmd_store_stats(args: argparse.Namespace) -> int:
+    from liveloop.store import Store
+
+    config = _config(args)
+    store = Store(dataclasses.replace(config.store, url=args.url) if args.url else config.store)
+    store.require_schema()
+    print(json.dumps(store.counts(), indent=2))
+    store.close()
+    return 0
+
+
+def _client(args: argparse.Namespace):
+    from liveloop.clients import LiveloopClient
+
+    key = args.api_key or os.environ.get("LIVELOOP_API_KEY")
+    if not key:
+        config = _config(args)
+        key = (config.auth.dev_user_keys or ("",))[0]
+    return LiveloopClient(args.base_url, key)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from liveloop.clients.chat_cli import chat_loop
+
+    with _client(args) as client:
+        return chat_loop(client, max_tokens=args.max_tokens)
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        print(json.dumps(client.versions(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="liveloop", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="TOML config (default: %(default)s)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="serve the model on an OpenAI-compatible endpoint")
+    p.add_argument("--host", help="listen address (default from config: 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default from config: 8000)")
+    p.add_argument("--engine", choices=["vllm", "hf"], help="override engine.backend")
+    p.set_defaults(func=cmd_serve)
+
+    model = sub.add_parser("model", help="the embedded default model").add_subparsers(dest="model_cmd", required=True)
+    p = model.add_parser("init", help="build the tiny default model (tokenizer + MoE + brief training)")
+    p.add_argument("--out", help="output directory (default: model.out_dir)")
+    p.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    p.set_defaults(func=cmd_model_init)
+
+    store = sub.add_parser("store", help="the versioned-feedback store").add_subparsers(dest="store_cmd", required=True)
+    p = store.add_parser("migrate", help="upgrade the database schema to the current revision")
+    p.add_argument("--url", help="override store.url")
+    p.set_defaults(func=cmd_store_migrate)
+    p = store.add_parser("stats", help="row counts")
+    p.add_argument("--url", help="override store.url")
+    p.set_defaults(func=cmd_store_stats)
+
+    for name, func, text in (("chat", cmd_chat, "chat interactively and rate replies"), ("versions", cmd_versions, "list policy versions")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--base-url", default="http://127.0.0.1:8000")
+        p.add_argument("--api-key", help="API key (default: $LIVELOOP_API_KEY, else the config's first dev key)")
+        if name == "chat":
+            p.add_argument("--max-tokens", type=int, default=96)
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"liveloop: config error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""One small metrics interface with slash names (`server/requests`, `server/swap_ms`) that feeds
+Prometheus (`/metrics`) and can be read back as plain numbers (tests, logs)."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def prom_name(name: str) -> str:
+    return "liveloop_" + name.replace("/", "_").replace(".", "_").replace("-", "_")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._metrics: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def _get(self, kind: type, name: str, labels: dict[str, str], **kw: object):
+        with self._lock:
+            metric = self._metrics.get(name)
+            if metric is None:
+                metric = kind(prom_name(name), name, labelnames=sorted(labels), registry=self.registry, **kw)
+                self._metrics[name] = metric
+        return metric.labels(**labels) if labels else metric
+
+    def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
+        self._get(Counter, name, labels).inc(value)
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        self._get(Gauge, name, labels).set(value)
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        self._get(Histogram, name, labels, buckets=_LATENCY_BUCKETS).observe(value)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

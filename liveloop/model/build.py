@@ -1,0 +1,225 @@
+"""Builds the embedded default model: corpus -> tokenizer -> Qwen3-MoE -> training -> directory on disk.
+
+`build_model` runs the steps in order and writes a Hugging Face model directory atomically (model,
+tokenizer, generation config, and `liveloop_build.json` recording the config, losses and sample replies).
+Everything is seeded, so the same config gives the same weights. Serving and online learning are not
+this module's business; they only read the directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from liveloop.model.config import ModelBuildConfig
+from liveloop.model.corpus import Example, generate_corpus
+from liveloop.model.tokenizer import PAD_TOKEN, train_tokenizer
+
+BUILD_RECORD = "liveloop_build.json"
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# Phrasings not used by the corpus's prompt templates.
+SAMPLE_PROMPTS = (
+    "Please write something about cats.", "Share some words about the sea.", "Talk to me about the moon.",
+    "Anything to say about bread?", "Please write something about forests.", "Share some words about trains.",
+)
+
+
+def ensure_model(cfg: ModelBuildConfig, out_dir: Path | None = None) -> Path:
+    """Return the model directory, building it first unless it already holds a complete model."""
+    out = Path(out_dir if out_dir is not None else cfg.out_dir)
+    if all((out / name).is_file() for name in REQUIRED_FILES):
+        return out
+    return build_model(cfg, out)
+
+
+def build_model(cfg: ModelBuildConfig, out_dir: Path | None = None, progress: bool = True) -> Path:
+    """Build the model described by `cfg` into `out_dir` (default `cfg.out_dir`), replacing what is there."""
+    start = time.monotonic()
+    out = Path(out_dir if out_dir is not None else cfg.out_dir)
+    # 1. Corpus.
+    corpus = generate_corpus(cfg.corpus_size, cfg.seed)
+    # 2. Tokenizer.
+    tokenizer = train_tokenizer((text for ex in corpus for text in (ex.prompt, ex.reply)), cfg.vocab_size)
+    # 3. Model.
+    torch.manual_seed(cfg.seed)
+    model = Qwen3MoeForCausalLM(_model_config(cfg, tokenizer))
+    # 4. Training.
+    sequences = _tokenize_corpus(corpus, tokenizer, cfg)
+    losses = _train(model, sequences, tokenizer.pad_token_id, cfg, progress)
+    # 5. Samples and save.
+    model.generation_config = GenerationConfig(
+        bos_token_id=model.config.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    samples = _sample_replies(model, tokenizer, cfg.seed)
+    tail = losses[-max(1, len(losses) // 20):]
+    record = {
+        "config": dataclasses.asdict(cfg),
+        "first_loss": losses[0],
+        "final_loss": sum(tail) / len(tail),
+        "loss_curve": losses[:: max(1, len(losses) // 20)],
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "build_seconds": round(time.monotonic() - start, 2),
+        "samples": samples,
+    }
+    _save_atomically(out, model, tokenizer, record)
+    return out
+
+
+def _model_config(cfg: ModelBuildConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3MoeConfig:
+    pad_id = tokenizer.pad_token_id
+    return Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.moe_intermediate_size,  # unused: every layer is MoE
+        moe_intermediate_size=cfg.moe_intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        num_experts=cfg.num_experts,
+        num_experts_per_tok=cfg.experts_per_token,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        use_cache=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_id,
+        dtype="float32",
+    )
+
+
+def _tokenize_corpus(corpus: list[Example], tokenizer: PreTrainedTokenizerFast,
+                     cfg: ModelBuildConfig) -> list[tuple[list[int], list[int]]]:
+    """(token ids, loss mask) per example: chats learn only the reply and its <|end|>; plain text learns all."""
+    rng = random.Random(cfg.seed + 1)
+    eos = tokenizer.eos_token
+    sequences = []
+    for ex in corpus:
+        reply_ids = tokenizer.encode(ex.reply + eos, add_special_tokens=False)
+        if rng.random() < cfg.plain_text_fraction:
+            ids, mask = reply_ids, [1] * len(reply_ids)
+        else:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": ex.prompt}], tokenize=False,
+                                                   add_generation_prompt=True)
+            prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+            newline_ids = tokenizer.encode("\n", add_special_tokens=False)  # the template's turn separator
+            ids = prompt_ids + reply_ids + newline_ids
+            mask = [0] * len(prompt_ids) + [1] * len(reply_ids) + [0] * len(newline_ids)
+        sequences.append((ids[: cfg.seq_len], mask[: cfg.seq_len]))
+    return sequences
+
+
+def _batches(sequences: list, cfg: ModelBuildConfig, pad_id: int):
+    """Endless seeded batches: (input_ids, attention_mask, loss_mask), right-padded to the longest row."""
+    rng = random.Random(cfg.seed + 2)
+    order: list[int] = []
+    while True:
+        if len(order) < cfg.batch_size:
+            epoch = list(range(len(sequences)))
+            rng.shuffle(epoch)
+            order += epoch
+        rows, order = [sequences[i] for i in order[: cfg.batch_size]], order[cfg.batch_size:]
+        width = max(len(ids) for ids, _ in rows)
+        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        loss_mask = torch.zeros((len(rows), width), dtype=torch.float32)
+        for r, (ids, mask) in enumerate(rows):
+            input_ids[r, : len(ids)] = torch.tensor(ids)
+            attention_mask[r, : len(ids)] = 1
+            loss_mask[r, : len(ids)] = torch.tensor(mask, dtype=torch.float32)
+        yield input_ids, attention_mask, loss_mask
+
+
+def masked_next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting token t+1 from position t, over targets with loss_mask 1.
+
+    logits: [B, T, V]; input_ids, loss_mask: [B, T] (loss_mask marks which tokens are targets).
+    """
+    targets, weights = input_ids[:, 1:], loss_mask[:, 1:]
+    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1), targets.flatten(), reduction="none")
+    return (nll * weights.flatten()).sum() / weights.sum().clamp(min=1.0)
+
+
+def _lr_factor(step: int, total: int) -> float:
+    warmup = max(1, total // 20)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _train(model: Qwen3MoeForCausalLM, sequences: list, pad_id: int, cfg: ModelBuildConfig,
+           progress: bool) -> list[float]:
+    """AdamW with warmup and cosine decay; returns the language-model loss of every step."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.95), weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, cfg.train_steps))
+    batches = _batches(sequences, cfg, pad_id)
+    losses = []
+    bar = tqdm(range(cfg.train_steps), desc="building liveloop model", disable=not progress)
+    for _ in bar:
+        input_ids, attention_mask, loss_mask = next(batches)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_router_logits=True)
+        lm_loss = masked_next_token_loss(out.logits, input_ids, loss_mask)
+        loss = lm_loss + model.config.router_aux_loss_coef * out.aux_loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(lm_loss.item())
+        bar.set_postfix(loss=f"{lm_loss.item():.3f}")
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def _sample_replies(model: Qwen3MoeForCausalLM, tokenizer: PreTrainedTokenizerFast, seed: int) -> list[dict]:
+    """Replies to held-out prompts: the first half greedy, the second half sampled at temperature 0.8."""
+    torch.manual_seed(seed)
+    samples = []
+    for i, prompt in enumerate(SAMPLE_PROMPTS):
+        greedy = i < len(SAMPLE_PROMPTS) // 2
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                               return_dict=True, return_tensors="pt")
+        out = model.generate(**inputs, max_new_tokens=80, do_sample=not greedy,
+                             temperature=None if greedy else 0.8, top_p=None, top_k=None)
+        reply = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        samples.append({"prompt": prompt, "mode": "greedy" if greedy else "temperature=0.8", "reply": reply})
+    return samples
+
+
+def _save_atomically(out: Path, model: Qwen3MoeForCausalLM, tokenizer: PreTrainedTokenizerFast,
+                     record: dict) -> None:
+    """Write into a sibling temporary directory, then swap it into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / BUILD_RECORD).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Sets everything up and runs the whole test suite (what .ci/run runs): the virtual environment,
+# the default model (built once), a private PostgreSQL on 127.0.0.1, then pytest over tests/.
+# Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PG_URL=$(bash scripts/postgres.sh start)
+export LIVELOOP_TEST_PG_URL=$PG_URL
+export LIVELOOP_REQUIRE_PG=1
+export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
+.venv/bin/liveloop model init >/dev/null
+set +e
+.venv/bin/python -m pytest -p no:cacheprovider -ra "${@:-tests}"
+rc=$?
+set -e
+bash scripts/postgres.sh stop
+exit $rc

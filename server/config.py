@@ -1,0 +1,59 @@
+"""The server's configuration sections: `[server]` (HTTP), `[auth]` (API keys), `[engine]` (backend)."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=8000, metadata={"help": "port to listen on"})
+    max_body_bytes: int = field(default=1 << 20, metadata={"help": "larger request bodies get 413"})
+    default_max_tokens: int = field(default=128, metadata={"help": "max_tokens when a request gives none"})
+    max_tokens_limit: int = field(default=512, metadata={"help": "largest max_tokens a request may ask for"})
+    log_level: str = field(default="info", metadata={"help": "uvicorn log level"})
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError("port must be in 1..65535")
+        if self.default_max_tokens < 1 or self.max_tokens_limit < 1:
+            raise ValueError("default_max_tokens and max_tokens_limit must be >= 1")
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """API keys. Production: keys from environment variables (comma-separated) or as sha256 hex hashes.
+    The `dev_*` lists hold plain-text keys and are for development only."""
+
+    dev_user_keys: tuple[str, ...] = field(default=(), metadata={"help": "DEVELOPMENT ONLY: plain-text user keys"})
+    dev_admin_keys: tuple[str, ...] = field(default=(), metadata={"help": "DEVELOPMENT ONLY: plain-text admin keys"})
+    user_keys_env: str = field(default="LIVELOOP_USER_KEYS", metadata={"help": "env var with user keys"})
+    admin_keys_env: str = field(default="LIVELOOP_ADMIN_KEYS", metadata={"help": "env var with admin keys"})
+    user_key_sha256: tuple[str, ...] = field(default=(), metadata={"help": "sha256 hex digests of user keys"})
+    admin_key_sha256: tuple[str, ...] = field(default=(), metadata={"help": "sha256 hex digests of admin keys"})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    backend: str = field(default="vllm", metadata={"help": "vllm | hf"})
+    model: str = field(
+        default="models/liveloop-tiny",
+        metadata={"help": "a Hugging Face checkpoint directory; the tiny default is built there when missing"},
+    )
+    served_model_name: str = field(default="liveloop-tiny", metadata={"help": "the `model` clients ask for"})
+    dtype: str = field(default="float32", metadata={"help": "float32 | bfloat16 | float16"})
+    max_model_len: int = field(default=512, metadata={"help": "context length: prompt + completion tokens"})
+    seed: int = field(default=0, metadata={"help": "engine seed (requests without a seed draw from it)"})
+    max_num_seqs: int = field(default=32, metadata={"help": "most requests generating at once"})
+    gpu_memory_utilization: float = field(default=0.3, metadata={"help": "vLLM memory share"})
+    cpu_kv_cache_gb: int = field(default=1, metadata={"help": "vLLM-CPU KV cache (VLLM_CPU_KVCACHE_SPACE)"})
+    checkpoint_dir: str = field(
+        default="data/checkpoints", metadata={"help": "where tensors pushed to update_weights are written"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("vllm", "hf"):
+            raise ValueError(f"backend must be 'vllm' or 'hf', got {self.backend!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.max_model_len < 16:
+            raise ValueError("max_model_len must be >= 16")

@@ -1,0 +1,16 @@
+"""Engine backends behind one small protocol (`base.Engine`), chosen by `[engine] backend`.
+
+Engines are purely token-id machines: they know nothing of chat templates, HTTP or the store.
+"""
+
+from liveloop.server.engines.base import (
+    Engine,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    TokenDelta,
+    VersionGate,
+    create_engine,
+)
+
+__all__ = ["Engine", "Generation", "GenerationRequest", "SamplingParams", "TokenDelta", "VersionGate", "create_engine"]

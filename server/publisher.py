@@ -1,0 +1,70 @@
+"""Publishing a policy version into the live engine, with its row in the store.
+
+Order matters for integrity: the `policy_versions` row is written first (status "loading"), so a
+response that records the new version always has its row; then the engine swaps atomically; then the
+row becomes "serving" and its parent "retired". A failed swap leaves the old version serving and the
+row marked "failed".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from pathlib import Path
+
+from liveloop.metrics import Metrics
+from liveloop.server.engines.base import Engine
+from liveloop.server.errors import APIError
+from liveloop.store import Store
+
+
+def checkpoint_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+class Publisher:
+    def __init__(self, engine: Engine, store: Store, metrics: Metrics):
+        self.engine = engine
+        self.store = store
+        self.metrics = metrics
+        self._lock = asyncio.Lock()
+
+    async def publish_dir(self, path: str, note: str | None = None, **row: object) -> dict:
+        directory = Path(path)
+        if not directory.is_dir() or not any(directory.glob("*.safetensors")):
+            raise APIError(400, f"path: {path} is not a checkpoint directory with *.safetensors", param="path")
+        async with self._lock:
+            parent = self.engine.version
+            versions = await asyncio.to_thread(self.store.list_versions)
+            version = max((v.version for v in versions), default=0) + 1
+            digest = await asyncio.to_thread(checkpoint_digest, directory)
+            await asyncio.to_thread(
+                self.store.add_version,
+                version,
+                parent=parent,
+                checkpoint_path=str(directory.resolve()),
+                checkpoint_sha256=digest,
+                status="loading",
+                note=note,
+                **row,
+            )
+            start = time.perf_counter()
+            try:
+                held = await self.engine.update_weights(str(directory), version)
+            except Exception as exc:
+                await asyncio.to_thread(self.store.set_version_status, version, "failed")
+                self.metrics.inc("server/swap_failures")
+                raise APIError(400, f"could not load {path}: {exc}", param="path") from exc
+            await asyncio.to_thread(self.store.set_version_status, version, "serving")
+            await asyncio.to_thread(self.store.set_version_status, parent, "retired")
+            swap_s = time.perf_counter() - start
+            self.metrics.observe("server/swap_seconds", swap_s)
+            self.metrics.observe("server/swap_hold_seconds", held)
+            self.metrics.inc("server/swaps")
+            return {"version": version, "parent": parent, "swap_ms": swap_s * 1000, "held_ms": held * 1000}

@@ -1,0 +1,1 @@
+"""HTTP routes, one module per audience: OpenAI-compatible generation, feedback, operations, admin."""

@@ -1,0 +1,135 @@
+"""Pydantic models of the HTTP edge (OpenAI-compatible requests, liveloop's feedback). Only here:
+everything behind the edge speaks typed dataclasses."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Stop = str | list[str] | None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    model: str
+    max_tokens: Annotated[int, Field(gt=0)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    stop: Stop = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1
+    user: str | None = None
+    metadata: dict[str, str] | None = Field(default=None, description="tags stored with the response")
+    presence_penalty: Literal[0, 0.0] = 0.0
+    frequency_penalty: Literal[0, 0.0] = 0.0
+    return_token_ids: bool = Field(default=False, description="extension: include prompt/completion token ids")
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: Stop) -> Stop:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must be non-empty")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _meta(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is not None and (len(v) > 16 or any(len(k) > 64 or len(x) > 512 for k, x in v.items())):
+            raise ValueError("metadata: at most 16 keys, keys <= 64 and values <= 512 characters")
+        return v
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: Annotated[int, Field(gt=0)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _non_empty(cls, v: list[ChatMessage]) -> list[ChatMessage]:
+        if not v:
+            raise ValueError("messages must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _top(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs=true")
+        return self
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str]
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: Literal[False] = False
+    suffix: None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt must not be empty")
+            if isinstance(v[0], str):
+                if len(v) != 1:
+                    raise ValueError("only one prompt per request is supported")
+                return v[0]
+            if any(t < 0 for t in v):
+                raise ValueError("token ids must be >= 0")
+        elif v == "":
+            raise ValueError("prompt must not be empty")
+        return v
+
+
+class FeedbackRequest(_Strict):
+    response_id: Annotated[str, Field(min_length=1, max_length=64)]
+    reward: int | str
+    comment: Annotated[str, Field(max_length=4096)] | None = None
+
+    @field_validator("reward")
+    @classmethod
+    def _reward(cls, v: int | str) -> int:
+        if isinstance(v, bool):
+            raise ValueError("reward must be 0, 1, 'up' or 'down'")
+        table = {0: 0, 1: 1, "up": 1, "down": 0, "0": 0, "1": 1}
+        if v not in table:
+            raise ValueError("reward must be 0, 1, 'up' or 'down'")
+        return table[v]
+
+
+class SwapRequest(_Strict):
+    path: Annotated[str, Field(min_length=1)]
+    note: str | None = None

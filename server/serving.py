@@ -1,0 +1,248 @@
+"""The serving pipeline between the HTTP edge and the engine: request -> prompt token ids and
+sampling params (with every limit checked before anything runs), an admitted generation whose
+version is known before the first byte goes out, text and stop strings, and the durable log record.
+
+    prepared = serving.prepare_chat(request, principal)      # raises APIError on bad input
+    async with serving.run(prepared) as run:                  # admitted: run.version
+        async for piece in run: ...                           # text + tokens as they arrive
+        await run.commit()                                    # durable in the store; then reply
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from liveloop.metrics import Metrics
+from liveloop.server.auth import Principal
+from liveloop.server.config import EngineConfig, ServerConfig
+from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams
+from liveloop.server.errors import APIError
+from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest
+from liveloop.server.text import TextStream
+from liveloop.store import BatchWriter, ResponseRecord
+
+
+@dataclass(frozen=True)
+class Prepared:
+    response_id: str
+    endpoint: str  # "chat" | "completion"
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    stops: list[str]
+    principal: Principal
+    meta: dict[str, str] | None
+    created: int
+
+
+@dataclass
+class Piece:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None
+
+
+@dataclass
+class Run:
+    prepared: Prepared
+    version: int
+    stream: AsyncIterator[Piece]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    ended: float | None = None
+    committed: bool = False
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        return self.stream
+
+
+def _stop_ids(tokenizer: Any, model_dir: Path) -> tuple[int, ...]:
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_cfg = model_dir / "generation_config.json"
+    if gen_cfg.exists():
+        eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return tuple(sorted(ids))
+
+
+class Serving:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        writer: BatchWriter,
+        metrics: Metrics,
+        server: ServerConfig,
+        engine_config: EngineConfig,
+        model_dir: Path,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.writer = writer
+        self.metrics = metrics
+        self.server = server
+        self.model_name = engine_config.served_model_name
+        self.max_model_len = engine_config.max_model_len
+        self.stop_token_ids = _stop_ids(tokenizer, model_dir)
+        self.vocab_size = len(tokenizer)
+
+    # -- 1. request -> prompt ids + sampling --------------------------------------------------------
+    def _check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise APIError(404, f"the model `{model}` does not exist", param="model", code="model_not_found")
+
+    def prepare_chat(self, req: ChatCompletionRequest, principal: Principal) -> Prepared:
+        self._check_model(req.model)
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise APIError(400, "this model has no chat template: use /v1/completions", param="messages")
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        top = (req.top_logprobs or 0) if req.logprobs else 0
+        return self._prepared("chat", "chatcmpl", prompt_ids, max_tokens, top, req, principal)
+
+    def prepare_completion(self, req: CompletionRequest, principal: Principal) -> Prepared:
+        self._check_model(req.model)
+        if isinstance(req.prompt, str):
+            prompt_ids = self.tokenizer(req.prompt, add_special_tokens=True)["input_ids"]
+        else:
+            prompt_ids = list(req.prompt)
+            if max(prompt_ids) >= self.vocab_size:
+                raise APIError(400, f"prompt: token ids must be < {self.vocab_size}", param="prompt")
+        return self._prepared("completion", "cmpl", prompt_ids, req.max_tokens, req.logprobs or 0, req, principal)
+
+    def _prepared(self, endpoint, prefix, prompt_ids, max_tokens, top, req, principal) -> Prepared:
+        n_prompt = len(prompt_ids)
+        if n_prompt == 0:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        if n_prompt >= self.max_model_len:
+            raise APIError(
+                400,
+                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has {n_prompt}",
+                param="messages" if endpoint == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        room = self.max_model_len - n_prompt
+        if max_tokens is None:
+            max_tokens = min(self.server.default_max_tokens, room)
+        elif max_tokens > self.server.max_tokens_limit:
+            raise APIError(400, f"max_tokens: at most {self.server.max_tokens_limit}", param="max_tokens")
+        elif max_tokens > room:
+            raise APIError(
+                400,
+                f"this model's maximum context length is {self.max_model_len} tokens: {n_prompt} in the prompt "
+                f"+ {max_tokens} max_tokens is too many",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        sampling = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            top_logprobs=top,
+            stop_token_ids=self.stop_token_ids,
+        )
+        return Prepared(
+            response_id=f"{prefix}-{uuid.uuid4().hex}",
+            endpoint=endpoint,
+            prompt_ids=tuple(prompt_ids),
+            sampling=sampling,
+            stops=req.stops(),
+            principal=principal,
+            meta=dict(req.metadata) if req.metadata else None,
+            created=int(time.time()),
+        )
+
+    # -- 2. admitted generation -> pieces ------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def run(self, prepared: Prepared) -> AsyncIterator[Run]:
+        request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling)
+        async with self.engine.generate(request) as gen:
+            run = Run(prepared, gen.version, None)  # type: ignore[arg-type]
+            run.stream = self._pieces(run, gen)
+            try:
+                yield run
+            finally:
+                await run.stream.aclose()
+                await gen.stream.aclose()  # aborts the engine request if it is still running
+                if not run.committed:  # the client went away: keep the record, nobody waits for it
+                    run.finish_reason = run.finish_reason or "abort"
+                    run.ended = run.ended or time.perf_counter()
+                    self.writer.submit(self._record(run))
+                    run.committed = True
+
+    async def _pieces(self, run: Run, gen: AsyncIterator) -> AsyncIterator[Piece]:
+        text = TextStream(self.tokenizer, run.prepared.stops)
+        async for delta in gen:
+            if run.first_token_at is None and delta.token_ids:
+                run.first_token_at = time.perf_counter()
+            run.token_ids += delta.token_ids
+            run.logprobs += delta.logprobs
+            if delta.top_logprobs:
+                run.top_logprobs += delta.top_logprobs
+            chunk = text.add(delta.token_ids)
+            if text.stopped:
+                run.finish_reason = "stop"
+            elif delta.finish_reason:
+                run.finish_reason = delta.finish_reason
+                chunk += text.finish()
+            run.text = text.text
+            yield Piece(chunk, delta.token_ids, delta.logprobs, delta.top_logprobs)
+            if run.finish_reason:
+                break
+        run.ended = time.perf_counter()
+        if run.finish_reason is None:
+            run.finish_reason = "abort"
+
+    # -- 3. durable record ---------------------------------------------------------------------------
+    def _record(self, run: Run) -> ResponseRecord:
+        p = run.prepared
+        ended = run.ended or time.perf_counter()
+        return ResponseRecord(
+            id=p.response_id,
+            api_key_id=p.principal.key_id,
+            model=self.model_name,
+            policy_version=run.version,
+            endpoint=p.endpoint,
+            prompt_ids=p.prompt_ids,
+            response_ids=tuple(run.token_ids),
+            behavior_logprobs=tuple(run.logprobs),
+            finish_reason=run.finish_reason or "abort",
+            temperature=p.sampling.temperature,
+            top_p=p.sampling.top_p,
+            seed=p.sampling.seed,
+            latency_ms=(ended - run.started) * 1000,
+            ttft_ms=None if run.first_token_at is None else (run.first_token_at - run.started) * 1000,
+            request_meta=p.meta,
+        )
+
+    async def commit(self, run: Run) -> None:
+        """Write the response durably; only then may the client be told it is complete."""
+        record = self._record(run)
+        run.committed = True
+        try:
+            await self.writer.write(record)
+        except Exception as exc:
+            self.metrics.inc("server/log_failures")
+            raise APIError(503, "the response could not be logged; please retry") from exc
+        self.metrics.inc("server/responses", endpoint=run.prepared.endpoint)
+        self.metrics.inc("server/completion_tokens", len(run.token_ids))
+        self.metrics.observe("server/latency_seconds", record.latency_ms / 1000)
+        if record.ttft_ms is not None:
+            self.metrics.observe("server/ttft_seconds", record.ttft_ms / 1000)

@@ -1,0 +1,23 @@
+"""The versioned-feedback store: every served response with its exact tokens, behavior logprobs and
+policy version; the ratings users give; the policy versions; the learner's cursor.
+
+SQLAlchemy 2.0 models (`models`), the query API every other component uses (`store.Store`), the
+batched group-commit writer the server logs through (`writer.BatchWriter`), and Alembic migrations.
+SQLite (WAL) by default, PostgreSQL by URL. Knows nothing of HTTP or torch.
+"""
+
+from liveloop.store.config import StoreConfig
+from liveloop.store.records import FeedbackRecord, ResponseRecord, VersionRecord
+from liveloop.store.store import ResponseNotFound, SchemaNotReady, Store
+from liveloop.store.writer import BatchWriter
+
+__all__ = [
+    "BatchWriter",
+    "FeedbackRecord",
+    "ResponseNotFound",
+    "ResponseRecord",
+    "SchemaNotReady",
+    "Store",
+    "StoreConfig",
+    "VersionRecord",
+]

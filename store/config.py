@@ -1,0 +1,29 @@
+"""The store's configuration section (`[store]`)."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    url: str = field(
+        default="sqlite:///data/liveloop.db",
+        metadata={"help": "SQLAlchemy URL: sqlite:///path (WAL) or postgresql+psycopg://user@host:port/db"},
+    )
+    auto_migrate: bool = field(
+        default=True, metadata={"help": "run `store migrate` (Alembic upgrade to head) when the server starts"}
+    )
+    batch_max: int = field(default=512, metadata={"help": "most rows the writer commits in one transaction"})
+    queue_max: int = field(
+        default=8192, metadata={"help": "most writes waiting for the writer; beyond it requests wait (backpressure)"}
+    )
+    sqlite_synchronous: str = field(
+        default="FULL", metadata={"help": "SQLite PRAGMA synchronous (FULL: a commit survives power loss)"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.batch_max < 1:
+            raise ValueError("batch_max must be >= 1")
+        if self.queue_max < 1:
+            raise ValueError("queue_max must be >= 1")
+        if self.sqlite_synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ValueError("sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA")

@@ -1,0 +1,86 @@
+"""SQLAlchemy 2.0 typed models: policy_versions, responses, feedback, learner_cursor.
+
+The schema is owned by the Alembic migrations in `migrations/`; these classes mirror it for queries.
+Token arrays are binary columns (see `codec`).
+"""
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, LargeBinary, SmallInteger, String, Text
+from sqlalchemy import UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class PolicyVersion(Base):
+    __tablename__ = "policy_versions"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    parent: Mapped[int | None] = mapped_column(ForeignKey("policy_versions.version"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    checkpoint_path: Mapped[str | None] = mapped_column(Text)
+    checkpoint_sha256: Mapped[str | None] = mapped_column(String(64))
+    learner_step: Mapped[int] = mapped_column(Integer, default=0)
+    samples_used: Mapped[int] = mapped_column(Integer, default=0)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="serving")
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class Response(Base):
+    __tablename__ = "responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    api_key_id: Mapped[str] = mapped_column(String(32), index=True)
+    model: Mapped[str] = mapped_column(String(128))
+    policy_version: Mapped[int] = mapped_column(ForeignKey("policy_versions.version"), index=True)
+    endpoint: Mapped[str] = mapped_column(String(16))
+    prompt_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    response_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    behavior_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
+    action_mask: Mapped[bytes | None] = mapped_column(LargeBinary)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    temperature: Mapped[float] = mapped_column(Float)
+    top_p: Mapped[float] = mapped_column(Float)
+    seed: Mapped[int | None] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    request_meta: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+
+class Feedback(Base):
+    """One rating per (response, api key). A repeat replaces the row with a new id, so the learner,
+    which reads feedback in id order past its cursor, sees the latest rating."""
+
+    __tablename__ = "feedback"
+    __table_args__ = (
+        UniqueConstraint("response_id", "api_key_id", name="uq_feedback_response_key"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    response_id: Mapped[str] = mapped_column(ForeignKey("responses.id"), index=True)
+    api_key_id: Mapped[str] = mapped_column(String(32))
+    reward: Mapped[int] = mapped_column(SmallInteger)
+    comment: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+
+class LearnerCursor(Base):
+    __tablename__ = "learner_cursor"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_feedback_id: Mapped[int] = mapped_column(Integer, default=0)
+    policy_version: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

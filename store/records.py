@@ -1,0 +1,87 @@
+"""Typed messages into and out of the store: plain dataclasses, no ORM state, safe across threads."""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ResponseRecord:
+    """One served response, exactly as the engine produced it."""
+
+    id: str
+    api_key_id: str
+    model: str
+    policy_version: int
+    endpoint: str  # "chat" | "completion"
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    behavior_logprobs: tuple[float, ...]
+    finish_reason: str
+    temperature: float
+    top_p: float
+    latency_ms: float
+    seed: int | None = None
+    ttft_ms: float | None = None
+    action_mask: tuple[int, ...] | None = None
+    request_meta: dict[str, Any] | None = None
+    created_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        assert len(self.response_ids) == len(self.behavior_logprobs), "one logprob per response token"
+        assert self.action_mask is None or len(self.action_mask) == len(self.response_ids)
+
+
+@dataclass(frozen=True)
+class FeedbackRecord:
+    response_id: str
+    api_key_id: str
+    reward: int  # 0 or 1
+    comment: str | None = None
+
+
+@dataclass(frozen=True)
+class StoredFeedback:
+    id: int
+    response_id: str
+    api_key_id: str
+    reward: int
+    comment: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    id: str
+    api_key_id: str
+    model: str
+    policy_version: int
+    endpoint: str
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    behavior_logprobs: np.ndarray
+    action_mask: np.ndarray  # all ones for a plain response
+    finish_reason: str
+    temperature: float
+    top_p: float
+    seed: int | None
+    latency_ms: float
+    ttft_ms: float | None
+    request_meta: dict[str, Any] | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    version: int
+    parent: int | None
+    created_at: datetime
+    checkpoint_path: str | None
+    checkpoint_sha256: str | None
+    learner_step: int
+    samples_used: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+    status: str = "serving"
+    note: str | None = None

@@ -1,0 +1,307 @@
+"""The store's query API: what the server, learner, offline jobs and reports read and write.
+
+All writes of served traffic go through `write_batch` (called by the group-commit `BatchWriter`):
+responses are inserted in bulk, feedback is validated (the response exists and was served to the same
+API key) and replaces an earlier rating by the same key, all in one transaction. An operation that is
+invalid fails alone; a batch that hits an unexpected database error is retried one operation at a time
+so that one bad row never loses the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from liveloop.store import codec, migrate
+from liveloop.store.config import StoreConfig
+from liveloop.store.db import make_engine
+from liveloop.store.models import Feedback, LearnerCursor, PolicyVersion, Response, utcnow
+from liveloop.store.records import (
+    FeedbackRecord,
+    ResponseRecord,
+    StoredFeedback,
+    StoredResponse,
+    VersionRecord,
+)
+
+WriteOp = ResponseRecord | FeedbackRecord
+
+
+class ResponseNotFound(LookupError):
+    """No response with this id was served to this API key."""
+
+
+class SchemaNotReady(RuntimeError):
+    """The database is not migrated to the current schema; run `liveloop store migrate`."""
+
+
+def _response_row(rec: ResponseRecord) -> dict[str, Any]:
+    return {
+        "id": rec.id,
+        "api_key_id": rec.api_key_id,
+        "model": rec.model,
+        "policy_version": rec.policy_version,
+        "endpoint": rec.endpoint,
+        "prompt_ids": codec.encode_ids(rec.prompt_ids),
+        "response_ids": codec.encode_ids(rec.response_ids),
+        "behavior_logprobs": codec.encode_floats(rec.behavior_logprobs),
+        "action_mask": None if rec.action_mask is None else codec.encode_mask(rec.action_mask),
+        "finish_reason": rec.finish_reason,
+        "temperature": rec.temperature,
+        "top_p": rec.top_p,
+        "seed": rec.seed,
+        "prompt_tokens": len(rec.prompt_ids),
+        "completion_tokens": len(rec.response_ids),
+        "latency_ms": rec.latency_ms,
+        "ttft_ms": rec.ttft_ms,
+        "request_meta": rec.request_meta,
+        "created_at": rec.created_at or utcnow(),
+    }
+
+
+def _stored_response(row: Response) -> StoredResponse:
+    response_ids = codec.decode_ids(row.response_ids)
+    mask = codec.decode_mask(row.action_mask) if row.action_mask is not None else None
+    return StoredResponse(
+        id=row.id,
+        api_key_id=row.api_key_id,
+        model=row.model,
+        policy_version=row.policy_version,
+        endpoint=row.endpoint,
+        prompt_ids=codec.decode_ids(row.prompt_ids),
+        response_ids=response_ids,
+        behavior_logprobs=codec.decode_floats(row.behavior_logprobs),
+        action_mask=mask if mask is not None else codec.decode_mask(b"\x01" * len(response_ids)),
+        finish_reason=row.finish_reason,
+        temperature=row.temperature,
+        top_p=row.top_p,
+        seed=row.seed,
+        latency_ms=row.latency_ms,
+        ttft_ms=row.ttft_ms,
+        request_meta=row.request_meta,
+        created_at=_aware(row.created_at),
+    )
+
+
+def _stored_feedback(row: Feedback) -> StoredFeedback:
+    return StoredFeedback(row.id, row.response_id, row.api_key_id, row.reward, row.comment, _aware(row.created_at))
+
+
+def _version_record(row: PolicyVersion) -> VersionRecord:
+    return VersionRecord(
+        version=row.version,
+        parent=row.parent,
+        created_at=_aware(row.created_at),
+        checkpoint_path=row.checkpoint_path,
+        checkpoint_sha256=row.checkpoint_sha256,
+        learner_step=row.learner_step,
+        samples_used=row.samples_used,
+        metrics=dict(row.metrics or {}),
+        status=row.status,
+        note=row.note,
+    )
+
+
+def _aware(ts: datetime) -> datetime:
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+class Store:
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.engine = make_engine(config)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- schema -------------------------------------------------------------------------------
+    def migrate(self) -> str | None:
+        return migrate.upgrade(self.engine)
+
+    def schema_revision(self) -> str | None:
+        return migrate.current_revision(self.engine)
+
+    def require_schema(self) -> None:
+        current, head = self.schema_revision(), migrate.head_revision()
+        if current != head:
+            raise SchemaNotReady(
+                f"database {self.engine.url.render_as_string(hide_password=True)} is at schema "
+                f"{current or 'empty'}, expected {head}: run `liveloop store migrate`"
+            )
+
+    # -- policy versions ----------------------------------------------------------------------
+    def add_version(
+        self,
+        version: int,
+        *,
+        parent: int | None,
+        checkpoint_path: str | None,
+        checkpoint_sha256: str | None = None,
+        learner_step: int = 0,
+        samples_used: int = 0,
+        metrics: dict[str, Any] | None = None,
+        status: str = "serving",
+        note: str | None = None,
+        session: Session | None = None,
+    ) -> VersionRecord:
+        row = PolicyVersion(
+            version=version,
+            parent=parent,
+            created_at=utcnow(),
+            checkpoint_path=checkpoint_path,
+            checkpoint_sha256=checkpoint_sha256,
+            learner_step=learner_step,
+            samples_used=samples_used,
+            metrics=metrics or {},
+            status=status,
+            note=note,
+        )
+        if session is not None:
+            session.add(row)
+            session.flush()
+            return _version_record(row)
+        with self._session.begin() as s:
+            s.add(row)
+        return _version_record(row)
+
+    def ensure_base_version(self, checkpoint_path: str | None, note: str = "base model") -> VersionRecord:
+        """Version 0 is the model the server starts from; created once, on first start."""
+        existing = self.get_version(0)
+        if existing is not None:
+            return existing
+        return self.add_version(0, parent=None, checkpoint_path=checkpoint_path, note=note)
+
+    def get_version(self, version: int) -> VersionRecord | None:
+        with self._session() as s:
+            row = s.get(PolicyVersion, version)
+            return _version_record(row) if row else None
+
+    def list_versions(self) -> list[VersionRecord]:
+        with self._session() as s:
+            rows = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()
+            return [_version_record(r) for r in rows]
+
+    def latest_version(self, status: str = "serving") -> VersionRecord | None:
+        with self._session() as s:
+            row = s.scalars(
+                select(PolicyVersion).where(PolicyVersion.status == status).order_by(PolicyVersion.version.desc())
+            ).first()
+            return _version_record(row) if row else None
+
+    def set_version_status(self, version: int, status: str) -> None:
+        with self._session.begin() as s:
+            s.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(status=status))
+
+    # -- served traffic -----------------------------------------------------------------------
+    def write_batch(self, ops: Sequence[WriteOp]) -> list[Any]:
+        """Apply a batch in one transaction; returns, per op, its result or the exception it raised."""
+        try:
+            with self._session.begin() as s:
+                return self._apply(s, ops)
+        except SQLAlchemyError:
+            if len(ops) == 1:
+                raise
+        results: list[Any] = []
+        for op in ops:  # isolate the bad operation
+            try:
+                with self._session.begin() as s:
+                    results.extend(self._apply(s, [op]))
+            except SQLAlchemyError as exc:
+                results.append(exc)
+        return results
+
+    def _apply(self, s: Session, ops: Sequence[WriteOp]) -> list[Any]:
+        results: list[Any] = [None] * len(ops)
+        responses = [(i, op) for i, op in enumerate(ops) if isinstance(op, ResponseRecord)]
+        if responses:
+            s.execute(insert(Response), [_response_row(op) for _, op in responses])
+            for i, op in responses:
+                results[i] = op.id
+        for i, op in enumerate(ops):
+            if isinstance(op, FeedbackRecord):
+                try:
+                    results[i] = self._put_feedback(s, op)
+                except ResponseNotFound as exc:
+                    results[i] = exc
+        return results
+
+    def _put_feedback(self, s: Session, op: FeedbackRecord) -> StoredFeedback:
+        owner = s.scalar(select(Response.api_key_id).where(Response.id == op.response_id))
+        if owner is None or owner != op.api_key_id:
+            raise ResponseNotFound(op.response_id)
+        s.execute(delete(Feedback).where(Feedback.response_id == op.response_id, Feedback.api_key_id == op.api_key_id))
+        row = Feedback(
+            response_id=op.response_id, api_key_id=op.api_key_id, reward=op.reward, comment=op.comment, created_at=utcnow()
+        )
+        s.add(row)
+        s.flush()
+        return _stored_feedback(row)
+
+    def insert_responses(self, records: Sequence[ResponseRecord]) -> None:
+        with self._session.begin() as s:
+            s.execute(insert(Response), [_response_row(r) for r in records])
+
+    def put_feedback(self, record: FeedbackRecord) -> StoredFeedback:
+        (result,) = self.write_batch([record])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def get_response(self, response_id: str) -> StoredResponse | None:
+        with self._session() as s:
+            row = s.get(Response, response_id)
+            return _stored_response(row) if row else None
+
+    def get_feedback(self, response_id: str) -> list[StoredFeedback]:
+        with self._session() as s:
+            rows = s.scalars(select(Feedback).where(Feedback.response_id == response_id).order_by(Feedback.id)).all()
+            return [_stored_feedback(r) for r in rows]
+
+    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[StoredFeedback, StoredResponse]]:
+        """The next `limit` ratings past `feedback_id`, in arrival order, with their responses."""
+        with self._session() as s:
+            rows = s.execute(
+                select(Feedback, Response)
+                .join(Response, Response.id == Feedback.response_id)
+                .where(Feedback.id > feedback_id)
+                .order_by(Feedback.id)
+                .limit(limit)
+            ).all()
+            return [(_stored_feedback(f), _stored_response(r)) for f, r in rows]
+
+    def counts(self) -> dict[str, int]:
+        with self._session() as s:
+            return {
+                "responses": s.scalar(select(func.count()).select_from(Response)) or 0,
+                "feedback": s.scalar(select(func.count()).select_from(Feedback)) or 0,
+                "policy_versions": s.scalar(select(func.count()).select_from(PolicyVersion)) or 0,
+            }
+
+    # -- learner cursor -----------------------------------------------------------------------
+    def get_cursor(self, name: str) -> int:
+        with self._session() as s:
+            row = s.get(LearnerCursor, name)
+            return row.last_feedback_id if row else 0
+
+    def set_cursor(self, name: str, last_feedback_id: int, policy_version: int | None, session: Session) -> None:
+        row = session.get(LearnerCursor, name)
+        if row is None:
+            session.add(LearnerCursor(name=name, last_feedback_id=last_feedback_id, policy_version=policy_version))
+        else:
+            row.last_feedback_id = last_feedback_id
+            row.policy_version = policy_version
+            row.updated_at = utcnow()
+
+    def transaction(self) -> Session:
+        """A session in a transaction (`with store.transaction() as s:`), for multi-table updates."""
+        return self._session.begin()

@@ -1,0 +1,55 @@
+"""Shared fixtures: the default model (built once by scripts/test.sh into models/), stores on real
+SQLite and real PostgreSQL, and a real server process."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The embedded default model; built here if scripts/test.sh has not built it already."""
+    from liveloop.config import load_config
+    from liveloop.model.build import ensure_model
+
+    cfg = load_config(ROOT / "configs/default.toml")
+    return ensure_model(cfg.model, ROOT / cfg.model.out_dir)
+
+
+def _pg_url() -> str | None:
+    url = os.environ.get("LIVELOOP_TEST_PG_URL")
+    if not url and os.environ.get("LIVELOOP_REQUIRE_PG"):
+        pytest.fail("LIVELOOP_REQUIRE_PG is set but LIVELOOP_TEST_PG_URL is not (scripts/postgres.sh failed?)")
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database on each backend (PostgreSQL: a new database in the test cluster)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    base = _pg_url()
+    if base is None:
+        pytest.skip("no PostgreSQL: run through scripts/test.sh")
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = base.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield base.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

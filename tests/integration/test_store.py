@@ -1,0 +1,151 @@
+"""The store on real SQLite and real PostgreSQL: migrations, responses with binary token columns,
+feedback rules, the batched writer, the learner's read path."""
+
+import threading
+
+import numpy as np
+import pytest
+from sqlalchemy import inspect
+
+from liveloop.store import BatchWriter, FeedbackRecord, ResponseNotFound, ResponseRecord, SchemaNotReady, Store
+from liveloop.store.config import StoreConfig
+from liveloop.store import migrate
+
+
+def _record(i: int, key: str = "key-a", version: int = 0) -> ResponseRecord:
+    return ResponseRecord(
+        id=f"chatcmpl-{i}",
+        api_key_id=key,
+        model="m",
+        policy_version=version,
+        endpoint="chat",
+        prompt_ids=(1, 2, 3),
+        response_ids=(7, 8, 9, i),
+        behavior_logprobs=(-0.5, -1.25, -2.0, -0.125),
+        finish_reason="stop",
+        temperature=1.0,
+        top_p=1.0,
+        latency_ms=12.5,
+        request_meta={"topic": "cats"},
+    )
+
+
+@pytest.fixture
+def store(store_url):
+    s = Store(StoreConfig(url=store_url))
+    s.migrate()
+    s.ensure_base_version("/models/x")
+    yield s
+    s.close()
+
+
+def test_unmigrated_database_is_refused(store_url):
+    s = Store(StoreConfig(url=store_url))
+    with pytest.raises(SchemaNotReady, match="liveloop store migrate"):
+        s.require_schema()
+    assert s.migrate() == migrate.head_revision()
+    s.require_schema()
+    tables = set(inspect(s.engine).get_table_names())
+    assert {"policy_versions", "responses", "feedback", "learner_cursor"} <= tables
+    s.close()
+
+
+def test_migration_is_idempotent_and_keeps_rows(store):
+    store.insert_responses([_record(1)])
+    store.migrate()  # a second upgrade on a live database changes nothing
+    assert store.get_response("chatcmpl-1") is not None
+
+
+def test_downgrade_then_upgrade(store_url):
+    s = Store(StoreConfig(url=store_url))
+    s.migrate()
+    assert migrate.downgrade(s.engine, "base") is None
+    assert "responses" not in inspect(s.engine).get_table_names()
+    s.migrate()
+    assert "responses" in inspect(s.engine).get_table_names()
+    s.close()
+
+
+def test_response_round_trip_exact(store):
+    store.insert_responses([_record(5)])
+    got = store.get_response("chatcmpl-5")
+    assert got.response_ids.tolist() == [7, 8, 9, 5]
+    assert got.prompt_ids.tolist() == [1, 2, 3]
+    assert got.behavior_logprobs.dtype == np.float32
+    assert got.behavior_logprobs.tolist() == [-0.5, -1.25, -2.0, -0.125]
+    assert got.action_mask.tolist() == [1, 1, 1, 1]
+    assert got.policy_version == 0 and got.request_meta == {"topic": "cats"}
+
+
+def test_feedback_rules(store):
+    store.insert_responses([_record(1, key="key-a")])
+    first = store.put_feedback(FeedbackRecord("chatcmpl-1", "key-a", 1))
+    # another key cannot rate it, and cannot tell it exists
+    with pytest.raises(ResponseNotFound):
+        store.put_feedback(FeedbackRecord("chatcmpl-1", "key-b", 0))
+    with pytest.raises(ResponseNotFound):
+        store.put_feedback(FeedbackRecord("chatcmpl-404", "key-a", 0))
+    # a repeat replaces the rating with a newer id: the learner (reading past its cursor) sees it
+    second = store.put_feedback(FeedbackRecord("chatcmpl-1", "key-a", 0, "changed my mind"))
+    assert second.id > first.id
+    rows = store.get_feedback("chatcmpl-1")
+    assert [(r.reward, r.comment) for r in rows] == [(0, "changed my mind")]
+    after = store.rated_after(first.id, limit=10)
+    assert [(f.reward, r.id) for f, r in after] == [(0, "chatcmpl-1")]
+
+
+def test_batch_isolates_bad_operations(store):
+    ops = [_record(1), FeedbackRecord("nope", "key-a", 1), _record(2), FeedbackRecord("chatcmpl-1", "key-a", 1)]
+    results = store.write_batch(ops)
+    assert results[0] == "chatcmpl-1" and results[2] == "chatcmpl-2"
+    assert isinstance(results[1], ResponseNotFound)
+    assert results[3].reward == 1
+    # a duplicate id fails alone; the rest of the batch is still written
+    results = store.write_batch([_record(1), _record(3)])
+    assert isinstance(results[0], Exception) and results[1] == "chatcmpl-3"
+    assert store.counts()["responses"] == 3
+
+
+def test_writer_group_commits_concurrent_submissions(store):
+    writer = BatchWriter(store, batch_max=64).start()
+    n_threads, per_thread = 4, 100
+    futures = []
+    lock = threading.Lock()
+
+    def submit(t: int) -> None:
+        for i in range(per_thread):
+            fut = writer.submit(_record(t * 1000 + i))
+            with lock:
+                futures.append(fut)
+
+    threads = [threading.Thread(target=submit, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for fut in futures:
+        fut.result(timeout=30)
+    writer.close()
+    assert store.counts()["responses"] == n_threads * per_thread
+    assert writer.rows == n_threads * per_thread
+    assert writer.batches < writer.rows  # several rows per transaction
+
+
+def test_writer_close_flushes_queue(store):
+    writer = BatchWriter(store).start()
+    futures = [writer.submit(_record(i)) for i in range(50)]
+    writer.close()
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert store.counts()["responses"] == 50
+
+
+def test_versions_and_cursor(store):
+    store.add_version(1, parent=0, checkpoint_path="/ckpt/1", learner_step=3, samples_used=12, metrics={"learner/loss": 0.5})
+    store.set_version_status(0, "retired")
+    assert store.latest_version().version == 1
+    assert [v.version for v in store.list_versions()] == [0, 1]
+    assert store.get_version(1).metrics == {"learner/loss": 0.5}
+    assert store.get_cursor("sao") == 0
+    with store.transaction() as s:
+        store.set_cursor("sao", 42, 1, session=s)
+    assert store.get_cursor("sao") == 42
