@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from liveloop.config import Config, ConfigError, load_config
+from liveloop.store.store import SchemaNotReady
 
 DEFAULT_CONFIG = "configs/default.toml"
 
@@ -158,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as exc:
         print(f"liveloop: config error: {exc}", file=sys.stderr)
+        return 2
+    except SchemaNotReady as exc:
+        print(f"liveloop: {exc}", file=sys.stderr)
         return 2
 
 

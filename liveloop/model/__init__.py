@@ -2,13 +2,12 @@
 
 A tiny Qwen3-MoE chat model trained in a few CPU minutes on a synthetic corpus whose replies mix three
 writing styles (cute, chuunibyou, classical) on every topic, so online feedback has something to shape.
-No weights are downloaded: `ensure_model` builds the directory once and reuses it.
+No weights are downloaded: `build.ensure_model` builds the directory once and reuses it.
+Importing this package stays light (no torch): import `build` and `tokenizer` where they are used.
 """
 
-from liveloop.model.build import build_model, ensure_model
 from liveloop.model.config import ModelBuildConfig
 from liveloop.model.corpus import STYLE_MARKERS, STYLES, TOPICS, Example, generate_corpus
-from liveloop.model.tokenizer import train_tokenizer
 
 __all__ = [
     "STYLES",
@@ -16,8 +15,5 @@ __all__ = [
     "TOPICS",
     "Example",
     "ModelBuildConfig",
-    "build_model",
-    "ensure_model",
     "generate_corpus",
-    "train_tokenizer",
 ]

@@ -3,111 +3,35 @@ an operator starts it (`liveloop --config ... serve`), and helpers to read what 
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
+from liveloop import devtools
+from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2, ServerProcess  # noqa: F401 (re-exported)
 from liveloop.store import Store, StoreConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-USER_KEY, USER_KEY_2, ADMIN_KEY = "sk-test-user-1", "sk-test-user-2", "sk-test-admin"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_server(tmp: Path, model_dir: Path, backend: str) -> ServerProcess:
+    try:
+        return devtools.start_server(tmp, model_dir, backend)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
-@dataclass
-class Server:
-    base_url: str
-    store_url: str
-    model_dir: Path
-    proc: subprocess.Popen
-    log_path: Path
-
-    def store(self) -> Store:
-        return Store(StoreConfig(url=self.store_url))
-
-    def log_tail(self, n: int = 60) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+def stop_server(server: ServerProcess) -> None:
+    server.stop()
 
 
-def write_config(tmp: Path, model_dir: Path, backend: str, port: int, extra: str = "") -> tuple[Path, str]:
-    store_url = f"sqlite:///{tmp / 'liveloop.db'}"
-    text = f"""
-[server]
-host = "127.0.0.1"
-port = {port}
-max_body_bytes = 65536
-[auth]
-dev_user_keys = ["{USER_KEY}", "{USER_KEY_2}"]
-dev_admin_keys = ["{ADMIN_KEY}"]
-[engine]
-backend = "{backend}"
-model = "{model_dir}"
-max_model_len = 512
-checkpoint_dir = "{tmp / 'checkpoints'}"
-[store]
-url = "{store_url}"
-{extra}
-"""
-    path = tmp / "config.toml"
-    path.write_text(text)
-    return path, store_url
-
-
-def start_server(tmp: Path, model_dir: Path, backend: str, timeout: float = 240) -> Server:
-    tmp.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    config, store_url = write_config(tmp, model_dir, backend, port)
-    log_path = tmp / "server.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "liveloop.cli", "--config", str(config), "serve"],
-        stdout=log_path.open("w"),
-        stderr=subprocess.STDOUT,
-        cwd=tmp,
-        env=env,
-        start_new_session=True,
-    )
-    server = Server(f"http://127.0.0.1:{port}", store_url, model_dir, proc, log_path)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(server.base_url + "/healthz", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    stop_server(server)
-    pytest.fail(f"server did not become healthy in {timeout}s:\n{server.log_tail()}")
-
-
-def stop_server(server: Server) -> None:
-    if server.proc.poll() is None:
-        os.killpg(server.proc.pid, signal.SIGTERM)
-        try:
-            server.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.proc.pid, signal.SIGKILL)
-            server.proc.wait(10)
+def open_store(server: ServerProcess) -> Store:
+    return Store(StoreConfig(url=server.store_url))
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory, model_dir) -> Server:
+def vllm_server(tmp_path_factory, model_dir) -> ServerProcess:
     server = start_server(tmp_path_factory.mktemp("vllm-server"), model_dir, "vllm")
     yield server
     stop_server(server)

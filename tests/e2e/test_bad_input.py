@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2
+from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, open_store
 
 MODEL = "liveloop-tiny"
 MSG = [{"role": "user", "content": "hi"}]
@@ -67,7 +67,7 @@ def _send(base_url, method, path, key, body):
 
 @pytest.mark.parametrize("name, method, path, key, body, status, param", CASES, ids=[c[0] for c in CASES])
 def test_bad_request_gets_openai_error(vllm_server, name, method, path, key, body, status, param):
-    store = vllm_server.store()
+    store = open_store(vllm_server)
     before = store.counts()
     r = _send(vllm_server.base_url, method, path, key, body)
     assert r.status_code == status, r.text
@@ -88,7 +88,7 @@ def test_rating_another_keys_response_is_404_and_keeps_the_rating(vllm_server):
     # indistinguishable from an id that does not exist: ids do not leak
     r3 = _send(vllm_server.base_url, "POST", "/v1/feedback", USER_KEY_2, {"response_id": "chatcmpl-x", "reward": 0})
     assert r2.json()["error"]["type"] == r3.json()["error"]["type"]
-    store = vllm_server.store()
+    store = open_store(vllm_server)
     assert [f.reward for f in store.get_feedback(rid)] == [1]
     store.close()
 

@@ -6,31 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 
 import httpx
 import numpy as np
 import pytest
 import torch
 
-from .conftest import ADMIN_KEY, USER_KEY, Reference, start_server, stop_server
+from liveloop.devtools import perturbed_checkpoint
+
+from .conftest import ADMIN_KEY, USER_KEY, Reference, open_store, start_server, stop_server
 
 N_STREAMS = 16
-
-
-def perturbed_checkpoint(model_dir, out_dir, seed: int = 1):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05 * p.std().clamp(min=1e-3))
-    model.save_pretrained(str(out_dir))
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        if (model_dir / f).exists():
-            shutil.copy(model_dir / f, out_dir / f)
-    return out_dir
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +75,7 @@ def test_swap_while_streaming(swap_server, model_dir, tmp_path):
     assert swap.json()["version"] == 1 and swap.json()["parent"] == 0
     for r in during + after:
         assert r["status"] == 200 and r["done"], r  # no request failed or was cut
-    store = swap_server.store()
+    store = open_store(swap_server)
     refs = {0: Reference(model_dir), 1: Reference(new_dir)}
     versions = []
     for r in during + after:
@@ -124,7 +110,7 @@ def test_failed_swap_keeps_serving_old_version(swap_server, tmp_path):
         timeout=60,
     )
     assert ok.status_code == 200 and ok.json()["policy_version"] == before
-    store = swap_server.store()
+    store = open_store(swap_server)
     assert [v.status for v in store.list_versions() if v.version > before] == ["failed"]
     # the engine still holds exactly the old version's weights (restored after the failed load)
     row = store.get_response(ok.json()["id"])

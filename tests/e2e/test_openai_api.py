@@ -10,7 +10,7 @@ import pytest
 
 from liveloop.clients import LiveloopClient, LiveloopError
 
-from .conftest import USER_KEY, USER_KEY_2, Reference
+from .conftest import USER_KEY, USER_KEY_2, Reference, open_store
 
 MODEL = "liveloop-tiny"
 PROMPT = [{"role": "user", "content": "Tell me about cats."}]
@@ -23,7 +23,7 @@ def oai(vllm_server):
 
 @pytest.fixture(scope="module")
 def store(vllm_server):
-    s = vllm_server.store()
+    s = open_store(vllm_server)
     yield s
     s.close()
 

@@ -1,0 +1,115 @@
+"""Tools for tests and benchmarks: run a real liveloop server process on 127.0.0.1 the way an
+operator does (`liveloop --config ... serve`), and make a perturbed copy of a checkpoint to swap in."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+USER_KEY, USER_KEY_2, ADMIN_KEY = "sk-test-user-1", "sk-test-user-2", "sk-test-admin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    base_url: str
+    store_url: str
+    model_dir: Path
+    proc: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def write_config(workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None) -> tuple[Path, str]:
+    store_url = store_url or f"sqlite:///{workdir / 'liveloop.db'}"
+    text = f"""
+[server]
+host = "127.0.0.1"
+port = {port}
+max_body_bytes = 65536
+[auth]
+dev_user_keys = ["{USER_KEY}", "{USER_KEY_2}"]
+dev_admin_keys = ["{ADMIN_KEY}"]
+[engine]
+backend = "{backend}"
+model = "{model_dir}"
+max_model_len = 512
+checkpoint_dir = "{workdir / 'checkpoints'}"
+[store]
+url = "{store_url}"
+"""
+    path = workdir / "config.toml"
+    path.write_text(text)
+    return path, store_url
+
+
+def start_server(workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240) -> ServerProcess:
+    """Start `liveloop serve` in its own process group and wait until /healthz answers."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config, store_url = write_config(workdir, Path(model_dir).resolve(), backend, port)
+    log_path = workdir / "server.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "liveloop.cli", "--config", str(config), "serve"],
+        stdout=log_path.open("w"),
+        stderr=subprocess.STDOUT,
+        cwd=workdir,
+        env=env,
+        start_new_session=True,
+    )
+    server = ServerProcess(f"http://127.0.0.1:{port}", store_url, Path(model_dir), proc, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(server.base_url + "/healthz", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"server did not become healthy in {timeout}s:\n{server.log_tail()}")
+
+
+def perturbed_checkpoint(model_dir: Path, out_dir: Path, seed: int = 1, scale: float = 0.05) -> Path:
+    """A copy of `model_dir` with every parameter moved by `scale` x its std of Gaussian noise."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
+    model.save_pretrained(str(out_dir))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (Path(model_dir) / name).exists():
+            shutil.copy(Path(model_dir) / name, Path(out_dir) / name)
+    return Path(out_dir)

@@ -1,0 +1,66 @@
+"""The same server on the `hf` (transformers) engine, and the interactive `liveloop chat` loop driven
+through scripted input against it."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import numpy as np
+import openai
+import pytest
+
+from liveloop.clients import LiveloopClient
+from liveloop.clients.chat_cli import chat_loop
+
+from .conftest import USER_KEY, Reference, open_store, start_server, stop_server
+
+
+@pytest.fixture(scope="module")
+def hf_server(tmp_path_factory, model_dir):
+    server = start_server(tmp_path_factory.mktemp("hf-server"), model_dir, "hf")
+    yield server
+    stop_server(server)
+
+
+def test_openai_client_on_hf_engine(hf_server, model_dir):
+    oai = openai.OpenAI(base_url=hf_server.base_url + "/v1", api_key=USER_KEY, max_retries=0)
+    msgs = [{"role": "user", "content": "What do you think of rain?"}]
+    resp = oai.chat.completions.create(model="liveloop-tiny", messages=msgs, max_tokens=32, extra_body={"return_token_ids": True})
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in oai.chat.completions.create(model="liveloop-tiny", messages=msgs, max_tokens=32, stream=True, seed=1) if c.choices
+    )
+    assert resp.choices[0].message.content and streamed
+    store = open_store(hf_server)
+    row = store.get_response(resp.id)
+    assert row.response_ids.tolist() == resp.choices[0].model_extra["token_ids"]
+    expected = Reference(model_dir).logprobs(row.prompt_ids.tolist(), row.response_ids.tolist()).numpy()
+    assert np.abs(row.behavior_logprobs - expected).max() < 1e-3
+    store.close()
+
+
+def test_chat_cli_rates_replies(hf_server):
+    stdin = io.StringIO("Tell me about trains.\nu\nAnd about bread?\nd\n/quit\n")
+    stdout = io.StringIO()
+    with LiveloopClient(hf_server.base_url, USER_KEY) as client:
+        assert chat_loop(client, stdin=stdin, stdout=stdout, max_tokens=24) == 0
+    out = stdout.getvalue()
+    assert out.count("bot> ") == 2 and "thumbs up recorded" in out and "thumbs down recorded" in out
+    ids = [line.split("[", 1)[1].split(" ", 1)[0] for line in out.splitlines() if "· version" in line]
+    store = open_store(hf_server)
+    assert [store.get_feedback(i)[0].reward for i in ids] == [1, 0]
+    # the second turn carried the first exchange as history
+    assert len(store.get_response(ids[1]).prompt_ids) > len(store.get_response(ids[0]).prompt_ids)
+    store.close()
+
+
+def test_cli_versions_command(hf_server):
+    out = subprocess.run(
+        [sys.executable, "-m", "liveloop.cli", "versions", "--base-url", hf_server.base_url, "--api-key", USER_KEY],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert '"version": 0' in out.stdout

@@ -1,0 +1,40 @@
+"""The `liveloop` command line as an operator runs it (real processes, real databases)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "liveloop.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_store_migrate_and_stats(store_url):
+    out = run("store", "migrate", "--url", store_url)
+    assert out.returncode == 0, out.stderr
+    assert "schema at 0001" in out.stdout
+    stats = run("store", "stats", "--url", store_url)
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout) == {"responses": 0, "feedback": 0, "policy_versions": 0}
+
+
+def test_stats_refuses_unmigrated_database(tmp_path):
+    out = run("store", "stats", "--url", f"sqlite:///{tmp_path / 'empty.db'}")
+    assert out.returncode == 2 and "run `liveloop store migrate`" in out.stderr
+
+
+def test_bad_config_fails_naming_the_key(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[store]\nurll = 'x'\n")
+    out = run("--config", str(cfg), "store", "migrate")
+    assert out.returncode == 2 and "store.urll: unknown key" in out.stderr
+
+
+def test_missing_model_dir_is_a_clear_error(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[engine]\nmodel = '{tmp_path / 'nothing'}'\n[auth]\ndev_user_keys = ['k']\n")
+    out = run("--config", str(cfg), "serve", "--port", "1")
+    assert out.returncode == 2 and "not a Hugging Face checkpoint directory" in out.stderr
