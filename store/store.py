@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -227,25 +227,46 @@ class Store:
             s.execute(insert(Response), [_response_row(op) for _, op in responses])
             for i, op in responses:
                 results[i] = op.id
-        for i, op in enumerate(ops):
-            if isinstance(op, FeedbackRecord):
-                try:
-                    results[i] = self._put_feedback(s, op)
-                except ResponseNotFound as exc:
-                    results[i] = exc
+        ratings = [(i, op) for i, op in enumerate(ops) if isinstance(op, FeedbackRecord)]
+        if ratings:
+            self._put_ratings(s, ratings, results)
         return results
 
-    def _put_feedback(self, s: Session, op: FeedbackRecord) -> StoredFeedback:
-        owner = s.scalar(select(Response.api_key_id).where(Response.id == op.response_id))
-        if owner is None or owner != op.api_key_id:
-            raise ResponseNotFound(op.response_id)
+    def _put_ratings(self, s: Session, ratings: list[tuple[int, FeedbackRecord]], results: list[Any]) -> None:
+        """Set-based: one owner lookup, one delete of replaced ratings, one insert for the batch."""
+        wanted = {op.response_id for _, op in ratings}
+        owners = dict(s.execute(select(Response.id, Response.api_key_id).where(Response.id.in_(wanted))).all())
+        valid = []
+        for i, op in ratings:
+            if owners.get(op.response_id) != op.api_key_id:
+                results[i] = ResponseNotFound(op.response_id)
+            else:
+                valid.append((i, op))
+        if not valid:
+            return
+        pairs = [(op.response_id, op.api_key_id) for _, op in valid]
+        if len(set(pairs)) < len(pairs):  # the same key rated the same response twice in one batch
+            for i, op in valid:
+                results[i] = self._put_ratings_in_order(s, op)
+            return
+        s.execute(delete(Feedback).where(tuple_(Feedback.response_id, Feedback.api_key_id).in_(pairs)))
+        now = utcnow()
+        rows = [
+            {"response_id": op.response_id, "api_key_id": op.api_key_id, "reward": op.reward, "comment": op.comment, "created_at": now}
+            for _, op in valid
+        ]
+        ids = s.execute(insert(Feedback).returning(Feedback.id, sort_by_parameter_order=True), rows).scalars().all()
+        for (i, op), fid in zip(valid, ids):
+            results[i] = StoredFeedback(fid, op.response_id, op.api_key_id, op.reward, op.comment, now)
+
+    def _put_ratings_in_order(self, s: Session, op: FeedbackRecord) -> StoredFeedback:
         s.execute(delete(Feedback).where(Feedback.response_id == op.response_id, Feedback.api_key_id == op.api_key_id))
-        row = Feedback(
-            response_id=op.response_id, api_key_id=op.api_key_id, reward=op.reward, comment=op.comment, created_at=utcnow()
-        )
-        s.add(row)
-        s.flush()
-        return _stored_feedback(row)
+        now = utcnow()
+        fid = s.execute(
+            insert(Feedback).returning(Feedback.id),
+            [{"response_id": op.response_id, "api_key_id": op.api_key_id, "reward": op.reward, "comment": op.comment, "created_at": now}],
+        ).scalar_one()
+        return StoredFeedback(fid, op.response_id, op.api_key_id, op.reward, op.comment, now)
 
     def insert_responses(self, records: Sequence[ResponseRecord]) -> None:
         with self._session.begin() as s:

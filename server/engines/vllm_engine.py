@@ -32,6 +32,25 @@ def _cpu_env(config: EngineConfig) -> None:
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 
+def engine_args(config: EngineConfig, model_path: str, weights_path: str | None = None):
+    """vLLM's engine arguments for a liveloop engine (also the bare-engine benchmark's baseline)."""
+    _cpu_env(config)
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(
+        model=weights_path or model_path,
+        tokenizer=model_path,
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        enforce_eager=True,
+        distributed_executor_backend="uni",
+        enable_prefix_caching=False,  # old-version KV must never serve a new version
+        seed=config.seed,
+    )
+
+
 class VLLMEngine:
     name = "vllm"
 
@@ -48,23 +67,9 @@ class VLLMEngine:
         return self._gate.version
 
     async def start(self, version: int = 0, weights_path: str | None = None) -> None:
-        _cpu_env(self.config)
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(
-            model=weights_path or self.model_path,
-            tokenizer=self.model_path,
-            dtype=self.config.dtype,
-            max_model_len=self.config.max_model_len,
-            max_num_seqs=self.config.max_num_seqs,
-            gpu_memory_utilization=self.config.gpu_memory_utilization,
-            enforce_eager=True,
-            distributed_executor_backend="uni",
-            enable_prefix_caching=False,  # old-version KV must never serve a new version
-            seed=self.config.seed,
-        )
-        self._llm = AsyncLLM.from_engine_args(args)
+        self._llm = AsyncLLM.from_engine_args(engine_args(self.config, self.model_path, weights_path))
         self._weights_path = weights_path or self.model_path
         self._gate.version = version
 

@@ -149,3 +149,18 @@ def test_versions_and_cursor(store):
     with store.transaction() as s:
         store.set_cursor("sao", 42, 1, session=s)
     assert store.get_cursor("sao") == 42
+
+
+def test_batched_ratings_keep_order_and_replace(store):
+    store.insert_responses([_record(i) for i in range(4)])
+    ops = [FeedbackRecord(f"chatcmpl-{i}", "key-a", i % 2) for i in range(4)]
+    ops.insert(2, FeedbackRecord("chatcmpl-9", "key-a", 1))  # unknown: fails alone
+    results = store.write_batch(ops)
+    ok = [r for r in results if not isinstance(r, Exception)]
+    assert [r.response_id for r in ok] == [f"chatcmpl-{i}" for i in range(4)]
+    assert [r.id for r in ok] == sorted(r.id for r in ok)  # ids follow submission order
+    assert isinstance(results[2], ResponseNotFound)
+    # the same key rating the same response twice in one batch: the later rating wins
+    results = store.write_batch([FeedbackRecord("chatcmpl-0", "key-a", 1), FeedbackRecord("chatcmpl-0", "key-a", 0)])
+    assert results[1].id > results[0].id
+    assert [f.reward for f in store.get_feedback("chatcmpl-0")] == [0]

@@ -44,3 +44,9 @@ def test_bad_config_names_the_key(text, message):
 def test_float_field_accepts_int():
     cfg = load_config(text="[engine]\ngpu_memory_utilization = 1\n")
     assert cfg.engine.gpu_memory_utilization == 1.0 and isinstance(cfg.engine.gpu_memory_utilization, float)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.server.host == "127.0.0.1"  # nothing listens beyond loopback by default
