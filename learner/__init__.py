@@ -1,2 +1,3 @@
-"""The learner: SAO (online, one rated response at a time, with a critic), its baselines, weight
-publishing and offline jobs. Not built yet: see the issue "The online SAO learner and its critic"."""
+"""The learner: SAO's loss and advantage math (`losses`, `advantages`: pure functions of tensors).
+The online loop, weight publishing, Ray actor and offline jobs come with the rest of the issue
+"The online SAO learner and its critic"."""

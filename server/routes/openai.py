@@ -51,23 +51,25 @@ async def list_models(request: Request, _: Principal = Depends(require_user)) ->
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request, principal: Principal = Depends(require_user)):
-    serving = _serving(request)
-    req = await parse_body(request, ChatCompletionRequest)
-    prepared = serving.prepare_chat(req, principal)
-    fmt = _ChatFormat(serving, req, prepared)
-    if req.stream:
-        return await _stream(serving, prepared, fmt, include_usage=bool(req.stream_options and req.stream_options.include_usage))
-    return await _complete(serving, prepared, fmt)
+    return await _serve(request, principal, ChatCompletionRequest, "chat")
 
 
 @router.post("/completions")
 async def completions(request: Request, principal: Principal = Depends(require_user)):
+    return await _serve(request, principal, CompletionRequest, "completion")
+
+
+async def _serve(request: Request, principal: Principal, model: type, endpoint: str):
     serving = _serving(request)
-    req = await parse_body(request, CompletionRequest)
-    prepared = serving.prepare_completion(req, principal)
-    fmt = _CompletionFormat(serving, req, prepared)
+    req = await parse_body(request, model)
+    if endpoint == "chat":
+        prepared, fmt_cls = serving.prepare_chat(req, principal), _ChatFormat
+    else:
+        prepared, fmt_cls = serving.prepare_completion(req, principal), _CompletionFormat
+    fmt = fmt_cls(serving, req, prepared)
     if req.stream:
-        return await _stream(serving, prepared, fmt, include_usage=bool(req.stream_options and req.stream_options.include_usage))
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return await _stream(serving, prepared, fmt, include_usage=include_usage)
     return await _complete(serving, prepared, fmt)
 
 

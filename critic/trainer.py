@@ -1,0 +1,61 @@
+"""The critic's update rule: K value steps per policy step on the same batch, with grad-norm metrics
+and a guard that skips a step whose loss or gradient is not finite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from liveloop.critic.value_model import freeze_attention, token_values
+from liveloop.learner.batch import TokenBatch
+from liveloop.learner.losses import value_loss
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate"})
+    value_steps: int = field(default=2, metadata={"help": "K critic steps per policy step"})
+    freeze_attention: bool = field(default=True, metadata={"help": "attention parameters do not train"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping"})
+
+    def __post_init__(self) -> None:
+        if self.value_steps < 1:
+            raise ValueError("value_steps must be >= 1")
+
+
+class Critic:
+    def __init__(self, model: nn.Module, config: CriticConfig):
+        self.model = model
+        self.config = config
+        self.frozen = freeze_attention(model) if config.freeze_attention else []
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=config.learning_rate, weight_decay=0.0)
+        self.skipped_steps = 0
+
+    @torch.no_grad()
+    def values(self, batch: TokenBatch) -> Tensor:
+        self.model.eval()
+        return token_values(self.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, batch.width)
+
+    def update(self, batch: TokenBatch, returns: Tensor) -> dict[str, float]:
+        """K optimizer steps fitting V to `returns` [B, W] on action tokens."""
+        self.model.train()
+        metrics: dict[str, float] = {}
+        norms = []
+        for _ in range(self.config.value_steps):
+            v = token_values(self.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, batch.width)
+            loss, metrics = value_loss(v, returns, batch.action_mask)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm)
+            if not (torch.isfinite(loss) and torch.isfinite(norm)):
+                self.skipped_steps += 1
+                self.optimizer.zero_grad(set_to_none=True)
+                continue
+            self.optimizer.step()
+            norms.append(float(norm))
+        metrics["critic/grad_norm"] = max(norms) if norms else float("nan")
+        metrics["critic/skipped_steps"] = float(self.skipped_steps)
+        return metrics

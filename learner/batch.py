@@ -1,0 +1,81 @@
+"""Rated samples -> padded token tensors the policy and the critic both consume."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One rated response as the learner sees it (see ../shared/docs/algorithms.md, "The sample")."""
+
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    behavior_logprobs: np.ndarray
+    action_mask: np.ndarray
+    reward: float
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    input_ids: Tensor  # [B, L] prompt + response, right-padded
+    attention_mask: Tensor  # [B, L]
+    prompt_lengths: list[int]
+    response_ids: Tensor  # [B, W] right-padded with 0
+    behavior_logprobs: Tensor  # [B, W]
+    action_mask: Tensor  # [B, W] 0 on padding and observation tokens
+    rewards: Tensor  # [B]
+    versions: Tensor  # [B]
+
+    @property
+    def width(self) -> int:
+        return self.response_ids.shape[1]
+
+
+def make_batch(samples: Sequence[Sample], pad_id: int = 0) -> TokenBatch:
+    width = max(len(s.response_ids) for s in samples)
+    length = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    B = len(samples)
+    input_ids = torch.full((B, length), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, length, dtype=torch.long)
+    resp = torch.zeros(B, width, dtype=torch.long)
+    blp = torch.zeros(B, width)
+    mask = torch.zeros(B, width)
+    for b, s in enumerate(samples):
+        ids = np.concatenate([s.prompt_ids, s.response_ids]).astype(np.int64)
+        input_ids[b, : len(ids)] = torch.from_numpy(ids)
+        attn[b, : len(ids)] = 1
+        n = len(s.response_ids)
+        resp[b, :n] = torch.from_numpy(s.response_ids.astype(np.int64))
+        blp[b, :n] = torch.from_numpy(s.behavior_logprobs.astype(np.float32))
+        mask[b, :n] = torch.from_numpy(s.action_mask.astype(np.float32))
+    return TokenBatch(
+        input_ids=input_ids,
+        attention_mask=attn,
+        prompt_lengths=[len(s.prompt_ids) for s in samples],
+        response_ids=resp,
+        behavior_logprobs=blp,
+        action_mask=mask,
+        rewards=torch.tensor([float(s.reward) for s in samples]),
+        versions=torch.tensor([s.policy_version for s in samples]),
+    )
+
+
+def response_logprobs(logits: Tensor, batch: TokenBatch) -> Tensor:
+    """log pi(y_t) for each response token, [B, W], from the full-sequence logits [B, L, V]."""
+    rows = []
+    for b, p in enumerate(batch.prompt_lengths):
+        seg = logits[b, p - 1 : p - 1 + batch.width].float()
+        lp = torch.log_softmax(seg, dim=-1)
+        ids = batch.response_ids[b, : seg.shape[0]]
+        got = lp.gather(1, ids[:, None])[:, 0]
+        if got.shape[0] < batch.width:
+            got = torch.cat([got, got.new_zeros(batch.width - got.shape[0])])
+        rows.append(got)
+    return torch.stack(rows)

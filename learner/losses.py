@@ -1,0 +1,82 @@
+"""Policy and value losses as pure functions of tensors: no model, config, IO or process calls.
+
+Shapes: `[B, T]` token tensors over a mini-batch of B samples padded to T tokens; `action_mask` is 1 on
+tokens the model generated and 0 on padding and environment (observation) tokens. Each function
+returns `(loss, metrics)` with slash-named float metrics.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _token_mean(x: Tensor, mask: Tensor) -> Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def sao_policy_loss(
+    logprobs: Tensor,
+    behavior_logprobs: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+    staleness: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """SAO's policy loss: the ratio against the recorded behavior logprobs with a strict two-sided MASK.
+
+    ratio_t = exp(logprobs_t - behavior_logprobs_t)
+    keep_t  = action_mask_t and (1 - eps_low < ratio_t < 1 + eps_high)
+    loss    = - sum_t keep_t * ratio_t * A_t / max(1, sum_t action_mask_t)
+
+    Tokens outside the band get exactly zero gradient, whatever the sign of A (masked, not clipped).
+    `staleness` [B] (serving version - sample version) is only reported.
+    """
+    mask = action_mask.to(logprobs.dtype)
+    ratio = torch.exp(logprobs - behavior_logprobs)
+    r = ratio.detach()
+    low = (r <= 1 - eps_low) & (mask > 0)
+    high = (r >= 1 + eps_high) & (mask > 0)
+    keep = mask * (~low & ~high).to(mask.dtype)
+    n = mask.sum().clamp(min=1)
+    loss = -(keep * ratio * advantages.detach()).sum() / n
+    metrics = {
+        "learner/kept_fraction": float(keep.sum() / n),
+        "learner/masked_low_fraction": float(low.sum() / n),
+        "learner/masked_high_fraction": float(high.sum() / n),
+        "learner/mean_ratio": float(_token_mean(r, mask)),
+        "learner/policy_loss": float(loss.detach()),
+    }
+    if staleness is not None and staleness.numel():
+        metrics["learner/staleness_mean"] = float(staleness.float().mean())
+        metrics["learner/staleness_max"] = float(staleness.float().max())
+    return loss, metrics
+
+
+def ppo_clip_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, action_mask: Tensor, eps: float = 0.2
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO's clipped surrogate (for the GRPO baseline): - min(ratio * A, clip(ratio, 1-eps, 1+eps) * A),
+    token-mean over action tokens. Unlike the SAO mask, a clipped token still passes gradient when the
+    unclipped term is the smaller one."""
+    mask = action_mask.to(logprobs.dtype)
+    ratio = torch.exp(logprobs - old_logprobs)
+    a = advantages.detach()
+    unclipped = ratio * a
+    clipped = torch.clamp(ratio, 1 - eps, 1 + eps) * a
+    loss = -_token_mean(torch.minimum(unclipped, clipped), mask)
+    clip_frac = _token_mean(((ratio.detach() - 1).abs() > eps).to(mask.dtype), mask)
+    return loss, {"learner/clip_fraction": float(clip_frac), "learner/policy_loss": float(loss.detach())}
+
+
+def value_loss(values: Tensor, returns: Tensor, action_mask: Tensor) -> tuple[Tensor, dict[str, float]]:
+    """0.5 * (V(s_t) - R_t)^2, token-mean over action tokens; R_t are fixed targets (no gradient)."""
+    mask = action_mask.to(values.dtype)
+    err = values - returns.detach()
+    loss = 0.5 * _token_mean(err * err, mask)
+    target = returns.detach()
+    var_r = _token_mean((target - _token_mean(target, mask)) ** 2, mask)
+    var_e = _token_mean((err.detach() - _token_mean(err.detach(), mask)) ** 2, mask)
+    explained = 1 - var_e / var_r if float(var_r) > 0 else torch.tensor(0.0)
+    return loss, {"critic/value_loss": float(loss.detach()), "critic/explained_variance": float(explained)}

@@ -1,0 +1,73 @@
+"""Hand-computed tiny tensors for the policy and value losses (arithmetic in the comments)."""
+
+import math
+
+import pytest
+import torch
+
+from liveloop.learner.losses import ppo_clip_loss, sao_policy_loss, value_loss
+
+
+def test_sao_two_sided_mask_values_and_gradients():
+    # behavior logprobs 0, current logprobs log(ratio): ratios [1.0, 1.5, 0.5, 2.0]
+    ratios = torch.tensor([[1.0, 1.5, 0.5, 2.0]])
+    lp = torch.log(ratios).requires_grad_()
+    blp = torch.zeros(1, 4)
+    adv = torch.tensor([[1.0, -2.0, 3.0, 4.0]])
+    mask = torch.ones(1, 4)
+    # band (1 - 0.3, 1 + 0.8) = (0.7, 1.8): keep [1, 1, 0 (low), 0 (high)]
+    loss, m = sao_policy_loss(lp, blp, adv, mask, eps_low=0.3, eps_high=0.8, staleness=torch.tensor([2.0]))
+    # loss = -(1*1.0*1 + 1*1.5*(-2)) / 4 = -(1 - 3) / 4 = 0.5
+    assert loss.item() == pytest.approx(0.5)
+    loss.backward()
+    # d loss / d lp_t = -keep_t * ratio_t * A_t / 4 = [-0.25, 0.75, 0, 0]
+    assert lp.grad.tolist()[0][:2] == pytest.approx([-0.25, 0.75])
+    assert lp.grad[0, 2].item() == 0.0 and lp.grad[0, 3].item() == 0.0  # masked: exactly zero
+    assert m["learner/kept_fraction"] == 0.5
+    assert m["learner/masked_low_fraction"] == 0.25 and m["learner/masked_high_fraction"] == 0.25
+    assert m["learner/mean_ratio"] == pytest.approx(1.25)  # (1 + 1.5 + 0.5 + 2) / 4
+    assert m["learner/staleness_mean"] == 2.0
+
+
+def test_sao_mask_applies_to_negative_advantages_too():
+    # ratio 2.0 above 1 + eps_high with A < 0: PPO would still push it down; SAO gives it no gradient
+    lp = torch.tensor([[math.log(2.0)]], requires_grad=True)
+    loss, _ = sao_policy_loss(lp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1), 0.3, 0.8)
+    loss.backward()
+    assert loss.item() == 0.0 and lp.grad.item() == 0.0
+
+
+def test_sao_observation_tokens_and_padding_do_not_count():
+    # mask [1, 0, 1]: the middle token is an observation with a huge advantage; ratios all 1
+    lp = torch.zeros(1, 3, requires_grad=True)
+    adv = torch.tensor([[2.0, 100.0, 2.0]])
+    loss, m = sao_policy_loss(lp, torch.zeros(1, 3), adv, torch.tensor([[1.0, 0.0, 1.0]]), 0.3, 5.0)
+    # -(2 + 2) / 2 action tokens = -2
+    assert loss.item() == pytest.approx(-2.0)
+    loss.backward()
+    assert lp.grad[0, 1].item() == 0.0
+    assert m["learner/kept_fraction"] == 1.0
+
+
+def test_ppo_clip():
+    # ratio 1.5, A = 1: min(1.5, clip 1.2) = 1.2 -> loss -1.2, no gradient through the clipped side
+    lp = torch.tensor([[math.log(1.5)]], requires_grad=True)
+    loss, m = ppo_clip_loss(lp, torch.zeros(1, 1), torch.tensor([[1.0]]), torch.ones(1, 1), eps=0.2)
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.2) and lp.grad.item() == 0.0 and m["learner/clip_fraction"] == 1.0
+    # ratio 1.5, A = -1: min(-1.5, -1.2) = -1.5 -> the unclipped term wins, gradient -(-1.5) = 1.5
+    lp = torch.tensor([[math.log(1.5)]], requires_grad=True)
+    loss, _ = ppo_clip_loss(lp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1), eps=0.2)
+    loss.backward()
+    assert loss.item() == pytest.approx(1.5) and lp.grad.item() == pytest.approx(1.5)
+
+
+def test_value_loss_token_mean_over_actions():
+    values = torch.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    returns = torch.tensor([[1.0, 1.0, 1.0]])
+    loss, _ = value_loss(values, returns, torch.tensor([[1.0, 1.0, 0.0]]))
+    # 0.5 * ((1-1)^2 + (2-1)^2) / 2 = 0.25; the padded third token does not count
+    assert loss.item() == pytest.approx(0.25)
+    loss.backward()
+    # d/dV = (V - R) / 2 on action tokens: [0, 0.5, 0]
+    assert values.grad.tolist() == [[0.0, 0.5, 0.0]]
