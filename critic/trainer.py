@@ -3,26 +3,13 @@ and a guard that skips a step whose loss or gradient is not finite."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import Tensor, nn
 
+from liveloop.critic.config import CriticConfig
 from liveloop.critic.value_model import freeze_attention, token_values
 from liveloop.learner.batch import TokenBatch
 from liveloop.learner.losses import value_loss
-
-
-@dataclass(frozen=True)
-class CriticConfig:
-    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate"})
-    value_steps: int = field(default=2, metadata={"help": "K critic steps per policy step"})
-    freeze_attention: bool = field(default=True, metadata={"help": "attention parameters do not train"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping"})
-
-    def __post_init__(self) -> None:
-        if self.value_steps < 1:
-            raise ValueError("value_steps must be >= 1")
 
 
 class Critic:

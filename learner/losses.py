@@ -80,3 +80,12 @@ def value_loss(values: Tensor, returns: Tensor, action_mask: Tensor) -> tuple[Te
     var_e = _token_mean((err.detach() - _token_mean(err.detach(), mask)) ** 2, mask)
     explained = 1 - var_e / var_r if float(var_r) > 0 else torch.tensor(0.0)
     return loss, {"critic/value_loss": float(loss.detach()), "critic/explained_variance": float(explained)}
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, action_mask: Tensor) -> tuple[Tensor, dict[str, float]]:
+    """Anchor to a reference policy: the k3 estimator of KL(pi || ref) per sampled token,
+    exp(ref - lp) - (ref - lp) - 1 (>= 0, unbiased), token-mean over action tokens."""
+    mask = action_mask.to(logprobs.dtype)
+    d = ref_logprobs.detach() - logprobs
+    kl = _token_mean(torch.exp(d) - d - 1, mask)
+    return kl, {"learner/kl": float(kl.detach())}

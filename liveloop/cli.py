@@ -49,9 +49,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = dataclasses.replace(config, server=server)
     if args.engine:
         config = config.with_section("engine", backend=args.engine)
+    if args.no_learner:
+        config = config.with_section("learner", enabled=False)
     model_dir = _model_dir(config)
     app = create_app(config, model_dir)
     uvicorn.run(app, host=server.host, port=server.port, log_level=server.log_level, timeout_graceful_shutdown=30)
+    return 0
+
+
+def cmd_learn(args: argparse.Namespace) -> int:
+    """The learner alone, in this process, against the store a running server logs to."""
+    import signal
+    import threading
+
+    from liveloop.learner.online import OnlineLearner
+    from liveloop.learner.replay import replay
+    from liveloop.store import Store
+
+    config = _config(args)
+    model_dir = _model_dir(config, build=False)
+    store = Store(config.store)
+    store.require_schema()
+    if args.replay:
+        result = replay(store, config.learner, config.critic, model_dir, from_version=args.from_version, max_steps=args.max_steps)
+        print(json.dumps(result, indent=2))
+        return 0
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    learner = OnlineLearner.resume(store, config.learner, config.critic, model_dir)
+    try:
+        learner.run(stop.is_set, args.max_steps)
+    except KeyboardInterrupt:
+        learner.publish() if learner.state.steps_since_publish else None
+    print(json.dumps({"version": learner.state.version, "step": learner.state.step, "cursor": learner.state.cursor}))
     return 0
 
 
@@ -120,7 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="listen address (default from config: 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default from config: 8000)")
     p.add_argument("--engine", choices=["vllm", "hf"], help="override engine.backend")
+    p.add_argument("--no-learner", action="store_true", help="serve only (learner.enabled = false)")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("learn", help="run the SAO learner alone (or replay stored ratings)")
+    p.add_argument("--replay", action="store_true", help="train over stored rated responses from the start")
+    p.add_argument("--from-version", type=int, default=None, help="replay: start from this version's weights")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many policy steps")
+    p.set_defaults(func=cmd_learn)
 
     model = sub.add_parser("model", help="the embedded default model").add_subparsers(dest="model_cmd", required=True)
     p = model.add_parser("init", help="build the tiny default model (tokenizer + MoE + brief training)")
@@ -151,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.command in ("serve", "model"):
+    if args.command in ("serve", "model", "learn"):
         import torch
 
         torch.set_num_threads(1)  # two threads under contention are 10-30x slower on these machines

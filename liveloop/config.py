@@ -89,6 +89,8 @@ def load_section(cls: type[T], data: dict[str, Any], prefix: str) -> T:
 
 def _sections() -> dict[str, type]:
     # Imported here so that `liveloop.config` stays importable without the heavy components.
+    from liveloop.critic.config import CriticConfig
+    from liveloop.learner.config import LearnerConfig
     from liveloop.model.config import ModelBuildConfig
     from liveloop.server.config import AuthConfig, EngineConfig, ServerConfig
     from liveloop.store.config import StoreConfig
@@ -99,6 +101,8 @@ def _sections() -> dict[str, type]:
         "engine": EngineConfig,
         "store": StoreConfig,
         "model": ModelBuildConfig,
+        "learner": LearnerConfig,
+        "critic": CriticConfig,
     }
 
 
@@ -111,6 +115,8 @@ class Config:
     engine: Any
     store: Any
     model: Any
+    learner: Any
+    critic: Any
     path: str = field(default="<defaults>")
 
     def with_section(self, name: str, **changes: Any) -> "Config":

@@ -45,7 +45,10 @@ class ServerProcess:
                 self.proc.wait(10)
 
 
-def write_config(workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None) -> tuple[Path, str]:
+def write_config(
+    workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None, learner: str | None = None
+) -> tuple[Path, str]:
+    """A server config on loopback with the test keys; `learner` is extra `[learner]` TOML (None: off)."""
     store_url = store_url or f"sqlite:///{workdir / 'liveloop.db'}"
     text = f"""
 [server]
@@ -62,19 +65,25 @@ max_model_len = 512
 checkpoint_dir = "{workdir / 'checkpoints'}"
 [store]
 url = "{store_url}"
+[learner]
+enabled = {"true" if learner is not None else "false"}
+checkpoint_dir = "{workdir / 'versions'}"
+{learner or ""}
 """
     path = workdir / "config.toml"
     path.write_text(text)
     return path, store_url
 
 
-def start_server(workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240) -> ServerProcess:
+def start_server(
+    workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240, learner: str | None = None
+) -> ServerProcess:
     """Start `liveloop serve` in its own process group and wait until /healthz answers."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    config, store_url = write_config(workdir, Path(model_dir).resolve(), backend, port)
+    config, store_url = write_config(workdir, Path(model_dir).resolve(), backend, port, learner=learner)
     log_path = workdir / "server.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "liveloop.cli", "--config", str(config), "serve"],
         stdout=log_path.open("w"),

@@ -2,8 +2,9 @@
 
 Start-up, in order: 1. open the store and bring its schema to head (or refuse to start); 2. find the
 serving version (the newest "serving" row, else version 0 = the configured model); 3. start the engine
-on that version's weights; 4. start the group-commit writer. Shut-down reverses it, flushing every
-queued row before the process exits.
+on that version's weights; 4. start the group-commit writer; 5. watch for versions learners publish;
+6. start the co-located learner (a Ray actor) when `[learner] enabled`. Shut-down reverses it: the
+learner publishes what it has, and every queued row is flushed before the process exits.
 """
 
 from __future__ import annotations
@@ -82,10 +83,21 @@ def create_app(config: Config, model_dir: Path) -> FastAPI:
         for name, value in vars(c).items():
             setattr(app.state, name, value)
         app.state.started_at = int(time.time())
+        app.state.learner = None
+        watcher = asyncio.create_task(c.publisher.watch(config.learner.poll_seconds))
         log.info("serving %s version %d on %s", config.engine.served_model_name, c.engine.version, c.engine.name)
         try:
+            if config.learner.enabled:
+                from liveloop.learner.actor import ColocatedLearner
+
+                app.state.learner = await asyncio.to_thread(
+                    ColocatedLearner, config.store, config.learner, config.critic, model_dir
+                )
             yield
         finally:
+            if app.state.learner is not None:
+                await asyncio.to_thread(app.state.learner.close)
+            watcher.cancel()
             await stop_components(c)
 
     app = FastAPI(title="liveloop", version="0.1.0", lifespan=lifespan)

@@ -3,29 +3,24 @@
 Order matters for integrity: the `policy_versions` row is written first (status "loading"), so a
 response that records the new version always has its row; then the engine swaps atomically; then the
 row becomes "serving" and its parent "retired". A failed swap leaves the old version serving and the
-row marked "failed".
+row marked "failed". Learners write their own rows (status "published"); `watch` activates them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import logging
 import time
 from pathlib import Path
+
+from liveloop.checkpoint import checkpoint_digest
 
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import Engine
 from liveloop.server.errors import APIError
-from liveloop.store import Store
+from liveloop.store import Store, VersionRecord
 
-
-def checkpoint_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(path.glob("*.safetensors")):
-        with f.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
+log = logging.getLogger(__name__)
 
 
 class Publisher:
@@ -61,10 +56,47 @@ class Publisher:
                 await asyncio.to_thread(self.store.set_version_status, version, "failed")
                 self.metrics.inc("server/swap_failures")
                 raise APIError(400, f"could not load {path}: {exc}", param="path") from exc
-            await asyncio.to_thread(self.store.set_version_status, version, "serving")
-            await asyncio.to_thread(self.store.set_version_status, parent, "retired")
-            swap_s = time.perf_counter() - start
-            self.metrics.observe("server/swap_seconds", swap_s)
-            self.metrics.observe("server/swap_hold_seconds", held)
-            self.metrics.inc("server/swaps")
-            return {"version": version, "parent": parent, "swap_ms": swap_s * 1000, "held_ms": held * 1000}
+            return await self._activated(version, parent, start, held)
+
+    async def activate(self, record: VersionRecord) -> dict | None:
+        """Swap in a version a learner published (row already written); None if it failed to load."""
+        async with self._lock:
+            if record.version <= self.engine.version:
+                return None
+            parent = self.engine.version
+            start = time.perf_counter()
+            try:
+                held = await self.engine.update_weights(record.checkpoint_path, record.version)
+            except Exception:
+                log.exception("could not activate version %d", record.version)
+                await asyncio.to_thread(self.store.set_version_status, record.version, "failed")
+                self.metrics.inc("server/swap_failures")
+                return None
+            return await self._activated(record.version, parent, start, held)
+
+    async def _activated(self, version: int, parent: int, start: float, held: float) -> dict:
+        await asyncio.to_thread(self.store.set_version_status, version, "serving")
+        await asyncio.to_thread(self.store.set_version_status, parent, "retired")
+        swap_s = time.perf_counter() - start
+        self.metrics.observe("server/swap_seconds", swap_s)
+        self.metrics.observe("server/swap_hold_seconds", held)
+        self.metrics.inc("server/swaps")
+        return {"version": version, "parent": parent, "swap_ms": swap_s * 1000, "held_ms": held * 1000}
+
+    async def watch(self, poll_seconds: float) -> None:
+        """Activate what learners publish: the newest "published" version past the serving one
+        (older published ones are superseded). Runs until cancelled."""
+        while True:
+            try:
+                published = await asyncio.to_thread(self.store.versions_with_status, "published", self.engine.version)
+                if published:
+                    for older in published[:-1]:
+                        await asyncio.to_thread(self.store.set_version_status, older.version, "superseded")
+                    done = await self.activate(published[-1])
+                    if done:
+                        log.info("activated version %d in %.0f ms", done["version"], done["swap_ms"])
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("version watcher")
+            await asyncio.sleep(poll_seconds)

@@ -198,6 +198,56 @@ class Store:
             ).first()
             return _version_record(row) if row else None
 
+    def next_version(self) -> int:
+        with self._session() as s:
+            return (s.scalar(select(func.max(PolicyVersion.version))) or 0) + 1
+
+    def publish_version(
+        self,
+        version: int,
+        *,
+        parent: int,
+        checkpoint_path: str,
+        checkpoint_sha256: str,
+        learner_step: int,
+        samples_used: int,
+        metrics: dict[str, Any],
+        cursor_name: str,
+        last_feedback_id: int,
+        status: str = "published",
+    ) -> VersionRecord:
+        """A learner's new version and its cursor, in ONE transaction: a crash leaves either both or
+        neither, so a restarted learner resumes from the last published version with nothing lost and
+        nothing trained twice."""
+        with self._session.begin() as s:
+            record = self.add_version(
+                version,
+                parent=parent,
+                checkpoint_path=checkpoint_path,
+                checkpoint_sha256=checkpoint_sha256,
+                learner_step=learner_step,
+                samples_used=samples_used,
+                metrics=metrics,
+                status=status,
+                session=s,
+            )
+            self.set_cursor(cursor_name, last_feedback_id, version, session=s)
+        return record
+
+    def cursor_version(self, name: str) -> int | None:
+        with self._session() as s:
+            row = s.get(LearnerCursor, name)
+            return row.policy_version if row else None
+
+    def versions_with_status(self, status: str, after: int = -1) -> list[VersionRecord]:
+        with self._session() as s:
+            rows = s.scalars(
+                select(PolicyVersion)
+                .where(PolicyVersion.status == status, PolicyVersion.version > after)
+                .order_by(PolicyVersion.version)
+            ).all()
+            return [_version_record(r) for r in rows]
+
     def set_version_status(self, version: int, status: str) -> None:
         with self._session.begin() as s:
             s.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(status=status))

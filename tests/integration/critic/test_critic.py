@@ -4,7 +4,8 @@ experts, router and head do; the value loss falls on a fixed batch."""
 import numpy as np
 import torch
 
-from liveloop.critic.trainer import Critic, CriticConfig
+from liveloop.critic.config import CriticConfig
+from liveloop.critic.trainer import Critic
 from liveloop.critic.value_model import build_value_model
 from liveloop.learner.advantages import gae_skip_observations
 from liveloop.learner.batch import Sample, make_batch

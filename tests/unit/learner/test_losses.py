@@ -71,3 +71,16 @@ def test_value_loss_token_mean_over_actions():
     loss.backward()
     # d/dV = (V - R) / 2 on action tokens: [0, 0.5, 0]
     assert values.grad.tolist() == [[0.0, 0.5, 0.0]]
+
+
+def test_kl_penalty_k3():
+    from liveloop.learner.losses import kl_penalty
+
+    lp = torch.tensor([[0.0, math.log(0.5)]], requires_grad=True)
+    ref = torch.tensor([[0.0, 0.0]])
+    kl, m = kl_penalty(lp, ref, torch.ones(1, 2))
+    # token 0: d = 0 -> 0;  token 1: d = 0 - log 0.5 = log 2 -> e^{log 2} - log 2 - 1 = 1 - log 2
+    assert kl.item() == pytest.approx((1 - math.log(2)) / 2)
+    kl.backward()
+    # d/dlp of exp(ref - lp) - (ref - lp) - 1 = -exp(ref - lp) + 1: token 1 -> (1 - 2) / 2 = -0.5
+    assert lp.grad[0].tolist() == pytest.approx([0.0, -0.5])

@@ -1,0 +1,29 @@
+"""The learner's configuration section (`[learner]`); the critic has its own (`[critic]`)."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    enabled: bool = field(default=True, metadata={"help": "`liveloop serve` starts the online learner"})
+    cursor_name: str = field(default="sao", metadata={"help": "which learner_cursor row this learner owns"})
+    batch_size: int = field(default=1, metadata={"help": "B: rated responses per policy step, in arrival order"})
+    publish_every_steps: int = field(default=4, metadata={"help": "N: publish a version every N policy steps"})
+    publish_every_seconds: float = field(default=5.0, metadata={"help": "T: or after T seconds with any step"})
+    poll_seconds: float = field(default=0.1, metadata={"help": "how often to look for new ratings"})
+    learning_rate: float = field(default=2e-4, metadata={"help": "policy AdamW learning rate"})
+    eps_low: float = field(default=0.3, metadata={"help": "two-sided mask: keep ratio > 1 - eps_low"})
+    eps_high: float = field(default=5.0, metadata={"help": "two-sided mask: keep ratio < 1 + eps_high"})
+    gamma: float = field(default=1.0, metadata={"help": "discount"})
+    lambda_value: float = field(default=1.0, metadata={"help": "GAE lambda for the value targets"})
+    lambda_alpha: float = field(default=0.05, metadata={"help": "policy lambda = 1 - 1/(alpha * L)"})
+    kl_coef: float = field(default=0.0, metadata={"help": "anchor to the base policy (k3 KL), 0 = off"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "policy gradient clipping"})
+    checkpoint_dir: str = field(default="data/versions", metadata={"help": "where published versions are saved"})
+    seed: int = field(default=0, metadata={"help": "torch seed of the learner process"})
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.publish_every_steps < 1:
+            raise ValueError("batch_size and publish_every_steps must be >= 1")
+        if not (0 < self.eps_low < 1) or self.eps_high <= 0:
+            raise ValueError("eps_low must be in (0, 1) and eps_high > 0")

@@ -1,0 +1,241 @@
+"""SAO's online learner: one rated response at a time, in arrival order, with a critic.
+
+    learner = OnlineLearner.resume(store, learner_config, critic_config, base_model_dir)
+    while not stop: learner.step() or sleep(poll)
+
+`step()` reads like the algorithm (../shared/docs/algorithms.md section 1):
+  1. take the next B rated responses past the cursor (no groups, no waiting for a prompt's siblings)
+  2. policy logprobs of the served tokens; critic values
+  3. advantages: GAE over action tokens only, lambda_policy = 1 - 1/(alpha L); value targets with lambda_value
+  4. K critic steps; 5. one policy step (two-sided ratio mask against the behavior logprobs, optional KL anchor)
+  6. every N steps or T seconds, publish version v+1: checkpoint saved, then the version row and the
+     cursor in ONE transaction. A crash resumes from the last published version and re-reads exactly
+     the ratings it had not published yet: nothing lost, nothing trained twice.
+A non-finite loss or gradient skips the update (counted); a version is published only from finite
+weights. The learner never talks to the engine: the server activates published versions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from liveloop.checkpoint import checkpoint_digest, save_atomically
+from liveloop.critic.config import CriticConfig
+from liveloop.critic.trainer import Critic
+from liveloop.critic.value_model import build_value_model
+from liveloop.learner.advantages import gae_skip_observations, length_adaptive_lambda
+from liveloop.learner.batch import Sample, TokenBatch, make_batch, response_logprobs
+from liveloop.learner.config import LearnerConfig
+from liveloop.learner.losses import kl_penalty, sao_policy_loss
+from liveloop.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LearnerState:
+    version: int  # the version the learner's weights descend from (last published)
+    cursor: int  # last feedback id included in `version`
+    pending_cursor: int  # last feedback id trained on since
+    step: int = 0
+    samples: int = 0
+    steps_since_publish: int = 0
+    updates_since_publish: int = 0  # steps that changed the weights (not skipped)
+    samples_since_publish: int = 0
+    skipped_steps: int = 0
+    last_publish: float = field(default_factory=time.monotonic)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _load_policy(path: str | Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+
+
+class OnlineLearner:
+    def __init__(
+        self,
+        store: Store,
+        config: LearnerConfig,
+        critic_config: CriticConfig,
+        base_model_dir: Path,
+        state: LearnerState,
+        policy_dir: str,
+        critic_dir: str | None,
+        publish_status: str = "published",
+    ):
+        torch.manual_seed(config.seed)
+        self.store = store
+        self.config = config
+        self.base_model_dir = Path(base_model_dir)
+        self.state = state
+        self.publish_status = publish_status
+        self.policy = _load_policy(policy_dir)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        self.critic = Critic(build_value_model(critic_dir or policy_dir), critic_config)
+        self.reference = _load_policy(self.base_model_dir).eval() if config.kl_coef > 0 else None
+        self.idle_seconds = 0.0
+        self.busy_seconds = 0.0
+
+    @classmethod
+    def resume(cls, store: Store, config: LearnerConfig, critic_config: CriticConfig, base_model_dir: Path, **kw) -> "OnlineLearner":
+        """Start from the version this learner last published (or the base model), at its cursor."""
+        cursor = store.get_cursor(config.cursor_name)
+        version = store.cursor_version(config.cursor_name)
+        record = store.get_version(version) if version is not None else None
+        if record is None or not record.checkpoint_path:
+            version, policy_dir, critic_dir = 0, str(base_model_dir), None
+        else:
+            policy_dir = record.checkpoint_path
+            critic = Path(record.checkpoint_path).parent / "critic"
+            critic_dir = str(critic) if critic.exists() else None
+        state = LearnerState(version=version, cursor=cursor, pending_cursor=cursor)
+        log.info("learner %s resumes at version %d, feedback cursor %d", config.cursor_name, version, cursor)
+        return cls(store, config, critic_config, base_model_dir, state, policy_dir, critic_dir, **kw)
+
+    # -- one step --------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Train on the next B rated responses if there are that many; returns whether it did."""
+        c, s = self.config, self.state
+        # 1. the next B rated responses, in arrival order
+        rated = self.store.rated_after(s.pending_cursor, c.batch_size)
+        if len(rated) < c.batch_size:
+            return False
+        started = time.perf_counter()
+        samples = [
+            Sample(r.prompt_ids, r.response_ids, r.behavior_logprobs, r.action_mask, float(f.reward), r.policy_version)
+            for f, r in rated
+        ]
+        batch = make_batch(samples)
+        # 2. values of the states the tokens were chosen in
+        values = self.critic.values(batch)
+        # 3. advantages (policy lambda adapts to length) and value targets (lambda_value)
+        advantages, returns = self._advantages(batch, values)
+        # 4. K critic steps
+        metrics = self.critic.update(batch, returns)
+        # 5. one policy step
+        metrics |= self._policy_step(batch, advantages)
+        s.pending_cursor = rated[-1][0].id
+        s.step += 1
+        s.samples += len(samples)
+        s.steps_since_publish += 1
+        s.samples_since_publish += len(samples)
+        s.last_metrics = metrics | {"learner/reward_mean": float(batch.rewards.mean())}
+        self.busy_seconds += time.perf_counter() - started
+        # 6. publish every N steps or T seconds
+        if s.steps_since_publish >= c.publish_every_steps:
+            self.publish()
+        return True
+
+    def _advantages(self, batch: TokenBatch, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.config
+        advantages = torch.zeros_like(values)
+        returns = torch.zeros_like(values)
+        for b in range(values.shape[0]):
+            mask, reward = batch.action_mask[b], float(batch.rewards[b])
+            lam = length_adaptive_lambda(int(mask.sum()), c.lambda_alpha)
+            advantages[b], _ = gae_skip_observations(values[b], reward, mask, c.gamma, lam)
+            _, returns[b] = gae_skip_observations(values[b], reward, mask, c.gamma, c.lambda_value)
+        return advantages, returns
+
+    def _policy_step(self, batch: TokenBatch, advantages: torch.Tensor) -> dict[str, float]:
+        c = self.config
+        self.policy.train()
+        logits = self.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logprobs = response_logprobs(logits, batch)
+        staleness = (self.state.version - batch.versions).clamp(min=0)
+        loss, metrics = sao_policy_loss(
+            logprobs, batch.behavior_logprobs, advantages, batch.action_mask, c.eps_low, c.eps_high, staleness
+        )
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = response_logprobs(self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch)
+            kl, kl_metrics = kl_penalty(logprobs, ref, batch.action_mask)
+            loss = loss + c.kl_coef * kl
+            metrics |= kl_metrics
+        self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            return self._skip(metrics, "loss")
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm)
+        if not torch.isfinite(norm):
+            return self._skip(metrics, "gradient")
+        self.optimizer.step()
+        self.state.updates_since_publish += 1
+        metrics["learner/grad_norm"] = float(norm)
+        metrics["learner/skipped_steps"] = float(self.state.skipped_steps)
+        return metrics
+
+    def _skip(self, metrics: dict[str, float], what: str) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.skipped_steps += 1
+        log.warning("learner step %d skipped: non-finite %s", self.state.step, what)
+        return metrics | {"learner/skipped_steps": float(self.state.skipped_steps)}
+
+    # -- publishing ------------------------------------------------------------------------------
+    def due(self) -> bool:
+        s = self.state
+        return s.steps_since_publish > 0 and time.monotonic() - s.last_publish >= self.config.publish_every_seconds
+
+    def publish(self) -> int | None:
+        """Save the weights and record version v+1 with the cursor; returns the version or None.
+        If every step since the last version was skipped, only the cursor moves (no new version)."""
+        s = self.state
+        if not all(torch.isfinite(p).all() for p in self.policy.parameters()):
+            log.error("not publishing: the policy has non-finite weights")
+            s.skipped_steps += 1
+            return None
+        if s.updates_since_publish == 0:
+            with self.store.transaction() as session:
+                self.store.set_cursor(self.config.cursor_name, s.pending_cursor, s.version, session=session)
+            s.cursor = s.pending_cursor
+            s.steps_since_publish = s.samples_since_publish = 0
+            s.last_publish = time.monotonic()
+            return None
+        version = self.store.next_version()
+        root = Path(self.config.checkpoint_dir).resolve() / f"v{version:06d}"
+        save_atomically(root, self._write_checkpoint)
+        metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples}
+        self.store.publish_version(
+            version,
+            parent=s.version,
+            checkpoint_path=str(root / "policy"),
+            checkpoint_sha256=checkpoint_digest(root / "policy"),
+            learner_step=s.step,
+            samples_used=s.samples_since_publish,
+            metrics=metrics,
+            cursor_name=self.config.cursor_name,
+            last_feedback_id=s.pending_cursor,
+            status=self.publish_status,
+        )
+        s.version, s.cursor = version, s.pending_cursor
+        s.steps_since_publish = s.samples_since_publish = s.updates_since_publish = 0
+        s.last_publish = time.monotonic()
+        log.info("published version %d (step %d, cursor %d)", version, s.step, s.cursor)
+        return version
+
+    def _write_checkpoint(self, tmp: Path) -> None:
+        self.policy.save_pretrained(str(tmp / "policy"))
+        self.critic.model.save_pretrained(str(tmp / "critic"))
+
+    # -- loop ------------------------------------------------------------------------------------
+    def run(self, should_stop, max_steps: int | None = None) -> None:
+        """Train until `should_stop()`; publishes what is pending before returning."""
+        while not should_stop() and (max_steps is None or self.state.step < max_steps):
+            if not self.step():
+                if self.due():
+                    self.publish()
+                else:
+                    t = time.perf_counter()
+                    time.sleep(self.config.poll_seconds)
+                    self.idle_seconds += time.perf_counter() - t
+            elif self.due():
+                self.publish()
+        if self.state.steps_since_publish:
+            self.publish()
