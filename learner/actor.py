@@ -52,6 +52,8 @@ class LearnerActor:
             "samples": s.samples,
             "skipped_steps": s.skipped_steps,
             "idle_fraction": idle / (busy + idle) if busy + idle else 1.0,
+            "busy_seconds": busy,
+            "idle_seconds": idle,
             "metrics": s.last_metrics,
         }
 

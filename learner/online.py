@@ -201,7 +201,7 @@ class OnlineLearner:
         version = self.store.next_version()
         root = Path(self.config.checkpoint_dir).resolve() / f"v{version:06d}"
         save_atomically(root, self._write_checkpoint)
-        metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples}
+        metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
         self.store.publish_version(
             version,
             parent=s.version,

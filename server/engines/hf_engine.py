@@ -41,11 +41,12 @@ class _Active:
 def load_state(model: torch.nn.Module, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
     """Copy new weights into `model` in place; every parameter must be present and finite."""
     if isinstance(weights, (str, Path)):
-        from safetensors.torch import load_file
+        # through transformers' own loader: checkpoints on disk may use another layout (e.g. MoE
+        # experts saved one by one, fused in memory), which from_pretrained converts
+        from transformers import AutoModelForCausalLM
 
-        state: dict[str, torch.Tensor] = {}
-        for f in sorted(Path(weights).glob("*.safetensors")):
-            state.update(load_file(str(f)))
+        loaded = AutoModelForCausalLM.from_pretrained(str(weights), dtype=next(model.parameters()).dtype)
+        state = loaded.state_dict()
     else:
         state = dict(weights)
     own = model.state_dict()

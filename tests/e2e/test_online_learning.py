@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from liveloop.devtools import USER_KEY
+from liveloop.devtools import ADMIN_KEY, USER_KEY
 from liveloop.model.corpus import TOPICS
 
 from .conftest import open_store, start_server, stop_server
@@ -68,7 +68,13 @@ async def _scenario(base_url: str) -> dict:
                     break
             await asyncio.sleep(1)
         after, versions_after = await _rate(client, 64, 0)
-        return {"before": before, "after": after, "events": events, "served": served, "v_before": versions_before, "v_after": versions_after}
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        learner = (await client.get("/admin/learner", headers=admin)).json()
+        metrics = (await client.get("/metrics")).text
+        return {
+            "before": before, "after": after, "events": events, "served": served,
+            "v_before": versions_before, "v_after": versions_after, "learner": learner, "metrics": metrics,
+        }
 
 
 def test_target_word_rate_rises(tmp_path, model_dir):
@@ -77,10 +83,15 @@ def test_target_word_rate_rises(tmp_path, model_dir):
         result = asyncio.run(_scenario(server.base_url))
     finally:
         stop_server(server)
-    print(result)
+    print({k: v for k, v in result.items() if k != "metrics"})
     assert result["v_before"] == {0} and result["served"] > 0 and result["v_after"] == {result["served"]}
     # a model that did not learn stays at its base rate; require a clear rise
     assert result["after"] >= result["before"] + 0.25, result
+    learner = result["learner"]
+    assert learner["running"] and learner["step"] >= MAX_EVENTS and 0 <= learner["idle_fraction"] <= 1
+    assert 0 < learner["metrics"]["learner/kept_fraction"] <= 1
+    for name in ("liveloop_learner_kept_fraction", "liveloop_critic_grad_norm", "liveloop_learner_idle_fraction"):
+        assert name in result["metrics"]
     store = open_store(server)
     cursor = store.get_cursor("sao")
     assert cursor == max(f.id for f, _ in store.rated_after(0, 10_000)), "every rating consumed"

@@ -90,3 +90,18 @@ async def test_non_finite_weights_are_refused(engine):
     assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
     v, ids, _, _ = await _collect(engine, _req(0))
     assert v == 0 and ids
+
+
+async def test_swap_from_a_saved_checkpoint_directory(engine, tmp_path):
+    # save_pretrained writes MoE experts one by one; the engine holds them fused: the load must convert
+    from transformers import AutoModelForCausalLM
+
+    other = AutoModelForCausalLM.from_pretrained(engine.model_path, dtype=torch.float32)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(1.01)
+    other.save_pretrained(str(tmp_path / "v1"))
+    await engine.update_weights(str(tmp_path / "v1"), 1)
+    assert engine.version == 1
+    want = other.state_dict()
+    assert all(torch.allclose(want[k], v) for k, v in engine.model.state_dict().items())
