@@ -10,6 +10,12 @@ class CriticConfig:
     freeze_attention: bool = field(default=True, metadata={"help": "attention parameters do not train"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping"})
 
+    pretrain_reward: str = field(default="", metadata={"help": "reward for pre-training rollouts: contains:WORD | style:NAME"})
+    pretrain_rollouts: int = field(default=128, metadata={"help": "rollouts of the initial policy to fit"})
+    pretrain_max_tokens: int = field(default=48, metadata={"help": "reply length of each rollout"})
+    pretrain_ev_threshold: float = field(default=0.5, metadata={"help": "stop when explained variance passes this"})
+    pretrain_max_epochs: int = field(default=20, metadata={"help": "stop after this many epochs regardless"})
+
     def __post_init__(self) -> None:
         if self.value_steps < 1:
             raise ValueError("value_steps must be >= 1")

@@ -69,6 +69,8 @@ class ColocatedLearner:
             ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=True)
         actor_cls = ray.remote(num_cpus=1, max_concurrency=4)(LearnerActor)
         self.actor = actor_cls.remote(store, learner, critic, str(base_model_dir))
+        # wait until the actor has loaded its models: once the server says healthy, the learner runs
+        ray.get(self.actor.status.remote(), timeout=600)
         self.run_ref = self.actor.run.remote()
 
     def status(self) -> dict[str, Any]:

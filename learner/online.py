@@ -52,6 +52,11 @@ class LearnerState:
     last_metrics: dict[str, float] = field(default_factory=dict)
 
 
+def critic_dir_for(config: LearnerConfig, version: int) -> Path:
+    """Where the critic that belongs to `version` is saved (published versions and pre-training)."""
+    return Path(config.checkpoint_dir).resolve() / f"v{version:06d}" / "critic"
+
+
 def _load_policy(path: str | Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
@@ -90,13 +95,16 @@ class OnlineLearner:
         version = store.cursor_version(config.cursor_name)
         record = store.get_version(version) if version is not None else None
         if record is None or not record.checkpoint_path:
-            version, policy_dir, critic_dir = 0, str(base_model_dir), None
+            version, policy_dir = 0, str(base_model_dir)
         else:
             policy_dir = record.checkpoint_path
-            critic = Path(record.checkpoint_path).parent / "critic"
-            critic_dir = str(critic) if critic.exists() else None
+        critic = critic_dir_for(config, version)
+        critic_dir = str(critic) if critic.exists() else None
         state = LearnerState(version=version, cursor=cursor, pending_cursor=cursor)
-        log.info("learner %s resumes at version %d, feedback cursor %d", config.cursor_name, version, cursor)
+        log.info(
+            "learner %s resumes at version %d, feedback cursor %d, critic %s",
+            config.cursor_name, version, cursor, critic_dir or "cold (not pre-trained)",
+        )
         return cls(store, config, critic_config, base_model_dir, state, policy_dir, critic_dir, **kw)
 
     # -- one step --------------------------------------------------------------------------------

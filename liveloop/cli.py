@@ -85,6 +85,21 @@ def cmd_learn(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_critic_pretrain(args: argparse.Namespace) -> int:
+    from liveloop.learner.critic_start import pretrain_for_learner
+    from liveloop.store import Store
+
+    config = _config(args)
+    changes = {k: v for k, v in (("pretrain_reward", args.reward), ("pretrain_rollouts", args.rollouts)) if v is not None}
+    if changes:
+        config = config.with_section("critic", **changes)
+    store = Store(config.store)
+    store.require_schema()
+    result = pretrain_for_learner(store, config.learner, config.critic, _model_dir(config), from_store=args.from_store)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def cmd_model_init(args: argparse.Namespace) -> int:
     from liveloop.model.build import build_model, ensure_model
 
@@ -159,6 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many policy steps")
     p.set_defaults(func=cmd_learn)
 
+    critic = sub.add_parser("critic", help="the value model").add_subparsers(dest="critic_cmd", required=True)
+    p = critic.add_parser("pretrain", help="cold-start the critic for the version the learner resumes from")
+    p.add_argument("--reward", help="override critic.pretrain_reward (contains:WORD | style:NAME)")
+    p.add_argument("--rollouts", type=int, help="override critic.pretrain_rollouts")
+    p.add_argument("--from-store", action="store_true", help="fit on rated responses already in the store")
+    p.set_defaults(func=cmd_critic_pretrain)
+
     model = sub.add_parser("model", help="the embedded default model").add_subparsers(dest="model_cmd", required=True)
     p = model.add_parser("init", help="build the tiny default model (tokenizer + MoE + brief training)")
     p.add_argument("--out", help="output directory (default: model.out_dir)")
@@ -188,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.command in ("serve", "model", "learn"):
+    if args.command in ("serve", "model", "learn", "critic"):
         import torch
 
         torch.set_num_threads(1)  # two threads under contention are 10-30x slower on these machines
@@ -197,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"liveloop: config error: {exc}", file=sys.stderr)
         return 2
-    except SchemaNotReady as exc:
+    except (SchemaNotReady, ValueError) as exc:
         print(f"liveloop: {exc}", file=sys.stderr)
         return 2
 

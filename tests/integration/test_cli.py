@@ -38,3 +38,16 @@ def test_missing_model_dir_is_a_clear_error(tmp_path):
     cfg.write_text(f"[engine]\nmodel = '{tmp_path / 'nothing'}'\n[auth]\ndev_user_keys = ['k']\n")
     out = run("--config", str(cfg), "serve", "--port", "1")
     assert out.returncode == 2 and "not a Hugging Face checkpoint directory" in out.stderr
+
+
+def test_critic_pretrain_from_store_needs_ratings(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f"[engine]\nmodel = '{ROOT / 'models/liveloop-tiny'}'\n[store]\nurl = 'sqlite:///{tmp_path / 's.db'}'\n"
+        f"[learner]\ncheckpoint_dir = '{tmp_path / 'v'}'\n"
+    )
+    assert run("--config", str(cfg), "store", "migrate").returncode == 0
+    out = run("--config", str(cfg), "critic", "pretrain", "--from-store")
+    assert out.returncode == 2 and "at least one rated sample" in out.stderr
+    out = run("--config", str(cfg), "critic", "pretrain")
+    assert out.returncode == 2 and "critic.pretrain_reward is not set" in out.stderr
