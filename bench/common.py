@@ -51,26 +51,13 @@ def rated_samples(model_dir: Path, n: int, target: str = "behold", max_tokens: i
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from liveloop.learner.batch import Sample
+    from liveloop.learner.rollout import chat_prompt_ids, sample_reply
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     out = []
     for i in range(n):
-        text = tok.apply_chat_template(chat_messages(i), add_generation_prompt=True, tokenize=False)
-        prompt = tok(text, add_special_tokens=False)["input_ids"]
-        g = torch.Generator().manual_seed(seed + i)
-        ids, lps, x, past = [], [], torch.tensor([prompt]), None
-        with torch.no_grad():
-            for _ in range(max_tokens):
-                o = model(input_ids=x, past_key_values=past, use_cache=True)
-                past = o.past_key_values
-                lp = torch.log_softmax(o.logits[0, -1].float(), -1)
-                t = int(torch.multinomial(lp.exp(), 1, generator=g))
-                ids.append(t)
-                lps.append(float(lp[t]))
-                if t == tok.eos_token_id:
-                    break
-                x = torch.tensor([[t]])
-        reward = float(target in tok.decode(ids, skip_special_tokens=True).lower())
-        out.append(Sample(np.array(prompt), np.array(ids), np.array(lps, np.float32), np.ones(len(ids), np.uint8), reward, 0))
+        r = sample_reply(model, tok, chat_prompt_ids(tok, chat_messages(i)[0]["content"]), max_tokens, torch.Generator().manual_seed(seed + i))
+        reward = float(target in r.text.lower())
+        out.append(Sample(np.array(r.prompt_ids), np.array(r.response_ids), np.array(r.logprobs, np.float32), np.ones(len(r.response_ids), np.uint8), reward, 0))
     return out
