@@ -21,9 +21,14 @@ class LearnerConfig:
     max_grad_norm: float = field(default=1.0, metadata={"help": "policy gradient clipping"})
     checkpoint_dir: str = field(default="data/versions", metadata={"help": "where published versions are saved"})
     seed: int = field(default=0, metadata={"help": "torch seed of the learner process"})
+    zero_stage: int = field(
+        default=0, metadata={"help": "0: plain torch AdamW; 1-3: DeepSpeed ZeRO for the policy and critic optimizers"}
+    )
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.publish_every_steps < 1:
             raise ValueError("batch_size and publish_every_steps must be >= 1")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError("zero_stage must be 0 (plain torch), 1, 2 or 3")
         if not (0 < self.eps_low < 1) or self.eps_high <= 0:
             raise ValueError("eps_low must be in (0, 1) and eps_high > 0")

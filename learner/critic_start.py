@@ -77,5 +77,5 @@ def pretrain_for_learner(
     model = Critic(build_value_model(policy_dir), critic)
     result = pretrain_critic(model, samples, critic.pretrain_ev_threshold, critic.pretrain_max_epochs, progress=progress)
     # 4. save where the learner looks
-    target = save_atomically(critic_dir_for(learner, version), lambda tmp: model.model.save_pretrained(str(tmp)))
+    target = save_atomically(critic_dir_for(learner, version), lambda tmp: model.save(str(tmp)))
     return result | {"version": version, "critic_dir": str(target), "reward_rate": float(np.mean([s.reward for s in samples]))}

@@ -32,6 +32,7 @@ from liveloop.learner.advantages import gae_skip_observations, length_adaptive_l
 from liveloop.learner.batch import Sample, TokenBatch, make_batch, response_logprobs
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.losses import kl_penalty, sao_policy_loss
+from liveloop.learner.optim import make_optimizer
 from liveloop.store import Store
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,8 @@ class OnlineLearner:
         self.state = state
         self.publish_status = publish_status
         self.policy = _load_policy(policy_dir)
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
-        self.critic = Critic(build_value_model(critic_dir or policy_dir), critic_config)
+        self.policy_opt = make_optimizer(self.policy, config.learning_rate, config.max_grad_norm, config.zero_stage, config.batch_size)
+        self.critic = Critic(build_value_model(critic_dir or policy_dir), critic_config, config.zero_stage, config.batch_size)
         self.reference = _load_policy(self.base_model_dir).eval() if config.kl_coef > 0 else None
         self.idle_seconds = 0.0
         self.busy_seconds = 0.0
@@ -155,7 +156,7 @@ class OnlineLearner:
     def _policy_step(self, batch: TokenBatch, advantages: torch.Tensor) -> dict[str, float]:
         c = self.config
         self.policy.train()
-        logits = self.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         logprobs = response_logprobs(logits, batch)
         staleness = (self.state.version - batch.versions).clamp(min=0)
         loss, metrics = sao_policy_loss(
@@ -167,24 +168,15 @@ class OnlineLearner:
             kl, kl_metrics = kl_penalty(logprobs, ref, batch.action_mask)
             loss = loss + c.kl_coef * kl
             metrics |= kl_metrics
-        self.optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
-            return self._skip(metrics, "loss")
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm)
-        if not torch.isfinite(norm):
-            return self._skip(metrics, "gradient")
-        self.optimizer.step()
-        self.state.updates_since_publish += 1
-        metrics["learner/grad_norm"] = float(norm)
+        norm = self.policy_opt.step(loss)  # None: the loss or gradient was not finite, nothing changed
+        if norm is None:
+            self.state.skipped_steps += 1
+            log.warning("learner step %d skipped: non-finite loss or gradient", self.state.step)
+        else:
+            self.state.updates_since_publish += 1
+            metrics["learner/grad_norm"] = norm
         metrics["learner/skipped_steps"] = float(self.state.skipped_steps)
         return metrics
-
-    def _skip(self, metrics: dict[str, float], what: str) -> dict[str, float]:
-        self.optimizer.zero_grad(set_to_none=True)
-        self.state.skipped_steps += 1
-        log.warning("learner step %d skipped: non-finite %s", self.state.step, what)
-        return metrics | {"learner/skipped_steps": float(self.state.skipped_steps)}
 
     # -- publishing ------------------------------------------------------------------------------
     def due(self) -> bool:
@@ -195,7 +187,9 @@ class OnlineLearner:
         """Save the weights and record version v+1 with the cursor; returns the version or None.
         If every step since the last version was skipped, only the cursor moves (no new version)."""
         s = self.state
-        if not all(torch.isfinite(p).all() for p in self.policy.parameters()):
+        with self.policy_opt.full_parameters() as policy:
+            finite = all(torch.isfinite(p).all() for p in policy.parameters())
+        if not finite:
             log.error("not publishing: the policy has non-finite weights")
             s.skipped_steps += 1
             return None
@@ -229,8 +223,9 @@ class OnlineLearner:
         return version
 
     def _write_checkpoint(self, tmp: Path) -> None:
-        self.policy.save_pretrained(str(tmp / "policy"))
-        self.critic.model.save_pretrained(str(tmp / "critic"))
+        with self.policy_opt.full_parameters() as policy:
+            policy.save_pretrained(str(tmp / "policy"))
+        self.critic.save(str(tmp / "critic"))
 
     # -- loop ------------------------------------------------------------------------------------
     def run(self, should_stop, max_steps: int | None = None) -> None:
