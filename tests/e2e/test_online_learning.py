@@ -21,13 +21,16 @@ from .conftest import open_store, start_server, stop_server
 
 TARGET = "behold"
 # The spec's length-adaptive lambda (alpha = 0.05) on a critic pre-trained first (`liveloop critic
-# pretrain`); measured in-process: with a cold critic and alpha = 0.05 the rate does not move.
+# pretrain`), with a KL anchor to the base policy. Measured in-process: with a cold critic and
+# alpha = 0.05 the rate does not move; without the anchor some seeds collapse to one degenerate
+# 48-token reply (rate 0, ratio 1, zero gradient) and never recover.
 LEARNER = """
 batch_size = 1
 publish_every_steps = 4
 publish_every_seconds = 2.0
 learning_rate = 1e-3
 lambda_alpha = 0.05
+kl_coef = 0.1
 """
 MAX_EVENTS = 240
 MAX_LAG = 8
