@@ -46,7 +46,6 @@ def save(name: str, result: dict) -> Path:
 def rated_samples(model_dir: Path, n: int, target: str = "behold", max_tokens: int = 48, seed: int = 0):
     """n replies sampled from the model (temperature 1) to the default prompts, rewarded 1 when they
     contain `target`: the same kind of data the online learner sees."""
-    import numpy as np
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -58,6 +57,5 @@ def rated_samples(model_dir: Path, n: int, target: str = "behold", max_tokens: i
     out = []
     for i in range(n):
         r = sample_reply(model, tok, chat_prompt_ids(tok, chat_messages(i)[0]["content"]), max_tokens, torch.Generator().manual_seed(seed + i))
-        reward = float(target in r.text.lower())
-        out.append(Sample(np.array(r.prompt_ids), np.array(r.response_ids), np.array(r.logprobs, np.float32), np.ones(len(r.response_ids), np.uint8), reward, 0))
+        out.append(Sample.from_rollout(r, float(target in r.text.lower())))
     return out

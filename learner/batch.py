@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,6 +21,23 @@ class Sample:
     action_mask: np.ndarray
     reward: float
     policy_version: int
+
+    @classmethod
+    def from_rated(cls, feedback: Any, response: Any) -> "Sample":
+        """A stored rating and the stored response it rates (`Store.rated_after` rows)."""
+        return cls(
+            response.prompt_ids, response.response_ids, response.behavior_logprobs, response.action_mask,
+            float(feedback.reward), response.policy_version,
+        )
+
+    @classmethod
+    def from_rollout(cls, rollout: Any, reward: float, policy_version: int = 0) -> "Sample":
+        """An in-process rollout (`learner.rollout.Rollout`), every token an action."""
+        n = len(rollout.response_ids)
+        return cls(
+            np.array(rollout.prompt_ids), np.array(rollout.response_ids), np.array(rollout.logprobs, np.float32),
+            np.ones(n, np.uint8), reward, policy_version,
+        )
 
 
 @dataclass(frozen=True)

@@ -43,18 +43,12 @@ def rollout_samples(policy_dir: str, reward_spec: str, n: int, max_tokens: int, 
     for i in tqdm(range(n), desc="rollouts", disable=not progress):
         prompt = chat_prompt_ids(tok, make_prompt(TOPICS[i % len(TOPICS)], rng))
         r = sample_reply(model, tok, prompt, max_tokens, gen)
-        samples.append(
-            Sample(np.array(r.prompt_ids), np.array(r.response_ids), np.array(r.logprobs, np.float32),
-                   np.ones(len(r.response_ids), np.uint8), reward(r.text), 0)
-        )
+        samples.append(Sample.from_rollout(r, reward(r.text)))
     return samples
 
 
 def store_samples(store: Store, limit: int = 100_000) -> list[Sample]:
-    return [
-        Sample(r.prompt_ids, r.response_ids, r.behavior_logprobs, r.action_mask, float(f.reward), r.policy_version)
-        for f, r in store.rated_after(0, limit)
-    ]
+    return [Sample.from_rated(f, r) for f, r in store.rated_after(0, limit)]
 
 
 def pretrain_for_learner(

@@ -117,10 +117,7 @@ class OnlineLearner:
         if len(rated) < c.batch_size:
             return False
         started = time.perf_counter()
-        samples = [
-            Sample(r.prompt_ids, r.response_ids, r.behavior_logprobs, r.action_mask, float(f.reward), r.policy_version)
-            for f, r in rated
-        ]
+        samples = [Sample.from_rated(f, r) for f, r in rated]
         batch = make_batch(samples)
         # 2. values of the states the tokens were chosen in
         values = self.critic.values(batch)

@@ -23,6 +23,10 @@ from liveloop.store import Store, VersionRecord
 log = logging.getLogger(__name__)
 
 
+class SwapFailed(RuntimeError):
+    """The engine could not load a version's weights."""
+
+
 class Publisher:
     def __init__(self, engine: Engine, store: Store, metrics: Metrics):
         self.engine = engine
@@ -36,8 +40,7 @@ class Publisher:
             raise APIError(400, f"path: {path} is not a checkpoint directory with *.safetensors", param="path")
         async with self._lock:
             parent = self.engine.version
-            versions = await asyncio.to_thread(self.store.list_versions)
-            version = max((v.version for v in versions), default=0) + 1
+            version = await asyncio.to_thread(self.store.next_version)
             digest = await asyncio.to_thread(checkpoint_digest, directory)
             await asyncio.to_thread(
                 self.store.add_version,
@@ -49,32 +52,33 @@ class Publisher:
                 note=note,
                 **row,
             )
-            start = time.perf_counter()
             try:
-                held = await self.engine.update_weights(str(directory), version)
-            except Exception as exc:
-                await asyncio.to_thread(self.store.set_version_status, version, "failed")
-                self.metrics.inc("server/swap_failures")
-                raise APIError(400, f"could not load {path}: {exc}", param="path") from exc
-            return await self._activated(version, parent, start, held)
+                return await self._swap(version, str(directory))
+            except SwapFailed as exc:
+                raise APIError(400, f"could not load {path}: {exc.__cause__}", param="path") from exc
 
     async def activate(self, record: VersionRecord) -> dict | None:
         """Swap in a version a learner published (row already written); None if it failed to load."""
         async with self._lock:
             if record.version <= self.engine.version:
                 return None
-            parent = self.engine.version
-            start = time.perf_counter()
             try:
-                held = await self.engine.update_weights(record.checkpoint_path, record.version)
-            except Exception:
+                return await self._swap(record.version, record.checkpoint_path)
+            except SwapFailed:
                 log.exception("could not activate version %d", record.version)
-                await asyncio.to_thread(self.store.set_version_status, record.version, "failed")
-                self.metrics.inc("server/swap_failures")
                 return None
-            return await self._activated(record.version, parent, start, held)
 
-    async def _activated(self, version: int, parent: int, start: float, held: float) -> dict:
+    async def _swap(self, version: int, path: str) -> dict:
+        """Swap `path` in as `version` (its row exists); a load failure marks the row "failed" and
+        raises SwapFailed (the old version keeps serving)."""
+        parent = self.engine.version
+        start = time.perf_counter()
+        try:
+            held = await self.engine.update_weights(path, version)
+        except Exception as exc:
+            await asyncio.to_thread(self.store.set_version_status, version, "failed")
+            self.metrics.inc("server/swap_failures")
+            raise SwapFailed(version) from exc
         await asyncio.to_thread(self.store.set_version_status, version, "serving")
         await asyncio.to_thread(self.store.set_version_status, parent, "retired")
         swap_s = time.perf_counter() - start

@@ -64,6 +64,10 @@ def _response_row(rec: ResponseRecord) -> dict[str, Any]:
     }
 
 
+def _feedback_row(op: FeedbackRecord, now: datetime) -> dict[str, Any]:
+    return {"response_id": op.response_id, "api_key_id": op.api_key_id, "reward": op.reward, "comment": op.comment, "created_at": now}
+
+
 def _stored_response(row: Response) -> StoredResponse:
     response_ids = codec.decode_ids(row.response_ids)
     mask = codec.decode_mask(row.action_mask) if row.action_mask is not None else None
@@ -301,10 +305,7 @@ class Store:
             return
         s.execute(delete(Feedback).where(tuple_(Feedback.response_id, Feedback.api_key_id).in_(pairs)))
         now = utcnow()
-        rows = [
-            {"response_id": op.response_id, "api_key_id": op.api_key_id, "reward": op.reward, "comment": op.comment, "created_at": now}
-            for _, op in valid
-        ]
+        rows = [_feedback_row(op, now) for _, op in valid]
         ids = s.execute(insert(Feedback).returning(Feedback.id, sort_by_parameter_order=True), rows).scalars().all()
         for (i, op), fid in zip(valid, ids):
             results[i] = StoredFeedback(fid, op.response_id, op.api_key_id, op.reward, op.comment, now)
@@ -312,10 +313,7 @@ class Store:
     def _put_ratings_in_order(self, s: Session, op: FeedbackRecord) -> StoredFeedback:
         s.execute(delete(Feedback).where(Feedback.response_id == op.response_id, Feedback.api_key_id == op.api_key_id))
         now = utcnow()
-        fid = s.execute(
-            insert(Feedback).returning(Feedback.id),
-            [{"response_id": op.response_id, "api_key_id": op.api_key_id, "reward": op.reward, "comment": op.comment, "created_at": now}],
-        ).scalar_one()
+        fid = s.execute(insert(Feedback).returning(Feedback.id), [_feedback_row(op, now)]).scalar_one()
         return StoredFeedback(fid, op.response_id, op.api_key_id, op.reward, op.comment, now)
 
     def insert_responses(self, records: Sequence[ResponseRecord]) -> None:
