@@ -1,0 +1,36 @@
+"""The drift monitor's configuration section (`[monitor]`)."""
+
+from dataclasses import dataclass, field
+
+DETECTORS = ("page-hinkley", "cusum")
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    enabled: bool = field(default=True, metadata={"help": "`liveloop serve` watches the feedback stream for drift"})
+    detector: str = field(default="page-hinkley", metadata={"help": "change detector: page-hinkley or cusum"})
+    delta: float = field(
+        default=0.05, metadata={"help": "drift allowance per rating: shifts in reward rate smaller than this are noise"}
+    )
+    threshold: float = field(default=25.0, metadata={"help": "alarm when the cumulative deviation exceeds this"})
+    warmup: int = field(default=50, metadata={"help": "ratings after a (re)start before an alarm can be raised"})
+    window_seconds: float = field(default=60.0, metadata={"help": "width of a time bucket in the reward series"})
+    segment_key: str = field(default="topic", metadata={"help": "request metadata key that names a user segment"})
+    confidence: float = field(default=0.95, metadata={"help": "confidence of the rate intervals"})
+    poll_seconds: float = field(default=1.0, metadata={"help": "how often the server reads new ratings"})
+    replay_events: int = field(default=20000, metadata={"help": "ratings replayed into the detector at start"})
+    guard: bool = field(default=False, metadata={"help": "roll back a version significantly worse than its parent"})
+    guard_min_ratings: int = field(default=100, metadata={"help": "ratings a version needs before the guard judges it"})
+    guard_p_value: float = field(default=0.01, metadata={"help": "one-sided p-value that counts as significantly worse"})
+
+    def __post_init__(self) -> None:
+        if self.detector not in DETECTORS:
+            raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {self.detector!r}")
+        if self.delta < 0 or self.threshold <= 0 or self.warmup < 1:
+            raise ValueError("delta must be >= 0, threshold > 0 and warmup >= 1")
+        if self.window_seconds <= 0 or self.poll_seconds <= 0:
+            raise ValueError("window_seconds and poll_seconds must be > 0")
+        if not 0 < self.confidence < 1 or not 0 < self.guard_p_value < 1:
+            raise ValueError("confidence and guard_p_value must be in (0, 1)")
+        if self.guard_min_ratings < 1 or self.replay_events < 0:
+            raise ValueError("guard_min_ratings must be >= 1 and replay_events >= 0")
