@@ -1,5 +1,6 @@
 """The versioned-feedback store: every served response with its exact tokens, behavior logprobs and
-policy version; the ratings users give; the policy versions; the learner's cursor.
+policy version; the ratings users give; the policy versions; the learner's cursor; the operator's
+switches and event log.
 
 SQLAlchemy 2.0 models (`models`), the query API every other component uses (`store.Store`), the
 batched group-commit writer the server logs through (`writer.BatchWriter`), and Alembic migrations.
@@ -7,7 +8,8 @@ SQLite (WAL) by default, PostgreSQL by URL. Knows nothing of HTTP or torch.
 """
 
 from liveloop.store.config import StoreConfig
-from liveloop.store.records import FeedbackRecord, ResponseRecord, VersionRecord
+from liveloop.store.operator import RollbackRefused, StaleLineage
+from liveloop.store.records import FeedbackRecord, RatingEvent, ResponseRecord, VersionRecord
 from liveloop.store.store import ResponseNotFound, SchemaNotReady, Store
 from liveloop.store.writer import BatchWriter
 
@@ -15,9 +17,12 @@ __all__ = [
     "BatchWriter",
     "FeedbackRecord",
     "ResponseNotFound",
+    "RatingEvent",
     "ResponseRecord",
+    "RollbackRefused",
     "SchemaNotReady",
     "Store",
+    "StaleLineage",
     "StoreConfig",
     "VersionRecord",
 ]

@@ -1,4 +1,5 @@
-"""SQLAlchemy 2.0 typed models: policy_versions, responses, feedback, learner_cursor.
+"""SQLAlchemy 2.0 typed models: policy_versions, responses, feedback, learner_cursor, learner_control,
+operator_events.
 
 The schema is owned by the Alembic migrations in `migrations/`; these classes mirror it for queries.
 Token arrays are binary columns (see `codec`).
@@ -7,7 +8,7 @@ Token arrays are binary columns (see `codec`).
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, LargeBinary, SmallInteger, String, Text
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, LargeBinary, SmallInteger, String, Text
 from sqlalchemy import UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -84,3 +85,28 @@ class LearnerCursor(Base):
     last_feedback_id: Mapped[int] = mapped_column(Integer, default=0)
     policy_version: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class LearnerControl(Base):
+    """An operator's switch for a learner (by cursor name): paused learners neither train nor publish."""
+
+    __tablename__ = "learner_control"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class OperatorEvent(Base):
+    """What operators and the monitor did: pause, resume, rollback, alarm, guard_rollback."""
+
+    __tablename__ = "operator_events"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    version: Mapped[int | None] = mapped_column(Integer)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    api_key_id: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

@@ -85,3 +85,32 @@ class VersionRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     status: str = "serving"
     note: str | None = None
+
+
+@dataclass(frozen=True)
+class RatingEvent:
+    """One rating as the drift monitor sees it: when, what, for which version and segment tags."""
+
+    feedback_id: int
+    created_at: datetime
+    reward: int
+    policy_version: int
+    request_meta: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class VersionTraffic:
+    version: int
+    responses: int
+    ratings: int
+    positive: int
+
+
+@dataclass(frozen=True)
+class OperatorEventRecord:
+    id: int
+    kind: str
+    version: int | None
+    detail: dict[str, Any]
+    api_key_id: str | None
+    created_at: datetime

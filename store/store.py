@@ -21,6 +21,7 @@ from liveloop.store import codec, migrate
 from liveloop.store.config import StoreConfig
 from liveloop.store.db import make_engine
 from liveloop.store.models import Feedback, LearnerCursor, PolicyVersion, Response, utcnow
+from liveloop.store.operator import OperatorQueries
 from liveloop.store.records import (
     FeedbackRecord,
     ResponseRecord,
@@ -115,7 +116,7 @@ def _aware(ts: datetime) -> datetime:
     return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 
 
-class Store:
+class Store(OperatorQueries):
     def __init__(self, config: StoreConfig):
         self.config = config
         self.engine = make_engine(config)
@@ -222,8 +223,9 @@ class Store:
     ) -> VersionRecord:
         """A learner's new version and its cursor, in ONE transaction: a crash leaves either both or
         neither, so a restarted learner resumes from the last published version with nothing lost and
-        nothing trained twice."""
+        nothing trained twice. Raises StaleLineage if a rollback moved the cursor off `parent`."""
         with self._session.begin() as s:
+            self.check_lineage(s, cursor_name, parent)
             record = self.add_version(
                 version,
                 parent=parent,

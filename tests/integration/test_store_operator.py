@@ -1,0 +1,100 @@
+"""The store's operator queries on real SQLite and PostgreSQL: pause, rollback in one transaction,
+the lineage check that stops a learner publishing past a rollback, and the drift monitor's reads."""
+
+from datetime import timedelta
+
+import pytest
+
+from liveloop.store import FeedbackRecord, ResponseRecord, RollbackRefused, StaleLineage, Store
+from liveloop.store.config import StoreConfig
+from liveloop.store.models import utcnow
+
+
+def _response(i: int, version: int, topic: str = "cats") -> ResponseRecord:
+    return ResponseRecord(
+        id=f"r-{i}", api_key_id="k", model="m", policy_version=version, endpoint="chat",
+        prompt_ids=(1, 2), response_ids=(3, 4), behavior_logprobs=(-0.5, -0.25), finish_reason="stop",
+        temperature=1.0, top_p=1.0, latency_ms=1.0, request_meta={"topic": topic},
+    )
+
+
+def _publish(store: Store, version: int, parent: int, cursor: int = 0) -> None:
+    store.publish_version(
+        version, parent=parent, checkpoint_path=f"/ckpt/{version}", checkpoint_sha256="0" * 64, learner_step=version,
+        samples_used=1, metrics={}, cursor_name="sao", last_feedback_id=cursor, status="serving",
+    )
+
+
+@pytest.fixture
+def store(store_url):
+    s = Store(StoreConfig(url=store_url))
+    s.migrate()
+    s.ensure_base_version("/models/base")
+    yield s
+    s.close()
+
+
+def test_pause_and_resume_are_logged_once(store):
+    assert not store.learning_paused("sao")
+    assert store.set_learning_paused("sao", True, "looking at v3", api_key_id="admin")
+    assert not store.set_learning_paused("sao", True)  # already paused: no change, no event
+    assert store.learning_paused("sao")
+    assert store.set_learning_paused("sao", False)
+    assert [(e.kind, e.api_key_id) for e in store.events()] == [("pause", "admin"), ("resume", None)]
+
+
+def test_rollback_marks_versions_and_moves_the_lineage(store):
+    for v in (1, 2, 3):
+        _publish(store, v, v - 1, cursor=10 * v)
+        store.set_version_status(v - 1, "retired")
+    rolled = store.rollback_to(1, "sao", api_key_id="admin", reason="v3 is worse")
+    assert rolled == [2, 3]
+    assert {v.version: v.status for v in store.list_versions()} == {0: "retired", 1: "serving", 2: "rolled_back", 3: "rolled_back"}
+    assert store.cursor_version("sao") == 1 and store.get_cursor("sao") == 30  # consumed ratings stay consumed
+    assert store.latest_version().version == 1  # what a restarted server serves
+    # the learner that was about to publish v4 on top of v3 is refused; on top of v1 it may
+    with pytest.raises(StaleLineage):
+        _publish(store, 4, 3)
+    assert store.get_version(4) is None
+    _publish(store, 4, 1)
+    event = store.events()[-1]
+    assert (event.kind, event.version, event.detail["rolled_back"]) == ("rollback", 1, [2, 3])
+
+
+def test_rollback_forward_to_a_rolled_back_version_and_refusals(store):
+    _publish(store, 1, 0)
+    _publish(store, 2, 1)
+    store.rollback_to(0, "sao")
+    assert store.rollback_to(2, "sao") == []  # undo: 2 serves again; 0 is retired
+    assert {v.version: v.status for v in store.list_versions()} == {0: "retired", 1: "rolled_back", 2: "serving"}
+    store.add_version(3, parent=2, checkpoint_path="/x", status="failed")
+    with pytest.raises(RollbackRefused, match="failed"):
+        store.rollback_to(3, "sao")
+    with pytest.raises(RollbackRefused, match="unknown"):
+        store.rollback_to(42, "sao")
+
+
+def test_rollback_without_a_learner_cursor_starts_it_at_the_newest_rating(store):
+    store.insert_responses([_response(1, 0)])
+    store.put_feedback(FeedbackRecord("r-1", "k", 1))
+    store.add_version(1, parent=0, checkpoint_path="/x", status="serving")
+    store.rollback_to(0, "sao")
+    assert store.get_cursor("sao") == store.last_rating_id() > 0
+
+
+def test_monitor_reads(store):
+    _publish(store, 1, 0)
+    store.insert_responses([_response(i, 0 if i < 6 else 1, "cats" if i % 2 else "dogs") for i in range(10)])
+    for i in range(8):  # v0: r-0..5 rated (4 up), v1: r-6, r-7 rated (0 up)
+        store.put_feedback(FeedbackRecord(f"r-{i}", "k", int(i in (0, 1, 2, 4))))
+    traffic = store.version_traffic()
+    assert (traffic[0].responses, traffic[0].ratings, traffic[0].positive) == (6, 6, 4)
+    assert (traffic[1].responses, traffic[1].ratings, traffic[1].positive) == (4, 2, 0)
+    events = store.rating_events()
+    assert [e.policy_version for e in events] == [0] * 6 + [1] * 2
+    assert events[1].request_meta == {"topic": "cats"} and events[0].reward == 1
+    assert [e.feedback_id for e in store.rating_events(after_id=events[5].feedback_id, limit=1)] == [events[6].feedback_id]
+    assert store.last_rating_id(skip=2) == events[5].feedback_id
+    assert store.rating_events(since=utcnow() + timedelta(hours=1)) == []
+    buckets = store.responses_per_bucket(utcnow() - timedelta(hours=1), 3600)
+    assert sum(buckets.values()) == 10 and all(b % 3600 == 0 for b in buckets)
