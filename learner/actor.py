@@ -51,6 +51,7 @@ class LearnerActor:
             "step": s.step,
             "samples": s.samples,
             "skipped_steps": s.skipped_steps,
+            "paused": self.learner.paused,
             "idle_fraction": idle / (busy + idle) if busy + idle else 1.0,
             "busy_seconds": busy,
             "idle_seconds": idle,

@@ -13,11 +13,17 @@
      the ratings it had not published yet: nothing lost, nothing trained twice.
 A non-finite loss or gradient skips the update (counted); a version is published only from finite
 weights. The learner never talks to the engine: the server activates published versions.
+
+Operators steer it through the store, so the same rules hold in or out of the server process: while
+its `learner_control` row says paused it neither trains nor publishes; when a rollback moves its
+cursor to another version it reloads that version's weights and critic (a publish that races the
+rollback is refused by the store's lineage check, and the learner reloads then).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +39,7 @@ from liveloop.learner.batch import Sample, TokenBatch, make_batch, response_logp
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.losses import kl_penalty, sao_policy_loss
 from liveloop.learner.optim import make_optimizer
-from liveloop.store import Store
+from liveloop.store import StaleLineage, Store
 
 log = logging.getLogger(__name__)
 
@@ -82,31 +88,41 @@ class OnlineLearner:
         self.base_model_dir = Path(base_model_dir)
         self.state = state
         self.publish_status = publish_status
-        self.policy = _load_policy(policy_dir)
-        self.policy_opt = make_optimizer(self.policy, config.learning_rate, config.max_grad_norm, config.zero_stage, config.batch_size)
-        self.critic = Critic(build_value_model(critic_dir or policy_dir), critic_config, config.zero_stage, config.batch_size)
+        self.critic_config = critic_config
+        self._load(policy_dir, critic_dir)
         self.reference = _load_policy(self.base_model_dir).eval() if config.kl_coef > 0 else None
         self.idle_seconds = 0.0
         self.busy_seconds = 0.0
+        self.paused = False
+
+    def _load(self, policy_dir: str, critic_dir: str | None) -> None:
+        c = self.config
+        self.policy = _load_policy(policy_dir)
+        self.policy_opt = make_optimizer(self.policy, c.learning_rate, c.max_grad_norm, c.zero_stage, c.batch_size)
+        self.critic = Critic(build_value_model(critic_dir or policy_dir), self.critic_config, c.zero_stage, c.batch_size)
 
     @classmethod
     def resume(cls, store: Store, config: LearnerConfig, critic_config: CriticConfig, base_model_dir: Path, **kw) -> "OnlineLearner":
         """Start from the version this learner last published (or the base model), at its cursor."""
-        cursor = store.get_cursor(config.cursor_name)
-        version = store.cursor_version(config.cursor_name)
-        record = store.get_version(version) if version is not None else None
-        if record is None or not record.checkpoint_path:
-            version, policy_dir = 0, str(base_model_dir)
-        else:
-            policy_dir = record.checkpoint_path
-        critic = critic_dir_for(config, version)
-        critic_dir = str(critic) if critic.exists() else None
-        state = LearnerState(version=version, cursor=cursor, pending_cursor=cursor)
-        log.info(
-            "learner %s resumes at version %d, feedback cursor %d, critic %s",
-            config.cursor_name, version, cursor, critic_dir or "cold (not pre-trained)",
-        )
+        state, policy_dir, critic_dir = _stored_position(store, config, Path(base_model_dir))
         return cls(store, config, critic_config, base_model_dir, state, policy_dir, critic_dir, **kw)
+
+    def reload(self) -> None:
+        """Drop what was trained since the last version and load the version the store's cursor
+        names (after a rollback). Counters of steps and samples carry on."""
+        state, policy_dir, critic_dir = _stored_position(self.store, self.config, self.base_model_dir)
+        state.step, state.samples, state.skipped_steps = self.state.step, self.state.samples, self.state.skipped_steps
+        self._load(policy_dir, critic_dir)
+        self.state = state
+
+    def sync_with_store(self) -> bool:
+        """Follow the operator: reload after a rollback; returns whether learning is paused."""
+        version = self.store.cursor_version(self.config.cursor_name)
+        if version is not None and version != self.state.version:
+            log.warning("learner %s: lineage moved from version %d to %d (rollback): reloading", self.config.cursor_name, self.state.version, version)
+            self.reload()
+        self.paused = self.store.learning_paused(self.config.cursor_name)
+        return self.paused
 
     # -- one step --------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -191,8 +207,13 @@ class OnlineLearner:
             s.skipped_steps += 1
             return None
         if s.updates_since_publish == 0:
-            with self.store.transaction() as session:
-                self.store.set_cursor(self.config.cursor_name, s.pending_cursor, s.version, session=session)
+            try:
+                with self.store.transaction() as session:
+                    self.store.check_lineage(session, self.config.cursor_name, s.version)
+                    self.store.set_cursor(self.config.cursor_name, s.pending_cursor, s.version, session=session)
+            except StaleLineage:
+                self.reload()
+                return None
             s.cursor = s.pending_cursor
             s.steps_since_publish = s.samples_since_publish = 0
             s.last_publish = time.monotonic()
@@ -201,6 +222,21 @@ class OnlineLearner:
         root = Path(self.config.checkpoint_dir).resolve() / f"v{version:06d}"
         save_atomically(root, self._write_checkpoint)
         metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
+        try:
+            self._record_version(version, root, metrics)
+        except StaleLineage as exc:
+            log.warning("not publishing version %d: %s", version, exc)
+            shutil.rmtree(root, ignore_errors=True)
+            self.reload()
+            return None
+        s.version, s.cursor = version, s.pending_cursor
+        s.steps_since_publish = s.samples_since_publish = s.updates_since_publish = 0
+        s.last_publish = time.monotonic()
+        log.info("published version %d (step %d, cursor %d)", version, s.step, s.cursor)
+        return version
+
+    def _record_version(self, version: int, root: Path, metrics: dict) -> None:
+        s = self.state
         self.store.publish_version(
             version,
             parent=s.version,
@@ -213,11 +249,6 @@ class OnlineLearner:
             last_feedback_id=s.pending_cursor,
             status=self.publish_status,
         )
-        s.version, s.cursor = version, s.pending_cursor
-        s.steps_since_publish = s.samples_since_publish = s.updates_since_publish = 0
-        s.last_publish = time.monotonic()
-        log.info("published version %d (step %d, cursor %d)", version, s.step, s.cursor)
-        return version
 
     def _write_checkpoint(self, tmp: Path) -> None:
         with self.policy_opt.full_parameters() as policy:
@@ -226,8 +257,12 @@ class OnlineLearner:
 
     # -- loop ------------------------------------------------------------------------------------
     def run(self, should_stop, max_steps: int | None = None) -> None:
-        """Train until `should_stop()`; publishes what is pending before returning."""
+        """Train until `should_stop()`; publishes what is pending before returning (unless paused:
+        then the unpublished ratings are trained again after the next start)."""
         while not should_stop() and (max_steps is None or self.state.step < max_steps):
+            if self.sync_with_store():
+                time.sleep(self.config.poll_seconds)
+                continue
             if not self.step():
                 if self.due():
                     self.publish()
@@ -237,5 +272,23 @@ class OnlineLearner:
                     self.idle_seconds += time.perf_counter() - t
             elif self.due():
                 self.publish()
-        if self.state.steps_since_publish:
+        if self.state.steps_since_publish and not self.paused:
             self.publish()
+
+
+def _stored_position(store: Store, config: LearnerConfig, base_model_dir: Path) -> tuple[LearnerState, str, str | None]:
+    """The version this learner's cursor names (or the base model), its weights and critic."""
+    cursor = store.get_cursor(config.cursor_name)
+    version = store.cursor_version(config.cursor_name)
+    record = store.get_version(version) if version is not None else None
+    if record is None or not record.checkpoint_path or version == 0:
+        version, policy_dir = 0, str(base_model_dir)
+    else:
+        policy_dir = record.checkpoint_path
+    critic = critic_dir_for(config, version)
+    critic_dir = str(critic) if critic.exists() else None
+    log.info(
+        "learner %s at version %d, feedback cursor %d, critic %s",
+        config.cursor_name, version, cursor, critic_dir or "cold (not pre-trained)",
+    )
+    return LearnerState(version=version, cursor=cursor, pending_cursor=cursor), policy_dir, critic_dir

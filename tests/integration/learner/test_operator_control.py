@@ -1,0 +1,88 @@
+"""The learner follows the operator through the store: paused it neither trains nor publishes; after
+a rollback it reloads the target version, and a publish that races the rollback is refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from liveloop.critic.config import CriticConfig
+from liveloop.learner.config import LearnerConfig
+from liveloop.learner.online import OnlineLearner
+from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
+
+
+@pytest.fixture
+def store(tmp_path, model_dir):
+    s = Store(StoreConfig(url=f"sqlite:///{tmp_path / 'l.db'}"))
+    s.migrate()
+    s.ensure_base_version(str(model_dir))
+    yield s
+    s.close()
+
+
+def _rate(store: Store, n: int, start: int = 0) -> None:
+    rng = np.random.default_rng(start)
+    for i in range(start, start + n):
+        rec = ResponseRecord(
+            f"r{i}", "k", "m", 0, "chat", tuple(int(x) for x in rng.integers(5, 500, 6)),
+            tuple(int(x) for x in rng.integers(5, 500, 8)), (-2.0,) * 8, "stop", 1.0, 1.0, 1.0,
+        )
+        store.write_batch([rec])
+        store.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
+
+
+def _learner(store, tmp_path, model_dir) -> OnlineLearner:
+    cfg = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"), publish_every_steps=2, publish_every_seconds=3600, poll_seconds=0.01)
+    return OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
+
+
+def _weights(path: str) -> dict[str, torch.Tensor]:
+    return AutoModelForCausalLM.from_pretrained(path).state_dict()
+
+
+def test_paused_learner_neither_trains_nor_publishes(store, tmp_path, model_dir):
+    _rate(store, 4)
+    learner = _learner(store, tmp_path, model_dir)
+    store.set_learning_paused("sao", True)
+    polls = iter(range(20))
+    learner.run(lambda: next(polls, None) is None)  # 20 polls of the loop while paused
+    assert learner.paused and learner.state.step == 0
+    assert store.versions_with_status("published") == [] and store.get_cursor("sao") == 0
+    store.set_learning_paused("sao", False)
+    learner.run(lambda: False, max_steps=4)
+    assert not learner.paused
+    assert [v.version for v in store.versions_with_status("published")] == [1, 2]
+
+
+def test_rollback_reloads_and_a_racing_publish_is_refused(store, tmp_path, model_dir):
+    _rate(store, 8)
+    learner = _learner(store, tmp_path, model_dir)
+    for _ in range(4):
+        learner.step()  # publishes v1 (after 2 steps) and v2 (after 4)
+    assert learner.state.version == 2
+    store.rollback_to(1, "sao", reason="test")
+    # the learner has not looked yet: its next publish (on top of v2) is refused, and it reloads v1
+    learner.step()
+    learner.step()
+    assert store.get_version(3) is None
+    assert learner.state.version == 1 and learner.state.cursor == 4
+    v1 = _weights(store.get_version(1).checkpoint_path)
+    assert all(torch.equal(v1[k], v) for k, v in learner.policy.state_dict().items())
+    # it carries on from v1: the next version's parent is 1; versions 2 stays rolled back
+    learner.run(lambda: False, max_steps=learner.state.step + 2)
+    newest = store.list_versions()[-1]
+    assert (newest.version, newest.parent, store.get_version(2).status) == (3, 1, "rolled_back")
+
+
+def test_rollback_is_followed_between_steps(store, tmp_path, model_dir):
+    _rate(store, 4)
+    learner = _learner(store, tmp_path, model_dir)
+    learner.run(lambda: False, max_steps=2)  # v1
+    store.rollback_to(0, "sao")
+    assert not learner.sync_with_store()
+    assert learner.state.version == 0
+    base = _weights(str(model_dir))
+    assert all(torch.equal(base[k], v) for k, v in learner.policy.state_dict().items())
