@@ -92,6 +92,7 @@ def _sections() -> dict[str, type]:
     from liveloop.critic.config import CriticConfig
     from liveloop.learner.config import LearnerConfig
     from liveloop.model.config import ModelBuildConfig
+    from liveloop.monitor.config import MonitorConfig
     from liveloop.server.config import AuthConfig, EngineConfig, ServerConfig
     from liveloop.store.config import StoreConfig
 
@@ -103,6 +104,7 @@ def _sections() -> dict[str, type]:
         "model": ModelBuildConfig,
         "learner": LearnerConfig,
         "critic": CriticConfig,
+        "monitor": MonitorConfig,
     }
 
 
@@ -117,6 +119,7 @@ class Config:
     model: Any
     learner: Any
     critic: Any
+    monitor: Any
     path: str = field(default="<defaults>")
 
     def with_section(self, name: str, **changes: Any) -> "Config":

@@ -59,7 +59,7 @@ class Comparison:
     difference: float  # rate_a - rate_b
     z: float
     p_two_sided: float
-    p_worse: float  # one-sided: the evidence that A is below B
+    p_worse: float  # one-sided p-value for "A is below B": small means A is significantly worse
 
 
 def compare_rates(successes_a: int, n_a: int, successes_b: int, n_b: int) -> Comparison | None:

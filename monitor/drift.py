@@ -1,0 +1,116 @@
+"""The drift monitor: follows the feedback stream in arrival order and keeps what operators watch.
+
+    monitor = DriftMonitor(config, store)
+    monitor.catch_up(replay=True)     # at start: replay the newest `replay_events` ratings, quietly
+    new_alarms = monitor.catch_up()   # then, every poll: the ratings past the last one seen
+
+It keeps one change detector over all ratings and one per user segment (the request metadata key
+`segment_key`, e.g. `topic`), the reward rate per time bucket and per segment, and the alarms the
+detectors raised. Per-version traffic is not kept here: the store aggregates it (`version_traffic`).
+A replaced rating (the same key rating a response again) counts as a new rating event.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from liveloop.monitor.config import MonitorConfig
+from liveloop.monitor.detector import Alarm, make_detector
+from liveloop.monitor.stats import wilson
+from liveloop.store import RatingEvent
+
+ALL = "*"  # the segment name of the detector over every rating
+
+
+@dataclass(frozen=True)
+class RaisedAlarm:
+    segment: str
+    alarm: Alarm
+    feedback_id: int
+    policy_version: int
+    at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "segment": self.segment,
+            **self.alarm.as_dict(),
+            "feedback_id": self.feedback_id,
+            "policy_version": self.policy_version,
+            "at": self.at.timestamp(),
+        }
+
+
+class DriftMonitor:
+    def __init__(self, config: MonitorConfig, store: Any, max_alarms: int = 500):
+        self.config = config
+        self.store = store
+        self.last_id = 0
+        self.detectors = {ALL: make_detector(config)}
+        self.buckets: dict[int, list[int]] = {}  # bucket start (unix s) -> [ratings, positive]
+        self.segments: dict[str, list[int]] = {}  # segment -> [ratings, positive]
+        self.alarms: deque[RaisedAlarm] = deque(maxlen=max_alarms)
+
+    def observe(self, event: RatingEvent) -> list[RaisedAlarm]:
+        x = 1.0 if event.reward > 0 else 0.0
+        self.last_id = max(self.last_id, event.feedback_id)
+        bucket = int(event.created_at.timestamp() // self.config.window_seconds * self.config.window_seconds)
+        counts = self.buckets.setdefault(bucket, [0, 0])
+        counts[0] += 1
+        counts[1] += int(x)
+        segment = str((event.request_meta or {}).get(self.config.segment_key, "")) or None
+        raised = []
+        names = [ALL] if segment is None else [ALL, segment]
+        for name in names:
+            if name != ALL:
+                seg = self.segments.setdefault(name, [0, 0])
+                seg[0] += 1
+                seg[1] += int(x)
+            detector = self.detectors.get(name) or self.detectors.setdefault(name, make_detector(self.config))
+            alarm = detector.update(x)
+            if alarm is not None:
+                raised.append(RaisedAlarm(name, alarm, event.feedback_id, event.policy_version, event.created_at))
+        self.alarms.extend(raised)
+        return raised
+
+    def catch_up(self, replay: bool = False, batch: int = 5000) -> list[RaisedAlarm]:
+        """Read and observe every rating past the last one seen; returns the alarms raised. With
+        `replay`, start from the newest `replay_events` ratings (after a restart)."""
+        if replay and self.last_id == 0 and self.config.replay_events:
+            # the id just before the oldest of the newest `replay_events` ratings (0: replay them all)
+            self.last_id = self.store.last_rating_id(skip=self.config.replay_events)
+        raised: list[RaisedAlarm] = []
+        while True:
+            events = self.store.rating_events(after_id=self.last_id, limit=batch)
+            for event in events:
+                raised.extend(self.observe(event))
+            if len(events) < batch:
+                return raised
+
+    # -- views ---------------------------------------------------------------------------------
+    def series(self, since: float | None = None) -> list[dict[str, Any]]:
+        """Reward rate per time bucket, oldest first, with Wilson intervals."""
+        out = []
+        for start in sorted(self.buckets):
+            if since is not None and start + self.config.window_seconds <= since:
+                continue
+            n, pos = self.buckets[start]
+            out.append({"t": start, **wilson(pos, n, self.config.confidence).as_dict()})
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "detector": self.config.detector,
+            "delta": self.config.delta,
+            "threshold": self.config.threshold,
+            "last_feedback_id": self.last_id,
+            "overall": self.detectors[ALL].state(),
+            "segment_key": self.config.segment_key,
+            "segments": {
+                name: {**wilson(pos, n, self.config.confidence).as_dict(), "detector": self.detectors[name].state()}
+                for name, (n, pos) in sorted(self.segments.items())
+            },
+            "alarms": [a.as_dict() for a in self.alarms],
+        }
