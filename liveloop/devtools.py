@@ -46,9 +46,11 @@ class ServerProcess:
 
 
 def write_config(
-    workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None, learner: str | None = None
+    workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None, learner: str | None = None,
+    extra: str = "",
 ) -> tuple[Path, str]:
-    """A server config on loopback with the test keys; `learner` is extra `[learner]` TOML (None: off)."""
+    """A server config on loopback with the test keys; `learner` is extra `[learner]` TOML (None: off);
+    `extra` is appended (more sections, e.g. `[monitor]`)."""
     store_url = store_url or f"sqlite:///{workdir / 'liveloop.db'}"
     text = f"""
 [server]
@@ -69,6 +71,7 @@ url = "{store_url}"
 enabled = {"true" if learner is not None else "false"}
 checkpoint_dir = "{workdir / 'versions'}"
 {learner or ""}
+{extra}
 """
     path = workdir / "config.toml"
     path.write_text(text)
@@ -76,12 +79,12 @@ checkpoint_dir = "{workdir / 'versions'}"
 
 
 def start_server(
-    workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240, learner: str | None = None
+    workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240, learner: str | None = None, extra: str = ""
 ) -> ServerProcess:
     """Start `liveloop serve` in its own process group and wait until /healthz answers."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    config, store_url = write_config(workdir, Path(model_dir).resolve(), backend, port, learner=learner)
+    config, store_url = write_config(workdir, Path(model_dir).resolve(), backend, port, learner=learner, extra=extra)
     log_path = workdir / "server.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.Popen(

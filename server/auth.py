@@ -2,6 +2,10 @@
 
 Keys come from environment variables, sha256 digests in the config, or (development only) plain text
 in the config. Keys are never stored: the store records `key_id`, a short digest of the key.
+
+The dashboard signs in once with an admin key and then holds a session cookie (HttpOnly,
+SameSite=Strict, random token kept in memory only); writes made with the cookie must also carry the
+`X-Liveloop-Dashboard: 1` header, which a cross-site form cannot send.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import secrets
+import time
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -47,6 +53,37 @@ class KeyRing:
         return Principal(digest[:16], admin) if user else None
 
 
+SESSION_COOKIE = "liveloop_session"
+CSRF_HEADER = "x-liveloop-dashboard"
+
+
+class Sessions:
+    """Dashboard sign-ins: random tokens mapped to the admin who signed in, for `ttl_seconds`."""
+
+    def __init__(self, ttl_seconds: float = 8 * 3600, max_sessions: int = 1000):
+        self.ttl = ttl_seconds
+        self.max_sessions = max_sessions
+        self._tokens: dict[str, tuple[Principal, float]] = {}
+
+    def create(self, principal: Principal) -> str:
+        now = time.monotonic()
+        self._tokens = {t: v for t, v in self._tokens.items() if v[1] > now}
+        if len(self._tokens) >= self.max_sessions:
+            self._tokens.pop(min(self._tokens, key=lambda t: self._tokens[t][1]))
+        token = secrets.token_urlsafe(32)
+        self._tokens[token] = (principal, now + self.ttl)
+        return token
+
+    def resolve(self, token: str) -> Principal | None:
+        found = self._tokens.get(token)
+        if found is None or found[1] <= time.monotonic():
+            return None
+        return found[0]
+
+    def drop(self, token: str) -> None:
+        self._tokens.pop(token, None)
+
+
 def _split(value: str) -> set[str]:
     return {k.strip() for k in value.split(",") if k.strip()}
 
@@ -66,7 +103,19 @@ def require_user(request: Request) -> Principal:
     return principal
 
 
+def session_principal(request: Request) -> Principal | None:
+    """The admin signed in to the dashboard with this request's cookie, if any."""
+    token = request.cookies.get(SESSION_COOKIE)
+    return request.app.state.sessions.resolve(token) if token else None
+
+
 def require_admin(request: Request) -> Principal:
+    if "authorization" not in request.headers:
+        principal = session_principal(request)
+        if principal is not None:
+            if request.method not in ("GET", "HEAD") and request.headers.get(CSRF_HEADER) != "1":
+                raise APIError(403, f"dashboard writes need the `{CSRF_HEADER}: 1` header", code="insufficient_permissions")
+            return principal
     principal = require_user(request)
     if not principal.admin:
         raise APIError(403, "this route needs an admin key", code="insufficient_permissions")

@@ -70,8 +70,11 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-async def parse_body(request: Request, model: type[M]) -> M:
+async def parse_body(request: Request, model: type[M], empty_ok: bool = False) -> M:
+    """The body as `model`; with `empty_ok`, an empty body means all defaults."""
     raw = await request.body()
+    if empty_ok and not raw.strip():
+        raw = b"{}"
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -3,7 +3,8 @@
 Order matters for integrity: the `policy_versions` row is written first (status "loading"), so a
 response that records the new version always has its row; then the engine swaps atomically; then the
 row becomes "serving" and its parent "retired". A failed swap leaves the old version serving and the
-row marked "failed". Learners write their own rows (status "published"); `watch` activates them.
+row marked "failed". Learners write their own rows (status "published"); `watch` activates them,
+unless the operator paused learning. `rollback` swaps a stored version back in, then records it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from liveloop.checkpoint import checkpoint_digest
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import Engine
 from liveloop.server.errors import APIError
-from liveloop.store import Store, VersionRecord
+from liveloop.store import RollbackRefused, Store, VersionRecord
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +29,11 @@ class SwapFailed(RuntimeError):
 
 
 class Publisher:
-    def __init__(self, engine: Engine, store: Store, metrics: Metrics):
+    def __init__(self, engine: Engine, store: Store, metrics: Metrics, learner_name: str = "sao"):
         self.engine = engine
         self.store = store
         self.metrics = metrics
+        self.learner_name = learner_name  # whose pause also holds back activation
         self._lock = asyncio.Lock()
 
     async def publish_dir(self, path: str, note: str | None = None, **row: object) -> dict:
@@ -68,6 +70,40 @@ class Publisher:
                 log.exception("could not activate version %d", record.version)
                 return None
 
+    async def rollback(self, version: int, api_key_id: str | None = None, reason: str | None = None) -> dict:
+        """Serve stored `version` again: the engine swaps atomically (drained, like any swap), then one
+        store transaction marks the later versions rolled back and points the learner at `version`.
+        If that transaction fails, the engine swaps back: the store and the engine never disagree."""
+        async with self._lock:
+            record = await asyncio.to_thread(self.store.get_version, version)
+            if record is None:
+                raise APIError(404, f"no policy version {version}", param="version")
+            if record.status in ("failed", "loading") or not record.checkpoint_path:
+                raise APIError(409, f"version {version} cannot be served (status {record.status})", param="version")
+            previous = self.engine.version
+            if version == previous:
+                raise APIError(409, f"version {version} is already serving", param="version")
+            old = await asyncio.to_thread(self.store.get_version, previous)
+            start = time.perf_counter()
+            try:
+                held = await self.engine.update_weights(record.checkpoint_path, version)
+            except Exception as exc:
+                self.metrics.inc("server/swap_failures")
+                raise APIError(409, f"could not load version {version}: {exc}", param="version") from exc
+            try:
+                rolled = await asyncio.to_thread(self.store.rollback_to, version, self.learner_name, api_key_id, reason)
+            except Exception as exc:
+                log.exception("rollback to %d not recorded: swapping version %d back in", version, previous)
+                await self.engine.update_weights(old.checkpoint_path, previous)
+                if isinstance(exc, RollbackRefused):
+                    raise APIError(409, str(exc), param="version") from exc
+                raise
+            swap_s = time.perf_counter() - start
+            self.metrics.inc("server/rollbacks")
+            self.metrics.observe("server/swap_hold_seconds", held)
+            log.warning("rolled back from version %d to %d (rolled back: %s)", previous, version, rolled)
+            return {"version": version, "previous": previous, "rolled_back": rolled, "swap_ms": swap_s * 1000, "held_ms": held * 1000}
+
     async def _swap(self, version: int, path: str) -> dict:
         """Swap `path` in as `version` (its row exists); a load failure marks the row "failed" and
         raises SwapFailed (the old version keeps serving)."""
@@ -92,6 +128,9 @@ class Publisher:
         (older published ones are superseded). Runs until cancelled."""
         while True:
             try:
+                if await asyncio.to_thread(self.store.learning_paused, self.learner_name):
+                    await asyncio.sleep(poll_seconds)
+                    continue
                 published = await asyncio.to_thread(self.store.versions_with_status, "published", self.engine.version)
                 if published:
                     for older in published[:-1]:

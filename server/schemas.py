@@ -133,3 +133,12 @@ class FeedbackRequest(_Strict):
 class SwapRequest(_Strict):
     path: Annotated[str, Field(min_length=1)]
     note: str | None = None
+
+
+class RollbackRequest(_Strict):
+    version: Annotated[int, Field(ge=0)]
+    reason: Annotated[str, Field(max_length=1000)] | None = None
+
+
+class PauseRequest(_Strict):
+    reason: Annotated[str, Field(max_length=1000)] | None = None

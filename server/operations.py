@@ -1,0 +1,118 @@
+"""What operators act on and watch, in the server: learning pause/resume, rollback (through the
+publisher), and the drift monitor loop, which reads new ratings every poll, records alarms as
+operator events, exports the figures as Prometheus metrics and, when `[monitor] guard` is on, rolls
+back a serving version whose reward rate is significantly below its parent's."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from liveloop.metrics import Metrics
+from liveloop.monitor.config import MonitorConfig
+from liveloop.monitor.drift import ALL, DriftMonitor
+from liveloop.monitor.guard import judge
+from liveloop.monitor.versions import version_table
+from liveloop.server.publisher import Publisher
+from liveloop.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Operations:
+    def __init__(self, config: MonitorConfig, store: Store, publisher: Publisher, metrics: Metrics):
+        self.config = config
+        self.store = store
+        self.publisher = publisher
+        self.metrics = metrics
+        self.monitor = DriftMonitor(config, store)
+        self._replayed = False
+        self._guarded: set[int] = set()  # versions the guard already judged worse (acted once)
+
+    @property
+    def learner_name(self) -> str:
+        return self.publisher.learner_name
+
+    # -- actions -------------------------------------------------------------------------------
+    async def set_paused(self, paused: bool, api_key_id: str | None, reason: str | None = None) -> dict[str, Any]:
+        changed = await asyncio.to_thread(self.store.set_learning_paused, self.learner_name, paused, reason, api_key_id)
+        self.metrics.set("learner/paused", float(paused))
+        return {"object": "learning", "learner": self.learner_name, "paused": paused, "changed": changed}
+
+    async def paused(self) -> bool:
+        return await asyncio.to_thread(self.store.learning_paused, self.learner_name)
+
+    async def rollback(self, version: int, api_key_id: str | None, reason: str | None = None) -> dict[str, Any]:
+        return {"object": "rollback", **await self.publisher.rollback(version, api_key_id, reason)}
+
+    # -- views ---------------------------------------------------------------------------------
+    async def versions(self) -> list[dict[str, Any]]:
+        versions = await asyncio.to_thread(self.store.list_versions)
+        traffic = await asyncio.to_thread(self.store.version_traffic)
+        return version_table(versions, traffic, self.publisher.engine.version, self.config.confidence)
+
+    # -- the monitor loop ----------------------------------------------------------------------
+    def poll(self) -> list[dict[str, Any]]:
+        """Read new ratings (replaying the newest ones quietly on the first call); record and count
+        the alarms they raise; export the figures. Runs in a worker thread."""
+        replay = not self._replayed
+        raised = self.monitor.catch_up(replay=replay)
+        self._replayed = True
+        if replay:
+            raised = []  # alarms of replayed ratings were recorded when they were first seen
+        for alarm in raised:
+            self.store.record_event("alarm", alarm.policy_version, alarm.as_dict())
+            self.metrics.inc("monitor/alarms", segment=alarm.segment, direction=alarm.alarm.direction)
+            log.warning("drift alarm: %s", alarm.as_dict())
+        overall = self.monitor.detectors[ALL]
+        self.metrics.set("monitor/drift_up", overall.up)
+        self.metrics.set("monitor/drift_down", overall.down)
+        series = self.monitor.series()
+        if series:
+            self.metrics.set("monitor/reward_rate_window", series[-1]["rate"])
+        return [a.as_dict() for a in raised]
+
+    def export_versions(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            if row["reward"]["n"]:
+                self.metrics.set("monitor/reward_rate", row["reward"]["rate"], version=str(row["version"]))
+            self.metrics.set("monitor/ratings", row["reward"]["n"], version=str(row["version"]))
+
+    async def guard(self, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Roll the serving version back to its parent if it is significantly worse."""
+        by_version = {r["version"]: r for r in rows}
+        serving = by_version.get(self.publisher.engine.version)
+        if serving is None or serving["parent"] is None or serving["version"] in self._guarded:
+            return None
+        parent = by_version.get(serving["parent"])
+        if parent is None or parent["status"] in ("failed", "loading"):
+            return None
+        verdict = judge(
+            serving["version"], serving["parent"],
+            (serving["reward"]["positive"], serving["reward"]["n"]), (parent["reward"]["positive"], parent["reward"]["n"]),
+            self.config.guard_min_ratings, self.config.guard_p_value,
+        )
+        if verdict is None:
+            return None
+        self._guarded.add(verdict.version)
+        log.warning("guard: version %d is significantly worse than %d: rolling back", verdict.version, verdict.parent)
+        done = await self.publisher.rollback(verdict.parent, None, f"guard: {verdict.as_dict()}")
+        await asyncio.to_thread(self.store.record_event, "guard_rollback", verdict.parent, verdict.as_dict())
+        return done
+
+    async def run(self) -> None:
+        """Poll until cancelled."""
+        self.metrics.set("learner/paused", float(await self.paused()))
+        while True:
+            try:
+                await asyncio.to_thread(self.poll)
+                rows = await self.versions()
+                self.export_versions(rows)
+                if self.config.guard:
+                    await self.guard(rows)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("drift monitor")
+            await asyncio.sleep(self.config.poll_seconds)

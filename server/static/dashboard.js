@@ -1,0 +1,238 @@
+// liveloop operator console: polls the admin API with the session cookie and draws it.
+// Charts: uPlot (vendored, MIT). Writes send the X-Liveloop-Dashboard header (see server/auth.py).
+"use strict";
+
+const REFRESH_MS = 2000;
+const state = { versions: [], drift: null, stats: null, events: [], markers: [] };
+window.dashboard = state; // for people (and tests) poking at the page
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c ?? "")));
+  return node;
+}
+
+const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
+const when = (t) => new Date(t * 1000).toLocaleTimeString();
+
+async function api(path, body) {
+  const init = body === undefined ? {} : {
+    method: "POST",
+    headers: { "Content-Type": "application/json", "X-Liveloop-Dashboard": "1" },
+    body: JSON.stringify(body),
+  };
+  const r = await fetch(path, { credentials: "same-origin", ...init });
+  const data = await r.json().catch(() => ({}));
+  if (!r.ok) throw new Error((data.error && data.error.message) || `${path}: HTTP ${r.status}`);
+  return data;
+}
+
+function showError(err) {
+  const box = document.getElementById("error");
+  box.hidden = !err;
+  box.textContent = err ? String(err.message || err) : "";
+}
+
+// -- charts ------------------------------------------------------------------------------------
+function markerPlugin() {
+  // dashed vertical lines where versions went live, red ones at alarms
+  return {
+    hooks: {
+      draw: [(u) => {
+        const { ctx } = u;
+        const { left, top, width, height } = u.bbox;
+        ctx.save();
+        for (const m of state.markers) {
+          const x = u.valToPos(m.t, "x", true);
+          if (x < left || x > left + width) continue;
+          ctx.strokeStyle = m.kind === "alarm" ? "#d33" : "#5566aa";
+          ctx.setLineDash(m.kind === "alarm" ? [] : [5, 4]);
+          ctx.lineWidth = m.kind === "alarm" ? 2 : 1;
+          ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
+          ctx.fillStyle = ctx.strokeStyle;
+          ctx.font = `${11 * devicePixelRatio}px system-ui`;
+          ctx.fillText(m.label, x + 3, top + 12 * devicePixelRatio);
+        }
+        ctx.restore();
+      }],
+    },
+  };
+}
+
+let rewardChart = null;
+let volumeChart = null;
+
+function chartWidth(id) {
+  return Math.max(300, document.getElementById(id).clientWidth);
+}
+
+function drawCharts() {
+  const series = (state.drift && state.drift.series) || [];
+  const t = series.map((b) => b.t);
+  const reward = [t, series.map((b) => b.rate), series.map((b) => b.high), series.map((b) => b.low)];
+  const volume = [t, series.map((b) => b.n)];
+  if (!rewardChart) {
+    rewardChart = new uPlot({
+      width: chartWidth("reward-chart"), height: 260,
+      scales: { y: { range: [0, 1] } },
+      series: [
+        {},
+        { label: "reward rate", stroke: "#1f5fd6", width: 2, points: { show: true } },
+        { label: "high", stroke: "#1f5fd633" },
+        { label: "low", stroke: "#1f5fd633" },
+      ],
+      bands: [{ series: [2, 3], fill: "#1f5fd61a" }],
+      plugins: [markerPlugin()],
+    }, reward, document.getElementById("reward-chart"));
+    volumeChart = new uPlot({
+      width: chartWidth("volume-chart"), height: 160,
+      series: [{}, { label: "ratings", stroke: "#555", fill: "#5553", paths: uPlot.paths.bars({ size: [0.8] }) }],
+      plugins: [markerPlugin()],
+    }, volume, document.getElementById("volume-chart"));
+  } else {
+    rewardChart.setData(reward);
+    volumeChart.setData(volume);
+  }
+}
+
+function collectMarkers() {
+  const markers = [];
+  for (const v of state.versions) {
+    if (v.version > 0) markers.push({ kind: "version", t: v.created, label: `v${v.version}`, version: v.version });
+  }
+  for (const e of state.events) {
+    if (e.kind === "alarm") markers.push({ kind: "alarm", t: e.at, label: `alarm ${e.detail.segment} ${e.detail.direction}` });
+    if (e.kind === "rollback" || e.kind === "guard_rollback") markers.push({ kind: "version", t: e.at, label: `rollback→v${e.version}`, version: e.version });
+  }
+  markers.sort((a, b) => a.t - b.t);
+  state.markers = markers;
+  const list = document.getElementById("version-markers");
+  list.replaceChildren(...markers.map((m) => el("li", { class: m.kind, "data-version": m.version ?? "" }, `${m.label} @ ${when(m.t)}`)));
+}
+
+// -- panels ------------------------------------------------------------------------------------
+function dl(target, pairs) {
+  document.getElementById(target).replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+}
+
+function drawHeader() {
+  const s = state.stats;
+  const serving = document.getElementById("serving");
+  serving.textContent = `serving v${s.serving}`;
+  serving.dataset.version = s.serving;
+  const learning = document.getElementById("learning");
+  learning.textContent = s.learning_paused ? "learning paused" : "learning on";
+  learning.classList.toggle("paused", s.learning_paused);
+  document.getElementById("pause").disabled = s.learning_paused;
+  document.getElementById("resume").disabled = !s.learning_paused;
+  document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+}
+
+function drawLearner() {
+  const s = state.stats;
+  const l = s.learner || {};
+  dl("learner", [
+    ["running", l.running ? "yes" : "no"],
+    ["paused", s.learning_paused ? "yes" : "no"],
+    ["learner version", l.version ?? "–"],
+    ["steps / samples", l.running ? `${l.step} / ${l.samples}` : "–"],
+    ["feedback cursor", l.cursor ?? "–"],
+    ["idle", l.running ? pct(l.idle_fraction) : "–"],
+    ["responses / ratings", `${s.counts.responses} / ${s.counts.feedback} (${pct(s.rating_rate)} rated)`],
+  ]);
+}
+
+function drawDetector() {
+  const d = state.drift;
+  const o = d.overall;
+  dl("detector", [
+    ["detector", `${d.detector} (δ=${d.delta}, threshold ${d.threshold})`],
+    ["ratings seen", o.ratings],
+    ["reference rate", o.reference === null ? "–" : pct(o.reference)],
+    ["drift ↑ / ↓", `${o.up.toFixed(1)} / ${o.down.toFixed(1)}${o.warming_up ? " (warming up)" : ""}`],
+    ["alarms", d.alarms.length],
+  ]);
+  const rows = Object.entries(d.segments).map(([name, s]) =>
+    el("tr", {}, el("td", {}, name), el("td", {}, s.n), el("td", {}, `${pct(s.rate)} [${pct(s.low)}, ${pct(s.high)}]`),
+      el("td", {}, `${s.detector.up.toFixed(1)} / ${s.detector.down.toFixed(1)}`)));
+  document.querySelector("#segments tbody").replaceChildren(...rows);
+}
+
+function drawVersions() {
+  const rows = [...state.versions].reverse().map((v) => {
+    const r = v.reward;
+    const cmp = v.vs_parent;
+    const cmpCell = cmp
+      ? el("td", { class: cmp.p_two_sided < 0.05 ? (cmp.difference < 0 ? "worse" : "better") : "" },
+          `${cmp.difference >= 0 ? "+" : ""}${(100 * cmp.difference).toFixed(1)} pts (p=${cmp.p_two_sided.toFixed(3)})`)
+      : el("td", {}, "–");
+    const canServe = !v.serving && !["failed", "loading"].includes(v.status);
+    const action = canServe
+      ? el("button", { type: "button", class: "rollback", "data-version": v.version, onclick: () => rollback(v.version) },
+          v.version < state.stats.serving ? "Roll back to this" : "Serve this")
+      : "";
+    return el("tr", { class: `${v.status}${v.serving ? " serving" : ""}`, "data-version": v.version },
+      el("td", {}, `v${v.version}`), el("td", {}, v.parent === null ? "–" : `v${v.parent}`), el("td", { class: "status" }, v.status),
+      el("td", {}, when(v.created)), el("td", {}, v.responses), el("td", {}, r.n),
+      el("td", {}, r.n ? `${pct(r.rate)} [${pct(r.low)}, ${pct(r.high)}]` : "–"), cmpCell, el("td", {}, action));
+  });
+  document.querySelector("#versions tbody").replaceChildren(...rows);
+}
+
+function drawEvents() {
+  const items = [...state.events].reverse().slice(0, 50).map((e) => {
+    let text = `${when(e.at)} ${e.kind}`;
+    if (e.version !== null) text += ` v${e.version}`;
+    if (e.kind === "alarm") text += `: ${e.detail.segment} reward went ${e.detail.direction} (${pct(e.detail.before)} → ${pct(e.detail.after)})`;
+    if (e.kind === "rollback") text += ` (rolled back: ${(e.detail.rolled_back || []).map((v) => "v" + v).join(", ") || "none"})`;
+    if (e.detail && e.detail.reason) text += ` – ${e.detail.reason}`;
+    return el("li", { class: e.kind }, text);
+  });
+  document.getElementById("events").replaceChildren(...items);
+}
+
+// -- actions -----------------------------------------------------------------------------------
+async function act(path, body) {
+  try {
+    await api(path, body);
+    await refresh();
+  } catch (err) {
+    showError(err);
+  }
+}
+
+function rollback(version) {
+  if (!window.confirm(`Serve version ${version} again? Later versions are marked rolled back and the learner continues from v${version}.`)) return;
+  act("/admin/rollback", { version, reason: "dashboard" });
+}
+
+document.getElementById("pause").addEventListener("click", () => act("/admin/learning/pause", { reason: "dashboard" }));
+document.getElementById("resume").addEventListener("click", () => act("/admin/learning/resume", { reason: "dashboard" }));
+
+// -- refresh -----------------------------------------------------------------------------------
+async function refresh() {
+  try {
+    const [stats, drift, versions, events] = await Promise.all([
+      api("/admin/stats"), api("/admin/drift"), api("/admin/versions"), api("/admin/events?limit=500"),
+    ]);
+    Object.assign(state, { stats, drift, versions: versions.data, events: events.data });
+    drawHeader(); drawLearner(); drawDetector(); drawVersions(); drawEvents();
+    collectMarkers(); drawCharts();
+    document.body.dataset.loaded = "true";
+    showError(null);
+  } catch (err) {
+    showError(err);
+  }
+}
+
+refresh();
+setInterval(refresh, REFRESH_MS);
+window.addEventListener("resize", () => {
+  if (rewardChart) rewardChart.setSize({ width: chartWidth("reward-chart"), height: 260 });
+  if (volumeChart) volumeChart.setSize({ width: chartWidth("volume-chart"), height: 160 });
+});
