@@ -1,5 +1,6 @@
 """A small synchronous Python client for a liveloop server: chat (whole or streamed), feedback,
-versions. It speaks the same HTTP API as any OpenAI client, plus liveloop's own routes."""
+versions, and the operator's admin calls. It speaks the same HTTP API as any OpenAI client, plus
+liveloop's own routes."""
 
 from __future__ import annotations
 
@@ -111,6 +112,23 @@ class LiveloopClient:
 
     def versions(self) -> dict[str, Any]:
         return self._check(self.http.get("/v1/versions"))
+
+    # -- operators (admin key) ---------------------------------------------------------------------
+    def admin_versions(self) -> dict[str, Any]:
+        return self._check(self.http.get("/admin/versions"))
+
+    def rollback(self, version: int, reason: str | None = None) -> dict[str, Any]:
+        return self._check(self.http.post("/admin/rollback", json={"version": version, "reason": reason}))
+
+    def set_learning(self, paused: bool, reason: str | None = None) -> dict[str, Any]:
+        path = "/admin/learning/pause" if paused else "/admin/learning/resume"
+        return self._check(self.http.post(path, json={"reason": reason}))
+
+    def drift(self) -> dict[str, Any]:
+        return self._check(self.http.get("/admin/drift"))
+
+    def stats(self) -> dict[str, Any]:
+        return self._check(self.http.get("/admin/stats"))
 
     def health(self) -> dict[str, Any]:
         return self._check(self.http.get("/healthz"))

@@ -1,4 +1,7 @@
-"""The `liveloop` command line: serve, model init, store migrate/stats, chat, versions.
+"""The `liveloop` command line: serving, the model, the store, learning, and operating.
+
+Commands: serve, model init, store migrate/stats, learn, critic pretrain, chat, and the operator's
+versions, rollback, learning pause/resume and report drift (`operator_cli`).
 
 Every command takes `--config` (default configs/default.toml); each component gets its own section.
 """
@@ -13,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from liveloop import operator_cli
 from liveloop.config import Config, ConfigError, load_config
 from liveloop.store.store import SchemaNotReady
 
@@ -150,12 +154,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return chat_loop(client, max_tokens=args.max_tokens)
 
 
-def cmd_versions(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        print(json.dumps(client.versions(), indent=2))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="liveloop", description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="TOML config (default: %(default)s)")
@@ -195,13 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="override store.url")
     p.set_defaults(func=cmd_store_stats)
 
-    for name, func, text in (("chat", cmd_chat, "chat interactively and rate replies"), ("versions", cmd_versions, "list policy versions")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--base-url", default="http://127.0.0.1:8000")
-        p.add_argument("--api-key", help="API key (default: $LIVELOOP_API_KEY, else the config's first dev key)")
-        if name == "chat":
-            p.add_argument("--max-tokens", type=int, default=96)
-        p.set_defaults(func=func)
+    p = sub.add_parser("chat", help="chat interactively and rate replies")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--api-key", help="API key (default: $LIVELOOP_API_KEY, else the config's first dev key)")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.set_defaults(func=cmd_chat)
+    operator_cli.register(sub)
     return parser
 
 

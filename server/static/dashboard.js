@@ -18,6 +18,7 @@ function el(tag, attrs = {}, ...children) {
 }
 
 const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
+const segmentName = (s) => (s === "*" ? "all ratings" : s);
 const when = (t) => new Date(t * 1000).toLocaleTimeString();
 
 async function api(path, body) {
@@ -65,6 +66,14 @@ function markerPlugin() {
 }
 
 let rewardChart = null;
+
+function xRange() {
+  // the buckets, the markers and now: a version that went live after the last rating still shows
+  const ts = [...((state.drift && state.drift.series) || []).map((b) => b.t), ...state.markers.map((m) => m.t), Date.now() / 1000];
+  const lo = Math.min(...ts);
+  const hi = Math.max(...ts);
+  return [lo - 1, hi + 1];
+}
 let volumeChart = null;
 
 function chartWidth(id) {
@@ -79,7 +88,7 @@ function drawCharts() {
   if (!rewardChart) {
     rewardChart = new uPlot({
       width: chartWidth("reward-chart"), height: 260,
-      scales: { y: { range: [0, 1] } },
+      scales: { x: { time: true, range: () => xRange() }, y: { range: [0, 1] } },
       series: [
         {},
         { label: "reward rate", stroke: "#1f5fd6", width: 2, points: { show: true } },
@@ -91,6 +100,7 @@ function drawCharts() {
     }, reward, document.getElementById("reward-chart"));
     volumeChart = new uPlot({
       width: chartWidth("volume-chart"), height: 160,
+      scales: { x: { time: true, range: () => xRange() }, y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
       series: [{}, { label: "ratings", stroke: "#555", fill: "#5553", paths: uPlot.paths.bars({ size: [0.8] }) }],
       plugins: [markerPlugin()],
     }, volume, document.getElementById("volume-chart"));
@@ -106,7 +116,7 @@ function collectMarkers() {
     if (v.version > 0) markers.push({ kind: "version", t: v.created, label: `v${v.version}`, version: v.version });
   }
   for (const e of state.events) {
-    if (e.kind === "alarm") markers.push({ kind: "alarm", t: e.at, label: `alarm ${e.detail.segment} ${e.detail.direction}` });
+    if (e.kind === "alarm") markers.push({ kind: "alarm", t: e.at, label: `alarm: ${segmentName(e.detail.segment)} ${e.detail.direction}` });
     if (e.kind === "rollback" || e.kind === "guard_rollback") markers.push({ kind: "version", t: e.at, label: `rollback→v${e.version}`, version: e.version });
   }
   markers.sort((a, b) => a.t - b.t);
@@ -188,7 +198,7 @@ function drawEvents() {
   const items = [...state.events].reverse().slice(0, 50).map((e) => {
     let text = `${when(e.at)} ${e.kind}`;
     if (e.version !== null) text += ` v${e.version}`;
-    if (e.kind === "alarm") text += `: ${e.detail.segment} reward went ${e.detail.direction} (${pct(e.detail.before)} → ${pct(e.detail.after)})`;
+    if (e.kind === "alarm") text += `: ${segmentName(e.detail.segment)} reward went ${e.detail.direction} (${pct(e.detail.before)} → ${pct(e.detail.after)})`;
     if (e.kind === "rollback") text += ` (rolled back: ${(e.detail.rolled_back || []).map((v) => "v" + v).join(", ") || "none"})`;
     if (e.detail && e.detail.reason) text += ` – ${e.detail.reason}`;
     return el("li", { class: e.kind }, text);

@@ -15,9 +15,9 @@ from liveloop.store import Store, StoreConfig
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_server(tmp: Path, model_dir: Path, backend: str, learner: str | None = None) -> ServerProcess:
+def start_server(tmp: Path, model_dir: Path, backend: str, learner: str | None = None, extra: str = "") -> ServerProcess:
     try:
-        return devtools.start_server(tmp, model_dir, backend, learner=learner)
+        return devtools.start_server(tmp, model_dir, backend, learner=learner, extra=extra)
     except RuntimeError as exc:
         pytest.fail(str(exc))
 

@@ -1,0 +1,119 @@
+"""The operator's commands: `liveloop versions`, `liveloop rollback V`, `liveloop learning pause|resume`
+(through a running server's admin API, with an admin key) and `liveloop report drift` (from the
+store, no server needed)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+
+def _admin_client(args: argparse.Namespace):
+    from liveloop.clients import LiveloopClient
+    from liveloop.config import load_config
+
+    key = args.api_key or os.environ.get("LIVELOOP_ADMIN_KEY")
+    if not key:
+        key = (load_config(args.config).auth.dev_admin_keys or ("",))[0]
+    return LiveloopClient(args.base_url, key)
+
+
+def _call(args: argparse.Namespace, fn) -> Any:
+    from liveloop.clients.client import LiveloopError
+
+    try:
+        with _admin_client(args) as client:
+            return fn(client)
+    except LiveloopError as exc:
+        print(f"liveloop: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _pct(x: float | None) -> str:
+    return "   –  " if x is None else f"{100 * x:5.1f}%"
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    body = _call(args, lambda c: c.admin_versions())
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    print(f"{'version':>8} {'parent':>7} {'status':<12} {'responses':>9} {'ratings':>8} {'reward':>7} {'95% CI':>17} {'vs parent':>18}")
+    for v in body["data"]:
+        r, cmp = v["reward"], v["vs_parent"]
+        ci = f"[{_pct(r['low'])},{_pct(r['high'])}]" if r["n"] else ""
+        vs = f"{100 * cmp['difference']:+.1f} pts p={cmp['p_two_sided']:.3f}" if cmp else ""
+        mark = " *" if v["serving"] else ""
+        parent = "" if v["parent"] is None else f"v{v['parent']}"
+        print(f"{'v' + str(v['version']) + mark:>8} {parent:>7} {v['status']:<12} {v['responses']:>9} {r['n']:>8} {_pct(r['rate']):>7} {ci:>17} {vs:>18}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    done = _call(args, lambda c: c.rollback(args.version, args.reason))
+    rolled = ", ".join(f"v{v}" for v in done["rolled_back"]) or "none"
+    print(f"serving v{done['version']} (was v{done['previous']}); rolled back: {rolled}; swap {done['swap_ms']:.0f} ms")
+    return 0
+
+
+def cmd_learning(args: argparse.Namespace) -> int:
+    done = _call(args, lambda c: c.set_learning(args.action == "pause", args.reason))
+    state = "paused" if done["paused"] else "running"
+    print(f"learner {done['learner']}: {state}" + ("" if done["changed"] else " (no change)"))
+    return 0
+
+
+def cmd_report_drift(args: argparse.Namespace) -> int:
+    from liveloop.config import load_config
+    from liveloop.monitor.report import collect, parse_since, render_html, render_png
+    from liveloop.store import Store
+
+    out = str(args.out)
+    if not out.endswith((".png", ".html")):
+        raise ValueError(f"--out: write a .png or .html file, got {out!r}")
+    config = load_config(args.config)
+    since = parse_since(args.since)
+    store = Store(dataclasses.replace(config.store, url=args.url) if args.url else config.store)
+    try:
+        store.require_schema()
+        data = collect(store, config.monitor, since)
+    finally:
+        store.close()
+    (render_png if out.endswith(".png") else render_html)(data, out)
+    print(f"wrote {out}: {sum(b['n'] for b in data.series)} ratings, {len(data.versions)} versions, {len(data.alarms)} alarms")
+    return 0
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--api-key", help="admin key (default: $LIVELOOP_ADMIN_KEY, else the config's first dev admin key)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("versions", help="list policy versions with lineage, status and reward (admin)")
+    _server_args(p)
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.set_defaults(func=cmd_versions)
+
+    p = sub.add_parser("rollback", help="serve a stored version again; later versions are marked rolled back (admin)")
+    _server_args(p)
+    p.add_argument("version", type=int)
+    p.add_argument("--reason")
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("learning", help="pause or resume the online learner (admin)")
+    _server_args(p)
+    p.add_argument("action", choices=("pause", "resume"))
+    p.add_argument("--reason")
+    p.set_defaults(func=cmd_learning)
+
+    report = sub.add_parser("report", help="reports from the store").add_subparsers(dest="report_cmd", required=True)
+    p = report.add_parser("drift", help="reward over time, versions and drift alarms as a PNG or HTML file")
+    p.add_argument("--since", help="e.g. 2h, 30m, 1d, or an ISO time (default: everything)")
+    p.add_argument("--out", required=True, help="report.png or report.html")
+    p.add_argument("--url", help="override store.url")
+    p.set_defaults(func=cmd_report_drift)
