@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from liveloop.metrics import Metrics
@@ -104,13 +105,19 @@ class Operations:
     async def run(self) -> None:
         """Poll until cancelled."""
         self.metrics.set("learner/paused", float(await self.paused()))
+        exported_at, exported_id = 0.0, -1
         while True:
             try:
                 await asyncio.to_thread(self.poll)
-                rows = await self.versions()
-                self.export_versions(rows)
-                if self.config.guard:
-                    await self.guard(rows)
+                # the per-version aggregate scans the ratings: only when there are new ones, and at
+                # most every 5 polls
+                now = time.monotonic()
+                if self.monitor.last_id != exported_id and now - exported_at >= 5 * self.config.poll_seconds:
+                    exported_at, exported_id = now, self.monitor.last_id
+                    rows = await self.versions()
+                    self.export_versions(rows)
+                    if self.config.guard:
+                        await self.guard(rows)
             except asyncio.CancelledError:
                 raise
             except Exception:
