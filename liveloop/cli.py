@@ -1,7 +1,8 @@
 """The `liveloop` command line: serving, the model, the store, learning, and operating.
 
 Commands: serve, model init, store migrate/stats, learn, critic pretrain, chat, and the operator's
-versions, rollback, learning pause/resume and report drift (`operator_cli`).
+versions, rollback, learning pause/resume and report drift (`operator_cli`); bgpo build/train
+(`liveloop.diffusion.cli`).
 
 Every command takes `--config` (default configs/default.toml); each component gets its own section.
 """
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 from liveloop import operator_cli
+from liveloop.diffusion import cli as bgpo_cli
 from liveloop.config import Config, ConfigError, load_config
 from liveloop.store.store import SchemaNotReady
 
@@ -199,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=96)
     p.set_defaults(func=cmd_chat)
     operator_cli.register(sub)
+    bgpo_cli.register(sub)
     return parser
 
 
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.command in ("serve", "model", "learn", "critic"):
+    if args.command in ("serve", "model", "learn", "critic", "bgpo"):
         import torch
 
         torch.set_num_threads(1)  # two threads under contention are 10-30x slower on these machines

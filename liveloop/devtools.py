@@ -47,7 +47,7 @@ class ServerProcess:
 
 def write_config(
     workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None, learner: str | None = None,
-    extra: str = "",
+    extra: str = "", served_model_name: str = "liveloop-tiny",
 ) -> tuple[Path, str]:
     """A server config on loopback with the test keys; `learner` is extra `[learner]` TOML (None: off);
     `extra` is appended (more sections, e.g. `[monitor]`)."""
@@ -63,6 +63,7 @@ dev_admin_keys = ["{ADMIN_KEY}"]
 [engine]
 backend = "{backend}"
 model = "{model_dir}"
+served_model_name = "{served_model_name}"
 max_model_len = 512
 checkpoint_dir = "{workdir / 'checkpoints'}"
 [store]
@@ -79,12 +80,15 @@ checkpoint_dir = "{workdir / 'versions'}"
 
 
 def start_server(
-    workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240, learner: str | None = None, extra: str = ""
+    workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240, learner: str | None = None, extra: str = "",
+    served_model_name: str = "liveloop-tiny",
 ) -> ServerProcess:
     """Start `liveloop serve` in its own process group and wait until /healthz answers."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    config, store_url = write_config(workdir, Path(model_dir).resolve(), backend, port, learner=learner, extra=extra)
+    config, store_url = write_config(
+        workdir, Path(model_dir).resolve(), backend, port, learner=learner, extra=extra, served_model_name=served_model_name
+    )
     log_path = workdir / "server.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.Popen(

@@ -34,7 +34,7 @@ class AuthConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    backend: str = field(default="vllm", metadata={"help": "vllm | hf"})
+    backend: str = field(default="vllm", metadata={"help": "vllm | hf | diffusion (a masked diffusion LM)"})
     model: str = field(
         default="models/liveloop-tiny",
         metadata={"help": "a Hugging Face checkpoint directory; the tiny default is built there when missing"},
@@ -51,8 +51,8 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.backend not in ("vllm", "hf"):
-            raise ValueError(f"backend must be 'vllm' or 'hf', got {self.backend!r}")
+        if self.backend not in ("vllm", "hf", "diffusion"):
+            raise ValueError(f"backend must be 'vllm', 'hf' or 'diffusion', got {self.backend!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_model_len < 16:

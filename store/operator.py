@@ -54,9 +54,12 @@ class OperatorQueries:
             return True
 
     def check_lineage(self, session: Session, cursor_name: str, parent: int) -> None:
-        """Inside a publish transaction: the learner's cursor must still point at `parent`."""
+        """Inside a publish transaction: the learner's cursor must still point at `parent` (a learner
+        without a cursor row yet publishes its first version on any parent)."""
         row = session.get(LearnerCursor, cursor_name, with_for_update=True)
-        current = row.policy_version if row is not None and row.policy_version is not None else 0
+        if row is None or row.policy_version is None:
+            return
+        current = row.policy_version
         if current != parent:
             raise StaleLineage(f"learner {cursor_name} publishes on version {parent}, but its lineage is now {current}")
 

@@ -137,4 +137,8 @@ def create_engine(config: "EngineConfig", model_path: str | Path) -> Engine:
         from liveloop.server.engines.hf_engine import HFEngine
 
         return HFEngine(config, model_path)
-    raise ValueError(f"engine.backend: unknown backend {config.backend!r} (vllm, hf)")
+    if config.backend == "diffusion":
+        from liveloop.server.engines.diffusion_engine import DiffusionEngine
+
+        return DiffusionEngine(config, model_path)
+    raise ValueError(f"engine.backend: unknown backend {config.backend!r} (vllm, hf, diffusion)")

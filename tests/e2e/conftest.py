@@ -15,9 +15,9 @@ from liveloop.store import Store, StoreConfig
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_server(tmp: Path, model_dir: Path, backend: str, learner: str | None = None, extra: str = "") -> ServerProcess:
+def start_server(tmp: Path, model_dir: Path, backend: str, learner: str | None = None, extra: str = "", **kw) -> ServerProcess:
     try:
-        return devtools.start_server(tmp, model_dir, backend, learner=learner, extra=extra)
+        return devtools.start_server(tmp, model_dir, backend, learner=learner, extra=extra, **kw)
     except RuntimeError as exc:
         pytest.fail(str(exc))
 

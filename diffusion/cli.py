@@ -1,0 +1,42 @@
+"""`liveloop bgpo ...`: the BGPO command group (wired into liveloop/cli.py by `register` and `run`).
+
+    liveloop bgpo build --config configs/bgpo.toml   # build the tiny diffusion default ([build]) if missing
+    liveloop bgpo train --config configs/bgpo.toml   # run or resume the BGPO job ([bgpo], [sampler], [store])
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bgpo = subparsers.add_parser("bgpo", help="offline RL of a masked diffusion LM (BGPO)")
+    bgpo.set_defaults(func=run)
+    sub = bgpo.add_subparsers(dest="bgpo_command", required=True)
+    train = sub.add_parser("train", help="run (or resume) the BGPO job; publishes versions to the store")
+    train.add_argument("--config", default="configs/bgpo.toml", help="TOML file with [bgpo], [sampler], [store]")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    build = sub.add_parser("build", help="build the tiny diffusion default into [build].out_dir if missing")
+    build.add_argument("--config", default="configs/bgpo.toml")
+    build.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from liveloop.diffusion.config import load_bgpo_config
+
+    torch.set_num_threads(1)
+    job = load_bgpo_config(args.config)
+    if args.bgpo_command == "build":
+        from liveloop.diffusion.sft import ensure_diffusion_model
+
+        print(ensure_diffusion_model(job.build, progress=not args.no_progress))
+        return 0
+    if args.bgpo_command == "train":
+        from liveloop.diffusion.bgpo import run_bgpo
+
+        print(json.dumps(run_bgpo(job, progress=not args.no_progress), indent=2))
+        return 0
+    raise ValueError(f"unknown bgpo command {args.bgpo_command!r}")

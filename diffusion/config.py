@@ -1,0 +1,102 @@
+"""The BGPO job's configuration (`configs/bgpo.toml`): `[bgpo]` (the job), `[sampler]` (rollouts),
+`[store]` (where prompts, ratings, versions and rollouts live) and `[build]` (the tiny default, built when
+`bgpo.model_dir` names its missing directory). Unknown sections or keys fail at load, naming the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from liveloop.config import ConfigError, load_section
+from liveloop.diffusion.sampler import SamplerConfig
+from liveloop.diffusion.sft import DiffusionBuildConfig
+from liveloop.diffusion.tasks import TASKS
+from liveloop.store.config import StoreConfig
+
+LOSSES = ("bgpo", "vrpo_ol", "diffu_grpo")
+PROMPT_SOURCES = ("tasks", "store", "both")
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class BGPOConfig:
+    model_dir: str = _f("models/liveloop-diffusion-tiny", "Starting policy: a masked diffusion LM directory.")
+    trust_remote_code: bool = _f(False, "Load custom model code (LLaDA / Dream checkpoints).")
+    out_dir: str = _f("data/bgpo", "Checkpoints (one directory per published version) and trainer state.")
+    run_name: str = _f("bgpo", "Learner cursor name and prefix of the stored rollouts' ids.")
+    loss: str = _f("bgpo", "bgpo | vrpo_ol | diffu_grpo (the baselines share the loop).")
+    prompt_source: str = _f("both", "tasks | store | both: store prompts first, then task problems.")
+    tasks: tuple[str, ...] = _f(("countdown", "sudoku"), "Task problems to draw prompts from.")
+    store_model: str = _f("liveloop-diffusion-tiny", "Stored responses whose `model` is this are prompts.")
+    parent_version: int = _f(-1, "Version the starting policy is in the store; -1: the latest (0 if none).")
+    steps: int = _f(20, "Policy steps (each: rollouts, n_t masks, inner updates).")
+    prompts_per_step: int = _f(4, "Groups per step.")
+    group_size: int = _f(8, "G: responses per prompt.")
+    n_t: int = _f(16, "Monte-Carlo ELBO samples per response.")
+    inner_updates: int = _f(1, "Optimizer steps on each step's rollouts (the old policy is the rollout one).")
+    learning_rate: float = _f(5e-4, "AdamW learning rate.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping.")
+    clip_eps: float = _f(0.2, "PPO clip on the bound's ratio factor; 0 = off.")
+    dual_clip: float = _f(3.0, "Dual-clip c for negative advantages; 0 = off.")
+    prompt_mask_prob: float = _f(0.15, "diffu_grpo only: prompt tokens masked in its one-pass estimate.")
+    publish_every: int = _f(5, "Save a checkpoint and publish a version every N steps (and at the end).")
+    store_rollouts: bool = _f(True, "Write every rollout to the store as a response.")
+    api_key_id: str = _f("bgpo", "api_key_id of the stored rollouts.")
+    seed: int = _f(0, "Seed of task prompts, rollouts and masks (per step: resumes reproduce).")
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        if self.prompt_source not in PROMPT_SOURCES:
+            raise ValueError(f"prompt_source must be one of {', '.join(PROMPT_SOURCES)}, got {self.prompt_source!r}")
+        for t in self.tasks:
+            if t not in TASKS:
+                raise ValueError(f"tasks: unknown task {t!r} (known: {', '.join(TASKS)})")
+        for name in ("steps", "prompts_per_step", "n_t", "inner_updates", "publish_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ValueError("group_size must be >= 2 (advantages are relative to the group)")
+        if self.learning_rate <= 0 or self.max_grad_norm <= 0:
+            raise ValueError("learning_rate and max_grad_norm must be > 0")
+        if self.clip_eps < 0 or self.dual_clip < 0 or (0 < self.dual_clip <= 1):
+            raise ValueError("clip_eps must be >= 0 and dual_clip 0 (off) or > 1")
+
+
+@dataclass(frozen=True)
+class BGPOJobConfig:
+    bgpo: BGPOConfig
+    sampler: SamplerConfig
+    store: StoreConfig
+    build: DiffusionBuildConfig
+    path: str = "<defaults>"
+
+
+_SECTIONS = {"bgpo": BGPOConfig, "sampler": SamplerConfig, "store": StoreConfig, "build": DiffusionBuildConfig}
+
+
+def load_bgpo_config(path: str | Path | None = None, text: str | None = None) -> BGPOJobConfig:
+    if text is None and path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    try:
+        data = tomllib.loads(text or "")
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path or '<text>'}: invalid TOML: {exc}") from exc
+    for key in data:
+        if key not in _SECTIONS:
+            raise ConfigError(f"{key}: unknown section (known: {', '.join(sorted(_SECTIONS))})")
+    loaded = {}
+    for name, cls in _SECTIONS.items():
+        table = data.get(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{name}: expected a table")
+        loaded[name] = load_section(cls, table, name)
+    return BGPOJobConfig(**loaded, path=str(path) if path else "<text>")

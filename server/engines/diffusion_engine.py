@@ -1,0 +1,222 @@
+"""The `diffusion` backend: the LLaDA-style sampler of `liveloop.diffusion` behind the Engine protocol.
+
+One worker thread owns the masked diffusion LM and runs one request at a time (FIFO). The response is a
+fixed `gen_length` window (max_tokens rounded up to whole blocks, within max_model_len) decoded block by
+block; each block is streamed as one delta as soon as it is final, and the stream ends at the first EOS
+(or stop token), which is included, as with a causal engine. A swap drains through the `VersionGate`,
+then copies the new state into the model on the worker thread, so each response is one version's.
+
+Behavior logprobs: a masked diffusion LM has no causal per-token likelihood. `TokenDelta.logprobs[i]` is
+the commit-time logprob of token i (its log-probability under the raw, temperature-1 distribution at the
+denoising step that committed it, given the partially masked context then). It is a decode-time score
+for monitoring, not log mu(y_i | y_<i): BGPO does not use it. What BGPO needs is recorded as for every
+response: prompt ids, response ids (EOS-truncated; BGPO pads them back with EOS to its `gen_length`) and
+the policy version; BGPO recomputes the ELBO with its own shared masks. `top_logprobs` are not produced
+(None) and `top_p` is ignored (Gumbel-max sampling over the full distribution at `temperature`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from liveloop.diffusion.model import MaskedDiffusionLM, load_diffusion_model
+from liveloop.diffusion.sampler import SamplerConfig, generate
+from liveloop.server.engines.base import Generation, GenerationRequest, TokenDelta, VersionGate
+
+
+@dataclass
+class _Job:
+    request: GenerationRequest
+    emit: Callable[[TokenDelta | BaseException], None]
+    generator: torch.Generator
+    cancelled: threading.Event
+
+
+def load_state(model: MaskedDiffusionLM, weights: Mapping[str, torch.Tensor] | str | Path,
+               trust_remote_code: bool = False) -> None:
+    """Copy new weights into `model.net` in place; every tensor must be present (or tied) and finite."""
+    if isinstance(weights, (str, Path)):
+        loaded, _ = load_diffusion_model(weights, trust_remote_code, dtype=_dtype_name(model))
+        state = loaded.net.state_dict()
+    else:
+        state = dict(weights)
+    own = model.net.state_dict()
+    have = {v.data_ptr() for k, v in own.items() if k in state}
+    missing = [k for k, v in own.items() if k not in state and v.data_ptr() not in have]  # tied: shares storage
+    if missing:
+        raise ValueError(f"update_weights: missing tensors {missing[:5]}")
+    for k, v in state.items():
+        if k in own and not torch.isfinite(v).all():
+            raise ValueError(f"update_weights: non-finite values in {k}")
+    with torch.no_grad():
+        for k, v in state.items():
+            if k in own:
+                own[k].copy_(v.to(own[k].dtype))
+
+
+def _dtype_name(model: MaskedDiffusionLM) -> str:
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def sampler_defaults(model_path: str | Path) -> SamplerConfig:
+    """The sampler setting recorded by the tiny default's build, else SamplerConfig's defaults."""
+    record = Path(model_path) / "liveloop_diffusion_build.json"
+    if record.is_file():
+        saved = json.loads(record.read_text()).get("sampler")
+        if saved:
+            return SamplerConfig(**saved)
+    return SamplerConfig()
+
+
+class DiffusionEngine:
+    name = "diffusion"
+
+    def __init__(self, config: Any, model_path: str | Path, sampler: SamplerConfig | None = None,
+                 trust_remote_code: bool = False):
+        self.config = config
+        self.model_path = str(model_path)
+        self.max_model_len = config.max_model_len
+        self.sampler = sampler
+        self.trust_remote_code = trust_remote_code
+        self._gate = VersionGate(0)
+        self._inbox: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
+        self.model: MaskedDiffusionLM | None = None
+        self.tokenizer: Any = None
+        self._seed_source = torch.Generator().manual_seed(config.seed)
+
+    @property
+    def version(self) -> int:
+        return self._gate.version
+
+    async def start(self, version: int = 0, weights_path: str | None = None) -> None:
+        self.model, self.tokenizer = load_diffusion_model(self.model_path, self.trust_remote_code, self.config.dtype)
+        self.model.eval()
+        if self.sampler is None:
+            self.sampler = sampler_defaults(self.model_path)
+        if weights_path:
+            load_state(self.model, weights_path, self.trust_remote_code)
+        self._gate.version = version
+        self._thread = threading.Thread(target=self._run, name="liveloop-diffusion-engine", daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        self._closing.set()
+        self._inbox.put(None)
+        if self._thread:
+            await asyncio.to_thread(self._thread.join, 10)
+
+    @contextlib.asynccontextmanager
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Generation]:
+        async with self._gate.reading() as version:
+            yield Generation(version, self._stream(request))
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue = asyncio.Queue()
+        seed = request.sampling.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seed_source))
+        job = _Job(request, lambda item: loop.call_soon_threadsafe(out.put_nowait, item),
+                   torch.Generator().manual_seed(seed), threading.Event())
+        self._inbox.put(job)
+        try:
+            while True:
+                item = await out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            job.cancelled.set()
+
+    async def update_weights(self, weights: Any, version: int) -> float:
+        async def apply() -> None:
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future = loop.create_future()
+
+            def swap() -> None:
+                backup = {k: v.clone() for k, v in self.model.net.state_dict().items()}
+                try:
+                    load_state(self.model, weights, self.trust_remote_code)
+                except BaseException as exc:  # restore: never serve a half-copied model
+                    load_state(self.model, backup)
+                    loop.call_soon_threadsafe(done.set_exception, exc)
+                    return
+                loop.call_soon_threadsafe(done.set_result, None)
+
+            self._inbox.put(swap)
+            await done
+
+        return await self._gate.swap(apply, version)
+
+    # -- worker thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        torch.set_num_threads(1)
+        while not self._closing.is_set():
+            item = self._inbox.get()
+            if item is None:
+                return
+            if not isinstance(item, _Job):
+                item()  # a weight swap: the gate guarantees no request is active
+                continue
+            if item.cancelled.is_set():
+                continue
+            try:
+                self._generate(item)
+            except BaseException as exc:  # report to the request, keep serving the others
+                item.emit(exc)
+
+    def request_sampler(self, request: GenerationRequest) -> SamplerConfig:
+        """The sampler for one request: max_tokens rounded up to whole blocks (capped by max_model_len),
+        steps per block as configured, the request's temperature."""
+        base = self.sampler
+        room = self.max_model_len - len(request.prompt_ids)
+        blocks = min(math.ceil(request.sampling.max_tokens / base.block_length), room // base.block_length)
+        if blocks < 1:
+            raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room for a block of "
+                             f"{base.block_length} within max_model_len {self.max_model_len}")
+        steps_per_block = base.steps // (base.gen_length // base.block_length)
+        return SamplerConfig(gen_length=blocks * base.block_length, block_length=base.block_length,
+                             steps=blocks * steps_per_block, temperature=request.sampling.temperature)
+
+    @torch.no_grad()
+    def _generate(self, job: _Job) -> None:
+        s = job.request.sampling
+        cfg = self.request_sampler(job.request)
+        stop = {self.model.eos_id, *s.stop_token_ids}
+        sent = 0
+
+        def on_block(b: int, response: torch.Tensor, logprobs: torch.Tensor) -> bool:
+            nonlocal sent
+            if job.cancelled.is_set():
+                return True
+            ids, lps = response[0].tolist(), logprobs[0].tolist()
+            end, finish = len(ids), None
+            for i in range(sent, len(ids)):
+                if ids[i] in stop:
+                    end, finish = i + 1, "stop"
+                    break
+            if finish is None and end >= s.max_tokens:
+                end, finish = s.max_tokens, "length"
+            if finish is None and b == cfg.gen_length // cfg.block_length - 1:
+                finish = "length"
+            job.emit(TokenDelta(ids[sent:end], lps[sent:end], None, finish))
+            sent = end
+            return finish is not None
+
+        prompt = torch.tensor([job.request.prompt_ids], dtype=torch.long)
+        generate(self.model, prompt, cfg, job.generator, on_block=on_block)
