@@ -5,6 +5,10 @@ the tiny default so activations dominate) and the same batch (one group of G res
 The step: masks drawn, old-policy ELBO terms under no_grad, then the loss's backward: BGPO one Monte-Carlo
 sample's graph at a time, VRPO-OL all n_t graphs in one. Peak memory: on CUDA torch.cuda.max_memory_allocated
 over the step; on CPU the rise of the process's peak RSS (ru_maxrss) above its RSS just before the step.
+On CPU the workers run with glibc's MALLOC_MMAP_THRESHOLD_=65536 and MALLOC_TRIM_THRESHOLD_=0: every
+tensor of 64 KiB or more is its own mapping, returned to the system when freed, so the peak RSS follows
+the peak of live memory instead of what the allocator kept from earlier frees (without them the CPU
+figures wander by tens of MB between runs).
 
     python bench/bgpo_memory.py [--hidden 128] [--length 128] [--group 8] [--nts 1,2,4,8,16,32]
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -66,8 +71,9 @@ def worker(loss: str, n_t: int, hidden: int, length: int, group: int, device: st
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if device == "cpu" else None
     return {"loss": loss, "n_t": n_t, "peak_mb": peak / 2**20, "step_seconds": time.perf_counter() - start,
-            "device": device}
+            "process_peak_mb": total, "device": device}
 
 
 def main() -> None:
@@ -90,7 +96,8 @@ def main() -> None:
         for loss in ("bgpo", "vrpo_ol"):
             cmd = [sys.executable, __file__, "--worker", loss, str(n_t), "--hidden", str(args.hidden),
                    "--length", str(args.length), "--group", str(args.group), "--device", device]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(rows[-1], flush=True)
     table = []
