@@ -37,8 +37,24 @@ def _pct(x: float | None) -> str:
     return "   –  " if x is None else f"{100 * x:5.1f}%"
 
 
+def _versions(client) -> dict[str, Any]:
+    """The admin view (with reward); a user key gets the public list (no reward figures)."""
+    from liveloop.clients.client import LiveloopError
+
+    try:
+        return client.admin_versions()
+    except LiveloopError as exc:
+        if exc.status != 403:
+            raise
+    body = client.versions()
+    empty = {"n": 0, "positive": 0, "rate": None, "low": 0.0, "high": 1.0}
+    for v in body["data"]:
+        v.update(serving=v["version"] == body["serving"], responses=0, reward=empty, vs_parent=None)
+    return body
+
+
 def cmd_versions(args: argparse.Namespace) -> int:
-    body = _call(args, lambda c: c.admin_versions())
+    body = _call(args, _versions)
     if args.json:
         print(json.dumps(body, indent=2))
         return 0
@@ -94,7 +110,7 @@ def _server_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("versions", help="list policy versions with lineage, status and reward (admin)")
+    p = sub.add_parser("versions", help="list policy versions with lineage, status and reward (reward: admin key)")
     _server_args(p)
     p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(func=cmd_versions)

@@ -4,6 +4,7 @@ through scripted input against it."""
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 
@@ -63,4 +64,9 @@ def test_cli_versions_command(hf_server):
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert '"version": 0' in out.stdout
+    assert "v0 *" in out.stdout and "serving" in out.stdout  # a user key lists versions (no reward figures)
+    as_json = subprocess.run(
+        [sys.executable, "-m", "liveloop.cli", "versions", "--json", "--base-url", hf_server.base_url, "--api-key", USER_KEY],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert json.loads(as_json.stdout)["data"][0]["version"] == 0
