@@ -4,7 +4,7 @@ the same seed, prompts and sampler, starting from the same SFT'd model. Each met
 store and checkpoint directory under a temporary directory. Reward: mean task reward of greedy samples on
 held-out Countdown and Sudoku problems (seeded, disjoint seed from training).
 
-    python bench/bgpo_learning.py [--budget 60] [--eval 48] [--model models/liveloop-diffusion-tiny]
+    python bench/bgpo_learning.py [--budget 60] [--eval 48] [--learning-rate 5e-4] [--model models/liveloop-diffusion-tiny]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def main() -> None:
     p.add_argument("--eval", type=int, default=48, help="held-out problems")
     p.add_argument("--model", default=None, help="starting model (default: build/reuse the tiny default)")
     p.add_argument("--config", default=str(ROOT / "configs/bgpo.toml"))
+    p.add_argument("--learning-rate", type=float, default=None, help="override [bgpo] learning_rate")
     args = p.parse_args()
     import torch
 
@@ -57,7 +58,8 @@ def main() -> None:
                 base,
                 bgpo=dataclasses.replace(base.bgpo, model_dir=str(model_dir), out_dir=str(d / "out"), loss=loss,
                                          n_t=n_t, prompt_source="tasks", steps=10_000, publish_every=10_000,
-                                         store_rollouts=False),
+                                         store_rollouts=False,
+                                         learning_rate=args.learning_rate or base.bgpo.learning_rate),
                 store=StoreConfig(url=f"sqlite:///{d / 'store.db'}"),
             )
             out = run_bgpo(job, progress=False, max_seconds=args.budget)
@@ -67,6 +69,7 @@ def main() -> None:
             print(f"{name}: {out['step']} steps in {args.budget:.0f}s, held-out reward {after:.4f} "
                   f"({after - before:+.4f})", flush=True)
     path = save("bgpo_learning", {"budget_seconds": args.budget, "held_out": args.eval, "before": before,
+                                  "learning_rate": args.learning_rate or base.bgpo.learning_rate,
                                   "model": str(model_dir), "methods": rows})
     print(f"wrote {path}")
 
