@@ -1,5 +1,5 @@
-"""Clients that speak HTTP only: a small Python client (`client.LiveloopClient`) and the interactive
-`liveloop chat` CLI. (Simulated users and operator tools come later.)"""
+"""Clients that speak HTTP only: a small Python client (`client.LiveloopClient`), the interactive
+`liveloop chat` CLI, and simulated users (`simulator`, driven by a `scenario` and a `judge`)."""
 
 from liveloop.clients.client import ChatReply, LiveloopClient, LiveloopError
 

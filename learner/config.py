@@ -21,6 +21,13 @@ class LearnerConfig:
     max_grad_norm: float = field(default=1.0, metadata={"help": "policy gradient clipping"})
     checkpoint_dir: str = field(default="data/versions", metadata={"help": "where published versions are saved"})
     seed: int = field(default=0, metadata={"help": "torch seed of the learner process"})
+    method: str = field(
+        default="sao",
+        metadata={"help": "sao | sliding_window | grpo | grpo_dis (baselines for comparisons, see learner/methods.py)"},
+    )
+    window: int = field(default=256, metadata={"help": "sliding_window: W, rewards in the baseline's window"})
+    group_size: int = field(default=4, metadata={"help": "grpo, grpo_dis: G, rated responses per prompt per step"})
+    clip_eps: float = field(default=0.2, metadata={"help": "grpo: PPO clip epsilon"})
     zero_stage: int = field(
         default=0, metadata={"help": "0: plain torch AdamW; 1-3: DeepSpeed ZeRO for the policy and critic optimizers"}
     )
@@ -30,5 +37,9 @@ class LearnerConfig:
             raise ValueError("batch_size and publish_every_steps must be >= 1")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError("zero_stage must be 0 (plain torch), 1, 2 or 3")
+        if self.method not in ("sao", "sliding_window", "grpo", "grpo_dis"):
+            raise ValueError(f"method must be sao, sliding_window, grpo or grpo_dis, got {self.method!r}")
+        if self.window < 1 or self.group_size < 2 or not (0 < self.clip_eps < 1):
+            raise ValueError("window must be >= 1, group_size >= 2 and clip_eps in (0, 1)")
         if not (0 < self.eps_low < 1) or self.eps_high <= 0:
             raise ValueError("eps_low must be in (0, 1) and eps_high > 0")

@@ -11,7 +11,9 @@
   6. every N steps or T seconds, publish version v+1: checkpoint saved, then the version row and the
      cursor in ONE transaction. A crash resumes from the last published version and re-reads exactly
      the ratings it had not published yet: nothing lost, nothing trained twice.
-A non-finite loss or gradient skips the update (counted); a version is published only from finite
+The baselines (`[learner] method`: sliding_window, grpo, grpo_dis; see methods.py) run through the same
+loop: the method picks the batch, the advantages and the policy loss; methods without a critic skip
+steps 2-4's critic parts. A non-finite loss or gradient skips the update (counted); a version is published only from finite
 weights. The learner never talks to the engine: the server activates published versions.
 
 Operators steer it through the store, so the same rules hold in or out of the server process: while
@@ -34,10 +36,10 @@ from liveloop.checkpoint import checkpoint_digest, save_atomically
 from liveloop.critic.config import CriticConfig
 from liveloop.critic.trainer import Critic
 from liveloop.critic.value_model import build_value_model
-from liveloop.learner.advantages import gae_skip_observations, length_adaptive_lambda
-from liveloop.learner.batch import Sample, TokenBatch, make_batch, response_logprobs
+from liveloop.learner.batch import TokenBatch, make_batch, response_logprobs
 from liveloop.learner.config import LearnerConfig
-from liveloop.learner.losses import kl_penalty, sao_policy_loss
+from liveloop.learner.losses import kl_penalty
+from liveloop.learner.methods import make_method
 from liveloop.learner.optim import make_optimizer
 from liveloop.store import StaleLineage, Store
 
@@ -89,6 +91,7 @@ class OnlineLearner:
         self.state = state
         self.publish_status = publish_status
         self.critic_config = critic_config
+        self.method = make_method(config)
         self._load(policy_dir, critic_dir)
         self.reference = _load_policy(self.base_model_dir).eval() if config.kl_coef > 0 else None
         self.idle_seconds = 0.0
@@ -99,7 +102,10 @@ class OnlineLearner:
         c = self.config
         self.policy = _load_policy(policy_dir)
         self.policy_opt = make_optimizer(self.policy, c.learning_rate, c.max_grad_norm, c.zero_stage, c.batch_size)
-        self.critic = Critic(build_value_model(critic_dir or policy_dir), self.critic_config, c.zero_stage, c.batch_size)
+        self.critic = (
+            Critic(build_value_model(critic_dir or policy_dir), self.critic_config, c.zero_stage, c.batch_size)
+            if self.method.uses_critic else None
+        )
 
     @classmethod
     def resume(cls, store: Store, config: LearnerConfig, critic_config: CriticConfig, base_model_dir: Path, **kw) -> "OnlineLearner":
@@ -113,6 +119,7 @@ class OnlineLearner:
         state, policy_dir, critic_dir = _stored_position(self.store, self.config, self.base_model_dir)
         state.step, state.samples, state.skipped_steps = self.state.step, self.state.samples, self.state.skipped_steps
         self._load(policy_dir, critic_dir)
+        self.method.reset()
         self.state = state
 
     def sync_with_store(self) -> bool:
@@ -126,24 +133,25 @@ class OnlineLearner:
 
     # -- one step --------------------------------------------------------------------------------
     def step(self) -> bool:
-        """Train on the next B rated responses if there are that many; returns whether it did."""
+        """Train on the next batch if it is there (SAO: the next B rated responses); returns whether it did."""
         c, s = self.config, self.state
-        # 1. the next B rated responses, in arrival order
-        rated = self.store.rated_after(s.pending_cursor, c.batch_size)
-        if len(rated) < c.batch_size:
+        # 1. the next B rated responses, in arrival order (GRPO baselines: the next complete group)
+        taken = self.method.next_batch(self.store, s.pending_cursor)
+        if taken is None:
             return False
+        samples, last_id = taken
         started = time.perf_counter()
-        samples = [Sample.from_rated(f, r) for f, r in rated]
         batch = make_batch(samples)
         # 2. values of the states the tokens were chosen in
-        values = self.critic.values(batch)
+        values = self.critic.values(batch) if self.critic is not None else None
         # 3. advantages (policy lambda adapts to length) and value targets (lambda_value)
-        advantages, returns = self._advantages(batch, values)
+        advantages, returns = self.method.advantages(batch, values)
         # 4. K critic steps
-        metrics = self.critic.update(batch, returns)
+        metrics = self.critic.update(batch, returns) if self.critic is not None else {}
         # 5. one policy step
         metrics |= self._policy_step(batch, advantages)
-        s.pending_cursor = rated[-1][0].id
+        metrics |= self.method.stats()
+        s.pending_cursor = last_id
         s.step += 1
         s.samples += len(samples)
         s.steps_since_publish += 1
@@ -155,26 +163,13 @@ class OnlineLearner:
             self.publish()
         return True
 
-    def _advantages(self, batch: TokenBatch, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.config
-        advantages = torch.zeros_like(values)
-        returns = torch.zeros_like(values)
-        for b in range(values.shape[0]):
-            mask, reward = batch.action_mask[b], float(batch.rewards[b])
-            lam = length_adaptive_lambda(int(mask.sum()), c.lambda_alpha)
-            advantages[b], _ = gae_skip_observations(values[b], reward, mask, c.gamma, lam)
-            _, returns[b] = gae_skip_observations(values[b], reward, mask, c.gamma, c.lambda_value)
-        return advantages, returns
-
     def _policy_step(self, batch: TokenBatch, advantages: torch.Tensor) -> dict[str, float]:
         c = self.config
         self.policy.train()
         logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         logprobs = response_logprobs(logits, batch)
         staleness = (self.state.version - batch.versions).clamp(min=0)
-        loss, metrics = sao_policy_loss(
-            logprobs, batch.behavior_logprobs, advantages, batch.action_mask, c.eps_low, c.eps_high, staleness
-        )
+        loss, metrics = self.method.policy_loss(logprobs, batch, advantages, staleness)
         if self.reference is not None:
             with torch.no_grad():
                 ref = response_logprobs(self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch)
@@ -253,7 +248,8 @@ class OnlineLearner:
     def _write_checkpoint(self, tmp: Path) -> None:
         with self.policy_opt.full_parameters() as policy:
             policy.save_pretrained(str(tmp / "policy"))
-        self.critic.save(str(tmp / "critic"))
+        if self.critic is not None:
+            self.critic.save(str(tmp / "critic"))
 
     # -- loop ------------------------------------------------------------------------------------
     def run(self, should_stop, max_steps: int | None = None) -> None:

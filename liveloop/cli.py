@@ -2,7 +2,7 @@
 
 Commands: serve, model init, store migrate/stats, learn, critic pretrain, chat, and the operator's
 versions, rollback, learning pause/resume and report drift (`operator_cli`); bgpo build/train
-(`liveloop.diffusion.cli`).
+(`liveloop.diffusion.cli`); simulate and experiment drift/stability (`liveloop.experiments.cli`).
 
 Every command takes `--config` (default configs/default.toml); each component gets its own section.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from liveloop import operator_cli
 from liveloop.diffusion import cli as bgpo_cli
+from liveloop.experiments import cli as experiments_cli
 from liveloop.config import Config, ConfigError, load_config
 from liveloop.store.store import SchemaNotReady
 
@@ -202,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_chat)
     operator_cli.register(sub)
     bgpo_cli.register(sub)
+    experiments_cli.register(sub)
     return parser
 
 

@@ -200,8 +200,8 @@ def test_dashboard_in_a_real_browser(http, server, browser, tmp_path):
     browser.get(server.base_url + "/dashboard")
     browser.find_element(By.ID, "key").send_keys("sk-wrong")
     browser.find_element(By.ID, "sign-in").click()
-    assert "not an admin key" in browser.page_source
-    browser.find_element(By.ID, "key").send_keys(ADMIN_KEY)
+    wait.until(lambda d: "not an admin key" in d.page_source)  # the form answers 401 with the page again
+    wait.until(EC.presence_of_element_located((By.ID, "key"))).send_keys(ADMIN_KEY)
     browser.find_element(By.ID, "sign-in").click()
     wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded") == "true")
 

@@ -1,0 +1,109 @@
+"""Command-line entry points for simulated users and experiments, registered into `liveloop`'s parser:
+
+    liveloop simulate --scenario configs/drift.toml [--base-url URL] [--api-key KEY] [--events N] [--out FILE]
+    liveloop experiment drift [--config PATH] [--out DIR] [--methods sao grpo ...]
+    liveloop experiment stability [--config PATH] [--out DIR] [--events N]
+
+Each handler takes the parsed `args` and returns an exit code. (`experiment --config` is the
+experiment's own file; without it the embedded default runs.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from liveloop.clients.scenario import ScenarioError, load_scenario
+    from liveloop.clients.simulator import Simulator, summarize, write_events
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.events:
+        scenario = scenario.with_sizes(max_events=args.events)
+    if args.group_size:
+        scenario = scenario.with_sizes(group_size=args.group_size)
+    sim = Simulator(scenario, args.base_url, args.api_key)
+    try:
+        events = asyncio.run(sim.run())
+    except KeyboardInterrupt:
+        events = sim.events
+    if args.out:
+        write_events(events, Path(args.out))
+    print(json.dumps(summarize(events), indent=2))
+    return 0
+
+
+def _experiment_config(args: argparse.Namespace, default: str | None = None):
+    from liveloop.experiments.drift import ExperimentError, load_experiment
+
+    path = getattr(args, "experiment_config", None)
+    try:
+        if default is None:
+            return load_experiment(path, only=args.methods or None)
+        return load_experiment(path, default=default)
+    except ExperimentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_experiment_drift(args: argparse.Namespace) -> int:
+    import time
+
+    from liveloop.experiments.drift import run_drift
+
+    cfg = _experiment_config(args)
+    if cfg is None:
+        return 2
+    t = time.monotonic()
+    out = run_drift(cfg, Path(args.out))
+    print((out / "summary.md").read_text())
+    print(f"results: {out} ({(time.monotonic() - t) / 60:.1f} min)")
+    return 0
+
+
+def cmd_experiment_stability(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from liveloop.experiments.stability import DEFAULT_CONFIG, run_stability
+
+    cfg = _experiment_config(args, default=DEFAULT_CONFIG)
+    if cfg is None:
+        return 2
+    if args.events:
+        cfg = dataclasses.replace(cfg, scenario=cfg.scenario.with_sizes(max_events=args.events))
+    out = run_stability(cfg, Path(args.out))
+    print((out / "summary.md").read_text())
+    print(f"results: {out}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    sim = subparsers.add_parser("simulate", help="simulated users against a running server (a scenario file)")
+    sim.add_argument("--scenario", required=True, help="scenario TOML, e.g. configs/drift.toml")
+    sim.add_argument("--base-url", default="http://127.0.0.1:8000")
+    sim.add_argument("--api-key", default="sk-dev-user-1", help="a user key of that server")
+    sim.add_argument("--events", type=int, default=None, help="override scenario.max_events")
+    sim.add_argument("--group-size", type=int, default=None, help="ask each prompt G times (GRPO learners)")
+    sim.add_argument("--out", default=None, help="write every event as JSON lines here")
+    sim.set_defaults(func=cmd_simulate)
+
+    exp = subparsers.add_parser("experiment", help="experiments through the real system")
+    kinds = exp.add_subparsers(dest="experiment", required=True)
+    drift = kinds.add_parser("drift", help="preference drift: SAO against its baselines, one report")
+    drift.add_argument("--config", dest="experiment_config", default=None, help="experiment TOML (default: embedded, see configs/drift_experiment.toml)")
+    drift.add_argument("--out", default="results", help="parent of the results directory")
+    drift.add_argument("--methods", nargs="+", default=None, help="run only these methods")
+    drift.set_defaults(func=cmd_experiment_drift)
+    stab = kinds.add_parser("stability", help="long SAO run on a fixed preference: reward, kept fraction, critic grad norm")
+    stab.add_argument("--config", dest="experiment_config", default=None, help="experiment TOML (default: embedded)")
+    stab.add_argument("--out", default="results", help="parent of the results directory")
+    stab.add_argument("--events", type=int, default=None, help="override scenario.max_events (e.g. 3000)")
+    stab.set_defaults(func=cmd_experiment_stability)

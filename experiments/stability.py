@@ -1,0 +1,226 @@
+"""`liveloop experiment stability`: one long SAO run on a fixed preference, to show it does not collapse:
+the reward stays up, the kept fraction and the critic's grad norm stay bounded.
+
+1. results directory <out>/stability-<date>-<hash>/; critic cold start as in the drift experiment;
+2. a fresh server + learner; the simulated users (no switches) run while the learner's status
+   (`/admin/learner`: step, kept fraction, critic grad norm, KL, staleness) is polled every second;
+3. stability.png (reward moving average over events; kept fraction, critic grad norm and KL over learner
+   steps), learner_trace.jsonl, events-sao.jsonl, summary.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from liveloop.clients.simulator import Simulator, write_events
+from liveloop.experiments.analysis import moving_average
+from liveloop.experiments.drift import (
+    ExperimentConfig, _cleanup, _say, load_experiment, pretrain_scenario_critic, results_dir, toml_table,
+)
+
+# Embedded default: a few minutes here; raise scenario.max_events for thousands of events.
+DEFAULT_CONFIG = """
+[experiment]
+methods = ["sao"]
+readapt_window = 30
+pretrain_rollouts = 96
+pretrain_ev_threshold = 0.5
+pretrain_max_epochs = 20
+backend = "vllm"
+model = "models/liveloop-tiny"
+server_timeout = 300
+
+[learner]
+batch_size = 1
+publish_every_steps = 4
+publish_every_seconds = 2.0
+learning_rate = 1e-3
+lambda_alpha = 0.05
+kl_coef = 0.1
+
+[critic]
+value_steps = 2
+freeze_attention = true
+
+[methods.sao]
+
+[scenario]
+name = "stability"
+seed = 1
+max_events = 400
+arrival_rate = 3.0
+max_in_flight = 6
+rating_probability = 0.9
+max_tokens = 48
+
+[scenario.feedback_delay]
+distribution = "lognormal"
+median_seconds = 0.4
+sigma = 1.0
+max_seconds = 15.0
+
+[[segments]]
+name = "cozy"
+topics = ["cats", "bread", "music", "forests"]
+styles = ["chuunibyou"]
+
+[[segments]]
+name = "night"
+topics = ["the sea", "rain", "the moon", "trains"]
+styles = ["classical"]
+"""
+
+TRACE_KEYS = ("learner/kept_fraction", "critic/grad_norm", "learner/kl", "learner/staleness_mean", "critic/explained_variance", "learner/grad_norm")
+
+
+def load_stability(path: str | Path | None) -> ExperimentConfig:
+    """The embedded default (path None) or a file of the drift experiment's shape (first method runs)."""
+    return load_experiment(path, default=DEFAULT_CONFIG)
+
+
+async def _poll(base_url: str, admin_key: str, trace: list[dict[str, Any]], stop: asyncio.Event, every: float = 1.0) -> None:
+    async with httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=30) as http:
+        last_step = -1
+        start = time.monotonic()
+        while not stop.is_set():
+            try:
+                s = (await http.get("/admin/learner")).json()
+                if s.get("running") and s.get("step", -1) != last_step:
+                    last_step = s["step"]
+                    m = s.get("metrics", {}) or {}
+                    trace.append({"t": time.monotonic() - start, "step": s["step"], "version": s.get("version"),
+                                  **{k: m.get(k) for k in TRACE_KEYS}})
+            except httpx.HTTPError:
+                pass
+            try:
+                await asyncio.wait_for(stop.wait(), every)
+            except asyncio.TimeoutError:
+                pass
+
+
+async def _simulate_and_trace(sim: Simulator, base_url: str, admin_key: str) -> list[dict[str, Any]]:
+    trace: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+    poller = asyncio.create_task(_poll(base_url, admin_key, trace, stop))
+    try:
+        await sim.run()
+    finally:
+        stop.set()
+        await poller
+    return trace
+
+
+def run_stability(cfg: ExperimentConfig, out_root: Path, progress: bool = True, model_dir: Path | None = None) -> Path:
+    from liveloop import devtools
+    from liveloop.learner.config import LearnerConfig
+    from liveloop.learner.online import critic_dir_for
+
+    started = time.monotonic()
+    method = cfg.methods[0]
+    model_dir = Path(model_dir or cfg.model).resolve()
+    # 1. results directory, critic cold start
+    out = results_dir(out_root, cfg, kind="stability")
+    (out / "config.toml").write_text(cfg.text)
+    workdir = out / "work" / method.name
+    _say(progress, f"[stability] pre-training the critic on {cfg.pretrain_rollouts} rated rollouts")
+    pretrain = pretrain_scenario_critic(cfg, model_dir, method.critic, critic_dir_for(LearnerConfig(checkpoint_dir=str(workdir / "versions")), 0), progress)
+    # 2. server + learner, users, status trace
+    server = devtools.start_server(
+        workdir, model_dir, cfg.backend, timeout=cfg.server_timeout, learner=toml_table(method.learner),
+        extra="[critic]\n" + toml_table(method.critic),
+    )
+    try:
+        sim = Simulator(cfg.scenario, server.base_url, devtools.USER_KEY, progress=sys.stderr if progress else None)
+        trace = asyncio.run(_simulate_and_trace(sim, server.base_url, devtools.ADMIN_KEY))
+        status = httpx.get(server.base_url + "/admin/learner", headers={"Authorization": f"Bearer {devtools.ADMIN_KEY}"}, timeout=30).json()
+    finally:
+        server.stop()
+    _cleanup(workdir)
+    # 3. files
+    write_events(sim.events, out / f"events-{method.name}.jsonl")
+    with (out / "learner_trace.jsonl").open("w") as f:
+        for row in trace:
+            f.write(json.dumps(row) + "\n")
+    numbers = stability_numbers(sim.events, trace, cfg.readapt_window)
+    numbers |= {"pretrain": pretrain, "learner": {k: status.get(k) for k in ("step", "version", "idle_fraction", "skipped_steps")},
+                "wall_seconds": time.monotonic() - started}
+    plot_stability(out / "stability.png", sim.events, trace, cfg.readapt_window)
+    (out / "results.json").write_text(json.dumps(numbers, indent=1, default=str))
+    (out / "summary.md").write_text(_summary(cfg, numbers))
+    return out
+
+
+def _quarters(values: list[float]) -> list[float | None]:
+    n = len(values)
+    return [sum(values[i * n // 4 : (i + 1) * n // 4]) / max(1, (i + 1) * n // 4 - i * n // 4) if n >= 4 else None for i in range(4)]
+
+
+def stability_numbers(events: list[Any], trace: list[dict[str, Any]], window: int) -> dict[str, Any]:
+    rated = [e for e in sorted(events, key=lambda e: e.t_reply) if e.rated]
+    rewards = [float(e.reward) for e in rated]
+
+    def series(key: str) -> list[float]:
+        return [float(r[key]) for r in trace if r.get(key) is not None]
+
+    kept, gn = series("learner/kept_fraction"), series("critic/grad_norm")
+    return {
+        "feedback_events": len(rated),
+        "reward_by_quarter": _quarters(rewards),
+        "reward_last_window": sum(rewards[-window:]) / len(rewards[-window:]) if rewards else None,
+        "kept_fraction_min": min(kept) if kept else None,
+        "kept_fraction_mean": sum(kept) / len(kept) if kept else None,
+        "critic_grad_norm_max": max(gn) if gn else None,
+        "critic_grad_norm_by_quarter": _quarters(gn),
+        "trace_points": len(trace),
+    }
+
+
+def plot_stability(path: Path, events: list[Any], trace: list[dict[str, Any]], window: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rated = [e for e in sorted(events, key=lambda e: e.t_reply) if e.rated]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    axes[0].plot(range(1, len(rated) + 1), moving_average([e.reward for e in rated], window))
+    axes[0].set(title=f"reward, moving average ({window})", xlabel="feedback events", ylim=(-0.02, 1.02))
+    steps = [r["step"] for r in trace]
+    for ax, key in ((axes[1], "learner/kept_fraction"), (axes[2], "critic/grad_norm")):
+        pts = [(s, r[key]) for s, r in zip(steps, trace) if r.get(key) is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ".", ms=3)
+        ax.set(title=key, xlabel="learner step (sampled each second)")
+    axes[1].set_ylim(-0.02, 1.02)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _summary(cfg: ExperimentConfig, n: dict[str, Any]) -> str:
+    def f(x):
+        return "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))
+
+    sc = cfg.scenario
+    return "\n".join([
+        f"# SAO stability on a fixed preference (config {cfg.digest})",
+        "",
+        "Segments: " + "; ".join(f"{s.name}: {s.styles[0]}" for s in sc.segments) + f". {n['feedback_events']} feedback events, "
+        f"{n['wall_seconds'] / 60:.1f} min wall clock.",
+        "",
+        "| reward by quarter | reward (last window) | kept fraction min / mean | critic grad norm max | grad norm by quarter | learner steps | versions |",
+        "|---|---|---|---|---|---|---|",
+        f"| {', '.join(f(x) for x in n['reward_by_quarter'])} | {f(n['reward_last_window'])} | {f(n['kept_fraction_min'])} / "
+        f"{f(n['kept_fraction_mean'])} | {f(n['critic_grad_norm_max'])} | {', '.join(f(x) for x in n['critic_grad_norm_by_quarter'])} | "
+        f"{f(n['learner'].get('step'))} | {f(n['learner'].get('version'))} |",
+        "",
+        "Plot: stability.png. Trace: learner_trace.jsonl (the learner's status, sampled every second).",
+        "",
+    ])

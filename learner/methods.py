@@ -1,0 +1,217 @@
+"""Learning methods the online learner can run (`[learner] method`): SAO and its baselines.
+
+A method decides three things and nothing else (the loop, publishing and rollbacks stay in
+`online.OnlineLearner`):
+  1. which rated responses form the next batch (`next_batch`): SAO and the sliding window take the
+     next B in arrival order; GRPO waits until G responses to the same prompt are rated;
+  2. the token advantages (and value targets, for a method with a critic) (`advantages`);
+  3. the policy loss (`policy_loss`): SAO's two-sided mask or PPO's clip.
+
+| method          | batch                       | advantage                       | loss             | critic |
+|-----------------|-----------------------------|---------------------------------|------------------|--------|
+| sao             | next B, arrival order       | GAE over action tokens          | two-sided mask   | yes    |
+| sliding_window  | next B, arrival order       | r - mean(last W rewards)        | two-sided mask   | no     |
+| grpo            | a complete group of G       | (r - mean_G) / std_G            | PPO clip (eps)   | no     |
+| grpo_dis        | a complete group of G       | (r - mean_G) / std_G            | two-sided mask   | no     |
+
+A GRPO group is the responses whose request metadata share a `group` tag (simulated users tag the G
+requests of one prompt), else those with identical prompt token ids. Its wait (first to last rating of
+the group, by the store's feedback times) is measured. Ratings of a group still incomplete when the
+learner publishes are past the cursor: a restart drops them (baselines only; SAO loses nothing).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from liveloop.learner.advantages import (
+    gae_skip_observations, group_normalized_advantage, length_adaptive_lambda, sliding_window_advantage,
+)
+from liveloop.learner.batch import Sample, TokenBatch
+from liveloop.learner.config import LearnerConfig
+from liveloop.learner.losses import ppo_clip_loss, sao_policy_loss
+
+
+class Method(Protocol):
+    name: str
+    uses_critic: bool
+
+    def next_batch(self, store: Any, after_id: int) -> tuple[list[Sample], int] | None:
+        """The next samples and the last feedback id they consume through; None: not yet."""
+
+    def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Token advantages [B, W] and value targets [B, W] (None without a critic)."""
+
+    def policy_loss(self, logprobs: Tensor, batch: TokenBatch, advantages: Tensor, staleness: Tensor) -> tuple[Tensor, dict[str, float]]: ...
+
+    def reset(self) -> None:
+        """Forget buffered state (after a rollback reloads another version)."""
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative method metrics, merged into the learner's metrics."""
+
+
+def _in_order(store: Any, after_id: int, n: int) -> tuple[list[Sample], int] | None:
+    rated = store.rated_after(after_id, n)
+    if len(rated) < n:
+        return None
+    return [Sample.from_rated(f, r) for f, r in rated], rated[-1][0].id
+
+
+def _broadcast(per_sample: Tensor, action_mask: Tensor) -> Tensor:
+    """A scalar advantage per sample [B] on every action token [B, W]."""
+    return per_sample[:, None].to(action_mask.dtype) * action_mask
+
+
+class SAO:
+    name, uses_critic = "sao", True
+
+    def __init__(self, config: LearnerConfig):
+        self.config = config
+
+    def next_batch(self, store: Any, after_id: int) -> tuple[list[Sample], int] | None:
+        return _in_order(store, after_id, self.config.batch_size)
+
+    def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        c = self.config
+        assert values is not None, "SAO needs the critic's values"
+        advantages = torch.zeros_like(values)
+        returns = torch.zeros_like(values)
+        for b in range(values.shape[0]):
+            mask, reward = batch.action_mask[b], float(batch.rewards[b])
+            lam = length_adaptive_lambda(int(mask.sum()), c.lambda_alpha)
+            advantages[b], _ = gae_skip_observations(values[b], reward, mask, c.gamma, lam)
+            _, returns[b] = gae_skip_observations(values[b], reward, mask, c.gamma, c.lambda_value)
+        return advantages, returns
+
+    def policy_loss(self, logprobs: Tensor, batch: TokenBatch, advantages: Tensor, staleness: Tensor) -> tuple[Tensor, dict[str, float]]:
+        c = self.config
+        return sao_policy_loss(logprobs, batch.behavior_logprobs, advantages, batch.action_mask, c.eps_low, c.eps_high, staleness)
+
+    def reset(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+
+class SlidingWindow(SAO):
+    """No critic: A = r - mean(last W rewards before this one), the same on every action token."""
+
+    name, uses_critic = "sliding_window", False
+
+    def __init__(self, config: LearnerConfig):
+        super().__init__(config)
+        self.history: deque[float] = deque(maxlen=config.window)
+
+    def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        per_sample = []
+        for r in batch.rewards.tolist():
+            a, _ = sliding_window_advantage(r, torch.tensor(list(self.history)))
+            per_sample.append(a)
+            self.history.append(r)
+        return _broadcast(torch.tensor(per_sample), batch.action_mask), None
+
+    def reset(self) -> None:
+        self.history.clear()
+
+    def stats(self) -> dict[str, float]:
+        h = self.history
+        return {"learner/window_baseline": sum(h) / len(h) if h else 0.0, "learner/window_fill": float(len(h))}
+
+
+class GRPO(SAO):
+    """Waits for G rated responses to the same prompt; A = (r - mean_G) / std_G; PPO clip against the
+    behavior logprobs (the policy that served them)."""
+
+    name, uses_critic = "grpo", False
+    read_batch = 256  # ratings read from the store per poll
+
+    def __init__(self, config: LearnerConfig):
+        super().__init__(config)
+        self.reset()
+
+    def reset(self) -> None:
+        self.read_through = -1  # last feedback id read into the buffer
+        self.buffer: OrderedDict[Any, list[tuple[Sample, float]]] = OrderedDict()  # group key -> (sample, feedback time)
+        self.first_seen: dict[Any, float] = {}
+        self.waits: list[float] = []
+        self.groups = 0
+
+    @staticmethod
+    def group_key(response: Any) -> Any:
+        tag = (response.request_meta or {}).get("group")
+        return ("tag", tag) if tag else ("prompt", tuple(int(x) for x in response.prompt_ids))
+
+    def next_batch(self, store: Any, after_id: int) -> tuple[list[Sample], int] | None:
+        G = self.config.group_size
+        self.read_through = max(self.read_through, after_id)
+        # read everything new into the buffer, by group
+        while True:
+            rated = store.rated_after(self.read_through, self.read_batch)
+            for f, r in rated:
+                key = self.group_key(r)
+                self.buffer.setdefault(key, []).append((Sample.from_rated(f, r), f.created_at.timestamp()))
+                self.first_seen.setdefault(key, time.monotonic())
+                self.read_through = f.id
+            if len(rated) < self.read_batch:
+                break
+        # the oldest complete group
+        for key, members in self.buffer.items():
+            if len(members) >= G:
+                group, rest = members[:G], members[G:]
+                if rest:
+                    self.buffer[key] = rest
+                else:
+                    del self.buffer[key]
+                    self.first_seen.pop(key, None)
+                times = [t for _, t in group]
+                self.waits.append(max(times) - min(times))
+                self.groups += 1
+                return [s for s, _ in group], self.read_through
+        return None
+
+    def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        adv, _ = group_normalized_advantage(batch.rewards)
+        return _broadcast(adv, batch.action_mask), None
+
+    def policy_loss(self, logprobs: Tensor, batch: TokenBatch, advantages: Tensor, staleness: Tensor) -> tuple[Tensor, dict[str, float]]:
+        loss, metrics = ppo_clip_loss(logprobs, batch.behavior_logprobs, advantages, batch.action_mask, self.config.clip_eps)
+        return loss, metrics | _staleness(staleness)
+
+    def stats(self) -> dict[str, float]:
+        w = self.waits
+        return {
+            "learner/groups": float(self.groups),
+            "learner/groups_pending": float(len(self.buffer)),
+            "learner/group_wait_seconds": w[-1] if w else 0.0,
+            "learner/group_wait_mean_seconds": sum(w) / len(w) if w else 0.0,
+            "learner/group_wait_max_seconds": max(w) if w else 0.0,
+        }
+
+
+class GRPODis(GRPO):
+    """GRPO's groups and advantages with SAO's two-sided mask instead of the clip."""
+
+    name = "grpo_dis"
+
+    def policy_loss(self, logprobs: Tensor, batch: TokenBatch, advantages: Tensor, staleness: Tensor) -> tuple[Tensor, dict[str, float]]:
+        return SAO.policy_loss(self, logprobs, batch, advantages, staleness)
+
+
+def _staleness(staleness: Tensor) -> dict[str, float]:
+    if not staleness.numel():
+        return {}
+    return {"learner/staleness_mean": float(staleness.float().mean()), "learner/staleness_max": float(staleness.float().max())}
+
+
+METHODS: dict[str, type] = {"sao": SAO, "sliding_window": SlidingWindow, "grpo": GRPO, "grpo_dis": GRPODis}
+
+
+def make_method(config: LearnerConfig) -> Method:
+    return METHODS[config.method](config)

@@ -1,0 +1,106 @@
+"""Simulated users against an in-memory OpenAI-compatible server (httpx.MockTransport): arrivals,
+groups of G, the judge's verdict sent as the thumbs after the delay, rating probability, the switch by
+the segment's own feedback count, the event log."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import random
+
+import httpx
+
+from liveloop.clients.scenario import parse_scenario
+from liveloop.clients.simulator import Simulator, read_events, summarize, write_events
+from liveloop.model.corpus import make_reply
+
+
+class FakeServer:
+    """Replies in `style` (a real corpus reply for the prompt's topic); records feedback."""
+
+    def __init__(self, style: str):
+        self.style = style
+        self.chats: list[dict] = []
+        self.feedback: dict[str, int] = {}
+        self.rng = random.Random(0)
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        assert request.headers["authorization"] == "Bearer k"
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny"}]})
+        body = json.loads(request.content)
+        if request.url.path == "/v1/chat/completions":
+            self.chats.append(body)
+            n = len(self.chats)
+            text = make_reply(body["metadata"]["topic"], self.style, self.rng)
+            return httpx.Response(200, json={
+                "id": f"r{n}", "policy_version": n // 10,
+                "choices": [{"message": {"content": text}, "finish_reason": "stop"}], "usage": {"completion_tokens": 20},
+            })
+        if request.url.path == "/v1/feedback":
+            self.feedback[body["response_id"]] = body["reward"]
+            return httpx.Response(200, json={"id": len(self.feedback)})
+        return httpx.Response(404, json={"error": {"message": "no"}})
+
+
+def _scenario(**kw):
+    return parse_scenario({
+        "scenario": {"seed": 1, "max_events": 40, "arrival_rate": 500.0, "rating_probability": 1.0,
+                     "feedback_delay": {"distribution": "fixed", "median_seconds": 0.01}, **kw},
+        "segments": [
+            {"name": "a", "topics": ["cats", "bread"], "styles": ["cute", "classical"], "switch_at": [10]},
+            {"name": "b", "topics": ["rain"], "styles": ["classical"]},
+        ],
+    })
+
+
+def _run(scenario, server):
+    out = io.StringIO()
+    sim = Simulator(scenario, "http://sim", "k", progress=out, transport=httpx.MockTransport(server.handler))
+    events = asyncio.run(sim.run())
+    return sim, events, out.getvalue()
+
+
+def test_users_judge_rate_and_switch():
+    server = FakeServer("cute")
+    sim, events, progress = _run(_scenario(), server)
+    rated = [e for e in events if e.rated]
+    assert len(rated) == 40 and sorted(e.index for e in rated) == list(range(40))
+    # every rating reached the server with the judge's verdict
+    assert {e.response_id: e.reward for e in rated} == server.feedback
+    assert all(e.t_feedback is not None and e.t_feedback >= e.t_reply for e in rated)
+    # segment a: cute is preferred for its first 10 feedback events, then classical; b always classical
+    a = sorted((e for e in rated if e.segment == "a"), key=lambda e: e.index)
+    assert [e.preferred for e in a[:10]] == ["cute"] * 10 and all(e.preferred == "classical" for e in a[10:])
+    assert [e.reward for e in a[:10]] == [1] * 10 and all(e.reward == 0 for e in a[10:])
+    assert all(e.reward == 0 and e.reason == "wrong_style" for e in rated if e.segment == "b")
+    # prompts name the segment's topics; metadata tags segment and topic
+    assert all(c["metadata"]["topic"] in ("cats", "bread", "rain") for c in server.chats)
+    assert all((c["metadata"]["segment"] == "b") == (c["metadata"]["topic"] == "rain") for c in server.chats)
+    assert "events 40/40" in progress and "a=classical" in progress
+    assert summarize(events)["feedback_events"] == 40
+
+
+def test_groups_and_rating_probability():
+    server = FakeServer("cute")
+    _, events, _ = _run(_scenario(group_size=3, rating_probability=0.5, max_events=30), server)
+    by_group: dict[str, list] = {}
+    for e in events:
+        by_group.setdefault(e.group, []).append(e)
+    assert all(len(g) == 3 for g in by_group.values())
+    assert all(len({x.prompt for x in g}) == 1 and len({x.rated for x in g}) == 1 for g in by_group.values())  # all or none
+    unrated = [g for g in by_group.values() if not g[0].rated]
+    assert unrated, "with p = 0.5 some groups go unrated"
+    assert sum(e.rated for e in events) == 30 and len(server.feedback) == 30
+    seeds = [c["seed"] for c in server.chats]
+    assert len(set(seeds)) == len(seeds)  # G distinct samples of the same prompt
+
+
+def test_same_seed_same_arrivals(tmp_path):
+    a = [(e.segment, e.prompt, e.rated) for e in sorted(_run(_scenario(), FakeServer("cute"))[1], key=lambda e: e.request)]
+    b = [(e.segment, e.prompt, e.rated) for e in sorted(_run(_scenario(), FakeServer("classical"))[1], key=lambda e: e.request)]
+    assert a == b
+    _, events, _ = _run(_scenario(), FakeServer("cute"))
+    write_events(events, tmp_path / "e.jsonl")
+    assert read_events(tmp_path / "e.jsonl") == events

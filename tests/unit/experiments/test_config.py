@@ -1,0 +1,85 @@
+"""The drift experiment's config: the embedded default and the shipped copy load, methods resolve to
+valid [learner]/[critic] sections, bad files name the key; the CLI registers its commands."""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from liveloop.experiments.cli import register
+from liveloop.experiments.drift import DEFAULT_CONFIG, ExperimentError, load_experiment, toml_table
+from liveloop.experiments.stability import load_stability
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_embedded_default_has_every_method():
+    cfg = load_experiment(None)
+    by = {m.name: m for m in cfg.methods}
+    assert list(by) == ["sao", "sao_k1", "sao_unfrozen", "sao_no_kl", "sliding_window", "grpo", "grpo_dis"]
+    assert by["sao"].learner["kl_coef"] == 0.1 and by["sao_no_kl"].learner["kl_coef"] == 0.0
+    assert by["sao_k1"].critic["value_steps"] == 1 and by["sao_unfrozen"].critic["freeze_attention"] is False
+    assert by["sliding_window"].learner["window"] == 256 and not by["sliding_window"].uses_critic
+    assert by["grpo"].grouped and by["grpo_dis"].grouped and by["sao"].uses_critic
+    assert cfg.scenario_for(by["grpo"]).group_size == cfg.group_size and cfg.scenario_for(by["sao"]).group_size == 1
+    assert len(cfg.digest) == 8
+
+
+def test_shipped_copy_matches_the_embedded_default():
+    shipped = load_experiment(ROOT / "configs/drift_experiment.toml")
+    assert tomllib.loads(shipped.text) == tomllib.loads(DEFAULT_CONFIG)
+
+
+def test_only_some_methods_and_bad_configs(tmp_path):
+    assert [m.name for m in load_experiment(None, only=["grpo", "sao"]).methods] == ["grpo", "sao"]
+    with pytest.raises(ExperimentError, match="--methods: unknown"):
+        load_experiment(None, only=["ppo"])
+    cases = {
+        "[experiment]\nmethodz = []\n": r"experiment\.methodz: unknown key",
+        DEFAULT_CONFIG.replace('learner = { method = "grpo" }', 'learner = { method = "ppo" }'): r"methods\.grpo\.learner",
+        DEFAULT_CONFIG.replace("value_steps = 1", "value_step = 1"): r"methods\.sao_k1\.critic\.value_step: unknown key",
+        DEFAULT_CONFIG.replace("rating_probability = 0.9", "rating_probability = 2.0"): r"scenario\.rating_probability",
+        DEFAULT_CONFIG.replace('"sao", "sao_k1"', '"sao", "nope"'): r"experiment\.methods: 'nope' has no \[methods\.nope\]",
+    }
+    for text, message in cases.items():
+        path = tmp_path / "x.toml"
+        path.write_text(text)
+        with pytest.raises(ExperimentError, match=message):
+            load_experiment(path)
+
+
+def test_stability_default_has_no_switches():
+    cfg = load_stability(None)
+    assert [m.name for m in cfg.methods] == ["sao"]
+    assert all(not s.switch_at for s in cfg.scenario.segments)
+
+
+def test_toml_table():
+    assert toml_table({"a": 1, "b": 0.5, "c": True, "d": "x"}) == 'a = 1\nb = 0.5\nc = true\nd = "x"'
+    assert tomllib.loads(toml_table({"method": "grpo", "kl_coef": 0.0})) == {"method": "grpo", "kl_coef": 0.0}
+
+
+def test_cli_registers_simulate_and_experiments():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", default="configs/default.toml")
+    register(parser.add_subparsers(dest="command"))
+    a = parser.parse_args(["simulate", "--scenario", "configs/drift.toml", "--base-url", "http://h:1", "--api-key", "k"])
+    assert (a.scenario, a.base_url, a.api_key, a.config) == ("configs/drift.toml", "http://h:1", "k", "configs/default.toml")
+    assert callable(a.func)
+    a = parser.parse_args(["--config", "g.toml", "experiment", "drift", "--config", "e.toml", "--out", "o", "--methods", "sao", "grpo"])
+    assert (a.config, a.experiment_config, a.out, a.methods) == ("g.toml", "e.toml", "o", ["sao", "grpo"])
+    a = parser.parse_args(["experiment", "stability", "--events", "3000"])
+    assert a.events == 3000 and a.experiment_config is None and callable(a.func)
+
+
+def test_simulate_with_a_bad_scenario_exits_2(tmp_path, capsys):
+    bad = tmp_path / "s.toml"
+    bad.write_text("[scenario]\nmax_events = 0\n[[segments]]\nname = 'a'\ntopics = ['cats']\nstyles = ['cute']\n")
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["simulate", "--scenario", str(bad)])
+    assert args.func(args) == 2
+    assert "scenario.max_events: must be > 0" in capsys.readouterr().err

@@ -1,0 +1,133 @@
+"""The baselines' batch selection and advantages (learner/methods.py) on tiny hand-made samples and an
+in-memory stand-in for the store's `rated_after`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+import torch
+
+from liveloop.learner.batch import make_batch
+from liveloop.learner.config import LearnerConfig
+from liveloop.learner.methods import GRPO, SAO, GRPODis, SlidingWindow, make_method
+
+
+@dataclass
+class _Feedback:
+    id: int
+    reward: int
+    created_at: datetime
+
+
+@dataclass
+class _Response:
+    prompt_ids: tuple
+    response_ids: np.ndarray = field(default_factory=lambda: np.array([5, 6, 7]))
+    behavior_logprobs: np.ndarray = field(default_factory=lambda: np.full(3, -1.0, np.float32))
+    action_mask: np.ndarray = field(default_factory=lambda: np.ones(3, np.uint8))
+    policy_version: int = 0
+    request_meta: dict | None = None
+
+
+class _Store:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, prompt, reward, t, group=None):
+        fid = len(self.rows) + 1
+        meta = {"group": group} if group else None
+        self.rows.append((_Feedback(fid, reward, datetime.fromtimestamp(t, timezone.utc)), _Response(tuple(prompt), request_meta=meta)))
+
+    def rated_after(self, after, n):
+        return [row for row in self.rows if row[0].id > after][:n]
+
+
+def test_make_method_and_config_validation():
+    assert isinstance(make_method(LearnerConfig()), SAO)
+    assert isinstance(make_method(LearnerConfig(method="sliding_window")), SlidingWindow)
+    assert isinstance(make_method(LearnerConfig(method="grpo")), GRPO)
+    assert isinstance(make_method(LearnerConfig(method="grpo_dis")), GRPODis)
+    with pytest.raises(ValueError, match="method must be"):
+        LearnerConfig(method="ppo")
+    with pytest.raises(ValueError, match="group_size"):
+        LearnerConfig(method="grpo", group_size=1)
+
+
+def test_sliding_window_advantage_uses_the_last_w_rewards_before_each_sample():
+    m = SlidingWindow(LearnerConfig(method="sliding_window", window=2, batch_size=4))
+    store = _Store()
+    for r in (1, 0, 1, 1):
+        store.add([1, 2], r, 0.0)
+    samples, last = m.next_batch(store, 0)
+    assert last == 4 and len(samples) == 4
+    batch = make_batch(samples)
+    adv, returns = m.advantages(batch, None)
+    assert returns is None
+    # baselines: [] -> 0, [1] -> 1, [1, 0] -> 0.5, [0, 1] -> 0.5 (window 2)
+    # A = r - baseline: [1 - 0, 0 - 1, 1 - 0.5, 1 - 0.5] = [1, -1, 0.5, 0.5], on every action token
+    assert adv.tolist() == [[1.0] * 3, [-1.0] * 3, [0.5] * 3, [0.5] * 3]
+    assert m.stats()["learner/window_baseline"] == 1.0  # window now [1, 1]
+    m.reset()
+    assert m.stats()["learner/window_fill"] == 0.0
+
+
+def test_sliding_window_waits_for_a_full_batch():
+    m = SlidingWindow(LearnerConfig(method="sliding_window", batch_size=2))
+    store = _Store()
+    store.add([1], 1, 0.0)
+    assert m.next_batch(store, 0) is None
+
+
+def test_grpo_waits_for_a_complete_group_and_measures_the_wait():
+    m = GRPO(LearnerConfig(method="grpo", group_size=3))
+    store = _Store()
+    store.add([1, 2], 1, 10.0, group="a")
+    store.add([1, 2], 0, 11.0, group="b")  # same prompt, another group tag: not mixed with "a"
+    store.add([1, 2], 0, 12.0, group="a")
+    assert m.next_batch(store, 0) is None  # "a" has 2 of 3
+    assert m.stats()["learner/groups_pending"] == 2.0
+    store.add([9], 1, 13.0)  # untagged: grouped by prompt ids
+    store.add([1, 2], 1, 14.5, group="a")
+    samples, last = m.next_batch(store, 0)
+    assert last == 5 and [s.reward for s in samples] == [1.0, 0.0, 1.0]
+    stats = m.stats()
+    assert stats["learner/group_wait_seconds"] == pytest.approx(4.5)  # 14.5 - 10.0
+    assert stats["learner/groups"] == 1.0 and stats["learner/groups_pending"] == 2.0
+    # rewards [1, 0, 1]: mean 2/3, population std sqrt(2)/3; A = [0.7071, -1.4142, 0.7071]
+    adv, returns = m.advantages(make_batch(samples), None)
+    assert returns is None
+    assert adv[:, 0].tolist() == pytest.approx([0.70710, -1.41421, 0.70710], abs=1e-4)
+    assert m.next_batch(store, 5) is None
+    store.add([9], 0, 15.0)
+    store.add([9], 0, 16.0)
+    samples, _ = m.next_batch(store, 5)
+    assert [s.reward for s in samples] == [1.0, 0.0, 0.0]  # the untagged prompt [9]
+    m.reset()
+    assert m.stats()["learner/groups_pending"] == 0.0
+
+
+def test_grpo_clips_and_grpo_dis_masks():
+    store = _Store()
+    for r in (1, 0):
+        store.add([3], r, 0.0, group="g")
+    cfg = dict(group_size=2, eps_low=0.3, eps_high=0.5, clip_eps=0.2)
+    grpo, dis = GRPO(LearnerConfig(method="grpo", **cfg)), GRPODis(LearnerConfig(method="grpo_dis", **cfg))
+    samples, _ = grpo.next_batch(store, 0)
+    batch = make_batch(samples)
+    adv, _ = grpo.advantages(batch, None)  # [1, -1]
+    # ratio 2 on every token (logprob -1 + ln 2 against behavior -1): above both bands
+    lp = (batch.behavior_logprobs + np.log(2.0)).requires_grad_()
+    loss, m = grpo.policy_loss(lp, batch, adv, torch.zeros(2))
+    # PPO: A=+1 tokens take min(2*1, 1.2*1) = 1.2; A=-1 tokens min(-2, -1.2) = -2 -> mean (1.2 - 2)/2 = -0.4, loss 0.4
+    assert loss.item() == pytest.approx(0.4, abs=1e-5) and m["learner/clip_fraction"] == 1.0
+    loss.backward()
+    assert lp.grad[0].abs().sum() == 0 and lp.grad[1].abs().sum() > 0  # clipped side flat, the other not
+    lp2 = (batch.behavior_logprobs + np.log(2.0)).requires_grad_()
+    loss2, m2 = dis.policy_loss(lp2, batch, adv, torch.zeros(2))
+    # two-sided mask (0.7, 1.5): ratio 2 is outside for both signs -> loss 0, no gradient at all
+    assert loss2.item() == 0.0 and m2["learner/kept_fraction"] == 0.0
+    loss2.backward()
+    assert lp2.grad.abs().sum() == 0
