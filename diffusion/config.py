@@ -5,11 +5,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from liveloop.config import ConfigError, load_section
+from liveloop.config import load_sections
 from liveloop.diffusion.sampler import SamplerConfig
 from liveloop.diffusion.sft import DiffusionBuildConfig
 from liveloop.diffusion.tasks import TASKS
@@ -81,22 +80,4 @@ _SECTIONS = {"bgpo": BGPOConfig, "sampler": SamplerConfig, "store": StoreConfig,
 
 
 def load_bgpo_config(path: str | Path | None = None, text: str | None = None) -> BGPOJobConfig:
-    if text is None and path is not None:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read config {path}: {exc}") from exc
-    try:
-        data = tomllib.loads(text or "")
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path or '<text>'}: invalid TOML: {exc}") from exc
-    for key in data:
-        if key not in _SECTIONS:
-            raise ConfigError(f"{key}: unknown section (known: {', '.join(sorted(_SECTIONS))})")
-    loaded = {}
-    for name, cls in _SECTIONS.items():
-        table = data.get(name, {})
-        if not isinstance(table, dict):
-            raise ConfigError(f"{name}: expected a table")
-        loaded[name] = load_section(cls, table, name)
-    return BGPOJobConfig(**loaded, path=str(path) if path else "<text>")
+    return BGPOJobConfig(**load_sections(_SECTIONS, path, text), path=str(path) if path else "<text>")

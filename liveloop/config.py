@@ -126,9 +126,9 @@ class Config:
         return dataclasses.replace(self, **{name: dataclasses.replace(getattr(self, name), **changes)})
 
 
-def load_config(path: str | Path | None = None, text: str | None = None) -> Config:
-    """Load a deployment config from a TOML file (or TOML text); missing sections take defaults."""
-    sections = _sections()
+def load_sections(sections: dict[str, type], path: str | Path | None = None, text: str | None = None) -> dict[str, Any]:
+    """Read a TOML file (or TOML text) into one dataclass per section; unknown sections, keys and
+    wrong types are ConfigErrors naming them; a missing section takes its defaults."""
     if text is None and path is not None:
         try:
             text = Path(path).read_text()
@@ -147,4 +147,9 @@ def load_config(path: str | Path | None = None, text: str | None = None) -> Conf
         if not isinstance(table, dict):
             raise ConfigError(f"{name}: expected a table")
         loaded[name] = load_section(cls, table, name)
-    return Config(**loaded, path=str(path) if path else "<text>")
+    return loaded
+
+
+def load_config(path: str | Path | None = None, text: str | None = None) -> Config:
+    """Load a deployment config from a TOML file (or TOML text); missing sections take defaults."""
+    return Config(**load_sections(_sections(), path, text), path=str(path) if path else "<text>")
