@@ -17,13 +17,10 @@ the policy version; BGPO recomputes the ELBO with its own shared masks. `top_log
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import math
-import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,13 +29,14 @@ import torch
 
 from liveloop.diffusion.model import MaskedDiffusionLM, load_diffusion_model
 from liveloop.diffusion.sampler import SamplerConfig, generate
-from liveloop.server.engines.base import Generation, GenerationRequest, TokenDelta, VersionGate
+from liveloop.server.engines.base import GenerationRequest, TokenDelta
+from liveloop.server.engines.threaded import Emit, ThreadedEngine
 
 
 @dataclass
 class _Job:
     request: GenerationRequest
-    emit: Callable[[TokenDelta | BaseException], None]
+    emit: Emit
     generator: torch.Generator
     cancelled: threading.Event
 
@@ -79,27 +77,17 @@ def sampler_defaults(model_path: str | Path) -> SamplerConfig:
     return SamplerConfig()
 
 
-class DiffusionEngine:
+class DiffusionEngine(ThreadedEngine):
     name = "diffusion"
+    thread_name = "liveloop-diffusion-engine"
 
     def __init__(self, config: Any, model_path: str | Path, sampler: SamplerConfig | None = None,
                  trust_remote_code: bool = False):
-        self.config = config
-        self.model_path = str(model_path)
-        self.max_model_len = config.max_model_len
+        super().__init__(config, model_path)
         self.sampler = sampler
         self.trust_remote_code = trust_remote_code
-        self._gate = VersionGate(0)
-        self._inbox: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._closing = threading.Event()
         self.model: MaskedDiffusionLM | None = None
         self.tokenizer: Any = None
-        self._seed_source = torch.Generator().manual_seed(config.seed)
-
-    @property
-    def version(self) -> int:
-        return self._gate.version
 
     async def start(self, version: int = 0, weights_path: str | None = None) -> None:
         self.model, self.tokenizer = load_diffusion_model(self.model_path, self.trust_remote_code, self.config.dtype)
@@ -108,60 +96,16 @@ class DiffusionEngine:
             self.sampler = sampler_defaults(self.model_path)
         if weights_path:
             load_state(self.model, weights_path, self.trust_remote_code)
-        self._gate.version = version
-        self._thread = threading.Thread(target=self._run, name="liveloop-diffusion-engine", daemon=True)
-        self._thread.start()
+        self._start_worker(version)
 
-    async def close(self) -> None:
-        self._closing.set()
-        self._inbox.put(None)
-        if self._thread:
-            await asyncio.to_thread(self._thread.join, 10)
+    def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator) -> _Job:
+        return _Job(request, emit, generator, threading.Event())
 
-    @contextlib.asynccontextmanager
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Generation]:
-        async with self._gate.reading() as version:
-            yield Generation(version, self._stream(request))
+    def _weights_module(self) -> torch.nn.Module:
+        return self.model.net
 
-    async def _stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
-        loop = asyncio.get_running_loop()
-        out: asyncio.Queue = asyncio.Queue()
-        seed = request.sampling.seed
-        if seed is None:
-            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seed_source))
-        job = _Job(request, lambda item: loop.call_soon_threadsafe(out.put_nowait, item),
-                   torch.Generator().manual_seed(seed), threading.Event())
-        self._inbox.put(job)
-        try:
-            while True:
-                item = await out.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
-        finally:
-            job.cancelled.set()
-
-    async def update_weights(self, weights: Any, version: int) -> float:
-        async def apply() -> None:
-            loop = asyncio.get_running_loop()
-            done: asyncio.Future = loop.create_future()
-
-            def swap() -> None:
-                backup = {k: v.clone() for k, v in self.model.net.state_dict().items()}
-                try:
-                    load_state(self.model, weights, self.trust_remote_code)
-                except BaseException as exc:  # restore: never serve a half-copied model
-                    load_state(self.model, backup)
-                    loop.call_soon_threadsafe(done.set_exception, exc)
-                    return
-                loop.call_soon_threadsafe(done.set_result, None)
-
-            self._inbox.put(swap)
-            await done
-
-        return await self._gate.swap(apply, version)
+    def _load_state(self, weights: Any) -> None:
+        load_state(self.model, weights, self.trust_remote_code)
 
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:

@@ -8,11 +8,9 @@ into the model on the worker thread.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,8 @@ from typing import Any
 import torch
 
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import Generation, GenerationRequest, TokenDelta, VersionGate
+from liveloop.server.engines.base import GenerationRequest, TokenDelta
+from liveloop.server.engines.threaded import Emit, ThreadedEngine
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -28,7 +27,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 @dataclass
 class _Active:
     request: GenerationRequest
-    emit: Callable[[TokenDelta | BaseException], None]
+    emit: Emit
     generator: torch.Generator
     cancelled: threading.Event
     cache: Any = None
@@ -66,23 +65,13 @@ def _tied(model: torch.nn.Module, key: str) -> bool:
     return key == "lm_head.weight" and bool(getattr(model.config, "tie_word_embeddings", False))
 
 
-class HFEngine:
+class HFEngine(ThreadedEngine):
     name = "hf"
+    thread_name = "liveloop-hf-engine"
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
-        self.config = config
-        self.model_path = str(model_path)
-        self.max_model_len = config.max_model_len
-        self._gate = VersionGate(0)
-        self._inbox: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._closing = threading.Event()
+        super().__init__(config, model_path)
         self.model: Any = None
-        self._seed_source = torch.Generator().manual_seed(config.seed)
-
-    @property
-    def version(self) -> int:
-        return self._gate.version
 
     async def start(self, version: int = 0, weights_path: str | None = None) -> None:
         from transformers import AutoModelForCausalLM
@@ -91,65 +80,16 @@ class HFEngine:
         self.model.eval()
         if weights_path:
             load_state(self.model, weights_path)
-        self._gate.version = version
-        self._thread = threading.Thread(target=self._run, name="liveloop-hf-engine", daemon=True)
-        self._thread.start()
+        self._start_worker(version)
 
-    async def close(self) -> None:
-        self._closing.set()
-        self._inbox.put(None)
-        if self._thread:
-            await asyncio.to_thread(self._thread.join, 10)
+    def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator) -> _Active:
+        return _Active(request, emit, generator, threading.Event(), stop=set(request.sampling.stop_token_ids))
 
-    @contextlib.asynccontextmanager
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Generation]:
-        async with self._gate.reading() as version:
-            yield Generation(version, self._stream(request))
+    def _weights_module(self) -> torch.nn.Module:
+        return self.model
 
-    async def _stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
-        loop = asyncio.get_running_loop()
-        out: asyncio.Queue = asyncio.Queue()
-        seed = request.sampling.seed
-        if seed is None:
-            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seed_source))
-        active = _Active(
-            request=request,
-            emit=lambda item: loop.call_soon_threadsafe(out.put_nowait, item),
-            generator=torch.Generator().manual_seed(seed),
-            cancelled=threading.Event(),
-            stop=set(request.sampling.stop_token_ids),
-        )
-        self._inbox.put(active)
-        try:
-            while True:
-                item = await out.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
-        finally:
-            active.cancelled.set()
-
-    async def update_weights(self, weights: Any, version: int) -> float:
-        async def apply() -> None:
-            done: asyncio.Future = asyncio.get_running_loop().create_future()
-            loop = asyncio.get_running_loop()
-
-            def job() -> None:
-                backup = {k: v.clone() for k, v in self.model.state_dict().items()}
-                try:
-                    load_state(self.model, weights)
-                except BaseException as exc:  # restore: never serve a half-copied model
-                    load_state(self.model, backup)
-                    loop.call_soon_threadsafe(done.set_exception, exc)
-                    return
-                loop.call_soon_threadsafe(done.set_result, None)
-
-            self._inbox.put(job)
-            await done
-
-        return await self._gate.swap(apply, version)
+    def _load_state(self, weights: Any) -> None:
+        load_state(self.model, weights)
 
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
