@@ -28,6 +28,19 @@ class LearnerConfig:
     window: int = field(default=256, metadata={"help": "sliding_window: W, rewards in the baseline's window"})
     group_size: int = field(default=4, metadata={"help": "grpo, grpo_dis: G, rated responses per prompt per step"})
     clip_eps: float = field(default=0.2, metadata={"help": "grpo: PPO clip epsilon"})
+    keep_last_versions: int = field(
+        default=8, metadata={"help": "checkpoint retention: keep the newest N published versions' checkpoints"}
+    )
+    keep_parent_chain: int = field(
+        default=4, metadata={"help": "checkpoint retention: keep the serving version's parent chain up to K back"}
+    )
+    max_per_key_per_batch: int = field(
+        default=1, metadata={"help": "influence cap: most ratings from one API key in one policy step"}
+    )
+    max_per_key_per_window: int = field(
+        default=20, metadata={"help": "influence cap: most trained ratings from one API key per window (0 = no cap)"}
+    )
+    influence_window_seconds: float = field(default=3600.0, metadata={"help": "the influence cap's window"})
     zero_stage: int = field(
         default=0, metadata={"help": "0: plain torch AdamW; 1-3: DeepSpeed ZeRO for the policy and critic optimizers"}
     )
@@ -41,5 +54,9 @@ class LearnerConfig:
             raise ValueError(f"method must be sao, sliding_window, grpo or grpo_dis, got {self.method!r}")
         if self.window < 1 or self.group_size < 2 or not (0 < self.clip_eps < 1):
             raise ValueError("window must be >= 1, group_size >= 2 and clip_eps in (0, 1)")
+        if self.keep_last_versions < 1 or self.keep_parent_chain < 0:
+            raise ValueError("keep_last_versions must be >= 1 and keep_parent_chain >= 0")
+        if self.max_per_key_per_batch < 1 or self.max_per_key_per_window < 0 or self.influence_window_seconds <= 0:
+            raise ValueError("max_per_key_per_batch must be >= 1, max_per_key_per_window >= 0, influence_window_seconds > 0")
         if not (0 < self.eps_low < 1) or self.eps_high <= 0:
             raise ValueError("eps_low must be in (0, 1) and eps_high > 0")

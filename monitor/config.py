@@ -19,6 +19,16 @@ class MonitorConfig:
     confidence: float = field(default=0.95, metadata={"help": "confidence of the rate intervals"})
     poll_seconds: float = field(default=1.0, metadata={"help": "how often the server reads new ratings"})
     replay_events: int = field(default=20000, metadata={"help": "ratings replayed into the detector at start"})
+    max_segments: int = field(
+        default=64, metadata={"help": "per-segment detectors kept; later segments share one `overflow` detector"}
+    )
+    quarantine_z: float = field(
+        default=0.0,
+        metadata={"help": "auto-quarantine a key whose disagreement score (a z-score) exceeds this (0 = off)"},
+    )
+    quarantine_min_ratings: int = field(
+        default=30, metadata={"help": "ratings with a consensus a key needs before it can be auto-quarantined"}
+    )
     guard: bool = field(default=False, metadata={"help": "roll back a version significantly worse than its parent"})
     guard_min_ratings: int = field(default=100, metadata={"help": "ratings a version needs before the guard judges it"})
     guard_p_value: float = field(default=0.01, metadata={"help": "one-sided p-value that counts as significantly worse"})
@@ -32,5 +42,7 @@ class MonitorConfig:
             raise ValueError("window_seconds and poll_seconds must be > 0")
         if not 0 < self.confidence < 1 or not 0 < self.guard_p_value < 1:
             raise ValueError("confidence and guard_p_value must be in (0, 1)")
+        if self.max_segments < 1 or self.quarantine_z < 0 or self.quarantine_min_ratings < 1:
+            raise ValueError("max_segments must be >= 1, quarantine_z >= 0 and quarantine_min_ratings >= 1")
         if self.guard_min_ratings < 1 or self.replay_events < 0:
             raise ValueError("guard_min_ratings must be >= 1 and replay_events >= 0")

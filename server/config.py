@@ -11,10 +11,29 @@ class ServerConfig:
     default_max_tokens: int = field(default=128, metadata={"help": "max_tokens when a request gives none"})
     max_tokens_limit: int = field(default=512, metadata={"help": "largest max_tokens a request may ask for"})
     log_level: str = field(default="info", metadata={"help": "uvicorn log level"})
+    chat_requests_per_minute: int = field(
+        default=600, metadata={"help": "per API key: chat/completion requests per minute (429 beyond; 0 = no limit)"}
+    )
+    feedback_per_minute: int = field(
+        default=1200, metadata={"help": "per API key: ratings (and deletes) per minute (429 beyond; 0 = no limit)"}
+    )
+    max_concurrent_per_key: int = field(default=16, metadata={"help": "generations one API key may run at once"})
+    max_concurrent_total: int = field(
+        default=256, metadata={"help": "generations running or waiting for the engine, all keys together"}
+    )
+    retry_after_seconds: int = field(default=1, metadata={"help": "Retry-After on a 503 when the log queue is full"})
+    allow_dev_keys_on_public_bind: bool = field(
+        default=False,
+        metadata={"help": "let a non-loopback host start with auth.dev_* keys (refused by default: they are public)"},
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError("port must be in 1..65535")
+        if min(self.chat_requests_per_minute, self.feedback_per_minute) < 0:
+            raise ValueError("chat_requests_per_minute and feedback_per_minute must be >= 0 (0 = no limit)")
+        if self.max_concurrent_per_key < 1 or self.max_concurrent_total < 1 or self.retry_after_seconds < 1:
+            raise ValueError("max_concurrent_per_key, max_concurrent_total and retry_after_seconds must be >= 1")
         if self.default_max_tokens < 1 or self.max_tokens_limit < 1:
             raise ValueError("default_max_tokens and max_tokens_limit must be >= 1")
 
@@ -49,6 +68,13 @@ class EngineConfig:
     checkpoint_dir: str = field(
         default="data/checkpoints", metadata={"help": "where tensors pushed to update_weights are written"}
     )
+    drain_deadline_seconds: float = field(
+        default=30.0,
+        metadata={
+            "help": "a swap waits this long for in-flight generations; then the stragglers are ended "
+            "(finish_reason 'abort', every token logged under the version that produced it) and the swap proceeds"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.backend not in ("vllm", "hf", "diffusion"):
@@ -57,3 +83,5 @@ class EngineConfig:
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_model_len < 16:
             raise ValueError("max_model_len must be >= 16")
+        if self.drain_deadline_seconds <= 0:
+            raise ValueError("drain_deadline_seconds must be > 0")

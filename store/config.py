@@ -14,7 +14,13 @@ class StoreConfig:
     )
     batch_max: int = field(default=512, metadata={"help": "most rows the writer commits in one transaction"})
     queue_max: int = field(
-        default=8192, metadata={"help": "most writes waiting for the writer; beyond it requests wait (backpressure)"}
+        default=8192, metadata={"help": "most writes waiting for the writer; beyond it requests get 503 + Retry-After"}
+    )
+    retain_days: float = field(
+        default=0.0, metadata={"help": "delete responses and ratings older than this many days (0 = keep for ever)"}
+    )
+    retention_interval_seconds: float = field(
+        default=3600.0, metadata={"help": "how often the server applies retain_days"}
     )
     sqlite_synchronous: str = field(
         default="FULL", metadata={"help": "SQLite PRAGMA synchronous (FULL: a commit survives power loss)"}
@@ -25,5 +31,7 @@ class StoreConfig:
             raise ValueError("batch_max must be >= 1")
         if self.queue_max < 1:
             raise ValueError("queue_max must be >= 1")
+        if self.retain_days < 0 or self.retention_interval_seconds <= 0:
+            raise ValueError("retain_days must be >= 0 and retention_interval_seconds > 0")
         if self.sqlite_synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ValueError("sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA")

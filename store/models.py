@@ -1,5 +1,5 @@
 """SQLAlchemy 2.0 typed models: policy_versions, responses, feedback, learner_cursor, learner_control,
-operator_events.
+operator_events, api_keys.
 
 The schema is owned by the Alembic migrations in `migrations/`; these classes mirror it for queries.
 Token arrays are binary columns (see `codec`).
@@ -8,7 +8,7 @@ Token arrays are binary columns (see `codec`).
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, LargeBinary, SmallInteger, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, LargeBinary, SmallInteger, String, Text
 from sqlalchemy import UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -34,6 +34,8 @@ class PolicyVersion(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     status: Mapped[str] = mapped_column(String(16), default="serving")
     note: Mapped[str | None] = mapped_column(Text)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)  # an operator keeps its checkpoint
+    pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # checkpoint deleted
 
 
 class Response(Base):
@@ -51,7 +53,7 @@ class Response(Base):
     finish_reason: Mapped[str] = mapped_column(String(16))
     temperature: Mapped[float] = mapped_column(Float)
     top_p: Mapped[float] = mapped_column(Float)
-    seed: Mapped[int | None] = mapped_column(Integer)
+    seed: Mapped[int | None] = mapped_column(BigInteger)
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
     latency_ms: Mapped[float] = mapped_column(Float)
@@ -61,8 +63,9 @@ class Response(Base):
 
 
 class Feedback(Base):
-    """One rating per (response, api key). A repeat replaces the row with a new id, so the learner,
-    which reads feedback in id order past its cursor, sees the latest rating."""
+    """One rating per (response, api key). A change of mind updates the row in place (same id,
+    `revisions` + 1): the learner, which reads feedback in id order past its cursor, trains the
+    latest value if it has not reached the row yet, and never trains the pair twice."""
 
     __tablename__ = "feedback"
     __table_args__ = (
@@ -72,10 +75,12 @@ class Feedback(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     response_id: Mapped[str] = mapped_column(ForeignKey("responses.id"), index=True)
-    api_key_id: Mapped[str] = mapped_column(String(32))
+    api_key_id: Mapped[str] = mapped_column(String(32), index=True)
     reward: Mapped[int] = mapped_column(SmallInteger)
     comment: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    revisions: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class LearnerCursor(Base):
@@ -110,3 +115,16 @@ class OperatorEvent(Base):
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     api_key_id: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+
+class ApiKey(Base):
+    """What operators decided about one API key (by its digest): quarantined keys' ratings are kept
+    but never trained on or replayed; `forgotten_at` records a forget (its rows are deleted)."""
+
+    __tablename__ = "api_keys"
+
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    quarantined: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    forgotten_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -85,6 +85,8 @@ class VersionRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     status: str = "serving"
     note: str | None = None
+    pinned: bool = False  # an operator keeps its checkpoint whatever retention says
+    pruned_at: datetime | None = None  # when retention deleted its checkpoint (then it cannot serve again)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from liveloop.store import codec, migrate
 from liveloop.store.config import StoreConfig
 from liveloop.store.db import make_engine
 from liveloop.store.models import Feedback, LearnerCursor, PolicyVersion, Response, utcnow
+from liveloop.store.checkpoints import CheckpointQueries
+from liveloop.store.keys import KeyQueries
 from liveloop.store.operator import OperatorQueries
 from liveloop.store.records import (
     FeedbackRecord,
@@ -109,6 +111,8 @@ def _version_record(row: PolicyVersion) -> VersionRecord:
         metrics=dict(row.metrics or {}),
         status=row.status,
         note=row.note,
+        pinned=bool(row.pinned),
+        pruned_at=_aware(row.pruned_at) if row.pruned_at else None,
     )
 
 
@@ -116,7 +120,7 @@ def _aware(ts: datetime) -> datetime:
     return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 
 
-class Store(OperatorQueries):
+class Store(OperatorQueries, CheckpointQueries, KeyQueries):
     def __init__(self, config: StoreConfig):
         self.config = config
         self.engine = make_engine(config)
