@@ -49,11 +49,12 @@ def _model_dir(config: Config, build: bool = True) -> Path:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from liveloop.server.app import create_app
+    from liveloop.server.app import check_bind, create_app
 
     config = _config(args)
     server = dataclasses.replace(config.server, host=args.host or config.server.host, port=args.port or config.server.port)
     config = dataclasses.replace(config, server=server)
+    check_bind(config)  # before building or loading anything
     if args.engine:
         config = config.with_section("engine", backend=args.engine)
     if args.no_learner:

@@ -4,8 +4,12 @@ Start-up, in order: 1. open the store and bring its schema to head (or refuse to
 serving version (the newest "serving" row, else version 0 = the configured model); 3. start the engine
 on that version's weights; 4. start the group-commit writer; 5. watch for versions learners publish
 and the feedback stream for drift (`Operations`);
-6. start the co-located learner (a Ray actor) when `[learner] enabled`. Shut-down reverses it: the
-learner publishes what it has, and every queued row is flushed before the process exits.
+6. start the co-located learner (a Ray actor) when `[learner] enabled`; 7. apply `[store] retain_days`
+periodically. Shut-down reverses it: the learner publishes what it has, and every queued row is
+flushed before the process exits.
+
+`check_bind` refuses, before anything starts, to listen beyond loopback with the shipped
+development keys (they are public: anyone could use them).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ from fastapi import FastAPI
 
 from liveloop.config import Config
 from liveloop.metrics import Metrics
+from liveloop.server.admission import Admission
 from liveloop.server.auth import KeyRing, Sessions
 from liveloop.server.body import BodyLimit
 from liveloop.server.engines.base import Engine, create_engine
@@ -33,6 +39,40 @@ from liveloop.server.serving import Serving
 from liveloop.store import BatchWriter, Store
 
 log = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class UnsafeBind(ValueError):
+    """The server would listen beyond loopback with the public development keys."""
+
+
+def check_bind(config: Config) -> None:
+    host = config.server.host
+    if host in LOOPBACK or host.startswith("127."):
+        return
+    if (config.auth.dev_user_keys or config.auth.dev_admin_keys) and not config.server.allow_dev_keys_on_public_bind:
+        raise UnsafeBind(
+            f"server.host = {host!r} listens beyond loopback, but auth.dev_user_keys / auth.dev_admin_keys hold the "
+            "shipped development keys, which anyone can read: remove them and pass keys in "
+            f"{config.auth.user_keys_env} / {config.auth.admin_keys_env} (or auth.*_key_sha256), "
+            "or listen on 127.0.0.1"
+        )
+
+
+async def apply_retention(store: Store, retain_days: float, interval: float) -> None:
+    """Delete responses and ratings older than `retain_days`, every `interval` seconds, until cancelled."""
+    while True:
+        try:
+            cutoff = datetime.now(timezone.utc) - timedelta(days=retain_days)
+            deleted = await asyncio.to_thread(store.delete_before, cutoff)
+            if deleted.responses:
+                log.info("retention: deleted %d responses and %d ratings older than %s", deleted.responses, deleted.ratings, cutoff)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("retention")
+        await asyncio.sleep(interval)
 
 
 @dataclass
@@ -69,7 +109,7 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     # 4. writer
     writer = BatchWriter(store).start()
     metrics = Metrics()
-    serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir)
+    serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server))
     publisher = Publisher(engine, store, metrics, config.learner.cursor_name)
     operations = Operations(config.monitor, store, publisher, metrics)
     return Components(store, writer, engine, tokenizer, metrics, keys, serving, publisher, operations)
@@ -82,6 +122,8 @@ async def stop_components(c: Components) -> None:
 
 
 def create_app(config: Config, model_dir: Path) -> FastAPI:
+    check_bind(config)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         c = await start_components(config, model_dir)
@@ -91,6 +133,9 @@ def create_app(config: Config, model_dir: Path) -> FastAPI:
         app.state.learner = None
         watcher = asyncio.create_task(c.publisher.watch(config.learner.poll_seconds))
         monitor = asyncio.create_task(c.operations.run()) if config.monitor.enabled else None
+        retention = None
+        if config.store.retain_days > 0:
+            retention = asyncio.create_task(apply_retention(c.store, config.store.retain_days, config.store.retention_interval_seconds))
         log.info("serving %s version %d on %s", config.engine.served_model_name, c.engine.version, c.engine.name)
         try:
             if config.learner.enabled:
@@ -104,8 +149,9 @@ def create_app(config: Config, model_dir: Path) -> FastAPI:
             if app.state.learner is not None:
                 await asyncio.to_thread(app.state.learner.close)
             watcher.cancel()
-            if monitor is not None:
-                monitor.cancel()
+            for task in (monitor, retention):
+                if task is not None:
+                    task.cancel()
             await stop_components(c)
 
     app = FastAPI(title="liveloop", version="0.1.0", lifespan=lifespan)

@@ -1,5 +1,7 @@
 """OpenAI-style errors: every failure leaves the server as `{"error": {message, type, param, code}}`
-with the right status. Handlers turn validation and parsing failures into 400s, never 422 or 500."""
+with the right status. Handlers turn validation and parsing failures into 400s, never 422 or 500;
+domain exceptions (back-pressure, rate limits, a store that is down) are mapped to HTTP here, in one
+table, with `Retry-After` where waiting helps."""
 
 from __future__ import annotations
 
@@ -29,20 +31,48 @@ _TYPES = {
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None, retry_after: int | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.retry_after = retry_after
+
+
+def domain_error(exc: BaseException) -> APIError | None:
+    """The HTTP form of a domain exception, or None for one that is a bug (a 500)."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    from liveloop.server.admission import Busy, RateLimited
+    from liveloop.store import WriterDown, WriterFull
+
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, RateLimited):
+        return APIError(429, str(exc), code="rate_limit_exceeded", retry_after=exc.retry_after)
+    if isinstance(exc, Busy):
+        return APIError(429, str(exc), code="too_many_concurrent_requests", retry_after=exc.retry_after)
+    if isinstance(exc, WriterFull):
+        return APIError(503, "the server is busy logging; please retry", code="log_queue_full", retry_after=1)
+    if isinstance(exc, WriterDown):
+        return APIError(503, "the server cannot log responses right now; please retry", code="log_unavailable", retry_after=5)
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return APIError(503, "the store is unavailable; please retry", code="store_unavailable", retry_after=5)
+    return None
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status)
+def error_response(
+    status: int, message: str, param: str | None = None, code: str | None = None, retry_after: int | None = None
+) -> JSONResponse:
+    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
 def validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
@@ -60,7 +90,7 @@ def validation_message(exc: ValidationError | RequestValidationError) -> tuple[s
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code)
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.retry_after)
 
     @app.exception_handler(ValidationError)
     async def _validation(_: Request, exc: ValidationError) -> JSONResponse:
@@ -78,5 +108,8 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        mapped = domain_error(exc)
+        if mapped is not None:
+            return error_response(mapped.status, mapped.message, mapped.param, mapped.code, mapped.retry_after)
         log.exception("unexpected error")
         return error_response(500, "internal server error")

@@ -1,5 +1,9 @@
 """Pydantic models of the HTTP edge (OpenAI-compatible requests, liveloop's feedback). Only here:
-everything behind the edge speaks typed dataclasses."""
+everything behind the edge speaks typed dataclasses.
+
+Every number and length a request carries is bounded here by what the engines and both stores can
+hold (seeds are 64-bit signed, counts 32-bit, floats finite), so a bad value is a 400 naming the
+field before anything runs, never an error after generation."""
 
 from __future__ import annotations
 
@@ -8,10 +12,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Stop = str | list[str] | None
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 1024
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class TextPart(_Strict):
@@ -22,7 +30,7 @@ class TextPart(_Strict):
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
-    name: str | None = None
+    name: Annotated[str, Field(max_length=64)] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -36,19 +44,20 @@ class StreamOptions(_Strict):
 
 class _Sampling(_Strict):
     model: str
-    max_tokens: Annotated[int, Field(gt=0)] | None = None
+    max_tokens: Annotated[int, Field(gt=0, le=INT32_MAX)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     stop: Stop = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1
-    user: str | None = None
+    user: Annotated[str, Field(max_length=256)] | None = None
     metadata: dict[str, str] | None = Field(default=None, description="tags stored with the response")
     presence_penalty: Literal[0, 0.0] = 0.0
     frequency_penalty: Literal[0, 0.0] = 0.0
     return_token_ids: bool = Field(default=False, description="extension: include prompt/completion token ids")
+    store: bool = Field(default=True, description="false: serve the request and log nothing (no row, no training)")
 
     @field_validator("stop")
     @classmethod
@@ -58,6 +67,8 @@ class _Sampling(_Strict):
             raise ValueError("at most 4 stop sequences")
         if any(not s for s in stops):
             raise ValueError("stop sequences must be non-empty")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop sequences must be at most {MAX_STOP_CHARS} characters")
         return v
 
     @field_validator("metadata")
@@ -73,7 +84,7 @@ class _Sampling(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage]
-    max_completion_tokens: Annotated[int, Field(gt=0)] | None = None
+    max_completion_tokens: Annotated[int, Field(gt=0, le=INT32_MAX)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
@@ -82,6 +93,8 @@ class ChatCompletionRequest(_Sampling):
     def _non_empty(cls, v: list[ChatMessage]) -> list[ChatMessage]:
         if not v:
             raise ValueError("messages must not be empty")
+        if len(v) > MAX_MESSAGES:
+            raise ValueError(f"at most {MAX_MESSAGES} messages")
         return v
 
     @model_validator(mode="after")
@@ -107,8 +120,8 @@ class CompletionRequest(_Sampling):
                 if len(v) != 1:
                     raise ValueError("only one prompt per request is supported")
                 return v[0]
-            if any(t < 0 for t in v):
-                raise ValueError("token ids must be >= 0")
+            if any(t < 0 or t > INT32_MAX for t in v):
+                raise ValueError(f"token ids must be in 0..{INT32_MAX}")
         elif v == "":
             raise ValueError("prompt must not be empty")
         return v
@@ -131,12 +144,12 @@ class FeedbackRequest(_Strict):
 
 
 class SwapRequest(_Strict):
-    path: Annotated[str, Field(min_length=1)]
-    note: str | None = None
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    note: Annotated[str, Field(max_length=1000)] | None = None
 
 
 class RollbackRequest(_Strict):
-    version: Annotated[int, Field(ge=0)]
+    version: Annotated[int, Field(ge=0, le=INT32_MAX)]
     reason: Annotated[str, Field(max_length=1000)] | None = None
 
 

@@ -3,15 +3,22 @@ sampling params (with every limit checked before anything runs), an admitted gen
 version is known before the first byte goes out, text and stop strings, and the durable log record.
 
     prepared = serving.prepare_chat(request, principal)      # raises APIError on bad input
-    async with serving.run(prepared) as run:                  # admitted: run.version
+    async with serving.run(prepared) as run:                  # admitted (a generation slot, the engine's gate): run.version
         async for piece in run: ...                           # text + tokens as they arrive
-        await run.commit()                                    # durable in the store; then reply
+        await serving.commit(run)                             # durable in the store; then reply
+
+However the caller ends (finished, failed, its client gone, its task cancelled), leaving `run` stops the
+engine request, releases the slot and the gate, and logs a response that was not committed yet, once:
+that clean-up runs shielded from cancellation, so a vanished client can neither lose its record nor
+leave the engine's gate held. A request with `store: false` is served and never logged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,14 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from liveloop.metrics import Metrics
+from liveloop.server.admission import Admission
 from liveloop.server.auth import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams
 from liveloop.server.errors import APIError
 from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest
 from liveloop.server.text import TextStream
-from liveloop.store import BatchWriter, ResponseRecord
+from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,7 @@ class Prepared:
     principal: Principal
     meta: dict[str, str] | None
     created: int
+    store: bool = True  # False: serve, never log (OpenAI's `store: false`)
 
 
 @dataclass
@@ -89,8 +102,10 @@ class Serving:
         server: ServerConfig,
         engine_config: EngineConfig,
         model_dir: Path,
+        admission: Admission | None = None,
     ):
         self.engine = engine
+        self.admission = admission or Admission(server)
         self.tokenizer = tokenizer
         self.writer = writer
         self.metrics = metrics
@@ -167,25 +182,43 @@ class Serving:
             principal=principal,
             meta=dict(req.metadata) if req.metadata else None,
             created=int(time.time()),
+            store=req.store,
         )
 
     # -- 2. admitted generation -> pieces ------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def run(self, prepared: Prepared) -> AsyncIterator[Run]:
-        request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling)
-        async with self.engine.generate(request) as gen:
+        with self.admission.generation(prepared.principal.key_id):  # raises Busy: nothing started
+            request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling)
+            admitted = self.engine.generate(request)
+            gen = await admitted.__aenter__()
             run = Run(prepared, gen.version, None)  # type: ignore[arg-type]
             run.stream = self._pieces(run, gen)
             try:
                 yield run
             finally:
-                await run.stream.aclose()
-                await gen.stream.aclose()  # aborts the engine request if it is still running
-                if not run.committed:  # the client went away: keep the record, nobody waits for it
-                    run.finish_reason = run.finish_reason or "abort"
-                    run.ended = run.ended or time.perf_counter()
-                    self.writer.submit(self._record(run))
-                    run.committed = True
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await run.stream.aclose()
+                        await gen.stream.aclose()  # aborts the engine request if it is still running
+                    finally:
+                        self._log_abandoned(run)
+                        await admitted.__aexit__(None, None, None)
+
+    def _log_abandoned(self, run: Run) -> None:
+        """The client went away before the commit: keep the record, nobody waits for it."""
+        if run.committed:
+            return
+        run.committed = True
+        if not run.prepared.store:
+            return
+        run.finish_reason = run.finish_reason or "abort"
+        run.ended = run.ended or time.perf_counter()
+        try:
+            self.writer.submit(self._record(run))
+        except (WriterFull, WriterDown) as exc:
+            self.metrics.inc("server/log_dropped")
+            log.error("response %s of a vanished client not logged: %s", run.prepared.response_id, exc)
 
     async def _pieces(self, run: Run, gen: AsyncIterator) -> AsyncIterator[Piece]:
         text = TextStream(self.tokenizer, run.prepared.stops)
@@ -233,14 +266,20 @@ class Serving:
         )
 
     async def commit(self, run: Run) -> None:
-        """Write the response durably; only then may the client be told it is complete."""
+        """Write the response durably; only then may the client be told it is complete. Raises
+        WriterFull / WriterDown (nothing was queued) or APIError 503 (the store refused it)."""
         record = self._record(run)
+        if run.prepared.store:
+            fut = self.writer.submit(record)  # raises before anything is queued
+            run.committed = True
+            try:
+                await asyncio.shield(asyncio.wrap_future(fut))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.metrics.inc("server/log_failures")
+                raise APIError(503, "the response could not be logged; please retry", retry_after=1) from exc
         run.committed = True
-        try:
-            await self.writer.write(record)
-        except Exception as exc:
-            self.metrics.inc("server/log_failures")
-            raise APIError(503, "the response could not be logged; please retry") from exc
         self.metrics.inc("server/responses", endpoint=run.prepared.endpoint)
         self.metrics.inc("server/completion_tokens", len(run.token_ids))
         self.metrics.observe("server/latency_seconds", record.latency_ms / 1000)

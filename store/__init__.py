@@ -11,7 +11,7 @@ from liveloop.store.config import StoreConfig
 from liveloop.store.operator import RollbackRefused, StaleLineage
 from liveloop.store.records import FeedbackRecord, RatingEvent, ResponseRecord, VersionRecord
 from liveloop.store.store import ResponseNotFound, SchemaNotReady, Store
-from liveloop.store.writer import BatchWriter
+from liveloop.store.writer import BatchWriter, WriterDown, WriterFull, WriterHealth
 
 __all__ = [
     "BatchWriter",
@@ -25,4 +25,7 @@ __all__ = [
     "StaleLineage",
     "StoreConfig",
     "VersionRecord",
+    "WriterDown",
+    "WriterFull",
+    "WriterHealth",
 ]

@@ -50,6 +50,7 @@ class StoredFeedback:
     reward: int
     comment: str | None
     created_at: datetime
+    revisions: int = 0  # how often the key changed its mind (the row keeps its id)
 
 
 @dataclass(frozen=True)

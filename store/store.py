@@ -13,17 +13,18 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, tuple_, update
+from sqlalchemy import delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from liveloop.store import codec, migrate
 from liveloop.store.config import StoreConfig
 from liveloop.store.db import make_engine
-from liveloop.store.models import Feedback, LearnerCursor, PolicyVersion, Response, utcnow
+from liveloop.store.models import ApiKey, Feedback, LearnerCursor, PolicyVersion, Response, utcnow
 from liveloop.store.checkpoints import CheckpointQueries
 from liveloop.store.keys import KeyQueries
 from liveloop.store.operator import OperatorQueries
+from liveloop.store.rights import RightsQueries
 from liveloop.store.records import (
     FeedbackRecord,
     ResponseRecord,
@@ -96,7 +97,9 @@ def _stored_response(row: Response) -> StoredResponse:
 
 
 def _stored_feedback(row: Feedback) -> StoredFeedback:
-    return StoredFeedback(row.id, row.response_id, row.api_key_id, row.reward, row.comment, _aware(row.created_at))
+    return StoredFeedback(
+        row.id, row.response_id, row.api_key_id, row.reward, row.comment, _aware(row.created_at), row.revisions or 0
+    )
 
 
 def _version_record(row: PolicyVersion) -> VersionRecord:
@@ -120,7 +123,7 @@ def _aware(ts: datetime) -> datetime:
     return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 
 
-class Store(OperatorQueries, CheckpointQueries, KeyQueries):
+class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
     def __init__(self, config: StoreConfig):
         self.config = config
         self.engine = make_engine(config)
@@ -264,11 +267,14 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries):
 
     # -- served traffic -----------------------------------------------------------------------
     def write_batch(self, ops: Sequence[WriteOp]) -> list[Any]:
-        """Apply a batch in one transaction; returns, per op, its result or the exception it raised."""
+        """Apply a batch in one transaction; returns, per op, its result or the exception it raised.
+        If the batch fails, each op is retried alone so that one bad row (a value the database
+        cannot hold, a constraint) fails only itself; if every op fails alone too, the database
+        itself is failing and the error is raised."""
         try:
             with self._session.begin() as s:
                 return self._apply(s, ops)
-        except SQLAlchemyError:
+        except Exception:
             if len(ops) == 1:
                 raise
         results: list[Any] = []
@@ -276,9 +282,16 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries):
             try:
                 with self._session.begin() as s:
                     results.extend(self._apply(s, [op]))
-            except SQLAlchemyError as exc:
+            except Exception as exc:
                 results.append(exc)
+        if all(isinstance(r, Exception) and not isinstance(r, ResponseNotFound) for r in results):
+            raise results[0]
         return results
+
+    def ping(self) -> None:
+        """Raise if the database cannot answer a trivial query."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
 
     def _apply(self, s: Session, ops: Sequence[WriteOp]) -> list[Any]:
         results: list[Any] = [None] * len(ops)
@@ -293,34 +306,44 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries):
         return results
 
     def _put_ratings(self, s: Session, ratings: list[tuple[int, FeedbackRecord]], results: list[Any]) -> None:
-        """Set-based: one owner lookup, one delete of replaced ratings, one insert for the batch."""
+        """Set-based: one owner lookup, one lookup of earlier ratings, one insert for the new ones.
+        A (response, key) pair has ONE row for ever: a change of mind updates it in place (same id,
+        `revisions` + 1), so a learner past that id never trains the pair again, and one that has
+        not reached it yet trains the latest value. The same pair twice in a batch: the last wins."""
         wanted = {op.response_id for _, op in ratings}
         owners = dict(s.execute(select(Response.id, Response.api_key_id).where(Response.id.in_(wanted))).all())
-        valid = []
+        by_pair: dict[tuple[str, str], list[tuple[int, FeedbackRecord]]] = {}
         for i, op in ratings:
             if owners.get(op.response_id) != op.api_key_id:
                 results[i] = ResponseNotFound(op.response_id)
             else:
-                valid.append((i, op))
-        if not valid:
+                by_pair.setdefault((op.response_id, op.api_key_id), []).append((i, op))
+        if not by_pair:
             return
-        pairs = [(op.response_id, op.api_key_id) for _, op in valid]
-        if len(set(pairs)) < len(pairs):  # the same key rated the same response twice in one batch
-            for i, op in valid:
-                results[i] = self._put_ratings_in_order(s, op)
-            return
-        s.execute(delete(Feedback).where(tuple_(Feedback.response_id, Feedback.api_key_id).in_(pairs)))
+        existing = {
+            (row.response_id, row.api_key_id): row
+            for row in s.scalars(select(Feedback).where(tuple_(Feedback.response_id, Feedback.api_key_id).in_(list(by_pair))))
+        }
         now = utcnow()
-        rows = [_feedback_row(op, now) for _, op in valid]
-        ids = s.execute(insert(Feedback).returning(Feedback.id, sort_by_parameter_order=True), rows).scalars().all()
-        for (i, op), fid in zip(valid, ids):
-            results[i] = StoredFeedback(fid, op.response_id, op.api_key_id, op.reward, op.comment, now)
-
-    def _put_ratings_in_order(self, s: Session, op: FeedbackRecord) -> StoredFeedback:
-        s.execute(delete(Feedback).where(Feedback.response_id == op.response_id, Feedback.api_key_id == op.api_key_id))
-        now = utcnow()
-        fid = s.execute(insert(Feedback).returning(Feedback.id), [_feedback_row(op, now)]).scalar_one()
-        return StoredFeedback(fid, op.response_id, op.api_key_id, op.reward, op.comment, now)
+        fresh = []
+        for pair, ops in by_pair.items():
+            last = ops[-1][1]
+            row = existing.get(pair)
+            if row is None:
+                fresh.append((ops, _feedback_row(last, now) | {"revisions": len(ops) - 1}))
+                continue
+            row.reward, row.comment, row.updated_at = last.reward, last.comment, now
+            row.revisions = (row.revisions or 0) + len(ops)
+            stored = _stored_feedback(row)
+            for i, _ in ops:
+                results[i] = stored
+        if fresh:
+            rows = [row for _, row in fresh]
+            ids = s.execute(insert(Feedback).returning(Feedback.id, sort_by_parameter_order=True), rows).scalars().all()
+            for (ops, row), fid in zip(fresh, ids):
+                stored = StoredFeedback(fid, row["response_id"], row["api_key_id"], row["reward"], row["comment"], now, row["revisions"])
+                for i, _ in ops:
+                    results[i] = stored
 
     def insert_responses(self, records: Sequence[ResponseRecord]) -> None:
         with self._session.begin() as s:
@@ -343,12 +366,15 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries):
             return [_stored_feedback(r) for r in rows]
 
     def rated_after(self, feedback_id: int, limit: int) -> list[tuple[StoredFeedback, StoredResponse]]:
-        """The next `limit` ratings past `feedback_id`, in arrival order, with their responses."""
+        """The next `limit` trainable ratings past `feedback_id`, in arrival order, with their
+        responses. Ratings of quarantined keys are kept in the store but never returned here, so no
+        training or replay reads them."""
         with self._session() as s:
             rows = s.execute(
                 select(Feedback, Response)
                 .join(Response, Response.id == Feedback.response_id)
-                .where(Feedback.id > feedback_id)
+                .outerjoin(ApiKey, ApiKey.key_id == Feedback.api_key_id)
+                .where(Feedback.id > feedback_id, or_(ApiKey.quarantined.is_(None), ApiKey.quarantined.is_(False)))
                 .order_by(Feedback.id)
                 .limit(limit)
             ).all()

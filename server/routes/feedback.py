@@ -1,4 +1,10 @@
-"""POST /v1/feedback: a thumbs up/down for a response this API key received; GET /v1/versions."""
+"""POST /v1/feedback: a thumbs up/down for a response this API key received; DELETE
+/v1/responses/{id}: the key that received a response deletes it with its ratings; GET /v1/versions.
+
+The rule for ratings: one (response, key) pair is one training sample at most. A change of mind
+replaces the stored rating in place; the learner trains the latest value if it has not reached that
+rating yet, and never trains the pair again after (the change is still stored and counted by the
+per-version reward figures)."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ router = APIRouter(prefix="/v1")
 
 @router.post("/feedback")
 async def feedback(request: Request, principal: Principal = Depends(require_user)) -> dict:
+    request.app.state.serving.admission.check_rate("feedback", principal.key_id)
     req = await parse_body(request, FeedbackRequest)
     record = FeedbackRecord(req.response_id, principal.key_id, int(req.reward), req.comment)
     try:
@@ -32,7 +39,20 @@ async def feedback(request: Request, principal: Principal = Depends(require_user
         "reward": stored.reward,
         "comment": stored.comment,
         "created": int(stored.created_at.timestamp()),
+        "revisions": stored.revisions,
     }
+
+
+@router.delete("/responses/{response_id}")
+async def delete_response(response_id: str, request: Request, principal: Principal = Depends(require_user)) -> dict:
+    """Delete a response this key received, and its ratings: no later training or replay reads it."""
+    request.app.state.serving.admission.check_rate("feedback", principal.key_id)
+    if not 0 < len(response_id) <= 64:
+        raise APIError(400, "response_id: 1 to 64 characters", param="response_id")
+    deleted = await asyncio.to_thread(request.app.state.store.delete_response, response_id, principal.key_id)
+    if not deleted.responses:
+        raise APIError(404, f"no response `{response_id}` for this API key", param="response_id")
+    return {"id": response_id, "object": "response.deleted", "deleted": True, "ratings_deleted": deleted.ratings}
 
 
 @router.get("/versions")

@@ -12,12 +12,13 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from liveloop.server.auth import Principal, require_user
 from liveloop.server.body import parse_body
-from liveloop.server.errors import APIError, error_body
+from liveloop.server.errors import domain_error, error_body
 from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest
 from liveloop.server.serving import Piece, Prepared, Run, Serving
 from liveloop.server.text import token_bytes
@@ -61,6 +62,7 @@ async def completions(request: Request, principal: Principal = Depends(require_u
 
 async def _serve(request: Request, principal: Principal, model: type, endpoint: str):
     serving = _serving(request)
+    serving.admission.check_rate("chat", principal.key_id)  # raises RateLimited (429)
     req = await parse_body(request, model)
     if endpoint == "chat":
         prepared, fmt_cls = serving.prepare_chat(req, principal), _ChatFormat
@@ -90,7 +92,8 @@ async def _stream(serving: Serving, prepared: Prepared, fmt: "_Format", include_
         nonlocal closed
         if not closed:
             closed = True
-            await ctx.__aexit__(None, None, None)
+            with anyio.CancelScope(shield=True):  # a vanished client's cancellation must not cut the clean-up short
+                await ctx.__aexit__(None, None, None)
 
     async def events() -> AsyncIterator[str]:
         try:
@@ -102,8 +105,11 @@ async def _stream(serving: Serving, prepared: Prepared, fmt: "_Format", include_
                     yield _sse(fmt.chunk(run, piece))
             try:
                 await serving.commit(run)
-            except APIError as exc:
-                yield _sse(error_body(exc.status, exc.message))
+            except Exception as exc:  # the store refused or is full: say so in the stream (the status is sent)
+                mapped = domain_error(exc)
+                if mapped is None:
+                    raise
+                yield _sse(error_body(mapped.status, mapped.message, code=mapped.code))
                 return
             yield _sse(fmt.final_chunk(run))
             if include_usage:

@@ -1,10 +1,15 @@
-"""Operations: GET /healthz (liveness + what is serving) and GET /metrics (Prometheus text)."""
+"""Operations: GET /healthz (each part's health + what is serving) and GET /metrics (Prometheus text).
+
+/healthz answers 503 when serving cannot log (the writer thread is gone, or the store refuses
+commits and does not answer a ping); a learner that is down or restarting makes it "degraded" with
+200: users are still served and logged, and the learner's ratings wait in the store."""
 
 from __future__ import annotations
 
 import asyncio
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 
 from liveloop.metrics import CONTENT_TYPE
 
@@ -12,14 +17,39 @@ router = APIRouter()
 
 
 @router.get("/healthz")
-async def healthz(request: Request) -> dict:
+async def healthz(request: Request) -> JSONResponse:
     state = request.app.state
-    return {
-        "status": "ok",
+    writer = state.writer.health()
+    store_ok = writer.store_ok
+    if not store_ok:  # the last commit failed: is the store back?
+        try:
+            await asyncio.wait_for(asyncio.to_thread(state.store.ping), timeout=3)
+            store_ok = True
+        except Exception:
+            store_ok = False
+    engine_ok = bool(getattr(state.engine, "healthy", lambda: True)())
+    learner = _learner_health(state.learner)
+    can_log = writer.alive and store_ok
+    status = "ok" if can_log and engine_ok and learner["state"] in ("running", "off") else "degraded"
+    if not (can_log and engine_ok):
+        status = "unavailable"
+    body = {
+        "status": status,
         "model": state.serving.model_name,
-        "engine": state.engine.name,
+        "engine": {"name": state.engine.name, "ok": engine_ok, "policy_version": state.engine.version},
         "policy_version": state.engine.version,
+        "writer": {"ok": writer.alive, "queued": writer.queued, "queue_max": writer.queue_max, "failed_commits": writer.failed_commits},
+        "store": {"ok": store_ok, "last_error": None if store_ok else writer.last_error},
+        "learner": learner,
     }
+    return JSONResponse(body, status_code=200 if status != "unavailable" else 503)
+
+
+def _learner_health(learner) -> dict:
+    if learner is None:
+        return {"state": "off"}
+    health = learner.health()
+    return {"state": health.state, "restarts": health.restarts, "last_error": health.last_error}
 
 
 @router.get("/metrics")
@@ -30,6 +60,9 @@ async def metrics(request: Request) -> Response:
     m.set("store/writer_batches", state.writer.batches)
     m.set("store/writer_rows", state.writer.rows)
     m.set("store/writer_commit_seconds", state.writer.commit_seconds)
+    m.set("store/writer_queued", state.writer.health().queued)
+    m.set("store/writer_rejected", state.writer.rejected)
+    m.set("store/writer_failed_commits", state.writer.failed_commits)
     if state.learner is not None:
         try:
             status = await asyncio.to_thread(state.learner.status)

@@ -1,13 +1,15 @@
 """The store on real SQLite and real PostgreSQL: migrations, responses with binary token columns,
 feedback rules, the batched writer, the learner's read path."""
 
+import asyncio
+import dataclasses
 import threading
 
 import numpy as np
 import pytest
 from sqlalchemy import inspect
 
-from liveloop.store import BatchWriter, FeedbackRecord, ResponseNotFound, ResponseRecord, SchemaNotReady, Store
+from liveloop.store import BatchWriter, FeedbackRecord, ResponseNotFound, ResponseRecord, SchemaNotReady, Store, WriterFull
 from liveloop.store.config import StoreConfig
 from liveloop.store import migrate
 
@@ -85,13 +87,19 @@ def test_feedback_rules(store):
         store.put_feedback(FeedbackRecord("chatcmpl-1", "key-b", 0))
     with pytest.raises(ResponseNotFound):
         store.put_feedback(FeedbackRecord("chatcmpl-404", "key-a", 0))
-    # a repeat replaces the rating with a newer id: the learner (reading past its cursor) sees it
+    # a change of mind updates the one row in place: same id, so a learner that has not reached it
+    # trains the new value, and one past it never sees the pair again (ratings train once)
+    assert store.rated_after(0, limit=10)[0][0].reward == 1
     second = store.put_feedback(FeedbackRecord("chatcmpl-1", "key-a", 0, "changed my mind"))
-    assert second.id > first.id
+    assert second.id == first.id and second.revisions == 1
     rows = store.get_feedback("chatcmpl-1")
-    assert [(r.reward, r.comment) for r in rows] == [(0, "changed my mind")]
-    after = store.rated_after(first.id, limit=10)
-    assert [(f.reward, r.id) for f, r in after] == [(0, "chatcmpl-1")]
+    assert [(r.reward, r.comment, r.revisions) for r in rows] == [(0, "changed my mind", 1)]
+    assert [(f.reward, r.id) for f, r in store.rated_after(0, limit=10)] == [(0, "chatcmpl-1")]
+    assert store.rated_after(first.id, limit=10) == []
+    for _ in range(20):  # a flood of re-ratings adds no training sample
+        store.put_feedback(FeedbackRecord("chatcmpl-1", "key-a", 1))
+    assert store.rated_after(first.id, limit=10) == []
+    assert store.get_feedback("chatcmpl-1")[0].revisions == 21
 
 
 def test_batch_isolates_bad_operations(store):
@@ -162,5 +170,66 @@ def test_batched_ratings_keep_order_and_replace(store):
     assert isinstance(results[2], ResponseNotFound)
     # the same key rating the same response twice in one batch: the later rating wins
     results = store.write_batch([FeedbackRecord("chatcmpl-0", "key-a", 1), FeedbackRecord("chatcmpl-0", "key-a", 0)])
-    assert results[1].id > results[0].id
-    assert [f.reward for f in store.get_feedback("chatcmpl-0")] == [0]
+    assert results[1].id == results[0].id == ok[0].id
+    assert [(f.reward, f.revisions) for f in store.get_feedback("chatcmpl-0")] == [(0, 2)]
+    # a new pair rated twice in one batch is one row too
+    store.insert_responses([_record(7)])
+    results = store.write_batch([FeedbackRecord("chatcmpl-7", "key-a", 0), FeedbackRecord("chatcmpl-7", "key-a", 1)])
+    assert results[0].id == results[1].id
+    assert [(f.reward, f.revisions) for f in store.get_feedback("chatcmpl-7")] == [(1, 1)]
+
+
+@pytest.mark.parametrize("seed", [2**63 - 1, -(2**63)])
+def test_extreme_seeds_are_stored(store, seed):
+    store.insert_responses([dataclasses.replace(_record(1), seed=seed)])
+    assert store.get_response("chatcmpl-1").seed == seed
+
+
+def test_a_row_the_database_cannot_hold_fails_alone(store):
+    """A value out of every column's range fails its own operation; the rest of the batch lands."""
+    too_big = dataclasses.replace(_record(2), seed=2**64 + 5)
+    store.insert_responses([_record(0)])
+    results = store.write_batch([_record(1), too_big, FeedbackRecord("chatcmpl-0", "key-a", 1), _record(3)])
+    assert results[0] == "chatcmpl-1" and results[3] == "chatcmpl-3" and results[2].reward == 1
+    assert isinstance(results[1], Exception)
+    assert store.get_response("chatcmpl-2") is None and store.counts()["responses"] == 3
+
+
+def test_writer_survives_cancelled_waiters(store):
+    """A request that goes away while its write is queued only stops waiting: the record is still
+    written once, and the writer keeps serving everyone else (it used to die of InvalidStateError)."""
+
+    async def scenario() -> None:
+        writer = BatchWriter(store, batch_max=8).start()
+        waiters = [asyncio.ensure_future(writer.write(_record(i))) for i in range(200)]
+        await asyncio.sleep(0)
+        for w in waiters[::2]:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        # cancelled raw futures (a caller that used submit and cancelled) are skipped, not fatal
+        futs = [writer.submit(_record(1000 + i)) for i in range(50)]
+        for f in futs[::3]:
+            f.cancel()
+        assert await writer.write(_record(5000)) == "chatcmpl-5000"
+        assert writer.health().alive
+        writer.close()
+
+    asyncio.run(scenario())
+    ids = {f"chatcmpl-{i}" for i in range(200)} | {"chatcmpl-5000"}
+    assert all(store.get_response(i) is not None for i in ids)
+    assert store.counts()["responses"] >= 201
+
+
+def test_writer_queue_is_bounded(store):
+    """A full queue refuses at once (the edge answers 503 + Retry-After) instead of blocking."""
+    writer = BatchWriter(store, batch_max=1, queue_max=4).start()
+    accepted, refused = [], 0
+    for i in range(500):
+        try:
+            accepted.append(writer.submit(_record(i)))
+        except WriterFull:
+            refused += 1
+    writer.close()
+    assert refused > 0 and writer.rejected == refused
+    assert all(f.result(timeout=30) for f in accepted)
+    assert store.counts()["responses"] == len(accepted)
