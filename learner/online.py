@@ -10,7 +10,9 @@
   4. K critic steps; 5. one policy step (two-sided ratio mask against the behavior logprobs, optional KL anchor)
   6. every N steps or T seconds, publish version v+1: checkpoint saved, then the version row and the
      cursor in ONE transaction. A crash resumes from the last published version and re-reads exactly
-     the ratings it had not published yet: nothing lost, nothing trained twice.
+     the ratings it had not published yet: nothing lost, nothing trained twice. Then retention
+     (retention.py) deletes the checkpoints it no longer keeps. A disk too full for the checkpoint
+     pauses learning through the store instead: the unpublished training stays, the server keeps serving.
 The baselines (`[learner] method`: sliding_window, grpo, grpo_dis; see methods.py) run through the same
 loop: the method picks the batch, the advantages and the policy loss; methods without a critic skip
 steps 2-4's critic parts. A non-finite loss or gradient skips the update (counted); a version is published only from finite
@@ -41,6 +43,7 @@ from liveloop.learner.config import LearnerConfig
 from liveloop.learner.losses import kl_penalty
 from liveloop.learner.methods import make_method
 from liveloop.learner.optim import make_optimizer
+from liveloop.learner.retention import checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, versions_to_prune
 from liveloop.store import StaleLineage, Store
 
 log = logging.getLogger(__name__)
@@ -214,8 +217,14 @@ class OnlineLearner:
             s.last_publish = time.monotonic()
             return None
         version = self.store.next_version()
-        root = Path(self.config.checkpoint_dir).resolve() / f"v{version:06d}"
-        save_atomically(root, self._write_checkpoint)
+        root = checkpoint_root(self.config.checkpoint_dir, version)
+        try:
+            save_atomically(root, self._write_checkpoint)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            self._pause_for_disk_full(version, root, exc)
+            return None
         metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
         try:
             self._record_version(version, root, metrics)
@@ -224,10 +233,18 @@ class OnlineLearner:
             shutil.rmtree(root, ignore_errors=True)
             self.reload()
             return None
+        except Exception as exc:  # the store's database on a full disk
+            if not is_disk_full(exc):
+                raise
+            shutil.rmtree(root, ignore_errors=True)
+            self._pause_for_disk_full(version, root, exc)
+            return None
+        parent = s.version
         s.version, s.cursor = version, s.pending_cursor
         s.steps_since_publish = s.samples_since_publish = s.updates_since_publish = 0
         s.last_publish = time.monotonic()
         log.info("published version %d (step %d, cursor %d)", version, s.step, s.cursor)
+        self._apply_retention(protect=(parent, version))
         return version
 
     def _record_version(self, version: int, root: Path, metrics: dict) -> None:
@@ -246,10 +263,57 @@ class OnlineLearner:
         )
 
     def _write_checkpoint(self, tmp: Path) -> None:
-        with self.policy_opt.full_parameters() as policy:
-            policy.save_pretrained(str(tmp / "policy"))
-        if self.critic is not None:
-            self.critic.save(str(tmp / "critic"))
+        """Write policy and critic into `tmp`; a failed write removes what it had written (a full
+        disk must not stay full of half a checkpoint)."""
+        try:
+            with self.policy_opt.full_parameters() as policy:
+                policy.save_pretrained(str(tmp / "policy"))
+            if self.critic is not None:
+                self.critic.save(str(tmp / "critic"))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _pause_for_disk_full(self, version: int, root: Path, exc: BaseException) -> None:
+        """Out of disk: pause learning through the store (the server keeps serving the current
+        version) and log a "disk_full" operator event. What was trained since the last version stays
+        in memory and the store's cursor does not move, so nothing is lost: the next publish after an
+        operator frees space and resumes carries it (a restart trains those ratings again)."""
+        s = self.state
+        reason = f"disk full: could not save version {version} under {root.parent}: {exc}"
+        log.error("pausing learning: %s", reason)
+        self.paused = True
+        detail = {
+            "learner": self.config.cursor_name,
+            "path": str(root.parent),
+            "error": str(exc),
+            "unpublished_version": version,
+            "unpublished_samples": s.samples_since_publish,
+            "cursor": s.cursor,
+            "pending_cursor": s.pending_cursor,
+        }
+        try:
+            self.store.record_event("disk_full", version=s.version, detail=detail)
+            self.store.set_learning_paused(self.config.cursor_name, True, reason=reason)
+        except Exception:  # the store may sit on the same full disk: keep running, retry at the next publish
+            log.exception("could not record the disk-full pause in the store")
+
+    def _apply_retention(self, protect: tuple[int, ...]) -> None:
+        """Delete the checkpoints retention no longer keeps: marked pruned in the store first (so
+        nothing tries to serve them), then their directories go. Never raises: housekeeping must not
+        fail a publish that already happened."""
+        c = self.config
+        try:
+            versions = self.store.list_versions()
+            owned = {r.version for r in versions if in_checkpoint_dir(r, c.checkpoint_dir)}
+            victims = [v for v in versions_to_prune(versions, c.keep_last_versions, c.keep_parent_chain, protect) if v in owned]
+            pruned = self.store.mark_pruned(victims) if victims else []
+        except Exception:
+            log.exception("checkpoint retention skipped")
+            return
+        if pruned:
+            gone = delete_checkpoints(c.checkpoint_dir, pruned)
+            log.info("retention: pruned the checkpoints of versions %s", gone)
 
     # -- loop ------------------------------------------------------------------------------------
     def run(self, should_stop, max_steps: int | None = None) -> None:

@@ -80,6 +80,11 @@ class Publisher:
                 raise APIError(404, f"no policy version {version}", param="version")
             if record.status in ("failed", "loading") or not record.checkpoint_path:
                 raise APIError(409, f"version {version} cannot be served (status {record.status})", param="version")
+            if record.pruned_at is not None:
+                raise APIError(
+                    409, f"version {version}'s checkpoint was pruned at {record.pruned_at.isoformat()}: it cannot serve again "
+                    "(pin versions you may roll back to)", param="version",
+                )
             previous = self.engine.version
             if version == previous:
                 raise APIError(409, f"version {version} is already serving", param="version")

@@ -7,6 +7,7 @@ batched group-commit writer the server logs through (`writer.BatchWriter`), and 
 SQLite (WAL) by default, PostgreSQL by URL. Knows nothing of HTTP or torch.
 """
 
+from liveloop.store.checkpoints import VersionNotFound
 from liveloop.store.config import StoreConfig
 from liveloop.store.operator import RollbackRefused, StaleLineage
 from liveloop.store.records import FeedbackRecord, RatingEvent, ResponseRecord, VersionRecord
@@ -24,6 +25,7 @@ __all__ = [
     "Store",
     "StaleLineage",
     "StoreConfig",
+    "VersionNotFound",
     "VersionRecord",
     "WriterDown",
     "WriterFull",

@@ -73,6 +73,8 @@ class OperatorQueries:
             target = s.get(PolicyVersion, version)
             if target is None or target.status in ("failed", "loading"):
                 raise RollbackRefused(f"version {version} is {'unknown' if target is None else target.status}")
+            if target.pruned_at is not None:
+                raise RollbackRefused(f"version {version} was pruned (its checkpoint is deleted)")
             rolled = list(
                 s.scalars(
                     select(PolicyVersion.version)
