@@ -47,16 +47,18 @@ class ServerProcess:
 
 def write_config(
     workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None, learner: str | None = None,
-    extra: str = "", served_model_name: str = "liveloop-tiny",
+    extra: str = "", served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "",
 ) -> tuple[Path, str]:
     """A server config on loopback with the test keys; `learner` is extra `[learner]` TOML (None: off);
-    `extra` is appended (more sections, e.g. `[monitor]`)."""
+    `server_extra` / `engine_extra` / `store_extra` are more keys of those sections; `extra` is appended
+    (more sections, e.g. `[monitor]`)."""
     store_url = store_url or f"sqlite:///{workdir / 'liveloop.db'}"
     text = f"""
 [server]
 host = "127.0.0.1"
 port = {port}
 max_body_bytes = 65536
+{server_extra}
 [auth]
 dev_user_keys = ["{USER_KEY}", "{USER_KEY_2}"]
 dev_admin_keys = ["{ADMIN_KEY}"]
@@ -66,8 +68,10 @@ model = "{model_dir}"
 served_model_name = "{served_model_name}"
 max_model_len = 512
 checkpoint_dir = "{workdir / 'checkpoints'}"
+{engine_extra}
 [store]
 url = "{store_url}"
+{store_extra}
 [learner]
 enabled = {"true" if learner is not None else "false"}
 checkpoint_dir = "{workdir / 'versions'}"
@@ -81,16 +85,17 @@ checkpoint_dir = "{workdir / 'versions'}"
 
 def start_server(
     workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240, learner: str | None = None, extra: str = "",
-    served_model_name: str = "liveloop-tiny",
+    served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "", store_url: str | None = None,
 ) -> ServerProcess:
     """Start `liveloop serve` in its own process group and wait until /healthz answers."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     config, store_url = write_config(
-        workdir, Path(model_dir).resolve(), backend, port, learner=learner, extra=extra, served_model_name=served_model_name
+        workdir, Path(model_dir).resolve(), backend, port, store_url=store_url, learner=learner, extra=extra,
+        served_model_name=served_model_name, server_extra=server_extra, engine_extra=engine_extra, store_extra=store_extra,
     )
     log_path = workdir / "server.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "liveloop.cli", "--config", str(config), "serve"],
         stdout=log_path.open("w"),

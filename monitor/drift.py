@@ -23,6 +23,8 @@ from liveloop.monitor.stats import wilson
 from liveloop.store import RatingEvent
 
 ALL = "*"  # the segment name of the detector over every rating
+OVERFLOW = "overflow"  # the segment every segment past `max_segments` shares
+MAX_BUCKETS = 10_000  # time buckets kept (a week of 60 s buckets); older ones are dropped
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,12 @@ class DriftMonitor:
         counts = self.buckets.setdefault(bucket, [0, 0])
         counts[0] += 1
         counts[1] += int(x)
+        if len(self.buckets) > MAX_BUCKETS:
+            for old in sorted(self.buckets)[: len(self.buckets) - MAX_BUCKETS]:
+                del self.buckets[old]
         segment = str((event.request_meta or {}).get(self.config.segment_key, "")) or None
+        if segment is not None and segment not in self.segments and len(self.segments) >= self.config.max_segments:
+            segment = OVERFLOW  # bounded: one key cannot grow the detectors without end by inventing segments
         raised = []
         names = [ALL] if segment is None else [ALL, segment]
         for name in names:

@@ -11,7 +11,7 @@ export LIVELOOP_REQUIRE_BROWSER=1
 PG_URL=$(bash scripts/postgres.sh start)
 export LIVELOOP_TEST_PG_URL=$PG_URL
 export LIVELOOP_REQUIRE_PG=1
-export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
+export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/liveloop model init >/dev/null
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider -ra "${@:-tests}"

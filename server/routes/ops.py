@@ -61,6 +61,7 @@ async def metrics(request: Request) -> Response:
     m.set("store/writer_rows", state.writer.rows)
     m.set("store/writer_commit_seconds", state.writer.commit_seconds)
     m.set("store/writer_queued", state.writer.health().queued)
+    m.set("server/generations_running", state.serving.admission.total)
     m.set("store/writer_rejected", state.writer.rejected)
     m.set("store/writer_failed_commits", state.writer.failed_commits)
     if state.learner is not None:

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from liveloop.monitor.config import MonitorConfig
-from liveloop.monitor.drift import ALL, DriftMonitor
+from liveloop.monitor.drift import ALL, OVERFLOW, DriftMonitor
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
 
@@ -52,3 +52,18 @@ def test_replay_after_restart_reads_only_the_newest_ratings(store):
     everything = DriftMonitor(MonitorConfig(replay_events=1000), store)
     everything.catch_up(replay=True)
     assert everything.detectors[ALL].count == 300
+
+
+def test_segments_are_bounded(store):
+    """A client inventing a new segment tag per request cannot grow the detectors without end: past
+    `max_segments` they share one overflow segment."""
+    recs = [
+        ResponseRecord(f"s{i}", "k", "m", 0, "chat", (1,), (2,), (-1.0,), "stop", 1.0, 1.0, 1.0, request_meta={"topic": f"t{i}"})
+        for i in range(40)
+    ]
+    store.write_batch(recs)
+    store.write_batch([FeedbackRecord(f"s{i}", "k", 1) for i in range(40)])
+    monitor = DriftMonitor(MonitorConfig(max_segments=5), store)
+    monitor.catch_up()
+    assert len(monitor.detectors) == 1 + 5 + 1  # overall, 5 segments, the overflow
+    assert monitor.segments[OVERFLOW] == [35, 35]
