@@ -36,13 +36,20 @@ class ServerProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self) -> None:
+        """SIGTERM to the server process alone (it stops its learner and Ray itself, cleanly), then
+        SIGKILL to whatever of its process group is left."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(60)
+                self.proc.wait(90)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.proc.poll() is None:
+            self.proc.wait(10)
 
 
 def write_config(

@@ -42,6 +42,15 @@ class APIError(Exception):
         self.retry_after = retry_after
 
 
+def _domain_classes() -> tuple[type[BaseException], ...]:
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    from liveloop.server.admission import Busy, RateLimited
+    from liveloop.store import WriterDown, WriterFull
+
+    return (RateLimited, Busy, WriterFull, WriterDown, OperationalError, InterfaceError)
+
+
 def domain_error(exc: BaseException) -> APIError | None:
     """The HTTP form of a domain exception, or None for one that is a bug (a 500)."""
     from sqlalchemy.exc import InterfaceError, OperationalError
@@ -92,6 +101,14 @@ def install_handlers(app: FastAPI) -> None:
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.param, exc.code, exc.retry_after)
 
+    async def _domain(_: Request, exc: Exception) -> JSONResponse:
+        mapped = domain_error(exc)
+        assert mapped is not None
+        return error_response(mapped.status, mapped.message, mapped.param, mapped.code, mapped.retry_after)
+
+    for cls in _domain_classes():  # handled as answers, not as server errors (which close the connection)
+        app.add_exception_handler(cls, _domain)
+
     @app.exception_handler(ValidationError)
     async def _validation(_: Request, exc: ValidationError) -> JSONResponse:
         message, param = validation_message(exc)
@@ -108,8 +125,5 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        mapped = domain_error(exc)
-        if mapped is not None:
-            return error_response(mapped.status, mapped.message, mapped.param, mapped.code, mapped.retry_after)
         log.exception("unexpected error")
         return error_response(500, "internal server error")

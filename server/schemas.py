@@ -155,3 +155,7 @@ class RollbackRequest(_Strict):
 
 class PauseRequest(_Strict):
     reason: Annotated[str, Field(max_length=1000)] | None = None
+
+
+class QuarantineRequest(_Strict):
+    reason: Annotated[str, Field(max_length=1000)] | None = None

@@ -1,17 +1,22 @@
 """Admin API (admin keys, or the dashboard's session): versions with lineage and reward, hot-swapping a
 checkpoint in (`POST /admin/weights`), learning pause/resume, rollback, the drift monitor's state,
-server statistics, the operator event log and the learner's status."""
+server statistics, the operator event log and the learner's status; pinning versions against
+checkpoint retention; API keys: their state and disagreement score, quarantine (ratings kept, never
+trained or replayed) and forget (every response and rating of the key deleted)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from fastapi import APIRouter, Depends, Query, Request
 
 from liveloop.server.auth import Principal, require_admin
 from liveloop.server.body import parse_body
-from liveloop.server.schemas import PauseRequest, RollbackRequest, SwapRequest
+from liveloop.server.errors import APIError
+from liveloop.server.schemas import PauseRequest, QuarantineRequest, RollbackRequest, SwapRequest
+from liveloop.store import VersionNotFound
 
 router = APIRouter(prefix="/admin")
 
@@ -97,9 +102,68 @@ async def learner_status(request: Request, _: Principal = Depends(require_admin)
 async def _learner_status(request: Request) -> dict:
     learner = request.app.state.learner
     if learner is None:
-        return {"running": False}
+        return {"running": False, "state": "off"}
+    health = dataclasses.asdict(learner.health())
+    if health["state"] != "running":
+        return {"running": False, **health}
     try:
         status = await asyncio.to_thread(learner.status)
-    except Exception as exc:  # busy or gone: say so rather than fail the page
-        return {"running": False, "error": str(exc)[:200]}
-    return {"running": True, **status}
+    except Exception as exc:  # busy, or it died since: say so rather than fail the page
+        return {"running": False, **health, "error": str(exc)[:200]}
+    return {"running": True, **health, **status}
+
+
+# -- versions: pinning against checkpoint retention ---------------------------------------------------
+@router.post("/versions/{version}/pin")
+async def pin(version: int, request: Request, principal: Principal = Depends(require_admin)) -> dict:
+    return await _set_pinned(request, version, True, principal)
+
+
+@router.post("/versions/{version}/unpin")
+async def unpin(version: int, request: Request, principal: Principal = Depends(require_admin)) -> dict:
+    return await _set_pinned(request, version, False, principal)
+
+
+async def _set_pinned(request: Request, version: int, pinned: bool, principal: Principal) -> dict:
+    if not 0 <= version < 2**31:
+        raise APIError(400, "version: out of range", param="version")
+    try:
+        changed = await asyncio.to_thread(request.app.state.store.set_pinned, version, pinned, principal.key_id)
+    except VersionNotFound:
+        raise APIError(404, f"no policy version {version}", param="version") from None
+    return {"object": "policy_version", "version": version, "pinned": pinned, "changed": changed}
+
+
+# -- API keys -------------------------------------------------------------------------------------------
+def _key_id(key_id: str) -> str:
+    if len(key_id) != 16 or any(c not in "0123456789abcdef" for c in key_id):
+        raise APIError(400, "key_id: the 16 lowercase hex digits the store records for a key", param="key_id")
+    return key_id
+
+
+@router.get("/keys")
+async def keys(request: Request, _: Principal = Depends(require_admin)) -> dict:
+    """Every key with ratings or an operator decision, with its disagreement score."""
+    rows = await request.app.state.operations.keys()
+    return {"object": "list", "data": rows}
+
+
+@router.post("/keys/{key_id}/quarantine")
+async def quarantine(key_id: str, request: Request, principal: Principal = Depends(require_admin)) -> dict:
+    req = await parse_body(request, QuarantineRequest, empty_ok=True)
+    changed = await asyncio.to_thread(request.app.state.store.set_quarantined, _key_id(key_id), True, req.reason, principal.key_id)
+    return {"object": "api_key", "key_id": key_id, "quarantined": True, "changed": changed}
+
+
+@router.delete("/keys/{key_id}/quarantine")
+async def lift_quarantine(key_id: str, request: Request, principal: Principal = Depends(require_admin)) -> dict:
+    changed = await asyncio.to_thread(request.app.state.store.set_quarantined, _key_id(key_id), False, None, principal.key_id)
+    return {"object": "api_key", "key_id": key_id, "quarantined": False, "changed": changed}
+
+
+@router.post("/keys/{key_id}/forget")
+async def forget(key_id: str, request: Request, principal: Principal = Depends(require_admin)) -> dict:
+    """Delete every response served to the key and every rating it gave: no later training or
+    replay reads them (versions already trained on them are not retrained)."""
+    deleted = await asyncio.to_thread(request.app.state.store.forget_key, _key_id(key_id), principal.key_id)
+    return {"object": "api_key.forgotten", "key_id": key_id, "responses_deleted": deleted.responses, "ratings_deleted": deleted.ratings}

@@ -147,7 +147,8 @@ function drawLearner() {
   const s = state.stats;
   const l = s.learner || {};
   dl("learner", [
-    ["running", l.running ? "yes" : "no"],
+    ["running", l.running ? "yes" : (l.state || "no")],
+    ["restarts", l.restarts ?? 0],
     ["paused", s.learning_paused ? "yes" : "no"],
     ["learner version", l.version ?? "–"],
     ["steps / samples", l.running ? `${l.step} / ${l.samples}` : "–"],

@@ -1,0 +1,213 @@
+"""The edge and the data rights on a real server (hf engine, SQLite): numbers at every type's limit are
+400s naming the field before anything runs; rate limits and generation caps answer 429 with
+Retry-After and never touch another key; `store: false`, DELETE /v1/responses/{id}, forgetting a key
+and retention remove rows from every later training read; quarantine keeps ratings but hides them
+from training; a public bind with the development keys is refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from liveloop.devtools import write_config
+from liveloop.server.auth import key_digest
+
+from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, open_store, start_server, stop_server
+
+MSG = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def _client(server, key: str) -> httpx.Client:
+    return httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+
+def _chat(client: httpx.Client, **body) -> httpx.Response:
+    return client.post("/v1/chat/completions", json={"model": "liveloop-tiny", "messages": MSG, "max_tokens": 4, **body})
+
+
+def _key_id(key: str) -> str:
+    return key_digest(key)[:16]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_dir):
+    s = start_server(tmp_path_factory.mktemp("hardening"), model_dir, "hf")
+    yield s
+    stop_server(s)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("seed", 2**63), ("seed", 2**64 + 5), ("seed", -(2**63) - 1), ("max_tokens", 2**31), ("max_tokens", 0),
+        ("temperature", 2.5), ("top_p", 0), ("top_logprobs", 21), ("stop", ["x"] * 5), ("stop", "y" * 257),
+        ("metadata", {f"k{i}": "v" for i in range(17)}), ("metadata", {"topic": "v" * 513}), ("user", "u" * 257),
+        ("messages", [{"role": "user", "content": "hi"}] * 1025),
+    ],
+)
+def test_numbers_at_the_limits_are_400s_before_generation(server, field, value):
+    store = open_store(server)
+    before = store.counts()
+    with _client(server, USER_KEY) as c:
+        body = {"logprobs": True} if field == "top_logprobs" else {}
+        r = _chat(c, **body, **{field: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].split(".")[0] == field
+    assert store.counts() == before  # nothing generated, nothing written
+    store.close()
+
+
+@pytest.mark.parametrize("raw", [b'{"temperature": NaN}', b'{"top_p": Infinity}', b'{"temperature": -Infinity}'])
+def test_non_finite_floats_are_400s(server, raw):
+    body = raw[:-1] + b', "model": "liveloop-tiny", "messages": [{"role": "user", "content": "hi"}]}'
+    r = httpx.post(server.base_url + "/v1/chat/completions", content=body,
+                   headers={"Authorization": f"Bearer {USER_KEY}", "content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text
+
+
+def test_extreme_seeds_are_served_and_stored_without_touching_other_writes(server):
+    """The largest and smallest seeds the API takes are logged; other users' writes in the same
+    batches are unaffected."""
+    results: list[int] = []
+
+    def other_user() -> None:
+        with _client(server, USER_KEY_2) as c:
+            for i in range(8):
+                r = _chat(c)
+                results.append(r.status_code)
+                results.append(c.post("/v1/feedback", json={"response_id": r.json()["id"], "reward": 1}).status_code)
+
+    t = threading.Thread(target=other_user)
+    t.start()
+    with _client(server, USER_KEY) as c:
+        ids = {seed: _chat(c, seed=seed).json()["id"] for seed in (2**63 - 1, -(2**63), 0)}
+    t.join(120)
+    assert results and set(results) == {200}
+    store = open_store(server)
+    assert {seed: store.get_response(rid).seed for seed, rid in ids.items()} == {s: s for s in ids}
+    store.close()
+
+
+def test_store_false_serves_and_logs_nothing(server):
+    store = open_store(server)
+    before = store.counts()
+    with _client(server, USER_KEY) as c:
+        r = _chat(c, store=False)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+        rid = r.json()["id"]
+        streamed = c.post("/v1/chat/completions", json={"model": "liveloop-tiny", "messages": MSG, "max_tokens": 4,
+                                                        "stream": True, "store": False})
+        assert streamed.status_code == 200 and "[DONE]" in streamed.text
+        fb = c.post("/v1/feedback", json={"response_id": rid, "reward": 1})
+    assert fb.status_code == 404  # nothing to rate: it was never stored
+    assert store.get_response(rid) is None and store.counts() == before
+    store.close()
+
+
+def test_delete_response_removes_it_from_training(server):
+    store = open_store(server)
+    with _client(server, USER_KEY) as c, _client(server, USER_KEY_2) as other:
+        rid = _chat(c).json()["id"]
+        assert c.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
+        assert any(r.id == rid for _, r in store.rated_after(0, 100_000))
+        assert other.delete(f"/v1/responses/{rid}").status_code == 404  # not theirs: no leak, no delete
+        gone = c.delete(f"/v1/responses/{rid}")
+        assert gone.status_code == 200 and gone.json()["ratings_deleted"] == 1
+        assert c.delete(f"/v1/responses/{rid}").status_code == 404
+        assert c.post("/v1/feedback", json={"response_id": rid, "reward": 0}).status_code == 404
+    assert store.get_response(rid) is None and store.get_feedback(rid) == []
+    assert all(r.id != rid for _, r in store.rated_after(0, 100_000))  # no training or replay reads it
+    store.close()
+
+
+def test_forget_a_key(server):
+    store = open_store(server)
+    with _client(server, USER_KEY_2) as c:
+        ids = [_chat(c).json()["id"] for _ in range(3)]
+        for rid in ids:
+            assert c.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
+    with _client(server, ADMIN_KEY) as admin:
+        assert admin.post("/admin/keys/not-a-key/forget").status_code == 400
+        done = admin.post(f"/admin/keys/{_key_id(USER_KEY_2)}/forget")
+        assert done.status_code == 200 and done.json()["responses_deleted"] >= 3 and done.json()["ratings_deleted"] >= 3
+        events = admin.get("/admin/events").json()["data"]
+    assert any(e["kind"] == "forget" and e["detail"]["key_id"] == _key_id(USER_KEY_2) for e in events)
+    assert all(store.get_response(rid) is None for rid in ids)
+    assert all(f.api_key_id != _key_id(USER_KEY_2) for f, _ in store.rated_after(0, 100_000))
+    store.close()
+
+
+def test_quarantine_hides_ratings_from_training_and_lifts(server):
+    store = open_store(server)
+    key = _key_id(USER_KEY)
+    with _client(server, USER_KEY) as c:
+        rid = _chat(c).json()["id"]
+        assert c.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
+    with _client(server, ADMIN_KEY) as admin:
+        q = admin.post(f"/admin/keys/{key}/quarantine", json={"reason": "test"})
+        assert q.status_code == 200 and q.json()["changed"]
+        assert store.get_feedback(rid), "quarantined ratings are kept"
+        assert all(r.id != rid for _, r in store.rated_after(0, 100_000)), "but never trained or replayed"
+        listed = {k["key_id"]: k for k in admin.get("/admin/keys").json()["data"]}
+        assert listed[key]["quarantined"] and listed[key]["reason"] == "test"
+        assert admin.delete(f"/admin/keys/{key}/quarantine").json()["changed"]
+    assert any(r.id == rid for _, r in store.rated_after(0, 100_000))
+    store.close()
+
+
+def test_rate_limits_and_generation_caps(tmp_path, model_dir):
+    server = start_server(
+        tmp_path / "limits", model_dir, "hf",
+        server_extra="chat_requests_per_minute = 5\nfeedback_per_minute = 3\nmax_concurrent_per_key = 1",
+    )
+    try:
+        with _client(server, USER_KEY) as c, _client(server, USER_KEY_2) as other:
+            codes = [_chat(c).status_code for _ in range(6)]
+            assert codes[:5] == [200] * 5 and codes[5] == 429
+            limited = _chat(c)
+            assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+            assert limited.json()["error"]["type"] == "rate_limit_error"
+            assert _chat(other).status_code == 200  # another key is not affected
+            rid = _chat(other).json()["id"]
+            fb = [other.post("/v1/feedback", json={"response_id": rid, "reward": i % 2}).status_code for i in range(4)]
+            assert fb == [200, 200, 200, 429]
+        # one generation at a time per key: a second concurrent one is refused, not queued
+        with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY_2}"}, timeout=60) as c2:
+            body = {"model": "liveloop-tiny", "messages": MSG, "max_tokens": 200, "stream": True}
+            with c2.stream("POST", "/v1/chat/completions", json=body) as first:
+                assert first.status_code == 200
+                second = _chat(c2)
+                assert second.status_code == 429 and second.json()["error"]["code"] == "too_many_concurrent_requests"
+    finally:
+        stop_server(server)
+
+
+def test_retention_deletes_old_rows(tmp_path, model_dir):
+    server = start_server(tmp_path / "retention", model_dir, "hf", store_extra="retain_days = 0.00003\nretention_interval_seconds = 0.5")
+    try:
+        with _client(server, USER_KEY) as c:
+            rid = _chat(c).json()["id"]
+            c.post("/v1/feedback", json={"response_id": rid, "reward": 1})
+        store = open_store(server)
+        deadline = time.monotonic() + 60
+        while store.get_response(rid) is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert store.get_response(rid) is None and store.get_feedback(rid) == []
+        store.close()
+    finally:
+        stop_server(server)
+
+
+def test_public_bind_with_dev_keys_is_refused(tmp_path, model_dir):
+    config, _ = write_config(tmp_path, model_dir, "hf", 8123)
+    out = subprocess.run(
+        [sys.executable, "-m", "liveloop.cli", "--config", str(config), "serve", "--host", "0.0.0.0"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert out.returncode == 2
+    assert "dev_user_keys" in out.stderr and "listens beyond loopback" in out.stderr
