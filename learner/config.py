@@ -38,7 +38,7 @@ class LearnerConfig:
         default=1, metadata={"help": "influence cap: most ratings from one API key in one policy step"}
     )
     max_per_key_per_window: int = field(
-        default=20, metadata={"help": "influence cap: most trained ratings from one API key per window (0 = no cap)"}
+        default=0, metadata={"help": "influence cap: most trained ratings from one API key per window (0 = no cap)"}
     )
     influence_window_seconds: float = field(default=3600.0, metadata={"help": "the influence cap's window"})
     zero_stage: int = field(

@@ -211,3 +211,14 @@ def test_public_bind_with_dev_keys_is_refused(tmp_path, model_dir):
     )
     assert out.returncode == 2
     assert "dev_user_keys" in out.stderr and "listens beyond loopback" in out.stderr
+
+
+def test_pin_versions(server):
+    with _client(server, ADMIN_KEY) as admin:
+        assert admin.post("/admin/versions/0/pin").json() == {"object": "policy_version", "version": 0, "pinned": True, "changed": True}
+        assert admin.post("/admin/versions/0/pin").json()["changed"] is False
+        assert admin.post("/admin/versions/999/pin").status_code == 404
+        assert admin.post("/admin/versions/-1/pin").status_code == 400
+        assert admin.post("/admin/versions/0/unpin").json()["changed"] is True
+    with _client(server, USER_KEY) as user:
+        assert user.post("/admin/versions/0/pin").status_code == 403
