@@ -114,12 +114,15 @@ class Publisher:
         raises SwapFailed (the old version keeps serving)."""
         parent = self.engine.version
         start = time.perf_counter()
+        preempted = getattr(self.engine, "swap_preempted", 0)
         try:
             held = await self.engine.update_weights(path, version)
         except Exception as exc:
             await asyncio.to_thread(self.store.set_version_status, version, "failed")
             self.metrics.inc("server/swap_failures")
             raise SwapFailed(version) from exc
+        finally:
+            self.metrics.inc("server/swap_preempted", getattr(self.engine, "swap_preempted", 0) - preempted)
         await asyncio.to_thread(self.store.set_version_status, version, "serving")
         await asyncio.to_thread(self.store.set_version_status, parent, "retired")
         swap_s = time.perf_counter() - start

@@ -4,18 +4,22 @@ backend registry.
     async with engine.generate(request) as gen:   # admitted: gen.version is fixed for the whole response
         async for delta in gen:                    # new token ids + their behavior logprobs
             ...
-    await engine.update_weights(tensors_or_dir, version)   # waits for in-flight generations, swaps, resumes
+    await engine.update_weights(tensors_or_dir, version)   # drains in-flight generations, swaps, resumes
 
 Atomicity is the engine's invariant, not the backend's: `VersionGate` admits a generation only while
-no swap is pending, and a swap waits until every admitted generation has finished. So each response
-is produced entirely by one version and records it, and new weights never continue a KV cache that
-old weights computed.
+no swap is pending, and a swap waits until every admitted generation has finished, for at most the
+drain deadline. A generation still running then (a client that stopped reading keeps its generation
+admitted) is ended through its `preempt` callback: the backend stops it at a token boundary before the
+new weights are applied and its stream ends with finish_reason "abort". So each response is produced
+entirely by the one version it records, and new weights never continue a KV cache that old weights
+computed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +27,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from liveloop.server.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+Preempt = Callable[[], Awaitable[None]]
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -49,7 +57,12 @@ class TokenDelta:
     token_ids: list[int]
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]] | None = None
-    finish_reason: str | None = None  # "stop" | "length" when the generation ended
+    finish_reason: str | None = None  # "stop" | "length" | "abort" when the generation ended
+
+
+def aborted() -> TokenDelta:
+    """The last delta of a generation a swap ended: no new tokens, finish_reason "abort"."""
+    return TokenDelta([], [], None, "abort")
 
 
 @dataclass
@@ -70,6 +83,11 @@ class Engine(Protocol):
     @property
     def version(self) -> int: ...
 
+    @property
+    def swap_preempted(self) -> int:
+        """Generations that swaps have ended at their drain deadline, since start."""
+        ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -78,52 +96,93 @@ class Engine(Protocol):
 
     async def update_weights(self, weights: Any, version: int) -> float:
         """Swap in new weights (named tensors or a checkpoint directory) as `version`; returns seconds
-        the engine was closed to new requests."""
+        the engine was closed to new requests. Generations still running at the drain deadline are
+        ended (finish_reason "abort") before the new weights are applied."""
         ...
 
 
-class VersionGate:
-    """Readers are generations, the writer is a weight swap; writer-preferring so swaps never starve."""
+@dataclass(eq=False)
+class _Reader:
+    preempt: Preempt | None
 
-    def __init__(self, version: int = 0):
+
+class VersionGate:
+    """Readers are generations, the writer is a weight swap; writer-preferring so swaps never starve.
+
+    A swap waits up to `drain_deadline` seconds (None: for ever) for the admitted generations, then
+    ends the remaining ones through their `preempt` callbacks and stops counting them, so their own
+    exit later changes nothing. A reader without a callback cannot be ended: the swap waits for it."""
+
+    def __init__(self, version: int = 0, drain_deadline: float | None = None):
         self.version = version
+        self.drain_deadline = drain_deadline
+        self.preempted = 0  # generations ended by swaps, all swaps together
         self._cond = asyncio.Condition()
-        self._active = 0
+        self._readers: set[_Reader] = set()
         self._swap_pending = False
 
     @property
     def active(self) -> int:
-        return self._active
+        return len(self._readers)
 
     @contextlib.asynccontextmanager
-    async def reading(self) -> AsyncIterator[int]:
+    async def reading(self, preempt: Preempt | None = None) -> AsyncIterator[int]:
+        """Admit one generation; yields the version it is produced by. `preempt` must stop it in the
+        engine at a token boundary (its stream then ends with finish_reason "abort") and return only
+        once no token of it can be computed by weights a later `apply` loads; it may be called on a
+        generation that has just finished, and must then do nothing harmful."""
+        reader = _Reader(preempt)
         async with self._cond:
             await self._cond.wait_for(lambda: not self._swap_pending)
-            self._active += 1
+            self._readers.add(reader)
             version = self.version
         try:
             yield version
         finally:
             async with self._cond:
-                self._active -= 1
+                self._readers.discard(reader)  # a preempted reader is already gone
                 self._cond.notify_all()
 
     async def swap(self, apply: Callable[[], Awaitable[None]], version: int) -> float:
-        """Close to new generations, wait for in-flight ones, run `apply`, set `version`, reopen.
-        Returns the seconds new generations were held back. If `apply` fails the old version stays."""
+        """Close to new generations, drain in-flight ones (ending those left at the deadline), run
+        `apply`, set `version`, reopen. Returns the seconds new generations were held back. If `apply`
+        (or a preemption) fails the old version stays."""
         loop = asyncio.get_running_loop()
         async with self._cond:
             await self._cond.wait_for(lambda: not self._swap_pending)
             self._swap_pending = True
             closed_at = loop.time()
             try:
-                await self._cond.wait_for(lambda: self._active == 0)
+                await self._drain(version)
                 await apply()
                 self.version = version
             finally:
                 self._swap_pending = False
                 self._cond.notify_all()
         return loop.time() - closed_at
+
+    async def _drain(self, version: int) -> None:
+        """With the lock held: return once no reader is counted."""
+        if self.drain_deadline is None:
+            await self._cond.wait_for(lambda: not self._readers)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.drain_deadline):
+                await self._cond.wait_for(lambda: not self._readers)
+        stragglers = [r for r in self._readers if r.preempt is not None]
+        if stragglers:
+            results = await asyncio.gather(*(r.preempt() for r in stragglers), return_exceptions=True)
+            ended = [r for r, res in zip(stragglers, results) if not isinstance(res, BaseException)]
+            self._readers.difference_update(ended)
+            self.preempted += len(ended)
+            log.warning(
+                "swap to version %d: %d generation(s) still running after the %g s drain deadline were "
+                "ended (finish_reason 'abort')", version, len(ended), self.drain_deadline,
+            )
+            failed = [res for res in results if isinstance(res, BaseException)]
+            if failed:
+                raise failed[0]
+        await self._cond.wait_for(lambda: not self._readers)
 
 
 def create_engine(config: "EngineConfig", model_path: str | Path) -> Engine:

@@ -4,7 +4,9 @@ One worker thread owns the masked diffusion LM and runs one request at a time (F
 fixed `gen_length` window (max_tokens rounded up to whole blocks, within max_model_len) decoded block by
 block; each block is streamed as one delta as soon as it is final, and the stream ends at the first EOS
 (or stop token), which is included, as with a causal engine. A swap drains through the `VersionGate`,
-then copies the new state into the model on the worker thread, so each response is one version's.
+then copies the new state into the model on the worker thread, so each response is one version's: a
+request a swap ended at its drain deadline stops at its next block boundary (or before it starts) with
+an "abort" delta, before the swap, queued behind it on the inbox, runs.
 
 Behavior logprobs: a masked diffusion LM has no causal per-token likelihood. `TokenDelta.logprobs[i]` is
 the commit-time logprob of token i (its log-probability under the raw, temperature-1 distribution at the
@@ -29,7 +31,7 @@ import torch
 
 from liveloop.diffusion.model import MaskedDiffusionLM, load_diffusion_model
 from liveloop.diffusion.sampler import SamplerConfig, generate
-from liveloop.server.engines.base import GenerationRequest, TokenDelta
+from liveloop.server.engines.base import GenerationRequest, TokenDelta, aborted
 from liveloop.server.engines.threaded import Emit, ThreadedEngine
 
 
@@ -98,8 +100,8 @@ class DiffusionEngine(ThreadedEngine):
             load_state(self.model, weights_path, self.trust_remote_code)
         self._start_worker(version)
 
-    def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator) -> _Job:
-        return _Job(request, emit, generator, threading.Event())
+    def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator, cancelled: threading.Event) -> _Job:
+        return _Job(request, emit, generator, cancelled)
 
     def _weights_module(self) -> torch.nn.Module:
         return self.model.net
@@ -115,12 +117,14 @@ class DiffusionEngine(ThreadedEngine):
             if item is None:
                 return
             if not isinstance(item, _Job):
-                item()  # a weight swap: the gate guarantees no request is active
+                item()  # a weight swap: every request ahead of it in the inbox has ended
                 continue
             if item.cancelled.is_set():
+                item.emit(aborted())
                 continue
             try:
-                self._generate(item)
+                if not self._generate(item):
+                    item.emit(aborted())
             except BaseException as exc:  # report to the request, keep serving the others
                 item.emit(exc)
 
@@ -138,14 +142,15 @@ class DiffusionEngine(ThreadedEngine):
                              steps=blocks * steps_per_block, temperature=request.sampling.temperature)
 
     @torch.no_grad()
-    def _generate(self, job: _Job) -> None:
+    def _generate(self, job: _Job) -> bool:
+        """Run one request; False if it was cancelled before its last block was sent."""
         s = job.request.sampling
         cfg = self.request_sampler(job.request)
         stop = {self.model.eos_id, *s.stop_token_ids}
-        sent = 0
+        sent, finished = 0, False
 
         def on_block(b: int, response: torch.Tensor, logprobs: torch.Tensor) -> bool:
-            nonlocal sent
+            nonlocal sent, finished
             if job.cancelled.is_set():
                 return True
             ids, lps = response[0].tolist(), logprobs[0].tolist()
@@ -159,8 +164,9 @@ class DiffusionEngine(ThreadedEngine):
             if finish is None and b == cfg.gen_length // cfg.block_length - 1:
                 finish = "length"
             job.emit(TokenDelta(ids[sent:end], lps[sent:end], None, finish))
-            sent = end
-            return finish is not None
+            sent, finished = end, finish is not None
+            return finished
 
         prompt = torch.tensor([job.request.prompt_ids], dtype=torch.long)
         generate(self.model, prompt, cfg, job.generator, on_block=on_block)
+        return finished

