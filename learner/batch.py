@@ -21,13 +21,14 @@ class Sample:
     action_mask: np.ndarray
     reward: float
     policy_version: int
+    api_key_id: str = ""  # the key that rated it ("" for in-process rollouts)
 
     @classmethod
     def from_rated(cls, feedback: Any, response: Any) -> "Sample":
         """A stored rating and the stored response it rates (`Store.rated_after` rows)."""
         return cls(
             response.prompt_ids, response.response_ids, response.behavior_logprobs, response.action_mask,
-            float(feedback.reward), response.policy_version,
+            float(feedback.reward), response.policy_version, feedback.api_key_id,
         )
 
     @classmethod

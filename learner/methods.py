@@ -14,6 +14,17 @@ A method decides three things and nothing else (the loop, publishing and rollbac
 | grpo            | a complete group of G       | (r - mean_G) / std_G            | PPO clip (eps)   | no     |
 | grpo_dis        | a complete group of G       | (r - mean_G) / std_G            | two-sided mask   | no     |
 
+SAO and the sliding window apply the influence caps (learner/influence.py): at most
+`max_per_key_per_batch` samples of one API key per policy step (a rating past it ends the step and
+opens the next one: deferred, not dropped) and `max_per_key_per_window` per key in any
+`influence_window_seconds`. Ratings over the window cap are skipped (counted in
+`learner/capped_ratings`): the batch is filled from the ratings after them, and the cursor moves past
+them with the next batch.
+When every rating available is capped, `next_batch` says "not yet" and remembers how far it scanned,
+so the next call starts after them (nothing is trained twice, nothing capped is trained later; the
+stored cursor passes them with the next trained batch). The GRPO baselines keep their behaviour: no
+caps (their batches are whole groups).
+
 A GRPO group is the responses whose request metadata share a `group` tag (simulated users tag the G
 requests of one prompt), else those with identical prompt token ids. Its wait (first to last rating of
 the group, by the store's feedback times) is measured. Ratings of a group still incomplete when the
@@ -34,6 +45,7 @@ from liveloop.learner.advantages import (
 )
 from liveloop.learner.batch import Sample, TokenBatch
 from liveloop.learner.config import LearnerConfig
+from liveloop.learner.influence import InfluenceCaps, InfluenceLimits, KeyedRating
 from liveloop.learner.losses import ppo_clip_loss, sao_policy_loss
 
 
@@ -56,13 +68,6 @@ class Method(Protocol):
         """Cumulative method metrics, merged into the learner's metrics."""
 
 
-def _in_order(store: Any, after_id: int, n: int) -> tuple[list[Sample], int] | None:
-    rated = store.rated_after(after_id, n)
-    if len(rated) < n:
-        return None
-    return [Sample.from_rated(f, r) for f, r in rated], rated[-1][0].id
-
-
 def _broadcast(per_sample: Tensor, action_mask: Tensor) -> Tensor:
     """A scalar advantage per sample [B] on every action token [B, W]."""
     return per_sample[:, None].to(action_mask.dtype) * action_mask
@@ -70,12 +75,42 @@ def _broadcast(per_sample: Tensor, action_mask: Tensor) -> Tensor:
 
 class SAO:
     name, uses_critic = "sao", True
+    scan_page = 64  # ratings read per store query once some were capped
+    scan_limit = 1024  # most ratings examined by one call
 
     def __init__(self, config: LearnerConfig):
         self.config = config
+        self.caps = InfluenceCaps(InfluenceLimits.from_config(config))
+        self._skipped: tuple[int, int] | None = None  # (after_id, through): all capped and counted
 
     def next_batch(self, store: Any, after_id: int) -> tuple[list[Sample], int] | None:
-        return _in_order(store, after_id, self.config.batch_size)
+        """The next B ratings in arrival order that are within the influence caps."""
+        B = self.config.batch_size
+        self.caps.forget_after(after_id)
+        start = self._skipped[1] if self._skipped and self._skipped[0] == after_id else after_id
+        plan, taken, through, examined, end, cut = self.caps.plan(), [], start, 0, False, False
+        while len(taken) < B and examined < self.scan_limit and not end and not cut:
+            want = B - len(taken)
+            size = min(want if not plan.capped else max(want, self.scan_page), self.scan_limit - examined)
+            rated = store.rated_after(through, size)
+            end = len(rated) < size
+            for f, r in rated:
+                if plan.full_for(f.api_key_id):  # the step has this key's share: it ends here, the rating opens the next
+                    cut = True
+                    break
+                examined, through = examined + 1, f.id
+                if plan.offer(KeyedRating(f.id, f.api_key_id, f.created_at.timestamp())):
+                    taken.append(Sample.from_rated(f, r))
+                    if len(taken) == B:
+                        break
+        if len(taken) == B or (taken and (cut or not end)):  # a full batch, a step cut at a key's share, or the scan limit
+            self.caps.commit(plan)
+            self._skipped = None
+            return taken, through
+        if not taken and through > start:  # everything there was capped: count it, scan past it next time
+            self.caps.commit(plan)
+            self._skipped = (after_id, through)
+        return None
 
     def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
         c = self.config
@@ -94,10 +129,10 @@ class SAO:
         return sao_policy_loss(logprobs, batch.behavior_logprobs, advantages, batch.action_mask, c.eps_low, c.eps_high, staleness)
 
     def reset(self) -> None:
-        pass
+        self._skipped = None
 
     def stats(self) -> dict[str, float]:
-        return {}
+        return self.caps.stats()
 
 
 class SlidingWindow(SAO):
@@ -118,11 +153,12 @@ class SlidingWindow(SAO):
         return _broadcast(torch.tensor(per_sample), batch.action_mask), None
 
     def reset(self) -> None:
+        super().reset()
         self.history.clear()
 
     def stats(self) -> dict[str, float]:
         h = self.history
-        return {"learner/window_baseline": sum(h) / len(h) if h else 0.0, "learner/window_fill": float(len(h))}
+        return super().stats() | {"learner/window_baseline": sum(h) / len(h) if h else 0.0, "learner/window_fill": float(len(h))}
 
 
 class GRPO(SAO):

@@ -1,7 +1,8 @@
 """What operators act on and watch, in the server: learning pause/resume, rollback (through the
 publisher), and the drift monitor loop, which reads new ratings every poll, records alarms as
 operator events, exports the figures as Prometheus metrics and, when `[monitor] guard` is on, rolls
-back a serving version whose reward rate is significantly below its parent's."""
+back a serving version whose reward rate is significantly below its parent's; the keys' disagreement
+scores, and when `[monitor] quarantine_z` is set, the automatic quarantine of keys above it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
 from liveloop.monitor.drift import ALL, DriftMonitor
 from liveloop.monitor.guard import judge
+from liveloop.monitor.poisoning import disagreement_scores, suspects
 from liveloop.monitor.versions import version_table
 from liveloop.server.publisher import Publisher
 from liveloop.store import Store
@@ -52,6 +54,40 @@ class Operations:
         versions = await asyncio.to_thread(self.store.list_versions)
         traffic = await asyncio.to_thread(self.store.version_traffic)
         return version_table(versions, traffic, self.publisher.engine.version, self.config.confidence)
+
+    # -- keys -----------------------------------------------------------------------------------
+    def _scores(self) -> tuple[list[Any], dict[str, Any]]:
+        states = self.store.key_states()
+        excluded = {k.key_id for k in states if k.quarantined}
+        scores = {d.key_id: d for d in disagreement_scores(self.store.key_ratings(), exclude_from_consensus=excluded)}
+        return states, scores
+
+    async def keys(self) -> list[dict[str, Any]]:
+        states, scores = await asyncio.to_thread(self._scores)
+        rows = []
+        for k in states:
+            d = scores.get(k.key_id)
+            rows.append({
+                "key_id": k.key_id, "quarantined": k.quarantined, "reason": k.reason, "ratings": k.ratings,
+                "forgotten_at": k.forgotten_at.timestamp() if k.forgotten_at else None,
+                "disagreement": None if d is None else {"n": d.n, "disagreements": d.disagreements, "expected": d.expected, "z": d.z},
+            })
+        return rows
+
+    def quarantine_suspects(self) -> list[str]:
+        """Quarantine every key whose disagreement z passes `quarantine_z` (runs in a worker thread)."""
+        states, scores = self._scores()
+        done = []
+        quarantined = {k.key_id for k in states if k.quarantined}
+        for d in suspects(scores.values(), self.config.quarantine_z, self.config.quarantine_min_ratings):
+            if d.key_id in quarantined:
+                continue
+            reason = f"automatic: disagreement z = {d.z:.1f} over {d.n} ratings (threshold {self.config.quarantine_z})"
+            if self.store.set_quarantined(d.key_id, True, reason, None):
+                self.metrics.inc("monitor/quarantined")
+                log.warning("quarantined key %s: %s", d.key_id, reason)
+                done.append(d.key_id)
+        return done
 
     # -- the monitor loop ----------------------------------------------------------------------
     def poll(self) -> list[dict[str, Any]]:
@@ -118,6 +154,8 @@ class Operations:
                     self.export_versions(rows)
                     if self.config.guard:
                         await self.guard(rows)
+                    if self.config.quarantine_z > 0:
+                        await asyncio.to_thread(self.quarantine_suspects)
             except asyncio.CancelledError:
                 raise
             except Exception:

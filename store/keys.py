@@ -1,9 +1,114 @@
-"""The store's per-API-key queries (quarantine, the ratings a disagreement score reads). Mixed into `Store`."""
+"""The store's per-API-key queries: quarantine (a quarantined key's ratings stay stored but are never
+trained or replayed, see `Store.rated_after`), the keys' states for operators, and the ratings the
+disagreement score reads (monitor/poisoning.py). Mixed into `Store`; every write here is one
+transaction, with its operator event."""
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
+
+from sqlalchemy import func, select
+
+from liveloop.store.models import ApiKey, Feedback, Response, utcnow
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """One API key (by its 16-hex digest) as operators see it."""
+
+    key_id: str
+    quarantined: bool
+    reason: str | None
+    ratings: int  # ratings stored from this key (quarantined ones included)
+    forgotten_at: datetime | None
+    updated_at: datetime | None  # when an operator (or the monitor) last changed it; None: never
+
+
+@dataclass(frozen=True)
+class KeyRating:
+    """One rating as the disagreement score sees it: whose, of what, which way.
+
+    `group` names "the same thing rated": a digest of the prompt's and the response's exact token
+    ids, so two ratings share a group only when the same reply to the same prompt was served to both."""
+
+    feedback_id: int
+    key_id: str
+    group: str
+    reward: int
+
+
+def content_group(prompt_ids: bytes, response_ids: bytes) -> str:
+    """The group of a response, from its stored token blobs (see `KeyRating.group`)."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(len(prompt_ids).to_bytes(8, "little"))
+    h.update(prompt_ids)
+    h.update(response_ids)
+    return h.hexdigest()
+
+
+def _aware(ts: datetime | None) -> datetime | None:
+    return ts if ts is None or ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 
 
 class KeyQueries:
     _session: Any
+    _add_event: Any  # OperatorQueries._add_event, in `Store`
+
+    # -- quarantine -------------------------------------------------------------------------------
+    def set_quarantined(self, key_id: str, quarantined: bool, reason: str | None = None, api_key_id: str | None = None) -> bool:
+        """Quarantine (or release) `key_id`; returns whether its state changed. A change is logged as
+        an operator event ("quarantine" / "unquarantine", detail {key_id, reason}) in the same
+        transaction; `api_key_id` is who did it (None: the monitor)."""
+        with self._session.begin() as s:
+            row = s.get(ApiKey, key_id, with_for_update=True)
+            if row is None:
+                if not quarantined:
+                    return False
+                row = ApiKey(key_id=key_id, quarantined=False)
+                s.add(row)
+            if bool(row.quarantined) == quarantined:
+                return False
+            row.quarantined, row.reason, row.updated_at = quarantined, reason, utcnow()
+            kind = "quarantine" if quarantined else "unquarantine"
+            self._add_event(s, kind, None, {"key_id": key_id, "reason": reason}, api_key_id)
+            return True
+
+    def quarantined_keys(self) -> set[str]:
+        with self._session() as s:
+            return set(s.scalars(select(ApiKey.key_id).where(ApiKey.quarantined.is_(True))))
+
+    def key_states(self) -> list[KeyState]:
+        """Every key that has ratings or an operator decision, by key id."""
+        with self._session() as s:
+            counts = dict(s.execute(select(Feedback.api_key_id, func.count()).group_by(Feedback.api_key_id)).all())
+            rows = {r.key_id: r for r in s.scalars(select(ApiKey))}
+        out = []
+        for key in sorted(set(counts) | set(rows)):
+            r = rows.get(key)
+            out.append(
+                KeyState(
+                    key_id=key,
+                    quarantined=bool(r and r.quarantined),
+                    reason=r.reason if r else None,
+                    ratings=int(counts.get(key, 0)),
+                    forgotten_at=_aware(r.forgotten_at) if r else None,
+                    updated_at=_aware(r.updated_at) if r else None,
+                )
+            )
+        return out
+
+    # -- what the disagreement score reads ----------------------------------------------------------
+    def key_ratings(self, limit: int = 20000) -> list[KeyRating]:
+        """The newest `limit` ratings (all keys, quarantined ones included), oldest first, each with
+        its key, content group and reward."""
+        with self._session() as s:
+            rows = s.execute(
+                select(Feedback.id, Feedback.api_key_id, Feedback.reward, Response.prompt_ids, Response.response_ids)
+                .join(Response, Response.id == Feedback.response_id)
+                .order_by(Feedback.id.desc())
+                .limit(limit)
+            ).all()
+        return [KeyRating(fid, key, content_group(bytes(p), bytes(r)), int(reward)) for fid, key, reward, p, r in reversed(rows)]

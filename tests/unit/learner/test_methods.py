@@ -20,6 +20,7 @@ class _Feedback:
     id: int
     reward: int
     created_at: datetime
+    api_key_id: str = "k"
 
 
 @dataclass
@@ -57,7 +58,7 @@ def test_make_method_and_config_validation():
 
 
 def test_sliding_window_advantage_uses_the_last_w_rewards_before_each_sample():
-    m = SlidingWindow(LearnerConfig(method="sliding_window", window=2, batch_size=4))
+    m = SlidingWindow(LearnerConfig(method="sliding_window", window=2, batch_size=4, max_per_key_per_batch=4))
     store = _Store()
     for r in (1, 0, 1, 1):
         store.add([1, 2], r, 0.0)
@@ -131,3 +132,20 @@ def test_grpo_clips_and_grpo_dis_masks():
     assert loss2.item() == 0.0 and m2["learner/kept_fraction"] == 0.0
     loss2.backward()
     assert lp2.grad.abs().sum() == 0
+
+
+def test_the_per_step_key_cap_defers_and_never_drops():
+    """One key, batch size 4, at most 2 of its samples per step: steps of 2, every rating trained once."""
+    store = _Store()
+    for i in range(5):
+        store.add([1, 2], i % 2, 100.0 + i)
+    sao = make_method(LearnerConfig(batch_size=4, max_per_key_per_batch=2))
+    cursor, steps = 0, []
+    while (taken := sao.next_batch(store, cursor)) is not None:
+        samples, cursor = taken
+        steps.append(len(samples))
+        if len(steps) > 10:
+            break
+    # 2 + 2, then the last one waits for a full batch of 4 (more of its key could still come)
+    assert steps == [2, 2] and cursor == 4
+    assert sao.stats()["learner/capped_ratings"] == 0.0

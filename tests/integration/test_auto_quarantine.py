@@ -1,0 +1,58 @@
+"""The server's automatic quarantine over a real store: honest keys that agree on the same replies are
+left alone; a key that inverts their consensus is quarantined once, with an operator event, and its
+ratings leave the training stream (kept in the store)."""
+
+import pytest
+
+from liveloop.metrics import Metrics
+from liveloop.monitor.config import MonitorConfig
+from liveloop.server.operations import Operations
+from liveloop.server.publisher import Publisher
+from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
+
+HONEST = [f"honest{i:010d}"[:16] for i in range(5)]
+ATTACKER = "attacker00000000"
+
+
+@pytest.fixture
+def store(store_url):
+    s = Store(StoreConfig(url=store_url))
+    s.migrate()
+    s.ensure_base_version("/m")
+    yield s
+    s.close()
+
+
+def _traffic(store: Store, groups: int) -> None:
+    recs, ratings = [], []
+    for g in range(groups):
+        liked = g % 2 == 0  # every honest key likes the even replies
+        for key in HONEST + [ATTACKER]:
+            rid = f"r{g}-{key}"
+            recs.append(ResponseRecord(rid, key, "m", 0, "chat", (1, g), (7, g % 5), (-1.0, -1.0), "stop", 1.0, 1.0, 1.0))
+            reward = int(liked) if key != ATTACKER else int(not liked)
+            if key == HONEST[0] and g % 7 == 0:
+                reward = 1 - reward  # an honest key is not perfectly consistent
+            ratings.append(FeedbackRecord(rid, key, reward))
+    store.write_batch(recs)
+    store.write_batch(ratings)
+
+
+def test_auto_quarantine_takes_the_inverting_key_only(store):
+    ops = Operations(MonitorConfig(quarantine_z=4.0, quarantine_min_ratings=30), store, Publisher(None, store, Metrics()), Metrics())
+    _traffic(store, 60)
+    assert ops.quarantine_suspects() == [ATTACKER]
+    assert ops.quarantine_suspects() == []  # once
+    states = {k.key_id: k for k in store.key_states()}
+    assert states[ATTACKER].quarantined and "automatic" in states[ATTACKER].reason
+    assert not any(states[k].quarantined for k in HONEST)
+    assert [e.kind for e in store.events()].count("quarantine") == 1
+    trained_keys = {f.api_key_id for f, _ in store.rated_after(0, 10_000)}
+    assert ATTACKER not in trained_keys and set(HONEST) <= trained_keys
+    assert len(store.get_feedback(f"r0-{ATTACKER}")) == 1  # kept
+
+
+def test_off_by_default(store):
+    ops = Operations(MonitorConfig(), store, Publisher(None, store, Metrics()), Metrics())
+    _traffic(store, 60)
+    assert ops.quarantine_suspects() == []
