@@ -53,3 +53,15 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     yield base.rsplit("/", 1)[0] + "/" + name
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def store(store_url):
+    """A migrated store with version 0 on each backend (test modules may define their own)."""
+    from liveloop.store import Store, StoreConfig
+
+    s = Store(StoreConfig(url=store_url))
+    s.migrate()
+    s.ensure_base_version("/models/base")
+    yield s
+    s.close()

@@ -2,25 +2,14 @@
 left alone; a key that inverts their consensus is quarantined once, with an operator event, and its
 ratings leave the training stream (kept in the store)."""
 
-import pytest
-
 from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
 from liveloop.server.operations import Operations
 from liveloop.server.publisher import Publisher
-from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
+from liveloop.store import FeedbackRecord, ResponseRecord, Store
 
 HONEST = [f"honest{i:010d}"[:16] for i in range(5)]
 ATTACKER = "attacker00000000"
-
-
-@pytest.fixture
-def store(store_url):
-    s = Store(StoreConfig(url=store_url))
-    s.migrate()
-    s.ensure_base_version("/m")
-    yield s
-    s.close()
 
 
 def _traffic(store: Store, groups: int) -> None:

@@ -4,10 +4,8 @@ the disagreement score reads."""
 
 from __future__ import annotations
 
-import pytest
 
 from liveloop.store import FeedbackRecord, ResponseRecord, Store
-from liveloop.store.config import StoreConfig
 from liveloop.store.keys import KeyState, content_group
 
 
@@ -17,15 +15,6 @@ def _response(rid: str, key: str, prompt=(1, 2), reply=(3, 4)) -> ResponseRecord
         response_ids=tuple(reply), behavior_logprobs=tuple(-0.5 for _ in reply), finish_reason="stop",
         temperature=1.0, top_p=1.0, latency_ms=1.0,
     )
-
-
-@pytest.fixture
-def store(store_url):
-    s = Store(StoreConfig(url=store_url))
-    s.migrate()
-    s.ensure_base_version("/models/base")
-    yield s
-    s.close()
 
 
 def _rate(store: Store, rid: str, key: str, reward: int, **kw) -> None:
