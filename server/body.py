@@ -77,8 +77,8 @@ async def parse_body(request: Request, model: type[M], empty_ok: bool = False) -
         raw = b"{}"
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"invalid JSON body: {exc}", code="invalid_json") from exc
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep, an int too long
+        raise APIError(400, f"invalid JSON body: {str(exc)[:200]}", code="invalid_json") from exc
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     try:

@@ -38,7 +38,11 @@ class Publisher:
 
     async def publish_dir(self, path: str, note: str | None = None, **row: object) -> dict:
         directory = Path(path)
-        if not directory.is_dir() or not any(directory.glob("*.safetensors")):
+        try:
+            usable = directory.is_dir() and any(directory.glob("*.safetensors"))
+        except OSError:  # a name too long, a permission: not a directory we can load
+            usable = False
+        if not usable:
             raise APIError(400, f"path: {path} is not a checkpoint directory with *.safetensors", param="path")
         async with self._lock:
             parent = self.engine.version

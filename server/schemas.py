@@ -9,13 +9,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Stop = str | list[str] | None
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
+
+
+def _no_nul(v: str) -> str:
+    if "\x00" in v:
+        raise ValueError("must not contain NUL characters")  # PostgreSQL text cannot hold them
+    return v
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]  # a string the store keeps
 
 
 class _Strict(BaseModel):
@@ -53,7 +62,7 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1
     user: Annotated[str, Field(max_length=256)] | None = None
-    metadata: dict[str, str] | None = Field(default=None, description="tags stored with the response")
+    metadata: dict[Text, Text] | None = Field(default=None, description="tags stored with the response")
     presence_penalty: Literal[0, 0.0] = 0.0
     frequency_penalty: Literal[0, 0.0] = 0.0
     return_token_ids: bool = Field(default=False, description="extension: include prompt/completion token ids")
@@ -128,9 +137,9 @@ class CompletionRequest(_Sampling):
 
 
 class FeedbackRequest(_Strict):
-    response_id: Annotated[str, Field(min_length=1, max_length=64)]
+    response_id: Annotated[Text, Field(min_length=1, max_length=64)]
     reward: int | str
-    comment: Annotated[str, Field(max_length=4096)] | None = None
+    comment: Annotated[Text, Field(max_length=4096)] | None = None
 
     @field_validator("reward")
     @classmethod
@@ -144,18 +153,18 @@ class FeedbackRequest(_Strict):
 
 
 class SwapRequest(_Strict):
-    path: Annotated[str, Field(min_length=1, max_length=4096)]
-    note: Annotated[str, Field(max_length=1000)] | None = None
+    path: Annotated[Text, Field(min_length=1, max_length=4096)]
+    note: Annotated[Text, Field(max_length=1000)] | None = None
 
 
 class RollbackRequest(_Strict):
     version: Annotated[int, Field(ge=0, le=INT32_MAX)]
-    reason: Annotated[str, Field(max_length=1000)] | None = None
+    reason: Annotated[Text, Field(max_length=1000)] | None = None
 
 
 class PauseRequest(_Strict):
-    reason: Annotated[str, Field(max_length=1000)] | None = None
+    reason: Annotated[Text, Field(max_length=1000)] | None = None
 
 
 class QuarantineRequest(_Strict):
-    reason: Annotated[str, Field(max_length=1000)] | None = None
+    reason: Annotated[Text, Field(max_length=1000)] | None = None

@@ -39,6 +39,7 @@ from liveloop.server.text import TextStream
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
 
 log = logging.getLogger(__name__)
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,8 @@ class Serving:
             )
         sampling = SamplingParams(
             max_tokens=max_tokens,
-            temperature=req.temperature,
+            # below vLLM's sampling epsilon a temperature is greedy on every engine (logits / 1e-300 overflow)
+            temperature=0.0 if req.temperature < GREEDY_BELOW else req.temperature,
             top_p=req.top_p,
             seed=req.seed,
             top_logprobs=top,

@@ -47,8 +47,8 @@ async def feedback(request: Request, principal: Principal = Depends(require_user
 async def delete_response(response_id: str, request: Request, principal: Principal = Depends(require_user)) -> dict:
     """Delete a response this key received, and its ratings: no later training or replay reads it."""
     request.app.state.serving.admission.check_rate("feedback", principal.key_id)
-    if not 0 < len(response_id) <= 64:
-        raise APIError(400, "response_id: 1 to 64 characters", param="response_id")
+    if not 0 < len(response_id) <= 64 or "\x00" in response_id:
+        raise APIError(400, "response_id: 1 to 64 characters, no NUL", param="response_id")
     deleted = await asyncio.to_thread(request.app.state.store.delete_response, response_id, principal.key_id)
     if not deleted.responses:
         raise APIError(404, f"no response `{response_id}` for this API key", param="response_id")

@@ -100,9 +100,14 @@ async def _stream(serving: Serving, prepared: Prepared, fmt: "_Format", include_
             first = fmt.first_chunk(run)
             if first is not None:
                 yield _sse(first)
-            async for piece in run:
-                if piece.text or fmt.wants_tokens:
-                    yield _sse(fmt.chunk(run, piece))
+            try:
+                async for piece in run:
+                    if piece.text or fmt.wants_tokens:
+                        yield _sse(fmt.chunk(run, piece))
+            except Exception:  # the engine failed mid-stream: the status is sent, so say it in the stream
+                log.exception("generation %s failed", prepared.response_id)
+                yield _sse(error_body(500, "the generation failed", code="generation_failed"))
+                return
             try:
                 await serving.commit(run)
             except Exception as exc:  # the store refused or is full: say so in the stream (the status is sent)

@@ -222,3 +222,14 @@ def test_pin_versions(server):
         assert admin.post("/admin/versions/0/unpin").json()["changed"] is True
     with _client(server, USER_KEY) as user:
         assert user.post("/admin/versions/0/pin").status_code == 403
+
+
+def test_text_the_store_keeps_cannot_hold_nul(server):
+    """PostgreSQL text cannot hold NUL: stored strings refuse it at the edge, on either store."""
+    with _client(server, USER_KEY) as c:
+        r = _chat(c, metadata={"topic": "a\x00b"})
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("metadata")
+        rid = _chat(c).json()["id"]
+        fb = c.post("/v1/feedback", json={"response_id": rid, "reward": 1, "comment": "x\x00"})
+        assert fb.status_code == 400 and fb.json()["error"]["param"] == "comment"
+        assert c.post("/v1/feedback", json={"response_id": "a\x00", "reward": 1}).status_code == 400
