@@ -424,7 +424,7 @@ def verify_store(store_url: str, t: Tally, cursor_name: str) -> dict:
 
 # -- the run ---------------------------------------------------------------------------------------
 async def drive(server, args: argparse.Namespace, b: Behaviour) -> dict:
-    from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2
+    from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2, USER_KEYS
 
     limits = httpx.Limits(max_connections=4 * args.users + 8)
     timeout = httpx.Timeout(b.request_timeout, connect=10)
@@ -439,7 +439,7 @@ async def drive(server, args: argparse.Namespace, b: Behaviour) -> dict:
         tally, watch = Tally(), Watch(peak_rss_mb=sum(p.rss_mb for p in rss_start.values()))
         t0 = time.monotonic()
         deadline = t0 + args.duration
-        keys = [USER_KEY_2 if u % 4 == 3 else USER_KEY for u in range(args.users)]  # a few users on another key
+        keys = [USER_KEYS[u % len(USER_KEYS)] for u in range(args.users)]  # a key per user, as in a chat app's users
         users = [User(u, keys[u], client, b, tally, deadline) for u in range(args.users)]
         await asyncio.gather(watcher(client, server.proc.pid, watch, deadline, t0), *(u.run() for u in users))
         elapsed = time.monotonic() - t0  # includes the requests in flight at the deadline

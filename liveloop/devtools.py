@@ -3,6 +3,7 @@ operator does (`liveloop --config ... serve`), and make a perturbed copy of a ch
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 
 USER_KEY, USER_KEY_2, ADMIN_KEY = "sk-test-user-1", "sk-test-user-2", "sk-test-admin"
+USER_KEYS = (USER_KEY, USER_KEY_2) + tuple(f"sk-test-user-{i}" for i in range(3, 17))  # every test server accepts these
 
 
 def free_port() -> int:
@@ -67,7 +69,7 @@ port = {port}
 max_body_bytes = 65536
 {server_extra}
 [auth]
-dev_user_keys = ["{USER_KEY}", "{USER_KEY_2}"]
+dev_user_keys = {json.dumps(list(USER_KEYS))}
 dev_admin_keys = ["{ADMIN_KEY}"]
 [engine]
 backend = "{backend}"
