@@ -578,7 +578,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t_start = time.monotonic()
         server = start_server(
-            Path(tmp), model_dir, args.backend, timeout=600, learner=learner_toml if args.learner == "on" else None, extra=extra
+            Path(tmp), model_dir, args.backend, timeout=600, learner=learner_toml if args.learner == "on" else None, extra=extra,
+            rate_limits=True,  # the default per-key limits, as served
         )
         startup_s = time.monotonic() - t_start
         try:

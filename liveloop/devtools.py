@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 
 USER_KEY, USER_KEY_2, ADMIN_KEY = "sk-test-user-1", "sk-test-user-2", "sk-test-admin"
+# simulated users and benchmarks send far more through one key than a person would
+_NO_KEY_LIMITS = "chat_requests_per_minute = 0\nfeedback_per_minute = 0\nmax_concurrent_per_key = 256"
 USER_KEYS = (USER_KEY, USER_KEY_2) + tuple(f"sk-test-user-{i}" for i in range(3, 17))  # every test server accepts these
 
 
@@ -57,16 +59,19 @@ class ServerProcess:
 def write_config(
     workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None, learner: str | None = None,
     extra: str = "", served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "",
+    rate_limits: bool = False,
 ) -> tuple[Path, str]:
     """A server config on loopback with the test keys; `learner` is extra `[learner]` TOML (None: off);
     `server_extra` / `engine_extra` / `store_extra` are more keys of those sections; `extra` is appended
-    (more sections, e.g. `[monitor]`)."""
+    (more sections, e.g. `[monitor]`). Per-key rate limits and the per-key generation cap are off
+    unless `rate_limits` (then the defaults hold, and `server_extra` may set them)."""
     store_url = store_url or f"sqlite:///{workdir / 'liveloop.db'}"
     text = f"""
 [server]
 host = "127.0.0.1"
 port = {port}
 max_body_bytes = 65536
+{"" if rate_limits else _NO_KEY_LIMITS}
 {server_extra}
 [auth]
 dev_user_keys = {json.dumps(list(USER_KEYS))}
@@ -95,6 +100,7 @@ checkpoint_dir = "{workdir / 'versions'}"
 def start_server(
     workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240, learner: str | None = None, extra: str = "",
     served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "", store_url: str | None = None,
+    rate_limits: bool = False,
 ) -> ServerProcess:
     """Start `liveloop serve` in its own process group and wait until /healthz answers."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -102,6 +108,7 @@ def start_server(
     config, store_url = write_config(
         workdir, Path(model_dir).resolve(), backend, port, store_url=store_url, learner=learner, extra=extra,
         served_model_name=served_model_name, server_extra=server_extra, engine_extra=engine_extra, store_extra=store_extra,
+        rate_limits=rate_limits,
     )
     log_path = workdir / "server.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

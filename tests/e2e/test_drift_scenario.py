@@ -71,10 +71,12 @@ def test_preferred_style_share_rises_and_report_is_written(tmp_path, model_dir):
     sao = results["methods"][0]
     assert sao["error"] is None and sao["versions_published"] > 0
     events = sorted(read_events(out / "events-sao.jsonl"), key=lambda e: e.t_reply)
-    before = [e.reply_style == "chuunibyou" for e in events if e.policy_version == 0]
+    # the first 24 replies (the base model's, and perhaps a first version's: that only makes the test
+    # stricter); how many the base alone serves depends on how fast the learner publishes
+    before = [e.reply_style == "chuunibyou" for e in events[:24]]
     after = [e.reply_style == "chuunibyou" for e in events[-50:]]
     share_before, share_after = sum(before) / len(before), sum(after) / len(after)
     print({"before": share_before, "n_before": len(before), "after": share_after, "summary": (out / "summary.md").read_text()})
-    assert len(before) >= 10 and max(e.policy_version for e in events[-50:]) > 0
+    assert events[0].policy_version == 0 and max(e.policy_version for e in events[-50:]) > 0
     # base model: ~1/3 of replies in each style; require a clear rise
     assert share_after >= share_before + 0.2, (share_before, share_after)

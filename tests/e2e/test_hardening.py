@@ -163,7 +163,7 @@ def test_quarantine_hides_ratings_from_training_and_lifts(server):
 def test_rate_limits_and_generation_caps(tmp_path, model_dir):
     server = start_server(
         tmp_path / "limits", model_dir, "hf",
-        server_extra="chat_requests_per_minute = 5\nfeedback_per_minute = 3\nmax_concurrent_per_key = 1",
+        server_extra="chat_requests_per_minute = 5\nfeedback_per_minute = 3\nmax_concurrent_per_key = 1", rate_limits=True,
     )
     try:
         with _client(server, USER_KEY) as c, _client(server, USER_KEY_2) as other:

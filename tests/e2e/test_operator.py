@@ -195,7 +195,10 @@ def test_dashboard_in_a_real_browser(http, server, browser, tmp_path):
     target = _serving(http)
     swapped = http.post("/admin/weights", headers=ADMIN, json={"path": str(perturbed_checkpoint(server.model_dir, tmp_path / "v", seed=7)), "note": "to roll back from the page"})
     newer = swapped.json()["version"]
-    wait = WebDriverWait(browser, 30)
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    # the page re-renders (sign-in reload, 2 s refresh): an element found a moment ago may be replaced
+    wait = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
 
     browser.get(server.base_url + "/dashboard")
     browser.find_element(By.ID, "key").send_keys("sk-wrong")
