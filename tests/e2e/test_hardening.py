@@ -233,3 +233,34 @@ def test_text_the_store_keeps_cannot_hold_nul(server):
         fb = c.post("/v1/feedback", json={"response_id": rid, "reward": 1, "comment": "x\x00"})
         assert fb.status_code == 400 and fb.json()["error"]["param"] == "comment"
         assert c.post("/v1/feedback", json={"response_id": "a\x00", "reward": 1}).status_code == 400
+
+
+def test_a_full_log_queue_is_a_503_with_retry_after(tmp_path, model_dir):
+    """A burst larger than the writer's queue: the overflow is refused at once (503 + Retry-After, the
+    event loop never blocks), everything acknowledged is stored, and the server serves on."""
+    import asyncio
+
+    server = start_server(tmp_path / "queue", model_dir, "hf", store_extra="queue_max = 1\nbatch_max = 1")
+    try:
+        with _client(server, USER_KEY) as c:
+            rid = _chat(c).json()["id"]
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY}"},
+                                         timeout=60, limits=httpx.Limits(max_connections=300)) as ac:
+                return await asyncio.gather(*[ac.post("/v1/feedback", json={"response_id": rid, "reward": i % 2})
+                                              for i in range(300)])
+
+        answers = asyncio.run(burst())
+        codes = {r.status_code for r in answers}
+        assert codes <= {200, 503} and 503 in codes and 200 in codes, codes
+        refused = [r for r in answers if r.status_code == 503]
+        assert all(int(r.headers["retry-after"]) >= 1 and r.json()["error"]["code"] == "log_queue_full" for r in refused)
+        store = open_store(server)
+        (row,) = store.get_feedback(rid)
+        assert row.revisions + 1 == sum(r.status_code == 200 for r in answers)  # every acknowledged rating landed
+        store.close()
+        with _client(server, USER_KEY) as c:
+            assert _chat(c).status_code == 200 and httpx.get(server.base_url + "/healthz").status_code == 200
+    finally:
+        stop_server(server)
