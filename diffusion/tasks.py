@@ -4,7 +4,7 @@ Countdown with 3 numbers. Owns the prompt/answer text formats and the published 
 Formats (one prompt line, the response is an `<answer>` tag):
     sudoku 12.4 ..3. .1.. 4..1\\n          ->  <answer>1234 3412 2143 4321</answer>
     countdown 3 5 7 = 22\\n                ->  <answer>3*5+7</answer>
-Rewards (../shared/docs/algorithms.md, section 2): the LAST <answer>...</answer> counts.
+Rewards (docs/design.md, "BGPO"): the LAST <answer>...</answer> counts.
 Countdown: no tag 0; numbers not exactly the given ones, characters outside [0-9+-*/(). ] or an expression
 that does not evaluate 0.1; |value - target| < 1e-5 1.0, else 0.1.
 Sudoku: the fraction of the puzzle's empty cells filled correctly (no tag 0).

@@ -13,7 +13,7 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Sample:
-    """One rated response as the learner sees it (see ../shared/docs/algorithms.md, "The sample")."""
+    """One rated response as the learner sees it (docs/design.md, "The sample")."""
 
     prompt_ids: np.ndarray
     response_ids: np.ndarray

@@ -3,7 +3,7 @@
     learner = OnlineLearner.resume(store, learner_config, critic_config, base_model_dir)
     while not stop: learner.step() or sleep(poll)
 
-`step()` reads like the algorithm (../shared/docs/algorithms.md section 1):
+`step()` reads like the algorithm (docs/design.md, "SAO, section by section"):
   1. take the next B rated responses past the cursor (no groups, no waiting for a prompt's siblings)
   2. policy logprobs of the served tokens; critic values
   3. advantages: GAE over action tokens only, lambda_policy = 1 - 1/(alpha L); value targets with lambda_value

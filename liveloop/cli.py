@@ -158,19 +158,31 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return chat_loop(client, max_tokens=args.max_tokens)
 
 
+def config_option(p: argparse.ArgumentParser) -> None:
+    """`--config` after the subcommand too (`liveloop serve --config x.toml`); it wins over the global one."""
+    p.add_argument("--config", default=argparse.SUPPRESS, help=f"TOML config (default: {DEFAULT_CONFIG})")
+
+
+# commands that talk to a running server: they print what the person asked for, not library logs
+CLIENT_COMMANDS = ("chat", "versions", "rollback", "learning", "report")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="liveloop", description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="TOML config (default: %(default)s)")
+    parser.add_argument("--verbose", action="store_true", help="print library logs (HTTP requests, ...) too")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="serve the model on an OpenAI-compatible endpoint")
+    config_option(p)
     p.add_argument("--host", help="listen address (default from config: 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default from config: 8000)")
-    p.add_argument("--engine", choices=["vllm", "hf"], help="override engine.backend")
+    p.add_argument("--engine", choices=["vllm", "hf", "diffusion"], help="override engine.backend")
     p.add_argument("--no-learner", action="store_true", help="serve only (learner.enabled = false)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("learn", help="run the SAO learner alone (or replay stored ratings)")
+    config_option(p)
     p.add_argument("--replay", action="store_true", help="train over stored rated responses from the start")
     p.add_argument("--from-version", type=int, default=None, help="replay: start from this version's weights")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many policy steps")
@@ -178,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     critic = sub.add_parser("critic", help="the value model").add_subparsers(dest="critic_cmd", required=True)
     p = critic.add_parser("pretrain", help="cold-start the critic for the version the learner resumes from")
+    config_option(p)
     p.add_argument("--reward", help="override critic.pretrain_reward (contains:WORD | style:NAME)")
     p.add_argument("--rollouts", type=int, help="override critic.pretrain_rollouts")
     p.add_argument("--from-store", action="store_true", help="fit on rated responses already in the store")
@@ -185,20 +198,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = sub.add_parser("model", help="the embedded default model").add_subparsers(dest="model_cmd", required=True)
     p = model.add_parser("init", help="build the tiny default model (tokenizer + MoE + brief training)")
+    config_option(p)
     p.add_argument("--out", help="output directory (default: model.out_dir)")
     p.add_argument("--force", action="store_true", help="rebuild even if it exists")
     p.set_defaults(func=cmd_model_init)
 
     store = sub.add_parser("store", help="the versioned-feedback store").add_subparsers(dest="store_cmd", required=True)
     p = store.add_parser("migrate", help="upgrade the database schema to the current revision")
+    config_option(p)
     p.add_argument("--url", help="override store.url")
     p.set_defaults(func=cmd_store_migrate)
     p = store.add_parser("stats", help="row counts")
+    config_option(p)
     p.add_argument("--url", help="override store.url")
     p.set_defaults(func=cmd_store_stats)
 
     p = sub.add_parser("chat", help="chat interactively and rate replies")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    config_option(p)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the liveloop server (default: %(default)s)")
     p.add_argument("--api-key", help="API key (default: $LIVELOOP_API_KEY, else the config's first dev key)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.set_defaults(func=cmd_chat)
@@ -209,8 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import httpx
+
     args = build_parser().parse_args(argv)
+    quiet = args.command in CLIENT_COMMANDS and not args.verbose
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.command in ("serve", "model", "learn", "critic", "bgpo"):
@@ -225,6 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     except (SchemaNotReady, ValueError) as exc:
         print(f"liveloop: {exc}", file=sys.stderr)
         return 2
+    except httpx.TransportError as exc:  # the server is not there (or went away)
+        try:
+            url = str(exc.request.url)
+        except RuntimeError:  # httpx raises when the error carries no request
+            url = getattr(args, "base_url", "?")
+        print(f"liveloop: cannot reach the server at {url}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -105,7 +105,10 @@ def cmd_report_drift(args: argparse.Namespace) -> int:
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    from liveloop.cli import config_option
+
+    config_option(p)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the liveloop server (default: %(default)s)")
     p.add_argument("--api-key", help="admin key (default: $LIVELOOP_ADMIN_KEY, else the config's first dev admin key)")
 
 
@@ -131,5 +134,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = report.add_parser("drift", help="reward over time, versions and drift alarms as a PNG or HTML file")
     p.add_argument("--since", help="e.g. 2h, 30m, 1d, or an ISO time (default: everything)")
     p.add_argument("--out", required=True, help="report.png or report.html")
+    from liveloop.cli import config_option
+
+    config_option(p)
     p.add_argument("--url", help="override store.url")
     p.set_defaults(func=cmd_report_drift)

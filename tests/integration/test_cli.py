@@ -51,3 +51,18 @@ def test_critic_pretrain_from_store_needs_ratings(tmp_path):
     assert out.returncode == 2 and "at least one rated sample" in out.stderr
     out = run("--config", str(cfg), "critic", "pretrain")
     assert out.returncode == 2 and "critic.pretrain_reward is not set" in out.stderr
+
+
+def test_config_in_both_positions(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[store]\nbatch_max = 'many'\n")
+    for args in (("--config", str(cfg), "store", "stats"), ("store", "stats", "--config", str(cfg))):
+        out = run(*args)
+        assert out.returncode == 2 and "store.batch_max" in out.stderr, (args, out.stderr)
+
+
+def test_an_unreachable_server_is_one_line(tmp_path):
+    out = run("versions", "--base-url", "http://127.0.0.1:9", "--api-key", "k")
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()]  # one line, no traceback
+    assert "cannot reach the server at http://127.0.0.1:9" in out.stderr and "INFO" not in out.stderr
