@@ -92,6 +92,10 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
+    def healthy(self) -> bool:
+        """Whether the engine can generate now (for /healthz); must not block."""
+        ...
+
     def generate(self, request: GenerationRequest) -> contextlib.AbstractAsyncContextManager[Generation]: ...
 
     async def update_weights(self, weights: Any, version: int) -> float:

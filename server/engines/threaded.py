@@ -53,6 +53,10 @@ class ThreadedEngine:
     def swap_preempted(self) -> int:
         return self._gate.preempted
 
+    def healthy(self) -> bool:
+        """The worker thread that owns the model is running (it never blocks)."""
+        return self._thread is not None and self._thread.is_alive() and not self._closing.is_set()
+
     def _start_worker(self, version: int) -> None:
         self._gate.version = version
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)

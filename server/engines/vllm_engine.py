@@ -83,6 +83,10 @@ class VLLMEngine:
     def version(self) -> int:
         return self._gate.version
 
+    def healthy(self) -> bool:
+        """vLLM's engine core is running and has not died (it never blocks)."""
+        return self._llm is not None and not self._llm.errored
+
     @property
     def swap_preempted(self) -> int:
         return self._gate.preempted

@@ -27,7 +27,7 @@ async def healthz(request: Request) -> JSONResponse:
             store_ok = True
         except Exception:
             store_ok = False
-    engine_ok = bool(getattr(state.engine, "healthy", lambda: True)())
+    engine_ok = state.engine.healthy()
     learner = _learner_health(state.learner)
     can_log = writer.alive and store_ok
     status = "ok" if can_log and engine_ok and learner["state"] in ("running", "off") else "degraded"

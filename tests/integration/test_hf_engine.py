@@ -105,3 +105,12 @@ async def test_swap_from_a_saved_checkpoint_directory(engine, tmp_path):
     assert engine.version == 1
     want = other.state_dict()
     assert all(torch.allclose(want[k], v) for k, v in engine.model.state_dict().items())
+
+
+async def test_health_follows_the_worker(model_dir):
+    eng = HFEngine(EngineConfig(backend="hf", model=str(model_dir)), model_dir)
+    assert not eng.healthy()  # not started
+    await eng.start()
+    assert eng.healthy()
+    await eng.close()
+    assert not eng.healthy()
