@@ -6,7 +6,6 @@ from datetime import timedelta
 import pytest
 
 from liveloop.store import FeedbackRecord, ResponseRecord, RollbackRefused, StaleLineage, Store
-from liveloop.store.config import StoreConfig
 from liveloop.store.models import utcnow
 
 
@@ -23,15 +22,6 @@ def _publish(store: Store, version: int, parent: int, cursor: int = 0) -> None:
         version, parent=parent, checkpoint_path=f"/ckpt/{version}", checkpoint_sha256="0" * 64, learner_step=version,
         samples_used=1, metrics={}, cursor_name="sao", last_feedback_id=cursor, status="serving",
     )
-
-
-@pytest.fixture
-def store(store_url):
-    s = Store(StoreConfig(url=store_url))
-    s.migrate()
-    s.ensure_base_version("/models/base")
-    yield s
-    s.close()
 
 
 def test_pause_and_resume_are_logged_once(store):
