@@ -74,6 +74,3 @@ class Admission:
             self._running[key_id] -= 1
             if self._running[key_id] <= 0:
                 del self._running[key_id]
-
-    def running(self, key_id: str) -> int:
-        return self._running.get(key_id, 0)

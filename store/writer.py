@@ -47,10 +47,6 @@ class WriterHealth:
     last_error: str | None
     failed_commits: int
 
-    @property
-    def ok(self) -> bool:
-        return self.alive and self.store_ok
-
 
 def _resolve(fut: Future, result: object = None, exc: BaseException | None = None) -> None:
     """Resolve `fut` unless its waiter cancelled it (then nobody is listening)."""
