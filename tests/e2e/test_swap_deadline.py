@@ -54,8 +54,9 @@ def start_server_with_deadline(tmp: Path, model_dir: Path, backend: str, deadlin
 
 
 class StalledStream:
-    """A streaming chat completion whose client reads the first event, then stops reading and keeps
-    the connection open. Small receive buffer and segments: on loopback (64 KiB MSS) the kernel would
+    """A streaming chat completion whose client reads up to the first event that carries a token, then
+    stops reading and keeps the connection open (the role-only first chunk comes before any token: a
+    swap that raced it would abort a response with nothing generated yet). Small receive buffer and segments: on loopback (64 KiB MSS) the kernel would
     otherwise buffer megabytes for the server, and a short response would fit in them entirely."""
 
     def __init__(self, base_url: str, body: dict):
@@ -72,7 +73,7 @@ class StalledStream:
         )
         self.sock.sendall(head.encode() + payload)
         buf = b""
-        while (first := _first_event(buf)) is None:
+        while (first := _first_token_event(buf)) is None:
             data = self.sock.recv(4096)
             if not data:
                 raise AssertionError(f"the server closed the stream early: {buf[:500]!r}")
@@ -87,15 +88,21 @@ class StalledStream:
         self.sock.close()
 
 
-def _first_event(buf: bytes) -> bytes | None:
-    """The JSON of the first server-sent event in a raw HTTP response, once it has fully arrived."""
+def _first_token_event(buf: bytes) -> bytes | None:
+    """The JSON of the first complete server-sent event in a raw HTTP response that carries a token
+    (its choice has logprobs), or None while none has fully arrived."""
     if b"\r\n\r\n" not in buf:
         return None
     body = buf.split(b"\r\n\r\n", 1)[1]
-    if b"data: " not in body:
-        return None
-    event = body.split(b"data: ", 1)[1]
-    return event.split(b"\n\n", 1)[0] if b"\n\n" in event else None
+    for event in body.split(b"data: ")[1:]:
+        if b"\n\n" not in event:
+            return None
+        data = event.split(b"\n\n", 1)[0]
+        if data.strip() == b"[DONE]":
+            return None
+        if any(choice.get("logprobs") for choice in json.loads(data)["choices"]):
+            return data
+    return None
 
 
 def _chat(base_url: str, content: str) -> httpx.Response:
