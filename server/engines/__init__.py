@@ -4,13 +4,27 @@ Engines are purely token-id machines: they know nothing of chat templates, HTTP 
 """
 
 from liveloop.server.engines.base import (
+    CheckpointDir,
     Engine,
     Generation,
     GenerationRequest,
+    NamedTensors,
     SamplingParams,
     TokenDelta,
     VersionGate,
+    WeightSource,
     create_engine,
 )
 
-__all__ = ["Engine", "Generation", "GenerationRequest", "SamplingParams", "TokenDelta", "VersionGate", "create_engine"]
+__all__ = [
+    "CheckpointDir",
+    "Engine",
+    "Generation",
+    "GenerationRequest",
+    "NamedTensors",
+    "SamplingParams",
+    "TokenDelta",
+    "VersionGate",
+    "WeightSource",
+    "create_engine",
+]

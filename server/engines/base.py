@@ -1,10 +1,15 @@
-"""The Engine protocol, the typed messages it speaks, the drain gate that makes swaps atomic, and the
-backend registry.
+"""The Engine protocol every backend satisfies, the typed values it speaks (requests, deltas, weight
+sources), the drain gate that makes swaps atomic, and the backend registry.
 
-    async with engine.generate(request) as gen:   # admitted: gen.version is fixed for the whole response
-        async for delta in gen:                    # new token ids + their behavior logprobs
+    await engine.start(version, weights_path)      # load the model (and that version's checkpoint)
+    async with engine.generate(request) as gen:    # admitted: gen.version is fixed for the whole response
+        async for delta in gen:                     # new token ids + their behavior logprobs
             ...
-    await engine.update_weights(tensors_or_dir, version)   # drains in-flight generations, swaps, resumes
+    await engine.update_weights(checkpoint_dir, version)   # drains in-flight generations, swaps, resumes
+
+Weights reach an engine through one typed seam, `WeightSource`: a `CheckpointDir` (what the publisher
+swaps in; a plain path means one) or `NamedTensors` (tensors in this process). Each backend reads every
+source; a later transport is one more source type.
 
 Atomicity is the engine's invariant, not the backend's: `VersionGate` admits a generation only while
 no swap is pending, and a swap waits until every admitted generation has finished, for at most the
@@ -12,7 +17,7 @@ drain deadline. A generation still running then (a client that stopped reading k
 admitted) is ended through its `preempt` callback: the backend stops it at a token boundary before the
 new weights are applied and its stream ends with finish_reason "abort". So each response is produced
 entirely by the one version it records, and new weights never continue a KV cache that old weights
-computed.
+computed. `gated.GatedEngine` holds this plumbing once for every backend.
 """
 
 from __future__ import annotations
@@ -20,17 +25,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import torch
+
     from liveloop.server.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
 Preempt = Callable[[], Awaitable[None]]
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -76,19 +84,53 @@ class Generation:
         return self.stream
 
 
+@dataclass(frozen=True)
+class CheckpointDir:
+    """Weights as a checkpoint directory the engine can read (a `save_pretrained` layout)."""
+
+    path: Path
+
+
+@dataclass(frozen=True, eq=False)
+class NamedTensors:
+    """Weights as tensors in this process, by the served model's state_dict names."""
+
+    tensors: Mapping[str, torch.Tensor]
+
+
+WeightSource = CheckpointDir | NamedTensors
+
+
+def weight_source(weights: str | Path | WeightSource) -> WeightSource:
+    """The source `update_weights` was given; a plain path is a checkpoint directory."""
+    if isinstance(weights, (CheckpointDir, NamedTensors)):
+        return weights
+    if isinstance(weights, (str, Path)):
+        return CheckpointDir(Path(weights))
+    raise TypeError(f"update_weights: expected a checkpoint path, CheckpointDir or NamedTensors, got {type(weights).__name__}")
+
+
+@runtime_checkable
 class Engine(Protocol):
+    """A token-id machine serving one policy version at a time (`create_engine` builds one)."""
+
     name: str
     max_model_len: int
 
     @property
-    def version(self) -> int: ...
+    def version(self) -> int:
+        """The version new generations are admitted under."""
+        ...
 
     @property
     def swap_preempted(self) -> int:
         """Generations that swaps have ended at their drain deadline, since start."""
         ...
 
-    async def start(self) -> None: ...
+    async def start(self, version: int = 0, weights_path: str | Path | None = None) -> None:
+        """Load the model, then the checkpoint directory `weights_path` if given, and serve it as
+        `version`."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -98,10 +140,11 @@ class Engine(Protocol):
 
     def generate(self, request: GenerationRequest) -> contextlib.AbstractAsyncContextManager[Generation]: ...
 
-    async def update_weights(self, weights: Any, version: int) -> float:
-        """Swap in new weights (named tensors or a checkpoint directory) as `version`; returns seconds
-        the engine was closed to new requests. Generations still running at the drain deadline are
-        ended (finish_reason "abort") before the new weights are applied."""
+    async def update_weights(self, weights: str | Path | WeightSource, version: int) -> float:
+        """Swap in new weights as `version` (a path is a `CheckpointDir`); returns seconds the engine
+        was closed to new requests. Generations still running at the drain deadline are ended
+        (finish_reason "abort") before the new weights are applied. If the weights cannot be loaded
+        it raises and the old version keeps serving, its weights intact."""
         ...
 
 
@@ -189,8 +232,8 @@ class VersionGate:
         await self._cond.wait_for(lambda: not self._readers)
 
 
-def create_engine(config: "EngineConfig", model_path: str | Path) -> Engine:
-    """Instantiate the backend named by `config.backend` (`vllm`, `hf`)."""
+def create_engine(config: EngineConfig, model_path: str | Path) -> Engine:
+    """Instantiate the backend named by `config.backend` (`vllm`, `hf`, `diffusion`)."""
     # Import backends lazily: `vllm` must not be imported where it is not used.
     if config.backend == "vllm":
         from liveloop.server.engines.vllm_engine import VLLMEngine

@@ -15,6 +15,10 @@ for monitoring, not log mu(y_i | y_<i): BGPO does not use it. What BGPO needs is
 response: prompt ids, response ids (EOS-truncated; BGPO pads them back with EOS to its `gen_length`) and
 the policy version; BGPO recomputes the ELBO with its own shared masks. `top_logprobs` are not produced
 (None) and `top_p` is ignored (Gumbel-max sampling over the full distribution at `temperature`).
+
+Configuration (`[engine]`): `diffusion_block_length` and `diffusion_steps_per_block` set the block
+schedule (unset: the model's build record, else the sampler's defaults); `trust_remote_code` loads
+checkpoints that bring their own model code (LLaDA, Dream).
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ import torch
 
 from liveloop.diffusion.model import MaskedDiffusionLM, load_diffusion_model
 from liveloop.diffusion.sampler import SamplerConfig, generate
+from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, TokenDelta, aborted
-from liveloop.server.engines.threaded import Emit, ThreadedEngine
+from liveloop.server.engines.threaded import Emit, Stop, Submit, Swap, ThreadedEngine
+from liveloop.server.engines.weights import load_state
 
 
 @dataclass
@@ -41,32 +47,6 @@ class _Job:
     emit: Emit
     generator: torch.Generator
     cancelled: threading.Event
-
-
-def load_state(model: MaskedDiffusionLM, weights: Mapping[str, torch.Tensor] | str | Path,
-               trust_remote_code: bool = False) -> None:
-    """Copy new weights into `model.net` in place; every tensor must be present (or tied) and finite."""
-    if isinstance(weights, (str, Path)):
-        loaded, _ = load_diffusion_model(weights, trust_remote_code, dtype=_dtype_name(model))
-        state = loaded.net.state_dict()
-    else:
-        state = dict(weights)
-    own = model.net.state_dict()
-    have = {v.data_ptr() for k, v in own.items() if k in state}
-    missing = [k for k, v in own.items() if k not in state and v.data_ptr() not in have]  # tied: shares storage
-    if missing:
-        raise ValueError(f"update_weights: missing tensors {missing[:5]}")
-    for k, v in state.items():
-        if k in own and not torch.isfinite(v).all():
-            raise ValueError(f"update_weights: non-finite values in {k}")
-    with torch.no_grad():
-        for k, v in state.items():
-            if k in own:
-                own[k].copy_(v.to(own[k].dtype))
-
-
-def _dtype_name(model: MaskedDiffusionLM) -> str:
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
 def sampler_defaults(model_path: str | Path) -> SamplerConfig:
@@ -79,25 +59,37 @@ def sampler_defaults(model_path: str | Path) -> SamplerConfig:
     return SamplerConfig()
 
 
+def engine_sampler(config: EngineConfig, model_path: str | Path) -> SamplerConfig:
+    """The block schedule the engine decodes with: `config.diffusion_block_length` and
+    `diffusion_steps_per_block` where set, else the model's recorded setting (`sampler_defaults`).
+    Only the block length and the steps per block matter: each request sets its own length and
+    temperature (`DiffusionEngine.request_sampler`)."""
+    base = sampler_defaults(model_path)
+    if config.diffusion_block_length is None and config.diffusion_steps_per_block is None:
+        return base
+    block = config.diffusion_block_length or base.block_length
+    steps = config.diffusion_steps_per_block or base.steps // (base.gen_length // base.block_length)
+    return SamplerConfig(gen_length=block, block_length=block, steps=steps)
+
+
 class DiffusionEngine(ThreadedEngine):
     name = "diffusion"
     thread_name = "liveloop-diffusion-engine"
 
-    def __init__(self, config: Any, model_path: str | Path, sampler: SamplerConfig | None = None,
-                 trust_remote_code: bool = False):
+    def __init__(self, config: EngineConfig, model_path: str | Path, sampler: SamplerConfig | None = None):
         super().__init__(config, model_path)
-        self.sampler = sampler
-        self.trust_remote_code = trust_remote_code
+        self.sampler = sampler  # None: `engine_sampler(config, model_path)` at start
+        self.trust_remote_code = config.trust_remote_code
         self.model: MaskedDiffusionLM | None = None
         self.tokenizer: Any = None
 
-    async def start(self, version: int = 0, weights_path: str | None = None) -> None:
+    async def start(self, version: int = 0, weights_path: str | Path | None = None) -> None:
         self.model, self.tokenizer = load_diffusion_model(self.model_path, self.trust_remote_code, self.config.dtype)
         self.model.eval()
         if self.sampler is None:
-            self.sampler = sampler_defaults(self.model_path)
+            self.sampler = engine_sampler(self.config, self.model_path)
         if weights_path:
-            load_state(self.model, weights_path, self.trust_remote_code)
+            load_state(self.model.net, self._read_checkpoint(Path(weights_path)))
         self._start_worker(version)
 
     def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator, cancelled: threading.Event) -> _Job:
@@ -106,27 +98,32 @@ class DiffusionEngine(ThreadedEngine):
     def _weights_module(self) -> torch.nn.Module:
         return self.model.net
 
-    def _load_state(self, weights: Any) -> None:
-        load_state(self.model, weights, self.trust_remote_code)
+    def _read_checkpoint(self, path: Path) -> Mapping[str, torch.Tensor]:
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        loaded, _ = load_diffusion_model(path, self.trust_remote_code, dtype=dtype)
+        return loaded.net.state_dict()
 
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(1)
         while not self._closing.is_set():
-            item = self._inbox.get()
-            if item is None:
-                return
-            if not isinstance(item, _Job):
-                item()  # a weight swap: every request ahead of it in the inbox has ended
-                continue
-            if item.cancelled.is_set():
-                item.emit(aborted())
-                continue
-            try:
-                if not self._generate(item):
-                    item.emit(aborted())
-            except BaseException as exc:  # report to the request, keep serving the others
-                item.emit(exc)
+            match self._inbox.get():
+                case Stop():
+                    return
+                case Swap() as swap:
+                    self._swap(swap)  # every request ahead of it in the inbox has ended
+                case Submit(job):
+                    self._serve(job)
+
+    def _serve(self, job: _Job) -> None:
+        if job.cancelled.is_set():
+            job.emit(aborted())
+            return
+        try:
+            if not self._generate(job):
+                job.emit(aborted())
+        except BaseException as exc:  # report to the request, keep serving the others
+            job.emit(exc)
 
     def request_sampler(self, request: GenerationRequest) -> SamplerConfig:
         """The sampler for one request: max_tokens rounded up to whole blocks (capped by max_model_len),

@@ -20,7 +20,8 @@ import torch
 
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, TokenDelta, aborted
-from liveloop.server.engines.threaded import Emit, ThreadedEngine
+from liveloop.server.engines.threaded import Emit, Stop, Submit, Swap, ThreadedEngine
+from liveloop.server.engines.weights import load_state
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,34 +39,6 @@ class _Active:
     stop: set[int] = field(default_factory=set)
 
 
-def load_state(model: torch.nn.Module, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
-    """Copy new weights into `model` in place; every parameter must be present and finite."""
-    if isinstance(weights, (str, Path)):
-        # through transformers' own loader: checkpoints on disk may use another layout (e.g. MoE
-        # experts saved one by one, fused in memory), which from_pretrained converts
-        from transformers import AutoModelForCausalLM
-
-        loaded = AutoModelForCausalLM.from_pretrained(str(weights), dtype=next(model.parameters()).dtype)
-        state = loaded.state_dict()
-    else:
-        state = dict(weights)
-    own = model.state_dict()
-    missing = [k for k in own if k not in state and not _tied(model, k)]
-    if missing:
-        raise ValueError(f"update_weights: missing tensors {missing[:5]}")
-    for k, v in state.items():
-        if k in own and not torch.isfinite(v).all():
-            raise ValueError(f"update_weights: non-finite values in {k}")
-    with torch.no_grad():
-        for k, v in state.items():
-            if k in own:
-                own[k].copy_(v.to(own[k].dtype))
-
-
-def _tied(model: torch.nn.Module, key: str) -> bool:
-    return key == "lm_head.weight" and bool(getattr(model.config, "tie_word_embeddings", False))
-
-
 class HFEngine(ThreadedEngine):
     name = "hf"
     thread_name = "liveloop-hf-engine"
@@ -74,13 +47,15 @@ class HFEngine(ThreadedEngine):
         super().__init__(config, model_path)
         self.model: Any = None
 
-    async def start(self, version: int = 0, weights_path: str | None = None) -> None:
+    async def start(self, version: int = 0, weights_path: str | Path | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[self.config.dtype])
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=_DTYPES[self.config.dtype], trust_remote_code=self.config.trust_remote_code
+        )
         self.model.eval()
         if weights_path:
-            load_state(self.model, weights_path)
+            load_state(self.model, self._read_checkpoint(Path(weights_path)))
         self._start_worker(version)
 
     def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator, cancelled: threading.Event) -> _Active:
@@ -89,8 +64,14 @@ class HFEngine(ThreadedEngine):
     def _weights_module(self) -> torch.nn.Module:
         return self.model
 
-    def _load_state(self, weights: Any) -> None:
-        load_state(self.model, weights)
+    def _read_checkpoint(self, path: Path) -> Mapping[str, torch.Tensor]:
+        # through transformers' own loader: checkpoints on disk may use another layout (e.g. MoE
+        # experts saved one by one, fused in memory), which from_pretrained converts
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=next(self.model.parameters()).dtype, trust_remote_code=self.config.trust_remote_code
+        ).state_dict()
 
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -100,21 +81,22 @@ class HFEngine(ThreadedEngine):
             block = not active
             while True:
                 try:
-                    item = self._inbox.get(block=block)
+                    message = self._inbox.get(block=block)
                 except queue.Empty:
                     break
                 block = False
-                if item is None:
-                    return
-                if callable(item) and not isinstance(item, _Active):
-                    # a weight swap: the gate admits no request while it is pending, and the ones
-                    # it ended are cancelled; either way no old KV cache is continued by new weights
-                    for a in active:
-                        a.emit(aborted())
-                    active.clear()
-                    item()
-                    continue
-                active.append(item)
+                match message:
+                    case Stop():
+                        return
+                    case Swap():
+                        # the gate admits no request while a swap is pending, and the ones it ended
+                        # are cancelled; either way no old KV cache is continued by new weights
+                        for a in active:
+                            a.emit(aborted())
+                        active.clear()
+                        self._swap(message)
+                    case Submit(job):
+                        active.append(job)
             for a in list(active):
                 if a.cancelled.is_set():
                     a.emit(aborted())  # nobody reads it if the client went away; a preempted stream ends

@@ -1,9 +1,9 @@
 """The scaffolding of an engine whose model lives on ONE worker thread (the `hf` and `diffusion`
-backends): the version gate, the inbox the thread reads (requests and weight swaps), the bridge that
-turns a request's deltas from the thread into an async stream, per-request seeded generators, and the
-drained weight swap that restores the old weights if the new ones fail to load.
+backends): the inbox the thread reads, holding typed messages (`Submit` a request, `Swap` the weights,
+`Stop`), the bridge that turns a request's deltas from the thread into an async stream, per-request
+seeded generators, and the weight swap that restores the old weights if the new ones fail to load.
 
-A swap that ends a straggler (drain deadline) sets its job's `cancelled` event, then queues the swap
+A swap that ends a straggler (drain deadline) sets its job's `cancelled` event, then queues its `Swap`
 on the same inbox; the worker reads the inbox in order and checks `cancelled` before every step, so it
 never computes a token of that job once the swap has run. Its stream ends with an "abort" delta at the
 next read (what the worker produced and the stream had not handed over yet is dropped), and a stream
@@ -11,8 +11,9 @@ that had not started yet never starts.
 
 A backend supplies `start` (load the model, then `_start_worker`), `_job` (its per-request state,
 holding the given `cancelled` event), `_run` (the worker loop: how requests are scheduled; it emits
-`aborted()` for each job it drops as cancelled, and drops every job still held when a swap arrives)
-and `_load_state`.
+`aborted()` for each job it drops as cancelled, drops every job still held when a `Swap` arrives and
+then calls `_swap`), `_weights_module` (the module whose state a swap replaces) and `_read_checkpoint`
+(a checkpoint directory's state, by that module's names).
 """
 
 from __future__ import annotations
@@ -21,37 +22,65 @@ import asyncio
 import contextlib
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
-from liveloop.server.engines.base import Generation, GenerationRequest, TokenDelta, VersionGate, aborted
+from liveloop.server.engines.base import (
+    CheckpointDir,
+    GenerationRequest,
+    NamedTensors,
+    Preempt,
+    TokenDelta,
+    WeightSource,
+    aborted,
+)
+from liveloop.server.engines.gated import GatedEngine
+from liveloop.server.engines.weights import load_state
+
+if TYPE_CHECKING:
+    from liveloop.server.config import EngineConfig
 
 Emit = Callable[[TokenDelta | BaseException], None]
+Job = TypeVar("Job")
 
 
-class ThreadedEngine:
+@dataclass(frozen=True)
+class Submit(Generic[Job]):
+    """A request to generate: the backend's per-request state."""
+
+    job: Job
+
+
+@dataclass(frozen=True)
+class Swap:
+    """Load `source` into the model; `done` reports the outcome (None or the error) to the waiting
+    swap, from the worker thread."""
+
+    source: WeightSource
+    done: Callable[[BaseException | None], None]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the worker loop (the engine is closing)."""
+
+
+Message = Submit[Any] | Swap | Stop
+
+
+class ThreadedEngine(GatedEngine):
     thread_name = "liveloop-engine"
 
-    def __init__(self, config: Any, model_path: str | Path):
-        self.config = config
-        self.model_path = str(model_path)
-        self.max_model_len = config.max_model_len
-        self._gate = VersionGate(0, config.drain_deadline_seconds)
-        self._inbox: queue.Queue = queue.Queue()
+    def __init__(self, config: EngineConfig, model_path: str | Path):
+        super().__init__(config, model_path)
+        self._inbox: queue.Queue[Message] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._seed_source = torch.Generator().manual_seed(config.seed)
-
-    @property
-    def version(self) -> int:
-        return self._gate.version
-
-    @property
-    def swap_preempted(self) -> int:
-        return self._gate.preempted
 
     def healthy(self) -> bool:
         """The worker thread that owns the model is running (it never blocks)."""
@@ -64,20 +93,18 @@ class ThreadedEngine:
 
     async def close(self) -> None:
         self._closing.set()
-        self._inbox.put(None)
+        self._inbox.put(Stop())
         if self._thread:
             await asyncio.to_thread(self._thread.join, 10)
 
-    @contextlib.asynccontextmanager
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Generation]:
+    def _admit(self, request: GenerationRequest) -> tuple[Preempt, AsyncIterator[TokenDelta]]:
         cancelled = threading.Event()
 
         async def preempt() -> None:
             # the swap is queued on the inbox after this: the worker sees the flag before it runs
             cancelled.set()
 
-        async with self._gate.reading(preempt) as version:
-            yield Generation(version, self._stream(request, cancelled))
+        return preempt, self._stream(request, cancelled)
 
     async def _stream(self, request: GenerationRequest, cancelled: threading.Event) -> AsyncIterator[TokenDelta]:
         if cancelled.is_set():  # ended by a swap before it started: nothing to generate
@@ -93,8 +120,7 @@ class ThreadedEngine:
         seed = request.sampling.seed
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seed_source))
-        job = self._job(request, emit, torch.Generator().manual_seed(seed), cancelled)
-        self._inbox.put(job)
+        self._inbox.put(Submit(self._job(request, emit, torch.Generator().manual_seed(seed), cancelled)))
         try:
             while not cancelled.is_set():
                 item = await out.get()
@@ -109,25 +135,39 @@ class ThreadedEngine:
         finally:
             cancelled.set()
 
-    async def update_weights(self, weights: Any, version: int) -> float:
-        async def apply() -> None:
-            loop = asyncio.get_running_loop()
-            done: asyncio.Future = loop.create_future()
+    async def _apply(self, source: WeightSource) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
 
-            def swap() -> None:
-                backup = {k: v.clone() for k, v in self._weights_module().state_dict().items()}
-                try:
-                    self._load_state(weights)
-                except BaseException as exc:  # restore: never serve a half-copied model
-                    self._load_state(backup)
-                    loop.call_soon_threadsafe(done.set_exception, exc)
-                    return
+        def report(error: BaseException | None) -> None:
+            if error is None:
                 loop.call_soon_threadsafe(done.set_result, None)
+            else:
+                loop.call_soon_threadsafe(done.set_exception, error)
 
-            self._inbox.put(swap)
-            await done
+        self._inbox.put(Swap(source, report))
+        await done
 
-        return await self._gate.swap(apply, version)
+    def _swap(self, swap: Swap) -> None:
+        """On the worker thread: load the swap's weights; if that fails, restore the old ones (never
+        serve a half-copied model) and report the error."""
+        module = self._weights_module()
+        backup = {k: v.clone() for k, v in module.state_dict().items()}
+        try:
+            load_state(module, self._read_state(swap.source))
+        except BaseException as exc:
+            load_state(module, backup)
+            swap.done(exc)
+            return
+        swap.done(None)
+
+    def _read_state(self, source: WeightSource) -> Mapping[str, torch.Tensor]:
+        match source:
+            case CheckpointDir(path):
+                return self._read_checkpoint(path)
+            case NamedTensors(tensors):
+                return tensors
+        raise TypeError(f"{self.name} engine: cannot load weights from {type(source).__name__}")
 
     # -- what a backend supplies ---------------------------------------------------------------------
     def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator, cancelled: threading.Event) -> Any:
@@ -139,5 +179,5 @@ class ThreadedEngine:
     def _weights_module(self) -> torch.nn.Module:
         raise NotImplementedError
 
-    def _load_state(self, weights: Any) -> None:
+    def _read_checkpoint(self, path: Path) -> Mapping[str, torch.Tensor]:
         raise NotImplementedError

@@ -17,7 +17,6 @@ has not registered yet would be lost); one not submitted yet never is.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import Generation, GenerationRequest, TokenDelta, VersionGate, aborted
+from liveloop.server.engines.base import GenerationRequest, Preempt, TokenDelta, aborted
+from liveloop.server.engines.base import CheckpointDir, NamedTensors, WeightSource  # the weight seam
+from liveloop.server.engines.gated import GatedEngine
 from liveloop.server.engines.vllm_reload_fix import repair_after_reload
 from liveloop.server.engines.weights import write_checkpoint
 
@@ -56,6 +57,7 @@ def engine_args(config: EngineConfig, model_path: str, weights_path: str | None 
         distributed_executor_backend="uni",
         enable_prefix_caching=False,  # old-version KV must never serve a new version
         seed=config.seed,
+        trust_remote_code=config.trust_remote_code,
     )
 
 
@@ -68,32 +70,22 @@ class _Handle:
     starting: asyncio.Event | None = None  # set once vLLM has answered (or the stream ended)
 
 
-class VLLMEngine:
+class VLLMEngine(GatedEngine):
     name = "vllm"
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
-        self.config = config
-        self.model_path = str(model_path)
-        self.max_model_len = config.max_model_len
-        self._gate = VersionGate(0, config.drain_deadline_seconds)
+        super().__init__(config, model_path)
         self._llm: Any = None
         self._weights_path = str(model_path)  # what the serving version was loaded from
-
-    @property
-    def version(self) -> int:
-        return self._gate.version
 
     def healthy(self) -> bool:
         """vLLM's engine core is running and has not died (it never blocks)."""
         return self._llm is not None and not self._llm.errored
 
-    @property
-    def swap_preempted(self) -> int:
-        return self._gate.preempted
-
-    async def start(self, version: int = 0, weights_path: str | None = None) -> None:
+    async def start(self, version: int = 0, weights_path: str | Path | None = None) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        weights_path = str(weights_path) if weights_path else None
         self._llm = AsyncLLM.from_engine_args(engine_args(self.config, self.model_path, weights_path))
         self._weights_path = weights_path or self.model_path
         self._gate.version = version
@@ -103,11 +95,9 @@ class VLLMEngine:
             self._llm.shutdown()
             self._llm = None
 
-    @contextlib.asynccontextmanager
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Generation]:
+    def _admit(self, request: GenerationRequest) -> tuple[Preempt, AsyncIterator[TokenDelta]]:
         handle = _Handle(request.request_id)
-        async with self._gate.reading(lambda: self._preempt(handle)) as version:
-            yield Generation(version, self._stream(request, handle))
+        return (lambda: self._preempt(handle)), self._stream(request, handle)
 
     async def _preempt(self, handle: _Handle) -> None:
         handle.preempted = True
@@ -163,30 +153,32 @@ class VLLMEngine:
             handle.starting.set()
             await gen.aclose()  # aborts the request in vLLM when the client went away
 
-    async def update_weights(self, weights: Any, version: int) -> float:
-        path = weights if isinstance(weights, (str, Path)) else write_checkpoint(
-            weights, self.model_path, self.config.checkpoint_dir
-        )
+    def _stage(self, source: WeightSource) -> WeightSource:
+        # the engine core is another process (or reloads from disk anyway): tensors travel as a directory
+        match source:
+            case NamedTensors(tensors):
+                return CheckpointDir(write_checkpoint(tensors, self.model_path, self.config.checkpoint_dir))
+        return source
 
-        async def apply() -> None:
-            await self._llm.pause_generation(mode="wait")
+    async def _apply(self, source: WeightSource) -> None:
+        if not isinstance(source, CheckpointDir):
+            raise TypeError(f"vllm engine: cannot load weights from {type(source).__name__}")
+        await self._llm.pause_generation(mode="wait")
+        try:
             try:
-                try:
-                    await self._reload(path)
-                except Exception:
-                    await self._reload(self._weights_path)  # never serve a half-loaded model
-                    raise
-                self._weights_path = str(path)
-                for _ in range(50):  # prefix caching is off; verify anyway that no cached KV survives
-                    if await self._llm.reset_prefix_cache():
-                        break
-                    await asyncio.sleep(0.01)
-                else:
-                    raise RuntimeError("vLLM prefix cache could not be reset after a weight swap")
-            finally:
-                await self._llm.resume_generation()
-
-        return await self._gate.swap(apply, version)
+                await self._reload(source.path)
+            except Exception:
+                await self._reload(self._weights_path)  # never serve a half-loaded model
+                raise
+            self._weights_path = str(source.path)
+            for _ in range(50):  # prefix caching is off; verify anyway that no cached KV survives
+                if await self._llm.reset_prefix_cache():
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise RuntimeError("vLLM prefix cache could not be reset after a weight swap")
+        finally:
+            await self._llm.resume_generation()
 
     async def _reload(self, path: str | Path) -> None:
         path = str(Path(path).resolve())

@@ -1,5 +1,6 @@
-"""Weight transport for engines that live in another process: named tensors become a checkpoint
-directory (safetensors + the base config) that the engine reloads from disk."""
+"""Weights into an engine's model: `load_state`, the one in-place copy every in-process backend uses
+(with its checks and its tied-weight rule), and `write_checkpoint`, which turns named tensors into a
+checkpoint directory (safetensors + the base config) for an engine in another process to reload."""
 
 from __future__ import annotations
 
@@ -11,6 +12,38 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+
+class WeightsRejected(ValueError):
+    """New weights that cannot serve: a tensor of the model is missing, or values are not finite."""
+
+
+def load_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy `state` into `module` in place, after checking all of it: every tensor of the module must
+    be given and every given tensor finite (else WeightsRejected, and nothing is copied). Names the
+    module does not have are ignored; values are cast to the module's dtypes.
+
+    Tied weights: names under which the module holds ONE tensor (an LM head tied to the input
+    embedding) count as given when any of them is. Each given name is copied in the state's order, so
+    if a state gives tied names different values the last one is what serves; a tied model's own
+    state always gives them equal."""
+    own = module.state_dict()
+    given = {_tensor_key(own[k]) for k in state if k in own}
+    missing = [k for k, v in own.items() if k not in state and _tensor_key(v) not in given]
+    if missing:
+        raise WeightsRejected(f"update_weights: missing tensors {missing[:5]}")
+    for k, v in state.items():
+        if k in own and not torch.isfinite(v).all():
+            raise WeightsRejected(f"update_weights: non-finite values in {k}")
+    with torch.no_grad():
+        for k, v in state.items():
+            if k in own:
+                own[k].copy_(v.to(own[k].dtype))
+
+
+def _tensor_key(t: torch.Tensor) -> tuple[int, tuple[int, ...]]:
+    # state_dict gives a tied parameter once per name, each a view of the same memory
+    return t.data_ptr(), tuple(t.shape)
 
 
 def write_checkpoint(tensors: Mapping[str, torch.Tensor], base_model: str | Path, root: str | Path) -> Path:

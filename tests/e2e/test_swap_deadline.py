@@ -23,7 +23,7 @@ import pytest
 
 from liveloop.devtools import ServerProcess, perturbed_checkpoint
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import GenerationRequest, SamplingParams, create_engine
+from liveloop.server.engines.base import GenerationRequest, NamedTensors, SamplingParams, create_engine
 
 from .conftest import ADMIN_KEY, USER_KEY, Reference, open_store, start_server, stop_server
 
@@ -233,7 +233,7 @@ def test_diffusion_engine_ends_an_unstarted_straggler(tmp_path):
         engine = create_engine(config, tmp_path / "model")
         await engine.start()
         try:
-            weights = {k: v.clone() for k, v in engine.model.net.state_dict().items()}
+            weights = NamedTensors({k: v.clone() for k, v in engine.model.net.state_dict().items()})
             request = GenerationRequest("unstarted", (18, 30, 36, 9, 42), SamplingParams(max_tokens=16, seed=1))
             async with engine.generate(request) as gen:
                 await asyncio.wait_for(engine.update_weights(weights, 1), 60)

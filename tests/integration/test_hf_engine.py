@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import GenerationRequest, SamplingParams
+from liveloop.server.engines.base import GenerationRequest, NamedTensors, SamplingParams
 from liveloop.server.engines.hf_engine import HFEngine
 
 
@@ -65,7 +65,7 @@ async def test_swap_is_atomic_under_concurrent_generations(engine):
     old_state = {k: v.clone() for k, v in engine.model.state_dict().items()}
     tasks = [asyncio.create_task(_collect(engine, _req(i, max_tokens=40, stop_token_ids=()))) for i in range(6)]
     await asyncio.sleep(0.05)
-    held = await engine.update_weights(new_state, 1)
+    held = await engine.update_weights(NamedTensors(new_state), 1)
     late = [asyncio.create_task(_collect(engine, _req(10 + i, max_tokens=10, stop_token_ids=()))) for i in range(3)]
     results = await asyncio.gather(*tasks, *late)
     assert held >= 0 and engine.version == 1
@@ -85,7 +85,7 @@ async def test_non_finite_weights_are_refused(engine):
     name = next(iter(bad))
     bad[name] = torch.full_like(bad[name], float("nan"))
     with pytest.raises(ValueError, match="non-finite"):
-        await engine.update_weights(bad, 1)
+        await engine.update_weights(NamedTensors(bad), 1)
     assert engine.version == 0
     assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
     v, ids, _, _ = await _collect(engine, _req(0))

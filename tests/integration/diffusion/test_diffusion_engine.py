@@ -11,7 +11,7 @@ from liveloop.diffusion.model import TinyModelConfig, tiny_model
 from liveloop.diffusion.sampler import SamplerConfig, generate
 from liveloop.diffusion.tokenizer import build_tokenizer
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import GenerationRequest, SamplingParams, create_engine
+from liveloop.server.engines.base import GenerationRequest, NamedTensors, SamplingParams, create_engine
 from liveloop.server.engines.diffusion_engine import DiffusionEngine
 
 SAMPLER = SamplerConfig(gen_length=16, block_length=4, steps=8, temperature=1.0)
@@ -82,7 +82,7 @@ async def test_swap_is_atomic_and_bad_weights_are_refused(engine):
     state = {k: v.clone() for k, v in engine.model.net.state_dict().items()}
     # a generation in flight keeps version 0; the swap waits for it
     async with engine.generate(_req(0, seed=2)) as gen:
-        swap = asyncio.create_task(engine.update_weights({k: v * 0.5 for k, v in state.items()}, 1))
+        swap = asyncio.create_task(engine.update_weights(NamedTensors({k: v * 0.5 for k, v in state.items()}), 1))
         await asyncio.sleep(0.05)
         assert not swap.done() and engine.version == 0
         _ = [d async for d in gen]
@@ -94,10 +94,10 @@ async def test_swap_is_atomic_and_bad_weights_are_refused(engine):
     bad = {k: v.clone() for k, v in state.items()}
     bad[k0][0] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
-        await engine.update_weights(bad, 2)
+        await engine.update_weights(NamedTensors(bad), 2)
     assert engine.version == 1 and torch.allclose(engine.model.net.state_dict()[k0], state[k0] * 0.5)
     with pytest.raises(ValueError, match="missing tensors"):
-        await engine.update_weights({k0: state[k0]}, 3)
+        await engine.update_weights(NamedTensors({k0: state[k0]}), 3)
 
 
 async def test_update_from_checkpoint_dir(engine, model_dir, tmp_path):
@@ -112,3 +112,25 @@ async def test_update_from_checkpoint_dir(engine, model_dir, tmp_path):
     assert engine.version == 7
     for (k, a), b in zip(engine.model.net.state_dict().items(), m.net.state_dict().values()):
         assert torch.allclose(a, b), k
+
+
+async def test_block_schedule_and_remote_code_come_from_the_config(model_dir):
+    import dataclasses
+
+    config = dataclasses.replace(CONFIG, diffusion_block_length=2, diffusion_steps_per_block=3, trust_remote_code=True)
+    eng = create_engine(config, model_dir)
+    await eng.start()
+    try:
+        assert eng.trust_remote_code
+        # 5 tokens: three blocks of 2, three steps each
+        assert eng.request_sampler(_req(0, max_tokens=5)) == SamplerConfig(gen_length=6, block_length=2, steps=9)
+        _, deltas = await _collect(eng, _req(0, max_tokens=5, seed=1, stop_token_ids=()))
+        assert all(len(d.token_ids) <= 2 for d in deltas)
+    finally:
+        await eng.close()
+    plain = create_engine(CONFIG, model_dir)  # nothing configured, no build record: the sampler's defaults
+    await plain.start()
+    try:
+        assert plain.request_sampler(_req(0, max_tokens=5)) == SamplerConfig(gen_length=8, block_length=8, steps=8)
+    finally:
+        await plain.close()
