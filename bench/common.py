@@ -49,8 +49,8 @@ def rated_samples(model_dir: Path, n: int, target: str = "behold", max_tokens: i
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from liveloop.learner.batch import Sample
-    from liveloop.learner.rollout import chat_prompt_ids, sample_reply
+    from liveloop.rl.batch import Sample
+    from liveloop.rl.rollout import chat_prompt_ids, sample_reply
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)

@@ -18,8 +18,8 @@ def main() -> None:
     from liveloop.critic.config import CriticConfig
     from liveloop.critic.trainer import Critic
     from liveloop.critic.value_model import build_value_model
-    from liveloop.learner.advantages import gae_skip_observations
-    from liveloop.learner.batch import make_batch
+    from liveloop.rl.advantages import gae_skip_observations
+    from liveloop.rl.batch import make_batch
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=160)

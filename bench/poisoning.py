@@ -112,7 +112,7 @@ def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
     from liveloop.critic.config import CriticConfig
     from liveloop.learner.config import LearnerConfig
     from liveloop.learner.online import OnlineLearner
-    from liveloop.learner.rollout import chat_prompt_ids
+    from liveloop.rl.rollout import chat_prompt_ids
     from liveloop.monitor.poisoning import disagreement_scores, suspects
     from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 

@@ -8,9 +8,9 @@ from torch import Tensor, nn
 
 from liveloop.critic.config import CriticConfig
 from liveloop.critic.value_model import freeze_attention, token_values
-from liveloop.learner.batch import TokenBatch
-from liveloop.learner.losses import value_loss
-from liveloop.learner.optim import make_optimizer
+from liveloop.rl.batch import TokenBatch
+from liveloop.rl.losses import value_loss
+from liveloop.rl.optim import make_optimizer
 
 
 class Critic:

@@ -1,12 +1,12 @@
 """The BGPO batch job: offline RL of a masked diffusion LM from the store's rated responses and/or task
 problems, publishing each new policy version to the store. (`loss = vrpo_ol | diffu_grpo` run the
-baselines through the same loop, for comparisons.)
+baselines through the same loop, for comparisons: `objectives.py` maps the name to what differs.)
 
 One step:
     1. groups: rated responses of the diffusion model past the job's cursor, then task problems;
     2. rollouts: each group topped up to G responses by the current policy (the old policy of this step);
-    3. rewards -> group advantages A = (r - mean) / std;
-    4. n_t masks drawn ONCE per response; old-policy ELBO terms l_old under no_grad;
+    3. rewards -> group advantages A = (r - mean) / std (the RL core's group normalisation);
+    4. n_t masks drawn ONCE per response; the objective's old-policy terms (l_old) under no_grad;
     5. `inner_updates` optimizer steps; BGPO back-propagates one Monte-Carlo sample's graph at a time
        (constant memory in n_t);
     6. rollouts written to the store (`responses`, ids deterministic per step: a redone step skips them);
@@ -31,11 +31,12 @@ from tqdm.auto import tqdm
 
 from liveloop.checkpoint import checkpoint_digest, save_atomically
 from liveloop.diffusion.config import BGPOJobConfig
-from liveloop.diffusion.elbo import MaskDraw, draw_masks, elbo_terms, one_pass_logprobs, sample_elbo
+from liveloop.diffusion.elbo import draw_masks
 from liveloop.diffusion.groups import Group, fill_with_rollouts, served_form, store_groups, task_groups
-from liveloop.diffusion.losses import bgpo_sample_loss, diffu_grpo_loss, group_advantages, vrpo_ol_loss
 from liveloop.diffusion.model import MaskedDiffusionLM, load_diffusion_model
+from liveloop.diffusion.objectives import Objective, Prepared, make_objective
 from liveloop.diffusion.sft import ensure_diffusion_model
+from liveloop.rl.advantages import group_normalized_advantages
 from liveloop.store.records import ResponseRecord
 from liveloop.store.store import Store
 
@@ -51,18 +52,6 @@ class TrainerState:
     rewards_since_publish: list[float]
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """One group, ready for updates: tensors and the step's fixed noise."""
-
-    prompt_ids: torch.Tensor  # [G, P]
-    responses: torch.Tensor  # [G, L]
-    advantages: torch.Tensor  # [G]
-    draw: MaskDraw
-    old: torch.Tensor  # [G, n_t] ELBO terms, or [U, G, L] one-pass logprobs for diffu_grpo
-    pass_seeds: tuple[int, ...] = ()  # diffu_grpo: prompt-mask seed per inner update
-
-
 def run_bgpo(job: BGPOJobConfig, progress: bool = True, max_steps: int | None = None,
              max_seconds: float | None = None) -> dict[str, Any]:
     """Run (or resume) the job. `max_steps` stops after that many steps in this call without publishing
@@ -71,6 +60,7 @@ def run_bgpo(job: BGPOJobConfig, progress: bool = True, max_steps: int | None = 
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     torch.set_num_threads(1)
     cfg = job.bgpo
+    objective = make_objective(cfg)
     out_dir = Path(cfg.out_dir)
     store = Store(job.store)
     if job.store.auto_migrate:
@@ -85,7 +75,7 @@ def run_bgpo(job: BGPOJobConfig, progress: bool = True, max_steps: int | None = 
         bar = tqdm(total=cfg.steps, initial=state.step, desc=f"{cfg.loss} {cfg.run_name}", disable=not progress)
         done_here, metrics = 0, {}
         while state.step < cfg.steps and (max_steps is None or done_here < max_steps):
-            metrics = _step(job, store, model, optimizer, state, encode, decode)
+            metrics = _step(job, objective, store, model, optimizer, state, encode, decode)
             state.step += 1
             done_here += 1
             out_of_time = deadline is not None and time.monotonic() >= deadline
@@ -146,8 +136,8 @@ def _ensure_published(store: Store, resume_dir: Path | None, state: TrainerState
                           last_feedback_id=state.cursor, **meta)
 
 
-def _step(job: BGPOJobConfig, store: Store, model: MaskedDiffusionLM, optimizer, state: TrainerState,
-          encode, decode) -> dict[str, float]:
+def _step(job: BGPOJobConfig, objective: Objective, store: Store, model: MaskedDiffusionLM, optimizer,
+          state: TrainerState, encode, decode) -> dict[str, float]:
     cfg, sampler = job.bgpo, job.sampler
     started = time.monotonic()
     step_seed = cfg.seed * 1_000_003 + state.step
@@ -166,7 +156,7 @@ def _step(job: BGPOJobConfig, store: Store, model: MaskedDiffusionLM, optimizer,
     fill_with_rollouts(model, groups, cfg.group_size, sampler, gen, decode)
     all_rewards = [r for g in groups for r in g.rewards]
     # 3.-4. Advantages, masks, old-policy terms.
-    prepared = [_prepare(model, g, cfg, gen) for g in groups if len(g.responses) >= 2]
+    prepared = [_prepare(model, objective, g, cfg, gen) for g in groups if len(g.responses) >= 2]
     prepared = [p for p in prepared if bool((p.advantages != 0).any())]
     # 5. Updates.
     metrics = {}
@@ -174,7 +164,7 @@ def _step(job: BGPOJobConfig, store: Store, model: MaskedDiffusionLM, optimizer,
     for u in range(cfg.inner_updates):
         optimizer.zero_grad(set_to_none=True)
         for p in prepared:
-            metrics = _backward(model, p, cfg, n_resp, u)
+            metrics = objective.backward(model, p, n_resp, u)  # this group's share of the batch loss
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm) if prepared else torch.tensor(0.0)
         if prepared:
             optimizer.step()
@@ -194,43 +184,15 @@ def _step(job: BGPOJobConfig, store: Store, model: MaskedDiffusionLM, optimizer,
     return metrics
 
 
-def _prepare(model: MaskedDiffusionLM, g: Group, cfg, gen: torch.Generator) -> Prepared:
+def _prepare(model: MaskedDiffusionLM, objective: Objective, g: Group, cfg, gen: torch.Generator) -> Prepared:
     n = len(g.responses)
     prompt = torch.tensor([g.prompt_ids] * n)
     responses = torch.tensor(g.responses)
-    adv = group_advantages(torch.tensor([g.rewards]))[0]
+    adv = group_normalized_advantages(torch.tensor([g.rewards]))[0]
     draw = draw_masks(n, responses.shape[1], cfg.n_t, gen)
     with torch.no_grad():
-        if cfg.loss == "diffu_grpo":
-            seeds = tuple(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)) for _ in range(cfg.inner_updates))
-            old = torch.stack([one_pass_logprobs(model, prompt, responses, cfg.prompt_mask_prob,
-                                                 torch.Generator().manual_seed(s)) for s in seeds])
-            return Prepared(prompt, responses, adv, draw, old, seeds)
-        old = elbo_terms(model, prompt, responses, draw)
-    return Prepared(prompt, responses, adv, draw, old)
-
-
-def _backward(model: MaskedDiffusionLM, p: Prepared, cfg, n_resp: int, update: int) -> dict[str, float]:
-    """Accumulate this group's gradient; the group's share of the batch loss is G / n_resp."""
-    clip = cfg.clip_eps or None
-    dual = cfg.dual_clip or None
-    share = p.responses.shape[0] / n_resp
-    if cfg.loss == "bgpo":
-        metrics: dict[str, float] = {}
-        for j in range(cfg.n_t):  # one sample's graph at a time: memory constant in n_t
-            lj = sample_elbo(model, p.prompt_ids, p.responses, p.draw.masks[:, j], p.draw.counts[:, j])
-            loss, metrics = bgpo_sample_loss(lj, p.old[:, j], p.advantages, cfg.n_t, n_resp, clip, dual)
-            loss.backward()
-        return metrics
-    if cfg.loss == "vrpo_ol":
-        terms = elbo_terms(model, p.prompt_ids, p.responses, p.draw)  # all n_t graphs at once
-        loss, metrics = vrpo_ol_loss(terms, p.old, p.advantages, clip, dual)
-    else:
-        lp = one_pass_logprobs(model, p.prompt_ids, p.responses, cfg.prompt_mask_prob,
-                               torch.Generator().manual_seed(p.pass_seeds[update]))
-        loss, metrics = diffu_grpo_loss(lp, p.old[update], p.advantages, clip_eps=cfg.clip_eps or 1e9)
-    (loss * share).backward()
-    return metrics
+        old, seeds = objective.old_terms(model, prompt, responses, draw, gen)
+    return Prepared(prompt, responses, adv, draw, old, seeds)
 
 
 def _store_rollouts(store: Store, groups: list[Group], cfg, sampler, state: TrainerState, step_seed: int,

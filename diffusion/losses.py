@@ -1,5 +1,7 @@
-"""Policy losses for masked diffusion LMs as pure functions of tensors: BGPO, VRPO-OL, diffu-GRPO, and the
-group advantages they share. No model, config, IO or process calls; each returns `(loss, metrics)`.
+"""Policy losses for masked diffusion LMs as pure functions of tensors: BGPO, VRPO-OL and diffu-GRPO. No
+model, config, IO or process calls; each returns `(loss, metrics)`. Their group advantages and PPO clip
+come from the RL core (`rl/advantages.group_normalized_advantages`, `rl/losses.clipped_surrogate`); the
+job picks one of them by name through `objectives.py`.
 
 Shapes: N responses (all groups of a batch together), n_t Monte-Carlo ELBO samples, L response tokens.
 `l_theta`, `l_old` are per-sample ELBO terms l_j (see `elbo.py`); `l_old` never gets gradient.
@@ -20,29 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def group_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
-    """A = (r - mean_G r) / std_G r per group (rows of `rewards` [M, G]; unbiased std as in GRPO/d1);
-    a group whose rewards are all equal gets A = 0."""
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
-    return torch.where(std > eps, (rewards - mean) / std.clamp(min=eps), torch.zeros_like(rewards))
-
-
-def _clipped(factor: Tensor, adv: Tensor, clip_eps: float | None, dual_clip: float | None) -> tuple[Tensor, Tensor]:
-    """Surrogate factor * A with optional PPO clip and dual-clip; also whether each entry was clipped."""
-    surrogate = factor * adv
-    clipped = torch.zeros_like(surrogate, dtype=torch.bool)
-    if clip_eps is not None:
-        alt = torch.clamp(factor, 1 - clip_eps, 1 + clip_eps) * adv
-        clipped = alt < surrogate
-        surrogate = torch.minimum(surrogate, alt)
-    if dual_clip is not None:
-        floor = dual_clip * adv
-        dual = (adv < 0) & (surrogate < floor)
-        clipped = clipped | dual
-        surrogate = torch.where(dual, floor, surrogate)
-    return surrogate, clipped
+from liveloop.rl.losses import clipped_surrogate, outside_band
 
 
 def bgpo_sample_loss(
@@ -63,7 +43,7 @@ def bgpo_sample_loss(
     positive = adv >= 0
     # exp only where A < 0: an overflowing exp on the other branch would turn its zero gradient into NaN
     factor = torch.where(positive, 1 + d, torch.exp(torch.where(positive, torch.zeros_like(d), d)))
-    surrogate, clipped = _clipped(factor, adv, clip_eps, dual_clip)
+    surrogate, clipped = clipped_surrogate(factor, adv, clip_eps, dual_clip)
     loss = -(surrogate / n_t).sum() / n
     metrics = {
         "bgpo/loss": float(loss.detach()),
@@ -95,7 +75,7 @@ def vrpo_ol_loss(
     held until backward (memory grows with n_t). Same optional clip / dual-clip on the ratio."""
     d = (l_theta - l_old.detach()).mean(dim=1)
     ratio = torch.exp(d)
-    surrogate, clipped = _clipped(ratio, advantages.detach(), clip_eps, dual_clip)
+    surrogate, clipped = clipped_surrogate(ratio, advantages.detach(), clip_eps, dual_clip)
     loss = -surrogate.mean()
     return loss, {"vrpo/loss": float(loss.detach()), "vrpo/mean_ratio": float(ratio.detach().mean()),
                   "vrpo/clip_fraction": float(clipped.float().mean())}
@@ -109,9 +89,9 @@ def diffu_grpo_loss(
     - min(ratio A, clip(ratio, 1 - eps, 1 + eps) A), mean over the response's tokens, then over N."""
     mask = torch.ones_like(logprobs) if response_mask is None else response_mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - old_logprobs.detach())
-    adv = advantages.detach()[:, None]
-    per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+    surrogate, _ = clipped_surrogate(ratio, advantages.detach()[:, None], clip_eps)
+    per_token = -surrogate
     per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
     loss = per_seq.mean()
-    clip_frac = (((ratio.detach() - 1).abs() > clip_eps).to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
+    clip_frac = (outside_band(ratio, clip_eps).to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
     return loss, {"diffu_grpo/loss": float(loss.detach()), "diffu_grpo/clip_fraction": float(clip_frac)}

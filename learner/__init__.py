@@ -1,3 +1,3 @@
-"""The learner: SAO's loss and advantage math (`losses`, `advantages`: pure functions of tensors).
-The online loop, weight publishing, Ray actor and offline jobs come with the rest of the issue
-"The online SAO learner and its critic"."""
+"""The online learner: SAO and its baselines (`methods`), the training loop and publishing (`online`),
+influence caps, checkpoint retention, offline replay, the critic's cold start for a learner
+(`critic_start`) and the Ray actor. The loss and advantage math lives in the RL core (`liveloop.rl`)."""

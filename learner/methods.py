@@ -14,6 +14,9 @@ A method decides three things and nothing else (the loop, publishing and rollbac
 | grpo            | a complete group of G       | (r - mean_G) / std_G            | PPO clip (eps)   | no     |
 | grpo_dis        | a complete group of G       | (r - mean_G) / std_G            | two-sided mask   | no     |
 
+The math lives in the RL core (`rl/advantages.py`, `rl/losses.py`); GRPO's group normalisation is the
+one BGPO uses too (unbiased std, an all-equal group gets A = 0).
+
 SAO and the sliding window apply the influence caps (learner/influence.py): at most
 `max_per_key_per_batch` samples of one API key per policy step (a rating past it ends the step and
 opens the next one: deferred, not dropped) and `max_per_key_per_window` per key in any
@@ -40,13 +43,13 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from liveloop.learner.advantages import (
-    gae_skip_observations, group_normalized_advantage, length_adaptive_lambda, sliding_window_advantage,
-)
-from liveloop.learner.batch import Sample, TokenBatch
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.influence import InfluenceCaps, InfluenceLimits, KeyedRating
-from liveloop.learner.losses import ppo_clip_loss, sao_policy_loss
+from liveloop.rl.advantages import (
+    gae_skip_observations, group_normalized_advantages, length_adaptive_lambda, sliding_window_advantage,
+)
+from liveloop.rl.batch import Sample, TokenBatch
+from liveloop.rl.losses import ppo_clip_loss, sao_policy_loss
 
 
 class Method(Protocol):
@@ -213,7 +216,7 @@ class GRPO(SAO):
         return None
 
     def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        adv, _ = group_normalized_advantage(batch.rewards)
+        adv = group_normalized_advantages(batch.rewards[None])[0]  # the batch is one group
         return _broadcast(adv, batch.action_mask), None
 
     def policy_loss(self, logprobs: Tensor, batch: TokenBatch, advantages: Tensor, staleness: Tensor) -> tuple[Tensor, dict[str, float]]:
@@ -250,4 +253,7 @@ METHODS: dict[str, type] = {"sao": SAO, "sliding_window": SlidingWindow, "grpo":
 
 
 def make_method(config: LearnerConfig) -> Method:
+    """The method `[learner] method` names (the config loader accepts only these names)."""
+    if config.method not in METHODS:
+        raise ValueError(f"learner.method: expected one of {list(METHODS)}, got {config.method!r}")
     return METHODS[config.method](config)

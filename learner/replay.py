@@ -14,7 +14,7 @@ from tqdm import tqdm
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.online import LearnerState, OnlineLearner
-from liveloop.store import Store
+from liveloop.store import Store, VersionStatus
 
 
 def replay(
@@ -37,7 +37,7 @@ def replay(
     state = LearnerState(version=version, cursor=0, pending_cursor=0)
     learner = OnlineLearner(
         store, cfg, critic, base_model_dir, state, policy_dir, str(critic_dir) if critic_dir.exists() else None,
-        publish_status="candidate",
+        publish_status=VersionStatus.CANDIDATE,
     )
     total = store.counts()["feedback"] // cfg.batch_size
     if max_steps is not None:

@@ -7,8 +7,8 @@ import torch
 from liveloop.critic.config import CriticConfig
 from liveloop.critic.trainer import Critic
 from liveloop.critic.value_model import build_value_model
-from liveloop.learner.advantages import gae_skip_observations
-from liveloop.learner.batch import Sample, make_batch
+from liveloop.rl.advantages import gae_skip_observations
+from liveloop.rl.batch import Sample, make_batch
 
 
 def _samples():

@@ -8,27 +8,21 @@ import dataclasses
 import pytest
 import torch
 
+from liveloop.clients.rewards import corpus_prompt, make_reward
 from liveloop.critic.config import CriticConfig
-from liveloop.critic.pretrain import explained_variance, pretrain_critic
+from liveloop.critic.pretrain import RolloutPlan, collect_rollouts, explained_variance, pretrain_critic
 from liveloop.critic.trainer import Critic
 from liveloop.critic.value_model import build_value_model
 from liveloop.learner.config import LearnerConfig
-from liveloop.learner.critic_start import pretrain_for_learner, rollout_samples
+from liveloop.learner.critic_start import pretrain_for_learner
 from liveloop.learner.online import OnlineLearner
-from liveloop.learner.rewards import make_reward
 from liveloop.store import Store, StoreConfig
 
 
-def test_rewards():
-    assert make_reward("contains:Behold")("Behold! the sea") == 1.0
-    assert make_reward("style:classical")("Verily, 'tis rain") == 1.0
-    assert make_reward("style:cute")("Verily, 'tis rain") == 0.0
-    with pytest.raises(ValueError, match="contains:WORD"):
-        make_reward("sentiment")
-
-
 def test_pretrain_reaches_threshold(model_dir):
-    samples = rollout_samples(str(model_dir), "style:chuunibyou", 24, 24, seed=0, progress=False)
+    reward = make_reward("style:chuunibyou")
+    plan = RolloutPlan(prompt=corpus_prompt, reward=lambda i, prompt, text: reward(text), count=24, max_tokens=24, seed=0)
+    samples = collect_rollouts(model_dir, plan, progress=False)
     rate = sum(s.reward for s in samples) / len(samples)
     assert 0 < rate < 1  # the base model mixes styles
     torch.manual_seed(0)
@@ -46,7 +40,10 @@ def test_learner_resumes_with_the_pretrained_critic(tmp_path, model_dir):
     learner_cfg = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"))
     critic_cfg = CriticConfig(learning_rate=1e-3, pretrain_reward="style:cute", pretrain_rollouts=16, pretrain_max_tokens=16,
                               pretrain_ev_threshold=0.3, pretrain_max_epochs=10)
-    result = pretrain_for_learner(store, learner_cfg, critic_cfg, model_dir, progress=False)
+    with pytest.raises(ValueError, match="critic.pretrain_reward is not set"):  # rollouts need a reward
+        pretrain_for_learner(store, learner_cfg, critic_cfg, model_dir, progress=False)
+    result = pretrain_for_learner(store, learner_cfg, critic_cfg, model_dir, prompt=corpus_prompt,
+                                  reward=make_reward(critic_cfg.pretrain_reward), progress=False)
     assert result["version"] == 0 and result["critic_dir"].endswith("v000000/critic")
     learner = OnlineLearner.resume(store, learner_cfg, dataclasses.replace(critic_cfg), model_dir)
     saved = build_value_model(result["critic_dir"]).state_dict()

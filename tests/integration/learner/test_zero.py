@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from liveloop.critic.config import CriticConfig
-from liveloop.learner.batch import Sample, make_batch, response_logprobs
 from liveloop.learner.config import LearnerConfig
-from liveloop.learner.losses import sao_policy_loss
 from liveloop.learner.online import OnlineLearner
-from liveloop.learner.optim import make_optimizer
+from liveloop.rl.batch import Sample, make_batch, response_logprobs
+from liveloop.rl.losses import sao_policy_loss
+from liveloop.rl.optim import make_optimizer
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
 pytestmark = pytest.mark.slow

@@ -13,19 +13,8 @@ from liveloop.diffusion.losses import (
     bgpo_loss,
     bgpo_sample_loss,
     diffu_grpo_loss,
-    group_advantages,
     vrpo_ol_loss,
 )
-from liveloop.diffusion.model import TinyModelConfig, tiny_model
-from liveloop.diffusion.tokenizer import build_tokenizer
-
-
-def test_group_advantages():
-    # group [1, 0]: mean 0.5, unbiased std sqrt(0.5) -> A = +-0.5 / 0.7071 = +-0.7071
-    # group [1, 1]: std 0 -> A = 0 (no signal)
-    a = group_advantages(torch.tensor([[1.0, 0.0], [1.0, 1.0]]))
-    assert a[0].tolist() == pytest.approx([math.sqrt(0.5), -math.sqrt(0.5)])
-    assert a[1].tolist() == [0.0, 0.0]
 
 
 def test_bgpo_tangent_and_jensen_bounds():
@@ -122,11 +111,8 @@ def _grads(model):
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 
-def test_per_sample_backward_equals_backward_on_the_sum():
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    model = tiny_model(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok, 0)
-    prompt = torch.tensor([tok.encode("countdown 3 5 7 = 22\n", add_special_tokens=False)] * 3)
+def test_per_sample_backward_equals_backward_on_the_sum(tiny_group):
+    model, tok, prompt = tiny_group
     responses = torch.randint(6, len(tok), (3, 12))
     draw = draw_masks(3, 12, n_t=4, generator=torch.Generator().manual_seed(0))
     adv = torch.tensor([1.0, -0.5, -0.5])

@@ -3,6 +3,7 @@ in-memory stand-in for the store's `rated_after`."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -10,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from liveloop.learner.batch import make_batch
+from liveloop.config import ConfigError, load_section
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.methods import GRPO, SAO, GRPODis, SlidingWindow, make_method
+from liveloop.rl.batch import make_batch
 
 
 @dataclass
@@ -51,8 +53,11 @@ def test_make_method_and_config_validation():
     assert isinstance(make_method(LearnerConfig(method="sliding_window")), SlidingWindow)
     assert isinstance(make_method(LearnerConfig(method="grpo")), GRPO)
     assert isinstance(make_method(LearnerConfig(method="grpo_dis")), GRPODis)
-    with pytest.raises(ValueError, match="method must be"):
-        LearnerConfig(method="ppo")
+    with pytest.raises(ConfigError, match=r"learner\.method: expected one of \['sao', 'sliding_window', 'grpo', 'grpo_dis'\]"):
+        load_section(LearnerConfig, {"method": "ppo"}, "learner")
+    assert load_section(LearnerConfig, {"method": "grpo"}, "learner").method == "grpo"
+    with pytest.raises(ValueError, match="method must be one of"):
+        LearnerConfig(method="ppo")  # built without the loader: the same Literal is checked
     with pytest.raises(ValueError, match="group_size"):
         LearnerConfig(method="grpo", group_size=1)
 
@@ -97,10 +102,11 @@ def test_grpo_waits_for_a_complete_group_and_measures_the_wait():
     stats = m.stats()
     assert stats["learner/group_wait_seconds"] == pytest.approx(4.5)  # 14.5 - 10.0
     assert stats["learner/groups"] == 1.0 and stats["learner/groups_pending"] == 2.0
-    # rewards [1, 0, 1]: mean 2/3, population std sqrt(2)/3; A = [0.7071, -1.4142, 0.7071]
+    # rewards [1, 0, 1]: mean 2/3, unbiased std sqrt(((1/3)^2 + (2/3)^2 + (1/3)^2) / 2) = sqrt(1/3) = 0.57735;
+    # A = [(1/3) / 0.57735, -(2/3) / 0.57735, (1/3) / 0.57735] = [0.57735, -1.15470, 0.57735]
     adv, returns = m.advantages(make_batch(samples), None)
     assert returns is None
-    assert adv[:, 0].tolist() == pytest.approx([0.70710, -1.41421, 0.70710], abs=1e-4)
+    assert adv[:, 0].tolist() == pytest.approx([0.57735, -1.15470, 0.57735], abs=1e-4)
     assert m.next_batch(store, 5) is None
     store.add([9], 0, 15.0)
     store.add([9], 0, 16.0)
@@ -118,12 +124,13 @@ def test_grpo_clips_and_grpo_dis_masks():
     grpo, dis = GRPO(LearnerConfig(method="grpo", **cfg)), GRPODis(LearnerConfig(method="grpo_dis", **cfg))
     samples, _ = grpo.next_batch(store, 0)
     batch = make_batch(samples)
-    adv, _ = grpo.advantages(batch, None)  # [1, -1]
+    adv, _ = grpo.advantages(batch, None)  # mean 0.5, unbiased std sqrt(0.5): [a, -a], a = 0.5 / sqrt(0.5) = sqrt(0.5)
+    a = math.sqrt(0.5)
     # ratio 2 on every token (logprob -1 + ln 2 against behavior -1): above both bands
     lp = (batch.behavior_logprobs + np.log(2.0)).requires_grad_()
     loss, m = grpo.policy_loss(lp, batch, adv, torch.zeros(2))
-    # PPO: A=+1 tokens take min(2*1, 1.2*1) = 1.2; A=-1 tokens min(-2, -1.2) = -2 -> mean (1.2 - 2)/2 = -0.4, loss 0.4
-    assert loss.item() == pytest.approx(0.4, abs=1e-5) and m["learner/clip_fraction"] == 1.0
+    # PPO: A=+a tokens take min(2a, 1.2a) = 1.2a; A=-a tokens min(-2a, -1.2a) = -2a -> mean (1.2a - 2a)/2 = -0.4a, loss 0.4a
+    assert loss.item() == pytest.approx(0.4 * a, abs=1e-5) and m["learner/clip_fraction"] == 1.0
     loss.backward()
     assert lp.grad[0].abs().sum() == 0 and lp.grad[1].abs().sum() > 0  # clipped side flat, the other not
     lp2 = (batch.behavior_logprobs + np.log(2.0)).requires_grad_()

@@ -48,7 +48,7 @@ class TorchOptimizer:
 
 
 def _single_process_env() -> None:
-    # One process, no MPI: DeepSpeed reads the torch.distributed variables (see machine.md).
+    # One process, no MPI: DeepSpeed reads the torch.distributed variables.
     if "MASTER_PORT" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -1,5 +1,5 @@
-"""Sampling replies from a policy in-process (transformers), for critic pre-training and benchmarks:
-token ids with their behavior logprobs, exactly like the engines record them."""
+"""Sampling replies from a policy in-process (transformers), for critic pre-training, experiments and
+benchmarks: token ids with their behavior logprobs, exactly like the engines record them."""
 
 from __future__ import annotations
 

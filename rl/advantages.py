@@ -5,7 +5,12 @@
   action token. Observation tokens get advantage 0.
 - `length_adaptive_lambda`: VAPO's lambda_policy = 1 - 1 / (alpha * L).
 - `sliding_window_advantage`: the no-critic baseline, A = r - mean(last W rewards).
-- `group_normalized_advantage`: GRPO, A = (r - mean_G) / std_G.
+- `group_normalized_advantages`: GRPO's group normalisation, the ONE convention every group method uses
+  (the learner's GRPO baselines and BGPO and its diffusion baselines):
+      groups are the rows of `rewards` [M, G] (G responses to the same prompt per row);
+      A = (r - mean_G r) / std_G r with the unbiased (sample, G - 1) std, as in GRPO, TRL and d1;
+      a group whose std is <= eps (all rewards equal) or of size G = 1 gets A = 0 (no signal);
+      eps only decides "all equal": it is never added to the std.
 """
 
 from __future__ import annotations
@@ -48,10 +53,10 @@ def sliding_window_advantage(reward: float, history: Tensor) -> tuple[float, dic
     return reward - baseline, {"learner/baseline": baseline}
 
 
-def group_normalized_advantage(rewards: Tensor, eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
-    """GRPO over one group of G responses to the same prompt: (r - mean) / (std + eps); std is the
-    population std. A group whose rewards are all equal gets zero advantages."""
+def group_normalized_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+    """A = (r - mean_G r) / std_G r per row of `rewards` [M, G], unbiased std; a row whose std is
+    <= eps (all rewards equal) or of size G = 1 gets A = 0. Returns [M, G] (float)."""
     r = rewards.float()
-    std = r.std(unbiased=False)
-    adv = (r - r.mean()) / (std + eps)
-    return adv, {"learner/group_reward_mean": float(r.mean()), "learner/group_reward_std": float(std)}
+    mean = r.mean(dim=1, keepdim=True)
+    std = r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(mean)
+    return torch.where(std > eps, (r - mean) / std.clamp(min=eps), torch.zeros_like(r))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from liveloop.learner.losses import ppo_clip_loss, sao_policy_loss, value_loss
+from liveloop.rl.losses import clipped_surrogate, kl_penalty, ppo_clip_loss, sao_policy_loss, token_mean, value_loss
 
 
 def test_sao_two_sided_mask_values_and_gradients():
@@ -74,8 +74,6 @@ def test_value_loss_token_mean_over_actions():
 
 
 def test_kl_penalty_k3():
-    from liveloop.learner.losses import kl_penalty
-
     lp = torch.tensor([[0.0, math.log(0.5)]], requires_grad=True)
     ref = torch.tensor([[0.0, 0.0]])
     kl, m = kl_penalty(lp, ref, torch.ones(1, 2))
@@ -84,3 +82,40 @@ def test_kl_penalty_k3():
     kl.backward()
     # d/dlp of exp(ref - lp) - (ref - lp) - 1 = -exp(ref - lp) + 1: token 1 -> (1 - 2) / 2 = -0.5
     assert lp.grad[0].tolist() == pytest.approx([0.0, -0.5])
+
+
+def test_token_mean_counts_action_tokens_only():
+    # (1 + 3) / 2 action tokens; an all-zero mask divides by 1, not 0
+    assert token_mean(torch.tensor([[1.0, 100.0, 3.0]]), torch.tensor([[1.0, 0.0, 1.0]])).item() == 2.0
+    assert token_mean(torch.tensor([[5.0]]), torch.zeros(1, 1)).item() == 0.0
+
+
+def test_clipped_surrogate_clip_and_dual_clip():
+    f = torch.tensor([1.5, 1.5, 0.5, 5.0])
+    a = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    s, clipped = clipped_surrogate(f, a, clip_eps=0.2)
+    # min(fA, clip(f, 0.8, 1.2) A): [min(1.5, 1.2), min(-1.5, -1.2), min(0.5, 0.8), min(-5, -1.2)]
+    assert s.tolist() == pytest.approx([1.2, -1.5, 0.5, -5.0])
+    assert clipped.tolist() == [True, False, False, False]  # only where the clipped side was smaller
+    s, clipped = clipped_surrogate(f, a, clip_eps=0.2, dual_clip=3.0)
+    # dual clip for A < 0: max(s, 3A) -> the last entry -5 becomes -3
+    assert s.tolist() == pytest.approx([1.2, -1.5, 0.5, -3.0])
+    assert clipped.tolist() == [True, False, False, True]
+    s, clipped = clipped_surrogate(f, a)  # no clip: f A
+    assert s.tolist() == pytest.approx([1.5, -1.5, 0.5, -5.0]) and not clipped.any()
+
+
+def test_every_ppo_clip_builds_on_the_one_helper():
+    from liveloop.diffusion import losses as diffusion_losses
+    from liveloop.rl import losses
+
+    assert diffusion_losses.clipped_surrogate is losses.clipped_surrogate
+    assert not hasattr(diffusion_losses, "_clipped")
+    # the learner's PPO clip and diffu-GRPO agree on the same tokens (one sequence, all actions)
+    lp = torch.log(torch.tensor([[1.5, 0.5, 1.1]]))
+    adv = torch.tensor([-1.0])
+    learner_loss, lm = losses.ppo_clip_loss(lp, torch.zeros(1, 3), adv[:, None].expand(1, 3), torch.ones(1, 3), eps=0.2)
+    diffu_loss, dm = diffusion_losses.diffu_grpo_loss(lp, torch.zeros(1, 3), adv, clip_eps=0.2)
+    # per token -min(rA, clip(r)A), A = -1: [-min(-1.5, -1.2), -min(-0.5, -0.8), -min(-1.1, -1.1)] = [1.5, 0.8, 1.1]
+    assert learner_loss.item() == pytest.approx(3.4 / 3) and diffu_loss.item() == pytest.approx(3.4 / 3)
+    assert lm["learner/clip_fraction"] == pytest.approx(2 / 3) == dm["diffu_grpo/clip_fraction"]  # |r - 1| > 0.2: 1.5, 0.5

@@ -1,4 +1,5 @@
-"""Rated samples -> padded token tensors the policy and the critic both consume."""
+"""Rated samples -> padded token tensors the policy and the critic both consume: `Sample` (one rated
+response), `TokenBatch`, `make_batch` and `response_logprobs`."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class Sample:
 
     @classmethod
     def from_rollout(cls, rollout: Any, reward: float, policy_version: int = 0) -> "Sample":
-        """An in-process rollout (`learner.rollout.Rollout`), every token an action."""
+        """An in-process rollout (`rl.rollout.Rollout`), every token an action."""
         n = len(rollout.response_ids)
         return cls(
             np.array(rollout.prompt_ids), np.array(rollout.response_ids), np.array(rollout.logprobs, np.float32),

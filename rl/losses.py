@@ -1,8 +1,14 @@
 """Policy and value losses as pure functions of tensors: no model, config, IO or process calls.
 
 Shapes: `[B, T]` token tensors over a mini-batch of B samples padded to T tokens; `action_mask` is 1 on
-tokens the model generated and 0 on padding and environment (observation) tokens. Each function
-returns `(loss, metrics)` with slash-named float metrics.
+tokens the model generated and 0 on padding and environment (observation) tokens. Each loss returns
+`(loss, metrics)` with slash-named float metrics.
+
+- `token_mean`: the mean over action tokens every token-level loss uses.
+- `clipped_surrogate`: the ONE PPO clip (with optional dual clip) on a ratio-like factor; the learner's
+  `ppo_clip_loss` and the diffusion losses (`diffusion/losses.py`) all build on it.
+- `sao_policy_loss`: SAO's strict two-sided MASK (not a clip).
+- `ppo_clip_loss`, `value_loss`, `kl_penalty`.
 """
 
 from __future__ import annotations
@@ -11,8 +17,38 @@ import torch
 from torch import Tensor
 
 
-def _token_mean(x: Tensor, mask: Tensor) -> Tensor:
+def token_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """sum(x * mask) / max(1, sum(mask))."""
     return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def clipped_surrogate(
+    factor: Tensor, advantages: Tensor, clip_eps: float | None = None, dual_clip: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped surrogate of `factor` (the ratio, or a factor standing in for it) times A:
+
+        s = min(f A, clip(f, 1 - eps, 1 + eps) A)        (clip_eps None: s = f A)
+        s = max(s, c A) where A < 0                      (dual clip c; None: off)
+
+    Returns (s, clipped): `clipped` marks the entries where a clip bound the value (the clipped side was
+    the smaller one, or the dual clip's floor was taken). A bound entry has no gradient through f."""
+    surrogate = factor * advantages
+    clipped = torch.zeros_like(surrogate, dtype=torch.bool)
+    if clip_eps is not None:
+        alt = torch.clamp(factor, 1 - clip_eps, 1 + clip_eps) * advantages
+        clipped = alt < surrogate
+        surrogate = torch.minimum(surrogate, alt)
+    if dual_clip is not None:
+        floor = dual_clip * advantages
+        dual = (advantages < 0) & (surrogate < floor)
+        clipped = clipped | dual
+        surrogate = torch.where(dual, floor, surrogate)
+    return surrogate, clipped
+
+
+def outside_band(ratio: Tensor, eps: float) -> Tensor:
+    """Whether |ratio - 1| > eps (PPO's "clip fraction" counts these, whatever the sign of A)."""
+    return (ratio.detach() - 1).abs() > eps
 
 
 def sao_policy_loss(
@@ -45,7 +81,7 @@ def sao_policy_loss(
         "learner/kept_fraction": float(keep.sum() / n),
         "learner/masked_low_fraction": float(low.sum() / n),
         "learner/masked_high_fraction": float(high.sum() / n),
-        "learner/mean_ratio": float(_token_mean(r, mask)),
+        "learner/mean_ratio": float(token_mean(r, mask)),
         "learner/policy_loss": float(loss.detach()),
     }
     if staleness is not None and staleness.numel():
@@ -59,14 +95,12 @@ def ppo_clip_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO's clipped surrogate (for the GRPO baseline): - min(ratio * A, clip(ratio, 1-eps, 1+eps) * A),
     token-mean over action tokens. Unlike the SAO mask, a clipped token still passes gradient when the
-    unclipped term is the smaller one."""
+    unclipped term is the smaller one. `learner/clip_fraction`: action tokens with |ratio - 1| > eps."""
     mask = action_mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - old_logprobs)
-    a = advantages.detach()
-    unclipped = ratio * a
-    clipped = torch.clamp(ratio, 1 - eps, 1 + eps) * a
-    loss = -_token_mean(torch.minimum(unclipped, clipped), mask)
-    clip_frac = _token_mean(((ratio.detach() - 1).abs() > eps).to(mask.dtype), mask)
+    surrogate, _ = clipped_surrogate(ratio, advantages.detach(), eps)
+    loss = -token_mean(surrogate, mask)
+    clip_frac = token_mean(outside_band(ratio, eps).to(mask.dtype), mask)
     return loss, {"learner/clip_fraction": float(clip_frac), "learner/policy_loss": float(loss.detach())}
 
 
@@ -74,10 +108,10 @@ def value_loss(values: Tensor, returns: Tensor, action_mask: Tensor) -> tuple[Te
     """0.5 * (V(s_t) - R_t)^2, token-mean over action tokens; R_t are fixed targets (no gradient)."""
     mask = action_mask.to(values.dtype)
     err = values - returns.detach()
-    loss = 0.5 * _token_mean(err * err, mask)
+    loss = 0.5 * token_mean(err * err, mask)
     target = returns.detach()
-    var_r = _token_mean((target - _token_mean(target, mask)) ** 2, mask)
-    var_e = _token_mean((err.detach() - _token_mean(err.detach(), mask)) ** 2, mask)
+    var_r = token_mean((target - token_mean(target, mask)) ** 2, mask)
+    var_e = token_mean((err.detach() - token_mean(err.detach(), mask)) ** 2, mask)
     explained = 1 - var_e / var_r if float(var_r) > 0 else torch.tensor(0.0)
     return loss, {"critic/value_loss": float(loss.detach()), "critic/explained_variance": float(explained)}
 
@@ -87,5 +121,5 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, action_mask: Tensor) -> t
     exp(ref - lp) - (ref - lp) - 1 (>= 0, unbiased), token-mean over action tokens."""
     mask = action_mask.to(logprobs.dtype)
     d = ref_logprobs.detach() - logprobs
-    kl = _token_mean(torch.exp(d) - d - 1, mask)
+    kl = token_mean(torch.exp(d) - d - 1, mask)
     return kl, {"learner/kl": float(kl.detach())}
