@@ -38,13 +38,13 @@ from liveloop.checkpoint import checkpoint_digest, save_atomically
 from liveloop.critic.config import CriticConfig
 from liveloop.critic.trainer import Critic
 from liveloop.critic.value_model import build_value_model
-from liveloop.learner.batch import TokenBatch, make_batch, response_logprobs
 from liveloop.learner.config import LearnerConfig
-from liveloop.learner.losses import kl_penalty
 from liveloop.learner.methods import make_method
-from liveloop.learner.optim import make_optimizer
 from liveloop.learner.retention import checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, versions_to_prune
-from liveloop.store import StaleLineage, Store
+from liveloop.rl.batch import TokenBatch, make_batch, response_logprobs
+from liveloop.rl.losses import kl_penalty
+from liveloop.rl.optim import make_optimizer
+from liveloop.store import StaleLineage, Store, VersionStatus
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class OnlineLearner:
         state: LearnerState,
         policy_dir: str,
         critic_dir: str | None,
-        publish_status: str = "published",
+        publish_status: VersionStatus = VersionStatus.PUBLISHED,
     ):
         torch.manual_seed(config.seed)
         self.store = store
@@ -206,9 +206,7 @@ class OnlineLearner:
             return None
         if s.updates_since_publish == 0:
             try:
-                with self.store.transaction() as session:
-                    self.store.check_lineage(session, self.config.cursor_name, s.version)
-                    self.store.set_cursor(self.config.cursor_name, s.pending_cursor, s.version, session=session)
+                self.store.advance_cursor(self.config.cursor_name, s.pending_cursor, s.version)
             except StaleLineage:
                 self.reload()
                 return None

@@ -7,8 +7,8 @@ Retention (`versions_to_prune`, pure) keeps:
   - every pinned version (the operator's choice),
   - the newest N versions that still have a checkpoint,
   - version 0 (the base model: it lives outside checkpoint_dir and is never deleted),
-  - anything not yet activated ("loading", "published"), and whatever the caller protects (the
-    learner: the version it trains from and the one it just published).
+  - anything not yet activated ("loading", "published"; `store.status.NEVER_PRUNED`), and whatever the
+    caller protects (the learner: the version it trains from and the one it just published).
 Everything else that still has a checkpoint (`pruned_at` is None) goes. The caller marks the victims
 pruned in the store first (`Store.mark_pruned` re-checks each row in its transaction and also spares
 any version a learner's cursor points at), then deletes the directories of the rows it marked
@@ -25,8 +25,8 @@ import shutil
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
-from liveloop.store import VersionRecord
-from liveloop.store.checkpoints import NEVER_PRUNED_STATUSES
+from liveloop.store import VersionRecord, VersionStatus
+from liveloop.store.status import NEVER_PRUNED
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,9 @@ def versions_to_prune(
     keep = {BASE_VERSION, *protect}
     keep.update(stored[-keep_last:] if keep_last > 0 else ())
     for r in versions:
-        if r.pinned or r.status in NEVER_PRUNED_STATUSES:
+        if r.pinned or r.status in NEVER_PRUNED:
             keep.add(r.version)
-        if r.status == "serving":
+        if r.status == VersionStatus.SERVING:
             parent = r.parent
             for _ in range(keep_parent_chain):
                 if parent is None or parent not in by_version:

@@ -100,7 +100,7 @@ def cmd_report_drift(args: argparse.Namespace) -> int:
     finally:
         store.close()
     (render_png if out.endswith(".png") else render_html)(data, out)
-    print(f"wrote {out}: {sum(b['n'] for b in data.series)} ratings, {len(data.versions)} versions, {len(data.alarms)} alarms")
+    print(f"wrote {out}: {sum(b.reward.n for b in data.series)} ratings, {len(data.versions)} versions, {len(data.alarms)} alarms")
     return 0
 
 
@@ -120,14 +120,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("rollback", help="serve a stored version again; later versions are marked rolled back (admin)")
     _server_args(p)
-    p.add_argument("version", type=int)
-    p.add_argument("--reason")
+    p.add_argument("version", type=int, help="the stored version to serve again")
+    p.add_argument("--reason", help="recorded with the rollback (shown in the version's history)")
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("learning", help="pause or resume the online learner (admin)")
     _server_args(p)
-    p.add_argument("action", choices=("pause", "resume"))
-    p.add_argument("--reason")
+    p.add_argument("action", choices=("pause", "resume"), help="pause: ratings keep arriving, no policy step runs; resume: train again")
+    p.add_argument("--reason", help="recorded with the pause or resume")
     p.set_defaults(func=cmd_learning)
 
     report = sub.add_parser("report", help="reports from the store").add_subparsers(dest="report_cmd", required=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from liveloop.monitor.config import MonitorConfig
 from liveloop.monitor.detector import Alarm, make_detector
-from liveloop.monitor.stats import wilson
+from liveloop.monitor.stats import Rate, wilson
 from liveloop.store import RatingEvent
 
 ALL = "*"  # the segment name of the detector over every rating
@@ -43,6 +43,14 @@ class RaisedAlarm:
             "policy_version": self.policy_version,
             "at": self.at.timestamp(),
         }
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """The ratings of one time bucket: its start (unix seconds) and reward rate with its interval."""
+
+    t: int
+    reward: Rate
 
 
 class DriftMonitor:
@@ -97,14 +105,14 @@ class DriftMonitor:
                 return raised
 
     # -- views ---------------------------------------------------------------------------------
-    def series(self, since: float | None = None) -> list[dict[str, Any]]:
+    def series(self, since: float | None = None) -> list[Bucket]:
         """Reward rate per time bucket, oldest first, with Wilson intervals."""
         out = []
         for start in sorted(self.buckets):
             if since is not None and start + self.config.window_seconds <= since:
                 continue
             n, pos = self.buckets[start]
-            out.append({"t": start, **wilson(pos, n, self.config.confidence).as_dict()})
+            out.append(Bucket(start, wilson(pos, n, self.config.confidence)))
         return out
 
     def state(self) -> dict[str, Any]:

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from liveloop.monitor.config import MonitorConfig
-from liveloop.monitor.drift import ALL, DriftMonitor
-from liveloop.monitor.versions import version_table
+from liveloop.monitor.drift import ALL, Bucket, DriftMonitor, RaisedAlarm
+from liveloop.monitor.versions import VersionRow, version_table
+from liveloop.store.records import OperatorEventRecord
+from liveloop.store.status import VersionStatus
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -47,11 +49,11 @@ def parse_since(text: str | None, now: datetime | None = None) -> datetime | Non
 class ReportData:
     since: datetime | None
     made: datetime
-    series: list[dict[str, Any]]
-    versions: list[dict[str, Any]]
-    alarms: list[dict[str, Any]]
-    events: list[dict[str, Any]]
-    drift: dict[str, Any]
+    series: list[Bucket]
+    versions: list[VersionRow]
+    alarms: list[RaisedAlarm]
+    events: list[OperatorEventRecord]
+    drift: dict[str, Any]  # the detector's state (`DriftMonitor.state`)
 
 
 def collect(store: Any, config: MonitorConfig, since: datetime | None) -> ReportData:
@@ -66,12 +68,13 @@ def collect(store: Any, config: MonitorConfig, since: datetime | None) -> Report
         last = events[-1].feedback_id
     serving = store.latest_version()
     versions = version_table(store.list_versions(), store.version_traffic(), serving.version if serving else None, config.confidence)
-    op_events = [
-        {"at": e.created_at.timestamp(), "kind": e.kind, "version": e.version, "detail": e.detail}
-        for e in store.events(since=since, limit=10_000)
-    ]
-    state = monitor.state()
-    return ReportData(since, datetime.now(timezone.utc), monitor.series(), versions, state["alarms"], op_events, state)
+    op_events = store.events(since=since, limit=10_000)
+    return ReportData(since, datetime.now(timezone.utc), monitor.series(), versions, list(monitor.alarms), op_events, monitor.state())
+
+
+def _in_utc(t: datetime) -> datetime:
+    """`t` in UTC (a naive time, as SQLite returns them, is the local time its timestamp says)."""
+    return datetime.fromtimestamp(t.timestamp(), timezone.utc)
 
 
 def _figure(data: ReportData):
@@ -82,34 +85,34 @@ def _figure(data: ReportData):
     import matplotlib.pyplot as plt
 
     fig, (ax_r, ax_n, ax_v) = plt.subplots(3, 1, figsize=(11, 10), gridspec_kw={"height_ratios": [3, 1.4, 2]})
-    times = [datetime.fromtimestamp(b["t"], timezone.utc) for b in data.series]
-    ax_r.plot(times, [b["rate"] for b in data.series], marker="o", ms=3, color="#1f5fd6", label="reward rate")
-    ax_r.fill_between(times, [b["low"] for b in data.series], [b["high"] for b in data.series], color="#1f5fd6", alpha=0.15, label="95% interval")
+    times = [datetime.fromtimestamp(b.t, timezone.utc) for b in data.series]
+    ax_r.plot(times, [b.reward.value for b in data.series], marker="o", ms=3, color="#1f5fd6", label="reward rate")
+    ax_r.fill_between(times, [b.reward.low for b in data.series], [b.reward.high for b in data.series], color="#1f5fd6", alpha=0.15, label="95% interval")
     lo = min(times) if times else None
     for v in data.versions:
-        t = datetime.fromtimestamp(v["created"], timezone.utc)
-        if v["version"] > 0 and (lo is None or t >= lo):
+        t = datetime.fromtimestamp(v.created, timezone.utc)
+        if v.version > 0 and (lo is None or t >= lo):
             ax_r.axvline(t, color="#5566aa", ls="--", lw=1)
-            ax_r.text(t, 1.02, f"v{v['version']}", color="#5566aa", fontsize=8, ha="center", transform=ax_r.get_xaxis_transform())
+            ax_r.text(t, 1.02, f"v{v.version}", color="#5566aa", fontsize=8, ha="center", transform=ax_r.get_xaxis_transform())
     for a in data.alarms:
-        t = datetime.fromtimestamp(a["at"], timezone.utc)
+        t = _in_utc(a.at)
         ax_r.axvline(t, color="#d33", lw=1.5)
-        label = "all" if a["segment"] == ALL else a["segment"]
-        ax_r.text(t, 0.02, f" {label} {a['direction']}", color="#d33", fontsize=8, rotation=90, va="bottom", transform=ax_r.get_xaxis_transform())
+        label = "all" if a.segment == ALL else a.segment
+        ax_r.text(t, 0.02, f" {label} {a.alarm.direction}", color="#d33", fontsize=8, rotation=90, va="bottom", transform=ax_r.get_xaxis_transform())
     ax_r.set_ylim(0, 1)
     ax_r.set_ylabel("thumbs-up rate")
     ax_r.set_title("Reward rate per time bucket (dashed: versions, red: drift alarms)")
     ax_r.legend(loc="lower left", fontsize=8)
-    ax_n.bar(times, [b["n"] for b in data.series], width=(times[1] - times[0]) * 0.8 if len(times) > 1 else 0.0005, color="#777")
+    ax_n.bar(times, [b.reward.n for b in data.series], width=(times[1] - times[0]) * 0.8 if len(times) > 1 else 0.0005, color="#777")
     ax_n.set_ylabel("ratings")
     ax_n.sharex(ax_r)
     for ax in (ax_r, ax_n):
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
-    rated = [v for v in data.versions if v["reward"]["n"]]
-    xs = [f"v{v['version']}" for v in rated]
-    rates = [v["reward"]["rate"] for v in rated]
-    err = [[r - v["reward"]["low"] for r, v in zip(rates, rated)], [v["reward"]["high"] - r for r, v in zip(rates, rated)]]
-    colors = ["#2a7" if v["serving"] else ("#bbb" if v["status"] == "rolled_back" else "#1f5fd6") for v in rated]
+    rated = [v for v in data.versions if v.reward.n]
+    xs = [f"v{v.version}" for v in rated]
+    rates = [v.reward.value for v in rated]
+    err = [[r - v.reward.low for r, v in zip(rates, rated)], [v.reward.high - r for r, v in zip(rates, rated)]]
+    colors = ["#2a7" if v.serving else ("#bbb" if v.status == VersionStatus.ROLLED_BACK else "#1f5fd6") for v in rated]
     ax_v.bar(xs, rates, yerr=err, color=colors, capsize=3)
     ax_v.set_ylim(0, 1)
     ax_v.set_ylabel("reward rate")
@@ -137,6 +140,10 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
+def _utc(t: datetime) -> str:
+    return _in_utc(t).isoformat(timespec="seconds")
+
+
 def render_html(data: ReportData, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -149,19 +156,19 @@ def render_html(data: ReportData, path: str | Path) -> Path:
         ["version", "parent", "status", "responses", "ratings", "reward [95% CI]", "vs parent (p)"],
         [
             [
-                f"v{v['version']}", "–" if v["parent"] is None else f"v{v['parent']}", v["status"] + (" (serving)" if v["serving"] else ""),
-                v["responses"], v["reward"]["n"], f"{_pct(v['reward']['rate'])} [{_pct(v['reward']['low'])}, {_pct(v['reward']['high'])}]",
-                f"{100 * v['vs_parent']['difference']:+.1f} pts ({v['vs_parent']['p_two_sided']:.3f})" if v["vs_parent"] else "–",
+                f"v{v.version}", "–" if v.parent is None else f"v{v.parent}", v.status + (" (serving)" if v.serving else ""),
+                v.responses, v.reward.n, f"{_pct(v.reward.value)} [{_pct(v.reward.low)}, {_pct(v.reward.high)}]",
+                f"{100 * v.vs_parent.difference:+.1f} pts ({v.vs_parent.p_two_sided:.3f})" if v.vs_parent else "–",
             ]
             for v in data.versions
         ],
     )
     alarms = _table(
         ["time (UTC)", "segment", "direction", "before", "after", "version"],
-        [[datetime.fromtimestamp(a["at"], timezone.utc).isoformat(timespec="seconds"), a["segment"], a["direction"], _pct(a["before"]), _pct(a["after"]), a["policy_version"]] for a in data.alarms],
+        [[_utc(a.at), a.segment, a.alarm.direction, _pct(a.alarm.before), _pct(a.alarm.after), a.policy_version] for a in data.alarms],
     )
     segments = _table(["segment", "ratings", "reward [95% CI]"], [[k, s["n"], f"{_pct(s['rate'])} [{_pct(s['low'])}, {_pct(s['high'])}]"] for k, s in data.drift["segments"].items()])
-    events = _table(["time (UTC)", "event", "version", "detail"], [[datetime.fromtimestamp(e["at"], timezone.utc).isoformat(timespec="seconds"), e["kind"], e["version"], e["detail"]] for e in data.events])
+    events = _table(["time (UTC)", "event", "version", "detail"], [[_utc(e.created_at), e.kind, e.version, e.detail] for e in data.events])
     since = data.since.isoformat(timespec="seconds") if data.since else "the beginning"
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>liveloop drift report</title>
 <style>body{{font:14px system-ui,sans-serif;margin:20px;color:#1d2330}}table{{border-collapse:collapse;margin-bottom:18px}}

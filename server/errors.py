@@ -1,11 +1,15 @@
 """OpenAI-style errors: every failure leaves the server as `{"error": {message, type, param, code}}`
 with the right status. Handlers turn validation and parsing failures into 400s, never 422 or 500;
-domain exceptions (back-pressure, rate limits, a store that is down) are mapped to HTTP here, in one
-table, with `Retry-After` where waiting helps."""
+domain exceptions (back-pressure, rate limits, a store that is down, a version that cannot be served)
+are mapped to HTTP here, in one table (`domain_table`), with `Retry-After` where waiting helps. Code
+below the routes raises those domain exceptions and never an HTTP status; an exception the table does
+not name is a bug: a 500."""
 
 from __future__ import annotations
 
+import functools
 import logging
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,34 +46,64 @@ class APIError(Exception):
         self.retry_after = retry_after
 
 
-def _domain_classes() -> tuple[type[BaseException], ...]:
+@dataclass(frozen=True)
+class Answer:
+    """How one domain exception leaves the server."""
+
+    status: int
+    code: str | None = None
+    param: str | None = None
+    message: str | None = None  # a fixed message; None: the exception's own
+    retry_after: int | None = None  # a fixed Retry-After; None: the exception's `retry_after`, if it has one
+
+    def error(self, exc: BaseException) -> APIError:
+        retry_after = self.retry_after if self.retry_after is not None else getattr(exc, "retry_after", None)
+        param = self.param if self.param is not None else getattr(exc, "param", None)
+        code = self.code if self.code is not None else getattr(exc, "code", None)
+        return APIError(self.status, self.message or str(exc), param=param, code=code, retry_after=retry_after)
+
+
+@functools.cache
+def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
+    """THE mapping of domain exceptions to HTTP, first match wins (imported late: the domain modules
+    do not import this one, and this one must not load them at import time)."""
     from sqlalchemy.exc import InterfaceError, OperationalError
 
     from liveloop.server.admission import Busy, RateLimited
-    from liveloop.store import WriterDown, WriterFull
+    from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed
+    from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
+    from liveloop.store import RollbackRefused, VersionNotFound, WriterDown, WriterFull
 
-    return (RateLimited, Busy, WriterFull, WriterDown, OperationalError, InterfaceError)
+    store_down = Answer(503, "store_unavailable", message="the store is unavailable; please retry", retry_after=5)
+    return (
+        # back-pressure and a store that cannot take writes: retry later
+        (RateLimited, Answer(429, "rate_limit_exceeded")),
+        (Busy, Answer(429, "too_many_concurrent_requests")),
+        (WriterFull, Answer(503, "log_queue_full", message="the server is busy logging; please retry", retry_after=1)),
+        (WriterDown, Answer(503, "log_unavailable", message="the server cannot log responses right now; please retry", retry_after=5)),
+        (OperationalError, store_down),
+        (InterfaceError, store_down),
+        (LogFailed, Answer(503, "log_failed")),
+        # a request the model cannot serve as asked (the exception names its param and code)
+        (UnknownModel, Answer(404, "model_not_found", param="model")),
+        (InvalidRequest, Answer(400)),
+        # policy versions: publishing, rollback, pinning
+        (CheckpointUnusable, Answer(400, param="path")),
+        (VersionNotFound, Answer(404, param="version")),
+        (NotServable, Answer(409, param="version")),
+        (AlreadyServing, Answer(409, param="version")),
+        (SwapFailed, Answer(409, param="version")),
+        (RollbackRefused, Answer(409, param="version")),
+    )
 
 
 def domain_error(exc: BaseException) -> APIError | None:
     """The HTTP form of a domain exception, or None for one that is a bug (a 500)."""
-    from sqlalchemy.exc import InterfaceError, OperationalError
-
-    from liveloop.server.admission import Busy, RateLimited
-    from liveloop.store import WriterDown, WriterFull
-
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, RateLimited):
-        return APIError(429, str(exc), code="rate_limit_exceeded", retry_after=exc.retry_after)
-    if isinstance(exc, Busy):
-        return APIError(429, str(exc), code="too_many_concurrent_requests", retry_after=exc.retry_after)
-    if isinstance(exc, WriterFull):
-        return APIError(503, "the server is busy logging; please retry", code="log_queue_full", retry_after=1)
-    if isinstance(exc, WriterDown):
-        return APIError(503, "the server cannot log responses right now; please retry", code="log_unavailable", retry_after=5)
-    if isinstance(exc, (OperationalError, InterfaceError)):
-        return APIError(503, "the store is unavailable; please retry", code="store_unavailable", retry_after=5)
+    for cls, answer in domain_table():
+        if isinstance(exc, cls):
+            return answer.error(exc)
     return None
 
 
@@ -106,7 +140,7 @@ def install_handlers(app: FastAPI) -> None:
         assert mapped is not None
         return error_response(mapped.status, mapped.message, mapped.param, mapped.code, mapped.retry_after)
 
-    for cls in _domain_classes():  # handled as answers, not as server errors (which close the connection)
+    for cls, _ in domain_table():  # handled as answers, not as server errors (which close the connection)
         app.add_exception_handler(cls, _domain)
 
     @app.exception_handler(ValidationError)

@@ -2,25 +2,46 @@
 publisher), and the drift monitor loop, which reads new ratings every poll, records alarms as
 operator events, exports the figures as Prometheus metrics and, when `[monitor] guard` is on, rolls
 back a serving version whose reward rate is significantly below its parent's; the keys' disagreement
-scores, and when `[monitor] quarantine_z` is set, the automatic quarantine of keys above it."""
+scores, and when `[monitor] quarantine_z` is set, the automatic quarantine of keys above it.
+
+Results are typed (`LearningState`, the publisher's `RollbackResult`, the monitor's `VersionRow`,
+`KeyRow`); the admin routes turn them into JSON."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
 
 from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
-from liveloop.monitor.drift import ALL, DriftMonitor
+from liveloop.monitor.drift import ALL, DriftMonitor, RaisedAlarm
 from liveloop.monitor.guard import judge
-from liveloop.monitor.poisoning import disagreement_scores, suspects
-from liveloop.monitor.versions import version_table
-from liveloop.server.publisher import Publisher
+from liveloop.monitor.poisoning import Disagreement, disagreement_scores, suspects
+from liveloop.monitor.versions import VersionRow, version_table
+from liveloop.server.publisher import Publisher, RollbackResult
 from liveloop.store import Store
+from liveloop.store.keys import KeyState
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LearningState:
+    """A learner's pause switch after an operator's pause or resume (`changed`: it was flipped)."""
+
+    learner: str
+    paused: bool
+    changed: bool
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    """One API key as operators see it, with its disagreement score (None: no rating with a consensus)."""
+
+    state: KeyState
+    disagreement: Disagreement | None
 
 
 class Operations:
@@ -38,41 +59,33 @@ class Operations:
         return self.publisher.learner_name
 
     # -- actions -------------------------------------------------------------------------------
-    async def set_paused(self, paused: bool, api_key_id: str | None, reason: str | None = None) -> dict[str, Any]:
+    async def set_paused(self, paused: bool, api_key_id: str | None, reason: str | None = None) -> LearningState:
         changed = await asyncio.to_thread(self.store.set_learning_paused, self.learner_name, paused, reason, api_key_id)
         self.metrics.set("learner/paused", float(paused))
-        return {"object": "learning", "learner": self.learner_name, "paused": paused, "changed": changed}
+        return LearningState(self.learner_name, paused, changed)
 
     async def paused(self) -> bool:
         return await asyncio.to_thread(self.store.learning_paused, self.learner_name)
 
-    async def rollback(self, version: int, api_key_id: str | None, reason: str | None = None) -> dict[str, Any]:
-        return {"object": "rollback", **await self.publisher.rollback(version, api_key_id, reason)}
+    async def rollback(self, version: int, api_key_id: str | None, reason: str | None = None) -> RollbackResult:
+        return await self.publisher.rollback(version, api_key_id, reason)
 
     # -- views ---------------------------------------------------------------------------------
-    async def versions(self) -> list[dict[str, Any]]:
+    async def versions(self) -> list[VersionRow]:
         versions = await asyncio.to_thread(self.store.list_versions)
         traffic = await asyncio.to_thread(self.store.version_traffic)
-        return version_table(versions, traffic, self.publisher.engine.version, self.config.confidence)
+        return version_table(versions, traffic, self.publisher.serving_version, self.config.confidence)
 
     # -- keys -----------------------------------------------------------------------------------
-    def _scores(self) -> tuple[list[Any], dict[str, Any]]:
+    def _scores(self) -> tuple[list[KeyState], dict[str, Disagreement]]:
         states = self.store.key_states()
         excluded = {k.key_id for k in states if k.quarantined}
         scores = {d.key_id: d for d in disagreement_scores(self.store.key_ratings(), exclude_from_consensus=excluded)}
         return states, scores
 
-    async def keys(self) -> list[dict[str, Any]]:
+    async def keys(self) -> list[KeyRow]:
         states, scores = await asyncio.to_thread(self._scores)
-        rows = []
-        for k in states:
-            d = scores.get(k.key_id)
-            rows.append({
-                "key_id": k.key_id, "quarantined": k.quarantined, "reason": k.reason, "ratings": k.ratings,
-                "forgotten_at": k.forgotten_at.timestamp() if k.forgotten_at else None,
-                "disagreement": None if d is None else {"n": d.n, "disagreements": d.disagreements, "expected": d.expected, "z": d.z},
-            })
-        return rows
+        return [KeyRow(k, scores.get(k.key_id)) for k in states]
 
     def quarantine_suspects(self) -> list[str]:
         """Quarantine every key whose disagreement z passes `quarantine_z` (runs in a worker thread)."""
@@ -90,7 +103,7 @@ class Operations:
         return done
 
     # -- the monitor loop ----------------------------------------------------------------------
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[RaisedAlarm]:
         """Read new ratings (replaying the newest ones quietly on the first call); record and count
         the alarms they raise; export the figures. Runs in a worker thread."""
         replay = not self._replayed
@@ -107,27 +120,27 @@ class Operations:
         self.metrics.set("monitor/drift_down", overall.down)
         series = self.monitor.series()
         if series:
-            self.metrics.set("monitor/reward_rate_window", series[-1]["rate"])
-        return [a.as_dict() for a in raised]
+            self.metrics.set("monitor/reward_rate_window", series[-1].reward.value)
+        return raised
 
-    def export_versions(self, rows: list[dict[str, Any]]) -> None:
+    def export_versions(self, rows: list[VersionRow]) -> None:
         for row in rows:
-            if row["reward"]["n"]:
-                self.metrics.set("monitor/reward_rate", row["reward"]["rate"], version=str(row["version"]))
-            self.metrics.set("monitor/ratings", row["reward"]["n"], version=str(row["version"]))
+            if row.reward.n:
+                self.metrics.set("monitor/reward_rate", row.reward.value, version=str(row.version))
+            self.metrics.set("monitor/ratings", row.reward.n, version=str(row.version))
 
-    async def guard(self, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    async def guard(self, rows: list[VersionRow]) -> RollbackResult | None:
         """Roll the serving version back to its parent if it is significantly worse."""
-        by_version = {r["version"]: r for r in rows}
-        serving = by_version.get(self.publisher.engine.version)
-        if serving is None or serving["parent"] is None or serving["version"] in self._guarded:
+        by_version = {r.version: r for r in rows}
+        serving = by_version.get(self.publisher.serving_version)
+        if serving is None or serving.parent is None or serving.version in self._guarded:
             return None
-        parent = by_version.get(serving["parent"])
-        if parent is None or parent["status"] in ("failed", "loading"):
+        parent = by_version.get(serving.parent)
+        if parent is None or not parent.status.servable:
             return None
         verdict = judge(
-            serving["version"], serving["parent"],
-            (serving["reward"]["positive"], serving["reward"]["n"]), (parent["reward"]["positive"], parent["reward"]["n"]),
+            serving.version, serving.parent,
+            (serving.reward.successes, serving.reward.n), (parent.reward.successes, parent.reward.n),
             self.config.guard_min_ratings, self.config.guard_p_value,
         )
         if verdict is None:

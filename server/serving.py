@@ -2,7 +2,7 @@
 sampling params (with every limit checked before anything runs), an admitted generation whose
 version is known before the first byte goes out, text and stop strings, and the durable log record.
 
-    prepared = serving.prepare_chat(request, principal)      # raises APIError on bad input
+    prepared = serving.prepare_chat(request, principal)      # raises InvalidRequest / UnknownModel on bad input
     async with serving.run(prepared) as run:                  # admitted (a generation slot, the engine's gate): run.version
         async for piece in run: ...                           # text + tokens as they arrive
         await serving.commit(run)                             # durable in the store; then reply
@@ -33,13 +33,36 @@ from liveloop.server.admission import Admission
 from liveloop.server.auth import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams
-from liveloop.server.errors import APIError
 from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest
 from liveloop.server.text import TextStream
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
 
 log = logging.getLogger(__name__)
 GREEDY_BELOW = 1e-5
+
+
+class InvalidRequest(ValueError):
+    """A request the model cannot serve as asked (empty prompt, out-of-vocabulary ids, too long for the
+    context, more tokens than allowed); `param` names the offending field."""
+
+    def __init__(self, message: str, param: str, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class UnknownModel(LookupError):
+    """The request names a model this server does not serve."""
+
+    def __init__(self, model: str):
+        super().__init__(f"the model `{model}` does not exist")
+        self.model = model
+
+
+class LogFailed(RuntimeError):
+    """The store refused a response's record: the client must not be told it is complete."""
+
+    retry_after = 1
 
 
 @dataclass(frozen=True)
@@ -119,12 +142,12 @@ class Serving:
     # -- 1. request -> prompt ids + sampling --------------------------------------------------------
     def _check_model(self, model: str) -> None:
         if model != self.model_name:
-            raise APIError(404, f"the model `{model}` does not exist", param="model", code="model_not_found")
+            raise UnknownModel(model)
 
     def prepare_chat(self, req: ChatCompletionRequest, principal: Principal) -> Prepared:
         self._check_model(req.model)
         if getattr(self.tokenizer, "chat_template", None) is None:
-            raise APIError(400, "this model has no chat template: use /v1/completions", param="messages")
+            raise InvalidRequest("this model has no chat template: use /v1/completions", "messages")
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -139,31 +162,29 @@ class Serving:
         else:
             prompt_ids = list(req.prompt)
             if max(prompt_ids) >= self.vocab_size:
-                raise APIError(400, f"prompt: token ids must be < {self.vocab_size}", param="prompt")
+                raise InvalidRequest(f"prompt: token ids must be < {self.vocab_size}", "prompt")
         return self._prepared("completion", "cmpl", prompt_ids, req.max_tokens, req.logprobs or 0, req, principal)
 
     def _prepared(self, endpoint, prefix, prompt_ids, max_tokens, top, req, principal) -> Prepared:
         n_prompt = len(prompt_ids)
         if n_prompt == 0:
-            raise APIError(400, "the prompt is empty", param="prompt")
+            raise InvalidRequest("the prompt is empty", "prompt")
         if n_prompt >= self.max_model_len:
-            raise APIError(
-                400,
+            raise InvalidRequest(
                 f"this model's maximum context length is {self.max_model_len} tokens; the prompt has {n_prompt}",
-                param="messages" if endpoint == "chat" else "prompt",
+                "messages" if endpoint == "chat" else "prompt",
                 code="context_length_exceeded",
             )
         room = self.max_model_len - n_prompt
         if max_tokens is None:
             max_tokens = min(self.server.default_max_tokens, room)
         elif max_tokens > self.server.max_tokens_limit:
-            raise APIError(400, f"max_tokens: at most {self.server.max_tokens_limit}", param="max_tokens")
+            raise InvalidRequest(f"max_tokens: at most {self.server.max_tokens_limit}", "max_tokens")
         elif max_tokens > room:
-            raise APIError(
-                400,
+            raise InvalidRequest(
                 f"this model's maximum context length is {self.max_model_len} tokens: {n_prompt} in the prompt "
                 f"+ {max_tokens} max_tokens is too many",
-                param="max_tokens",
+                "max_tokens",
                 code="context_length_exceeded",
             )
         sampling = SamplingParams(
@@ -269,7 +290,7 @@ class Serving:
 
     async def commit(self, run: Run) -> None:
         """Write the response durably; only then may the client be told it is complete. Raises
-        WriterFull / WriterDown (nothing was queued) or APIError 503 (the store refused it)."""
+        WriterFull / WriterDown (nothing was queued) or LogFailed (the store refused it)."""
         record = self._record(run)
         if run.prepared.store:
             fut = self.writer.submit(record)  # raises before anything is queued
@@ -280,7 +301,7 @@ class Serving:
                 raise
             except Exception as exc:
                 self.metrics.inc("server/log_failures")
-                raise APIError(503, "the response could not be logged; please retry", retry_after=1) from exc
+                raise LogFailed("the response could not be logged; please retry") from exc
         run.committed = True
         self.metrics.inc("server/responses", endpoint=run.prepared.endpoint)
         self.metrics.inc("server/completion_tokens", len(run.token_ids))

@@ -3,7 +3,8 @@ policy version; the ratings users give; the policy versions; the learner's curso
 switches and event log.
 
 SQLAlchemy 2.0 models (`models`), the query API every other component uses (`store.Store`), the
-batched group-commit writer the server logs through (`writer.BatchWriter`), and Alembic migrations.
+batched group-commit writer the server logs through (`writer.BatchWriter`), the policy-version statuses
+(`status.VersionStatus`), and Alembic migrations.
 SQLite (WAL) by default, PostgreSQL by URL. Knows nothing of HTTP or torch.
 """
 
@@ -11,6 +12,7 @@ from liveloop.store.checkpoints import VersionNotFound
 from liveloop.store.config import StoreConfig
 from liveloop.store.operator import RollbackRefused, StaleLineage
 from liveloop.store.records import FeedbackRecord, RatingEvent, ResponseRecord, VersionRecord
+from liveloop.store.status import VersionStatus
 from liveloop.store.store import ResponseNotFound, SchemaNotReady, Store
 from liveloop.store.writer import BatchWriter, WriterDown, WriterFull, WriterHealth
 
@@ -27,6 +29,7 @@ __all__ = [
     "StoreConfig",
     "VersionNotFound",
     "VersionRecord",
+    "VersionStatus",
     "WriterDown",
     "WriterFull",
     "WriterHealth",

@@ -14,9 +14,7 @@ from typing import Any
 from sqlalchemy import select
 
 from liveloop.store.models import LearnerCursor, OperatorEvent, PolicyVersion, utcnow
-
-# a version in one of these states is serving or about to: its checkpoint is never pruned
-NEVER_PRUNED_STATUSES = frozenset({"serving", "loading", "published"})
+from liveloop.store.status import NEVER_PRUNED
 
 
 class VersionNotFound(LookupError):
@@ -57,7 +55,7 @@ class CheckpointQueries:
             now = utcnow()
             marked = []
             for row in rows:
-                if row.pruned_at is not None or row.pinned or row.status in NEVER_PRUNED_STATUSES or row.version in in_use:
+                if row.pruned_at is not None or row.pinned or row.status in NEVER_PRUNED or row.version in in_use:
                     continue
                 row.pruned_at = now
                 marked.append(row.version)

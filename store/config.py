@@ -1,6 +1,9 @@
 """The store's configuration section (`[store]`)."""
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from liveloop.config import check_literals
 
 
 @dataclass(frozen=True)
@@ -22,16 +25,15 @@ class StoreConfig:
     retention_interval_seconds: float = field(
         default=3600.0, metadata={"help": "how often the server applies retain_days"}
     )
-    sqlite_synchronous: str = field(
+    sqlite_synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = field(
         default="FULL", metadata={"help": "SQLite PRAGMA synchronous (FULL: a commit survives power loss)"}
     )
 
     def __post_init__(self) -> None:
+        check_literals(self)
         if self.batch_max < 1:
             raise ValueError("batch_max must be >= 1")
         if self.queue_max < 1:
             raise ValueError("queue_max must be >= 1")
         if self.retain_days < 0 or self.retention_interval_seconds <= 0:
             raise ValueError("retain_days must be >= 0 and retention_interval_seconds > 0")
-        if self.sqlite_synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
-            raise ValueError("sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA")

@@ -2,7 +2,8 @@
 operator_events, api_keys.
 
 The schema is owned by the Alembic migrations in `migrations/`; these classes mirror it for queries.
-Token arrays are binary columns (see `codec`).
+Token arrays are binary columns (see `codec`); a version's status is a `VersionStatus` in Python and
+its string value in the database (`StatusColumn`: an unknown value is refused on the way in).
 """
 
 from datetime import datetime, timezone
@@ -11,10 +12,26 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, LargeBinary, SmallInteger, String, Text
 from sqlalchemy import UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from liveloop.store.status import VersionStatus
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+class StatusColumn(TypeDecorator):
+    """`policy_versions.status`: VARCHAR(16) in the database, `VersionStatus` in Python."""
+
+    impl = String(16)
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        return None if value is None else VersionStatus(value).value
+
+    def process_result_value(self, value: str | None, dialect: Any) -> VersionStatus | None:
+        return None if value is None else VersionStatus(value)
 
 
 class Base(DeclarativeBase):
@@ -32,7 +49,7 @@ class PolicyVersion(Base):
     learner_step: Mapped[int] = mapped_column(Integer, default=0)
     samples_used: Mapped[int] = mapped_column(Integer, default=0)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    status: Mapped[str] = mapped_column(String(16), default="serving")
+    status: Mapped[VersionStatus] = mapped_column(StatusColumn(), default=VersionStatus.SERVING)
     note: Mapped[str | None] = mapped_column(Text)
     pinned: Mapped[bool] = mapped_column(Boolean, default=False)  # an operator keeps its checkpoint
     pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # checkpoint deleted

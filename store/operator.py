@@ -12,9 +12,7 @@ from sqlalchemy.orm import Session
 
 from liveloop.store.models import Feedback, LearnerControl, LearnerCursor, OperatorEvent, PolicyVersion, Response, utcnow
 from liveloop.store.records import OperatorEventRecord, RatingEvent, VersionTraffic
-
-# statuses a rollback leaves alone: rows that never served, or were already rolled back
-_NOT_ROLLED = ("failed", "loading", "rolled_back")
+from liveloop.store.status import NOT_ROLLED_BACK, UNSERVABLE, VersionStatus
 
 
 class StaleLineage(RuntimeError):
@@ -71,25 +69,25 @@ class OperatorQueries:
         not re-trained). Returns the rolled-back versions. The caller swaps the engine first."""
         with self._session.begin() as s:
             target = s.get(PolicyVersion, version)
-            if target is None or target.status in ("failed", "loading"):
+            if target is None or target.status in UNSERVABLE:
                 raise RollbackRefused(f"version {version} is {'unknown' if target is None else target.status}")
             if target.pruned_at is not None:
                 raise RollbackRefused(f"version {version} was pruned (its checkpoint is deleted)")
             rolled = list(
                 s.scalars(
                     select(PolicyVersion.version)
-                    .where(PolicyVersion.version > version, PolicyVersion.status.not_in(_NOT_ROLLED))
+                    .where(PolicyVersion.version > version, PolicyVersion.status.not_in(NOT_ROLLED_BACK))
                     .order_by(PolicyVersion.version)
                 )
             )
             if rolled:
-                s.execute(update(PolicyVersion).where(PolicyVersion.version.in_(rolled)).values(status="rolled_back"))
+                s.execute(update(PolicyVersion).where(PolicyVersion.version.in_(rolled)).values(status=VersionStatus.ROLLED_BACK))
             s.execute(
                 update(PolicyVersion)
-                .where(PolicyVersion.status == "serving", PolicyVersion.version != version)
-                .values(status="retired")
+                .where(PolicyVersion.status == VersionStatus.SERVING, PolicyVersion.version != version)
+                .values(status=VersionStatus.RETIRED)
             )
-            target.status = "serving"
+            target.status = VersionStatus.SERVING
             cursor = s.get(LearnerCursor, cursor_name, with_for_update=True)
             if cursor is None:
                 last = s.scalar(select(func.max(Feedback.id))) or 0

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from liveloop.store.status import VersionStatus
+
 
 @dataclass(frozen=True)
 class ResponseRecord:
@@ -84,10 +86,13 @@ class VersionRecord:
     learner_step: int
     samples_used: int
     metrics: dict[str, Any] = field(default_factory=dict)
-    status: str = "serving"
+    status: VersionStatus = VersionStatus.SERVING
     note: str | None = None
     pinned: bool = False  # an operator keeps its checkpoint whatever retention says
     pruned_at: datetime | None = None  # when retention deleted its checkpoint (then it cannot serve again)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", VersionStatus(self.status))  # a plain string names a member
 
 
 @dataclass(frozen=True)

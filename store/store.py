@@ -25,6 +25,7 @@ from liveloop.store.checkpoints import CheckpointQueries
 from liveloop.store.keys import KeyQueries
 from liveloop.store.operator import OperatorQueries
 from liveloop.store.rights import RightsQueries
+from liveloop.store.status import VersionStatus
 from liveloop.store.records import (
     FeedbackRecord,
     ResponseRecord,
@@ -162,7 +163,7 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
         learner_step: int = 0,
         samples_used: int = 0,
         metrics: dict[str, Any] | None = None,
-        status: str = "serving",
+        status: VersionStatus = VersionStatus.SERVING,
         note: str | None = None,
         session: Session | None = None,
     ) -> VersionRecord:
@@ -203,7 +204,7 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
             rows = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()
             return [_version_record(r) for r in rows]
 
-    def latest_version(self, status: str = "serving") -> VersionRecord | None:
+    def latest_version(self, status: VersionStatus = VersionStatus.SERVING) -> VersionRecord | None:
         with self._session() as s:
             row = s.scalars(
                 select(PolicyVersion).where(PolicyVersion.status == status).order_by(PolicyVersion.version.desc())
@@ -226,7 +227,7 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
         metrics: dict[str, Any],
         cursor_name: str,
         last_feedback_id: int,
-        status: str = "published",
+        status: VersionStatus = VersionStatus.PUBLISHED,
     ) -> VersionRecord:
         """A learner's new version and its cursor, in ONE transaction: a crash leaves either both or
         neither, so a restarted learner resumes from the last published version with nothing lost and
@@ -247,12 +248,20 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
             self.set_cursor(cursor_name, last_feedback_id, version, session=s)
         return record
 
+    def advance_cursor(self, cursor_name: str, last_feedback_id: int, version: int) -> None:
+        """A learner's cursor moves past ratings it consumed without a new version (every step since its
+        last version was skipped), still on `version`, in ONE transaction with the lineage check. Raises
+        StaleLineage if a rollback moved the cursor off `version`."""
+        with self._session.begin() as s:
+            self.check_lineage(s, cursor_name, version)
+            self.set_cursor(cursor_name, last_feedback_id, version, session=s)
+
     def cursor_version(self, name: str) -> int | None:
         with self._session() as s:
             row = s.get(LearnerCursor, name)
             return row.policy_version if row else None
 
-    def versions_with_status(self, status: str, after: int = -1) -> list[VersionRecord]:
+    def versions_with_status(self, status: VersionStatus, after: int = -1) -> list[VersionRecord]:
         with self._session() as s:
             rows = s.scalars(
                 select(PolicyVersion)
@@ -261,7 +270,7 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
             ).all()
             return [_version_record(r) for r in rows]
 
-    def set_version_status(self, version: int, status: str) -> None:
+    def set_version_status(self, version: int, status: VersionStatus) -> None:
         with self._session.begin() as s:
             s.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(status=status))
 

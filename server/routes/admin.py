@@ -2,7 +2,11 @@
 checkpoint in (`POST /admin/weights`), learning pause/resume, rollback, the drift monitor's state,
 server statistics, the operator event log and the learner's status; pinning versions against
 checkpoint retention; API keys: their state and disagreement score, quarantine (ratings kept, never
-trained or replayed) and forget (every response and rating of the key deleted)."""
+trained or replayed) and forget (every response and rating of the key deleted); the version statuses
+(what the dashboard knows of them).
+
+Domain refusals (no such version, not servable, ...) propagate as domain exceptions and become HTTP
+errors in server/errors.py; typed results become JSON in `admin_json`."""
 
 from __future__ import annotations
 
@@ -15,8 +19,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from liveloop.server.auth import Principal, require_admin
 from liveloop.server.body import parse_body
 from liveloop.server.errors import APIError
+from liveloop.server.routes import admin_json
 from liveloop.server.schemas import PauseRequest, QuarantineRequest, RollbackRequest, SwapRequest
-from liveloop.store import VersionNotFound
 
 router = APIRouter(prefix="/admin")
 
@@ -26,32 +30,37 @@ async def versions(request: Request, _: Principal = Depends(require_admin)) -> d
     """Every version with its parent, status, traffic, reward rate (Wilson interval) and the test
     against its parent."""
     rows = await request.app.state.operations.versions()
-    return {"object": "list", "serving": request.app.state.engine.version, "data": rows}
+    return {"object": "list", "serving": request.app.state.engine.version, "data": [admin_json.version(r) for r in rows]}
+
+
+@router.get("/statuses")
+async def statuses(_: Principal = Depends(require_admin)) -> dict:
+    """The version statuses: their names, meaning, and whether a version in one can be served again."""
+    return {"object": "list", "data": admin_json.statuses()}
 
 
 @router.post("/weights")
 async def swap_weights(request: Request, _: Principal = Depends(require_admin)) -> dict:
     req = await parse_body(request, SwapRequest)
-    published = await request.app.state.publisher.publish_dir(req.path, note=req.note)
-    return {"object": "policy_version", **published}
+    return admin_json.swap(await request.app.state.publisher.publish_dir(req.path, note=req.note))
 
 
 @router.post("/learning/pause")
 async def pause(request: Request, principal: Principal = Depends(require_admin)) -> dict:
     req = await parse_body(request, PauseRequest, empty_ok=True)
-    return await request.app.state.operations.set_paused(True, principal.key_id, req.reason)
+    return admin_json.learning(await request.app.state.operations.set_paused(True, principal.key_id, req.reason))
 
 
 @router.post("/learning/resume")
 async def resume(request: Request, principal: Principal = Depends(require_admin)) -> dict:
     req = await parse_body(request, PauseRequest, empty_ok=True)
-    return await request.app.state.operations.set_paused(False, principal.key_id, req.reason)
+    return admin_json.learning(await request.app.state.operations.set_paused(False, principal.key_id, req.reason))
 
 
 @router.post("/rollback")
 async def rollback(request: Request, principal: Principal = Depends(require_admin)) -> dict:
     req = await parse_body(request, RollbackRequest)
-    return await request.app.state.operations.rollback(req.version, principal.key_id, req.reason)
+    return admin_json.rollback(await request.app.state.operations.rollback(req.version, principal.key_id, req.reason))
 
 
 @router.get("/drift")
@@ -61,7 +70,7 @@ async def drift(
     """The detectors' state, alarms, per-segment rates and the reward series (time buckets)."""
     monitor = request.app.state.operations.monitor
     state, series = await asyncio.to_thread(lambda: (monitor.state(), monitor.series(since)))
-    return {"object": "drift", "window_seconds": monitor.config.window_seconds, **state, "series": series}
+    return {"object": "drift", "window_seconds": monitor.config.window_seconds, **state, "series": [admin_json.bucket(b) for b in series]}
 
 
 @router.get("/stats")
@@ -127,10 +136,7 @@ async def unpin(version: int, request: Request, principal: Principal = Depends(r
 async def _set_pinned(request: Request, version: int, pinned: bool, principal: Principal) -> dict:
     if not 0 <= version < 2**31:
         raise APIError(400, "version: out of range", param="version")
-    try:
-        changed = await asyncio.to_thread(request.app.state.store.set_pinned, version, pinned, principal.key_id)
-    except VersionNotFound:
-        raise APIError(404, f"no policy version {version}", param="version") from None
+    changed = await asyncio.to_thread(request.app.state.store.set_pinned, version, pinned, principal.key_id)  # VersionNotFound: 404
     return {"object": "policy_version", "version": version, "pinned": pinned, "changed": changed}
 
 
@@ -145,7 +151,7 @@ def _key_id(key_id: str) -> str:
 async def keys(request: Request, _: Principal = Depends(require_admin)) -> dict:
     """Every key with ratings or an operator decision, with its disagreement score."""
     rows = await request.app.state.operations.keys()
-    return {"object": "list", "data": rows}
+    return {"object": "list", "data": [admin_json.key(r) for r in rows]}
 
 
 @router.post("/keys/{key_id}/quarantine")

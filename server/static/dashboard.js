@@ -3,7 +3,8 @@
 "use strict";
 
 const REFRESH_MS = 2000;
-const state = { versions: [], drift: null, stats: null, events: [], markers: [] };
+// statuses: the version statuses as the server defines them (GET /admin/statuses), by name
+const state = { versions: [], drift: null, stats: null, events: [], markers: [], statuses: null };
 window.dashboard = state; // for people (and tests) poking at the page
 
 function el(tag, attrs = {}, ...children) {
@@ -182,13 +183,14 @@ function drawVersions() {
       ? el("td", { class: cmp.p_two_sided < 0.05 ? (cmp.difference < 0 ? "worse" : "better") : "" },
           `${cmp.difference >= 0 ? "+" : ""}${(100 * cmp.difference).toFixed(1)} pts (p=${cmp.p_two_sided.toFixed(3)})`)
       : el("td", {}, "–");
-    const canServe = !v.serving && !["failed", "loading"].includes(v.status);
+    const canServe = !v.serving && Boolean(state.statuses[v.status] && state.statuses[v.status].servable);
     const action = canServe
       ? el("button", { type: "button", class: "rollback", "data-version": v.version, onclick: () => rollback(v.version) },
           v.version < state.stats.serving ? "Roll back to this" : "Serve this")
       : "";
     return el("tr", { class: `${v.status}${v.serving ? " serving" : ""}`, "data-version": v.version },
-      el("td", {}, `v${v.version}`), el("td", {}, v.parent === null ? "–" : `v${v.parent}`), el("td", { class: "status" }, v.status),
+      el("td", {}, `v${v.version}`), el("td", {}, v.parent === null ? "–" : `v${v.parent}`),
+      el("td", { class: "status", title: (state.statuses[v.status] || {}).description || "" }, v.status),
       el("td", {}, when(v.created)), el("td", {}, v.responses), el("td", {}, r.n),
       el("td", {}, r.n ? `${pct(r.rate)} [${pct(r.low)}, ${pct(r.high)}]` : "–"), cmpCell, el("td", {}, action));
   });
@@ -226,8 +228,14 @@ document.getElementById("pause").addEventListener("click", () => act("/admin/lea
 document.getElementById("resume").addEventListener("click", () => act("/admin/learning/resume", { reason: "dashboard" }));
 
 // -- refresh -----------------------------------------------------------------------------------
+async function loadStatuses() {
+  const body = await api("/admin/statuses");
+  state.statuses = Object.fromEntries(body.data.map((s) => [s.status, s]));
+}
+
 async function refresh() {
   try {
+    if (!state.statuses) await loadStatuses(); // once: they are fixed while the server runs
     const [stats, drift, versions, events] = await Promise.all([
       api("/admin/stats"), api("/admin/drift"), api("/admin/versions"), api("/admin/events?limit=500"),
     ]);

@@ -41,7 +41,7 @@ def test_alarm_in_the_drifting_segment_only(store):
     assert cats.alarm.direction == "down" and cats.alarm.before > 0.6
     state = monitor.state()
     assert state["segments"]["cats"]["n"] == 600 and state["overall"]["ratings"] == 1200
-    assert sum(b["n"] for b in monitor.series()) == 1200 and monitor.last_id == store.last_rating_id()
+    assert sum(b.reward.n for b in monitor.series()) == 1200 and monitor.last_id == store.last_rating_id()
 
 
 def test_replay_after_restart_reads_only_the_newest_ratings(store):

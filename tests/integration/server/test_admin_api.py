@@ -1,0 +1,166 @@
+"""The admin API in-process over the real application (`build_app`: transformers engine on the tiny
+model, SQLite, the writer): the publisher's and the rollback's refusals leave as the same OpenAI-style
+errors and statuses they always had (domain exceptions mapped at the edge), their typed results leave
+as the same JSON keys, the dashboard's statuses are served, and the guard decides on typed rows and
+rolls back through the publisher.
+
+The tests share one application and run in file order; each reads the versions it needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from liveloop.app import build_app
+from liveloop.config import load_config
+from liveloop.devtools import ADMIN_KEY, free_port, perturbed_checkpoint, write_config
+from liveloop.server.publisher import RollbackResult
+from liveloop.store import FeedbackRecord, ResponseRecord, VersionStatus
+
+MONITOR = """
+[monitor]
+enabled = false
+guard_min_ratings = 20
+guard_p_value = 0.05
+"""
+VERSION_KEYS = [
+    "version", "parent", "created", "status", "serving", "learner_step", "samples_used", "note", "metrics", "responses",
+    "rating_rate", "reward", "vs_parent",
+]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, model_dir):
+    work = tmp_path_factory.mktemp("admin-api")
+    path, _ = write_config(work, Path(model_dir).resolve(), "hf", free_port(), extra=MONITOR)
+    app = build_app(load_config(path), Path(model_dir))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        c.headers["Authorization"] = f"Bearer {ADMIN_KEY}"
+        yield c
+
+
+def _error(status: int, kind: str, message: str, param: str) -> tuple[int, dict]:
+    return status, {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+def _answer(r) -> tuple[int, dict]:
+    return r.status_code, r.json()
+
+
+def _statuses(client: TestClient) -> dict[int, str]:
+    return {v["version"]: v["status"] for v in client.get("/admin/versions").json()["data"]}
+
+
+def test_publish_refusals_are_400s_on_the_path(client, tmp_path):
+    missing = tmp_path / "nope"
+    r = client.post("/admin/weights", json={"path": str(missing)})
+    assert _answer(r) == _error(400, "invalid_request_error", f"path: {missing} is not a checkpoint directory with *.safetensors", "path")
+
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "model.safetensors").write_bytes(b"not a safetensors file")
+    r = client.post("/admin/weights", json={"path": str(junk)})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["message"].startswith(f"could not load {junk}: ") and error["param"] == "path" and error["type"] == "invalid_request_error"
+    failed = max(_statuses(client))
+    assert _statuses(client)[failed] == "failed" and client.get("/admin/stats").json()["serving"] == 0
+
+
+def test_publish_and_rollback_answer_the_same_json(client, tmp_path):
+    failed = max(_statuses(client))
+    r = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "v")), "note": "new"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert list(body) == ["object", "version", "parent", "swap_ms", "held_ms"]
+    new = body["version"]
+    assert (body["object"], body["parent"], new) == ("policy_version", 0, failed + 1) and body["swap_ms"] >= body["held_ms"] >= 0
+
+    assert _answer(client.post("/admin/rollback", json={"version": 999})) == _error(404, "not_found_error", "no policy version 999", "version")
+    assert _answer(client.post("/admin/rollback", json={"version": failed})) == _error(
+        409, "conflict_error", f"version {failed} cannot be served (status failed)", "version"
+    )
+    assert _answer(client.post("/admin/rollback", json={"version": new})) == _error(409, "conflict_error", f"version {new} is already serving", "version")
+    assert _answer(client.post("/admin/versions/999/pin")) == _error(404, "not_found_error", "no policy version 999", "version")
+
+    r = client.post("/admin/rollback", json={"version": 0, "reason": "test"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert list(body) == ["object", "version", "previous", "rolled_back", "swap_ms", "held_ms"]
+    assert (body["object"], body["version"], body["previous"], body["rolled_back"]) == ("rollback", 0, new, [new])
+
+    listed = client.get("/admin/versions").json()
+    assert listed["serving"] == 0 and all(list(v) == VERSION_KEYS for v in listed["data"])
+    assert _statuses(client) == {0: "serving", failed: "failed", new: "rolled_back"}
+    assert list(listed["data"][0]["reward"]) == ["n", "positive", "rate", "low", "high"]
+
+    # a version whose checkpoint retention deleted cannot serve again
+    assert client.app.state.store.mark_pruned([new]) == [new]
+    r = client.post("/admin/rollback", json={"version": new})
+    assert r.status_code == 409 and r.json()["error"]["param"] == "version"
+    assert f"version {new}'s checkpoint was pruned at " in r.json()["error"]["message"]
+    assert client.get("/admin/stats").json()["serving"] == 0
+
+
+def test_the_dashboard_gets_the_statuses_from_the_server(client):
+    r = client.get("/admin/statuses")
+    assert r.status_code == 200
+    served = {s["status"]: s for s in r.json()["data"]}
+    assert list(served) == [s.value for s in VersionStatus]
+    assert {name for name, s in served.items() if not s["servable"]} == {"failed", "loading"}
+    assert all(s["description"] for s in served.values())
+    script = client.get("/dashboard/static/dashboard.js").text
+    assert "/admin/statuses" in script
+    # no status spelled in the page's script ("serving" is also the id of its header element)
+    assert not any(f'"{s.value}"' in script for s in VersionStatus if s is not VersionStatus.SERVING)
+    assert "v.status ===" not in script and "includes(v.status)" not in script
+    assert client.get("/admin/statuses", headers={"Authorization": "Bearer sk-test-user-1"}).status_code == 403
+
+
+def test_pause_answers_the_learning_state(client):
+    r = client.post("/admin/learning/pause", json={"reason": "looking"})
+    assert r.json() == {"object": "learning", "learner": "sao", "paused": True, "changed": True}
+    r = client.post("/admin/learning/resume", json={})
+    assert r.json() == {"object": "learning", "learner": "sao", "paused": False, "changed": True}
+
+
+def _rate(client: TestClient, version: int, liked: int, disliked: int, tag: str) -> None:
+    store = client.app.state.store
+    replies = [
+        ResponseRecord(f"{tag}-{i}", f"{i % 4:016x}", "m", version, "chat", (1, 2), (3, i % 7), (-1.0, -1.0), "stop", 1.0, 1.0, 1.0,
+                       request_meta={"topic": tag})
+        for i in range(liked + disliked)
+    ]
+    store.write_batch(replies)
+    store.write_batch([FeedbackRecord(r.id, r.api_key_id, int(i < liked)) for i, r in enumerate(replies)])
+
+
+def test_guard_decides_on_typed_rows_and_rolls_back(client, tmp_path):
+    ops = client.app.state.operations
+    r = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "worse", seed=3))})
+    worse = r.json()["version"]
+    _rate(client, 0, liked=20, disliked=5, tag="base")
+    _rate(client, worse, liked=5, disliked=20, tag="worse")
+    rows = client.portal.call(ops.versions)
+    assert {r.version: r.reward.n for r in rows}[worse] == 25
+
+    done = client.portal.call(ops.guard, rows)
+    assert isinstance(done, RollbackResult) and (done.version, done.previous, done.rolled_back) == (0, worse, [worse])
+    assert client.portal.call(ops.guard, client.portal.call(ops.versions)) is None  # 0 has no parent to fall back to
+    assert client.get("/admin/stats").json()["serving"] == 0 and _statuses(client)[worse] == "rolled_back"
+    assert [e["kind"] for e in client.get("/admin/events").json()["data"]][-2:] == ["rollback", "guard_rollback"]
+
+    ops.export_versions(rows)
+    assert f'liveloop_monitor_reward_rate{{version="{worse}"}} 0.2' in client.get("/metrics").text
+    ops.poll()
+    drift = client.get("/admin/drift").json()
+    assert drift["segments"]["worse"]["n"] == 25 and sum(b["n"] for b in drift["series"]) == 50
+    assert all(list(b) == ["t", "n", "positive", "rate", "low", "high"] for b in drift["series"])
+    keys = client.get("/admin/keys").json()["data"]
+    assert len(keys) == 4 and all(list(k) == ["key_id", "quarantined", "reason", "ratings", "forgotten_at", "disagreement"] for k in keys)
+
+
+def _model(client: TestClient) -> Path:
+    return Path(client.app.state.store.get_version(0).checkpoint_path)

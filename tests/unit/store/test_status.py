@@ -1,0 +1,24 @@
+"""The version statuses: the strings the column and the API hold, and the groups the rules use."""
+
+import json
+
+from liveloop.store import VersionStatus
+from liveloop.store.status import NEVER_PRUNED, NOT_ROLLED_BACK, UNSERVABLE
+
+# the values in databases written before the enum existed, and in the API's JSON: never renamed
+STORED = {"loading", "published", "candidate", "serving", "retired", "superseded", "rolled_back", "failed"}
+
+
+def test_values_are_the_stored_strings_and_fit_the_column():
+    assert {s.value for s in VersionStatus} == STORED
+    assert all(len(s.value) <= 16 for s in VersionStatus)  # policy_versions.status is VARCHAR(16)
+    assert VersionStatus("rolled_back") is VersionStatus.ROLLED_BACK and VersionStatus.SERVING == "serving"
+    assert f"{VersionStatus.ROLLED_BACK}" == "rolled_back" and json.dumps([VersionStatus.FAILED]) == '["failed"]'
+
+
+def test_groups():
+    assert {s for s in VersionStatus if not s.servable} == UNSERVABLE == {VersionStatus.FAILED, VersionStatus.LOADING}
+    assert NEVER_PRUNED == {VersionStatus.SERVING, VersionStatus.LOADING, VersionStatus.PUBLISHED}
+    assert UNSERVABLE < NOT_ROLLED_BACK and VersionStatus.ROLLED_BACK in NOT_ROLLED_BACK
+    assert "serving" in NEVER_PRUNED  # plain strings are found in the groups too
+    assert all(s.description for s in VersionStatus)
