@@ -26,15 +26,17 @@ def main() -> None:
     parser.add_argument("--publish-every", type=int, default=4)
     parser.add_argument("--publish-seconds", type=float, default=5.0)
     args = parser.parse_args()
+    # over the tuned learner preset (configs/tuned_learner.toml): no pre-trained critic here, so
+    # near-Monte-Carlo advantages (alpha = 1), and no KL anchor, as this benchmark has always measured
     learner = (
-        f"batch_size = 1\npublish_every_steps = {args.publish_every}\npublish_every_seconds = {args.publish_seconds}\n"
-        "learning_rate = 1e-3\nlambda_alpha = 1.0\n"
+        f"publish_every_steps = {args.publish_every}\npublish_every_seconds = {args.publish_seconds}\n"
+        "lambda_alpha = 1.0\nkl_coef = 0.0\n"
     )
     model_dir = default_model()
     posts: list[tuple[float, int]] = []  # (time of POST /v1/feedback, feedback id)
     served: list[tuple[float, int]] = []  # (time a response completed, its version)
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_server(Path(tmp), model_dir, "vllm", learner=learner)
+        server = start_server(Path(tmp), model_dir, "vllm", learner=learner, extends="tuned_learner")
         try:
             user = httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=60)
             deadline = time.monotonic() + args.seconds

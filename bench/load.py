@@ -21,7 +21,6 @@ import random
 import sys
 import tempfile
 import time
-import tomllib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from common import ROOT, chat_messages, default_model, percentile, save  # noqa: E402
+from common import chat_messages, default_model, percentile, save  # noqa: E402
 
 MODEL = "liveloop-tiny"
 BACKPRESSURE = (429, 503)
@@ -351,21 +350,11 @@ def dir_mb(path: Path) -> float:
 
 
 # -- the embedded default shape --------------------------------------------------------------------
-def _toml_value(v: object) -> str:
-    return json.dumps(v)  # scalars and lists of scalars: JSON and TOML agree
-
-
-def default_shape(overrides: dict[str, str]) -> tuple[str, str]:
-    """The `[learner]` keys (with `overrides`, TOML values as text) and the `[critic]`/`[monitor]`
-    sections of configs/default.toml (paths and `enabled` come from devtools.write_config)."""
-    cfg = tomllib.loads((ROOT / "configs/default.toml").read_text())
-    keys = {k: _toml_value(v) for k, v in cfg.get("learner", {}).items() if k not in ("enabled", "checkpoint_dir")}
-    keys.update({k.strip(): v.strip() for k, v in overrides.items()})
-    learner = "\n".join(f"{k} = {v}" for k, v in keys.items())
-    extra = "\n".join(
-        f"[{name}]\n" + "\n".join(f"{k} = {_toml_value(v)}" for k, v in cfg[name].items()) for name in ("critic", "monitor") if name in cfg
-    )
-    return learner, extra
+def learner_overrides(overrides: dict[str, str]) -> str:
+    """`[learner]` keys (TOML values as text) over the default preset's: the server's config extends
+    configs/default.toml by name, so its [learner], [critic] and [monitor] hold (paths, keys and
+    `enabled` come from devtools.write_config)."""
+    return "\n".join(f"{k.strip()} = {v.strip()}" for k, v in overrides.items())
 
 
 # -- after the run: the store ----------------------------------------------------------------------
@@ -573,13 +562,13 @@ def main() -> None:
         args.users, args.stream_fraction, args.vanish_fraction, args.rate_probability, args.rerate_probability,
         args.min_tokens, args.max_tokens, args.request_timeout, args.seed,
     )
-    learner_toml, extra = default_shape(dict(kv.split("=", 1) for kv in args.learner_set))
+    learner_toml = learner_overrides(dict(kv.split("=", 1) for kv in args.learner_set))
     model_dir = default_model()
     with tempfile.TemporaryDirectory() as tmp:
         t_start = time.monotonic()
         server = start_server(
-            Path(tmp), model_dir, args.backend, timeout=600, learner=learner_toml if args.learner == "on" else None, extra=extra,
-            rate_limits=True,  # the default per-key limits, as served
+            Path(tmp), model_dir, args.backend, timeout=600, learner=learner_toml if args.learner == "on" else None,
+            extends="default", rate_limits=True,  # the default preset's sections and per-key limits, as served
         )
         startup_s = time.monotonic() - t_start
         try:

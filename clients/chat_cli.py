@@ -36,6 +36,9 @@ def chat_loop(client: LiveloopClient, stdin: TextIO = sys.stdin, stdout: TextIO 
                 else:
                     reply = item
         except LiveloopError as exc:
+            if exc.status in (401, 403):  # a wrong key fails every turn: end with the one line it deserves
+                stdout.write("\n")
+                raise
             print(f"\n[error] {exc}", file=stdout)
             history.pop()
             continue

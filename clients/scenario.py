@@ -1,14 +1,15 @@
 """Scenario files for simulated users (`configs/drift.toml`): who asks what, who likes which style
 when, how fast they arrive, how late and how often they rate.
 
-    scenario = load_scenario("configs/drift.toml")
+    scenario = load_scenario("drift")            # a preset name (configs/drift.toml) or a path
     phase = preferred_phase(segment.switch_at, count_or_seconds)   # pure: which style is preferred now
 
 A scenario has global settings (`[scenario]`), one feedback-delay distribution
 (`[scenario.feedback_delay]`) and user segments (`[[segments]]`). Each segment is recognisable from its
 prompts (its own topics), prefers its own style in each phase, and switches phases on its own schedule:
 after a number of its own feedback events (`switch_by = "feedback"`) or after a number of seconds since
-the start (`switch_by = "seconds"`). A bad file raises `ScenarioError` naming the field.
+the start (`switch_by = "seconds"`). The tables are typed sections (`ScenarioSettings`, `Segment`,
+`DelayDistribution`) read by liveloop's config loader: a bad file raises `ConfigError` naming the key.
 
 This module only parses and answers questions about the schedule; it does no IO beyond reading the file.
 """
@@ -18,30 +19,38 @@ from __future__ import annotations
 import bisect
 import math
 import random
-import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from liveloop.config import ConfigError, check_literals, check_sections, read_toml
 from liveloop.model.corpus import STYLES, TOPICS
 
-
-class ScenarioError(ValueError):
-    """The scenario file is invalid; the message names the field."""
+Style = Literal[STYLES]  # the default corpus' writing styles
+Topic = Literal[TOPICS]  # the default corpus' topics
 
 
 @dataclass(frozen=True)
 class DelayDistribution:
-    """Seconds between reading a reply and sending its thumbs. Heavy-tailed by default:
-    `lognormal` (median_seconds, sigma) or `pareto` (median_seconds, alpha: P(X > x) ~ x^-alpha);
-    `fixed` = always median_seconds. Every draw is capped at max_seconds."""
+    """`[scenario.feedback_delay]`: seconds between reading a reply and sending its thumbs. Heavy-tailed
+    by default: `lognormal` (median_seconds, sigma) or `pareto` (median_seconds, alpha: P(X > x) ~
+    x^-alpha); `fixed` = always median_seconds. Every draw is capped at max_seconds."""
 
-    distribution: str = "lognormal"
+    distribution: Literal["lognormal", "pareto", "fixed"] = "lognormal"
     median_seconds: float = 0.5
     sigma: float = 1.0
     alpha: float = 1.5
     max_seconds: float = 20.0
+
+    def __post_init__(self) -> None:
+        check_literals(self)
+        if self.median_seconds < 0:
+            raise ValueError("median_seconds must be >= 0")
+        if self.sigma <= 0 or self.alpha <= 0:
+            raise ValueError("sigma and alpha must be > 0")
+        if self.max_seconds < self.median_seconds:
+            raise ValueError(f"max_seconds must be >= median_seconds, got {self.max_seconds} < {self.median_seconds}")
 
     def sample(self, rng: random.Random) -> float:
         if self.distribution == "fixed":
@@ -56,12 +65,31 @@ class DelayDistribution:
 
 @dataclass(frozen=True)
 class Segment:
+    """One `[[segments]]` table: a user segment."""
+
     name: str
-    topics: tuple[str, ...]
-    styles: tuple[str, ...]  # the preferred style in each phase; len(styles) = len(switch_at) + 1
+    topics: tuple[Topic, ...]
+    styles: tuple[Style, ...]  # the preferred style in each phase; len(styles) = len(switch_at) + 1
     switch_at: tuple[float, ...] = ()  # increasing: feedback counts or seconds at which the next phase starts
-    switch_by: str = "feedback"  # "feedback" (this segment's own feedback events) | "seconds" (since start)
+    switch_by: Literal["feedback", "seconds"] = "feedback"  # this segment's own feedback events | seconds since start
     weight: float = 1.0  # share of arrivals
+
+    def __post_init__(self) -> None:
+        check_literals(self)
+        if not self.topics or not self.styles:
+            raise ValueError("topics and styles must not be empty")
+        for j, x in enumerate(self.switch_at):
+            if x <= 0:
+                raise ValueError(f"switch_at[{j}] must be > 0, got {x!r}")
+        if any(a >= b for a, b in zip(self.switch_at, self.switch_at[1:])):
+            raise ValueError(f"switch_at must be strictly increasing, got {list(self.switch_at)}")
+        if len(self.styles) != len(self.switch_at) + 1:
+            raise ValueError(
+                f"styles needs one style per phase: {len(self.switch_at)} switch points -> "
+                f"{len(self.switch_at) + 1} styles, got {len(self.styles)}"
+            )
+        if self.weight <= 0:
+            raise ValueError(f"weight must be > 0, got {self.weight}")
 
     def phase(self, feedback_count: int, elapsed_seconds: float) -> int:
         clock = feedback_count if self.switch_by == "feedback" else elapsed_seconds
@@ -72,10 +100,11 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class Scenario:
-    name: str
-    segments: tuple[Segment, ...]
-    styles: tuple[str, ...] = STYLES
+class ScenarioSettings:
+    """The `[scenario]` table."""
+
+    name: str = "scenario"
+    styles: tuple[Style, ...] = STYLES  # the styles segments may prefer
     seed: int = 0
     max_events: int = 600  # feedback events (ratings sent), then the run stops
     arrival_rate: float = 4.0  # prompts per second (Poisson); each prompt is asked group_size times
@@ -87,6 +116,43 @@ class Scenario:
     judge: str = "rule"  # rule | llm:BASE_URL[#MODEL]
     feedback_delay: DelayDistribution = field(default_factory=DelayDistribution)
 
+    def __post_init__(self) -> None:
+        check_literals(self)
+        if not self.styles:
+            raise ValueError("styles must not be empty")
+        if self.max_events <= 0 or self.arrival_rate <= 0 or self.max_in_flight <= 0:
+            raise ValueError("max_events, arrival_rate and max_in_flight must be > 0")
+        if not 0 < self.rating_probability <= 1:
+            raise ValueError(f"rating_probability must be in (0, 1], got {self.rating_probability}")
+        if self.group_size < 1 or self.max_tokens < 1:
+            raise ValueError("group_size and max_tokens must be >= 1")
+        if not (self.judge == "rule" or self.judge.startswith("llm:")):
+            raise ValueError(f"judge: expected 'rule' or 'llm:BASE_URL[#MODEL]', got {self.judge!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario(ScenarioSettings):
+    """A whole scenario: the `[scenario]` settings and the `[[segments]]` beside them."""
+
+    segments: tuple[Segment, ...]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.segments:
+            raise ValueError("segments: at least one [[segments]] table is required")
+        owner: dict[str, str] = {}
+        for i, s in enumerate(self.segments):
+            for j, style in enumerate(s.styles):
+                if style not in self.styles:
+                    raise ValueError(f"segments[{i}].styles[{j}]: {style!r} is not one of scenario.styles {list(self.styles)}")
+            for t in s.topics:
+                if t in owner:
+                    raise ValueError(f"segments[{i}].topics: topic {t!r} already belongs to segment {owner[t]!r}: segments must be recognisable from their prompts")
+                owner[t] = s.name
+        names = [s.name for s in self.segments]
+        if len(set(names)) != len(names):
+            raise ValueError(f"segments.name: segment names must be unique, got {names}")
+
     def with_sizes(self, **changes: Any) -> "Scenario":
         return replace(self, **changes)
 
@@ -97,115 +163,28 @@ def preferred_phase(switch_at: Sequence[float], clock: float) -> int:
     return bisect.bisect_right(list(switch_at), clock)
 
 
-# -- parsing ---------------------------------------------------------------------------------------
+# -- loading ---------------------------------------------------------------------------------------
 
-_SCENARIO_KEYS = {
-    "name": str, "seed": int, "max_events": int, "arrival_rate": float, "max_in_flight": int,
-    "rating_probability": float, "group_size": int, "max_tokens": int, "temperature": float, "judge": str,
-    "styles": list, "feedback_delay": dict,
-}
-_DELAY_KEYS = {"distribution": str, "median_seconds": float, "sigma": float, "alpha": float, "max_seconds": float}
-_SEGMENT_KEYS = {"name": str, "topics": list, "styles": list, "switch_at": list, "switch_by": str, "weight": float}
+SECTIONS: dict[str, Any] = {"scenario": ScenarioSettings, "segments": tuple[Segment, ...]}
 
 
-def _typed(table: dict, schema: dict[str, type], where: str) -> dict[str, Any]:
-    out = {}
-    for key, value in table.items():
-        if key not in schema:
-            raise ScenarioError(f"{where}.{key}: unknown key (known: {', '.join(sorted(schema))})")
-        want = schema[key]
-        if want is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            value = float(value) if ok else value
-        elif want is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, want)
-        if not ok:
-            raise ScenarioError(f"{where}.{key}: expected {want.__name__}, got {type(value).__name__} {value!r}")
-        out[key] = value
-    return out
-
-
-def _require(cond: bool, key: str, message: str) -> None:
-    if not cond:
-        raise ScenarioError(f"{key}: {message}")
-
-
-def _names(values: list, allowed: Sequence[str], key: str) -> tuple[str, ...]:
-    _require(len(values) > 0, key, "must not be empty")
-    for i, v in enumerate(values):
-        _require(isinstance(v, str) and v in allowed, f"{key}[{i}]", f"unknown value {v!r} (expected one of {', '.join(allowed)})")
-    return tuple(values)
-
-
-def _segment(table: Any, i: int, styles: tuple[str, ...]) -> Segment:
-    where = f"segments[{i}]"
-    _require(isinstance(table, dict), where, "expected a table")
-    data = _typed(table, _SEGMENT_KEYS, where)
-    for key in ("name", "topics", "styles"):
-        _require(key in data, f"{where}.{key}", "missing")
-    topics = _names(data["topics"], TOPICS, f"{where}.topics")
-    seg_styles = _names(data["styles"], styles, f"{where}.styles")
-    switch_at = data.get("switch_at", [])
-    for j, x in enumerate(switch_at):
-        _require(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0, f"{where}.switch_at[{j}]", f"expected a positive number, got {x!r}")
-    _require(all(a < b for a, b in zip(switch_at, switch_at[1:])), f"{where}.switch_at", "must be strictly increasing")
-    _require(
-        len(seg_styles) == len(switch_at) + 1, f"{where}.styles",
-        f"needs one style per phase: {len(switch_at)} switch points -> {len(switch_at) + 1} styles, got {len(seg_styles)}",
-    )
-    switch_by = data.get("switch_by", "feedback")
-    _require(switch_by in ("feedback", "seconds"), f"{where}.switch_by", f"expected 'feedback' or 'seconds', got {switch_by!r}")
-    weight = data.get("weight", 1.0)
-    _require(weight > 0, f"{where}.weight", f"must be > 0, got {weight}")
-    return Segment(data["name"], topics, seg_styles, tuple(float(x) for x in switch_at), switch_by, weight)
+def scenario_of(settings: ScenarioSettings, segments: tuple[Segment, ...]) -> Scenario:
+    """The whole scenario from its typed sections; cross-segment checks are ConfigErrors naming the key."""
+    try:
+        return Scenario(**{f.name: getattr(settings, f.name) for f in fields(settings)}, segments=segments)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def parse_scenario(data: dict[str, Any]) -> Scenario:
     """A `Scenario` from parsed TOML (`{"scenario": {...}, "segments": [...]}`)."""
-    for key in data:
-        _require(key in ("scenario", "segments"), key, "unknown section (known: scenario, segments)")
-    _require(isinstance(data.get("scenario", {}), dict), "scenario", "expected a table")
-    top = _typed(data.get("scenario", {}), _SCENARIO_KEYS, "scenario")
-    styles = _names(top.pop("styles"), STYLES, "scenario.styles") if "styles" in top else STYLES
-    delay = DelayDistribution(**_typed(top.pop("feedback_delay", {}), _DELAY_KEYS, "scenario.feedback_delay"))
-    _require(delay.distribution in ("lognormal", "pareto", "fixed"), "scenario.feedback_delay.distribution",
-             f"expected lognormal, pareto or fixed, got {delay.distribution!r}")
-    _require(delay.median_seconds >= 0, "scenario.feedback_delay.median_seconds", "must be >= 0")
-    _require(delay.sigma > 0 and delay.alpha > 0, "scenario.feedback_delay", "sigma and alpha must be > 0")
-    _require(delay.max_seconds >= delay.median_seconds, "scenario.feedback_delay.max_seconds", "must be >= median_seconds")
-    segments_raw = data.get("segments")
-    _require(isinstance(segments_raw, list) and len(segments_raw) > 0, "segments", "at least one [[segments]] table is required")
-    segments = tuple(_segment(t, i, styles) for i, t in enumerate(segments_raw))
-    names = [s.name for s in segments]
-    _require(len(set(names)) == len(names), "segments.name", f"segment names must be unique, got {names}")
-    owner: dict[str, str] = {}
-    for i, s in enumerate(segments):
-        for t in s.topics:
-            _require(t not in owner, f"segments[{i}].topics", f"topic {t!r} already belongs to segment {owner.get(t)!r}: segments must be recognisable from their prompts")
-            owner[t] = s.name
-    scenario = Scenario(name=top.pop("name", "scenario"), segments=segments, styles=styles, feedback_delay=delay, **top)
-    _require(scenario.max_events > 0, "scenario.max_events", "must be > 0")
-    _require(scenario.arrival_rate > 0, "scenario.arrival_rate", "must be > 0")
-    _require(scenario.max_in_flight > 0, "scenario.max_in_flight", "must be > 0")
-    _require(0 < scenario.rating_probability <= 1, "scenario.rating_probability", f"must be in (0, 1], got {scenario.rating_probability}")
-    _require(scenario.group_size >= 1, "scenario.group_size", "must be >= 1")
-    _require(scenario.max_tokens >= 1, "scenario.max_tokens", "must be >= 1")
-    _require(scenario.judge == "rule" or scenario.judge.startswith("llm:"), "scenario.judge", f"expected 'rule' or 'llm:URL', got {scenario.judge!r}")
-    return scenario
+    sections = check_sections(SECTIONS, data)
+    return scenario_of(sections["scenario"], sections["segments"])
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read ({exc.strerror})") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{path}: not valid TOML: {exc}") from exc
-    return parse_scenario(data)
+def load_scenario(config: str | Path) -> Scenario:
+    """A scenario file: a preset name ("drift" = configs/drift.toml) or a path."""
+    return parse_scenario(read_toml(config))
 
 
 def switch_points(scenario: Scenario) -> list[tuple[str, int, float, str, str]]:

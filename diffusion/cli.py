@@ -1,7 +1,9 @@
 """`liveloop bgpo ...`: the BGPO command group (wired into liveloop/cli.py by `register` and `run`).
 
-    liveloop bgpo build --config configs/bgpo.toml   # build the tiny diffusion default ([build]) if missing
-    liveloop bgpo train --config configs/bgpo.toml   # run or resume the BGPO job ([bgpo], [sampler], [store])
+    liveloop bgpo build [--config bgpo]   # build the tiny diffusion default ([build]) if missing
+    liveloop bgpo train [--config bgpo]   # run or resume the BGPO job ([bgpo], [sampler], [store])
+
+`--config` is a preset name (configs/<name>.toml) or a path to a TOML file.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bgpo.set_defaults(func=run)
     sub = bgpo.add_subparsers(dest="bgpo_command", required=True)
     train = sub.add_parser("train", help="run (or resume) the BGPO job; publishes versions to the store")
-    train.add_argument("--config", default="configs/bgpo.toml", help="TOML file with [bgpo], [sampler], [store]")
+    help_config = "the job's TOML: a preset name in configs/ or a path (default: %(default)s = configs/bgpo.toml)"
+    train.add_argument("--config", default="bgpo", help=help_config + ": [bgpo], [sampler], [store]")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     build = sub.add_parser("build", help="build the tiny diffusion default into [build].out_dir if missing")
-    build.add_argument("--config", default="configs/bgpo.toml")
-    build.add_argument("--no-progress", action="store_true")
+    build.add_argument("--config", default="bgpo", help=help_config + ": [build]")
+    build.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,15 +7,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
-from liveloop.config import load_sections
+from liveloop.config import check_literals, load_sections
 from liveloop.diffusion.sampler import SamplerConfig
 from liveloop.diffusion.sft import DiffusionBuildConfig
 from liveloop.diffusion.tasks import TASKS
 from liveloop.store.config import StoreConfig
 
+# `loss` stays a str checked against these names, not a Literal: the names belong to the BGPO loop's
+# choice of losses (a registry, like the learner's methods), and one list of them is enough
 LOSSES = ("bgpo", "vrpo_ol", "diffu_grpo")
-PROMPT_SOURCES = ("tasks", "store", "both")
+PromptSource = Literal["tasks", "store", "both"]
+PROMPT_SOURCES: tuple[str, ...] = get_args(PromptSource)
+Task = Literal[TASKS]  # the task names of diffusion/tasks.py
 
 
 def _f(default, help: str):
@@ -29,8 +34,8 @@ class BGPOConfig:
     out_dir: str = _f("data/bgpo", "Checkpoints (one directory per published version) and trainer state.")
     run_name: str = _f("bgpo", "Learner cursor name and prefix of the stored rollouts' ids.")
     loss: str = _f("bgpo", "bgpo | vrpo_ol | diffu_grpo (the baselines share the loop).")
-    prompt_source: str = _f("both", "tasks | store | both: store prompts first, then task problems.")
-    tasks: tuple[str, ...] = _f(("countdown", "sudoku"), "Task problems to draw prompts from.")
+    prompt_source: PromptSource = _f("both", "tasks | store | both: store prompts first, then task problems.")
+    tasks: tuple[Task, ...] = _f(("countdown", "sudoku"), "Task problems to draw prompts from.")
     store_model: str = _f("liveloop-diffusion-tiny", "Stored responses whose `model` is this are prompts.")
     parent_version: int = _f(-1, "Version the starting policy is in the store; -1: the latest (0 if none).")
     steps: int = _f(20, "Policy steps (each: rollouts, n_t masks, inner updates).")
@@ -49,13 +54,9 @@ class BGPOConfig:
     seed: int = _f(0, "Seed of task prompts, rollouts and masks (per step: resumes reproduce).")
 
     def __post_init__(self) -> None:
+        check_literals(self)
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
-        if self.prompt_source not in PROMPT_SOURCES:
-            raise ValueError(f"prompt_source must be one of {', '.join(PROMPT_SOURCES)}, got {self.prompt_source!r}")
-        for t in self.tasks:
-            if t not in TASKS:
-                raise ValueError(f"tasks: unknown task {t!r} (known: {', '.join(TASKS)})")
         for name in ("steps", "prompts_per_step", "n_t", "inner_updates", "publish_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

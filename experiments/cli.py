@@ -1,11 +1,12 @@
 """Command-line entry points for simulated users and experiments, registered into `liveloop`'s parser:
 
-    liveloop simulate --scenario configs/drift.toml [--base-url URL] [--api-key KEY] [--events N] [--out FILE]
-    liveloop experiment drift [--config PATH] [--out DIR] [--methods sao grpo ...]
-    liveloop experiment stability [--config PATH] [--out DIR] [--events N]
+    liveloop simulate --scenario drift [--base-url URL] [--api-key KEY] [--events N] [--out FILE]
+    liveloop experiment drift [--config drift_experiment] [--out DIR] [--methods sao grpo ...]
+    liveloop experiment stability [--config stability_experiment] [--out DIR] [--events N]
 
-Each handler takes the parsed `args` and returns an exit code. (`experiment --config` is the
-experiment's own file; without it the embedded default runs.)
+Each handler takes the parsed `args` and returns an exit code. `--scenario` and `experiment --config`
+(the experiment's own file, not the deployment config) take a preset name (configs/<name>.toml) or a
+path to a TOML file.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from pathlib import Path
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from liveloop.clients.scenario import ScenarioError, load_scenario
+    from liveloop.clients.scenario import load_scenario
     from liveloop.clients.simulator import Simulator, summarize, write_events
+    from liveloop.config import ConfigError
 
     try:
         scenario = load_scenario(args.scenario)
-    except ScenarioError as exc:
+    except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.events:
@@ -41,15 +43,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _experiment_config(args: argparse.Namespace, default: str | None = None):
-    from liveloop.experiments.drift import ExperimentError, load_experiment
+def _experiment_config(args: argparse.Namespace, only: list[str] | None = None):
+    from liveloop.config import ConfigError
+    from liveloop.experiments.drift import load_experiment
 
-    path = getattr(args, "experiment_config", None)
     try:
-        if default is None:
-            return load_experiment(path, only=args.methods or None)
-        return load_experiment(path, default=default)
-    except ExperimentError as exc:
+        return load_experiment(args.experiment_config, only=only)
+    except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
 
@@ -59,7 +59,7 @@ def cmd_experiment_drift(args: argparse.Namespace) -> int:
 
     from liveloop.experiments.drift import run_drift
 
-    cfg = _experiment_config(args)
+    cfg = _experiment_config(args, only=args.methods or None)
     if cfg is None:
         return 2
     t = time.monotonic()
@@ -72,9 +72,9 @@ def cmd_experiment_drift(args: argparse.Namespace) -> int:
 def cmd_experiment_stability(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from liveloop.experiments.stability import DEFAULT_CONFIG, run_stability
+    from liveloop.experiments.stability import run_stability
 
-    cfg = _experiment_config(args, default=DEFAULT_CONFIG)
+    cfg = _experiment_config(args)
     if cfg is None:
         return 2
     if args.events:
@@ -87,8 +87,8 @@ def cmd_experiment_stability(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("simulate", help="simulated users against a running server (a scenario file)")
-    sim.add_argument("--scenario", required=True, help="scenario TOML, e.g. configs/drift.toml")
-    sim.add_argument("--base-url", default="http://127.0.0.1:8000")
+    sim.add_argument("--scenario", required=True, help="scenario: a preset name (drift = configs/drift.toml) or a TOML path")
+    sim.add_argument("--base-url", default="http://127.0.0.1:8000", help="the liveloop server (default: %(default)s)")
     sim.add_argument("--api-key", default="sk-dev-user-1", help="a user key of that server")
     sim.add_argument("--events", type=int, default=None, help="override scenario.max_events")
     sim.add_argument("--group-size", type=int, default=None, help="ask each prompt G times (GRPO learners)")
@@ -98,12 +98,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     exp = subparsers.add_parser("experiment", help="experiments through the real system")
     kinds = exp.add_subparsers(dest="experiment", required=True)
     drift = kinds.add_parser("drift", help="preference drift: SAO against its baselines, one report")
-    drift.add_argument("--config", dest="experiment_config", default=None, help="experiment TOML (default: embedded, see configs/drift_experiment.toml)")
+    drift.add_argument(
+        "--config", dest="experiment_config", default="drift_experiment",
+        help="the experiment's TOML: a preset name or a path (default: %(default)s = configs/drift_experiment.toml)",
+    )
     drift.add_argument("--out", default="results", help="parent of the results directory")
     drift.add_argument("--methods", nargs="+", default=None, help="run only these methods")
     drift.set_defaults(func=cmd_experiment_drift)
     stab = kinds.add_parser("stability", help="long SAO run on a fixed preference: reward, kept fraction, critic grad norm")
-    stab.add_argument("--config", dest="experiment_config", default=None, help="experiment TOML (default: embedded)")
+    stab.add_argument(
+        "--config", dest="experiment_config", default="stability_experiment",
+        help="the experiment's TOML: a preset name or a path (default: %(default)s = configs/stability_experiment.toml)",
+    )
     stab.add_argument("--out", default="results", help="parent of the results directory")
     stab.add_argument("--events", type=int, default=None, help="override scenario.max_events (e.g. 3000)")
     stab.set_defaults(func=cmd_experiment_stability)

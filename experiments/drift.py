@@ -1,9 +1,14 @@
 """`liveloop experiment drift`: the same preference-drift scenario, same seeds, for each learning method,
 each against a fresh real server + co-located learner, and a report.
 
-    out = run_drift(load_experiment(None), Path("results"))       # the embedded default
+    out = run_drift(load_experiment("drift_experiment"), Path("results"))   # configs/drift_experiment.toml
 
-1. the results directory: <out>/drift-<UTC date and time>-<config hash>/ with the config it ran;
+The config is one TOML file of typed sections read by liveloop's config loader (`[experiment]`,
+`[learner]`/`[critic]` shared by every method, `[methods.NAME]` overrides, and a scenario's `[scenario]`
+and `[[segments]]`); `--config` takes a preset name or a path. Steps:
+
+1. the results directory: <out>/drift-<UTC date and time>-<config hash>/ with the config it ran
+   (`config.toml`, and `config.resolved.json` with the presets it extends merged in);
 2. for the methods with a critic, pre-train one critic on rollouts of the base model rated by the
    scenario's judge against each segment's first preference (SAO's cold start), shared by them;
 3. per method: start a server (`devtools.start_server`) with the method's `[learner]`/`[critic]`, run the
@@ -18,107 +23,70 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-import random
 import shutil
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from liveloop.clients.judge import make_judge
-from liveloop.clients.scenario import Scenario, ScenarioError, parse_scenario
+from liveloop.clients.scenario import Scenario, ScenarioSettings, Segment, scenario_of
 from liveloop.clients.simulator import Simulator, write_events
+from liveloop.config import ConfigError, check_literals, check_sections, load_section, read_toml, resolve_config
 
-# The embedded default. Sized so that all seven methods run in about 20-25 minutes on a 2-core machine
-# (a server with its learner takes ~1 minute to start there): short phases. For longer runs raise
-# scenario.max_events and each segment's switch_at together (`--config` a copy of this file).
-DEFAULT_CONFIG = """
-[experiment]
-methods = ["sao", "sao_k1", "sao_unfrozen", "sao_no_kl", "sliding_window", "grpo", "grpo_dis"]
-group_size = 4              # G for the GRPO methods: each prompt is asked G times
-readapt_window = 20         # moving-average window (a segment's feedback events) for re-adaptation
-readapt_threshold = 0.5     # re-adapted: the window's mean reward back at or above this
-pretrain_rollouts = 96      # critic cold start (methods with a critic), rated by the scenario's judge
-pretrain_ev_threshold = 0.5
-pretrain_max_epochs = 20
-backend = "vllm"
-model = "models/liveloop-tiny"
-server_timeout = 300
+@dataclass(frozen=True)
+class ExperimentSettings:
+    """The knobs of `[experiment]` that the run reads."""
 
-# [learner] / [critic] shared by every method; [methods.NAME] overrides them per method.
-[learner]
-batch_size = 1
-publish_every_steps = 4
-publish_every_seconds = 2.0
-learning_rate = 1e-3
-lambda_alpha = 0.05
-kl_coef = 0.1
-window = 256
+    group_size: int = 4  # G for the GRPO methods: each prompt is asked G times
+    readapt_window: int = 20  # moving-average window (a segment's feedback events) for re-adaptation
+    readapt_threshold: float = 0.5  # re-adapted: the window's mean reward back at or above this
+    pretrain_rollouts: int = 96  # critic cold start (methods with a critic), rated by the scenario's judge
+    pretrain_ev_threshold: float = 0.5
+    pretrain_max_epochs: int = 20
+    backend: Literal["vllm", "hf"] = "vllm"  # the engine of every method's server
+    model: str = "models/liveloop-tiny"
+    server_timeout: float = 300.0
 
-[critic]
-value_steps = 2
-freeze_attention = true
+    def __post_init__(self) -> None:
+        check_literals(self)
 
-[methods.sao]
-[methods.sao_k1]
-critic = { value_steps = 1 }
-[methods.sao_unfrozen]
-critic = { freeze_attention = false }
-[methods.sao_no_kl]
-learner = { kl_coef = 0.0 }
-[methods.sliding_window]
-learner = { method = "sliding_window" }
-[methods.grpo]
-learner = { method = "grpo" }
-[methods.grpo_dis]
-learner = { method = "grpo_dis" }
 
-[scenario]
-name = "drift"
-seed = 0
-styles = ["cute", "chuunibyou", "classical"]
-max_events = 260
-arrival_rate = 3.0
-max_in_flight = 6
-rating_probability = 0.9
-max_tokens = 48
-judge = "rule"
+@dataclass(frozen=True)
+class ExperimentTable(ExperimentSettings):
+    """The `[experiment]` table: the settings and which methods run."""
 
-[scenario.feedback_delay]
-distribution = "lognormal"
-median_seconds = 0.4
-sigma = 1.0
-max_seconds = 15.0
+    methods: tuple[str, ...] = ()  # [methods.NAME] tables to run, in this order; empty: all, in file order
 
-[[segments]]
-name = "cozy"
-topics = ["cats", "bread", "music", "forests"]
-styles = ["cute", "chuunibyou"]
-switch_at = [60]
 
-[[segments]]
-name = "night"
-topics = ["the sea", "rain", "the moon", "trains"]
-styles = ["classical", "cute"]
-switch_at = [70]
-"""
+@dataclass(frozen=True)
+class MethodTable:
+    """One `[methods.NAME]` table: keys over the shared `[learner]` and `[critic]` for that method."""
 
-_EXPERIMENT_KEYS = {
-    "methods", "group_size", "readapt_window", "readapt_threshold", "pretrain_rollouts", "pretrain_ev_threshold",
-    "pretrain_max_epochs", "backend", "model", "server_timeout",
+    learner: dict[str, Any] = field(default_factory=dict)
+    critic: dict[str, Any] = field(default_factory=dict)
+
+
+# every section of an experiment file; [learner]/[critic] are checked per method as the server loads them
+SECTIONS: dict[str, Any] = {
+    "experiment": ExperimentTable,
+    "learner": dict[str, Any],
+    "critic": dict[str, Any],
+    "methods": dict[str, MethodTable],
+    "scenario": ScenarioSettings,
+    "segments": tuple[Segment, ...],
 }
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
-    learner: dict[str, Any]
-    critic: dict[str, Any]
+    learner: dict[str, Any]  # the [learner] keys the method's server gets (shared + the method's own)
+    critic: dict[str, Any]  # the [critic] keys likewise
 
     @property
     def uses_critic(self) -> bool:
@@ -129,58 +97,39 @@ class MethodSpec:
         return self.learner.get("method", "sao") in ("grpo", "grpo_dis")
 
 
-@dataclass(frozen=True)
-class ExperimentConfig:
-    text: str  # the TOML it was loaded from (hashed into the results directory's name)
+@dataclass(frozen=True, kw_only=True)
+class ExperimentConfig(ExperimentSettings):
+    """A loaded experiment: its settings, the methods to run and the scenario."""
+
     methods: tuple[MethodSpec, ...]
     scenario: Scenario
-    group_size: int = 4
-    readapt_window: int = 20
-    readapt_threshold: float = 0.5
-    pretrain_rollouts: int = 96
-    pretrain_ev_threshold: float = 0.5
-    pretrain_max_epochs: int = 20
-    backend: str = "vllm"
-    model: str = "models/liveloop-tiny"
-    server_timeout: float = 300.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    text: str  # the file's own TOML (written into the results directory)
+    resolved: dict[str, Any]  # the file's TOML with its `extends` merged in (hashed into the directory's name)
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()[:8]
+        return hashlib.sha256(json.dumps(self.resolved, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
     def scenario_for(self, method: MethodSpec) -> Scenario:
         return dataclasses.replace(self.scenario, group_size=self.group_size if method.grouped else 1)
 
 
-class ExperimentError(ValueError):
-    """The experiment config is invalid; the message names the key."""
+class ExperimentError(ConfigError):
+    """The experiment's config (or a command-line choice of methods) is invalid; the message names the key."""
 
 
-def load_experiment(path: str | Path | None, only: list[str] | None = None, default: str = DEFAULT_CONFIG) -> ExperimentConfig:
-    """The embedded default (path None) or a TOML file of the same shape; `only` keeps those methods."""
-    if path is None:
-        text = default
-    else:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ExperimentError(f"{path}: cannot read ({exc.strerror})") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ExperimentError(f"{path or 'default config'}: not valid TOML: {exc}") from exc
-    exp = data.get("experiment", {})
-    for key in exp:
-        if key not in _EXPERIMENT_KEYS:
-            raise ExperimentError(f"experiment.{key}: unknown key (known: {', '.join(sorted(_EXPERIMENT_KEYS))})")
-    try:
-        scenario = parse_scenario({k: data[k] for k in ("scenario", "segments") if k in data})
-    except ScenarioError as exc:
-        raise ExperimentError(str(exc)) from exc
-    base_learner, base_critic = data.get("learner", {}), data.get("critic", {})
-    table = data.get("methods", {})
-    names = list(exp.get("methods", list(table)))
+def load_experiment(config: str | Path = "drift_experiment", only: list[str] | None = None) -> ExperimentConfig:
+    """An experiment file: a preset name (configs/<name>.toml) or a path; `only` keeps those methods."""
+    from liveloop.critic.config import CriticConfig
+    from liveloop.learner.config import LearnerConfig
+
+    path = resolve_config(config)
+    data = read_toml(path)
+    s = check_sections(SECTIONS, data)
+    scenario = scenario_of(s["scenario"], s["segments"])
+    exp: ExperimentTable = s["experiment"]
+    table: dict[str, MethodTable] = s["methods"]
+    names = list(exp.methods or table)
     if only:
         unknown = [m for m in only if m not in names and m not in table]
         if unknown:
@@ -190,28 +139,12 @@ def load_experiment(path: str | Path | None, only: list[str] | None = None, defa
     for name in names:
         if name not in table:
             raise ExperimentError(f"experiment.methods: {name!r} has no [methods.{name}] table")
-        spec = table[name]
-        for key in spec:
-            if key not in ("learner", "critic"):
-                raise ExperimentError(f"methods.{name}.{key}: unknown key (known: critic, learner)")
-        methods.append(MethodSpec(name, {**base_learner, **spec.get("learner", {})}, {**base_critic, **spec.get("critic", {})}))
-    _check_sections(methods)
-    kw = {k: exp[k] for k in _EXPERIMENT_KEYS - {"methods"} if k in exp}
-    return ExperimentConfig(text=text, methods=tuple(methods), scenario=scenario, **kw)
-
-
-def _check_sections(methods: list[MethodSpec]) -> None:
-    """Every method's [learner]/[critic] must load as the server will load it."""
-    from liveloop.config import ConfigError, load_section
-    from liveloop.critic.config import CriticConfig
-    from liveloop.learner.config import LearnerConfig
-
-    for m in methods:
-        try:
-            load_section(LearnerConfig, m.learner, f"methods.{m.name}.learner")
-            load_section(CriticConfig, m.critic, f"methods.{m.name}.critic")
-        except ConfigError as exc:
-            raise ExperimentError(str(exc)) from exc
+        m = MethodSpec(name, {**s["learner"], **table[name].learner}, {**s["critic"], **table[name].critic})
+        load_section(LearnerConfig, m.learner, f"methods.{name}.learner")  # as the method's server will load them
+        load_section(CriticConfig, m.critic, f"methods.{name}.critic")
+        methods.append(m)
+    settings = {f.name: getattr(exp, f.name) for f in dataclasses.fields(ExperimentSettings)}
+    return ExperimentConfig(**settings, methods=tuple(methods), scenario=scenario, text=path.read_text(), resolved=data)
 
 
 def toml_table(values: dict[str, Any]) -> str:
@@ -234,35 +167,23 @@ def toml_table(values: dict[str, Any]) -> str:
 def pretrain_scenario_critic(cfg: ExperimentConfig, model_dir: Path, critic: dict[str, Any], out_dir: Path, progress: bool) -> dict[str, float]:
     """Rollouts of the base model on each segment's prompts, rated by the judge against the segment's
     first preference (what users rate before any switch), fitted by the critic's pre-training."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from liveloop.checkpoint import save_atomically
     from liveloop.critic.config import CriticConfig
-    from liveloop.critic.pretrain import pretrain_critic
-    from liveloop.critic.trainer import Critic
-    from liveloop.critic.value_model import build_value_model
-    from liveloop.learner.batch import Sample
-    from liveloop.learner.rollout import chat_prompt_ids, sample_reply
+    from liveloop.critic.pretrain import RolloutPlan, pretrain
     from liveloop.model.corpus import make_prompt
 
     sc = cfg.scenario
     judge = make_judge(sc.judge)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    rng, gen = random.Random(sc.seed + 1), torch.Generator().manual_seed(sc.seed + 1)
-    samples = []
-    for i in range(cfg.pretrain_rollouts):
-        segment = sc.segments[i % len(sc.segments)]
-        prompt = make_prompt(rng.choice(segment.topics), rng)
-        r = sample_reply(policy, tok, chat_prompt_ids(tok, prompt), sc.max_tokens, gen, sc.temperature)
-        samples.append(Sample.from_rollout(r, float(judge.judge(prompt, r.text, segment.styles[0]).reward)))
-    critic_cfg = CriticConfig(**critic)
-    torch.manual_seed(0)
-    model = Critic(build_value_model(str(model_dir)), critic_cfg)
-    result = pretrain_critic(model, samples, cfg.pretrain_ev_threshold, cfg.pretrain_max_epochs, progress=progress)
-    save_atomically(out_dir, lambda tmp: model.save(str(tmp)))
-    return result | {"critic/pretrain_reward_rate": sum(s.reward for s in samples) / len(samples)}
+
+    def segment(i: int):
+        return sc.segments[i % len(sc.segments)]
+
+    plan = RolloutPlan(
+        prompt=lambda i, rng: make_prompt(rng.choice(segment(i).topics), rng),
+        reward=lambda i, prompt, reply: float(judge.judge(prompt, reply, segment(i).styles[0]).reward),
+        count=cfg.pretrain_rollouts, max_tokens=sc.max_tokens, seed=sc.seed + 1, temperature=sc.temperature,
+    )
+    return pretrain(model_dir, CriticConfig(**critic), out_dir, plan, cfg.pretrain_ev_threshold,
+                    cfg.pretrain_max_epochs, seed=0, progress=progress)
 
 
 # -- one method ------------------------------------------------------------------------------------
@@ -332,7 +253,7 @@ def run_drift(cfg: ExperimentConfig, out_root: Path, progress: bool = True, mode
         raise ExperimentError(f"experiment.model: {model_dir} is not a checkpoint directory (run `liveloop model init`)")
     # 1. the results directory, with the config it ran
     out = results_dir(out_root, cfg)
-    (out / "config.toml").write_text(cfg.text)
+    write_config(out, cfg)
     work = out / "work"
     # 2. one critic cold start for the methods that have a critic
     critic_dir, pretrain = None, {}
@@ -355,6 +276,13 @@ def run_drift(cfg: ExperimentConfig, out_root: Path, progress: bool = True, mode
     # 4. the report
     write_report(out, cfg, runs, pretrain, wall_seconds=time.monotonic() - started)
     return out
+
+
+def write_config(out: Path, cfg: ExperimentConfig) -> None:
+    """config.toml (the file as given; its `extends` names presets in configs/) and config.resolved.json
+    (every value it ran with, presets merged in)."""
+    (out / "config.toml").write_text(cfg.text)
+    (out / "config.resolved.json").write_text(json.dumps(cfg.resolved, indent=1, default=str))
 
 
 def _cleanup(workdir: Path) -> None:

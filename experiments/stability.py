@@ -1,6 +1,9 @@
 """`liveloop experiment stability`: one long SAO run on a fixed preference, to show it does not collapse:
 the reward stays up, the kept fraction and the critic's grad norm stay bounded.
 
+The config: configs/stability_experiment.toml (`--config` another preset or a path), the drift
+experiment's file shape.
+
 1. results directory <out>/stability-<date>-<hash>/; critic cold start as in the drift experiment;
 2. a fresh server + learner; the simulated users (no switches) run while the learner's status
    (`/admin/learner`: step, kept fraction, critic grad norm, KL, staleness) is polled every second;
@@ -22,67 +25,16 @@ import httpx
 from liveloop.clients.simulator import Simulator, write_events
 from liveloop.experiments.analysis import moving_average
 from liveloop.experiments.drift import (
-    ExperimentConfig, _cleanup, _say, load_experiment, pretrain_scenario_critic, results_dir, toml_table,
+    ExperimentConfig, _cleanup, _say, load_experiment, pretrain_scenario_critic, results_dir, toml_table, write_config,
 )
-
-# Embedded default: a few minutes here; raise scenario.max_events for thousands of events.
-DEFAULT_CONFIG = """
-[experiment]
-methods = ["sao"]
-readapt_window = 30
-pretrain_rollouts = 96
-pretrain_ev_threshold = 0.5
-pretrain_max_epochs = 20
-backend = "vllm"
-model = "models/liveloop-tiny"
-server_timeout = 300
-
-[learner]
-batch_size = 1
-publish_every_steps = 4
-publish_every_seconds = 2.0
-learning_rate = 1e-3
-lambda_alpha = 0.05
-kl_coef = 0.1
-
-[critic]
-value_steps = 2
-freeze_attention = true
-
-[methods.sao]
-
-[scenario]
-name = "stability"
-seed = 1
-max_events = 400
-arrival_rate = 3.0
-max_in_flight = 6
-rating_probability = 0.9
-max_tokens = 48
-
-[scenario.feedback_delay]
-distribution = "lognormal"
-median_seconds = 0.4
-sigma = 1.0
-max_seconds = 15.0
-
-[[segments]]
-name = "cozy"
-topics = ["cats", "bread", "music", "forests"]
-styles = ["chuunibyou"]
-
-[[segments]]
-name = "night"
-topics = ["the sea", "rain", "the moon", "trains"]
-styles = ["classical"]
-"""
 
 TRACE_KEYS = ("learner/kept_fraction", "critic/grad_norm", "learner/kl", "learner/staleness_mean", "critic/explained_variance", "learner/grad_norm")
 
 
-def load_stability(path: str | Path | None) -> ExperimentConfig:
-    """The embedded default (path None) or a file of the drift experiment's shape (first method runs)."""
-    return load_experiment(path, default=DEFAULT_CONFIG)
+def load_stability(config: str | Path = "stability_experiment") -> ExperimentConfig:
+    """configs/stability_experiment.toml, another preset or a path: the drift experiment's shape (its
+    first method runs)."""
+    return load_experiment(config)
 
 
 async def _poll(base_url: str, admin_key: str, trace: list[dict[str, Any]], stop: asyncio.Event, every: float = 1.0) -> None:
@@ -127,7 +79,7 @@ def run_stability(cfg: ExperimentConfig, out_root: Path, progress: bool = True, 
     model_dir = Path(model_dir or cfg.model).resolve()
     # 1. results directory, critic cold start
     out = results_dir(out_root, cfg, kind="stability")
-    (out / "config.toml").write_text(cfg.text)
+    write_config(out, cfg)
     workdir = out / "work" / method.name
     _say(progress, f"[stability] pre-training the critic on {cfg.pretrain_rollouts} rated rollouts")
     pretrain = pretrain_scenario_critic(cfg, model_dir, method.critic, critic_dir_for(LearnerConfig(checkpoint_dir=str(workdir / "versions")), 0), progress)

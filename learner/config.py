@@ -1,6 +1,9 @@
 """The learner's configuration section (`[learner]`); the critic has its own (`[critic]`)."""
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from liveloop.config import check_literals
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,7 @@ class LearnerConfig:
     max_grad_norm: float = field(default=1.0, metadata={"help": "policy gradient clipping"})
     checkpoint_dir: str = field(default="data/versions", metadata={"help": "where published versions are saved"})
     seed: int = field(default=0, metadata={"help": "torch seed of the learner process"})
-    method: str = field(
+    method: Literal["sao", "sliding_window", "grpo", "grpo_dis"] = field(
         default="sao",
         metadata={"help": "sao | sliding_window | grpo | grpo_dis (baselines for comparisons, see learner/methods.py)"},
     )
@@ -46,12 +49,11 @@ class LearnerConfig:
     )
 
     def __post_init__(self) -> None:
+        check_literals(self)
         if self.batch_size < 1 or self.publish_every_steps < 1:
             raise ValueError("batch_size and publish_every_steps must be >= 1")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError("zero_stage must be 0 (plain torch), 1, 2 or 3")
-        if self.method not in ("sao", "sliding_window", "grpo", "grpo_dis"):
-            raise ValueError(f"method must be sao, sliding_window, grpo or grpo_dis, got {self.method!r}")
         if self.window < 1 or self.group_size < 2 or not (0 < self.clip_eps < 1):
             raise ValueError("window must be >= 1, group_size >= 2 and clip_eps in (0, 1)")
         if self.keep_last_versions < 1 or self.keep_parent_chain < 0:

@@ -4,7 +4,10 @@ Commands: serve, model init, store migrate/stats, learn, critic pretrain, chat, 
 versions, rollback, learning pause/resume and report drift (`operator_cli`); bgpo build/train
 (`liveloop.diffusion.cli`); simulate and experiment drift/stability (`liveloop.experiments.cli`).
 
-Every command takes `--config` (default configs/default.toml); each component gets its own section.
+Every command that reads the deployment config takes `--config` after the subcommand or before it
+(`liveloop serve --config production`, `liveloop --config x.toml serve`): a preset name (configs/<name>.toml
+of this repository, found from any directory; default: `default`) or a path to a TOML file. Each
+component gets its own section; `liveloop.app.build_app` wires them for `serve`.
 """
 
 from __future__ import annotations
@@ -23,14 +26,12 @@ from liveloop.experiments import cli as experiments_cli
 from liveloop.config import Config, ConfigError, load_config
 from liveloop.store.store import SchemaNotReady
 
-DEFAULT_CONFIG = "configs/default.toml"
+DEFAULT_CONFIG = "default"  # the preset configs/default.toml
+CONFIG_HELP = "a preset name in configs/ (default, production, ...) or a path to a TOML file (default: %(default)s)"
 
 
 def _config(args: argparse.Namespace) -> Config:
-    path = args.config
-    if path == DEFAULT_CONFIG and not Path(path).exists():
-        raise ConfigError(f"{path} not found: run from the repository root or pass --config")
-    return load_config(path)
+    return load_config(args.config)
 
 
 def _model_dir(config: Config, build: bool = True) -> Path:
@@ -49,7 +50,8 @@ def _model_dir(config: Config, build: bool = True) -> Path:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from liveloop.server.app import check_bind, create_app
+    from liveloop.app import build_app
+    from liveloop.server.app import check_bind
 
     config = _config(args)
     server = dataclasses.replace(config.server, host=args.host or config.server.host, port=args.port or config.server.port)
@@ -60,7 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.no_learner:
         config = config.with_section("learner", enabled=False)
     model_dir = _model_dir(config)
-    app = create_app(config, model_dir)
+    app = build_app(config, model_dir)
     uvicorn.run(app, host=server.host, port=server.port, log_level=server.log_level, timeout_graceful_shutdown=30)
     return 0
 
@@ -94,6 +96,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
 
 
 def cmd_critic_pretrain(args: argparse.Namespace) -> int:
+    from liveloop.clients.rewards import corpus_prompt, make_reward
     from liveloop.learner.critic_start import pretrain_for_learner
     from liveloop.store import Store
 
@@ -103,7 +106,11 @@ def cmd_critic_pretrain(args: argparse.Namespace) -> int:
         config = config.with_section("critic", **changes)
     store = Store(config.store)
     store.require_schema()
-    result = pretrain_for_learner(store, config.learner, config.critic, _model_dir(config), from_store=args.from_store)
+    # the default model's prompts and the configured rule reward (the learner knows no corpus)
+    spec = config.critic.pretrain_reward
+    reward = make_reward(spec) if spec and not args.from_store else None
+    result = pretrain_for_learner(store, config.learner, config.critic, _model_dir(config), prompt=corpus_prompt,
+                                  reward=reward, from_store=args.from_store)
     print(json.dumps(result, indent=2))
     return 0
 
@@ -160,7 +167,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def config_option(p: argparse.ArgumentParser) -> None:
     """`--config` after the subcommand too (`liveloop serve --config x.toml`); it wins over the global one."""
-    p.add_argument("--config", default=argparse.SUPPRESS, help=f"TOML config (default: {DEFAULT_CONFIG})")
+    p.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP.replace("%(default)s", DEFAULT_CONFIG))
 
 
 # commands that talk to a running server: they print what the person asked for, not library logs
@@ -169,7 +176,7 @@ CLIENT_COMMANDS = ("chat", "versions", "rollback", "learning", "report")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="liveloop", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="TOML config (default: %(default)s)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help=CONFIG_HELP)
     parser.add_argument("--verbose", action="store_true", help="print library logs (HTTP requests, ...) too")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -217,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_option(p)
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the liveloop server (default: %(default)s)")
     p.add_argument("--api-key", help="API key (default: $LIVELOOP_API_KEY, else the config's first dev key)")
-    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--max-tokens", type=int, default=96, help="longest reply, in tokens (default: %(default)s)")
     p.set_defaults(func=cmd_chat)
     operator_cli.register(sub)
     bgpo_cli.register(sub)
@@ -227,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     import httpx
+
+    from liveloop.clients.client import LiveloopError
 
     args = build_parser().parse_args(argv)
     quiet = args.command in CLIENT_COMMANDS and not args.verbose
@@ -248,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SchemaNotReady, ValueError) as exc:
         print(f"liveloop: {exc}", file=sys.stderr)
         return 2
+    except LiveloopError as exc:  # the server answered with an error (a wrong key, a refused request)
+        print(f"liveloop: {exc}", file=sys.stderr)
+        return 1
     except httpx.TransportError as exc:  # the server is not there (or went away)
         try:
             url = str(exc.request.url)

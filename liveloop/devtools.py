@@ -59,14 +59,15 @@ class ServerProcess:
 def write_config(
     workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None, learner: str | None = None,
     extra: str = "", served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "",
-    rate_limits: bool = False,
+    rate_limits: bool = False, extends: str | None = None,
 ) -> tuple[Path, str]:
     """A server config on loopback with the test keys; `learner` is extra `[learner]` TOML (None: off);
     `server_extra` / `engine_extra` / `store_extra` are more keys of those sections; `extra` is appended
     (more sections, e.g. `[monitor]`). Per-key rate limits and the per-key generation cap are off
-    unless `rate_limits` (then the defaults hold, and `server_extra` may set them)."""
+    unless `rate_limits` (then the defaults hold, and `server_extra` may set them). `extends` names a
+    preset (e.g. "tuned_learner", "default") the config is merged over (`liveloop.config`)."""
     store_url = store_url or f"sqlite:///{workdir / 'liveloop.db'}"
-    text = f"""
+    text = f"""{f"extends = {json.dumps(extends)}" if extends else ""}
 [server]
 host = "127.0.0.1"
 port = {port}
@@ -100,15 +101,16 @@ checkpoint_dir = "{workdir / 'versions'}"
 def start_server(
     workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240, learner: str | None = None, extra: str = "",
     served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "", store_url: str | None = None,
-    rate_limits: bool = False,
+    rate_limits: bool = False, extends: str | None = None,
 ) -> ServerProcess:
-    """Start `liveloop serve` in its own process group and wait until /healthz answers."""
+    """Start `liveloop serve` in its own process group and wait until /healthz answers (the config:
+    `write_config`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     config, store_url = write_config(
         workdir, Path(model_dir).resolve(), backend, port, store_url=store_url, learner=learner, extra=extra,
         served_model_name=served_model_name, server_extra=server_extra, engine_extra=engine_extra, store_extra=store_extra,
-        rate_limits=rate_limits,
+        rate_limits=rate_limits, extends=extends,
     )
     log_path = workdir / "server.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

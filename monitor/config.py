@@ -1,14 +1,18 @@
 """The drift monitor's configuration section (`[monitor]`)."""
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-DETECTORS = ("page-hinkley", "cusum")
+from liveloop.config import check_literals
+
+Detector = Literal["page-hinkley", "cusum"]
+DETECTORS: tuple[str, ...] = get_args(Detector)
 
 
 @dataclass(frozen=True)
 class MonitorConfig:
     enabled: bool = field(default=True, metadata={"help": "`liveloop serve` watches the feedback stream for drift"})
-    detector: str = field(default="page-hinkley", metadata={"help": "change detector: page-hinkley or cusum"})
+    detector: Detector = field(default="page-hinkley", metadata={"help": "change detector: page-hinkley or cusum"})
     delta: float = field(
         default=0.05, metadata={"help": "drift allowance per rating: shifts in reward rate smaller than this are noise"}
     )
@@ -34,8 +38,7 @@ class MonitorConfig:
     guard_p_value: float = field(default=0.01, metadata={"help": "one-sided p-value that counts as significantly worse"})
 
     def __post_init__(self) -> None:
-        if self.detector not in DETECTORS:
-            raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {self.detector!r}")
+        check_literals(self)
         if self.delta < 0 or self.threshold <= 0 or self.warmup < 1:
             raise ValueError("delta must be >= 0, threshold > 0 and warmup >= 1")
         if self.window_seconds <= 0 or self.poll_seconds <= 0:

@@ -1,12 +1,13 @@
-"""The FastAPI application and its lifecycle.
+"""The FastAPI application and the serving components' lifecycle. Wired by `liveloop.app.build_app`
+(the one place that builds the components and hands each what it needs, the learner included).
 
-Start-up, in order: 1. open the store and bring its schema to head (or refuse to start); 2. find the
-serving version (the newest "serving" row, else version 0 = the configured model); 3. start the engine
-on that version's weights; 4. start the group-commit writer; 5. watch for versions learners publish
-and the feedback stream for drift (`Operations`);
-6. start the co-located learner (a Ray actor) when `[learner] enabled`; 7. apply `[store] retain_days`
-periodically. Shut-down reverses it: the learner publishes what it has, and every queued row is
-flushed before the process exits.
+`running(config, model_dir)`, in order: 1. open the store and bring its schema to head (or refuse to
+start); 2. find the serving version (the newest "serving" row, else version 0 = the configured model);
+3. start the engine on that version's weights; 4. start the group-commit writer; 5. watch for versions
+learners publish (every `[server] watch_seconds`) and the feedback stream for drift (`Operations`);
+6. apply `[store] retain_days` periodically. On exit it reverses it: every queued row is flushed before
+the process exits. `attach` puts the components (and the learner the wiring started, or None) on
+`app.state`, where the routes find them; `create_app` builds the routes around the wiring's lifespan.
 
 `check_bind` refuses, before anything starts, to listen beyond loopback with the shipped
 development keys (they are public: anyone could use them).
@@ -18,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -30,6 +32,7 @@ from liveloop.metrics import Metrics
 from liveloop.server.admission import Admission
 from liveloop.server.auth import KeyRing, Sessions
 from liveloop.server.body import BodyLimit
+from liveloop.server.config import ServerConfig
 from liveloop.server.engines.base import Engine, create_engine
 from liveloop.server.errors import install_handlers
 from liveloop.server.operations import Operations
@@ -121,39 +124,38 @@ async def stop_components(c: Components) -> None:
     c.store.close()
 
 
-def create_app(config: Config, model_dir: Path) -> FastAPI:
-    check_bind(config)
+@contextlib.asynccontextmanager
+async def running(config: Config, model_dir: Path) -> AsyncIterator[Components]:
+    """The serving components, started, with their background tasks (the version watcher, operations,
+    retention); on exit the tasks are cancelled and the components stopped, every queued row flushed."""
+    c = await start_components(config, model_dir)
+    watcher = asyncio.create_task(c.publisher.watch(config.server.watch_seconds))
+    monitor = asyncio.create_task(c.operations.run()) if config.monitor.enabled else None
+    retention = None
+    if config.store.retain_days > 0:
+        retention = asyncio.create_task(apply_retention(c.store, config.store.retain_days, config.store.retention_interval_seconds))
+    log.info("serving %s version %d on %s", config.engine.served_model_name, c.engine.version, c.engine.name)
+    try:
+        yield c
+    finally:
+        for task in (watcher, monitor, retention):
+            if task is not None:
+                task.cancel()
+        await stop_components(c)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        c = await start_components(config, model_dir)
-        for name, value in vars(c).items():
-            setattr(app.state, name, value)
-        app.state.started_at = int(time.time())
-        app.state.learner = None
-        watcher = asyncio.create_task(c.publisher.watch(config.learner.poll_seconds))
-        monitor = asyncio.create_task(c.operations.run()) if config.monitor.enabled else None
-        retention = None
-        if config.store.retain_days > 0:
-            retention = asyncio.create_task(apply_retention(c.store, config.store.retain_days, config.store.retention_interval_seconds))
-        log.info("serving %s version %d on %s", config.engine.served_model_name, c.engine.version, c.engine.name)
-        try:
-            if config.learner.enabled:
-                from liveloop.learner.actor import ColocatedLearner
 
-                app.state.learner = await asyncio.to_thread(
-                    ColocatedLearner, config.store, config.learner, config.critic, model_dir
-                )
-            yield
-        finally:
-            if app.state.learner is not None:
-                await asyncio.to_thread(app.state.learner.close)
-            watcher.cancel()
-            for task in (monitor, retention):
-                if task is not None:
-                    task.cancel()
-            await stop_components(c)
+def attach(app: FastAPI, c: Components, learner: Any | None) -> None:
+    """Where the routes find what they use: each component on `app.state`, and the co-located learner
+    (`health()`, `status()`; None when there is none) as `app.state.learner`."""
+    for name, value in vars(c).items():
+        setattr(app.state, name, value)
+    app.state.started_at = int(time.time())
+    app.state.learner = learner
 
+
+def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]) -> FastAPI:
+    """The routes, error handlers and body limit; `lifespan` (the wiring's) starts the components and
+    `attach`es them before the first request."""
     app = FastAPI(title="liveloop", version="0.1.0", lifespan=lifespan)
     install_handlers(app)
     app.state.sessions = Sessions()
@@ -162,5 +164,5 @@ def create_app(config: Config, model_dir: Path) -> FastAPI:
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(dashboard.router)
-    app.add_middleware(BodyLimit, max_bytes=config.server.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=server.max_body_bytes)
     return app

@@ -1,6 +1,9 @@
 """The server's configuration sections: `[server]` (HTTP), `[auth]` (API keys), `[engine]` (backend)."""
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from liveloop.config import check_literals
 
 
 @dataclass(frozen=True)
@@ -10,7 +13,12 @@ class ServerConfig:
     max_body_bytes: int = field(default=1 << 20, metadata={"help": "larger request bodies get 413"})
     default_max_tokens: int = field(default=128, metadata={"help": "max_tokens when a request gives none"})
     max_tokens_limit: int = field(default=512, metadata={"help": "largest max_tokens a request may ask for"})
-    log_level: str = field(default="info", metadata={"help": "uvicorn log level"})
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = field(
+        default="info", metadata={"help": "uvicorn log level"}
+    )
+    watch_seconds: float = field(
+        default=0.1, metadata={"help": "how often the server looks in the store for versions learners published"}
+    )
     chat_requests_per_minute: int = field(
         default=600, metadata={"help": "per API key: chat/completion requests per minute (429 beyond; 0 = no limit)"}
     )
@@ -28,8 +36,11 @@ class ServerConfig:
     )
 
     def __post_init__(self) -> None:
+        check_literals(self)
         if not 0 < self.port < 65536:
             raise ValueError("port must be in 1..65535")
+        if self.watch_seconds <= 0:
+            raise ValueError("watch_seconds must be > 0")
         if min(self.chat_requests_per_minute, self.feedback_per_minute) < 0:
             raise ValueError("chat_requests_per_minute and feedback_per_minute must be >= 0 (0 = no limit)")
         if self.max_concurrent_per_key < 1 or self.max_concurrent_total < 1 or self.retry_after_seconds < 1:
@@ -53,13 +64,17 @@ class AuthConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    backend: str = field(default="vllm", metadata={"help": "vllm | hf | diffusion (a masked diffusion LM)"})
+    backend: Literal["vllm", "hf", "diffusion"] = field(
+        default="vllm", metadata={"help": "vllm | hf | diffusion (a masked diffusion LM)"}
+    )
     model: str = field(
         default="models/liveloop-tiny",
         metadata={"help": "a Hugging Face checkpoint directory; the tiny default is built there when missing"},
     )
     served_model_name: str = field(default="liveloop-tiny", metadata={"help": "the `model` clients ask for"})
-    dtype: str = field(default="float32", metadata={"help": "float32 | bfloat16 | float16"})
+    dtype: Literal["float32", "bfloat16", "float16"] = field(
+        default="float32", metadata={"help": "float32 | bfloat16 | float16"}
+    )
     max_model_len: int = field(default=512, metadata={"help": "context length: prompt + completion tokens"})
     seed: int = field(default=0, metadata={"help": "engine seed (requests without a seed draw from it)"})
     max_num_seqs: int = field(default=32, metadata={"help": "most requests generating at once"})
@@ -75,13 +90,29 @@ class EngineConfig:
             "(finish_reason 'abort', every token logged under the version that produced it) and the swap proceeds"
         },
     )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={
+            "help": "run the model code a checkpoint brings (e.g. LLaDA, Dream); only for checkpoints you trust"
+        },
+    )
+    diffusion_block_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "diffusion: positions decoded (and streamed) per block; unset: the model's build record, else 8"
+        },
+    )
+    diffusion_steps_per_block: int | None = field(
+        default=None,
+        metadata={"help": "diffusion: denoising steps per block; unset: the model's build record, else 8"},
+    )
 
     def __post_init__(self) -> None:
-        if self.backend not in ("vllm", "hf", "diffusion"):
-            raise ValueError(f"backend must be 'vllm', 'hf' or 'diffusion', got {self.backend!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        check_literals(self)
         if self.max_model_len < 16:
             raise ValueError("max_model_len must be >= 16")
         if self.drain_deadline_seconds <= 0:
             raise ValueError("drain_deadline_seconds must be > 0")
+        for name in ("diffusion_block_length", "diffusion_steps_per_block"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")

@@ -12,9 +12,12 @@ import pytest
 from liveloop.clients.simulator import read_events
 from liveloop.experiments.drift import load_experiment, run_drift
 
-# One SAO learner, one segment over every topic, a fixed preference (no switch): bounded to ~3 minutes
-# here (server + learner start ~1 min, critic cold start, ~220 feedback events).
+# One SAO learner (the tuned learner preset, configs/tuned_learner.toml), one segment over every topic, a
+# fixed preference (no switch): bounded to ~3 minutes here (server + learner start ~1 min, critic cold
+# start, ~220 feedback events).
 CONFIG = """
+extends = "tuned_learner"
+
 [experiment]
 methods = ["sao"]
 readapt_window = 40
@@ -22,14 +25,6 @@ pretrain_rollouts = 64
 pretrain_ev_threshold = 0.5
 pretrain_max_epochs = 12
 backend = "vllm"
-
-[learner]
-batch_size = 1
-publish_every_steps = 4
-publish_every_seconds = 2.0
-learning_rate = 1e-3
-lambda_alpha = 0.05
-kl_coef = 0.1
 
 [critic]
 value_steps = 2

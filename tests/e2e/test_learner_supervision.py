@@ -15,12 +15,15 @@ import pytest
 from .conftest import ADMIN_KEY, USER_KEY, open_store, start_server, stop_server
 
 pytestmark = pytest.mark.slow
+# over the tuned learner preset (configs/tuned_learner.toml): publish after every step; no pre-trained
+# critic here, so near-Monte-Carlo advantages (alpha = 1), and no KL anchor (no reference model to load)
+PRESET = "tuned_learner"
 LEARNER = """
 publish_every_steps = 1
 publish_every_seconds = 1.0
 poll_seconds = 0.1
-learning_rate = 1e-3
 lambda_alpha = 1.0
+kl_coef = 0.0
 """
 MSG = [{"role": "user", "content": "Tell me about the moon."}]
 
@@ -55,7 +58,7 @@ def _rate(c: httpx.Client, n: int) -> list[str]:
 
 
 def test_learner_crash_is_reported_and_recovered(tmp_path, model_dir):
-    server = start_server(tmp_path / "srv", model_dir, "hf", learner=LEARNER)
+    server = start_server(tmp_path / "srv", model_dir, "hf", learner=LEARNER, extends=PRESET)
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     try:
         with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=60) as c:

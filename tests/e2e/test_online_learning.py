@@ -10,6 +10,7 @@ import time
 
 import httpx
 
+from liveloop.clients.rewards import corpus_prompt, make_reward
 from liveloop.critic.config import CriticConfig
 from liveloop.devtools import ADMIN_KEY, USER_KEY
 from liveloop.learner.config import LearnerConfig
@@ -20,18 +21,11 @@ from liveloop.model.corpus import TOPICS
 from .conftest import open_store, start_server, stop_server
 
 TARGET = "behold"
-# The spec's length-adaptive lambda (alpha = 0.05) on a critic pre-trained first (`liveloop critic
-# pretrain`), with a KL anchor to the base policy. Measured in-process: with a cold critic and
-# alpha = 0.05 the rate does not move; without the anchor some seeds collapse to one degenerate
-# 48-token reply (rate 0, ratio 1, zero gradient) and never recover.
-LEARNER = """
-batch_size = 1
-publish_every_steps = 4
-publish_every_seconds = 2.0
-learning_rate = 1e-3
-lambda_alpha = 0.05
-kl_coef = 0.1
-"""
+# The tuned learner preset (configs/tuned_learner.toml): the spec's length-adaptive lambda (alpha = 0.05)
+# on a critic pre-trained first (`liveloop critic pretrain`), with a KL anchor to the base policy.
+# Measured in-process: with a cold critic and alpha = 0.05 the rate does not move; without the anchor
+# some seeds collapse to one degenerate 48-token reply (rate 0, ratio 1, zero gradient) and never recover.
+PRESET = "tuned_learner"
 MAX_EVENTS = 400  # bounded; the loop ends earlier once the recent reward rate is high
 MAX_LAG = 8
 WINDOW, ENOUGH = 40, 0.6
@@ -105,7 +99,8 @@ def _pretrain_critic(workdir, model_dir) -> dict:
     store.ensure_base_version(str(model_dir.resolve()))
     learner = LearnerConfig(checkpoint_dir=str(workdir / "versions"))
     critic = CriticConfig(pretrain_reward=f"contains:{TARGET}", pretrain_rollouts=128, pretrain_ev_threshold=0.5)
-    result = pretrain_for_learner(store, learner, critic, model_dir, progress=False)
+    result = pretrain_for_learner(store, learner, critic, model_dir, prompt=corpus_prompt,
+                                  reward=make_reward(critic.pretrain_reward), progress=False)
     store.close()
     return result
 
@@ -115,7 +110,7 @@ def test_target_word_rate_rises(tmp_path, model_dir):
     workdir.mkdir()
     pretrained = _pretrain_critic(workdir, model_dir)
     assert pretrained["critic/explained_variance"] >= 0.5
-    server = start_server(workdir, model_dir, "vllm", learner=LEARNER)
+    server = start_server(workdir, model_dir, "vllm", learner="", extends=PRESET)
     try:
         result = asyncio.run(_scenario(server.base_url))
     finally:

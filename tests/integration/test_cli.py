@@ -66,3 +66,19 @@ def test_an_unreachable_server_is_one_line(tmp_path):
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [out.stderr.strip()]  # one line, no traceback
     assert "cannot reach the server at http://127.0.0.1:9" in out.stderr and "INFO" not in out.stderr
+
+
+def test_config_by_preset_name_from_any_directory(tmp_path, store_url):
+    assert run("store", "migrate", "--url", store_url, "--config", "default", cwd=tmp_path).returncode == 0
+    for args in (("--config", "default", "store", "stats"), ("store", "stats", "--config", "production")):
+        out = run(*args, "--url", store_url, cwd=tmp_path)  # configs/ is the repository's, not the working directory's
+        assert out.returncode == 0, (args, out.stderr)
+    out = run("store", "stats", "--config", "defualt", "--url", store_url, cwd=tmp_path)
+    assert out.returncode == 2 and "defualt: no preset of that name" in out.stderr and "default" in out.stderr
+
+
+def test_serve_takes_config_after_the_subcommand(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"extends = \"default\"\n[engine]\nmodel = '{tmp_path / 'nothing'}'\n")
+    out = run("serve", "--config", str(cfg), "--port", "1")
+    assert out.returncode == 2 and "not a Hugging Face checkpoint directory" in out.stderr

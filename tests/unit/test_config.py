@@ -31,7 +31,7 @@ def test_missing_sections_take_defaults():
         ("[auth]\ndev_user_keys = 'k'\n", "auth.dev_user_keys: expected a list"),
         ("[auth]\ndev_user_keys = [1]\n", "auth.dev_user_keys[0]: expected str"),
         ("[bogus]\nx = 1\n", "bogus: unknown section"),
-        ("[engine]\nbackend = 'tgi'\n", "engine: backend must be"),
+        ("[engine]\nbackend = 'tgi'\n", "engine.backend: expected one of ['vllm', 'hf', 'diffusion'], got 'tgi'"),
         ("[server]\nport = 70000\n", "server: port must be"),
         ("[server\n", "invalid TOML"),
     ],
@@ -54,3 +54,149 @@ SERVER_CONFIGS = ("default.toml", "production.toml")
 def test_every_shipped_config_loads(path):
     cfg = load_config(path)
     assert cfg.server.host == "127.0.0.1"  # nothing listens beyond loopback by default
+
+
+# -- presets, `extends`, typed documents ------------------------------------------------------------
+
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any, Literal  # noqa: E402
+
+from liveloop.config import (  # noqa: E402
+    CONFIG_DIR, check_literals, check_sections, load_section, merge, presets, read_toml, resolve_config,
+)
+
+
+def test_config_dir_is_the_repository_configs_folder():
+    assert CONFIG_DIR == ROOT / "configs"
+    assert {"default", "production", "bgpo", "drift", "drift_experiment", "stability_experiment", "tuned_learner"} <= set(presets())
+
+
+def test_resolve_names_and_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a preset is found from any working directory
+    assert resolve_config("default") == ROOT / "configs/default.toml"
+    assert resolve_config("x/y") == Path("x/y") and resolve_config("y.toml") == Path("y.toml")
+    assert resolve_config(tmp_path / "z") == tmp_path / "z"  # a Path is always a path
+    with pytest.raises(ConfigError, match=r"defualt: no preset of that name .*presets: .*default"):
+        resolve_config("defualt")
+    assert load_config("default").engine.backend == "vllm"
+    with pytest.raises(ConfigError, match="cannot read config missing.toml"):
+        load_config("missing.toml")
+
+
+def test_merge_tables_deep_arrays_whole():
+    base = {"a": {"x": 1, "y": {"p": 1, "q": 2}}, "arr": [{"n": 1}, {"n": 2}], "s": 1}
+    over = {"a": {"y": {"q": 3}}, "arr": [{"n": 9}], "t": 2}
+    assert merge(base, over) == {"a": {"x": 1, "y": {"p": 1, "q": 3}}, "arr": [{"n": 9}], "s": 1, "t": 2}
+    assert base["a"]["y"] == {"p": 1, "q": 2}  # inputs untouched
+
+
+def test_extends_a_preset_under_the_files_own_values(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('extends = "tuned_learner"\n[learner]\nkl_coef = 0.0\nwindow = 64\n')
+    cfg = load_config(path)
+    tuned = read_toml("tuned_learner")["learner"]
+    assert cfg.learner.kl_coef == 0.0 and cfg.learner.window == 64  # the file's own values win
+    assert cfg.learner.learning_rate == tuned["learning_rate"] and cfg.learner.lambda_alpha == tuned["lambda_alpha"]
+    assert cfg.server.port == 8000  # sections neither file has take their defaults
+
+
+def test_extends_chains_paths_relative_to_the_file_and_cycles(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub/base.toml").write_text('extends = "default"\n[store]\nurl = "sqlite:///b.db"\n')
+    (tmp_path / "top.toml").write_text('extends = "sub/base.toml"\n[server]\nport = 9001\n')
+    cfg = load_config(tmp_path / "top.toml")
+    assert (cfg.server.port, cfg.store.url, cfg.auth.dev_admin_keys) == (9001, "sqlite:///b.db", ("sk-dev-admin",))
+    (tmp_path / "a.toml").write_text('extends = "b.toml"\n')
+    (tmp_path / "b.toml").write_text('extends = "a.toml"\n')
+    with pytest.raises(ConfigError, match="extends itself"):
+        load_config(tmp_path / "a.toml")
+    with pytest.raises(ConfigError, match="extends: expected a preset name or a path"):
+        load_config(text="extends = 3\n")
+    with pytest.raises(ConfigError, match="nope: no preset"):
+        load_config(text='extends = "nope"\n')
+
+
+@dataclass(frozen=True)
+class _Item:
+    name: str
+    kind: Literal["a", "b"] = "a"
+    tags: tuple[Literal["x", "y"], ...] = ()
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_literals(self)
+        if self.weight <= 0:
+            raise ValueError("weight must be > 0")
+
+
+@dataclass(frozen=True)
+class _Doc:
+    title: str = "t"
+    items: tuple[_Item, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def test_arrays_of_tables_load_as_tuples_of_dataclasses():
+    data = read_toml(text='title = "d"\n[[items]]\nname = "one"\ntags = ["x"]\n[[items]]\nname = "two"\nkind = "b"\nweight = 2\n')
+    doc = load_section(_Doc, data, "")
+    assert doc.title == "d" and doc.items == (_Item("one", tags=("x",)), _Item("two", "b", (), 2.0))
+    assert isinstance(doc.items[1].weight, float)
+    loaded = check_sections({"items": tuple[_Item, ...], "doc": _Doc}, {"items": [{"name": "z"}]})
+    assert loaded == {"items": (_Item("z"),), "doc": _Doc()}  # a missing section: its defaults (or no items)
+
+
+@pytest.mark.parametrize(
+    "items, message",
+    [
+        ([{"name": "a", "kind": "c"}], r"items\[0\]\.kind: expected one of \['a', 'b'\], got 'c'"),
+        ([{"name": "a"}, {"name": "b", "tags": ["x", "z"]}], r"items\[1\]\.tags\[1\]: expected one of"),
+        ([{"kind": "a"}], r"items\[0\]\.name: missing"),
+        ([{"name": "a", "wieght": 1}], r"items\[0\]\.wieght: unknown key"),
+        ([{"name": "a", "weight": 0}], r"items\[0\]: weight must be > 0"),
+        ({"name": "a"}, r"items: expected a list, got dict"),
+        (["a"], r"items\[0\]: expected a table, got str"),
+    ],
+)
+def test_bad_array_of_tables_names_the_key(items, message):
+    with pytest.raises(ConfigError, match=message):
+        load_section(_Doc, {"items": items}, "")
+
+
+def test_check_literals_applies_to_instances_built_in_code():
+    with pytest.raises(ValueError, match="kind must be one of a, b, got 'c'"):
+        _Item("n", kind="c")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"tags\[0\] must be one of x, y, got 'q'"):
+        _Item("n", tags=("q",))  # type: ignore[arg-type]
+
+
+def test_every_preset_loads_with_its_loader():
+    from liveloop.clients.scenario import load_scenario
+    from liveloop.diffusion.config import load_bgpo_config
+    from liveloop.experiments.drift import load_experiment
+
+    loaders = {
+        "default": load_config, "production": load_config, "tuned_learner": load_config, "bgpo": load_bgpo_config,
+        "drift": load_scenario, "drift_experiment": load_experiment, "stability_experiment": load_experiment,
+    }
+    assert set(presets()) == set(loaders), "a new preset in configs/: add its loader here"
+    for name, load in loaders.items():
+        assert load(name) is not None, name
+
+
+def test_config_sections_are_typed_with_their_classes():
+    import typing
+
+    import liveloop.config as module
+    from liveloop.config import Config, _sections
+
+    sections = _sections()
+    hints = typing.get_type_hints(Config, {**vars(module), **{cls.__name__: cls for cls in sections.values()}})
+    assert {name: hints[name] for name in sections} == sections
+
+
+def test_server_watch_interval_is_its_own_setting():
+    cfg = load_config(text="[server]\nwatch_seconds = 0.5\n[learner]\npoll_seconds = 0.05\n")
+    assert cfg.server.watch_seconds == 0.5 and cfg.learner.poll_seconds == 0.05
+    assert load_config(text="").server.watch_seconds == 0.1
+    with pytest.raises(ConfigError, match="server: watch_seconds must be > 0"):
+        load_config(text="[server]\nwatch_seconds = 0\n")

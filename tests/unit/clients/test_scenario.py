@@ -1,5 +1,5 @@
-"""The scenario parser (the shipped file, and bad files naming the field), the switch schedule and
-the feedback-delay distribution."""
+"""The scenario file (typed sections read by liveloop's config loader: the shipped preset, and bad files
+naming the key), the switch schedule and the feedback-delay distribution."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from liveloop.clients.scenario import (
-    DelayDistribution, ScenarioError, load_scenario, parse_scenario, preferred_phase, switch_points,
+    DelayDistribution, Segment, load_scenario, parse_scenario, preferred_phase, switch_points,
 )
+from liveloop.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -26,7 +27,8 @@ def _data(**scenario) -> dict:
 
 
 def test_shipped_drift_scenario_parses():
-    s = load_scenario(ROOT / "configs/drift.toml")
+    s = load_scenario("drift")
+    assert s == load_scenario(ROOT / "configs/drift.toml")  # by preset name or by path
     assert s.name == "drift" and len(s.segments) >= 2
     topics = [t for seg in s.segments for t in seg.topics]
     assert len(topics) == len(set(topics))  # each segment recognisable from its topics
@@ -61,16 +63,20 @@ def test_segment_style_by_feedback_or_seconds():
     "mutate, message",
     [
         (lambda d: d["scenario"].update(max_events="10"), r"scenario\.max_events: expected int, got str"),
-        (lambda d: d["scenario"].update(rating_probability=1.5), r"scenario\.rating_probability: must be in \(0, 1\]"),
+        (lambda d: d["scenario"].update(rating_probability=1.5), r"scenario: rating_probability must be in \(0, 1\]"),
         (lambda d: d["scenario"].update(arrival_rte=1.0), r"scenario\.arrival_rte: unknown key"),
-        (lambda d: d["scenario"].update(styles=["cute", "gothic"]), r"scenario\.styles\[1\]: unknown value 'gothic'"),
-        (lambda d: d["scenario"].update(feedback_delay={"distribution": "normal"}), r"scenario\.feedback_delay\.distribution"),
-        (lambda d: d["scenario"].update(feedback_delay={"median_seconds": 5, "max_seconds": 1}), r"feedback_delay\.max_seconds"),
-        (lambda d: d["segments"][0].update(topics=["dogs"]), r"segments\[0\]\.topics\[0\]: unknown value 'dogs'"),
-        (lambda d: d["segments"][0].update(styles=["cute"]), r"segments\[0\]\.styles: needs one style per phase"),
-        (lambda d: d["segments"][0].update(switch_at=[5, 3], styles=["cute", "cute", "cute"]), r"segments\[0\]\.switch_at: must be strictly increasing"),
-        (lambda d: d["segments"][0].update(switch_at=["x"]), r"segments\[0\]\.switch_at\[0\]: expected a positive number"),
-        (lambda d: d["segments"][1].update(switch_by="events"), r"segments\[1\]\.switch_by"),
+        (lambda d: d["scenario"].update(styles=["cute", "gothic"]), r"scenario\.styles\[1\]: expected one of .*got 'gothic'"),
+        (lambda d: d["scenario"].update(styles=["classical"]), r"segments\[0\]\.styles\[0\]: 'cute' is not one of scenario\.styles"),
+        (lambda d: d["scenario"].update(judge="gpt"), r"scenario: judge: expected 'rule' or 'llm:BASE_URL\[#MODEL\]'"),
+        (lambda d: d["scenario"].update(feedback_delay={"distribution": "normal"}), r"scenario\.feedback_delay\.distribution: expected one of"),
+        (lambda d: d["scenario"].update(feedback_delay={"median_seconds": 5, "max_seconds": 1}), r"scenario\.feedback_delay: max_seconds must be >= median_seconds"),
+        (lambda d: d["segments"][0].update(topics=["dogs"]), r"segments\[0\]\.topics\[0\]: expected one of .*got 'dogs'"),
+        (lambda d: d["segments"][0].update(styles=["cute"]), r"segments\[0\]: styles needs one style per phase"),
+        (lambda d: d["segments"][0].update(switch_at=[5, 3], styles=["cute", "cute", "cute"]), r"segments\[0\]: switch_at must be strictly increasing"),
+        (lambda d: d["segments"][0].update(switch_at=["x"]), r"segments\[0\]\.switch_at\[0\]: expected float, got str"),
+        (lambda d: d["segments"][0].update(switch_at=[0], styles=["cute", "cute"]), r"segments\[0\]: switch_at\[0\] must be > 0"),
+        (lambda d: d["segments"][0].update(weight=0), r"segments\[0\]: weight must be > 0"),
+        (lambda d: d["segments"][1].update(switch_by="events"), r"segments\[1\]\.switch_by: expected one of \['feedback', 'seconds'\]"),
         (lambda d: d["segments"][1].update(topics=["cats"]), r"segments\[1\]\.topics: topic 'cats' already belongs to segment 'a'"),
         (lambda d: d["segments"][1].pop("name"), r"segments\[1\]\.name: missing"),
         (lambda d: d["segments"][1].update(name="a"), r"segments\.name: segment names must be unique"),
@@ -81,16 +87,25 @@ def test_segment_style_by_feedback_or_seconds():
 def test_bad_scenarios_name_the_field(mutate, message):
     data = _data()
     mutate(data)
-    with pytest.raises(ScenarioError, match=message):
+    with pytest.raises(ConfigError, match=message):
         parse_scenario(data)
 
 
+def test_segments_built_in_code_are_checked_too():
+    with pytest.raises(ValueError, match=r"topics\[0\] must be one of"):
+        Segment("a", ("dogs",), ("cute",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="switch_by must be one of"):
+        Segment("a", ("cats",), ("cute",), switch_by="events")  # type: ignore[arg-type]
+
+
 def test_bad_file(tmp_path):
-    with pytest.raises(ScenarioError, match="cannot read"):
+    with pytest.raises(ConfigError, match="cannot read"):
         load_scenario(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="no preset of that name"):
+        load_scenario("no_such_scenario")
     bad = tmp_path / "bad.toml"
     bad.write_text("[scenario\n")
-    with pytest.raises(ScenarioError, match="not valid TOML"):
+    with pytest.raises(ConfigError, match="invalid TOML"):
         load_scenario(bad)
 
 

@@ -1,5 +1,5 @@
-"""The drift experiment's config: the embedded default and the shipped copy load, methods resolve to
-valid [learner]/[critic] sections, bad files name the key; the CLI registers its commands."""
+"""The drift experiment's config: the presets load (the tuned learner preset merged in), methods
+resolve to valid [learner]/[critic] sections, bad files name the key; the CLI registers its commands."""
 
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from liveloop.config import ConfigError, read_toml
 from liveloop.experiments.cli import register
-from liveloop.experiments.drift import DEFAULT_CONFIG, ExperimentError, load_experiment, toml_table
+from liveloop.experiments.drift import ExperimentError, load_experiment, toml_table
 from liveloop.experiments.stability import load_stability
 
 ROOT = Path(__file__).resolve().parents[3]
+PRESET_TEXT = (ROOT / "configs/drift_experiment.toml").read_text()
 
 
-def test_embedded_default_has_every_method():
-    cfg = load_experiment(None)
+def test_default_preset_has_every_method():
+    cfg = load_experiment()
     by = {m.name: m for m in cfg.methods}
     assert list(by) == ["sao", "sao_k1", "sao_unfrozen", "sao_no_kl", "sliding_window", "grpo", "grpo_dis"]
     assert by["sao"].learner["kl_coef"] == 0.1 and by["sao_no_kl"].learner["kl_coef"] == 0.0
@@ -28,31 +30,40 @@ def test_embedded_default_has_every_method():
     assert len(cfg.digest) == 8
 
 
-def test_shipped_copy_matches_the_embedded_default():
-    shipped = load_experiment(ROOT / "configs/drift_experiment.toml")
-    assert tomllib.loads(shipped.text) == tomllib.loads(DEFAULT_CONFIG)
+def test_learner_comes_from_the_tuned_preset_by_name():
+    tuned = read_toml("tuned_learner")["learner"]
+    assert "extends = \"tuned_learner\"" in PRESET_TEXT and "learning_rate" not in PRESET_TEXT  # referred to, not copied
+    for cfg in (load_experiment("drift_experiment"), load_experiment(ROOT / "configs/drift_experiment.toml"), load_stability()):
+        sao = cfg.methods[0]
+        assert {k: sao.learner[k] for k in tuned} == tuned
+    assert load_experiment().digest == load_experiment(ROOT / "configs/drift_experiment.toml").digest
+    assert load_experiment().resolved["learner"] == {**tuned, "window": 256}
 
 
 def test_only_some_methods_and_bad_configs(tmp_path):
-    assert [m.name for m in load_experiment(None, only=["grpo", "sao"]).methods] == ["grpo", "sao"]
+    assert [m.name for m in load_experiment(only=["grpo", "sao"]).methods] == ["grpo", "sao"]
     with pytest.raises(ExperimentError, match="--methods: unknown"):
-        load_experiment(None, only=["ppo"])
+        load_experiment(only=["ppo"])
     cases = {
         "[experiment]\nmethodz = []\n": r"experiment\.methodz: unknown key",
-        DEFAULT_CONFIG.replace('learner = { method = "grpo" }', 'learner = { method = "ppo" }'): r"methods\.grpo\.learner",
-        DEFAULT_CONFIG.replace("value_steps = 1", "value_step = 1"): r"methods\.sao_k1\.critic\.value_step: unknown key",
-        DEFAULT_CONFIG.replace("rating_probability = 0.9", "rating_probability = 2.0"): r"scenario\.rating_probability",
-        DEFAULT_CONFIG.replace('"sao", "sao_k1"', '"sao", "nope"'): r"experiment\.methods: 'nope' has no \[methods\.nope\]",
+        "[experiment]\nbackend = 'tgi'\n": r"experiment\.backend: expected one of \['vllm', 'hf'\]",
+        "[experiment]\ngroup_size = '4'\n": r"experiment\.group_size: expected int, got str",
+        "[methods.sao]\npolicy = {}\n": r"methods\.sao\.policy: unknown key",
+        PRESET_TEXT.replace('learner = { method = "grpo" }', 'learner = { method = "ppo" }'): r"methods\.grpo\.learner",
+        PRESET_TEXT.replace("value_steps = 1", "value_step = 1"): r"methods\.sao_k1\.critic\.value_step: unknown key",
+        PRESET_TEXT.replace("rating_probability = 0.9", "rating_probability = 2.0"): r"scenario: rating_probability must be in \(0, 1\]",
+        PRESET_TEXT.replace('topics = ["cats"', 'topics = ["dogs"'): r"segments\[0\]\.topics\[0\]: expected one of",
+        PRESET_TEXT.replace('"sao", "sao_k1"', '"sao", "nope"'): r"experiment\.methods: 'nope' has no \[methods\.nope\]",
     }
     for text, message in cases.items():
         path = tmp_path / "x.toml"
         path.write_text(text)
-        with pytest.raises(ExperimentError, match=message):
+        with pytest.raises(ConfigError, match=message):
             load_experiment(path)
 
 
 def test_stability_default_has_no_switches():
-    cfg = load_stability(None)
+    cfg = load_stability()
     assert [m.name for m in cfg.methods] == ["sao"]
     assert all(not s.switch_at for s in cfg.scenario.segments)
 
@@ -72,7 +83,9 @@ def test_cli_registers_simulate_and_experiments():
     a = parser.parse_args(["--config", "g.toml", "experiment", "drift", "--config", "e.toml", "--out", "o", "--methods", "sao", "grpo"])
     assert (a.config, a.experiment_config, a.out, a.methods) == ("g.toml", "e.toml", "o", ["sao", "grpo"])
     a = parser.parse_args(["experiment", "stability", "--events", "3000"])
-    assert a.events == 3000 and a.experiment_config is None and callable(a.func)
+    assert a.events == 3000 and a.experiment_config == "stability_experiment" and callable(a.func)
+    a = parser.parse_args(["experiment", "drift"])
+    assert a.experiment_config == "drift_experiment"
 
 
 def test_simulate_with_a_bad_scenario_exits_2(tmp_path, capsys):
@@ -82,4 +95,15 @@ def test_simulate_with_a_bad_scenario_exits_2(tmp_path, capsys):
     register(parser.add_subparsers())
     args = parser.parse_args(["simulate", "--scenario", str(bad)])
     assert args.func(args) == 2
-    assert "scenario.max_events: must be > 0" in capsys.readouterr().err
+    assert "scenario: max_events, arrival_rate and max_in_flight must be > 0" in capsys.readouterr().err
+
+
+def test_experiment_with_a_bad_config_exits_2(tmp_path, capsys):
+    bad = tmp_path / "e.toml"
+    bad.write_text("[experiment]\nmethodz = []\n")
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    for kind in ("drift", "stability"):
+        args = parser.parse_args(["experiment", kind, "--config", str(bad)])
+        assert args.func(args) == 2
+        assert "experiment.methodz: unknown key" in capsys.readouterr().err
