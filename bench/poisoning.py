@@ -110,7 +110,7 @@ def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
     from transformers import AutoTokenizer
 
     from liveloop.critic.config import CriticConfig
-    from liveloop.learner.config import LearnerConfig
+    from liveloop.learner.config import LearnerConfig, SlidingWindowConfig
     from liveloop.learner.online import OnlineLearner
     from liveloop.rl.rollout import chat_prompt_ids
     from liveloop.monitor.poisoning import disagreement_scores, suspects
@@ -123,7 +123,7 @@ def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
     store.ensure_base_version(str(model_dir))
     config = LearnerConfig(
         checkpoint_dir=str(workdir / "versions"), batch_size=s.batch_size, publish_every_steps=10**9, publish_every_seconds=1e9,
-        learning_rate=s.learning_rate, lambda_alpha=1.0, seed=s.seed, method=s.method, window=s.window,
+        learning_rate=s.learning_rate, lambda_alpha=1.0, seed=s.seed, method=s.method, sliding_window=SlidingWindowConfig(window=s.window),
         max_per_key_per_batch=1 if s.defended else s.batch_size, max_per_key_per_window=(s.cap_per_window or s.ratings_per_key) if s.defended else 0,
         influence_window_seconds=3600.0,
     )

@@ -36,7 +36,7 @@ import httpx
 from liveloop.clients.judge import make_judge
 from liveloop.clients.scenario import Scenario, ScenarioSettings, Segment, scenario_of
 from liveloop.clients.simulator import Simulator, write_events
-from liveloop.config import ConfigError, check_literals, check_sections, load_section, read_toml, resolve_config
+from liveloop.config import ConfigError, check_literals, check_sections, load_section, merge, read_toml, resolve_config
 
 @dataclass(frozen=True)
 class ExperimentSettings:
@@ -139,7 +139,7 @@ def load_experiment(config: str | Path = "drift_experiment", only: list[str] | N
     for name in names:
         if name not in table:
             raise ExperimentError(f"experiment.methods: {name!r} has no [methods.{name}] table")
-        m = MethodSpec(name, {**s["learner"], **table[name].learner}, {**s["critic"], **table[name].critic})
+        m = MethodSpec(name, merge(s["learner"], table[name].learner), merge(s["critic"], table[name].critic))
         load_section(LearnerConfig, m.learner, f"methods.{name}.learner")  # as the method's server will load them
         load_section(CriticConfig, m.critic, f"methods.{name}.critic")
         methods.append(m)
@@ -148,10 +148,12 @@ def load_experiment(config: str | Path = "drift_experiment", only: list[str] | N
 
 
 def toml_table(values: dict[str, Any]) -> str:
-    """Flat key = value lines (str, bool, int, float) for a TOML section body."""
+    """key = value lines (str, bool, int, float, and tables of them inline) for a TOML section body."""
     lines = []
     for k, v in values.items():
-        if isinstance(v, bool):
+        if isinstance(v, dict):
+            lines.append(f"{k} = {{ {toml_table(v).replace(chr(10), ', ')} }}")
+        elif isinstance(v, bool):
             lines.append(f"{k} = {'true' if v else 'false'}")
         elif isinstance(v, (int, float)):
             lines.append(f"{k} = {v!r}")
@@ -207,7 +209,7 @@ def run_method(cfg: ExperimentConfig, method: MethodSpec, workdir: Path, model_d
     workdir.mkdir(parents=True, exist_ok=True)
     learner = dict(method.learner)
     if method.grouped:
-        learner.setdefault("group_size", cfg.group_size)
+        learner["grpo"] = {"group_size": cfg.group_size, **learner.get("grpo", {})}
     if critic_dir is not None and method.uses_critic:  # where the learner looks for version 0's critic
         target = critic_dir_for(LearnerConfig(checkpoint_dir=str(workdir / "versions")), 0)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,29 @@ from liveloop.config import check_literals
 
 
 @dataclass(frozen=True)
+class SlidingWindowConfig:
+    """`[learner.sliding_window]`: the no-critic baseline."""
+
+    window: int = field(default=256, metadata={"help": "W, rewards in the baseline's window"})
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError("window must be >= 1")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """`[learner.grpo]`: the group baselines (`grpo`, and `grpo_dis` with SAO's mask instead of the clip)."""
+
+    group_size: int = field(default=4, metadata={"help": "G, rated responses per prompt per step"})
+    clip_eps: float = field(default=0.2, metadata={"help": "grpo: PPO clip epsilon"})
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2 or not (0 < self.clip_eps < 1):
+            raise ValueError("group_size must be >= 2 and clip_eps in (0, 1)")
+
+
+@dataclass(frozen=True)
 class LearnerConfig:
     enabled: bool = field(default=True, metadata={"help": "`liveloop serve` starts the online learner"})
     cursor_name: str = field(default="sao", metadata={"help": "which learner_cursor row this learner owns"})
@@ -28,9 +51,10 @@ class LearnerConfig:
         default="sao",
         metadata={"help": "sao | sliding_window | grpo | grpo_dis (baselines for comparisons, see learner/methods.py)"},
     )
-    window: int = field(default=256, metadata={"help": "sliding_window: W, rewards in the baseline's window"})
-    group_size: int = field(default=4, metadata={"help": "grpo, grpo_dis: G, rated responses per prompt per step"})
-    clip_eps: float = field(default=0.2, metadata={"help": "grpo: PPO clip epsilon"})
+    sliding_window: SlidingWindowConfig = field(
+        default_factory=SlidingWindowConfig, metadata={"help": "[learner.sliding_window]: that baseline's knobs"}
+    )
+    grpo: GRPOConfig = field(default_factory=GRPOConfig, metadata={"help": "[learner.grpo]: the group baselines' knobs"})
     keep_last_versions: int = field(
         default=8, metadata={"help": "checkpoint retention: keep the newest N published versions' checkpoints"}
     )
@@ -54,8 +78,6 @@ class LearnerConfig:
             raise ValueError("batch_size and publish_every_steps must be >= 1")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError("zero_stage must be 0 (plain torch), 1, 2 or 3")
-        if self.window < 1 or self.group_size < 2 or not (0 < self.clip_eps < 1):
-            raise ValueError("window must be >= 1, group_size >= 2 and clip_eps in (0, 1)")
         if self.keep_last_versions < 1 or self.keep_parent_chain < 0:
             raise ValueError("keep_last_versions must be >= 1 and keep_parent_chain >= 0")
         if self.max_per_key_per_batch < 1 or self.max_per_key_per_window < 0 or self.influence_window_seconds <= 0:

@@ -145,7 +145,7 @@ class SlidingWindow(SAO):
 
     def __init__(self, config: LearnerConfig):
         super().__init__(config)
-        self.history: deque[float] = deque(maxlen=config.window)
+        self.history: deque[float] = deque(maxlen=config.sliding_window.window)
 
     def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
         per_sample = []
@@ -188,7 +188,7 @@ class GRPO(SAO):
         return ("tag", tag) if tag else ("prompt", tuple(int(x) for x in response.prompt_ids))
 
     def next_batch(self, store: Any, after_id: int) -> tuple[list[Sample], int] | None:
-        G = self.config.group_size
+        G = self.config.grpo.group_size
         self.read_through = max(self.read_through, after_id)
         # read everything new into the buffer, by group
         while True:
@@ -220,7 +220,7 @@ class GRPO(SAO):
         return _broadcast(adv, batch.action_mask), None
 
     def policy_loss(self, logprobs: Tensor, batch: TokenBatch, advantages: Tensor, staleness: Tensor) -> tuple[Tensor, dict[str, float]]:
-        loss, metrics = ppo_clip_loss(logprobs, batch.behavior_logprobs, advantages, batch.action_mask, self.config.clip_eps)
+        loss, metrics = ppo_clip_loss(logprobs, batch.behavior_logprobs, advantages, batch.action_mask, self.config.grpo.clip_eps)
         return loss, metrics | _staleness(staleness)
 
     def stats(self) -> dict[str, float]:

@@ -92,10 +92,10 @@ def test_merge_tables_deep_arrays_whole():
 
 def test_extends_a_preset_under_the_files_own_values(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text('extends = "tuned_learner"\n[learner]\nkl_coef = 0.0\nwindow = 64\n')
+    path.write_text('extends = "tuned_learner"\n[learner]\nkl_coef = 0.0\n[learner.sliding_window]\nwindow = 64\n')
     cfg = load_config(path)
     tuned = read_toml("tuned_learner")["learner"]
-    assert cfg.learner.kl_coef == 0.0 and cfg.learner.window == 64  # the file's own values win
+    assert cfg.learner.kl_coef == 0.0 and cfg.learner.sliding_window.window == 64  # the file's own values win
     assert cfg.learner.learning_rate == tuned["learning_rate"] and cfg.learner.lambda_alpha == tuned["lambda_alpha"]
     assert cfg.server.port == 8000  # sections neither file has take their defaults
 

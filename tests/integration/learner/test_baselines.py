@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from liveloop.critic.config import CriticConfig
-from liveloop.learner.config import LearnerConfig
+from liveloop.learner.config import GRPOConfig, LearnerConfig, SlidingWindowConfig
 from liveloop.learner.online import OnlineLearner
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
@@ -64,7 +64,7 @@ def _changed(before: dict, learner: OnlineLearner) -> bool:
 
 def test_sliding_window_steps_without_a_critic(store, tmp_path, model_dir, base_logprobs):
     _rate(store, 4, base_logprobs)
-    learner = _learner(store, tmp_path, model_dir, method="sliding_window", window=3, kl_coef=0.1)
+    learner = _learner(store, tmp_path, model_dir, method="sliding_window", sliding_window=SlidingWindowConfig(window=3), kl_coef=0.1)
     assert learner.critic is None
     before = {k: v.clone().numpy() for k, v in learner.policy.state_dict().items()}
     for _ in range(4):
@@ -81,7 +81,7 @@ def test_sliding_window_steps_without_a_critic(store, tmp_path, model_dir, base_
 @pytest.mark.parametrize("method", ["grpo", "grpo_dis"])
 def test_grpo_methods_wait_for_groups(store, tmp_path, model_dir, method, base_logprobs):
     _rate(store, 5, base_logprobs, group_size=2)  # groups g0, g1 complete; g2 has 1 of 2
-    learner = _learner(store, tmp_path, model_dir, method=method, group_size=2)
+    learner = _learner(store, tmp_path, model_dir, method=method, grpo=GRPOConfig(group_size=2))
     assert learner.critic is None
     before = {k: v.clone().numpy() for k, v in learner.policy.state_dict().items()}
     assert learner.step() and learner.step()

@@ -24,7 +24,7 @@ def test_default_preset_has_every_method():
     assert list(by) == ["sao", "sao_k1", "sao_unfrozen", "sao_no_kl", "sliding_window", "grpo", "grpo_dis"]
     assert by["sao"].learner["kl_coef"] == 0.1 and by["sao_no_kl"].learner["kl_coef"] == 0.0
     assert by["sao_k1"].critic["value_steps"] == 1 and by["sao_unfrozen"].critic["freeze_attention"] is False
-    assert by["sliding_window"].learner["window"] == 256 and not by["sliding_window"].uses_critic
+    assert by["sliding_window"].learner["sliding_window"]["window"] == 256 and not by["sliding_window"].uses_critic
     assert by["grpo"].grouped and by["grpo_dis"].grouped and by["sao"].uses_critic
     assert cfg.scenario_for(by["grpo"]).group_size == cfg.group_size and cfg.scenario_for(by["sao"]).group_size == 1
     assert len(cfg.digest) == 8
@@ -37,7 +37,7 @@ def test_learner_comes_from_the_tuned_preset_by_name():
         sao = cfg.methods[0]
         assert {k: sao.learner[k] for k in tuned} == tuned
     assert load_experiment().digest == load_experiment(ROOT / "configs/drift_experiment.toml").digest
-    assert load_experiment().resolved["learner"] == {**tuned, "window": 256}
+    assert load_experiment().resolved["learner"] == {**tuned, "sliding_window": {"window": 256}}
 
 
 def test_only_some_methods_and_bad_configs(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from liveloop.config import ConfigError, load_section
-from liveloop.learner.config import LearnerConfig
+from liveloop.learner.config import GRPOConfig, LearnerConfig, SlidingWindowConfig
 from liveloop.learner.methods import GRPO, SAO, GRPODis, SlidingWindow, make_method
 from liveloop.rl.batch import make_batch
 
@@ -59,11 +59,15 @@ def test_make_method_and_config_validation():
     with pytest.raises(ValueError, match="method must be one of"):
         LearnerConfig(method="ppo")  # built without the loader: the same Literal is checked
     with pytest.raises(ValueError, match="group_size"):
-        LearnerConfig(method="grpo", group_size=1)
+        GRPOConfig(group_size=1)
+    nested = load_section(LearnerConfig, {"method": "grpo", "grpo": {"group_size": 3}}, "learner")
+    assert nested.grpo == GRPOConfig(group_size=3, clip_eps=0.2) and nested.sliding_window == SlidingWindowConfig()
+    with pytest.raises(ConfigError, match=r"learner\.grpo\.group_size: expected int"):
+        load_section(LearnerConfig, {"grpo": {"group_size": "4"}}, "learner")
 
 
 def test_sliding_window_advantage_uses_the_last_w_rewards_before_each_sample():
-    m = SlidingWindow(LearnerConfig(method="sliding_window", window=2, batch_size=4, max_per_key_per_batch=4))
+    m = SlidingWindow(LearnerConfig(method="sliding_window", sliding_window=SlidingWindowConfig(window=2), batch_size=4, max_per_key_per_batch=4))
     store = _Store()
     for r in (1, 0, 1, 1):
         store.add([1, 2], r, 0.0)
@@ -88,7 +92,7 @@ def test_sliding_window_waits_for_a_full_batch():
 
 
 def test_grpo_waits_for_a_complete_group_and_measures_the_wait():
-    m = GRPO(LearnerConfig(method="grpo", group_size=3))
+    m = GRPO(LearnerConfig(method="grpo", grpo=GRPOConfig(group_size=3)))
     store = _Store()
     store.add([1, 2], 1, 10.0, group="a")
     store.add([1, 2], 0, 11.0, group="b")  # same prompt, another group tag: not mixed with "a"
@@ -120,7 +124,7 @@ def test_grpo_clips_and_grpo_dis_masks():
     store = _Store()
     for r in (1, 0):
         store.add([3], r, 0.0, group="g")
-    cfg = dict(group_size=2, eps_low=0.3, eps_high=0.5, clip_eps=0.2)
+    cfg = dict(grpo=GRPOConfig(group_size=2, clip_eps=0.2), eps_low=0.3, eps_high=0.5)
     grpo, dis = GRPO(LearnerConfig(method="grpo", **cfg)), GRPODis(LearnerConfig(method="grpo_dis", **cfg))
     samples, _ = grpo.next_batch(store, 0)
     batch = make_batch(samples)

@@ -90,7 +90,7 @@ def test_a_group_of_size_one_gets_zero_advantages():
 def test_learner_grpo_and_bgpo_use_the_one_group_normalisation():
     from liveloop.diffusion import bgpo
     from liveloop.learner import methods
-    from liveloop.learner.config import LearnerConfig
+    from liveloop.learner.config import GRPOConfig, LearnerConfig
     from liveloop.rl import advantages
     from liveloop.rl.batch import Sample, make_batch
 
@@ -101,6 +101,6 @@ def test_learner_grpo_and_bgpo_use_the_one_group_normalisation():
         Sample(np.array([1]), np.array([5, 6]), np.zeros(2, np.float32), np.ones(2, np.uint8), float(r), 0)
         for r in (1, 0, 0, 1)
     ]
-    adv, _ = methods.GRPO(LearnerConfig(method="grpo", group_size=4)).advantages(make_batch(samples), None)
+    adv, _ = methods.GRPO(LearnerConfig(method="grpo", grpo=GRPOConfig(group_size=4))).advantages(make_batch(samples), None)
     assert adv[:, 0].tolist() == pytest.approx([0.86603, -0.86603, -0.86603, 0.86603], abs=1e-5)
     assert torch.equal(adv[:, 0], adv[:, 1])
