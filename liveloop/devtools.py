@@ -152,3 +152,15 @@ def perturbed_checkpoint(model_dir: Path, out_dir: Path, seed: int = 1, scale: f
         if (Path(model_dir) / name).exists():
             shutil.copy(Path(model_dir) / name, Path(out_dir) / name)
     return Path(out_dir)
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.25):
+    """Poll `predicate` until it returns something truthy (returned) or `timeout` seconds pass
+    (AssertionError naming `what`): how tests and benchmarks wait on a server or a learner."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")

@@ -9,9 +9,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
+
+from liveloop.devtools import wait_until
 
 from .conftest import USER_KEY, open_store, start_server, stop_server
 
@@ -29,14 +30,6 @@ def _learn(config) -> subprocess.Popen:
         start_new_session=True,
     )
 
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_killed_learner_resumes_exactly_once(tmp_path, model_dir):
@@ -62,17 +55,17 @@ def test_killed_learner_resumes_exactly_once(tmp_path, model_dir):
     store = open_store(server)
     try:
         first = _learn(config)
-        _wait(lambda: store.cursor_version("sao") not in (None, 0), 180, "a first published version")
+        wait_until(lambda: store.cursor_version("sao") not in (None, 0), 180, "a first published version")
         os.killpg(first.pid, signal.SIGKILL)  # mid-run: steps after the last version are lost in memory
         first.wait(30)
         killed_at = store.get_cursor("sao")
         assert 0 < killed_at < N_RATED * 2  # feedback ids start at 1
         second = _learn(config)
         last_id = max(f.id for f, _ in store.rated_after(0, 1000))
-        _wait(lambda: store.get_cursor("sao") == last_id, 240, "the restarted learner to consume every rating")
+        wait_until(lambda: store.get_cursor("sao") == last_id, 240, "the restarted learner to consume every rating")
         os.killpg(second.pid, signal.SIGTERM)
         second.wait(60)
-        _wait(lambda: http.get("/healthz").json()["policy_version"] == store.cursor_version("sao"), 60, "the server to swap in the last version")
+        wait_until(lambda: http.get("/healthz").json()["policy_version"] == store.cursor_version("sao"), 60, "the server to swap in the last version")
     finally:
         stop.set()
         t.join(60)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import httpx
 import psutil
 import pytest
+
+from liveloop.devtools import wait_until
 
 from .conftest import ADMIN_KEY, USER_KEY, open_store, start_server, stop_server
 
@@ -27,15 +28,6 @@ kl_coef = 0.0
 """
 MSG = [{"role": "user", "content": "Tell me about the moon."}]
 
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.25)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def _learner_worker(server) -> psutil.Process | None:
@@ -64,21 +56,21 @@ def test_learner_crash_is_reported_and_recovered(tmp_path, model_dir):
         with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=60) as c:
             _rate(c, 2)
             store = open_store(server)
-            _wait(lambda: store.get_cursor("sao") >= 2, 180, "the learner to train the first ratings")
-            worker = _wait(lambda: _learner_worker(server), 30, "the learner's Ray worker")
+            wait_until(lambda: store.get_cursor("sao") >= 2, 180, "the learner to train the first ratings")
+            worker = wait_until(lambda: _learner_worker(server), 30, "the learner's Ray worker")
             os.kill(worker.pid, signal.SIGKILL)
             # serving and logging go on; the health says the learner is not running
-            seen = _wait(lambda: httpx.get(server.base_url + "/healthz", timeout=10).json()["learner"]["state"] != "running"
+            seen = wait_until(lambda: httpx.get(server.base_url + "/healthz", timeout=10).json()["learner"]["state"] != "running"
                          and httpx.get(server.base_url + "/healthz", timeout=10), 60, "the outage to show")
             assert seen.status_code == 200 and seen.json()["status"] == "degraded"
             late = _rate(c, 3)
-            _wait(lambda: httpx.get(server.base_url + "/healthz", timeout=10).json()["learner"]["state"] == "running", 300, "the restart")
+            wait_until(lambda: httpx.get(server.base_url + "/healthz", timeout=10).json()["learner"]["state"] == "running", 300, "the restart")
             kinds = [e["kind"] for e in c.get("/admin/events", headers=admin).json()["data"]]
             assert "learner_crash" in kinds and "learner_restart" in kinds
             status = c.get("/admin/learner", headers=admin).json()
             assert status["running"] and status["restarts"] == 1
             last = max(f.id for f, _ in store.rated_after(0, 1000))
-            _wait(lambda: store.get_cursor("sao") >= last, 300, "the restarted learner to train the late ratings")
+            wait_until(lambda: store.get_cursor("sao") >= last, 300, "the restarted learner to train the late ratings")
             assert all(store.get_response(rid) is not None for rid in late)
             store.close()
     finally:

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from liveloop.devtools import perturbed_checkpoint
+from liveloop.devtools import perturbed_checkpoint, wait_until
 
 from .conftest import ADMIN_KEY, ROOT, USER_KEY, open_store, start_server, stop_server
 
@@ -70,15 +70,6 @@ def _serving(http: httpx.Client) -> int:
     return http.get("/admin/stats", headers=ADMIN).json()["serving"]
 
 
-def _wait(predicate, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
-
 
 ROUTES = [
     ("GET", "/admin/versions", None), ("GET", "/admin/drift", None), ("GET", "/admin/stats", None),
@@ -117,7 +108,7 @@ def test_drift_alarm_when_ratings_turn(http, server):
         drift = http.get("/admin/drift", headers=ADMIN).json()
         return drift if drift["overall"]["ratings"] == 210 else None
 
-    drift = _wait(caught_up, 20, "the monitor to read every rating")
+    drift = wait_until(caught_up, 20, "the monitor to read every rating")
     (alarm,) = [a for a in drift["alarms"] if a["segment"] == "cats" and a["direction"] == "down"]
     assert 70 < alarm["index"] <= 140 and alarm["before"] > 0.5 and alarm["after"] < 0.5
     assert "dogs" not in {a["segment"] for a in drift["alarms"]}
@@ -159,7 +150,7 @@ def test_rollback_serves_the_old_weights_byte_identical(http, server, tmp_path):
     versions = {v["version"]: v for v in http.get("/admin/versions", headers=ADMIN).json()["data"]}
     assert versions[bad]["status"] == "rolled_back" and versions[old]["status"] == "serving" and versions[old]["serving"]
     assert versions[bad]["parent"] == old and versions[bad]["responses"] == 3
-    _wait(lambda: http.get("/admin/learner", headers=ADMIN).json().get("version") == old, 30, "the learner to reload the rolled-back-to version")
+    wait_until(lambda: http.get("/admin/learner", headers=ADMIN).json().get("version") == old, 30, "the learner to reload the rolled-back-to version")
     assert "liveloop_server_rollbacks_total 1.0" in http.get("/metrics").text
 
 
@@ -283,7 +274,7 @@ def test_pause_stops_publishing_while_serving_continues(http, server):
 
         r = http.post("/admin/learning/resume", headers=ADMIN, json={"reason": "done looking"})
         assert r.json() == {"object": "learning", "learner": "sao", "paused": False, "changed": True}
-        newest = _wait(lambda: _serving(http) > served and _serving(http), 90, "the learner to publish after resume")
+        newest = wait_until(lambda: _serving(http) > served and _serving(http), 90, "the learner to publish after resume")
         record = store.get_version(newest)
         assert record.parent is not None and record.samples_used >= 1
         kinds = [e["kind"] for e in http.get("/admin/events", headers=ADMIN).json()["data"]]

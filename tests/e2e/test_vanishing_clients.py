@@ -15,12 +15,12 @@ import re
 import socket
 import struct
 import threading
-import time
 
 import httpx
 import pytest
 
 from liveloop import devtools
+from liveloop.devtools import wait_until
 
 from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, open_store, start_server, stop_server
 
@@ -70,14 +70,6 @@ def _vanish(base_url: str, stage: str, i: int) -> str | None:
     found = re.search(rb'"id":"(chatcmpl-[0-9a-f]+)"', seen)
     return found.group(1).decode() if found else None
 
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.25)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def _metric(base_url: str, name: str) -> float:
@@ -130,8 +122,8 @@ def test_vanishing_clients_lose_nothing_and_wedge_nothing(vllm_server, tmp_path)
     assert not user.is_alive()
     assert honest and all(code == 200 for code, _ in honest), [c for c in honest if c[0] != 200][:5]
     # nothing leaks: every generation slot comes back, the writer drains, the server is healthy
-    _wait(lambda: _metric(base, "liveloop_server_generations_running") == 0, 60, "generation slots to be released")
-    _wait(lambda: _metric(base, "liveloop_store_writer_queued") == 0, 60, "the writer to drain")
+    wait_until(lambda: _metric(base, "liveloop_server_generations_running") == 0, 60, "generation slots to be released")
+    wait_until(lambda: _metric(base, "liveloop_store_writer_queued") == 0, 60, "the writer to drain")
     health = httpx.get(base + "/healthz", timeout=10)
     assert health.status_code == 200 and health.json()["writer"]["ok"] and health.json()["store"]["ok"]
     # the engine's gate is free: a swap completes and new requests are served by the new version

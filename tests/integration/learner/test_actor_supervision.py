@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import ray
 
 from liveloop.checkpoint import checkpoint_digest
 from liveloop.critic.config import CriticConfig
+from liveloop.devtools import wait_until
 from liveloop.learner.actor import ColocatedLearner, LearnerHealth, LearnerUnavailable
 from liveloop.learner.config import LearnerConfig
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
@@ -59,14 +59,6 @@ def _config(tmp_path: Path) -> LearnerConfig:
     return LearnerConfig(checkpoint_dir=str(tmp_path / "versions"), publish_every_steps=2, publish_every_seconds=3600, poll_seconds=0.05)
 
 
-def _wait(predicate, what: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def _kill(learner: ColocatedLearner) -> int:
     pid = ray.get(learner.actor.pid.remote(), timeout=30)
@@ -92,14 +84,14 @@ def test_killed_actor_is_restarted_and_resumes_exactly_once(tmp_path, store_conf
     try:
         assert learner.health() == LearnerHealth("running", 0, None)
         # v1 (ratings 1-2), v2 (3-4); rating 5 trained but not published when the worker dies
-        _wait(lambda: learner.status()["pending_cursor"] == 5, "rating 5 to be trained")
+        wait_until(lambda: learner.status()["pending_cursor"] == 5, 240, "rating 5 to be trained", interval=0.05)
         assert store.get_cursor("sao") == 4 and store.cursor_version("sao") == 2
         old_pid = _kill(learner)
         last = _rate(store, 5, 3)  # ratings 6-8 arrive while it is dead
-        _wait(lambda: learner.health().state == "running" and learner.health().restarts == 1, "the restart")
+        wait_until(lambda: learner.health().state == "running" and learner.health().restarts == 1, 240, "the restart", interval=0.05)
         health = learner.health()
         assert "ActorDied" in health.last_error or "RayActorError" in health.last_error
-        _wait(lambda: store.get_cursor("sao") == last, "the new actor to train the ratings added after the kill")
+        wait_until(lambda: store.get_cursor("sao") == last, 240, "the new actor to train the ratings added after the kill", interval=0.05)
         status = learner.status()
         assert status["cursor"] == last and ray.get(learner.actor.pid.remote()) != old_pid
         # the fresh actor resumed at v2 / cursor 4: rating 5 was trained again (its first training was
@@ -130,13 +122,13 @@ def test_kill_in_the_middle_of_a_publish(tmp_path, store_config, store, model_di
     try:
         store.set_learning_paused("sao", False)
         lock.execute("BEGIN IMMEDIATE")  # from here on, no other connection can write
-        _wait(orphan.exists, "the first checkpoint directory", timeout=120)
+        wait_until(orphan.exists, 120, "the first checkpoint directory", interval=0.05)
         _kill(learner)
         assert store.get_version(1) is None and store.get_cursor("sao") == 0  # killed before the row
         lock.execute("ROLLBACK")
-        _wait(lambda: learner.health().state == "running" and learner.health().restarts == 1, "the restart")
+        wait_until(lambda: learner.health().state == "running" and learner.health().restarts == 1, 240, "the restart", interval=0.05)
         last = _rate(store, 2, 2)
-        _wait(lambda: store.get_cursor("sao") == last, "the new actor to train every rating")
+        wait_until(lambda: store.get_cursor("sao") == last, 240, "the new actor to train every rating", interval=0.05)
     finally:
         if lock.in_transaction:
             lock.execute("ROLLBACK")
@@ -157,12 +149,12 @@ def test_run_raising_is_a_crash_and_too_many_crashes_is_failed(tmp_path, store_c
     _rate(store, 0, 2)
     learner = ColocatedLearner(store_config, config, CriticConfig(), model_dir, max_restarts=1, backoff_s=0.1)
     try:
-        _wait(lambda: learner.health().state == "failed", "the supervisor to give up")
+        wait_until(lambda: learner.health().state == "failed", 240, "the supervisor to give up", interval=0.05)
         health = learner.health()
         assert health.restarts == 1 and health.last_error.startswith(("FileExistsError", "NotADirectoryError"))
         with pytest.raises(LearnerUnavailable, match="failed"):
             learner.status()
-        _wait(lambda: "learner_failed" in _kinds(store), "the failure event", timeout=60)
+        wait_until(lambda: "learner_failed" in _kinds(store), 60, "the failure event", interval=0.05)
         assert _kinds(store) == ["learner_crash", "learner_restart", "learner_crash", "learner_failed"]
         assert store.get_cursor("sao") == 0 and _learned(store) == []  # nothing half-published
     finally:

@@ -10,16 +10,7 @@ import torch
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import GRPOConfig, LearnerConfig, SlidingWindowConfig
 from liveloop.learner.online import OnlineLearner
-from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
-
-
-@pytest.fixture
-def store(tmp_path, model_dir):
-    s = Store(StoreConfig(url=f"sqlite:///{tmp_path / 'b.db'}"))
-    s.migrate()
-    s.ensure_base_version(str(model_dir))
-    yield s
-    s.close()
+from liveloop.store import FeedbackRecord, ResponseRecord, Store
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,7 @@ from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.online import OnlineLearner
 from liveloop.learner.replay import replay
-from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
-
-
-@pytest.fixture
-def store(tmp_path, model_dir):
-    s = Store(StoreConfig(url=f"sqlite:///{tmp_path / 'l.db'}"))
-    s.migrate()
-    s.ensure_base_version(str(model_dir))
-    yield s
-    s.close()
+from liveloop.store import FeedbackRecord, ResponseRecord, Store
 
 
 def _rate(store: Store, n: int, start: int = 0, poison: set[int] = frozenset()) -> None:

@@ -3,35 +3,12 @@ a rollback it reloads the target version, and a publish that races the rollback 
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.online import OnlineLearner
-from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
-
-
-@pytest.fixture
-def store(tmp_path, model_dir):
-    s = Store(StoreConfig(url=f"sqlite:///{tmp_path / 'l.db'}"))
-    s.migrate()
-    s.ensure_base_version(str(model_dir))
-    yield s
-    s.close()
-
-
-def _rate(store: Store, n: int, start: int = 0) -> None:
-    rng = np.random.default_rng(start)
-    for i in range(start, start + n):
-        rec = ResponseRecord(
-            f"r{i}", "k", "m", 0, "chat", tuple(int(x) for x in rng.integers(5, 500, 6)),
-            tuple(int(x) for x in rng.integers(5, 500, 8)), (-2.0,) * 8, "stop", 1.0, 1.0, 1.0,
-        )
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
 
 
 def _learner(store, tmp_path, model_dir) -> OnlineLearner:
@@ -43,8 +20,8 @@ def _weights(path: str) -> dict[str, torch.Tensor]:
     return AutoModelForCausalLM.from_pretrained(path).state_dict()
 
 
-def test_paused_learner_neither_trains_nor_publishes(store, tmp_path, model_dir):
-    _rate(store, 4)
+def test_paused_learner_neither_trains_nor_publishes(rate, store, tmp_path, model_dir):
+    rate(store, 4)
     learner = _learner(store, tmp_path, model_dir)
     store.set_learning_paused("sao", True)
     polls = iter(range(20))
@@ -57,8 +34,8 @@ def test_paused_learner_neither_trains_nor_publishes(store, tmp_path, model_dir)
     assert [v.version for v in store.versions_with_status("published")] == [1, 2]
 
 
-def test_rollback_reloads_and_a_racing_publish_is_refused(store, tmp_path, model_dir):
-    _rate(store, 8)
+def test_rollback_reloads_and_a_racing_publish_is_refused(rate, store, tmp_path, model_dir):
+    rate(store, 8)
     learner = _learner(store, tmp_path, model_dir)
     for _ in range(4):
         learner.step()  # publishes v1 (after 2 steps) and v2 (after 4)
@@ -77,8 +54,8 @@ def test_rollback_reloads_and_a_racing_publish_is_refused(store, tmp_path, model
     assert (newest.version, newest.parent, store.get_version(2).status) == (3, 1, "rolled_back")
 
 
-def test_rollback_is_followed_between_steps(store, tmp_path, model_dir):
-    _rate(store, 4)
+def test_rollback_is_followed_between_steps(rate, store, tmp_path, model_dir):
+    rate(store, 4)
     learner = _learner(store, tmp_path, model_dir)
     learner.run(lambda: False, max_steps=2)  # v1
     store.rollback_to(0, "sao")

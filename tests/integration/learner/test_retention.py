@@ -9,34 +9,13 @@ import os
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.online import OnlineLearner
-from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
+from liveloop.store import Store, StoreConfig
 from liveloop.store.checkpoints import VersionNotFound
-
-
-@pytest.fixture
-def store(tmp_path, model_dir):
-    s = Store(StoreConfig(url=f"sqlite:///{tmp_path / 'l.db'}"))
-    s.migrate()
-    s.ensure_base_version(str(model_dir))
-    yield s
-    s.close()
-
-
-def _rate(store: Store, n: int, start: int = 0) -> None:
-    rng = np.random.default_rng(start)
-    for i in range(start, start + n):
-        rec = ResponseRecord(
-            f"r{i}", "k", "m", 0, "chat", tuple(int(x) for x in rng.integers(5, 500, 6)),
-            tuple(int(x) for x in rng.integers(5, 500, 8)), (-2.0,) * 8, "stop", 1.0, 1.0, 1.0,
-        )
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
 
 
 # -- store queries ---------------------------------------------------------------------------------
@@ -68,8 +47,8 @@ def test_set_pinned_and_mark_pruned(store_url):
 
 
 # -- retention after each publish ------------------------------------------------------------------
-def test_retention_keeps_serving_chain_newest_and_pinned(store, tmp_path, model_dir):
-    _rate(store, 8)
+def test_retention_keeps_serving_chain_newest_and_pinned(rate, store, tmp_path, model_dir):
+    rate(store, 8)
     versions = tmp_path / "versions"
     cfg = LearnerConfig(
         checkpoint_dir=str(versions), publish_every_steps=1, publish_every_seconds=3600, poll_seconds=0.01,
@@ -133,8 +112,8 @@ def small_disk(tmp_path):
         disk.unmount()
 
 
-def test_disk_full_pauses_learning_and_loses_nothing(store, small_disk, model_dir):
-    _rate(store, 3)
+def test_disk_full_pauses_learning_and_loses_nothing(rate, store, small_disk, model_dir):
+    rate(store, 3)
     versions = small_disk.path / "versions"
     cfg = LearnerConfig(checkpoint_dir=str(versions), publish_every_steps=3, publish_every_seconds=3600, poll_seconds=0.01)
     learner = OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
@@ -149,7 +128,7 @@ def test_disk_full_pauses_learning_and_loses_nothing(store, small_disk, model_di
     assert learner.state.pending_cursor == 3 and learner.state.steps_since_publish == 3  # kept in memory
 
     # while paused the loop keeps running, neither training nor publishing
-    _rate(store, 1, start=3)
+    rate(store, 1, start=3)
     polls = iter(range(5))
     learner.run(lambda: next(polls, None) is None)
     assert learner.state.step == 3 and store.versions_with_status("published") == []
