@@ -32,15 +32,6 @@ def _record(i: int, key: str = "key-a", version: int = 0) -> ResponseRecord:
     )
 
 
-@pytest.fixture
-def store(store_url):
-    s = Store(StoreConfig(url=store_url))
-    s.migrate()
-    s.ensure_base_version("/models/x")
-    yield s
-    s.close()
-
-
 def test_unmigrated_database_is_refused(store_url):
     s = Store(StoreConfig(url=store_url))
     with pytest.raises(SchemaNotReady, match="liveloop store migrate"):

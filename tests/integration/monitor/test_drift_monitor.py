@@ -3,20 +3,10 @@ segment's reward rate (and not in the stable one), and replays quietly after a r
 
 import random
 
-import pytest
 
 from liveloop.monitor.config import MonitorConfig
 from liveloop.monitor.drift import ALL, OVERFLOW, DriftMonitor
-from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
-
-
-@pytest.fixture
-def store(store_url):
-    s = Store(StoreConfig(url=store_url))
-    s.migrate()
-    s.ensure_base_version("/m")
-    yield s
-    s.close()
+from liveloop.store import FeedbackRecord, ResponseRecord, Store
 
 
 def _traffic(store: Store, start: int, n: int, rates: dict[str, float], seed: int) -> None:
