@@ -3,7 +3,6 @@ segment's reward rate (and not in the stable one), and replays quietly after a r
 
 import random
 
-
 from liveloop.monitor.config import MonitorConfig
 from liveloop.monitor.drift import ALL, OVERFLOW, DriftMonitor
 from liveloop.store import FeedbackRecord, ResponseRecord, Store
