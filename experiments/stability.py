@@ -28,7 +28,21 @@ from liveloop.experiments.drift import (
     ExperimentConfig, _cleanup, _say, load_experiment, pretrain_scenario_critic, results_dir, toml_table, write_config,
 )
 
-TRACE_KEYS = ("learner/kept_fraction", "critic/grad_norm", "learner/kl", "learner/staleness_mean", "critic/explained_variance", "learner/grad_norm")
+TRACE_KEYS = (
+    "learner/kept_fraction", "critic/grad_norm", "learner/kl", "learner/staleness_mean", "critic/explained_variance",
+    "learner/grad_norm", "learner/step_kl", "learner/entropy", "learner/lr", "learner/kl_coef", "critic/value_error",
+    "critic/explained_variance_window", "learner/advantage_positive_fraction", "learner/response_length",
+)
+# the stability plot's learner panels: (trace key, title, log scale)
+PANELS = (
+    ("learner/kl", "KL to the base (k3, nats/token)", True),
+    ("learner/step_kl", "KL moved by one update (nats/token)", True),
+    ("learner/entropy", "policy entropy (nats/token)", False),
+    ("learner/kept_fraction", "kept fraction (two-sided mask)", False),
+    ("critic/value_error", "critic |V - r| over a window", False),
+    ("learner/lr", "policy learning rate", True),
+    ("learner/grad_norm", "policy grad norm (before clipping)", True),
+)
 
 
 def load_stability(config: str | Path = "stability_experiment") -> ExperimentConfig:
@@ -114,6 +128,18 @@ def _quarters(values: list[float]) -> list[float | None]:
     return [sum(values[i * n // 4 : (i + 1) * n // 4]) / max(1, (i + 1) * n // 4 - i * n // 4) if n >= 4 else None for i in range(4)]
 
 
+def peak_and_hold(rewards: list[float], window: int) -> dict[str, float | None]:
+    """Does the reward hold its plateau? Over the moving average (`window` events): its peak, the lowest
+    it falls after the peak, and where it ends; `held` is whether it stays within 0.05 of the peak."""
+    ma = moving_average(rewards, window)[window - 1 :] if len(rewards) >= window else []
+    if not ma:
+        return {"reward_peak": None, "reward_min_after_peak": None, "reward_final": None, "held": None, "hold_window": window}
+    peak = max(range(len(ma)), key=ma.__getitem__)
+    low = min(ma[peak:])
+    return {"reward_peak": ma[peak], "reward_min_after_peak": low, "reward_final": ma[-1], "held": ma[peak] - low <= 0.05,
+            "hold_window": window}
+
+
 def stability_numbers(events: list[Any], trace: list[dict[str, Any]], window: int) -> dict[str, Any]:
     rated = [e for e in sorted(events, key=lambda e: e.t_reply) if e.rated]
     rewards = [float(e.reward) for e in rated]
@@ -122,7 +148,14 @@ def stability_numbers(events: list[Any], trace: list[dict[str, Any]], window: in
         return [float(r[key]) for r in trace if r.get(key) is not None]
 
     kept, gn = series("learner/kept_fraction"), series("critic/grad_norm")
+    held = peak_and_hold(rewards, max(window, len(rewards) // 10))
     return {
+        **held,
+        "kl_to_base_by_quarter": _quarters(series("learner/kl")),
+        "step_kl_by_quarter": _quarters(series("learner/step_kl")),
+        "entropy_by_quarter": _quarters(series("learner/entropy")),
+        "value_error_by_quarter": _quarters(series("critic/value_error")),
+        "response_length_by_quarter": _quarters(series("learner/response_length")),
         "feedback_events": len(rated),
         "reward_by_quarter": _quarters(rewards),
         "reward_last_window": sum(rewards[-window:]) / len(rewards[-window:]) if rewards else None,
@@ -141,16 +174,18 @@ def plot_stability(path: Path, events: list[Any], trace: list[dict[str, Any]], w
     import matplotlib.pyplot as plt
 
     rated = [e for e in sorted(events, key=lambda e: e.t_reply) if e.rated]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8))
+    axes = axes.flatten()
     axes[0].plot(range(1, len(rated) + 1), moving_average([e.reward for e in rated], window))
     axes[0].set(title=f"reward, moving average ({window})", xlabel="feedback events", ylim=(-0.02, 1.02))
     steps = [r["step"] for r in trace]
-    for ax, key in ((axes[1], "learner/kept_fraction"), (axes[2], "critic/grad_norm")):
-        pts = [(s, r[key]) for s, r in zip(steps, trace) if r.get(key) is not None]
+    for ax, (key, title, log) in zip(axes[1:], PANELS):
+        pts = [(s, r[key]) for s, r in zip(steps, trace) if r.get(key) is not None and (not log or r[key] > 0)]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], ".", ms=3)
-        ax.set(title=key, xlabel="learner step (sampled each second)")
-    axes[1].set_ylim(-0.02, 1.02)
+            if log:
+                ax.set_yscale("log")
+        ax.set(title=title, xlabel="learner step (sampled each second)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -172,6 +207,15 @@ def _summary(cfg: ExperimentConfig, n: dict[str, Any]) -> str:
         f"| {', '.join(f(x) for x in n['reward_by_quarter'])} | {f(n['reward_last_window'])} | {f(n['kept_fraction_min'])} / "
         f"{f(n['kept_fraction_mean'])} | {f(n['critic_grad_norm_max'])} | {', '.join(f(x) for x in n['critic_grad_norm_by_quarter'])} | "
         f"{f(n['learner'].get('step'))} | {f(n['learner'].get('version'))} |",
+        "",
+        f"Plateau (moving average over {n['hold_window']} events): peak {f(n['reward_peak'])}, lowest after it "
+        f"{f(n['reward_min_after_peak'])}, final {f(n['reward_final'])}; held within 0.05: {n['held']}.",
+        "",
+        "| by quarter | KL to base | KL per update | entropy | critic value error | reply length |",
+        "|---|---|---|---|---|---|",
+        f"| | {', '.join(f(x) for x in n['kl_to_base_by_quarter'])} | {', '.join(f(x) for x in n['step_kl_by_quarter'])} | "
+        f"{', '.join(f(x) for x in n['entropy_by_quarter'])} | {', '.join(f(x) for x in n['value_error_by_quarter'])} | "
+        f"{', '.join(f(x) for x in n['response_length_by_quarter'])} |",
         "",
         "Plot: stability.png. Trace: learner_trace.jsonl (the learner's status, sampled every second).",
         "",

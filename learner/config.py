@@ -44,6 +44,21 @@ class LearnerConfig:
     lambda_value: float = field(default=1.0, metadata={"help": "GAE lambda for the value targets"})
     lambda_alpha: float = field(default=0.05, metadata={"help": "policy lambda = 1 - 1/(alpha * L)"})
     kl_coef: float = field(default=0.0, metadata={"help": "anchor to the base policy (k3 KL), 0 = off"})
+    target_kl_to_base: float = field(
+        default=0.0,
+        metadata={"help": "adapt kl_coef so the KL to the base tracks this (nats per token; 0 = kl_coef stays fixed)"},
+    )
+    kl_horizon: int = field(default=200, metadata={"help": "adaptive kl_coef: samples over which it may move by 20%"})
+    target_step_kl: float = field(
+        default=0.0,
+        metadata={"help": "adapt the learning rate so each update moves the policy by about this KL on its tokens "
+                  "(nats per token; 0 = learning_rate stays fixed)"},
+    )
+    min_learning_rate: float = field(default=1e-6, metadata={"help": "the adaptive learning rate's floor"})
+    max_learning_rate: float = field(default=1e-2, metadata={"help": "the adaptive learning rate's ceiling"})
+    diagnostics_window: int = field(
+        default=64, metadata={"help": "samples over which the critic's value error and the advantage balance are reported"}
+    )
     max_grad_norm: float = field(default=1.0, metadata={"help": "policy gradient clipping"})
     checkpoint_dir: str = field(default="data/versions", metadata={"help": "where published versions are saved"})
     seed: int = field(default=0, metadata={"help": "torch seed of the learner process"})
@@ -74,6 +89,12 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         check_literals(self)
+        if min(self.target_kl_to_base, self.target_step_kl) < 0 or self.kl_horizon < 1 or self.diagnostics_window < 2:
+            raise ValueError("target_kl_to_base and target_step_kl must be >= 0, kl_horizon >= 1, diagnostics_window >= 2")
+        if not (0 < self.min_learning_rate <= self.learning_rate <= self.max_learning_rate):
+            raise ValueError("need 0 < min_learning_rate <= learning_rate <= max_learning_rate")
+        if self.target_kl_to_base > 0 and self.kl_coef <= 0:
+            raise ValueError("target_kl_to_base needs kl_coef > 0 (its starting value)")
         if self.batch_size < 1 or self.publish_every_steps < 1:
             raise ValueError("batch_size and publish_every_steps must be >= 1")
         if self.zero_stage not in (0, 1, 2, 3):

@@ -39,9 +39,12 @@ from liveloop.critic.config import CriticConfig
 from liveloop.critic.trainer import Critic
 from liveloop.critic.value_model import build_value_model
 from liveloop.learner.config import LearnerConfig
+from liveloop.learner.diagnostics import StabilityWindow
 from liveloop.learner.methods import make_method
 from liveloop.learner.retention import checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, versions_to_prune
-from liveloop.rl.batch import TokenBatch, make_batch, response_logprobs
+from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, response_logprobs
+from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl
+from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.losses import kl_penalty
 from liveloop.rl.optim import make_optimizer
 from liveloop.store import StaleLineage, Store, VersionStatus
@@ -95,6 +98,12 @@ class OnlineLearner:
         self.publish_status = publish_status
         self.critic_config = critic_config
         self.method = make_method(config)
+        self.step_size = (
+            StepSizeControl(config.learning_rate, config.target_step_kl, config.min_learning_rate, config.max_learning_rate)
+            if config.target_step_kl > 0 else None
+        )
+        self.kl_control = AdaptiveKLCoef(config.kl_coef, config.target_kl_to_base, config.kl_horizon) if config.target_kl_to_base > 0 else None
+        self.window = StabilityWindow(config.diagnostics_window)
         self._load(policy_dir, critic_dir)
         self.reference = _load_policy(self.base_model_dir).eval() if config.kl_coef > 0 else None
         self.idle_seconds = 0.0
@@ -104,11 +113,21 @@ class OnlineLearner:
     def _load(self, policy_dir: str, critic_dir: str | None) -> None:
         c = self.config
         self.policy = _load_policy(policy_dir)
-        self.policy_opt = make_optimizer(self.policy, c.learning_rate, c.max_grad_norm, c.zero_stage, c.batch_size)
+        self.policy_opt = make_optimizer(self.policy, self.learning_rate, c.max_grad_norm, c.zero_stage, c.batch_size)
         self.critic = (
             Critic(build_value_model(critic_dir or policy_dir), self.critic_config, c.zero_stage, c.batch_size)
             if self.method.uses_critic else None
         )
+
+    @property
+    def learning_rate(self) -> float:
+        """The policy's learning rate now: the config's, or where step-size control has moved it."""
+        return self.step_size.lr if self.step_size is not None else self.config.learning_rate
+
+    @property
+    def kl_coef(self) -> float:
+        """The KL anchor's coefficient now: the config's, or where the adaptive controller has moved it."""
+        return self.kl_control.coef if self.kl_control is not None else self.config.kl_coef
 
     @classmethod
     def resume(cls, store: Store, config: LearnerConfig, critic_config: CriticConfig, base_model_dir: Path, **kw) -> "OnlineLearner":
@@ -153,7 +172,7 @@ class OnlineLearner:
         metrics = self.critic.update(batch, returns) if self.critic is not None else {}
         # 5. one policy step
         metrics |= self._policy_step(batch, advantages)
-        metrics |= self.method.stats()
+        metrics |= self.method.stats() | self.window.add(batch, values, advantages)
         s.pending_cursor = last_id
         s.step += 1
         s.samples += len(samples)
@@ -170,14 +189,17 @@ class OnlineLearner:
         c = self.config
         self.policy.train()
         logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        logprobs = response_logprobs(logits, batch)
+        dists = response_log_dists(logits, batch)
+        logprobs = response_logprobs(logits, batch, dists)
         staleness = (self.state.version - batch.versions).clamp(min=0)
         loss, metrics = self.method.policy_loss(logprobs, batch, advantages, staleness)
+        metrics["learner/entropy"] = token_entropy(dists.detach(), batch.action_mask)
+        metrics["learner/lr"], metrics["learner/kl_coef"] = self.learning_rate, self.kl_coef
         if self.reference is not None:
             with torch.no_grad():
                 ref = response_logprobs(self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch)
             kl, kl_metrics = kl_penalty(logprobs, ref, batch.action_mask)
-            loss = loss + c.kl_coef * kl
+            loss = loss + self.kl_coef * kl
             metrics |= kl_metrics
         norm = self.policy_opt.step(loss)  # None: the loss or gradient was not finite, nothing changed
         if norm is None:
@@ -186,8 +208,19 @@ class OnlineLearner:
         else:
             self.state.updates_since_publish += 1
             metrics["learner/grad_norm"] = norm
+            metrics["learner/step_kl"] = self._step_kl(batch, dists.detach())
+            if self.step_size is not None:
+                self.policy_opt.set_lr(self.step_size.update(metrics["learner/step_kl"]))
+        if self.kl_control is not None and "learner/kl" in metrics:
+            self.kl_control.update(metrics["learner/kl"], len(batch.prompt_lengths))
         metrics["learner/skipped_steps"] = float(self.state.skipped_steps)
         return metrics
+
+    @torch.no_grad()
+    def _step_kl(self, batch: TokenBatch, before: torch.Tensor) -> float:
+        """KL(policy before || after this update) on the tokens it was trained on: how far one step moved it."""
+        logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        return token_kl(before, response_log_dists(logits, batch), batch.action_mask)
 
     # -- publishing ------------------------------------------------------------------------------
     def due(self) -> bool:

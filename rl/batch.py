@@ -87,15 +87,22 @@ def make_batch(samples: Sequence[Sample], pad_id: int = 0) -> TokenBatch:
     )
 
 
-def response_logprobs(logits: Tensor, batch: TokenBatch) -> Tensor:
-    """log pi(y_t) for each response token, [B, W], from the full-sequence logits [B, L, V]."""
+def response_log_dists(logits: Tensor, batch: TokenBatch) -> Tensor:
+    """log pi(. | context) at each response position, [B, W, V] (float32), from the full-sequence logits
+    [B, L, V]; positions past a response's end are zeros (the action mask drops them)."""
     rows = []
     for b, p in enumerate(batch.prompt_lengths):
-        seg = logits[b, p - 1 : p - 1 + batch.width].float()
-        lp = torch.log_softmax(seg, dim=-1)
-        ids = batch.response_ids[b, : seg.shape[0]]
-        got = lp.gather(1, ids[:, None])[:, 0]
-        if got.shape[0] < batch.width:
-            got = torch.cat([got, got.new_zeros(batch.width - got.shape[0])])
-        rows.append(got)
+        lp = torch.log_softmax(logits[b, p - 1 : p - 1 + batch.width].float(), dim=-1)
+        if lp.shape[0] < batch.width:
+            lp = torch.cat([lp, lp.new_zeros(batch.width - lp.shape[0], lp.shape[1])])
+        rows.append(lp)
     return torch.stack(rows)
+
+
+def response_logprobs(logits: Tensor, batch: TokenBatch, dists: Tensor | None = None) -> Tensor:
+    """log pi(y_t) for each response token, [B, W], from the full-sequence logits [B, L, V] (or from
+    `response_log_dists` of them, when the caller has it)."""
+    dists = response_log_dists(logits, batch) if dists is None else dists
+    ids = batch.response_ids[:, : dists.shape[1]].clamp(min=0)
+    got = dists.gather(2, ids[:, :, None])[:, :, 0]
+    return got * (dists.abs().sum(-1) > 0)  # zeros past a response's end, as before

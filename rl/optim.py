@@ -4,6 +4,7 @@ DeepSpeed ZeRO stage 1-3 (for models that do not fit one device), for the policy
     opt = make_optimizer(model, lr, max_grad_norm, zero_stage)
     out = opt.module(input_ids=...)        # forward through it (ZeRO-3 gathers parameters on the fly)
     norm = opt.step(loss)                  # backward, clip, step; None and no update if not finite
+    opt.set_lr(lr)                         # the next steps' learning rate (step-size control)
     with opt.full_parameters(): ...        # full weights, for checks and save_pretrained
 
 ZeRO runs in one process on CPU too (gloo), which is how it is tested here; its C++ communication op
@@ -41,6 +42,10 @@ class TorchOptimizer:
             return None
         self.optimizer.step()
         return float(norm)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     @contextlib.contextmanager
     def full_parameters(self) -> Iterator[nn.Module]:
@@ -101,6 +106,10 @@ class ZeroOptimizer:
             return None
         self.engine.step()
         return norm
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
 
     @contextlib.contextmanager
     def full_parameters(self) -> Iterator[nn.Module]:

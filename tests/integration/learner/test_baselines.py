@@ -88,3 +88,29 @@ def test_grpo_methods_wait_for_groups(store, tmp_path, model_dir, method, base_l
     assert _changed(before, learner) or all(
         len({f.reward for f, _ in store.rated_after(2 * g, 2)}) == 1 for g in range(3)
     )
+
+
+def test_step_size_control_shrinks_a_rate_that_moves_the_policy_too_far(store, tmp_path, model_dir, base_logprobs):
+    _rate(store, 4, base_logprobs)
+    learner = _learner(store, tmp_path, model_dir, learning_rate=5e-2, max_learning_rate=5e-2, target_step_kl=1e-6)
+    rates = []
+    for _ in range(3):
+        assert learner.step()
+        m = learner.state.last_metrics
+        assert m["learner/step_kl"] > 2e-6  # far above twice the target: the rate shrinks after every step
+        assert m["learner/lr"] == (rates[-1] if rates else 5e-2)  # the rate this step was taken at
+        rates.append(learner.learning_rate)
+        assert [g["lr"] for g in learner.policy_opt.optimizer.param_groups] == [learner.learning_rate]
+    assert rates == pytest.approx([5e-2 / 1.5, 5e-2 / 1.5**2, 5e-2 / 1.5**3])
+    m = learner.state.last_metrics
+    assert m["learner/entropy"] > 0 and m["learner/response_length"] == 8.0
+    assert m["critic/value_error"] >= 0 and 0 <= m["learner/advantage_positive_fraction"] <= 1
+
+
+def test_without_control_the_rate_and_kl_coef_stay_as_configured(store, tmp_path, model_dir, base_logprobs):
+    _rate(store, 2, base_logprobs)
+    learner = _learner(store, tmp_path, model_dir, learning_rate=1e-3, kl_coef=0.1)
+    assert learner.step() and learner.step()
+    m = learner.state.last_metrics
+    assert (learner.learning_rate, learner.kl_coef) == (1e-3, 0.1) and (m["learner/lr"], m["learner/kl_coef"]) == (1e-3, 0.1)
+    assert m["learner/step_kl"] > 0 and "learner/kl" in m
