@@ -43,7 +43,11 @@ class LearnerConfig:
     gamma: float = field(default=1.0, metadata={"help": "discount"})
     lambda_value: float = field(default=1.0, metadata={"help": "GAE lambda for the value targets"})
     lambda_alpha: float = field(default=0.05, metadata={"help": "policy lambda = 1 - 1/(alpha * L)"})
-    kl_coef: float = field(default=0.0, metadata={"help": "anchor to the base policy (k3 KL), 0 = off"})
+    kl_coef: float = field(default=0.0, metadata={"help": "anchor to the base policy (KL), 0 = off"})
+    kl_estimator: Literal["k3", "exact"] = field(
+        default="k3",
+        metadata={"help": "k3: on the sampled tokens (its pull saturates at 1 per token); exact: over the vocabulary at each position"},
+    )
     target_kl_to_base: float = field(
         default=0.0,
         metadata={"help": "adapt kl_coef so the KL to the base tracks this (nats per token; 0 = kl_coef stays fixed)"},

@@ -45,7 +45,7 @@ from liveloop.learner.retention import checkpoint_root, delete_checkpoints, in_c
 from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, response_logprobs
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl
 from liveloop.rl.diagnostics import token_entropy, token_kl
-from liveloop.rl.losses import kl_penalty
+from liveloop.rl.losses import exact_kl_penalty, kl_penalty
 from liveloop.rl.optim import make_optimizer
 from liveloop.store import StaleLineage, Store, VersionStatus
 
@@ -197,8 +197,11 @@ class OnlineLearner:
         metrics["learner/lr"], metrics["learner/kl_coef"] = self.learning_rate, self.kl_coef
         if self.reference is not None:
             with torch.no_grad():
-                ref = response_logprobs(self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch)
-            kl, kl_metrics = kl_penalty(logprobs, ref, batch.action_mask)
+                ref = response_log_dists(self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch)
+            if c.kl_estimator == "exact":
+                kl, kl_metrics = exact_kl_penalty(dists, ref, batch.action_mask)
+            else:
+                kl, kl_metrics = kl_penalty(logprobs, response_logprobs(None, batch, ref), batch.action_mask)
             loss = loss + self.kl_coef * kl
             metrics |= kl_metrics
         norm = self.policy_opt.step(loss)  # None: the loss or gradient was not finite, nothing changed

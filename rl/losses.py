@@ -8,7 +8,12 @@ tokens the model generated and 0 on padding and environment (observation) tokens
 - `clipped_surrogate`: the ONE PPO clip (with optional dual clip) on a ratio-like factor; the learner's
   `ppo_clip_loss` and the diffusion losses (`diffusion/losses.py`) all build on it.
 - `sao_policy_loss`: SAO's strict two-sided MASK (not a clip).
-- `ppo_clip_loss`, `value_loss`, `kl_penalty`.
+- `ppo_clip_loss`, `value_loss`.
+- `kl_penalty` (k3 on the sampled tokens) and `exact_kl_penalty` (the full-vocabulary KL at each
+  position): the anchor to a reference policy. k3's gradient in the policy's logprob of a sampled token
+  is 1 - exp(ref - lp): when the policy puts MORE mass on it than the reference (the direction of a
+  collapse) the pull is at most 1 per token, so a coefficient of 0.1 never pulls harder than 0.1 per
+  token, whatever the divergence. The exact KL's gradient grows with the divergence.
 """
 
 from __future__ import annotations
@@ -122,4 +127,13 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, action_mask: Tensor) -> t
     mask = action_mask.to(logprobs.dtype)
     d = ref_logprobs.detach() - logprobs
     kl = token_mean(torch.exp(d) - d - 1, mask)
+    return kl, {"learner/kl": float(kl.detach())}
+
+
+def exact_kl_penalty(logp: Tensor, ref_logp: Tensor, action_mask: Tensor) -> tuple[Tensor, dict[str, float]]:
+    """Anchor to a reference policy: KL(pi_t || ref_t) = sum_v pi_v (log pi_v - log ref_v) over the whole
+    vocabulary at each action position (`logp`, `ref_logp` [B, T, V] log-distributions), token-mean over
+    action tokens. Exact (no sampling noise) and its gradient grows with the divergence."""
+    kl_t = (logp.exp() * (logp - ref_logp.detach())).sum(-1)
+    kl = token_mean(kl_t, action_mask.to(kl_t.dtype))
     return kl, {"learner/kl": float(kl.detach())}

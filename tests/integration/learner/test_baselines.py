@@ -107,10 +107,23 @@ def test_step_size_control_shrinks_a_rate_that_moves_the_policy_too_far(store, t
     assert m["critic/value_error"] >= 0 and 0 <= m["learner/advantage_positive_fraction"] <= 1
 
 
-def test_without_control_the_rate_and_kl_coef_stay_as_configured(store, tmp_path, model_dir, base_logprobs):
+@pytest.mark.parametrize("estimator", ["k3", "exact"])
+def test_without_control_the_rate_and_kl_coef_stay_as_configured(store, tmp_path, model_dir, base_logprobs, estimator):
     _rate(store, 2, base_logprobs)
-    learner = _learner(store, tmp_path, model_dir, learning_rate=1e-3, kl_coef=0.1)
+    learner = _learner(store, tmp_path, model_dir, learning_rate=1e-3, kl_coef=0.1, kl_estimator=estimator)
     assert learner.step() and learner.step()
     m = learner.state.last_metrics
     assert (learner.learning_rate, learner.kl_coef) == (1e-3, 0.1) and (m["learner/lr"], m["learner/kl_coef"]) == (1e-3, 0.1)
-    assert m["learner/step_kl"] > 0 and "learner/kl" in m
+    assert m["learner/step_kl"] > 0 and m["learner/kl"] > 0  # the second step's policy has moved off the base
+
+
+def test_the_adaptive_kl_coef_rises_while_the_policy_is_past_its_target(store, tmp_path, model_dir, base_logprobs):
+    _rate(store, 3, base_logprobs)
+    learner = _learner(store, tmp_path, model_dir, learning_rate=5e-2, max_learning_rate=5e-2, kl_coef=0.1,
+                       kl_estimator="exact", target_kl_to_base=1e-6, kl_horizon=10)
+    coefs = []
+    for _ in range(3):
+        assert learner.step()
+        coefs.append(learner.kl_coef)
+    assert coefs[0] == pytest.approx(0.1 * 0.98)  # the first step is at the base: KL 0, below target: -20% / 10
+    assert coefs[1:] == pytest.approx([0.1 * 0.98 * 1.02, 0.1 * 0.98 * 1.02**2])  # then past it: +20% / 10 per sample

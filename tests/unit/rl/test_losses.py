@@ -119,3 +119,33 @@ def test_every_ppo_clip_builds_on_the_one_helper():
     # per token -min(rA, clip(r)A), A = -1: [-min(-1.5, -1.2), -min(-0.5, -0.8), -min(-1.1, -1.1)] = [1.5, 0.8, 1.1]
     assert learner_loss.item() == pytest.approx(3.4 / 3) and diffu_loss.item() == pytest.approx(3.4 / 3)
     assert lm["learner/clip_fraction"] == pytest.approx(2 / 3) == dm["diffu_grpo/clip_fraction"]  # |r - 1| > 0.2: 1.5, 0.5
+
+
+def test_exact_kl_by_hand_and_its_pull_grows_where_k3s_saturates():
+    from liveloop.rl.losses import exact_kl_penalty, kl_penalty
+
+    ref = torch.log(torch.tensor([[[0.5, 0.5]]]))
+    pol = torch.log(torch.tensor([[[0.9, 0.1]]]))
+    kl, m = exact_kl_penalty(pol, ref, torch.ones(1, 1))
+    assert float(kl) == pytest.approx(0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)) and m["learner/kl"] == pytest.approx(float(kl))
+    # a policy far more confident than the reference in the sampled token (the collapse direction):
+    # k3's gradient in that token's logprob is 1 - exp(ref - lp) < 1 however far it goes
+    for p in (0.9, 0.999, 0.999999):
+        lp = torch.tensor([[math.log(p)]], requires_grad=True)
+        k3, _ = kl_penalty(lp, torch.tensor([[math.log(0.01)]]), torch.ones(1, 1))
+        k3.backward()
+        assert 0 < float(lp.grad) < 1
+    # the same collapsed policy, pi = (0.9975, 0.0025) against ref = (0.01, 0.99), token 0 sampled: the
+    # exact KL's pull on the logits is ten times k3's
+    ref = torch.log(torch.tensor([[[0.01, 0.99]]]))
+    grads = {}
+    for name in ("k3", "exact"):
+        logits = torch.tensor([[[6.0, 0.0]]], requires_grad=True)
+        logp = torch.log_softmax(logits, -1)
+        if name == "k3":
+            kl, _ = kl_penalty(logp[:, :, 0], ref[:, :, 0], torch.ones(1, 1))
+        else:
+            kl, _ = exact_kl_penalty(logp, ref, torch.ones(1, 1))
+        kl.backward()
+        grads[name] = float(logits.grad.abs().max())
+    assert grads["exact"] > 10 * grads["k3"] > 0
