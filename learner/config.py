@@ -58,6 +58,11 @@ class LearnerConfig:
         metadata={"help": "adapt the learning rate so each update moves the policy by about this KL on its tokens "
                   "(nats per token; 0 = learning_rate stays fixed)"},
     )
+    max_step_kl: float = field(
+        default=0.0,
+        metadata={"help": "trust region: an update that moves the policy by more KL than this on its tokens is undone "
+                  "(nats per token; 0 = off; zero_stage 0 only)"},
+    )
     min_learning_rate: float = field(default=1e-6, metadata={"help": "the adaptive learning rate's floor"})
     max_learning_rate: float = field(default=1e-2, metadata={"help": "the adaptive learning rate's ceiling"})
     diagnostics_window: int = field(
@@ -95,6 +100,8 @@ class LearnerConfig:
         check_literals(self)
         if min(self.target_kl_to_base, self.target_step_kl) < 0 or self.kl_horizon < 1 or self.diagnostics_window < 2:
             raise ValueError("target_kl_to_base and target_step_kl must be >= 0, kl_horizon >= 1, diagnostics_window >= 2")
+        if self.max_step_kl < 0 or (self.max_step_kl > 0 and self.zero_stage != 0):
+            raise ValueError("max_step_kl must be >= 0, and the trust region needs zero_stage 0 (whole parameters in this process)")
         if not (0 < self.min_learning_rate <= self.learning_rate <= self.max_learning_rate):
             raise ValueError("need 0 < min_learning_rate <= learning_rate <= max_learning_rate")
         if self.target_kl_to_base > 0 and self.kl_coef <= 0:

@@ -63,6 +63,7 @@ class LearnerState:
     updates_since_publish: int = 0  # steps that changed the weights (not skipped)
     samples_since_publish: int = 0
     skipped_steps: int = 0
+    rejected_steps: int = 0  # updates undone because they moved the policy past max_step_kl
     last_publish: float = field(default_factory=time.monotonic)
     last_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -204,16 +205,24 @@ class OnlineLearner:
                 kl, kl_metrics = kl_penalty(logprobs, response_logprobs(None, batch, ref), batch.action_mask)
             loss = loss + self.kl_coef * kl
             metrics |= kl_metrics
+        before = [p.detach().clone() for p in self.policy_opt.params] if c.max_step_kl > 0 else None
         norm = self.policy_opt.step(loss)  # None: the loss or gradient was not finite, nothing changed
         if norm is None:
             self.state.skipped_steps += 1
             log.warning("learner step %d skipped: non-finite loss or gradient", self.state.step)
         else:
-            self.state.updates_since_publish += 1
             metrics["learner/grad_norm"] = norm
-            metrics["learner/step_kl"] = self._step_kl(batch, dists.detach())
+            metrics["learner/step_kl"] = step_kl = self._step_kl(batch, dists.detach())
             if self.step_size is not None:
-                self.policy_opt.set_lr(self.step_size.update(metrics["learner/step_kl"]))
+                self.policy_opt.set_lr(self.step_size.update(step_kl))
+            if before is not None and step_kl > c.max_step_kl:  # the trust region: this update is undone
+                with torch.no_grad():
+                    for p, old in zip(self.policy_opt.params, before):
+                        p.copy_(old)
+                self.state.rejected_steps += 1
+            else:
+                self.state.updates_since_publish += 1
+        metrics["learner/rejected_steps"] = float(self.state.rejected_steps)
         if self.kl_control is not None and "learner/kl" in metrics:
             self.kl_control.update(metrics["learner/kl"], len(batch.prompt_lengths))
         metrics["learner/skipped_steps"] = float(self.state.skipped_steps)

@@ -127,3 +127,17 @@ def test_the_adaptive_kl_coef_rises_while_the_policy_is_past_its_target(store, t
         coefs.append(learner.kl_coef)
     assert coefs[0] == pytest.approx(0.1 * 0.98)  # the first step is at the base: KL 0, below target: -20% / 10
     assert coefs[1:] == pytest.approx([0.1 * 0.98 * 1.02, 0.1 * 0.98 * 1.02**2])  # then past it: +20% / 10 per sample
+
+
+def test_the_trust_region_undoes_an_update_that_moves_the_policy_too_far(store, tmp_path, model_dir, base_logprobs):
+    _rate(store, 2, base_logprobs)
+    learner = _learner(store, tmp_path, model_dir, learning_rate=5e-2, max_learning_rate=5e-2, max_step_kl=1e-9)
+    before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+    assert learner.step()
+    m = learner.state.last_metrics
+    assert m["learner/step_kl"] > 1e-9 and m["learner/rejected_steps"] == 1.0
+    assert all(torch.equal(before[k], v) for k, v in learner.policy.state_dict().items())  # undone exactly
+    assert learner.state.updates_since_publish == 0
+    learner.publish()
+    assert store.versions_with_status("published") == []  # nothing changed, nothing published
+    assert store.get_cursor("sao") == 1  # the rating was consumed
