@@ -35,7 +35,7 @@ TRACE_KEYS = (
 )
 # the stability plot's learner panels: (trace key, title, log scale)
 PANELS = (
-    ("learner/kl", "KL to the base (k3, nats/token)", True),
+    ("learner/kl", "KL to the base (the anchor's estimator, nats/token)", True),
     ("learner/step_kl", "KL moved by one update (nats/token)", True),
     ("learner/entropy", "policy entropy (nats/token)", False),
     ("learner/kept_fraction", "kept fraction (two-sided mask)", False),

@@ -103,7 +103,10 @@ class OnlineLearner:
             StepSizeControl(config.learning_rate, config.target_step_kl, config.min_learning_rate, config.max_learning_rate)
             if config.target_step_kl > 0 else None
         )
-        self.kl_control = AdaptiveKLCoef(config.kl_coef, config.target_kl_to_base, config.kl_horizon) if config.target_kl_to_base > 0 else None
+        self.kl_control = (
+            AdaptiveKLCoef(config.kl_coef, config.target_kl_to_base, config.kl_horizon)
+            if config.target_kl_to_base > 0 and config.kl_coef > 0 else None
+        )
         self.window = StabilityWindow(config.diagnostics_window)
         self._load(policy_dir, critic_dir)
         self.reference = _load_policy(self.base_model_dir).eval() if config.kl_coef > 0 else None

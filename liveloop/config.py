@@ -96,17 +96,22 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resolve_extends(data: dict[str, Any], where: str, here: Path | None, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """`extends = "NAME"` or `extends = ["A", "B"]`: the presets merged in order (B over A), then this
+    file's own values over them."""
     if "extends" not in data:
         return data
     data = dict(data)
-    name = data.pop("extends")
-    if not isinstance(name, str):
-        raise ConfigError(f"{where}: extends: expected a preset name or a path, got {type(name).__name__} {name!r}")
-    is_path = "/" in name or name.endswith(".toml")
-    path = (here / name if is_path and here is not None else resolve_config(name)).resolve()  # a path: relative to the file
-    if path in seen:
-        raise ConfigError(f"{where}: extends: {name!r} extends itself ({' -> '.join(str(p) for p in (*seen, path))})")
-    base = _resolve_extends(_read(path), str(path), path.parent, (*seen, path))
+    names = data.pop("extends")
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"{where}: extends: expected a preset name, a path or a list of them, got {names!r}")
+    base: dict[str, Any] = {}
+    for name in names:
+        is_path = "/" in name or name.endswith(".toml")
+        path = (here / name if is_path and here is not None else resolve_config(name)).resolve()  # a path: relative to the file
+        if path in seen:
+            raise ConfigError(f"{where}: extends: {name!r} extends itself ({' -> '.join(str(p) for p in (*seen, path))})")
+        base = merge(base, _resolve_extends(_read(path), str(path), path.parent, (*seen, path)))
     return merge(base, data)
 
 

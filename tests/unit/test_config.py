@@ -110,10 +110,20 @@ def test_extends_chains_paths_relative_to_the_file_and_cycles(tmp_path):
     (tmp_path / "b.toml").write_text('extends = "a.toml"\n')
     with pytest.raises(ConfigError, match="extends itself"):
         load_config(tmp_path / "a.toml")
-    with pytest.raises(ConfigError, match="extends: expected a preset name or a path"):
+    with pytest.raises(ConfigError, match="extends: expected a preset name, a path or a list of them"):
         load_config(text="extends = 3\n")
     with pytest.raises(ConfigError, match="nope: no preset"):
         load_config(text='extends = "nope"\n')
+
+
+def test_extends_a_list_merges_the_presets_in_order(tmp_path):
+    (tmp_path / "a.toml").write_text("[learner]\nlearning_rate = 1e-3\nkl_coef = 0.2\n")
+    (tmp_path / "b.toml").write_text("[learner]\nkl_coef = 0.3\nmax_step_kl = 0.05\n")
+    (tmp_path / "top.toml").write_text('extends = ["a.toml", "b.toml"]\n[learner]\nmax_step_kl = 0.1\n')
+    learner = load_config(tmp_path / "top.toml").learner
+    assert (learner.learning_rate, learner.kl_coef, learner.max_step_kl) == (1e-3, 0.3, 0.1)  # b over a, the file over both
+    with pytest.raises(ConfigError, match="a list of them"):
+        load_config(text="extends = []\n")
 
 
 @dataclass(frozen=True)
@@ -176,7 +186,7 @@ def test_every_preset_loads_with_its_loader():
 
     loaders = {
         "default": load_config, "production": load_config, "tuned_learner": load_config, "bgpo": load_bgpo_config,
-        "drift": load_scenario, "drift_experiment": load_experiment, "stability_experiment": load_experiment,
+        "drift": load_scenario, "drift_experiment": load_experiment, "stability_experiment": load_experiment, "step_control": load_config,
     }
     assert set(presets()) == set(loaders), "a new preset in configs/: add its loader here"
     for name, load in loaders.items():

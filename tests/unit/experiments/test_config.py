@@ -31,8 +31,8 @@ def test_default_preset_has_every_method():
 
 
 def test_learner_comes_from_the_tuned_preset_by_name():
-    tuned = read_toml("tuned_learner")["learner"]
-    assert "extends = \"tuned_learner\"" in PRESET_TEXT and "learning_rate" not in PRESET_TEXT  # referred to, not copied
+    tuned = read_toml("tuned_learner")["learner"] | read_toml("step_control")["learner"]
+    assert 'extends = ["tuned_learner", "step_control"]' in PRESET_TEXT and "learning_rate" not in PRESET_TEXT  # referred to, not copied
     for cfg in (load_experiment("drift_experiment"), load_experiment(ROOT / "configs/drift_experiment.toml"), load_stability()):
         sao = cfg.methods[0]
         assert {k: sao.learner[k] for k in tuned} == tuned
