@@ -32,6 +32,7 @@ TRACE_KEYS = (
     "learner/kept_fraction", "critic/grad_norm", "learner/kl", "learner/staleness_mean", "critic/explained_variance",
     "learner/grad_norm", "learner/step_kl", "learner/entropy", "learner/lr", "learner/kl_coef", "critic/value_error",
     "critic/explained_variance_window", "learner/advantage_positive_fraction", "learner/response_length",
+    "learner/rejected_steps",
 )
 # the stability plot's learner panels: (trace key, title, log scale)
 PANELS = (
