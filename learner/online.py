@@ -42,7 +42,7 @@ from liveloop.learner.config import LearnerConfig
 from liveloop.learner.diagnostics import StabilityWindow
 from liveloop.learner.methods import make_method
 from liveloop.learner.retention import checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, versions_to_prune
-from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, response_logprobs
+from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, token_logprobs
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.losses import exact_kl_penalty, kl_penalty
@@ -194,7 +194,7 @@ class OnlineLearner:
         self.policy.train()
         logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         dists = response_log_dists(logits, batch)
-        logprobs = response_logprobs(logits, batch, dists)
+        logprobs = token_logprobs(dists, batch)
         staleness = (self.state.version - batch.versions).clamp(min=0)
         loss, metrics = self.method.policy_loss(logprobs, batch, advantages, staleness)
         metrics["learner/entropy"] = token_entropy(dists.detach(), batch.action_mask)
@@ -205,7 +205,7 @@ class OnlineLearner:
             if c.kl_estimator == "exact":
                 kl, kl_metrics = exact_kl_penalty(dists, ref, batch.action_mask)
             else:
-                kl, kl_metrics = kl_penalty(logprobs, response_logprobs(None, batch, ref), batch.action_mask)
+                kl, kl_metrics = kl_penalty(logprobs, token_logprobs(ref, batch), batch.action_mask)
             loss = loss + self.kl_coef * kl
             metrics |= kl_metrics
         before = [p.detach().clone() for p in self.policy_opt.params] if c.max_step_kl > 0 else None

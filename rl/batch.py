@@ -99,10 +99,12 @@ def response_log_dists(logits: Tensor, batch: TokenBatch) -> Tensor:
     return torch.stack(rows)
 
 
-def response_logprobs(logits: Tensor, batch: TokenBatch, dists: Tensor | None = None) -> Tensor:
-    """log pi(y_t) for each response token, [B, W], from the full-sequence logits [B, L, V] (or from
-    `response_log_dists` of them, when the caller has it)."""
-    dists = response_log_dists(logits, batch) if dists is None else dists
-    ids = batch.response_ids[:, : dists.shape[1]].clamp(min=0)
-    got = dists.gather(2, ids[:, :, None])[:, :, 0]
-    return got * (dists.abs().sum(-1) > 0)  # zeros past a response's end, as before
+def token_logprobs(dists: Tensor, batch: TokenBatch) -> Tensor:
+    """log pi(y_t) for each response token, [B, W], read from `response_log_dists` (zeros past a
+    response's end: its rows there are zeros)."""
+    return dists.gather(2, batch.response_ids[:, :, None])[:, :, 0]
+
+
+def response_logprobs(logits: Tensor, batch: TokenBatch) -> Tensor:
+    """log pi(y_t) for each response token, [B, W], from the full-sequence logits [B, L, V]."""
+    return token_logprobs(response_log_dists(logits, batch), batch)
