@@ -169,7 +169,7 @@ class Publisher:
         raises SwapFailed (the old version keeps serving)."""
         parent = self.engine.version
         start = time.perf_counter()
-        preempted = getattr(self.engine, "swap_preempted", 0)
+        preempted = self.engine.swap_preempted
         try:
             held = await self.engine.update_weights(path, version)
         except Exception as exc:
@@ -177,7 +177,7 @@ class Publisher:
             self.metrics.inc("server/swap_failures")
             raise SwapFailed(version, f"could not load version {version}: {exc}") from exc
         finally:
-            self.metrics.inc("server/swap_preempted", getattr(self.engine, "swap_preempted", 0) - preempted)
+            self.metrics.inc("server/swap_preempted", self.engine.swap_preempted - preempted)
         await asyncio.to_thread(self.store.set_version_status, version, VersionStatus.SERVING)
         await asyncio.to_thread(self.store.set_version_status, parent, VersionStatus.RETIRED)
         swap_s = time.perf_counter() - start
