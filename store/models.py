@@ -53,6 +53,7 @@ class PolicyVersion(Base):
     note: Mapped[str | None] = mapped_column(Text)
     pinned: Mapped[bool] = mapped_column(Boolean, default=False)  # an operator keeps its checkpoint
     pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # checkpoint deleted
+    segment: Mapped[str | None] = mapped_column(String(64), index=True)  # None: base weights; else that segment's adapter
 
 
 class Response(Base):
@@ -77,6 +78,7 @@ class Response(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     request_meta: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    segment: Mapped[str | None] = mapped_column(String(64), index=True)  # the adapter segment that served it
 
 
 class Feedback(Base):

@@ -62,21 +62,37 @@ class OperatorQueries:
             raise StaleLineage(f"learner {cursor_name} publishes on version {parent}, but its lineage is now {current}")
 
     # -- rollback -------------------------------------------------------------------------------
-    def rollback_to(self, version: int, cursor_name: str, api_key_id: str | None = None, reason: str | None = None) -> list[int]:
-        """Make `version` the serving one in the store, in one transaction: every later version that
-        served or was waiting becomes "rolled_back", any other serving row "retired", and the learner's
-        cursor points at `version` (its feedback position is kept: the ratings it already consumed are
-        not re-trained). Returns the rolled-back versions. The caller swaps the engine first."""
+    def rollback_to(
+        self,
+        version: int,
+        cursor_name: str,
+        api_key_id: str | None = None,
+        reason: str | None = None,
+        segment: str | None = None,
+    ) -> list[int]:
+        """Make `version` the serving one in the store, in one transaction: every later version of the
+        same lineage that served or was waiting becomes "rolled_back", any other serving row of it
+        "retired", and the learner's cursor points at `version` (its feedback position is kept: the
+        ratings it already consumed are not re-trained). Returns the rolled-back versions. The caller
+        swaps the engine first.
+
+        A lineage is the base weights' (segment None) or one segment's adapters. `segment` names the
+        lineage to move (default: `version`'s own); a segment may also roll back to a base version,
+        which then serves that segment without an adapter (the base row itself is not touched)."""
         with self._session.begin() as s:
             target = s.get(PolicyVersion, version)
             if target is None or target.status in UNSERVABLE:
                 raise RollbackRefused(f"version {version} is {'unknown' if target is None else target.status}")
             if target.pruned_at is not None:
                 raise RollbackRefused(f"version {version} was pruned (its checkpoint is deleted)")
+            lineage = target.segment if segment is None else segment
+            if target.segment is not None and target.segment != lineage:
+                raise RollbackRefused(f"version {version} is segment {target.segment!r}'s adapter, not {lineage!r}'s")
+            in_lineage = PolicyVersion.segment.is_(None) if lineage is None else PolicyVersion.segment == lineage
             rolled = list(
                 s.scalars(
                     select(PolicyVersion.version)
-                    .where(PolicyVersion.version > version, PolicyVersion.status.not_in(NOT_ROLLED_BACK))
+                    .where(in_lineage, PolicyVersion.version > version, PolicyVersion.status.not_in(NOT_ROLLED_BACK))
                     .order_by(PolicyVersion.version)
                 )
             )
@@ -84,10 +100,11 @@ class OperatorQueries:
                 s.execute(update(PolicyVersion).where(PolicyVersion.version.in_(rolled)).values(status=VersionStatus.ROLLED_BACK))
             s.execute(
                 update(PolicyVersion)
-                .where(PolicyVersion.status == VersionStatus.SERVING, PolicyVersion.version != version)
+                .where(in_lineage, PolicyVersion.status == VersionStatus.SERVING, PolicyVersion.version != version)
                 .values(status=VersionStatus.RETIRED)
             )
-            target.status = VersionStatus.SERVING
+            if target.segment == lineage:
+                target.status = VersionStatus.SERVING
             cursor = s.get(LearnerCursor, cursor_name, with_for_update=True)
             if cursor is None:
                 last = s.scalar(select(func.max(Feedback.id))) or 0
@@ -95,6 +112,8 @@ class OperatorQueries:
             else:
                 cursor.policy_version, cursor.updated_at = version, utcnow()
             detail = {"rolled_back": rolled, "learner": cursor_name, "reason": reason}
+            if lineage is not None:
+                detail["segment"] = lineage
             self._add_event(s, "rollback", version, detail, api_key_id)
         return rolled
 

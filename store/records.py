@@ -30,6 +30,7 @@ class ResponseRecord:
     action_mask: tuple[int, ...] | None = None
     request_meta: dict[str, Any] | None = None
     created_at: datetime | None = None
+    segment: str | None = None  # the adapter segment that served it (None: adapters are off)
 
     def __post_init__(self) -> None:
         assert len(self.response_ids) == len(self.behavior_logprobs), "one logprob per response token"
@@ -74,6 +75,7 @@ class StoredResponse:
     ttft_ms: float | None
     request_meta: dict[str, Any] | None
     created_at: datetime
+    segment: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class VersionRecord:
     note: str | None = None
     pinned: bool = False  # an operator keeps its checkpoint whatever retention says
     pruned_at: datetime | None = None  # when retention deleted its checkpoint (then it cannot serve again)
+    segment: str | None = None  # None: base weights; a name: that segment's LoRA adapter (checkpoint = adapter dir)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", VersionStatus(self.status))  # a plain string names a member

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import delete, func, insert, or_, select, tuple_, update
+from sqlalchemy import delete, func, insert, or_, select, true, tuple_, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -66,6 +66,7 @@ def _response_row(rec: ResponseRecord) -> dict[str, Any]:
         "ttft_ms": rec.ttft_ms,
         "request_meta": rec.request_meta,
         "created_at": rec.created_at or utcnow(),
+        "segment": rec.segment,
     }
 
 
@@ -94,6 +95,7 @@ def _stored_response(row: Response) -> StoredResponse:
         ttft_ms=row.ttft_ms,
         request_meta=row.request_meta,
         created_at=_aware(row.created_at),
+        segment=row.segment,
     )
 
 
@@ -117,7 +119,13 @@ def _version_record(row: PolicyVersion) -> VersionRecord:
         note=row.note,
         pinned=bool(row.pinned),
         pruned_at=_aware(row.pruned_at) if row.pruned_at else None,
+        segment=row.segment,
     )
+
+
+def _of_segment(segment: str | None):
+    """The SQL condition "this version belongs to `segment`" (None: the base weights)."""
+    return PolicyVersion.segment.is_(None) if segment is None else PolicyVersion.segment == segment
 
 
 def _aware(ts: datetime) -> datetime:
@@ -165,6 +173,7 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
         metrics: dict[str, Any] | None = None,
         status: VersionStatus = VersionStatus.SERVING,
         note: str | None = None,
+        segment: str | None = None,
         session: Session | None = None,
     ) -> VersionRecord:
         row = PolicyVersion(
@@ -178,6 +187,7 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
             metrics=metrics or {},
             status=status,
             note=note,
+            segment=segment,
         )
         if session is not None:
             session.add(row)
@@ -204,12 +214,25 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
             rows = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()
             return [_version_record(r) for r in rows]
 
-    def latest_version(self, status: VersionStatus = VersionStatus.SERVING) -> VersionRecord | None:
+    def latest_version(self, status: VersionStatus = VersionStatus.SERVING, segment: str | None = None) -> VersionRecord | None:
+        """The newest version with `status` among the base weights' (segment None) or one segment's adapters."""
         with self._session() as s:
             row = s.scalars(
-                select(PolicyVersion).where(PolicyVersion.status == status).order_by(PolicyVersion.version.desc())
+                select(PolicyVersion)
+                .where(PolicyVersion.status == status, _of_segment(segment))
+                .order_by(PolicyVersion.version.desc())
             ).first()
             return _version_record(row) if row else None
+
+    def serving_adapters(self) -> dict[str, VersionRecord]:
+        """Each segment's serving adapter version (segments served by the base have none)."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(PolicyVersion)
+                .where(PolicyVersion.status == VersionStatus.SERVING, PolicyVersion.segment.is_not(None))
+                .order_by(PolicyVersion.version)
+            ).all()
+            return {r.segment: _version_record(r) for r in rows}
 
     def next_version(self) -> int:
         with self._session() as s:
@@ -228,6 +251,7 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
         cursor_name: str,
         last_feedback_id: int,
         status: VersionStatus = VersionStatus.PUBLISHED,
+        segment: str | None = None,
     ) -> VersionRecord:
         """A learner's new version and its cursor, in ONE transaction: a crash leaves either both or
         neither, so a restarted learner resumes from the last published version with nothing lost and
@@ -243,6 +267,7 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
                 samples_used=samples_used,
                 metrics=metrics,
                 status=status,
+                segment=segment,
                 session=s,
             )
             self.set_cursor(cursor_name, last_feedback_id, version, session=s)
@@ -261,11 +286,12 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
             row = s.get(LearnerCursor, name)
             return row.policy_version if row else None
 
-    def versions_with_status(self, status: VersionStatus, after: int = -1) -> list[VersionRecord]:
+    def versions_with_status(self, status: VersionStatus, after: int = -1, segment: str | None = None) -> list[VersionRecord]:
+        """Versions with `status` past `after`, among the base weights' (segment None) or one segment's adapters."""
         with self._session() as s:
             rows = s.scalars(
                 select(PolicyVersion)
-                .where(PolicyVersion.status == status, PolicyVersion.version > after)
+                .where(PolicyVersion.status == status, PolicyVersion.version > after, _of_segment(segment))
                 .order_by(PolicyVersion.version)
             ).all()
             return [_version_record(r) for r in rows]
@@ -374,16 +400,17 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
             rows = s.scalars(select(Feedback).where(Feedback.response_id == response_id).order_by(Feedback.id)).all()
             return [_stored_feedback(r) for r in rows]
 
-    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[StoredFeedback, StoredResponse]]:
+    def rated_after(self, feedback_id: int, limit: int, segment: str | None = None) -> list[tuple[StoredFeedback, StoredResponse]]:
         """The next `limit` trainable ratings past `feedback_id`, in arrival order, with their
-        responses. Ratings of quarantined keys are kept in the store but never returned here, so no
-        training or replay reads them."""
+        responses (only responses `segment` served, if given). Ratings of quarantined keys are kept in
+        the store but never returned here, so no training or replay reads them."""
+        only = Response.segment == segment if segment is not None else true()
         with self._session() as s:
             rows = s.execute(
                 select(Feedback, Response)
                 .join(Response, Response.id == Feedback.response_id)
                 .outerjoin(ApiKey, ApiKey.key_id == Feedback.api_key_id)
-                .where(Feedback.id > feedback_id, or_(ApiKey.quarantined.is_(None), ApiKey.quarantined.is_(False)))
+                .where(Feedback.id > feedback_id, only, or_(ApiKey.quarantined.is_(None), ApiKey.quarantined.is_(False)))
                 .order_by(Feedback.id)
                 .limit(limit)
             ).all()
