@@ -62,14 +62,14 @@ class LearnerActor:
     def __init__(self, store: StoreConfig, learner: LearnerConfig, critic: CriticConfig, base_model_dir: str):
         import torch
 
-        from liveloop.learner.online import OnlineLearner
+        from liveloop.learner.lanes import build_learner
         from liveloop.store import Store
 
         torch.set_num_threads(1)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s learner: %(message)s")
         self._stop = threading.Event()
         self.store = Store(store)
-        self.learner = OnlineLearner.resume(self.store, learner, critic, Path(base_model_dir))
+        self.learner = build_learner(self.store, learner, critic, Path(base_model_dir))
 
     def run(self, max_steps: int | None = None) -> dict[str, Any]:
         self.learner.run(self._stop.is_set, max_steps)
@@ -82,21 +82,7 @@ class LearnerActor:
         return os.getpid()
 
     def status(self) -> dict[str, Any]:
-        s = self.learner.state
-        busy, idle = self.learner.busy_seconds, self.learner.idle_seconds
-        return {
-            "version": s.version,
-            "cursor": s.cursor,
-            "pending_cursor": s.pending_cursor,
-            "step": s.step,
-            "samples": s.samples,
-            "skipped_steps": s.skipped_steps,
-            "paused": self.learner.paused,
-            "idle_fraction": idle / (busy + idle) if busy + idle else 1.0,
-            "busy_seconds": busy,
-            "idle_seconds": idle,
-            "metrics": s.last_metrics,
-        }
+        return self.learner.status()
 
 
 # -- the private local Ray -------------------------------------------------------------------------

@@ -30,6 +30,22 @@ class GRPOConfig:
 
 
 @dataclass(frozen=True)
+class LoraSettings:
+    """`[learner.lora]`: the LoRA adapters trained when `[learner] adapters` is "segment" or "shared"."""
+
+    rank: int = field(default=8, metadata={"help": "r, the adapter's rank"})
+    alpha: float = field(default=16.0, metadata={"help": "LoRA alpha (the update is scaled by alpha / r)"})
+    target_modules: tuple[str, ...] = field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj"),
+        metadata={"help": "module names the adapter wraps (attention projections: what vLLM's LoRA serves too)"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.rank < 1 or self.alpha <= 0 or not self.target_modules:
+            raise ValueError("lora rank must be >= 1, alpha > 0, and target_modules non-empty")
+
+
+@dataclass(frozen=True)
 class LearnerConfig:
     enabled: bool = field(default=True, metadata={"help": "`liveloop serve` starts the online learner"})
     cursor_name: str = field(default="sao", metadata={"help": "which learner_cursor row this learner owns"})
@@ -96,9 +112,27 @@ class LearnerConfig:
     zero_stage: int = field(
         default=0, metadata={"help": "0: plain torch AdamW; 1-3: DeepSpeed ZeRO for the policy and critic optimizers"}
     )
+    adapters: Literal["none", "segment", "shared"] = field(
+        default="none",
+        metadata={"help": "none: train the whole policy; segment: a LoRA adapter per segment on one frozen base, each "
+                  "trained on its segment's ratings only; shared: one LoRA adapter for everyone"},
+    )
+    segments: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "adapters = segment: the segments with their own adapter (request metadata[segment_key]); "
+                  "any other value, or none, is served and trained as the shared 'overflow' segment"},
+    )
+    segment_key: str = field(default="segment", metadata={"help": "the request metadata key that names a segment"})
+    lora: LoraSettings = field(default_factory=LoraSettings, metadata={"help": "[learner.lora]: the adapters' shape"})
 
     def __post_init__(self) -> None:
         check_literals(self)
+        if self.adapters != "none" and self.zero_stage != 0:
+            raise ValueError("adapters need zero_stage 0 (the adapters are small; the frozen base is not optimised)")
+        if len(set(self.segments)) != len(self.segments) or {"overflow", "shared"} & set(self.segments):
+            raise ValueError("segments must be distinct and may not be named 'overflow' or 'shared'")
+        if any(not name or len(name) > 64 or ":" in name for name in self.segments):
+            raise ValueError("segment names must be 1-64 characters without ':'")
         if min(self.target_kl_to_base, self.target_step_kl) < 0 or self.kl_horizon < 1 or self.diagnostics_window < 2:
             raise ValueError("target_kl_to_base and target_step_kl must be >= 0, kl_horizon >= 1, diagnostics_window >= 2")
         if self.max_step_kl < 0 or (self.max_step_kl > 0 and self.zero_stage != 0):

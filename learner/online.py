@@ -13,6 +13,10 @@
      the ratings it had not published yet: nothing lost, nothing trained twice. Then retention
      (retention.py) deletes the checkpoints it no longer keeps. A disk too full for the checkpoint
      pauses learning through the store instead: the unpublished training stays, the server keeps serving.
+With `[learner] adapters` on, one OnlineLearner is one segment's lane (learner/lanes.py runs them): its
+policy is that segment's LoRA adapter on a frozen base shared by every lane (learner/adapters.py), it
+reads only its segment's ratings, keeps its own cursor (`sao:cozy`), critic and step-size controllers,
+publishes adapter versions of its segment, and its KL reference is the base with the adapters off.
 The baselines (`[learner] method`: sliding_window, grpo, grpo_dis; see methods.py) run through the same
 loop: the method picks the batch, the advantages and the policy loss; methods without a critic skip
 steps 2-4's critic parts. A non-finite loss or gradient skips the update (counted); a version is published only from finite
@@ -26,11 +30,14 @@ rollback is refused by the store's lineage check, and the learner reloads then).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,9 +45,11 @@ from liveloop.checkpoint import checkpoint_digest, save_atomically
 from liveloop.critic.config import CriticConfig
 from liveloop.critic.trainer import Critic
 from liveloop.critic.value_model import build_value_model
+from liveloop.learner.adapters import AdapterPolicy
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.diagnostics import StabilityWindow
 from liveloop.learner.methods import make_method
+from liveloop.learner.segments import lane_cursor
 from liveloop.learner.retention import checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, versions_to_prune
 from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, token_logprobs
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl
@@ -73,6 +82,16 @@ def critic_dir_for(config: LearnerConfig, version: int) -> Path:
     return Path(config.checkpoint_dir).resolve() / f"v{version:06d}" / "critic"
 
 
+class SegmentRatings:
+    """The store as one segment's lane reads it: only the ratings of responses that segment served."""
+
+    def __init__(self, store: Store, segment: str):
+        self.store, self.segment = store, segment
+
+    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[Any, Any]]:
+        return self.store.rated_after(feedback_id, limit, segment=self.segment)
+
+
 def _load_policy(path: str | Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
@@ -90,9 +109,17 @@ class OnlineLearner:
         policy_dir: str,
         critic_dir: str | None,
         publish_status: VersionStatus = VersionStatus.PUBLISHED,
+        segment: str | None = None,
+        adapters: AdapterPolicy | None = None,
     ):
         torch.manual_seed(config.seed)
+        if (segment is None) != (adapters is None):
+            raise ValueError("a segment's lane needs the shared AdapterPolicy, and only a lane takes one")
         self.store = store
+        self.segment = segment
+        self.adapters = adapters
+        self.cursor_name = lane_cursor(config, segment)
+        self.ratings: Any = SegmentRatings(store, segment) if segment is not None else store
         self.config = config
         self.base_model_dir = Path(base_model_dir)
         self.state = state
@@ -109,19 +136,48 @@ class OnlineLearner:
         )
         self.window = StabilityWindow(config.diagnostics_window)
         self._load(policy_dir, critic_dir)
-        self.reference = _load_policy(self.base_model_dir).eval() if config.kl_coef > 0 else None
+        # the KL anchor: the base model; a lane reaches it by turning its adapter off (no second copy)
+        self.reference = _load_policy(self.base_model_dir).eval() if config.kl_coef > 0 and adapters is None else None
         self.idle_seconds = 0.0
         self.busy_seconds = 0.0
         self.paused = False
 
-    def _load(self, policy_dir: str, critic_dir: str | None) -> None:
+    def _load(self, policy_dir: str | None, critic_dir: str | None) -> None:
+        """Load the policy (a lane: its adapter from `policy_dir`, or a fresh one when None) and the critic."""
         c = self.config
-        self.policy = _load_policy(policy_dir)
+        if self.adapters is not None:
+            self.policy = self.adapters.add(self.segment, policy_dir)  # only this adapter takes gradients now
+        else:
+            self.policy = _load_policy(policy_dir)
         self.policy_opt = make_optimizer(self.policy, self.learning_rate, c.max_grad_norm, c.zero_stage, c.batch_size)
+        backbone = critic_dir or (policy_dir if self.adapters is None else str(self.base_model_dir))
         self.critic = (
-            Critic(build_value_model(critic_dir or policy_dir), self.critic_config, c.zero_stage, c.batch_size)
+            Critic(build_value_model(backbone), self.critic_config, c.zero_stage, c.batch_size)
             if self.method.uses_critic else None
         )
+
+    @contextlib.contextmanager
+    def _policy_on(self) -> Iterator[None]:
+        """A lane's adapter is the active one while it steps (lanes share the model); else nothing to do."""
+        if self.adapters is None:
+            yield
+            return
+        with self.adapters.active(self.segment):
+            yield
+
+    @property
+    def kl_anchored(self) -> bool:
+        return self.kl_coef > 0 and (self.reference is not None or self.adapters is not None)
+
+    def _reference_log_dists(self, batch: TokenBatch) -> torch.Tensor:
+        """The base policy's log-distributions on the batch (the KL anchor), without gradients."""
+        with torch.no_grad():
+            if self.adapters is not None:
+                with self.adapters.base() as base:
+                    logits = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            else:
+                logits = self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            return response_log_dists(logits, batch)
 
     @property
     def learning_rate(self) -> float:
@@ -136,13 +192,13 @@ class OnlineLearner:
     @classmethod
     def resume(cls, store: Store, config: LearnerConfig, critic_config: CriticConfig, base_model_dir: Path, **kw) -> "OnlineLearner":
         """Start from the version this learner last published (or the base model), at its cursor."""
-        state, policy_dir, critic_dir = _stored_position(store, config, Path(base_model_dir))
+        state, policy_dir, critic_dir = _stored_position(store, config, Path(base_model_dir), kw.get("segment"))
         return cls(store, config, critic_config, base_model_dir, state, policy_dir, critic_dir, **kw)
 
     def reload(self) -> None:
         """Drop what was trained since the last version and load the version the store's cursor
         names (after a rollback). Counters of steps and samples carry on."""
-        state, policy_dir, critic_dir = _stored_position(self.store, self.config, self.base_model_dir)
+        state, policy_dir, critic_dir = _stored_position(self.store, self.config, self.base_model_dir, self.segment)
         state.step, state.samples, state.skipped_steps = self.state.step, self.state.samples, self.state.skipped_steps
         self._load(policy_dir, critic_dir)
         self.method.reset()
@@ -150,19 +206,23 @@ class OnlineLearner:
 
     def sync_with_store(self) -> bool:
         """Follow the operator: reload after a rollback; returns whether learning is paused."""
-        version = self.store.cursor_version(self.config.cursor_name)
+        version = self.store.cursor_version(self.cursor_name)
         if version is not None and version != self.state.version:
-            log.warning("learner %s: lineage moved from version %d to %d (rollback): reloading", self.config.cursor_name, self.state.version, version)
+            log.warning("learner %s: lineage moved from version %d to %d (rollback): reloading", self.cursor_name, self.state.version, version)
             self.reload()
-        self.paused = self.store.learning_paused(self.config.cursor_name)
+        self.paused = self.store.learning_paused(self.cursor_name)
         return self.paused
 
     # -- one step --------------------------------------------------------------------------------
     def step(self) -> bool:
         """Train on the next batch if it is there (SAO: the next B rated responses); returns whether it did."""
+        with self._policy_on():
+            return self._step()
+
+    def _step(self) -> bool:
         c, s = self.config, self.state
         # 1. the next B rated responses, in arrival order (GRPO baselines: the next complete group)
-        taken = self.method.next_batch(self.store, s.pending_cursor)
+        taken = self.method.next_batch(self.ratings, s.pending_cursor)
         if taken is None:
             return False
         samples, last_id = taken
@@ -199,9 +259,8 @@ class OnlineLearner:
         loss, metrics = self.method.policy_loss(logprobs, batch, advantages, staleness)
         metrics["learner/entropy"] = token_entropy(dists.detach(), batch.action_mask)
         metrics["learner/lr"], metrics["learner/kl_coef"] = self.learning_rate, self.kl_coef
-        if self.reference is not None:
-            with torch.no_grad():
-                ref = response_log_dists(self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch)
+        if self.kl_anchored:
+            ref = self._reference_log_dists(batch)
             if c.kl_estimator == "exact":
                 kl, kl_metrics = exact_kl_penalty(dists, ref, batch.action_mask)
             else:
@@ -254,7 +313,7 @@ class OnlineLearner:
             return None
         if s.updates_since_publish == 0:
             try:
-                self.store.advance_cursor(self.config.cursor_name, s.pending_cursor, s.version)
+                self.store.advance_cursor(self.cursor_name, s.pending_cursor, s.version)
             except StaleLineage:
                 self.reload()
                 return None
@@ -303,17 +362,21 @@ class OnlineLearner:
             learner_step=s.step,
             samples_used=s.samples_since_publish,
             metrics=metrics,
-            cursor_name=self.config.cursor_name,
+            cursor_name=self.cursor_name,
             last_feedback_id=s.pending_cursor,
             status=self.publish_status,
+            segment=self.segment,
         )
 
     def _write_checkpoint(self, tmp: Path) -> None:
         """Write policy and critic into `tmp`; a failed write removes what it had written (a full
         disk must not stay full of half a checkpoint)."""
         try:
-            with self.policy_opt.full_parameters() as policy:
-                policy.save_pretrained(str(tmp / "policy"))
+            if self.adapters is not None:
+                self.adapters.save(self.segment, tmp / "policy")
+            else:
+                with self.policy_opt.full_parameters() as policy:
+                    policy.save_pretrained(str(tmp / "policy"))
             if self.critic is not None:
                 self.critic.save(str(tmp / "critic"))
         except BaseException:
@@ -330,7 +393,7 @@ class OnlineLearner:
         log.error("pausing learning: %s", reason)
         self.paused = True
         detail = {
-            "learner": self.config.cursor_name,
+            "learner": self.cursor_name,
             "path": str(root.parent),
             "error": str(exc),
             "unpublished_version": version,
@@ -340,7 +403,7 @@ class OnlineLearner:
         }
         try:
             self.store.record_event("disk_full", version=s.version, detail=detail)
-            self.store.set_learning_paused(self.config.cursor_name, True, reason=reason)
+            self.store.set_learning_paused(self.cursor_name, True, reason=reason)
         except Exception:  # the store may sit on the same full disk: keep running, retry at the next publish
             log.exception("could not record the disk-full pause in the store")
 
@@ -350,7 +413,7 @@ class OnlineLearner:
         fail a publish that already happened."""
         c = self.config
         try:
-            versions = self.store.list_versions()
+            versions = [r for r in self.store.list_versions() if r.segment == self.segment]
             owned = {r.version for r in versions if in_checkpoint_dir(r, c.checkpoint_dir)}
             victims = [v for v in versions_to_prune(versions, c.keep_last_versions, c.keep_parent_chain, protect) if v in owned]
             pruned = self.store.mark_pruned(victims) if victims else []
@@ -360,6 +423,25 @@ class OnlineLearner:
         if pruned:
             gone = delete_checkpoints(c.checkpoint_dir, pruned)
             log.info("retention: pruned the checkpoints of versions %s", gone)
+
+    def status(self) -> dict[str, Any]:
+        """Where this learner stands: its version, cursor, counters, pause and last metrics."""
+        s = self.state
+        busy, idle = self.busy_seconds, self.idle_seconds
+        status = {
+            "version": s.version,
+            "cursor": s.cursor,
+            "pending_cursor": s.pending_cursor,
+            "step": s.step,
+            "samples": s.samples,
+            "skipped_steps": s.skipped_steps,
+            "paused": self.paused,
+            "idle_fraction": idle / (busy + idle) if busy + idle else 1.0,
+            "busy_seconds": busy,
+            "idle_seconds": idle,
+            "metrics": s.last_metrics,
+        }
+        return status | ({"segment": self.segment} if self.segment is not None else {})
 
     # -- loop ------------------------------------------------------------------------------------
     def run(self, should_stop, max_steps: int | None = None) -> None:
@@ -382,19 +464,24 @@ class OnlineLearner:
             self.publish()
 
 
-def _stored_position(store: Store, config: LearnerConfig, base_model_dir: Path) -> tuple[LearnerState, str, str | None]:
-    """The version this learner's cursor names (or the base model), its weights and critic."""
-    cursor = store.get_cursor(config.cursor_name)
-    version = store.cursor_version(config.cursor_name)
+def _stored_position(
+    store: Store, config: LearnerConfig, base_model_dir: Path, segment: str | None = None
+) -> tuple[LearnerState, str | None, str | None]:
+    """The version this learner's cursor names (or the base model), its weights and critic. A lane's
+    weights are its adapter directory, or None (a fresh adapter) while it is still at a base version."""
+    name = lane_cursor(config, segment)
+    cursor = store.get_cursor(name)
+    version = store.cursor_version(name)
     record = store.get_version(version) if version is not None else None
-    if record is None or not record.checkpoint_path or version == 0:
-        version, policy_dir = 0, str(base_model_dir)
+    if record is None or not record.checkpoint_path or version == 0 or record.segment != segment:
+        version = version if record is not None and record.segment is None and segment is not None else 0
+        policy_dir = str(base_model_dir) if segment is None else None
     else:
         policy_dir = record.checkpoint_path
     critic = critic_dir_for(config, version)
     critic_dir = str(critic) if critic.exists() else None
     log.info(
         "learner %s at version %d, feedback cursor %d, critic %s",
-        config.cursor_name, version, cursor, critic_dir or "cold (not pre-trained)",
+        name, version, cursor, critic_dir or "cold (not pre-trained)",
     )
     return LearnerState(version=version, cursor=cursor, pending_cursor=cursor), policy_dir, critic_dir

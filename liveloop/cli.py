@@ -72,7 +72,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from liveloop.learner.online import OnlineLearner
+    from liveloop.learner.lanes import build_learner
     from liveloop.learner.replay import replay
     from liveloop.store import Store
 
@@ -86,12 +86,13 @@ def cmd_learn(args: argparse.Namespace) -> int:
         return 0
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    learner = OnlineLearner.resume(store, config.learner, config.critic, model_dir)
+    learner = build_learner(store, config.learner, config.critic, model_dir)
     try:
         learner.run(stop.is_set, args.max_steps)
     except KeyboardInterrupt:
-        learner.publish() if learner.state.steps_since_publish else None
-    print(json.dumps({"version": learner.state.version, "step": learner.state.step, "cursor": learner.state.cursor}))
+        learner.publish()
+    status = learner.status()
+    print(json.dumps({k: status[k] for k in ("version", "step", "cursor", "segments") if k in status}, default=str))
     return 0
 
 
