@@ -107,8 +107,19 @@ class EngineConfig:
         metadata={"help": "diffusion: denoising steps per block; unset: the model's build record, else 8"},
     )
 
+    max_adapters: int = field(
+        default=0,
+        metadata={
+            "help": "LoRA adapters the engine can hold at once (segments' adapters, plus old ones still "
+            "finishing a response); 0: no adapter support"
+        },
+    )
+    max_lora_rank: int = field(default=16, metadata={"help": "the largest LoRA rank an adapter may have"})
+
     def __post_init__(self) -> None:
         check_literals(self)
+        if self.max_adapters < 0 or self.max_lora_rank < 1:
+            raise ValueError("max_adapters must be >= 0 and max_lora_rank >= 1")
         if self.max_model_len < 16:
             raise ValueError("max_model_len must be >= 16")
         if self.drain_deadline_seconds <= 0:

@@ -55,6 +55,7 @@ class GenerationRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
+    segment: str | None = None  # the adapter segment that serves it; None: the base weights alone
 
 
 @dataclass
@@ -75,10 +76,13 @@ def aborted() -> TokenDelta:
 
 @dataclass
 class Generation:
-    """An admitted generation: the version that produces it, and its stream of deltas."""
+    """An admitted generation: the version that produces it, and its stream of deltas. For a request
+    with a segment whose adapter is loaded, `version` is that adapter's version and `adapter` is True;
+    otherwise `version` is the base weights' version and `adapter` is False."""
 
     version: int
     stream: AsyncIterator[TokenDelta]
+    adapter: bool = False
 
     def __aiter__(self) -> AsyncIterator[TokenDelta]:
         return self.stream
@@ -146,6 +150,28 @@ class Engine(Protocol):
         (finish_reason "abort") before the new weights are applied. If the weights cannot be loaded
         it raises and the old version keeps serving, its weights intact."""
         ...
+
+    supports_adapters: bool  # whether update_adapter can serve LoRA adapters (config.max_adapters > 0)
+
+    def adapter_version(self, segment: str) -> int | None:
+        """The adapter version new requests of `segment` are served with; None: the base weights."""
+        ...
+
+    async def update_adapter(self, segment: str, adapter: CheckpointDir | None, version: int) -> float:
+        """Serve the LoRA adapter in `adapter` (a peft `save_pretrained` directory) to `segment`'s new
+        requests as `version`; None serves them the base weights again. Generations already running keep
+        the adapter they started with until they finish (each response is produced by one version), and
+        other segments are not touched. Returns seconds `segment`'s new requests were held back. If the
+        adapter cannot be loaded it raises `AdapterUnusable` and the old one keeps serving."""
+        ...
+
+
+class AdaptersUnsupported(RuntimeError):
+    """The engine was not started with adapter support (engine.max_adapters = 0) or its backend has none."""
+
+
+class AdapterUnusable(ValueError):
+    """An adapter directory the engine could not load (the segment's old adapter keeps serving)."""
 
 
 @dataclass(eq=False)

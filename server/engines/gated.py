@@ -1,21 +1,34 @@
 """`GatedEngine`: what every backend shares around its model, written once: its config, the
 `VersionGate` that admits generations and drains them for a swap, the version and preemption count it
-reports, and the weight swap's shape (stage the source, close the gate, drain, apply, reopen).
+reports, the weight swap's shape (stage the source, close the gate, drain, apply, reopen), and the
+per-segment LoRA adapters' bookkeeping (`adapters.AdapterTable`).
 
 A backend supplies `start`, `close`, `healthy`, `_admit` (one request's preempt callback and its delta
 stream) and `_apply` (load a weight source into the model; it runs with the gate closed and drained,
 and must leave the old weights serving if it raises). `_stage` may bring a source into the form
 `_apply` reads before the gate closes (vLLM writes named tensors to a checkpoint directory there).
+
+Adapters: by default an engine has none (`supports_adapters` False, every request is served by the
+base weights, `update_adapter` raises AdaptersUnsupported). A backend that serves them sets
+`supports_adapters` (from `config.max_adapters > 0`), accepts the adapter's name in `_admit(request,
+adapter)`, and supplies `_load_adapter` (load a checked directory under a new name; raise
+AdapterUnusable and leave the others untouched if it cannot) and `_unload_adapter`. An adapter swap
+goes around the gate: nothing drains; the segment's entry is repointed once the new adapter is loaded,
+and each generation keeps the adapter it was admitted with (counted in the table) until it ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from liveloop.server.engines.adapters import AdapterSpec, AdapterTable, Lease, read_adapter
 from liveloop.server.engines.base import (
+    AdaptersUnsupported,
+    CheckpointDir,
     Generation,
     GenerationRequest,
     Preempt,
@@ -31,12 +44,15 @@ if TYPE_CHECKING:
 
 class GatedEngine:
     name: str
+    supports_adapters: bool = False  # a backend that serves adapters sets it from config.max_adapters
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         self.config = config
         self.model_path = str(model_path)
         self.max_model_len = config.max_model_len
         self._gate = VersionGate(0, config.drain_deadline_seconds)
+        self._adapters = AdapterTable(config.max_adapters)
+        self._adapter_updates = asyncio.Lock()  # one adapter load at a time: the room check holds
 
     @property
     def version(self) -> int:
@@ -48,22 +64,78 @@ class GatedEngine:
 
     @contextlib.asynccontextmanager
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Generation]:
-        preempt, stream = self._admit(request)
-        async with self._gate.reading(preempt) as version:
-            yield Generation(version, stream)
+        # The adapter is chosen when the request arrives: one that waits for a weight swap keeps it
+        # (still loaded, as it is counted) and records its version.
+        lease = self._adapters.acquire(request.segment) if self.supports_adapters else None
+        try:
+            preempt, stream = self._admit(request) if lease is None else self._admit(request, lease.name)
+            async with self._gate.reading(preempt) as version:
+                if lease is None:
+                    yield Generation(version, stream)
+                else:
+                    yield Generation(lease.version, stream, adapter=True)
+        finally:
+            if lease is not None:
+                self._release(lease)
 
     async def update_weights(self, weights: str | Path | WeightSource, version: int) -> float:
         source = self._stage(weight_source(weights))
         return await self._gate.swap(lambda: self._apply(source), version)
 
+    def adapter_version(self, segment: str) -> int | None:
+        lease = self._adapters.current(segment)
+        return None if lease is None else lease.version
+
+    async def update_adapter(self, segment: str, adapter: CheckpointDir | None, version: int) -> float:
+        if not self.supports_adapters:
+            raise AdaptersUnsupported(
+                f"{self.name} engine: no adapter support (engine.max_adapters = {self.config.max_adapters}"
+                f"{'' if self.config.max_adapters else '; set it above 0'})"
+            )
+        if adapter is not None and not isinstance(adapter, CheckpointDir):
+            raise TypeError(f"update_adapter: expected a CheckpointDir or None, got {type(adapter).__name__}")
+        async with self._adapter_updates:
+            if adapter is None:
+                self._unload_if(self._adapters.point(segment, None))
+                return 0.0
+            spec = read_adapter(Path(adapter.path), self.config.max_lora_rank)
+            self._adapters.check_room(segment)
+            name = self._adapters.new_name()
+            try:
+                await self._load_adapter(name, spec)
+            except asyncio.CancelledError:  # the load may still complete: never leave it loaded unnamed
+                self._unload_adapter(name)
+                raise
+            self._unload_if(self._adapters.point(segment, Lease(version, name)))
+        # the segment's new requests were never held: the old adapter served them until the repoint
+        return 0.0
+
+    def _release(self, lease: Lease) -> None:
+        if self._adapters.release(lease):
+            self._unload_adapter(lease.name)
+
+    def _unload_if(self, name: str | None) -> None:
+        if name is not None:
+            self._unload_adapter(name)
+
     # -- what a backend supplies ---------------------------------------------------------------------
-    def _admit(self, request: GenerationRequest) -> tuple[Preempt, AsyncIterator[TokenDelta]]:
+    def _admit(self, request: GenerationRequest, adapter: str | None = None) -> tuple[Preempt, AsyncIterator[TokenDelta]]:
         """The callback that ends this generation for a swap (see `VersionGate.reading`), and its
-        stream of deltas (not started yet)."""
+        stream of deltas (not started yet), served with the loaded adapter `adapter` (None: the base
+        weights)."""
         raise NotImplementedError
 
     def _stage(self, source: WeightSource) -> WeightSource:
         return source
 
     async def _apply(self, source: WeightSource) -> None:
+        raise NotImplementedError
+
+    async def _load_adapter(self, name: str, spec: AdapterSpec) -> None:
+        """Load the adapter `spec` describes under `name`, or raise AdapterUnusable with the engine's
+        other adapters untouched."""
+        raise NotImplementedError
+
+    def _unload_adapter(self, name: str) -> None:
+        """Unload adapter `name`: no generation runs on it any more (must not block)."""
         raise NotImplementedError

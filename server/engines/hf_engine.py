@@ -5,6 +5,16 @@ cache per request), so concurrent streams all progress; behavior logprobs are th
 the model's logits for the sampled token. A swap drains through the gate, then copies the new state
 into the model on the worker thread; a request cancelled by then (a straggler the swap ended) is
 dropped with its KV cache and an "abort" delta, never stepped again.
+
+LoRA adapters (`engine.max_adapters > 0`): the first adapter loaded wraps the model with peft (its
+adapted projections become LoRA layers around their `base_layer`), further ones are added beside it,
+and the wrapper is removed again when the last one goes, so an engine with no adapter loaded runs the
+plain model. Each request keeps the adapter it was admitted with; before each step the worker makes
+that adapter the active one on every LoRA layer (none for a base request: the layers then compute
+their base layer alone, the plain model's result bit for bit). A round of steps visits the requests
+grouped by adapter, so the active adapter changes at most once per adapter per round. A full-weight
+swap writes the base layers (`BaseWeights` maps the plain model's names onto them) and keeps the
+adapters.
 """
 
 from __future__ import annotations
@@ -19,8 +29,18 @@ from typing import Any
 import torch
 
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import GenerationRequest, TokenDelta, aborted
-from liveloop.server.engines.threaded import Emit, Stop, Submit, Swap, ThreadedEngine
+from liveloop.server.engines.adapters import AdapterSpec
+from liveloop.server.engines.base import AdapterUnusable, GenerationRequest, TokenDelta, aborted
+from liveloop.server.engines.threaded import (
+    DropAdapter,
+    Emit,
+    HasState,
+    LoadAdapter,
+    Stop,
+    Submit,
+    Swap,
+    ThreadedEngine,
+)
 from liveloop.server.engines.weights import load_state
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,6 +57,7 @@ class _Active:
     produced: int = 0
     position: int = 0
     stop: set[int] = field(default_factory=set)
+    adapter: str | None = None  # the loaded adapter that serves it (None: the base weights)
 
 
 class HFEngine(ThreadedEngine):
@@ -46,6 +67,8 @@ class HFEngine(ThreadedEngine):
     def __init__(self, config: EngineConfig, model_path: str | Path):
         super().__init__(config, model_path)
         self.model: Any = None
+        self.supports_adapters = config.max_adapters > 0
+        self._lora: LoraSlots | None = None  # the worker thread's; set at start when adapters are on
 
     async def start(self, version: int = 0, weights_path: str | Path | None = None) -> None:
         from transformers import AutoModelForCausalLM
@@ -56,12 +79,16 @@ class HFEngine(ThreadedEngine):
         self.model.eval()
         if weights_path:
             load_state(self.model, self._read_checkpoint(Path(weights_path)))
+        if self.supports_adapters:
+            self._lora = LoraSlots(self.model)
         self._start_worker(version)
 
     def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator, cancelled: threading.Event) -> _Active:
         return _Active(request, emit, generator, cancelled, stop=set(request.sampling.stop_token_ids))
 
-    def _weights_module(self) -> torch.nn.Module:
+    def _weights_module(self) -> HasState:
+        if self._lora is not None and self._lora.wrapped:
+            return BaseWeights(self.model)
         return self.model
 
     def _read_checkpoint(self, path: Path) -> Mapping[str, torch.Tensor]:
@@ -85,19 +112,10 @@ class HFEngine(ThreadedEngine):
                 except queue.Empty:
                     break
                 block = False
-                match message:
-                    case Stop():
-                        return
-                    case Swap():
-                        # the gate admits no request while a swap is pending, and the ones it ended
-                        # are cancelled; either way no old KV cache is continued by new weights
-                        for a in active:
-                            a.emit(aborted())
-                        active.clear()
-                        self._swap(message)
-                    case Submit(job):
-                        active.append(job)
-            for a in list(active):
+                if isinstance(message, Stop):
+                    return
+                self._handle(message, active)
+            for a in sorted(active, key=_by_adapter):
                 if a.cancelled.is_set():
                     a.emit(aborted())  # nobody reads it if the client went away; a preempted stream ends
                     active.remove(a)
@@ -110,9 +128,45 @@ class HFEngine(ThreadedEngine):
                 if finished:
                     active.remove(a)
 
+    def _handle(self, message: Swap | Submit | LoadAdapter | DropAdapter, active: list[_Active]) -> None:
+        match message:
+            case Swap():
+                # the gate admits no request while a swap is pending, and the ones it ended are
+                # cancelled; either way no old KV cache is continued by new weights
+                for a in active:
+                    a.emit(aborted())
+                active.clear()
+                self._swap(message)
+            case Submit(job, adapter):
+                job.adapter = adapter
+                if adapter is not None and (self._lora is None or adapter not in self._lora.names):
+                    job.emit(aborted())  # its generation ended before it started: never on another adapter
+                else:
+                    active.append(job)
+            case LoadAdapter(spec, name, done):
+                done(self._load(spec, name))
+            case DropAdapter(name):
+                # no admitted generation runs on it: a job still here was left by its reader
+                for a in [a for a in active if a.adapter == name]:
+                    a.emit(aborted())
+                    active.remove(a)
+                if self._lora is not None:
+                    self._lora.drop(name)
+
+    def _load(self, spec: AdapterSpec, name: str) -> BaseException | None:
+        if self._lora is None:
+            return AdapterUnusable(f"{self.name} engine: started without adapters")
+        try:
+            self._lora.add(spec, name)
+        except BaseException as exc:
+            return exc
+        return None
+
     @torch.no_grad()
     def _step(self, a: _Active) -> bool:
         s = a.request.sampling
+        if self._lora is not None:
+            self._lora.activate(a.adapter)
         if a.cache is None:
             ids = torch.tensor([a.request.prompt_ids], dtype=torch.long)
             out = self.model(input_ids=ids, use_cache=True)
@@ -137,6 +191,143 @@ class HFEngine(ThreadedEngine):
             finish = "length"
         a.emit(TokenDelta([token], [float(logprobs[token])], top, finish))
         return finish is not None
+
+
+def _by_adapter(a: _Active) -> tuple[bool, str]:
+    return a.adapter is not None, a.adapter or ""
+
+
+class LoraSlots:
+    """The worker thread's peft state: the model's wrapper (while any adapter is loaded), the LoRA
+    layers in it, and the adapter they compute now."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.peft: Any = None  # a peft PeftModel around `model` while any adapter is loaded
+        self.layers: list[Any] = []
+        self.active: str | None = None
+
+    @property
+    def wrapped(self) -> bool:
+        return self.peft is not None
+
+    @property
+    def names(self) -> set[str]:
+        return set(self.peft.peft_config) if self.peft is not None else set()
+
+    def add(self, spec: AdapterSpec, name: str) -> None:
+        """Load `spec` as adapter `name`, or raise AdapterUnusable with the model as it was."""
+        from peft import LoraConfig, PeftModel
+
+        try:
+            config = LoraConfig.from_pretrained(str(spec.path))
+            config.inference_mode = True
+            _check_targets(self.model, config, spec)
+            if self.peft is None:
+                self.peft = PeftModel(self.model, config, adapter_name=name)
+            loaded = self.peft.load_adapter(str(spec.path), adapter_name=name, is_trainable=False)
+            stray = [*loaded.missing_keys, *loaded.unexpected_keys]
+            if stray:
+                raise AdapterUnusable(f"adapter {spec.path}: its weights do not fit the model ({stray[:3]})")
+        except BaseException as exc:
+            self._discard(name)
+            if isinstance(exc, AdapterUnusable):
+                raise
+            raise AdapterUnusable(f"adapter {spec.path}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._refresh()
+
+    def drop(self, name: str) -> None:
+        if name in self.names:
+            self._discard(name)
+            self._refresh()
+
+    def activate(self, name: str | None) -> None:
+        """Make `name` (None: no adapter) the one every LoRA layer computes."""
+        if name == self.active:
+            return
+        for layer in self.layers:
+            layer.set_adapter(name if name is not None else [], inference_mode=True)
+        self.active = name
+
+    def _discard(self, name: str) -> None:
+        if self.peft is None:
+            _strip_lora(self.model)  # a first wrap that failed half-way
+        elif len(self.names - {name}) == 0:
+            # peft cannot hold zero adapters (a later load fails): unwrap, back to the plain model
+            self.peft.unload()
+            self.peft = None
+            _strip_lora(self.model)
+        elif name in self.names:
+            if name in self.peft.active_adapters:  # else peft warns that it picks another one itself
+                self.peft.set_adapter(next(iter(self.names - {name})), inference_mode=True)
+            self.peft.delete_adapter(name)
+
+    def _refresh(self) -> None:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        self.layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
+        self.active = _UNKNOWN  # loads and deletes reset layers' active adapters: set them anew
+
+
+_UNKNOWN: Any = object()
+_ADAPTABLE = (torch.nn.Linear, torch.nn.Embedding)
+
+
+def _check_targets(model: torch.nn.Module, config: Any, spec: AdapterSpec) -> None:
+    """Every target module the adapter names is in the model, and is a layer LoRA can adapt."""
+    from peft.tuners.tuners_utils import BaseTunerLayer, check_target_module_exists
+
+    modules = {n: (m.get_base_layer() if isinstance(m, BaseTunerLayer) else m) for n, m in model.named_modules()}
+    modules = {n: m for n, m in modules.items() if not _inside_tuner(n)}
+    matched = {n: m for n, m in modules.items() if check_target_module_exists(config, n)}
+    if isinstance(spec.target_modules, str):
+        absent = [] if matched else [spec.target_modules]
+    else:
+        absent = [t for t in spec.target_modules if not any(n == t or n.endswith("." + t) for n in matched)]
+    if absent:
+        raise AdapterUnusable(f"adapter {spec.path}: target modules {absent} are not in the model")
+    odd = sorted({type(m).__name__ for m in matched.values() if not isinstance(m, _ADAPTABLE)})
+    if odd:
+        raise AdapterUnusable(f"adapter {spec.path}: targets {odd} modules; LoRA here adapts Linear and Embedding layers")
+
+
+def _inside_tuner(name: str) -> bool:
+    # a LoRA layer's own parts (base_layer, lora_A.<adapter>, ...) are not the model's modules
+    return any(part == "base_layer" or part.startswith("lora_") for part in name.split("."))
+
+
+def _strip_lora(model: torch.nn.Module) -> None:
+    """Put every LoRA layer's base layer back in its place (what peft's unload does, without a wrapper)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, module.get_base_layer())
+
+
+class BaseWeights:
+    """The base weights of a peft-wrapped model under the plain model's names (`...q_proj.weight`
+    for `...q_proj.base_layer.weight`), its adapters' tensors left out: what a full-weight swap
+    reads and writes while adapters are loaded. The tensors are the model's own (writes land)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        tuners = [n + "." for n, m in self.model.named_modules() if isinstance(m, BaseTunerLayer)]
+        state = {}
+        for key, tensor in self.model.state_dict().items():
+            owner = next((t for t in tuners if key.startswith(t)), None)
+            if owner is None:
+                state[key] = tensor
+            elif key.startswith(owner + "base_layer."):
+                state[owner + key[len(owner) + len("base_layer.") :]] = tensor
+        return state
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:

@@ -1,7 +1,8 @@
 """The scaffolding of an engine whose model lives on ONE worker thread (the `hf` and `diffusion`
 backends): the inbox the thread reads, holding typed messages (`Submit` a request, `Swap` the weights,
-`Stop`), the bridge that turns a request's deltas from the thread into an async stream, per-request
-seeded generators, and the weight swap that restores the old weights if the new ones fail to load.
+`LoadAdapter` / `DropAdapter` a LoRA adapter, `Stop`), the bridge that turns a request's deltas from
+the thread into an async stream, per-request seeded generators, and the weight swap that restores the
+old weights if the new ones fail to load.
 
 A swap that ends a straggler (drain deadline) sets its job's `cancelled` event, then queues its `Swap`
 on the same inbox; the worker reads the inbox in order and checks `cancelled` before every step, so it
@@ -12,8 +13,11 @@ that had not started yet never starts.
 A backend supplies `start` (load the model, then `_start_worker`), `_job` (its per-request state,
 holding the given `cancelled` event), `_run` (the worker loop: how requests are scheduled; it emits
 `aborted()` for each job it drops as cancelled, drops every job still held when a `Swap` arrives and
-then calls `_swap`), `_weights_module` (the module whose state a swap replaces) and `_read_checkpoint`
-(a checkpoint directory's state, by that module's names).
+then calls `_swap`), `_weights_module` (the module, or a view of its weights, whose state a swap
+replaces) and `_read_checkpoint` (a checkpoint directory's state, by that module's names). A backend
+that serves adapters also reads `Submit.adapter` (the loaded adapter the job is served with) and
+handles `LoadAdapter` and `DropAdapter`; adapters load on the worker thread, between two steps, so no
+step ever sees one half-loaded.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 
+from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import (
     CheckpointDir,
     GenerationRequest,
@@ -45,14 +50,17 @@ if TYPE_CHECKING:
     from liveloop.server.config import EngineConfig
 
 Emit = Callable[[TokenDelta | BaseException], None]
+Done = Callable[[BaseException | None], None]  # the worker reports a message's outcome: None or the error
 Job = TypeVar("Job")
 
 
 @dataclass(frozen=True)
 class Submit(Generic[Job]):
-    """A request to generate: the backend's per-request state."""
+    """A request to generate: the backend's per-request state, and the loaded adapter that serves it
+    (None: the base weights)."""
 
     job: Job
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,23 @@ class Swap:
     swap, from the worker thread."""
 
     source: WeightSource
-    done: Callable[[BaseException | None], None]
+    done: Done
+
+
+@dataclass(frozen=True)
+class LoadAdapter:
+    """Load the (checked) adapter `spec` under `name`; `done` reports the outcome like `Swap`'s."""
+
+    spec: AdapterSpec
+    name: str
+    done: Done
+
+
+@dataclass(frozen=True)
+class DropAdapter:
+    """Unload adapter `name`: no admitted generation runs on it any more."""
+
+    name: str
 
 
 @dataclass(frozen=True)
@@ -69,7 +93,13 @@ class Stop:
     """End the worker loop (the engine is closing)."""
 
 
-Message = Submit[Any] | Swap | Stop
+Message = Submit[Any] | Swap | LoadAdapter | DropAdapter | Stop
+
+
+class HasState(Protocol):
+    """What a swap reads and writes: a module, or a view of the weights a module serves."""
+
+    def state_dict(self) -> Mapping[str, torch.Tensor]: ...
 
 
 class ThreadedEngine(GatedEngine):
@@ -97,16 +127,16 @@ class ThreadedEngine(GatedEngine):
         if self._thread:
             await asyncio.to_thread(self._thread.join, 10)
 
-    def _admit(self, request: GenerationRequest) -> tuple[Preempt, AsyncIterator[TokenDelta]]:
+    def _admit(self, request: GenerationRequest, adapter: str | None = None) -> tuple[Preempt, AsyncIterator[TokenDelta]]:
         cancelled = threading.Event()
 
         async def preempt() -> None:
             # the swap is queued on the inbox after this: the worker sees the flag before it runs
             cancelled.set()
 
-        return preempt, self._stream(request, cancelled)
+        return preempt, self._stream(request, cancelled, adapter)
 
-    async def _stream(self, request: GenerationRequest, cancelled: threading.Event) -> AsyncIterator[TokenDelta]:
+    async def _stream(self, request: GenerationRequest, cancelled: threading.Event, adapter: str | None) -> AsyncIterator[TokenDelta]:
         if cancelled.is_set():  # ended by a swap before it started: nothing to generate
             yield aborted()
             return
@@ -120,7 +150,7 @@ class ThreadedEngine(GatedEngine):
         seed = request.sampling.seed
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seed_source))
-        self._inbox.put(Submit(self._job(request, emit, torch.Generator().manual_seed(seed), cancelled)))
+        self._inbox.put(Submit(self._job(request, emit, torch.Generator().manual_seed(seed), cancelled), adapter))
         try:
             while not cancelled.is_set():
                 item = await out.get()
@@ -136,16 +166,21 @@ class ThreadedEngine(GatedEngine):
             cancelled.set()
 
     async def _apply(self, source: WeightSource) -> None:
+        await self._on_worker(lambda report: Swap(source, report))
+
+    async def _load_adapter(self, name: str, spec: AdapterSpec) -> None:
+        await self._on_worker(lambda report: LoadAdapter(spec, name, report))
+
+    def _unload_adapter(self, name: str) -> None:
+        self._inbox.put(DropAdapter(name))
+
+    async def _on_worker(self, message: Callable[[Done], Message]) -> None:
+        """Queue the message `message(report)` builds and wait until the worker reports its outcome."""
+        if not self.healthy():  # no worker would ever answer
+            raise RuntimeError(f"{self.name} engine is not running (not started, or closed)")
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
-
-        def report(error: BaseException | None) -> None:
-            if error is None:
-                loop.call_soon_threadsafe(done.set_result, None)
-            else:
-                loop.call_soon_threadsafe(done.set_exception, error)
-
-        self._inbox.put(Swap(source, report))
+        self._inbox.put(message(lambda error: loop.call_soon_threadsafe(_settle, done, error)))
         await done
 
     def _swap(self, swap: Swap) -> None:
@@ -176,8 +211,17 @@ class ThreadedEngine(GatedEngine):
     def _run(self) -> None:
         raise NotImplementedError
 
-    def _weights_module(self) -> torch.nn.Module:
+    def _weights_module(self) -> HasState:
         raise NotImplementedError
 
     def _read_checkpoint(self, path: Path) -> Mapping[str, torch.Tensor]:
         raise NotImplementedError
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():  # its waiter was cancelled: nobody reads the outcome
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
