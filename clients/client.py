@@ -114,15 +114,26 @@ class LiveloopClient:
         return self._check(self.http.get("/v1/versions"))
 
     # -- operators (admin key) ---------------------------------------------------------------------
-    def admin_versions(self) -> dict[str, Any]:
-        return self._check(self.http.get("/admin/versions"))
+    # `segment`: one adapter segment's lineage (`[learner] adapters`); "base" lists the base weights' versions
+    def admin_versions(self, segment: str | None = None) -> dict[str, Any]:
+        params = {"segment": segment} if segment is not None else None
+        return self._check(self.http.get("/admin/versions", params=params))
 
-    def rollback(self, version: int, reason: str | None = None) -> dict[str, Any]:
-        return self._check(self.http.post("/admin/rollback", json={"version": version, "reason": reason}))
+    def adapters(self) -> dict[str, Any]:
+        return self._check(self.http.get("/admin/adapters"))
 
-    def set_learning(self, paused: bool, reason: str | None = None) -> dict[str, Any]:
+    def rollback(self, version: int, reason: str | None = None, segment: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"version": version, "reason": reason}
+        if segment is not None:
+            body["segment"] = segment
+        return self._check(self.http.post("/admin/rollback", json=body))
+
+    def set_learning(self, paused: bool, reason: str | None = None, segment: str | None = None) -> dict[str, Any]:
         path = "/admin/learning/pause" if paused else "/admin/learning/resume"
-        return self._check(self.http.post(path, json={"reason": reason}))
+        body: dict[str, Any] = {"reason": reason}
+        if segment is not None:
+            body["segment"] = segment
+        return self._check(self.http.post(path, json=body))
 
     def drift(self) -> dict[str, Any]:
         return self._check(self.http.get("/admin/drift"))

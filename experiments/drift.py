@@ -159,8 +159,10 @@ def toml_table(values: dict[str, Any]) -> str:
             lines.append(f"{k} = {v!r}")
         elif isinstance(v, str):
             lines.append(f"{k} = {json.dumps(v)}")
+        elif isinstance(v, (list, tuple)) and all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in v):
+            lines.append(f"{k} = {json.dumps(list(v))}")
         else:
-            raise ExperimentError(f"{k}: only str, bool, int and float values are supported here, got {type(v).__name__}")
+            raise ExperimentError(f"{k}: only str, bool, int, float and lists of str/numbers are supported here, got {type(v).__name__}")
     return "\n".join(lines)
 
 

@@ -129,8 +129,8 @@ class LearnerConfig:
         check_literals(self)
         if self.adapters != "none" and self.zero_stage != 0:
             raise ValueError("adapters need zero_stage 0 (the adapters are small; the frozen base is not optimised)")
-        if len(set(self.segments)) != len(self.segments) or {"overflow", "shared"} & set(self.segments):
-            raise ValueError("segments must be distinct and may not be named 'overflow' or 'shared'")
+        if len(set(self.segments)) != len(self.segments) or {"overflow", "shared", "base"} & set(self.segments):
+            raise ValueError("segments must be distinct and may not be named 'overflow', 'shared' or 'base'")
         if any(not name or len(name) > 64 or ":" in name for name in self.segments):
             raise ValueError("segment names must be 1-64 characters without ':'")
         if min(self.target_kl_to_base, self.target_step_kl) < 0 or self.kl_horizon < 1 or self.diagnostics_window < 2:

@@ -1,7 +1,7 @@
 """The `liveloop` command line: serving, the model, the store, learning, and operating.
 
 Commands: serve, model init, store migrate/stats, learn, critic pretrain, chat, and the operator's
-versions, rollback, learning pause/resume and report drift (`operator_cli`); bgpo build/train
+versions, rollback, learning pause/resume, adapters and report drift (`operator_cli`); bgpo build/train
 (`liveloop.diffusion.cli`); simulate and experiment drift/stability (`liveloop.experiments.cli`).
 
 Every command that reads the deployment config takes `--config` after the subcommand or before it
@@ -172,7 +172,7 @@ def config_option(p: argparse.ArgumentParser) -> None:
 
 
 # commands that talk to a running server: they print what the person asked for, not library logs
-CLIENT_COMMANDS = ("chat", "versions", "rollback", "learning", "report")
+CLIENT_COMMANDS = ("chat", "versions", "rollback", "learning", "adapters", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,9 @@
-"""The operator's commands: `liveloop versions`, `liveloop rollback V`, `liveloop learning pause|resume`
-(through a running server's admin API, with an admin key) and `liveloop report drift` (from the
-store, no server needed)."""
+"""The operator's commands: `liveloop versions`, `liveloop rollback V`, `liveloop learning pause|resume`,
+`liveloop adapters` (through a running server's admin API, with an admin key) and `liveloop report
+drift` (from the store, no server needed).
+
+With per-segment adapters (`[learner] adapters`), `--segment NAME` narrows `versions` to one lineage
+(`base`: the base weights'), and moves only that segment's lineage for `rollback` and `learning`."""
 
 from __future__ import annotations
 
@@ -37,49 +40,84 @@ def _pct(x: float | None) -> str:
     return "   –  " if x is None else f"{100 * x:5.1f}%"
 
 
-def _versions(client) -> dict[str, Any]:
+def _versions(client, segment: str | None = None) -> dict[str, Any]:
     """The admin view (with reward); a user key gets the public list (no reward figures)."""
     from liveloop.clients.client import LiveloopError
 
     try:
-        return client.admin_versions()
+        return client.admin_versions(segment)
     except LiveloopError as exc:
         if exc.status != 403:
             raise
     body = client.versions()
     empty = {"n": 0, "positive": 0, "rate": None, "low": 0.0, "high": 1.0}
+    if segment is not None:  # the public list has every lineage: keep the one asked for
+        body["data"] = [v for v in body["data"] if _lineage(v) == segment]
     for v in body["data"]:
-        v.update(serving=v["version"] == body["serving"], responses=0, reward=empty, vs_parent=None)
+        serving = v["version"] == body["serving"] if v.get("segment") is None else v["status"] == "serving"
+        v.update(serving=serving, responses=0, reward=empty, vs_parent=None)
     return body
 
 
+def _lineage(v: dict[str, Any]) -> str:
+    return v.get("segment") or "base"
+
+
 def cmd_versions(args: argparse.Namespace) -> int:
-    body = _call(args, _versions)
+    body = _call(args, lambda c: _versions(c, args.segment))
     if args.json:
         print(json.dumps(body, indent=2))
         return 0
-    print(f"{'version':>8} {'parent':>7} {'status':<12} {'responses':>9} {'ratings':>8} {'reward':>7} {'95% CI':>17} {'vs parent':>18}")
+    # the segment column only where there are adapters (or one was asked for)
+    segments = args.segment is not None or any(v.get("segment") for v in body["data"])
+    seg_head = f" {'segment':<10}" if segments else ""
+    print(f"{'version':>8} {'parent':>7}{seg_head} {'status':<12} {'responses':>9} {'ratings':>8} {'reward':>7} {'95% CI':>17} {'vs parent':>18}")
     for v in body["data"]:
         r, cmp = v["reward"], v["vs_parent"]
         ci = f"[{_pct(r['low'])},{_pct(r['high'])}]" if r["n"] else ""
         vs = f"{100 * cmp['difference']:+.1f} pts p={cmp['p_two_sided']:.3f}" if cmp else ""
         mark = " *" if v["serving"] else ""
         parent = "" if v["parent"] is None else f"v{v['parent']}"
-        print(f"{'v' + str(v['version']) + mark:>8} {parent:>7} {v['status']:<12} {v['responses']:>9} {r['n']:>8} {_pct(r['rate']):>7} {ci:>17} {vs:>18}")
+        seg = f" {_lineage(v):<10}" if segments else ""
+        print(f"{'v' + str(v['version']) + mark:>8} {parent:>7}{seg} {v['status']:<12} {v['responses']:>9} {r['n']:>8} {_pct(r['rate']):>7} {ci:>17} {vs:>18}")
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    done = _call(args, lambda c: c.rollback(args.version, args.reason))
+    done = _call(args, lambda c: c.rollback(args.version, args.reason, args.segment))
     rolled = ", ".join(f"v{v}" for v in done["rolled_back"]) or "none"
-    print(f"serving v{done['version']} (was v{done['previous']}); rolled back: {rolled}; swap {done['swap_ms']:.0f} ms")
+    who = f"segment {done['segment']}: " if done.get("segment") else ""
+    print(f"{who}serving v{done['version']} (was v{done['previous']}); rolled back: {rolled}; swap {done['swap_ms']:.0f} ms")
     return 0
 
 
 def cmd_learning(args: argparse.Namespace) -> int:
-    done = _call(args, lambda c: c.set_learning(args.action == "pause", args.reason))
+    done = _call(args, lambda c: c.set_learning(args.action == "pause", args.reason, args.segment))
     state = "paused" if done["paused"] else "running"
     print(f"learner {done['learner']}: {state}" + ("" if done["changed"] else " (no change)"))
+    return 0
+
+
+def cmd_adapters(args: argparse.Namespace) -> int:
+    body = _call(args, lambda c: c.adapters())
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    if body["adapters"] == "none":
+        print(f"no per-segment adapters ([learner] adapters = \"none\"): every request is served by v{body['base_version']}")
+        return 0
+    print(f"adapters: {body['adapters']}; base weights v{body['base_version']}")
+    print(f"{'segment':<12} {'serving':>8} {'paused':<6} {'versions':>8} {'latest':>7} {'status':<12} {'ratings':>8} {'reward':>7} {'95% CI':>17}")
+    for s in body["segments"]:
+        serving = "base" if s["serving"] is None else f"v{s['serving']}"
+        latest = s["latest"]
+        if latest is None:
+            tail = f"{'':>7} {'':<12} {'':>8} {'':>7} {'':>17}"
+        else:
+            r = latest["reward"]
+            ci = f"[{_pct(r['low'])},{_pct(r['high'])}]" if r["n"] else ""
+            tail = f"{'v' + str(latest['version']):>7} {latest['status']:<12} {r['n']:>8} {_pct(r['rate']):>7} {ci:>17}"
+        print(f"{s['segment']:<12} {serving:>8} {'yes' if s['paused'] else 'no':<6} {s['versions']:>8} {tail}")
     return 0
 
 
@@ -116,19 +154,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("versions", help="list policy versions with lineage, status and reward (reward: admin key)")
     _server_args(p)
     p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.add_argument("--segment", help="one lineage only: that adapter segment's versions, or `base` for the base weights'")
     p.set_defaults(func=cmd_versions)
 
     p = sub.add_parser("rollback", help="serve a stored version again; later versions are marked rolled back (admin)")
     _server_args(p)
     p.add_argument("version", type=int, help="the stored version to serve again")
     p.add_argument("--reason", help="recorded with the rollback (shown in the version's history)")
+    p.add_argument(
+        "--segment",
+        help="move this adapter segment's lineage only (version: one of its adapter versions, or the serving base version to serve it no adapter)",
+    )
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("learning", help="pause or resume the online learner (admin)")
     _server_args(p)
     p.add_argument("action", choices=("pause", "resume"), help="pause: ratings keep arriving, no policy step runs; resume: train again")
     p.add_argument("--reason", help="recorded with the pause or resume")
+    p.add_argument("--segment", help="only this adapter segment's lane (it neither trains nor activates; the others go on)")
     p.set_defaults(func=cmd_learning)
+
+    p = sub.add_parser("adapters", help="per-segment adapters: serving version, pause switch, latest version's reward (admin)")
+    _server_args(p)
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.set_defaults(func=cmd_adapters)
 
     report = sub.add_parser("report", help="reports from the store").add_subparsers(dest="report_cmd", required=True)
     p = report.add_parser("drift", help="reward over time, versions and drift alarms as a PNG or HTML file")

@@ -7,6 +7,9 @@
 Alarms here are recomputed by replaying the ratings since `since` through a fresh detector, so the
 report shows what the configured detector says about that window (the server's own alarms are in
 the operator event log and listed too).
+
+With per-segment adapters the version table gains a segment column (each version's lineage: a
+segment's adapters, or the base weights') and the per-version bars name the segment.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 from liveloop.monitor.config import MonitorConfig
 from liveloop.monitor.drift import ALL, Bucket, DriftMonitor, RaisedAlarm
-from liveloop.monitor.versions import VersionRow, version_table
+from liveloop.monitor.versions import VersionRow, lineage_of, version_table
 from liveloop.store.records import OperatorEventRecord
 from liveloop.store.status import VersionStatus
 
@@ -109,7 +112,7 @@ def _figure(data: ReportData):
     for ax in (ax_r, ax_n):
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
     rated = [v for v in data.versions if v.reward.n]
-    xs = [f"v{v.version}" for v in rated]
+    xs = [f"v{v.version}" if v.segment is None else f"v{v.version}\n{v.segment}" for v in rated]
     rates = [v.reward.value for v in rated]
     err = [[r - v.reward.low for r, v in zip(rates, rated)], [v.reward.high - r for r, v in zip(rates, rated)]]
     colors = ["#2a7" if v.serving else ("#bbb" if v.status == VersionStatus.ROLLED_BACK else "#1f5fd6") for v in rated]
@@ -152,11 +155,13 @@ def render_html(data: ReportData, path: str | Path) -> Path:
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     img = base64.b64encode(buf.getvalue()).decode()
+    adapters = any(v.segment is not None for v in data.versions)  # the segment column only where there are adapters
     versions = _table(
-        ["version", "parent", "status", "responses", "ratings", "reward [95% CI]", "vs parent (p)"],
+        ["version", "parent", *(["segment"] if adapters else []), "status", "responses", "ratings", "reward [95% CI]", "vs parent (p)"],
         [
             [
-                f"v{v.version}", "–" if v.parent is None else f"v{v.parent}", v.status + (" (serving)" if v.serving else ""),
+                f"v{v.version}", "–" if v.parent is None else f"v{v.parent}", *([lineage_of(v)] if adapters else []),
+                v.status + (" (serving)" if v.serving else ""),
                 v.responses, v.reward.n, f"{_pct(v.reward.value)} [{_pct(v.reward.low)}, {_pct(v.reward.high)}]",
                 f"{100 * v.vs_parent.difference:+.1f} pts ({v.vs_parent.p_two_sided:.3f})" if v.vs_parent else "–",
             ]
@@ -177,6 +182,6 @@ th,td{{border-bottom:1px solid #ddd;padding:3px 10px;text-align:left}}</style></
 detector {html.escape(data.drift["detector"])} (delta {data.drift["delta"]}, threshold {data.drift["threshold"]}).</p>
 <img alt="reward over time" src="data:image/png;base64,{img}">
 <h2>Versions</h2>{versions}<h2>Drift alarms (recomputed over this window)</h2>{alarms}
-<h2>Segments</h2>{segments}<h2>Operator events</h2>{events}</body></html>"""
+<h2>Drift per user segment (metadata <code>{html.escape(str(data.drift.get("segment_key", "")))}</code>)</h2>{segments}<h2>Operator events</h2>{events}</body></html>"""
     Path(path).write_text(page)
     return Path(path)

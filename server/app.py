@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from liveloop.config import Config
+from liveloop.learner.segments import lanes, segment_of
 from liveloop.metrics import Metrics
 from liveloop.server.admission import Admission
 from liveloop.server.auth import KeyRing, Sessions
@@ -105,15 +107,22 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     if latest is None:
         latest = await asyncio.to_thread(store.ensure_base_version, str(model_dir.resolve()))
     weights = latest.checkpoint_path if latest.version > 0 else None
-    # 3. engine
+    # 3. engine (with room for every segment's adapter, and as many old ones finishing a response)
+    segments = lanes(config.learner)
+    engine_config = config.engine
+    if segments and engine_config.max_adapters < 2 * len(segments):
+        engine_config = replace(engine_config, max_adapters=2 * len(segments))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    engine = create_engine(config.engine, model_dir)
+    engine = create_engine(engine_config, model_dir)
     await engine.start(version=latest.version, weights_path=weights)
     # 4. writer
     writer = BatchWriter(store).start()
     metrics = Metrics()
-    serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server))
-    publisher = Publisher(engine, store, metrics, config.learner.cursor_name)
+    route = functools.partial(segment_of, config=config.learner)
+    serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server), route)
+    publisher = Publisher(engine, store, metrics, config.learner.cursor_name, segments)
+    if segments:
+        await publisher.restore_adapters()
     operations = Operations(config.monitor, store, publisher, metrics)
     return Components(store, writer, engine, tokenizer, metrics, keys, serving, publisher, operations)
 

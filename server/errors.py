@@ -70,7 +70,8 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
     from sqlalchemy.exc import InterfaceError, OperationalError
 
     from liveloop.server.admission import Busy, RateLimited
-    from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed
+    from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable
+    from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
     from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
     from liveloop.store import RollbackRefused, VersionNotFound, WriterDown, WriterFull
 
@@ -94,6 +95,10 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
         (AlreadyServing, Answer(409, param="version")),
         (SwapFailed, Answer(409, param="version")),
         (RollbackRefused, Answer(409, param="version")),
+        # per-segment adapters
+        (UnknownSegment, Answer(404, "segment_not_found", param="segment")),
+        (AdapterUnusable, Answer(409, param="version")),
+        (AdaptersUnsupported, Answer(409, "adapters_unsupported")),
     )
 
 

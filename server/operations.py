@@ -34,6 +34,7 @@ class LearningState:
     learner: str
     paused: bool
     changed: bool
+    segment: str | None = None  # one segment's adapter lineage (None: the whole learner)
 
 
 @dataclass(frozen=True)
@@ -59,22 +60,30 @@ class Operations:
         return self.publisher.learner_name
 
     # -- actions -------------------------------------------------------------------------------
-    async def set_paused(self, paused: bool, api_key_id: str | None, reason: str | None = None) -> LearningState:
-        changed = await asyncio.to_thread(self.store.set_learning_paused, self.learner_name, paused, reason, api_key_id)
-        self.metrics.set("learner/paused", float(paused))
-        return LearningState(self.learner_name, paused, changed)
+    async def set_paused(
+        self, paused: bool, api_key_id: str | None, reason: str | None = None, segment: str | None = None
+    ) -> LearningState:
+        """Pause or resume the learner, or one segment's lane (it neither trains nor activates; the
+        others go on). Raises the publisher's UnknownSegment."""
+        name = self.publisher.lane(segment)
+        changed = await asyncio.to_thread(self.store.set_learning_paused, name, paused, reason, api_key_id)
+        if segment is None:
+            self.metrics.set("learner/paused", float(paused))
+        else:
+            self.metrics.set("learner/segment_paused", float(paused), segment=segment)
+        return LearningState(name, paused, changed, segment)
 
-    async def paused(self) -> bool:
-        return await asyncio.to_thread(self.store.learning_paused, self.learner_name)
+    async def paused(self, segment: str | None = None) -> bool:
+        return await asyncio.to_thread(self.store.learning_paused, self.publisher.lane(segment))
 
-    async def rollback(self, version: int, api_key_id: str | None, reason: str | None = None) -> RollbackResult:
-        return await self.publisher.rollback(version, api_key_id, reason)
+    async def rollback(self, version: int, api_key_id: str | None, reason: str | None = None, segment: str | None = None) -> RollbackResult:
+        return await self.publisher.rollback(version, api_key_id, reason, segment)
 
     # -- views ---------------------------------------------------------------------------------
     async def versions(self) -> list[VersionRow]:
         versions = await asyncio.to_thread(self.store.list_versions)
         traffic = await asyncio.to_thread(self.store.version_traffic)
-        return version_table(versions, traffic, self.publisher.serving_version, self.config.confidence)
+        return version_table(versions, traffic, self.publisher.serving_version, self.config.confidence, self.publisher.serving_adapters())
 
     # -- keys -----------------------------------------------------------------------------------
     def _scores(self) -> tuple[list[KeyState], dict[str, Disagreement]]:

@@ -6,6 +6,12 @@ row becomes SERVING and its parent RETIRED. A failed swap leaves the old version
 row marked FAILED. Learners write their own rows (status PUBLISHED); `watch` activates them,
 unless the operator paused learning. `rollback` swaps a stored version back in, then records it.
 
+With adapters on (`segments` non-empty) each segment has its own lineage of adapter versions over the
+frozen base: `watch` activates a segment's newest published adapter into the engine for that segment
+only (no drain: running responses keep the adapter they started with), `rollback` of an adapter version
+moves that segment alone, and a segment can go back to the base weights (rollback to a base version
+with `segment` given). A segment's pause holds back only its own activations.
+
 Results are typed (`SwapResult`, `RollbackResult`); refusals are domain exceptions (`CheckpointUnusable`,
 `VersionNotFound`, `NotServable`, `AlreadyServing`, `SwapFailed`, the store's `RollbackRefused`) that
 the HTTP edge maps to statuses (server/errors.py) and the background guard logs.
@@ -22,7 +28,7 @@ from pathlib import Path
 from liveloop.checkpoint import checkpoint_digest
 
 from liveloop.metrics import Metrics
-from liveloop.server.engines.base import Engine
+from liveloop.server.engines.base import CheckpointDir, Engine
 from liveloop.store import Store, VersionNotFound, VersionRecord, VersionStatus
 
 log = logging.getLogger(__name__)
@@ -64,22 +70,46 @@ class SwapResult:
 
 @dataclass(frozen=True)
 class RollbackResult:
-    """A stored version served again: the one it replaced and the versions marked rolled back."""
+    """A stored version served again: the one it replaced and the versions marked rolled back (for a
+    segment's adapters: `segment` names it, and `previous` was its adapter version or the base's)."""
 
     version: int
     previous: int
     rolled_back: list[int]
     swap_ms: float
     held_ms: float
+    segment: str | None = None
+
+
+class UnknownSegment(LookupError):
+    """A segment this server has no adapter lineage for (adapters are off, or it is not configured)."""
 
 
 class Publisher:
-    def __init__(self, engine: Engine, store: Store, metrics: Metrics, learner_name: str = "sao"):
+    def __init__(self, engine: Engine, store: Store, metrics: Metrics, learner_name: str = "sao", segments: tuple[str, ...] = ()):
         self.engine = engine
         self.store = store
         self.metrics = metrics
         self.learner_name = learner_name  # whose pause also holds back activation
+        self.segments = segments  # the segments with adapter lineages (empty: adapters are off)
         self._lock = asyncio.Lock()
+
+    def lane(self, segment: str | None) -> str:
+        """The learner_cursor / learner_control name of a lineage (`sao`, or `sao:cozy`)."""
+        if segment is not None and segment not in self.segments:
+            raise UnknownSegment(f"segment {segment!r} has no adapters here (segments: {', '.join(self.segments) or 'none'})")
+        return self.learner_name if segment is None else f"{self.learner_name}:{segment}"
+
+    def serving_adapters(self) -> dict[str, int | None]:
+        """Each segment's serving adapter version (None: the base weights serve it)."""
+        return {segment: self.engine.adapter_version(segment) for segment in self.segments}
+
+    async def restore_adapters(self) -> None:
+        """At start: serve each segment the adapter version the store says it serves."""
+        serving = await asyncio.to_thread(self.store.serving_adapters)
+        for segment, record in serving.items():
+            if segment in self.segments and record.checkpoint_path:
+                await self.engine.update_adapter(segment, CheckpointDir(Path(record.checkpoint_path)), record.version)
 
     @property
     def serving_version(self) -> int:
@@ -126,15 +156,21 @@ class Publisher:
                 log.exception("could not activate version %d", record.version)
                 return None
 
-    async def rollback(self, version: int, api_key_id: str | None = None, reason: str | None = None) -> RollbackResult:
+    async def rollback(
+        self, version: int, api_key_id: str | None = None, reason: str | None = None, segment: str | None = None
+    ) -> RollbackResult:
         """Serve stored `version` again: the engine swaps atomically (drained, like any swap), then one
         store transaction marks the later versions rolled back and points the learner at `version`.
         If that transaction fails, the engine swaps back: the store and the engine never disagree.
-        Raises VersionNotFound, NotServable, AlreadyServing, SwapFailed or the store's RollbackRefused."""
+        An adapter version rolls back its own segment only; `segment` with a base version serves that
+        segment the base weights again. Raises VersionNotFound, NotServable, AlreadyServing, SwapFailed,
+        UnknownSegment or the store's RollbackRefused."""
         async with self._lock:
             record = await asyncio.to_thread(self.store.get_version, version)
             if record is None:
                 raise VersionNotFound(f"no policy version {version}")
+            if record.segment is not None or segment is not None:
+                return await self._rollback_adapter(record, segment or record.segment, api_key_id, reason)
             if not record.status.servable or not record.checkpoint_path:
                 raise NotServable(f"version {version} cannot be served (status {record.status})")
             if record.pruned_at is not None:
@@ -164,6 +200,78 @@ class Publisher:
             log.warning("rolled back from version %d to %d (rolled back: %s)", previous, version, rolled)
             return RollbackResult(version, previous, rolled, swap_s * 1000, held * 1000)
 
+    async def _rollback_adapter(self, record: VersionRecord, segment: str, api_key_id: str | None, reason: str | None) -> RollbackResult:
+        """With the lock held: serve `segment` the adapter `record` (or, for a base version, no adapter)."""
+        lane = self.lane(segment)
+        if record.segment is not None and record.segment != segment:
+            raise NotServable(f"version {record.version} is segment {record.segment!r}'s adapter, not {segment!r}'s")
+        if record.segment is None and record.version != self.engine.version:
+            raise NotServable(f"version {record.version} is not the base version serving now ({self.engine.version})")
+        if record.segment is not None:
+            if not record.status.servable or not record.checkpoint_path or record.pruned_at is not None:
+                raise NotServable(f"version {record.version} cannot be served (status {record.status}, pruned: {record.pruned_at is not None})")
+        previous = self.engine.adapter_version(segment)
+        if previous == record.version or (previous is None and record.segment is None):
+            raise AlreadyServing(f"segment {segment!r} is already served by version {record.version}")
+        old = await asyncio.to_thread(self.store.get_version, previous) if previous is not None else None
+        adapter = CheckpointDir(Path(record.checkpoint_path)) if record.segment is not None else None
+        start = time.perf_counter()
+        try:
+            held = await self.engine.update_adapter(segment, adapter, record.version)
+        except Exception as exc:
+            self.metrics.inc("server/swap_failures")
+            raise SwapFailed(record.version, f"could not load version {record.version}: {exc}") from exc
+        try:
+            rolled = await asyncio.to_thread(self.store.rollback_to, record.version, lane, api_key_id, reason, segment)
+        except Exception:
+            log.exception("rollback of segment %s to %d not recorded: restoring its adapter", segment, record.version)
+            back = CheckpointDir(Path(old.checkpoint_path)) if old is not None and old.checkpoint_path else None
+            await self.engine.update_adapter(segment, back, previous if previous is not None else self.engine.version)
+            raise
+        self.metrics.inc("server/rollbacks")
+        log.warning("segment %s rolled back from version %s to %d (rolled back: %s)", segment, previous, record.version, rolled)
+        return RollbackResult(
+            record.version, previous if previous is not None else self.engine.version, rolled,
+            (time.perf_counter() - start) * 1000, held * 1000, segment,
+        )
+
+    async def activate_adapter(self, record: VersionRecord) -> SwapResult | None:
+        """Serve a segment the adapter version its lane published; None if it is not newer or failed to load."""
+        async with self._lock:
+            segment = record.segment
+            current = self.engine.adapter_version(segment)
+            if current is not None and record.version <= current:
+                return None
+            start = time.perf_counter()
+            try:
+                held = await self.engine.update_adapter(segment, CheckpointDir(Path(record.checkpoint_path)), record.version)
+            except Exception:
+                log.exception("could not activate segment %s's adapter version %d", segment, record.version)
+                await asyncio.to_thread(self.store.set_version_status, record.version, VersionStatus.FAILED)
+                self.metrics.inc("server/swap_failures")
+                return None
+            await asyncio.to_thread(self.store.set_version_status, record.version, VersionStatus.SERVING)
+            if current is not None:
+                await asyncio.to_thread(self.store.set_version_status, current, VersionStatus.RETIRED)
+            swap_s = time.perf_counter() - start
+            self.metrics.observe("server/adapter_swap_seconds", swap_s, segment=segment)
+            self.metrics.inc("server/adapter_swaps", segment=segment)
+            return SwapResult(record.version, current if current is not None else self.engine.version, swap_s * 1000, held * 1000)
+
+    async def _watch_adapters(self) -> None:
+        """One pass of `watch` over the segments: each unpaused one gets its newest published adapter."""
+        for segment in self.segments:
+            if await asyncio.to_thread(self.store.learning_paused, self.lane(segment)):
+                continue
+            current = self.engine.adapter_version(segment)
+            published = await asyncio.to_thread(self.store.versions_with_status, VersionStatus.PUBLISHED, current or -1, segment)
+            for older in published[:-1]:
+                await asyncio.to_thread(self.store.set_version_status, older.version, VersionStatus.SUPERSEDED)
+            if published:
+                done = await self.activate_adapter(published[-1])
+                if done:
+                    log.info("segment %s: activated adapter version %d in %.0f ms", segment, done.version, done.swap_ms)
+
     async def _swap(self, version: int, path: str) -> SwapResult:
         """Swap `path` in as `version` (its row exists); a load failure marks the row FAILED and
         raises SwapFailed (the old version keeps serving)."""
@@ -191,6 +299,8 @@ class Publisher:
         (older published ones are SUPERSEDED). Runs until cancelled."""
         while True:
             try:
+                if self.segments:
+                    await self._watch_adapters()
                 if await asyncio.to_thread(self.store.learning_paused, self.learner_name):
                     await asyncio.sleep(poll_seconds)
                     continue

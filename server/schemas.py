@@ -157,13 +157,18 @@ class SwapRequest(_Strict):
     note: Annotated[Text, Field(max_length=1000)] | None = None
 
 
+Segment = Annotated[Text, Field(min_length=1, max_length=256)]  # an adapter segment's name (`[learner] segments`)
+
+
 class RollbackRequest(_Strict):
     version: Annotated[int, Field(ge=0, le=INT32_MAX)]
     reason: Annotated[Text, Field(max_length=1000)] | None = None
+    segment: Segment | None = None  # move this segment's adapter lineage only (to a base version: no adapter)
 
 
 class PauseRequest(_Strict):
     reason: Annotated[Text, Field(max_length=1000)] | None = None
+    segment: Segment | None = None  # pause or resume this segment's lane only
 
 
 class QuarantineRequest(_Strict):

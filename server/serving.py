@@ -21,7 +21,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,7 @@ class Prepared:
     meta: dict[str, str] | None
     created: int
     store: bool = True  # False: serve, never log (OpenAI's `store: false`)
+    segment: str | None = None  # the adapter segment that serves it (None: adapters are off)
 
 
 @dataclass
@@ -91,6 +92,7 @@ class Run:
     prepared: Prepared
     version: int
     stream: AsyncIterator[Piece]
+    segment: str | None = None  # recorded with the response: the segment it was routed to
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -127,8 +129,10 @@ class Serving:
         engine_config: EngineConfig,
         model_dir: Path,
         admission: Admission | None = None,
+        route: Callable[[Mapping[str, Any] | None], str | None] | None = None,
     ):
         self.engine = engine
+        self.route = route or (lambda meta: None)  # request metadata -> adapter segment (learner/segments.py)
         self.admission = admission or Admission(server)
         self.tokenizer = tokenizer
         self.writer = writer
@@ -206,16 +210,17 @@ class Serving:
             meta=dict(req.metadata) if req.metadata else None,
             created=int(time.time()),
             store=req.store,
+            segment=self.route(req.metadata),
         )
 
     # -- 2. admitted generation -> pieces ------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def run(self, prepared: Prepared) -> AsyncIterator[Run]:
         with self.admission.generation(prepared.principal.key_id):  # raises Busy: nothing started
-            request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling)
+            request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling, prepared.segment)
             admitted = self.engine.generate(request)
             gen = await admitted.__aenter__()
-            run = Run(prepared, gen.version, None)  # type: ignore[arg-type]
+            run = Run(prepared, gen.version, None, prepared.segment)  # type: ignore[arg-type]
             run.stream = self._pieces(run, gen)
             try:
                 yield run
@@ -286,6 +291,7 @@ class Serving:
             latency_ms=(ended - run.started) * 1000,
             ttft_ms=None if run.first_token_at is None else (run.first_token_at - run.started) * 1000,
             request_meta=p.meta,
+            segment=run.segment,
         )
 
     async def commit(self, run: Run) -> None:

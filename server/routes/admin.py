@@ -5,6 +5,11 @@ checkpoint retention; API keys: their state and disagreement score, quarantine (
 trained or replayed) and forget (every response and rating of the key deleted); the version statuses
 (what the dashboard knows of them).
 
+Per-segment adapters (`[learner] adapters`): `GET /admin/versions?segment=` lists one lineage (a
+segment's adapters, or `base`), `GET /admin/adapters` each configured segment's serving adapter, pause
+switch and latest version; pause/resume and rollback take an optional `segment` (an unknown one is a
+404, the publisher's UnknownSegment).
+
 Domain refusals (no such version, not servable, ...) propagate as domain exceptions and become HTTP
 errors in server/errors.py; typed results become JSON in `admin_json`."""
 
@@ -19,6 +24,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from liveloop.server.auth import Principal, require_admin
 from liveloop.server.body import parse_body
 from liveloop.server.errors import APIError
+from liveloop.learner.segments import SHARED
+from liveloop.monitor.versions import BASE, lineage
 from liveloop.server.routes import admin_json
 from liveloop.server.schemas import PauseRequest, QuarantineRequest, RollbackRequest, SwapRequest
 
@@ -26,11 +33,56 @@ router = APIRouter(prefix="/admin")
 
 
 @router.get("/versions")
-async def versions(request: Request, _: Principal = Depends(require_admin)) -> dict:
-    """Every version with its parent, status, traffic, reward rate (Wilson interval) and the test
-    against its parent."""
-    rows = await request.app.state.operations.versions()
-    return {"object": "list", "serving": request.app.state.engine.version, "data": [admin_json.version(r) for r in rows]}
+async def versions(
+    request: Request,
+    segment: str | None = Query(None, min_length=1, max_length=256, description=f"one lineage: a segment's adapters, or `{BASE}`"),
+    _: Principal = Depends(require_admin),
+) -> dict:
+    """Every version with its parent, lineage (`segment`), status, traffic, reward rate (Wilson
+    interval) and the test against its parent; `segment` keeps one lineage."""
+    state = request.app.state
+    rows = await state.operations.versions()
+    body = {"object": "list", "serving": state.engine.version}
+    if segment is not None:
+        rows = lineage(rows, segment)
+        if segment != BASE:
+            if not rows:  # a configured segment may have no versions yet; any other name: 404
+                state.publisher.lane(segment)
+            body |= {"segment": segment, "adapter": state.publisher.serving_adapters().get(segment)}
+    return body | {"data": [admin_json.version(r) for r in rows]}
+
+
+def adapter_mode(segments: tuple[str, ...]) -> str:
+    """`[learner] adapters` as the publisher's segments show it (learner/segments.py `lanes`)."""
+    if not segments:
+        return "none"
+    return "shared" if segments == (SHARED,) else "segment"
+
+
+@router.get("/adapters")
+async def adapters(request: Request, _: Principal = Depends(require_admin)) -> dict:
+    """Each configured segment: the adapter version serving it (None: the base weights), its pause
+    switch, its number of versions and its latest one's reward. Without adapters: no segments."""
+    state = request.app.state
+    publisher = state.publisher
+    if not publisher.segments:
+        return admin_json.adapters("none", state.engine.version, [])
+    rows = await state.operations.versions()
+    serving = publisher.serving_adapters()
+    segments = []
+    for name in publisher.segments:
+        adapter = serving.get(name)
+        segments.append(
+            admin_json.SegmentState(
+                segment=name,
+                learner=publisher.lane(name),
+                serving=adapter,
+                policy_version=state.engine.version if adapter is None else adapter,
+                paused=await state.operations.paused(name),
+                versions=lineage(rows, name),
+            )
+        )
+    return admin_json.adapters(adapter_mode(publisher.segments), state.engine.version, segments)
 
 
 @router.get("/statuses")
@@ -47,20 +99,23 @@ async def swap_weights(request: Request, _: Principal = Depends(require_admin)) 
 
 @router.post("/learning/pause")
 async def pause(request: Request, principal: Principal = Depends(require_admin)) -> dict:
+    """Pause the learner, or with `segment` that segment's lane only (it neither trains nor activates)."""
     req = await parse_body(request, PauseRequest, empty_ok=True)
-    return admin_json.learning(await request.app.state.operations.set_paused(True, principal.key_id, req.reason))
+    return admin_json.learning(await request.app.state.operations.set_paused(True, principal.key_id, req.reason, req.segment))
 
 
 @router.post("/learning/resume")
 async def resume(request: Request, principal: Principal = Depends(require_admin)) -> dict:
     req = await parse_body(request, PauseRequest, empty_ok=True)
-    return admin_json.learning(await request.app.state.operations.set_paused(False, principal.key_id, req.reason))
+    return admin_json.learning(await request.app.state.operations.set_paused(False, principal.key_id, req.reason, req.segment))
 
 
 @router.post("/rollback")
 async def rollback(request: Request, principal: Principal = Depends(require_admin)) -> dict:
+    """Serve a stored version again. An adapter version moves its own segment only; `segment` with the
+    serving base version serves that segment the base weights again."""
     req = await parse_body(request, RollbackRequest)
-    return admin_json.rollback(await request.app.state.operations.rollback(req.version, principal.key_id, req.reason))
+    return admin_json.rollback(await request.app.state.operations.rollback(req.version, principal.key_id, req.reason, req.segment))
 
 
 @router.get("/drift")

@@ -1,6 +1,10 @@
 """The admin API's JSON: the typed results of the publisher, `Operations` and the monitor turned into
 the dicts the admin routes return (the dashboard, `liveloop versions` and the tests read these keys:
-change them only with their readers)."""
+change them only with their readers).
+
+Per-segment adapters: every version row names its lineage (`segment`, None for the base weights');
+a rollback or pause/resume result carries `segment` when it moved one segment's lineage (without
+adapters the results are the keys they always were); `SegmentState` is one row of `GET /admin/adapters`."""
 
 from __future__ import annotations
 
@@ -14,22 +18,66 @@ from liveloop.server.publisher import RollbackResult, SwapResult
 from liveloop.store import VersionStatus
 
 
+@dataclasses.dataclass(frozen=True)
+class SegmentState:
+    """One segment's adapter lineage as operators see it."""
+
+    segment: str
+    learner: str  # its lane's cursor and pause name (`sao:cozy`)
+    serving: int | None  # the adapter version serving it; None: the base weights
+    policy_version: int  # what its responses record now: `serving`, or the base version
+    paused: bool  # its lane neither trains nor activates
+    versions: list[VersionRow]  # its adapter versions, oldest first
+
+
 def swap(result: SwapResult) -> dict[str, Any]:
     return {"object": "policy_version", **dataclasses.asdict(result)}
 
 
+def _without_null_segment(fields: dict[str, Any]) -> dict[str, Any]:
+    """Drop `segment` when no segment was named: without adapters, the keys clients always got."""
+    if fields.get("segment") is None:
+        fields.pop("segment", None)
+    return fields
+
+
 def rollback(result: RollbackResult) -> dict[str, Any]:
-    return {"object": "rollback", **dataclasses.asdict(result)}
+    return {"object": "rollback", **_without_null_segment(dataclasses.asdict(result))}
 
 
 def learning(state: LearningState) -> dict[str, Any]:
-    return {"object": "learning", **dataclasses.asdict(state)}
+    return {"object": "learning", **_without_null_segment(dataclasses.asdict(state))}
+
+
+def adapters(mode: str, base: int, segments: list[SegmentState]) -> dict[str, Any]:
+    return {"object": "adapters", "adapters": mode, "base_version": base, "segments": [segment(s) for s in segments]}
+
+
+def segment(state: SegmentState) -> dict[str, Any]:
+    latest = state.versions[-1] if state.versions else None
+    return {
+        "segment": state.segment,
+        "learner": state.learner,
+        "serving": state.serving,
+        "policy_version": state.policy_version,
+        "paused": state.paused,
+        "versions": len(state.versions),
+        "latest": None if latest is None else {
+            "version": latest.version,
+            "status": latest.status.value,
+            "parent": latest.parent,
+            "responses": latest.responses,
+            "reward": latest.reward.as_dict(),
+            "vs_parent": None if latest.vs_parent is None else dataclasses.asdict(latest.vs_parent),
+        },
+    }
 
 
 def version(row: VersionRow) -> dict[str, Any]:
     return {
         "version": row.version,
         "parent": row.parent,
+        "segment": row.segment,
         "created": row.created,
         "status": row.status.value,
         "serving": row.serving,

@@ -65,6 +65,7 @@ async def versions(request: Request, _: Principal = Depends(require_user)) -> di
             {
                 "version": v.version,
                 "parent": v.parent,
+                "segment": v.segment,  # the adapter segment whose lineage it is; None: the base weights
                 "created": int(v.created_at.timestamp()),
                 "status": v.status,
                 "learner_step": v.learner_step,

@@ -4,7 +4,8 @@
 
 const REFRESH_MS = 2000;
 // statuses: the version statuses as the server defines them (GET /admin/statuses), by name
-const state = { versions: [], drift: null, stats: null, events: [], markers: [], statuses: null };
+// adapters: GET /admin/adapters (per-segment LoRA adapters; "none": the panel stays hidden)
+const state = { versions: [], drift: null, stats: null, events: [], markers: [], statuses: null, adapters: null };
 window.dashboard = state; // for people (and tests) poking at the page
 
 function el(tag, attrs = {}, ...children) {
@@ -21,6 +22,8 @@ function el(tag, attrs = {}, ...children) {
 const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
 const segmentName = (s) => (s === "*" ? "all ratings" : s);
 const when = (t) => new Date(t * 1000).toLocaleTimeString();
+const lineage = (v) => v.segment ?? "base"; // a version's lineage: a segment's adapters, or the base weights'
+const servable = (v) => Boolean(v && state.statuses[v.status] && state.statuses[v.status].servable);
 
 async function api(path, body) {
   const init = body === undefined ? {} : {
@@ -114,11 +117,14 @@ function drawCharts() {
 function collectMarkers() {
   const markers = [];
   for (const v of state.versions) {
-    if (v.version > 0) markers.push({ kind: "version", t: v.created, label: `v${v.version}`, version: v.version });
+    if (v.version > 0) markers.push({ kind: "version", t: v.created, label: v.segment ? `${v.segment} v${v.version}` : `v${v.version}`, version: v.version });
   }
   for (const e of state.events) {
     if (e.kind === "alarm") markers.push({ kind: "alarm", t: e.at, label: `alarm: ${segmentName(e.detail.segment)} ${e.detail.direction}` });
-    if (e.kind === "rollback" || e.kind === "guard_rollback") markers.push({ kind: "version", t: e.at, label: `rollback→v${e.version}`, version: e.version });
+    if (e.kind === "rollback" || e.kind === "guard_rollback") {
+      const where = e.detail && e.detail.segment ? `${e.detail.segment} ` : "";
+      markers.push({ kind: "version", t: e.at, label: `${where}rollback→v${e.version}`, version: e.version });
+    }
   }
   markers.sort((a, b) => a.t - b.t);
   state.markers = markers;
@@ -173,6 +179,43 @@ function drawDetector() {
     el("tr", {}, el("td", {}, name), el("td", {}, s.n), el("td", {}, `${pct(s.rate)} [${pct(s.low)}, ${pct(s.high)}]`),
       el("td", {}, `${s.detector.up.toFixed(1)} / ${s.detector.down.toFixed(1)}`)));
   document.querySelector("#segments tbody").replaceChildren(...rows);
+  document.getElementById("segment-key").textContent = d.segment_key ? `(metadata "${d.segment_key}")` : "";
+}
+
+function drawAdapters() {
+  const a = state.adapters;
+  const on = a.adapters !== "none";
+  document.getElementById("adapters-panel").hidden = !on;
+  document.getElementById("versions").classList.toggle("no-segments", !on);
+  document.getElementById("adapters-mode").textContent = on ? `(${a.adapters}; base weights v${a.base_version})` : "";
+  const byVersion = Object.fromEntries(state.versions.map((v) => [v.version, v]));
+  const rows = a.segments.map((s) => {
+    const seg = s.segment;
+    const buttons = [
+      s.paused
+        ? el("button", { type: "button", class: "segment-resume", "data-segment": seg, onclick: () => setSegmentPaused(seg, false) }, "Resume")
+        : el("button", { type: "button", class: "segment-pause", "data-segment": seg, onclick: () => setSegmentPaused(seg, true) }, "Pause"),
+    ];
+    // back one step: the serving adapter's parent when it is an adapter of this segment that can serve
+    const parent = s.serving === null ? null : byVersion[(byVersion[s.serving] || {}).parent];
+    if (parent && parent.segment === seg && servable(parent)) {
+      buttons.push(el("button", { type: "button", class: "segment-rollback", "data-segment": seg, "data-version": parent.version,
+        onclick: () => rollback(parent.version, seg) }, `Roll back to v${parent.version}`));
+    }
+    if (s.serving !== null) {
+      buttons.push(el("button", { type: "button", class: "segment-base", "data-segment": seg, "data-version": a.base_version,
+        onclick: () => rollback(a.base_version, seg) }, "Serve the base"));
+    }
+    const l = s.latest;
+    const r = l && l.reward;
+    return el("tr", { class: s.paused ? "paused" : "", "data-segment": seg, "data-serving": s.serving ?? "" },
+      el("td", {}, seg), el("td", {}, s.serving === null ? `base (v${s.policy_version})` : `v${s.serving}`),
+      el("td", { class: "learning" }, s.paused ? "paused" : "on"), el("td", {}, s.versions),
+      el("td", {}, l ? `v${l.version} (${l.status})` : "–"),
+      el("td", {}, r && r.n ? `${pct(r.rate)} [${pct(r.low)}, ${pct(r.high)}] (${r.n})` : "–"),
+      el("td", {}, ...buttons));
+  });
+  document.querySelector("#adapters tbody").replaceChildren(...rows);
 }
 
 function drawVersions() {
@@ -183,13 +226,17 @@ function drawVersions() {
       ? el("td", { class: cmp.p_two_sided < 0.05 ? (cmp.difference < 0 ? "worse" : "better") : "" },
           `${cmp.difference >= 0 ? "+" : ""}${(100 * cmp.difference).toFixed(1)} pts (p=${cmp.p_two_sided.toFixed(3)})`)
       : el("td", {}, "–");
-    const canServe = !v.serving && Boolean(state.statuses[v.status] && state.statuses[v.status].servable);
+    const canServe = !v.serving && servable(v);
+    // an adapter version is compared with what serves its segment (its rollback moves that segment only)
+    const current = v.segment === null ? state.stats.serving : servingAdapter(v.segment);
     const action = canServe
-      ? el("button", { type: "button", class: "rollback", "data-version": v.version, onclick: () => rollback(v.version) },
-          v.version < state.stats.serving ? "Roll back to this" : "Serve this")
+      ? el("button", { type: "button", class: "rollback", "data-version": v.version, "data-segment": lineage(v),
+          onclick: () => rollback(v.version, v.segment) },
+          current !== null && v.version < current ? "Roll back to this" : "Serve this")
       : "";
-    return el("tr", { class: `${v.status}${v.serving ? " serving" : ""}`, "data-version": v.version },
+    return el("tr", { class: `${v.status}${v.serving ? " serving" : ""}`, "data-version": v.version, "data-segment": lineage(v) },
       el("td", {}, `v${v.version}`), el("td", {}, v.parent === null ? "–" : `v${v.parent}`),
+      el("td", { class: "segment-col" }, lineage(v)),
       el("td", { class: "status", title: (state.statuses[v.status] || {}).description || "" }, v.status),
       el("td", {}, when(v.created)), el("td", {}, v.responses), el("td", {}, r.n),
       el("td", {}, r.n ? `${pct(r.rate)} [${pct(r.low)}, ${pct(r.high)}]` : "–"), cmpCell, el("td", {}, action));
@@ -202,7 +249,9 @@ function drawEvents() {
     let text = `${when(e.at)} ${e.kind}`;
     if (e.version !== null) text += ` v${e.version}`;
     if (e.kind === "alarm") text += `: ${segmentName(e.detail.segment)} reward went ${e.detail.direction} (${pct(e.detail.before)} → ${pct(e.detail.after)})`;
+    if (e.kind === "rollback" && e.detail.segment) text += ` for segment ${e.detail.segment}`;
     if (e.kind === "rollback") text += ` (rolled back: ${(e.detail.rolled_back || []).map((v) => "v" + v).join(", ") || "none"})`;
+    if ((e.kind === "pause" || e.kind === "resume") && e.detail && e.detail.learner) text += ` (${e.detail.learner})`;
     if (e.detail && e.detail.reason) text += ` – ${e.detail.reason}`;
     return el("li", { class: e.kind }, text);
   });
@@ -219,9 +268,22 @@ async function act(path, body) {
   }
 }
 
-function rollback(version) {
-  if (!window.confirm(`Serve version ${version} again? Later versions are marked rolled back and the learner continues from v${version}.`)) return;
-  act("/admin/rollback", { version, reason: "dashboard" });
+function servingAdapter(segment) {
+  const s = state.adapters && state.adapters.segments.find((x) => x.segment === segment);
+  return s ? s.serving : null;
+}
+
+// segment: move that segment's adapter lineage only (with the base version: serve it no adapter)
+function rollback(version, segment = null) {
+  const question = segment === null
+    ? `Serve version ${version} again? Later versions are marked rolled back and the learner continues from v${version}.`
+    : `Serve segment ${segment} version ${version}? Its later adapter versions are marked rolled back and its lane continues from v${version}; other segments are not touched.`;
+  if (!window.confirm(question)) return;
+  act("/admin/rollback", segment === null ? { version, reason: "dashboard" } : { version, segment, reason: "dashboard" });
+}
+
+function setSegmentPaused(segment, paused) {
+  act(paused ? "/admin/learning/pause" : "/admin/learning/resume", { segment, reason: "dashboard" });
 }
 
 document.getElementById("pause").addEventListener("click", () => act("/admin/learning/pause", { reason: "dashboard" }));
@@ -236,11 +298,11 @@ async function loadStatuses() {
 async function refresh() {
   try {
     if (!state.statuses) await loadStatuses(); // once: they are fixed while the server runs
-    const [stats, drift, versions, events] = await Promise.all([
-      api("/admin/stats"), api("/admin/drift"), api("/admin/versions"), api("/admin/events?limit=500"),
+    const [stats, drift, versions, events, adapters] = await Promise.all([
+      api("/admin/stats"), api("/admin/drift"), api("/admin/versions"), api("/admin/events?limit=500"), api("/admin/adapters"),
     ]);
-    Object.assign(state, { stats, drift, versions: versions.data, events: events.data });
-    drawHeader(); drawLearner(); drawDetector(); drawVersions(); drawEvents();
+    Object.assign(state, { stats, drift, versions: versions.data, events: events.data, adapters });
+    drawHeader(); drawLearner(); drawDetector(); drawAdapters(); drawVersions(); drawEvents();
     collectMarkers(); drawCharts();
     document.body.dataset.loaded = "true";
     showError(null);

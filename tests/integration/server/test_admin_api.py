@@ -26,7 +26,7 @@ guard_min_ratings = 20
 guard_p_value = 0.05
 """
 VERSION_KEYS = [
-    "version", "parent", "created", "status", "serving", "learner_step", "samples_used", "note", "metrics", "responses",
+    "version", "parent", "segment", "created", "status", "serving", "learner_step", "samples_used", "note", "metrics", "responses",
     "rating_rate", "reward", "vs_parent",
 ]
 

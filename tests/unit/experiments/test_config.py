@@ -71,6 +71,10 @@ def test_stability_default_has_no_switches():
 def test_toml_table():
     assert toml_table({"a": 1, "b": 0.5, "c": True, "d": "x"}) == 'a = 1\nb = 0.5\nc = true\nd = "x"'
     assert tomllib.loads(toml_table({"method": "grpo", "kl_coef": 0.0})) == {"method": "grpo", "kl_coef": 0.0}
+    segments = {"adapters": "segment", "segments": ["cozy", "night"]}
+    assert tomllib.loads(toml_table(segments)) == segments
+    with pytest.raises(ExperimentError, match="lists of str"):
+        toml_table({"bad": [True]})
 
 
 def test_cli_registers_simulate_and_experiments():

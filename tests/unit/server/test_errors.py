@@ -11,7 +11,8 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from liveloop.server.admission import Busy, RateLimited
 from liveloop.server.errors import APIError, domain_error, domain_table, install_handlers
-from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed
+from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable
+from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
 from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
 from liveloop.store import RollbackRefused, StaleLineage, VersionNotFound, WriterDown, WriterFull
 
@@ -40,6 +41,12 @@ EXPECTED = {
                  "could not load version 4: bad shape", None),
     RollbackRefused: (RollbackRefused("version 5 was pruned (its checkpoint is deleted)"), 409, "conflict_error", None, "version",
                       "version 5 was pruned (its checkpoint is deleted)", None),
+    UnknownSegment: (UnknownSegment("segment 'x' has no adapters here (segments: cozy)"), 404, "not_found_error", "segment_not_found",
+                     "segment", "segment 'x' has no adapters here (segments: cozy)", None),
+    AdapterUnusable: (AdapterUnusable("adapter rank 64 > max_lora_rank 16"), 409, "conflict_error", None, "version",
+                      "adapter rank 64 > max_lora_rank 16", None),
+    AdaptersUnsupported: (AdaptersUnsupported("vllm engine: no adapter support"), 409, "conflict_error", "adapters_unsupported", None,
+                          "vllm engine: no adapter support", None),
 }
 UNMAPPED = [StaleLineage("lineage moved"), ValueError("a bug"), LookupError("a bug"), RuntimeError("a bug")]
 
