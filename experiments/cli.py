@@ -63,7 +63,7 @@ def cmd_experiment_drift(args: argparse.Namespace) -> int:
     if cfg is None:
         return 2
     t = time.monotonic()
-    out = run_drift(cfg, Path(args.out))
+    out = run_drift(cfg, Path(args.out), resume=Path(args.resume) if args.resume else None)
     print((out / "summary.md").read_text())
     print(f"results: {out} ({(time.monotonic() - t) / 60:.1f} min)")
     return 0
@@ -104,6 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     drift.add_argument("--out", default="results", help="parent of the results directory")
     drift.add_argument("--methods", nargs="+", default=None, help="run only these methods")
+    drift.add_argument("--resume", default=None, help="an interrupted run's results directory: keep its finished methods, run the rest")
     drift.set_defaults(func=cmd_experiment_drift)
     stab = kinds.add_parser("stability", help="long SAO run on a fixed preference: reward, kept fraction, critic grad norm")
     stab.add_argument(

