@@ -1,7 +1,8 @@
 """Rule rewards (reply text -> 0/1) and the default prompts, for rating in-process rollouts of the
 default model (`liveloop critic pretrain`): what a simulated user of the default corpus asks and how it
-rates. `contains:WORD` (the reply contains WORD, case-insensitive) and `style:NAME` (the reply uses a
-marker of that writing style from the default model's corpus)."""
+rates. `contains:WORD` (the reply contains WORD, case-insensitive), `style:NAME` (the reply uses a
+marker of that writing style from the default model's corpus) and `max_words:N` (a format: the reply
+has at most N words; the corpus never asks for brevity)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ def make_reward(spec: str) -> Callable[[str], float]:
     if kind == "style" and arg in STYLE_MARKERS:
         markers = STYLE_MARKERS[arg]
         return lambda text: float(any(m in text.lower() for m in markers))
-    raise ValueError(f"reward {spec!r}: expected contains:WORD or style:{'|'.join(STYLE_MARKERS)}")
+    if kind == "max_words" and arg.isdigit() and int(arg) > 0:
+        limit = int(arg)
+        return lambda text: float(0 < len(text.split()) <= limit)
+    raise ValueError(f"reward {spec!r}: expected contains:WORD, style:{'|'.join(STYLE_MARKERS)} or max_words:N")
 
 
 def corpus_prompt(i: int, rng: random.Random) -> str:

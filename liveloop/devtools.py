@@ -59,7 +59,7 @@ class ServerProcess:
 def write_config(
     workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None, learner: str | None = None,
     extra: str = "", served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "",
-    rate_limits: bool = False, extends: str | None = None,
+    rate_limits: bool = False, extends: str | list[str] | None = None,
 ) -> tuple[Path, str]:
     """A server config on loopback with the test keys; `learner` is extra `[learner]` TOML (None: off);
     `server_extra` / `engine_extra` / `store_extra` are more keys of those sections; `extra` is appended
@@ -101,7 +101,7 @@ checkpoint_dir = "{workdir / 'versions'}"
 def start_server(
     workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240, learner: str | None = None, extra: str = "",
     served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "", store_url: str | None = None,
-    rate_limits: bool = False, extends: str | None = None,
+    rate_limits: bool = False, extends: str | list[str] | None = None,
 ) -> ServerProcess:
     """Start `liveloop serve` in its own process group and wait until /healthz answers (the config:
     `write_config`)."""

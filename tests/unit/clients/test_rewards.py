@@ -14,8 +14,12 @@ def test_rewards():
     assert make_reward("contains:Behold")("Behold! the sea") == 1.0
     assert make_reward("style:classical")("Verily, 'tis rain") == 1.0
     assert make_reward("style:cute")("Verily, 'tis rain") == 0.0
-    with pytest.raises(ValueError, match="contains:WORD"):
-        make_reward("sentiment")
+    assert make_reward("max_words:3")("the quiet sea") == 1.0
+    assert make_reward("max_words:3")("the sea is quiet") == 0.0
+    assert make_reward("max_words:3")("") == 0.0  # an empty reply is no answer
+    for bad in ("sentiment", "max_words:0", "max_words:x"):
+        with pytest.raises(ValueError, match="contains:WORD"):
+            make_reward(bad)
 
 
 def test_corpus_prompts_take_the_topics_in_turn():
