@@ -57,11 +57,13 @@ def _experiment_config(args: argparse.Namespace, only: list[str] | None = None):
 def cmd_experiment_drift(args: argparse.Namespace) -> int:
     import time
 
-    from liveloop.experiments.drift import run_drift
+    from liveloop.experiments.drift import run_drift, with_seed
 
     cfg = _experiment_config(args, only=args.methods or None)
     if cfg is None:
         return 2
+    if args.seed is not None:
+        cfg = with_seed(cfg, args.seed)
     t = time.monotonic()
     out = run_drift(cfg, Path(args.out), resume=Path(args.resume) if args.resume else None)
     print((out / "summary.md").read_text())
@@ -104,6 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     drift.add_argument("--out", default="results", help="parent of the results directory")
     drift.add_argument("--methods", nargs="+", default=None, help="run only these methods")
+    drift.add_argument("--seed", type=int, default=None, help="run on this seed (scenario.seed and every learner.seed)")
     drift.add_argument("--resume", default=None, help="an interrupted run's results directory: keep its finished methods, run the rest")
     drift.set_defaults(func=cmd_experiment_drift)
     stab = kinds.add_parser("stability", help="long SAO run on a fixed preference: reward, kept fraction, critic grad norm")

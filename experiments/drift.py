@@ -161,6 +161,16 @@ def load_experiment(config: str | Path = "drift_experiment", only: list[str] | N
     return ExperimentConfig(**settings, methods=tuple(methods), scenario=scenario, text=path.read_text(), resolved=data)
 
 
+def with_seed(cfg: ExperimentConfig, seed: int) -> ExperimentConfig:
+    """The same experiment on another seed: the scenario's (users, prompts, delays, the critic's
+    rollouts) and every method's learner seed. The seed is part of the resolved config, so the results
+    directory's name and a resume check tell seeds apart."""
+    methods = tuple(dataclasses.replace(m, learner=m.learner | {"seed": seed}) for m in cfg.methods)
+    resolved = merge(cfg.resolved, {"scenario": {"seed": seed}, "learner": {"seed": seed}})
+    text = f"# run with --seed {seed} (scenario.seed and learner.seed)\n" + cfg.text
+    return dataclasses.replace(cfg, methods=methods, scenario=dataclasses.replace(cfg.scenario, seed=seed), resolved=resolved, text=text)
+
+
 def toml_table(values: dict[str, Any]) -> str:
     """key = value lines (str, bool, int, float, and tables of them inline) for a TOML section body."""
     lines = []

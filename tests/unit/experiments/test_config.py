@@ -139,3 +139,13 @@ def test_adapter_methods_need_the_hf_engine(tmp_path):
     path.write_text('extends = "drift_experiment"\n[experiment]\nmethods = ["a"]\n[methods.a]\nlearner = { adapters = "segment", segments = ["cozy"] }\n')
     with pytest.raises(ExperimentError, match="backend"):
         load_experiment(path)
+
+
+def test_another_seed_is_another_config():
+    from liveloop.experiments.drift import with_seed
+
+    cfg = load_experiment("drift_long")
+    other = with_seed(cfg, 7)
+    assert other.scenario.seed == 7 and all(m.learner["seed"] == 7 for m in other.methods)
+    assert other.digest != cfg.digest and with_seed(cfg, 7).digest == other.digest
+    assert cfg.scenario.seed == 0  # the loaded config is not changed
