@@ -139,13 +139,25 @@ class Operations:
             self.metrics.set("monitor/ratings", row.reward.n, version=str(row.version))
 
     async def guard(self, rows: list[VersionRow]) -> RollbackResult | None:
-        """Roll the serving version back to its parent if it is significantly worse."""
+        """Roll each lineage's serving version back to its parent if it is significantly worse: the
+        base weights', and each segment's adapter whose parent is an adapter of the same segment (a
+        segment's first adapter is not judged against the base, whose ratings come from every segment).
+        Returns the base lineage's rollback, else the first segment's, else None."""
         by_version = {r.version: r for r in rows}
-        serving = by_version.get(self.publisher.serving_version)
+        lineages = [(None, self.publisher.serving_version)]
+        lineages += [(segment, v) for segment, v in self.publisher.serving_adapters().items() if v is not None]
+        done = None
+        for segment, version in lineages:
+            result = await self._guard_lineage(by_version, version, segment)
+            done = done or result
+        return done
+
+    async def _guard_lineage(self, by_version: dict[int, VersionRow], version: int, segment: str | None) -> RollbackResult | None:
+        serving = by_version.get(version)
         if serving is None or serving.parent is None or serving.version in self._guarded:
             return None
         parent = by_version.get(serving.parent)
-        if parent is None or not parent.status.servable:
+        if parent is None or not parent.status.servable or parent.segment != segment:
             return None
         verdict = judge(
             serving.version, serving.parent,
@@ -155,9 +167,11 @@ class Operations:
         if verdict is None:
             return None
         self._guarded.add(verdict.version)
-        log.warning("guard: version %d is significantly worse than %d: rolling back", verdict.version, verdict.parent)
-        done = await self.publisher.rollback(verdict.parent, None, f"guard: {verdict.as_dict()}")
-        await asyncio.to_thread(self.store.record_event, "guard_rollback", verdict.parent, verdict.as_dict())
+        where = f"segment {segment}'s" if segment is not None else "the base"
+        log.warning("guard: %s version %d is significantly worse than %d: rolling back", where, verdict.version, verdict.parent)
+        done = await self.publisher.rollback(verdict.parent, None, f"guard: {verdict.as_dict()}", segment)
+        detail = verdict.as_dict() | ({"segment": segment} if segment is not None else {})
+        await asyncio.to_thread(self.store.record_event, "guard_rollback", verdict.parent, detail)
         return done
 
     async def run(self) -> None:
