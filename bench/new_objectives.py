@@ -13,6 +13,7 @@ The shared and adapter runs of an objective use the same prompts, seeds and pre-
 
     .venv/bin/python bench/new_objectives.py [--objectives contains:behold style:classical max_words:12]
                                              [--modes shared adapter] [--max-events 300]
+                                             [--learner "max_learning_rate = 2e-2"]
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def run(args) -> list[dict]:
             for mode in args.modes:
                 workdir = seed_dir.parent / mode
                 shutil.copytree(seed_dir, workdir)
-                server = start_server(workdir, model_dir, "hf", learner=LEARNERS[mode], extends=["tuned_learner", "step_control"])
+                learner = "\n".join([LEARNERS[mode], *args.learner])
+                server = start_server(workdir, model_dir, "hf", learner=learner, extends=["tuned_learner", "step_control"])
                 try:
                     out = asyncio.run(_session(server.base_url, reward, mode, args))
                 finally:
@@ -136,6 +138,7 @@ def main() -> None:
     parser.add_argument("--max-events", type=int, default=300)
     parser.add_argument("--window", type=int, default=40, help="moving-average window of the reward")
     parser.add_argument("--lift", type=float, default=0.25, help="the effect: the base rate + this")
+    parser.add_argument("--learner", nargs="*", default=[], help="extra [learner] lines, e.g. max_learning_rate=2e-2")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds for the last version to swap in")
     args = parser.parse_args()
     rows = run(args)
@@ -144,7 +147,7 @@ def main() -> None:
     for r in rows:
         reached = r["ratings_to_effect"] if r["ratings_to_effect"] is not None else f"not within {r['ratings']}"
         print(f"| {r['objective']} | {r['mode']} | {r['before']:.2f} | {reached} | {r['after']:.2f} | {r['seconds']:.0f} |")
-    print(f"saved {save('new_objectives', {'config': vars(args), 'rows': rows})}")
+    print(f"saved {save('new_objectives' + ('-' + '-'.join(args.learner) if args.learner else ''), {'config': vars(args), 'rows': rows})}")
 
 
 if __name__ == "__main__":
