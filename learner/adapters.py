@@ -34,12 +34,35 @@ def lora_config(settings: LoraSettings):  # noqa: ANN201 (a peft LoraConfig)
     )
 
 
+class UnadaptableTargets(ValueError):
+    """`[learner.lora] target_modules` names modules the model lacks or that LoRA cannot adapt here."""
+
+
+def check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
+    """Every target names at least one module of `model`, and each is a Linear layer (what the
+    engines serve adapters on: the hf engine and vLLM refuse others, e.g. a MoE router or the fused
+    experts), so the learner never trains an adapter the server cannot load."""
+    modules = dict(model.named_modules())
+    absent, odd = [], set()
+    for target in targets:
+        matched = [m for n, m in modules.items() if n == target or n.endswith("." + target)]
+        if not matched:
+            absent.append(target)
+        odd.update(type(m).__name__ for m in matched if not isinstance(m, nn.Linear))
+    if absent or odd:
+        raise UnadaptableTargets(
+            f"learner.lora.target_modules: {f'{absent} are not modules of the model' if absent else ''}"
+            f"{'; ' if absent and odd else ''}{f'{sorted(odd)} are not Linear layers' if odd else ''}"
+        )
+
+
 class AdapterPolicy:
     def __init__(self, base_model_dir: str | Path, settings: LoraSettings):
         from transformers import AutoModelForCausalLM
 
         self.settings = settings
         self.base_model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+        check_targets(self.base_model, settings.target_modules)
         for p in self.base_model.parameters():
             p.requires_grad_(False)
         self.model: nn.Module | None = None  # the PeftModel, once the first adapter is added

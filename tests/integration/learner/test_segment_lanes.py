@@ -125,3 +125,13 @@ def test_shared_adapter_trains_on_every_rating(store, tmp_path):
 def test_the_plain_learner_is_unchanged(store, tmp_path):
     learner = build_learner(store, _config(tmp_path, adapters="none"), CriticConfig(), store.get_version(0).checkpoint_path)
     assert isinstance(learner, OnlineLearner) and learner.segment is None and learner.cursor_name == "sao"
+
+
+def test_targets_the_engines_cannot_serve_are_refused_at_start(store, tmp_path):
+    from liveloop.learner.adapters import UnadaptableTargets
+
+    model_dir = store.get_version(0).checkpoint_path
+    for targets, message in ((("q_proj", "gate"), "Qwen3MoeTopKRouter"), (("q_proj", "nope"), "nope")):
+        config = _config(tmp_path, lora=LoraSettings(rank=4, alpha=8, target_modules=targets))
+        with pytest.raises(UnadaptableTargets, match=message):
+            SegmentLanes(store, config, CriticConfig(), model_dir)
