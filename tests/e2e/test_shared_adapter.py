@@ -1,0 +1,48 @@
+"""One LoRA adapter for everyone (`[learner] adapters = "shared"`, the cheap update path for a model too
+large to train whole) through the whole loop: the real server (hf engine) and co-located learner. Every
+request is served by the shared adapter once its lane publishes, whatever segment it names, and the
+base weights never change."""
+
+from __future__ import annotations
+
+import httpx
+
+from liveloop.devtools import wait_until
+
+from .conftest import ADMIN_KEY, USER_KEY, open_store, start_server, stop_server
+
+ADMIN, USER = {"Authorization": f"Bearer {ADMIN_KEY}"}, {"Authorization": f"Bearer {USER_KEY}"}
+
+
+def test_one_adapter_serves_and_learns_for_everyone(tmp_path, model_dir):
+    server = start_server(tmp_path / "srv", model_dir, "hf", learner='adapters = "shared"', extends="tuned_learner")
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=120) as http:
+            def ask(i: int, segment: str | None) -> dict:
+                body = {"model": "liveloop-tiny", "messages": [{"role": "user", "content": f"Tell me about rain {i}."}],
+                        "max_tokens": 8, "seed": i, **({"metadata": {"segment": segment}} if segment else {})}
+                r = http.post("/v1/chat/completions", headers=USER, json=body)
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            for i in range(12):
+                reply = ask(i, "cozy" if i % 2 else None)
+                assert http.post("/v1/feedback", headers=USER, json={"response_id": reply["id"], "reward": i % 2}).status_code == 200
+
+            def shared_version():
+                body = http.get("/admin/adapters", headers=ADMIN).json()
+                assert body["adapters"] == "shared" and [s["segment"] for s in body["segments"]] == ["shared"]
+                return body["segments"][0]["serving"]
+
+            version = wait_until(shared_version, 120, "the shared adapter's first version activated")
+            served = [ask(100 + i, segment)["policy_version"] for i, segment in enumerate(("cozy", "night", None))]
+            assert served == [version] * 3
+        store = open_store(server)
+        try:
+            assert {r.segment for r in store.list_versions()} == {None, "shared"}
+            assert store.latest_version().version == 0  # the base weights did not move
+            assert {r.segment for _, r in store.rated_after(0, 100)} == {"shared"}
+        finally:
+            store.close()
+    finally:
+        stop_server(server)
