@@ -61,15 +61,28 @@ async def _poll(base_url: str, admin_key: str, trace: list[dict[str, Any]], stop
                 s = (await http.get("/admin/learner")).json()
                 if s.get("running") and s.get("step", -1) != last_step:
                     last_step = s["step"]
-                    m = s.get("metrics", {}) or {}
                     trace.append({"t": time.monotonic() - start, "step": s["step"], "version": s.get("version"),
-                                  **{k: m.get(k) for k in TRACE_KEYS}})
+                                  **learner_metrics(s)})
             except httpx.HTTPError:
                 pass
             try:
                 await asyncio.wait_for(stop.wait(), every)
             except asyncio.TimeoutError:
                 pass
+
+
+def learner_metrics(status: dict[str, Any]) -> dict[str, float | None]:
+    """The traced metrics of one `/admin/learner` status: the learner's own, or with per-segment
+    adapters the mean over the segments' lanes that report each (their `segments` statuses)."""
+    lanes = [lane.get("metrics") or {} for lane in (status.get("segments") or {}).values()]
+    if not lanes:
+        m = status.get("metrics") or {}
+        return {k: m.get(k) for k in TRACE_KEYS}
+    out: dict[str, float | None] = {}
+    for k in TRACE_KEYS:
+        values = [float(m[k]) for m in lanes if m.get(k) is not None]
+        out[k] = sum(values) / len(values) if values else None
+    return out
 
 
 async def _simulate_and_trace(sim: Simulator, base_url: str, admin_key: str) -> list[dict[str, Any]]:

@@ -35,3 +35,16 @@ def test_numbers_read_the_trace_by_quarter():
     n = stability_numbers([Event(i, i % 2) for i in range(40)], trace, 10)
     assert n["kl_to_base_by_quarter"] == [0.5, 2.5, 4.5, 6.5] and n["feedback_events"] == 40
     assert n["held"] is not None and n["hold_window"] == 10
+
+
+def test_trace_reads_a_learner_or_the_mean_of_its_segment_lanes():
+    from liveloop.experiments.stability import learner_metrics
+
+    plain = learner_metrics({"step": 3, "metrics": {"learner/kl": 0.2}})
+    assert plain["learner/kl"] == 0.2 and plain["learner/entropy"] is None
+    lanes = learner_metrics({"step": 9, "segments": {
+        "cozy": {"metrics": {"learner/kl": 0.2, "learner/entropy": 1.0}},
+        "night": {"metrics": {"learner/kl": 0.4}},
+        "overflow": {"metrics": {}},
+    }})
+    assert abs(lanes["learner/kl"] - 0.3) < 1e-12 and lanes["learner/entropy"] == 1.0 and lanes["critic/value_error"] is None
