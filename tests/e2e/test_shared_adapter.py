@@ -25,16 +25,25 @@ def test_one_adapter_serves_and_learns_for_everyone(tmp_path, model_dir):
                 assert r.status_code == 200, r.text
                 return r.json()
 
+            last = 0
             for i in range(12):
                 reply = ask(i, "cozy" if i % 2 else None)
-                assert http.post("/v1/feedback", headers=USER, json={"response_id": reply["id"], "reward": i % 2}).status_code == 200
+                r = http.post("/v1/feedback", headers=USER, json={"response_id": reply["id"], "reward": i % 2})
+                assert r.status_code == 200
+                last = r.json()["id"]
 
             def shared_version():
                 body = http.get("/admin/adapters", headers=ADMIN).json()
                 assert body["adapters"] == "shared" and [s["segment"] for s in body["segments"]] == ["shared"]
                 return body["segments"][0]["serving"]
 
-            version = wait_until(shared_version, 120, "the shared adapter's first version activated")
+            def settled():
+                """Every rating trained and published, and that last version serving: nothing moves now."""
+                lane = http.get("/admin/learner", headers=ADMIN).json()["segments"]["shared"]
+                serving = shared_version()
+                return serving if lane["cursor"] >= last and serving == lane["version"] else None
+
+            version = wait_until(settled, 120, "the shared adapter's last version activated")
             served = [ask(100 + i, segment)["policy_version"] for i, segment in enumerate(("cozy", "night", None))]
             assert served == [version] * 3
         store = open_store(server)
