@@ -23,18 +23,9 @@ from common import default_model, median, percentile, save  # noqa: E402
 
 def make_adapters(model_dir: Path, out: Path, n: int, rank: int) -> list[Path]:
     """n distinct random LoRA adapters (B != 0) saved as peft directories."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from liveloop.devtools import random_lora_adapter
 
-    dirs = []
-    for seed in range(n):
-        torch.manual_seed(seed)
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False)
-        get_peft_model(base, cfg).save_pretrained(str(out / f"a{seed}"))
-        dirs.append(out / f"a{seed}")
-    return dirs
+    return [random_lora_adapter(model_dir, out / f"a{seed}", seed, rank=rank) for seed in range(n)]
 
 
 async def background(engine, stop: asyncio.Event, streams: int, max_tokens: int) -> int:

@@ -154,6 +154,20 @@ def perturbed_checkpoint(model_dir: Path, out_dir: Path, seed: int = 1, scale: f
     return Path(out_dir)
 
 
+def random_lora_adapter(model_dir: Path, out_dir: Path, seed: int, rank: int = 4, targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")) -> Path:
+    """A peft LoRA adapter for `model_dir` with random A and B (it changes the model's outputs), saved
+    at `out_dir`: what adapter tests and benchmarks serve."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets), init_lora_weights=False)
+    get_peft_model(base, config).save_pretrained(str(out_dir))
+    return Path(out_dir)
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.25):
     """Poll `predicate` until it returns something truthy (returned) or `timeout` seconds pass
     (AssertionError naming `what`): how tests and benchmarks wait on a server or a learner."""

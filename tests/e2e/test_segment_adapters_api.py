@@ -24,10 +24,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from liveloop.checkpoint import checkpoint_digest
-from liveloop.devtools import wait_until
+from liveloop.devtools import random_lora_adapter, wait_until
 
 from .conftest import ADMIN_KEY, USER_KEY, open_store, start_server, stop_server
 from .test_operator import browser  # noqa: F401 (the headless Chromium fixture, shared)
@@ -44,14 +43,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def _save_adapter(model_dir: Path, out: Path, seed: int) -> Path:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, init_lora_weights=False)
-    get_peft_model(base, config).save_pretrained(str(out))
-    return out
+    return random_lora_adapter(model_dir, out, seed, rank=4, targets=tuple(TARGETS))
 
 
 @pytest.fixture(scope="module")

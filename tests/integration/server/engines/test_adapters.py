@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from liveloop.devtools import perturbed_checkpoint
+from liveloop.devtools import perturbed_checkpoint, random_lora_adapter
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import (
     AdaptersUnsupported,
@@ -37,11 +37,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def _save_adapter(model_dir: Path, out: Path, seed: int, r: int = 4) -> Path:
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    config = LoraConfig(r=r, lora_alpha=2 * r, target_modules=TARGETS, init_lora_weights=False)
-    get_peft_model(base, config).save_pretrained(str(out))
-    return out
+    return random_lora_adapter(model_dir, out, seed, rank=r, targets=tuple(TARGETS))
 
 
 @pytest.fixture(scope="module")
