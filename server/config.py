@@ -90,6 +90,14 @@ class EngineConfig:
             "(finish_reason 'abort', every token logged under the version that produced it) and the swap proceeds"
         },
     )
+    swap_mode: Literal["drain", "keep"] = field(
+        default="drain",
+        metadata={
+            "help": "drain: a swap waits for running generations (each response comes from one version); keep: "
+            "running generations continue under the new weights at the next token, their KV recomputed, and "
+            "each response records which version sampled which tokens (version spans)"
+        },
+    )
     trust_remote_code: bool = field(
         default=False,
         metadata={

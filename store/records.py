@@ -31,6 +31,10 @@ class ResponseRecord:
     request_meta: dict[str, Any] | None = None
     created_at: datetime | None = None
     segment: str | None = None  # the adapter segment that served it (None: adapters are off)
+    # which version sampled which tokens: (start, end, version) over response token indexes [start, end),
+    # in order and covering the response; None: all of it by `policy_version` (a drain swap, or no swap).
+    # A `keep` swap continues a running response under new weights, so one response can have several.
+    version_spans: tuple[tuple[int, int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         assert len(self.response_ids) == len(self.behavior_logprobs), "one logprob per response token"

@@ -67,6 +67,10 @@ class TokenDelta:
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" when the generation ended
+    # the version whose weights sampled these tokens (None: the generation's admitted version). A
+    # `keep` swap lets a running generation continue under new weights: its later deltas name the new
+    # version, and one delta never mixes versions.
+    version: int | None = None
 
 
 def aborted() -> TokenDelta:
