@@ -14,11 +14,11 @@ from liveloop.rl.optim import make_optimizer
 
 
 class Critic:
-    def __init__(self, model: nn.Module, config: CriticConfig, zero_stage: int = 0, micro_batch: int = 1):
+    def __init__(self, model: nn.Module, config: CriticConfig, zero_stage: int = 0, micro_batch: int = 1, master_weights: bool = True):
         self.model = model
         self.config = config
         self.frozen = freeze_attention(model) if config.freeze_attention else []
-        self.optimizer = make_optimizer(model, config.learning_rate, config.max_grad_norm, zero_stage, micro_batch)
+        self.optimizer = make_optimizer(model, config.learning_rate, config.max_grad_norm, zero_stage, micro_batch, master_weights)
         self.trainable = self.optimizer.params
         self.skipped_steps = 0
 
@@ -34,7 +34,7 @@ class Critic:
         norms = []
         for _ in range(self.config.value_steps):
             v = token_values(self.optimizer.module, batch.input_ids, batch.attention_mask, batch.prompt_lengths, batch.width)
-            loss, metrics = value_loss(v, returns, batch.action_mask)
+            loss, metrics = value_loss(v.float(), returns, batch.action_mask)
             norm = self.optimizer.step(loss)
             if norm is None:
                 self.skipped_steps += 1

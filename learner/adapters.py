@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from liveloop.learner.config import LoraSettings
+from liveloop.learner.placement import Placement
 
 
 def lora_config(settings: LoraSettings):  # noqa: ANN201 (a peft LoraConfig)
@@ -57,11 +58,10 @@ def check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
 
 
 class AdapterPolicy:
-    def __init__(self, base_model_dir: str | Path, settings: LoraSettings):
-        from transformers import AutoModelForCausalLM
-
+    def __init__(self, base_model_dir: str | Path, settings: LoraSettings, place: Placement | None = None):
         self.settings = settings
-        self.base_model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+        self.place = place or Placement(torch.device("cpu"), torch.float32)
+        self.base_model = self.place.load_causal_lm(base_model_dir)
         check_targets(self.base_model, settings.target_modules)
         for p in self.base_model.parameters():
             p.requires_grad_(False)

@@ -50,6 +50,25 @@ class LearnerConfig:
     enabled: bool = field(default=True, metadata={"help": "`liveloop serve` starts the online learner"})
     cursor_name: str = field(default="sao", metadata={"help": "which learner_cursor row this learner owns"})
     batch_size: int = field(default=1, metadata={"help": "B: rated responses per policy step, in arrival order"})
+    max_batch_size: int = field(
+        default=0,
+        metadata={"help": "adaptive batching: when more than B ratings wait, one step takes up to this many (each its "
+                  "own single rollout with its own critic advantage; no grouping, no waiting); 0 = B"},
+    )
+    device: Literal["auto", "cpu", "cuda"] = field(
+        default="auto", metadata={"help": "where the policy, critic and KL reference train: auto = cuda when present"}
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = field(
+        default="auto", metadata={"help": "their weights' dtype: auto = bfloat16 on a GPU, float32 on the CPU"}
+    )
+    master_weights: bool = field(
+        default=True,
+        metadata={"help": "with bfloat16 weights, step an fp32 copy with fp32 Adam moments (mixed precision); "
+                  "false: the optimizer keeps bfloat16 state"},
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "recompute activations in the backward pass (long responses, big models)"}
+    )
     publish_every_steps: int = field(default=4, metadata={"help": "N: publish a version every N policy steps"})
     publish_every_seconds: float = field(default=5.0, metadata={"help": "T: or after T seconds with any step"})
     poll_seconds: float = field(default=0.1, metadata={"help": "how often to look for new ratings"})
@@ -125,6 +144,11 @@ class LearnerConfig:
     segment_key: str = field(default="segment", metadata={"help": "the request metadata key that names a segment"})
     lora: LoraSettings = field(default_factory=LoraSettings, metadata={"help": "[learner.lora]: the adapters' shape"})
 
+    @property
+    def largest_batch(self) -> int:
+        """The most ratings one step takes (`max_batch_size`, or B when adaptive batching is off)."""
+        return self.max_batch_size or self.batch_size
+
     def __post_init__(self) -> None:
         check_literals(self)
         if self.adapters != "none" and self.zero_stage != 0:
@@ -141,6 +165,12 @@ class LearnerConfig:
             raise ValueError("need 0 < min_learning_rate <= learning_rate <= max_learning_rate")
         if self.batch_size < 1 or self.publish_every_steps < 1:
             raise ValueError("batch_size and publish_every_steps must be >= 1")
+        if self.max_batch_size and self.max_batch_size < self.batch_size:
+            raise ValueError("max_batch_size must be 0 (= batch_size) or >= batch_size")
+        if self.zero_stage != 0 and self.max_batch_size not in (0, self.batch_size):
+            raise ValueError("adaptive batching needs zero_stage 0 (DeepSpeed fixes its batch size at start)")
+        if self.zero_stage != 0 and self.dtype == "bfloat16":
+            raise ValueError("bfloat16 learner weights need zero_stage 0 (DeepSpeed's own bf16 mode is not wired)")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError("zero_stage must be 0 (plain torch), 1, 2 or 3")
         if self.keep_last_versions < 1 or self.keep_parent_chain < 0:

@@ -26,6 +26,7 @@ from liveloop.critic.config import CriticConfig
 from liveloop.learner.adapters import AdapterPolicy
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.online import OnlineLearner
+from liveloop.learner.placement import placement
 from liveloop.learner.segments import lanes
 from liveloop.store import Store
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 class SegmentLanes:
     def __init__(self, store: Store, config: LearnerConfig, critic: CriticConfig, base_model_dir: Path):
         self.config = config
-        self.adapters = AdapterPolicy(base_model_dir, config.lora)
+        self.adapters = AdapterPolicy(base_model_dir, config.lora, placement(config))
         self.lanes = {
             segment: OnlineLearner.resume(store, config, critic, base_model_dir, segment=segment, adapters=self.adapters)
             for segment in lanes(config)

@@ -3,14 +3,15 @@
 A method decides three things and nothing else (the loop, publishing and rollbacks stay in
 `online.OnlineLearner`):
   1. which rated responses form the next batch (`next_batch`): SAO and the sliding window take the
-     next B in arrival order; GRPO waits until G responses to the same prompt are rated;
+     next B in arrival order, or with adaptive batching (`max_batch_size` M) every waiting one up to M
+     (one waiting: a step of one when B = 1); GRPO waits until G responses to the same prompt are rated;
   2. the token advantages (and value targets, for a method with a critic) (`advantages`);
   3. the policy loss (`policy_loss`): SAO's two-sided mask or PPO's clip.
 
 | method          | batch                       | advantage                       | loss             | critic |
 |-----------------|-----------------------------|---------------------------------|------------------|--------|
-| sao             | next B, arrival order       | GAE over action tokens          | two-sided mask   | yes    |
-| sliding_window  | next B, arrival order       | r - mean(last W rewards)        | two-sided mask   | no     |
+| sao             | next B..M, arrival order    | GAE over action tokens          | two-sided mask   | yes    |
+| sliding_window  | next B..M, arrival order    | r - mean(last W rewards)        | two-sided mask   | no     |
 | grpo            | a complete group of G       | (r - mean_G) / std_G            | PPO clip (eps)   | no     |
 | grpo_dis        | a complete group of G       | (r - mean_G) / std_G            | two-sided mask   | no     |
 
@@ -87,13 +88,14 @@ class SAO:
         self._skipped: tuple[int, int] | None = None  # (after_id, through): all capped and counted
 
     def next_batch(self, store: Any, after_id: int) -> tuple[list[Sample], int] | None:
-        """The next B ratings in arrival order that are within the influence caps."""
-        B = self.config.batch_size
+        """The next ratings in arrival order that are within the influence caps: at least B of them,
+        and with adaptive batching (`max_batch_size` M > B) as many of those waiting as fit, up to M."""
+        B, M = self.config.batch_size, self.config.largest_batch
         self.caps.forget_after(after_id)
         start = self._skipped[1] if self._skipped and self._skipped[0] == after_id else after_id
         plan, taken, through, examined, end, cut = self.caps.plan(), [], start, 0, False, False
-        while len(taken) < B and examined < self.scan_limit and not end and not cut:
-            want = B - len(taken)
+        while len(taken) < M and examined < self.scan_limit and not end and not cut:
+            want = M - len(taken)
             size = min(want if not plan.capped else max(want, self.scan_page), self.scan_limit - examined)
             rated = store.rated_after(through, size)
             end = len(rated) < size
@@ -104,9 +106,9 @@ class SAO:
                 examined, through = examined + 1, f.id
                 if plan.offer(KeyedRating(f.id, f.api_key_id, f.created_at.timestamp())):
                     taken.append(Sample.from_rated(f, r))
-                    if len(taken) == B:
+                    if len(taken) == M:
                         break
-        if len(taken) == B or (taken and (cut or not end)):  # a full batch, a step cut at a key's share, or the scan limit
+        if len(taken) >= B or (taken and (cut or not end)):  # enough, a step cut at a key's share, or the scan limit
             self.caps.commit(plan)
             self._skipped = None
             return taken, through

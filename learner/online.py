@@ -49,6 +49,7 @@ from liveloop.learner.adapters import AdapterPolicy
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.diagnostics import StabilityWindow
 from liveloop.learner.methods import make_method
+from liveloop.learner.placement import Placement, placement
 from liveloop.learner.segments import lane_cursor
 from liveloop.learner.retention import checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, versions_to_prune
 from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, token_logprobs
@@ -92,12 +93,6 @@ class SegmentRatings:
         return self.store.rated_after(feedback_id, limit, segment=self.segment)
 
 
-def _load_policy(path: str | Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-
-
 class OnlineLearner:
     def __init__(
         self,
@@ -125,6 +120,7 @@ class OnlineLearner:
         self.state = state
         self.publish_status = publish_status
         self.critic_config = critic_config
+        self.place: Placement = adapters.place if adapters is not None else placement(config)
         self.method = make_method(config)
         self.step_size = (
             StepSizeControl(config.learning_rate, config.target_step_kl, config.min_learning_rate, config.max_learning_rate)
@@ -137,7 +133,10 @@ class OnlineLearner:
         self.window = StabilityWindow(config.diagnostics_window)
         self._load(policy_dir, critic_dir)
         # the KL anchor: the base model; a lane reaches it by turning its adapter off (no second copy)
-        self.reference = _load_policy(self.base_model_dir).eval() if config.kl_coef > 0 and adapters is None else None
+        self.reference = (
+            self.place.load_causal_lm(self.base_model_dir, trainable=False).eval()
+            if config.kl_coef > 0 and adapters is None else None
+        )
         self.idle_seconds = 0.0
         self.busy_seconds = 0.0
         self.paused = False
@@ -148,11 +147,16 @@ class OnlineLearner:
         if self.adapters is not None:
             self.policy = self.adapters.add(self.segment, policy_dir)  # only this adapter takes gradients now
         else:
-            self.policy = _load_policy(policy_dir)
-        self.policy_opt = make_optimizer(self.policy, self.learning_rate, c.max_grad_norm, c.zero_stage, c.batch_size)
+            self.policy = self.place.load_causal_lm(policy_dir)
+        self.policy_opt = make_optimizer(
+            self.policy, self.learning_rate, c.max_grad_norm, c.zero_stage, c.batch_size, c.master_weights
+        )
         backbone = critic_dir or (policy_dir if self.adapters is None else str(self.base_model_dir))
         self.critic = (
-            Critic(build_value_model(backbone), self.critic_config, c.zero_stage, c.batch_size)
+            Critic(
+                self.place.prepare(build_value_model(backbone, self.place.dtype).to(self.place.device)),
+                self.critic_config, c.zero_stage, c.batch_size, c.master_weights,
+            )
             if self.method.uses_critic else None
         )
 
@@ -227,22 +231,26 @@ class OnlineLearner:
             return False
         samples, last_id = taken
         started = time.perf_counter()
-        batch = make_batch(samples)
+        host = make_batch(samples)
+        batch = self.place.batch(host)
         # 2. values of the states the tokens were chosen in
-        values = self.critic.values(batch) if self.critic is not None else None
-        # 3. advantages (policy lambda adapts to length) and value targets (lambda_value)
-        advantages, returns = self.method.advantages(batch, values)
+        values = self.critic.values(batch).float() if self.critic is not None else None
+        # 3. advantages (policy lambda adapts to length) and value targets (lambda_value): a scan over
+        # each response's tokens, done on the host (one transfer, not one per token on an accelerator)
+        advantages, returns = self.method.advantages(host, values.cpu() if values is not None else None)
+        advantages = advantages.to(self.place.device)
+        returns = returns.to(self.place.device) if returns is not None else None
         # 4. K critic steps
         metrics = self.critic.update(batch, returns) if self.critic is not None else {}
         # 5. one policy step
         metrics |= self._policy_step(batch, advantages)
-        metrics |= self.method.stats() | self.window.add(batch, values, advantages)
+        metrics |= self.method.stats() | self.window.add(host, values.cpu() if values is not None else None, advantages.cpu())
         s.pending_cursor = last_id
         s.step += 1
         s.samples += len(samples)
         s.steps_since_publish += 1
         s.samples_since_publish += len(samples)
-        s.last_metrics = metrics | {"learner/reward_mean": float(batch.rewards.mean())}
+        s.last_metrics = metrics | {"learner/reward_mean": float(host.rewards.mean()), "learner/batch_size": float(len(samples))}
         self.busy_seconds += time.perf_counter() - started
         # 6. publish every N steps or T seconds
         if s.steps_since_publish >= c.publish_every_steps:
@@ -267,7 +275,7 @@ class OnlineLearner:
                 kl, kl_metrics = kl_penalty(logprobs, token_logprobs(ref, batch), batch.action_mask)
             loss = loss + self.kl_coef * kl
             metrics |= kl_metrics
-        before = [p.detach().clone() for p in self.policy_opt.params] if c.max_step_kl > 0 else None
+        before = self.policy_opt.snapshot() if c.max_step_kl > 0 else None
         norm = self.policy_opt.step(loss)  # None: the loss or gradient was not finite, nothing changed
         if norm is None:
             self.state.skipped_steps += 1
@@ -278,9 +286,7 @@ class OnlineLearner:
             if self.step_size is not None:
                 self.policy_opt.set_lr(self.step_size.update(step_kl))
             if before is not None and step_kl > c.max_step_kl:  # the trust region: this update is undone
-                with torch.no_grad():
-                    for p, old in zip(self.policy_opt.params, before):
-                        p.copy_(old)
+                self.policy_opt.restore(before)
                 self.state.rejected_steps += 1
             else:
                 self.state.updates_since_publish += 1

@@ -5,6 +5,7 @@ DeepSpeed ZeRO stage 1-3 (for models that do not fit one device), for the policy
     out = opt.module(input_ids=...)        # forward through it (ZeRO-3 gathers parameters on the fly)
     norm = opt.step(loss)                  # backward, clip, step; None and no update if not finite
     opt.set_lr(lr)                         # the next steps' learning rate (step-size control)
+    saved = opt.snapshot(); opt.restore(saved)   # undo an update (the trust region; torch AdamW only)
     with opt.full_parameters(): ...        # full weights, for checks and save_pretrained
 
 ZeRO runs in one process on CPU too (gloo), which is how it is tested here; its C++ communication op
@@ -24,24 +25,55 @@ from torch import Tensor, nn
 
 
 class TorchOptimizer:
-    def __init__(self, model: nn.Module, lr: float, max_grad_norm: float):
+    """Plain AdamW. With `master_weights` and low-precision (e.g. bfloat16) parameters it steps an fp32
+    copy of them, with fp32 moments, and writes the result back rounded (mixed precision): small updates
+    that bfloat16 alone would round away accumulate in the copy."""
+
+    def __init__(self, model: nn.Module, lr: float, max_grad_norm: float, master_weights: bool = True):
         self.module = model
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
+        low = any(p.dtype != torch.float32 for p in self.params)
+        self.master = [p.detach().float().clone() for p in self.params] if master_weights and low else None
+        self.optimizer = torch.optim.AdamW(self.master or self.params, lr=lr, weight_decay=0.0)
         self.max_grad_norm = max_grad_norm
 
     def step(self, loss: Tensor) -> float | None:
         self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
         if not torch.isfinite(loss):
             return None
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        stepped = self.params
+        if self.master is not None:
+            for m, p in zip(self.master, self.params):
+                m.grad = None if p.grad is None else p.grad.float()
+                p.grad = None
+            stepped = self.master
+        norm = torch.nn.utils.clip_grad_norm_(stepped, self.max_grad_norm)
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             return None
         self.optimizer.step()
+        if self.master is not None:
+            with torch.no_grad():
+                for m, p in zip(self.master, self.params):
+                    p.copy_(m)
         return float(norm)
+
+    def snapshot(self) -> list[Tensor]:
+        """The trained weights as they are now (the fp32 copy with master weights), for `restore`."""
+        return [t.detach().clone() for t in (self.master or self.params)]
+
+    def restore(self, snapshot: list[Tensor]) -> None:
+        """Put back the weights of a `snapshot` (the trust region undoing an update)."""
+        with torch.no_grad():
+            for t, old in zip(self.master or self.params, snapshot):
+                t.copy_(old)
+            if self.master is not None:
+                for m, p in zip(self.master, self.params):
+                    p.copy_(m)
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -122,7 +154,9 @@ class ZeroOptimizer:
             yield self.model
 
 
-def make_optimizer(model: nn.Module, lr: float, max_grad_norm: float, zero_stage: int = 0, micro_batch: int = 1) -> Any:
+def make_optimizer(
+    model: nn.Module, lr: float, max_grad_norm: float, zero_stage: int = 0, micro_batch: int = 1, master_weights: bool = True
+) -> Any:
     if zero_stage == 0:
-        return TorchOptimizer(model, lr, max_grad_norm)
+        return TorchOptimizer(model, lr, max_grad_norm, master_weights)
     return ZeroOptimizer(model, lr, max_grad_norm, zero_stage, micro_batch)

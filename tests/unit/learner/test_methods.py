@@ -91,6 +91,41 @@ def test_sliding_window_waits_for_a_full_batch():
     assert m.next_batch(store, 0) is None
 
 
+def _keys(n: int) -> _Store:
+    """n ratings from n different keys (the per-key cap never ends a step)."""
+    store = _Store()
+    for i in range(n):
+        store.add([1, i], i % 2, float(i))
+        store.rows[-1][0].api_key_id = f"k{i}"
+    return store
+
+
+def test_adaptive_batch_takes_one_when_one_waits_and_up_to_the_max_when_many_wait():
+    m = SAO(LearnerConfig(max_batch_size=4))
+    one = _keys(1)
+    samples, last = m.next_batch(one, 0)
+    assert (len(samples), last) == (1, 1)  # no waiting for more
+    queue = _keys(10)
+    steps = []
+    after = 0
+    while (taken := m.next_batch(queue, after)) is not None:
+        samples, after = taken
+        steps.append(len(samples))
+    assert steps == [4, 4, 2] and after == 10  # a queue of 10 in steps of at most M, in arrival order
+    # each sample keeps its own reward: no grouping by prompt
+    samples, _ = SAO(LearnerConfig(max_batch_size=16)).next_batch(queue, 0)
+    assert [float(s.reward) for s in samples] == [i % 2 for i in range(10)]
+
+
+def test_adaptive_batch_still_waits_for_the_minimum_b():
+    m = SAO(LearnerConfig(batch_size=3, max_batch_size=8))
+    assert m.next_batch(_keys(2), 0) is None
+    samples, last = m.next_batch(_keys(5), 0)
+    assert (len(samples), last) == (5, 5)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        LearnerConfig(batch_size=4, max_batch_size=2)
+
+
 def test_grpo_waits_for_a_complete_group_and_measures_the_wait():
     m = GRPO(LearnerConfig(method="grpo", grpo=GRPOConfig(group_size=3)))
     store = _Store()
