@@ -75,6 +75,9 @@ class EngineConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = field(
         default="float32", metadata={"help": "float32 | bfloat16 | float16"}
     )
+    device: Literal["cpu", "cuda", "auto"] = field(
+        default="cpu", metadata={"help": "hf engine: where the model runs (auto: cuda when present, else cpu)"}
+    )
     max_model_len: int = field(default=512, metadata={"help": "context length: prompt + completion tokens"})
     seed: int = field(default=0, metadata={"help": "engine seed (requests without a seed draw from it)"})
     max_num_seqs: int = field(default=32, metadata={"help": "most requests generating at once"})

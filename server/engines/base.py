@@ -18,6 +18,11 @@ admitted) is ended through its `preempt` callback: the backend stops it at a tok
 new weights are applied and its stream ends with finish_reason "abort". So each response is produced
 entirely by the one version it records, and new weights never continue a KV cache that old weights
 computed. `gated.GatedEngine` holds this plumbing once for every backend.
+
+A `keep` swap (`swap(..., drain=False)`, `engine.swap_mode = "keep"` on a backend that supports it)
+closes the gate only while `apply` runs: admitted generations are neither waited for nor ended; the
+backend continues them under the new weights at the next token boundary with their KV cache
+recomputed, and their deltas name the version that sampled them (`TokenDelta.version`).
 """
 
 from __future__ import annotations
@@ -220,17 +225,19 @@ class VersionGate:
                 self._readers.discard(reader)  # a preempted reader is already gone
                 self._cond.notify_all()
 
-    async def swap(self, apply: Callable[[], Awaitable[None]], version: int) -> float:
+    async def swap(self, apply: Callable[[], Awaitable[None]], version: int, drain: bool = True) -> float:
         """Close to new generations, drain in-flight ones (ending those left at the deadline), run
         `apply`, set `version`, reopen. Returns the seconds new generations were held back. If `apply`
-        (or a preemption) fails the old version stays."""
+        (or a preemption) fails the old version stays. `drain=False` (a keep swap) leaves admitted
+        generations running: the gate is closed for `apply` alone."""
         loop = asyncio.get_running_loop()
         async with self._cond:
             await self._cond.wait_for(lambda: not self._swap_pending)
             self._swap_pending = True
             closed_at = loop.time()
             try:
-                await self._drain(version)
+                if drain:
+                    await self._drain(version)
                 await apply()
                 self.version = version
             finally:

@@ -15,12 +15,19 @@ adapter)`, and supplies `_load_adapter` (load a checked directory under a new na
 AdapterUnusable and leave the others untouched if it cannot) and `_unload_adapter`. An adapter swap
 goes around the gate: nothing drains; the segment's entry is repointed once the new adapter is loaded,
 and each generation keeps the adapter it was admitted with (counted in the table) until it ends.
+
+Keep swaps (`engine.swap_mode = "keep"`): a backend that can continue running generations under new
+weights (recomputing their KV, naming the sampling version on each delta) sets `keeps_generations`
+and reads the target version in `_apply_as(source, version)`; the gate then does not drain. On a
+backend without it a keep swap drains (logged once at construction), so each response still records
+true versions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,10 +48,13 @@ from liveloop.server.engines.base import (
 if TYPE_CHECKING:
     from liveloop.server.config import EngineConfig
 
+log = logging.getLogger(__name__)
+
 
 class GatedEngine:
     name: str
     supports_adapters: bool = False  # a backend that serves adapters sets it from config.max_adapters
+    keeps_generations: bool = False  # a backend whose running generations survive a swap (swap_mode keep)
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         self.config = config
@@ -53,6 +63,9 @@ class GatedEngine:
         self._gate = VersionGate(0, config.drain_deadline_seconds)
         self._adapters = AdapterTable(config.max_adapters)
         self._adapter_updates = asyncio.Lock()  # one adapter load at a time: the room check holds
+        self.swap_keeps = config.swap_mode == "keep" and self.keeps_generations
+        if config.swap_mode == "keep" and not self.keeps_generations:
+            log.warning("%s engine: swap_mode 'keep' is not supported by this backend; swaps drain", self.name)
 
     @property
     def version(self) -> int:
@@ -80,7 +93,7 @@ class GatedEngine:
 
     async def update_weights(self, weights: str | Path | WeightSource, version: int) -> float:
         source = self._stage(weight_source(weights))
-        return await self._gate.swap(lambda: self._apply(source), version)
+        return await self._gate.swap(lambda: self._apply_as(source, version), version, drain=not self.swap_keeps)
 
     def adapter_version(self, segment: str) -> int | None:
         lease = self._adapters.current(segment)
@@ -130,6 +143,11 @@ class GatedEngine:
 
     async def _apply(self, source: WeightSource) -> None:
         raise NotImplementedError
+
+    async def _apply_as(self, source: WeightSource, version: int) -> None:
+        """`_apply` for a backend that must know the version it swaps to (one that keeps generations
+        running across the swap names it on their later deltas)."""
+        await self._apply(source)
 
     async def _load_adapter(self, name: str, spec: AdapterSpec) -> None:
         """Load the adapter `spec` describes under `name`, or raise AdapterUnusable with the engine's

@@ -1,20 +1,30 @@
-"""The `hf` backend: plain transformers, no extra install, CPU or GPU.
+"""The `hf` backend: plain transformers, no extra install, CPU or GPU (`engine.device`).
 
-One worker thread owns the model. It interleaves the active requests one decode step each (with a KV
-cache per request), so concurrent streams all progress; behavior logprobs are the raw log-softmax of
-the model's logits for the sampled token. A swap drains through the gate, then copies the new state
-into the model on the worker thread; a request cancelled by then (a straggler the swap ended) is
-dropped with its KV cache and an "abort" delta, never stepped again.
+One worker thread owns the model and runs a batched decode loop (`hf_batch`): all running requests
+advance together, one forward per step with one left-padded KV cache, and requests join and leave at
+every step. A step first decodes the running batch (one token each), prefills the requests that
+arrived since (one forward for all of them, their first token sampled from it) and merges them in;
+rows that finished or were cancelled leave the batch. At most `engine.max_num_seqs` rows run; the rest
+wait in arrival order. Sampling happens on the CPU with each request's own seeded generator;
+behavior logprobs are the raw log-softmax of the model's logits for the sampled token.
+
+Swaps (`engine.swap_mode`): in `drain` mode the gate drains, then the worker drops every job it still
+holds (the stragglers the swap ended: "abort" deltas) and copies the new state into the model. In
+`keep` mode the gate does not drain: at the next token boundary the worker loads the new weights and
+moves every running row back to the waiting queue with its tokens, so its next step re-prefills
+prompt + tokens under the new weights (never old KV under new weights); each delta names the version
+whose weights sampled it. A swap that fails restores the old weights bit for bit and the rows keep
+their caches.
 
 LoRA adapters (`engine.max_adapters > 0`): the first adapter loaded wraps the model with peft (its
 adapted projections become LoRA layers around their `base_layer`), further ones are added beside it,
 and the wrapper is removed again when the last one goes, so an engine with no adapter loaded runs the
-plain model. Each request keeps the adapter it was admitted with; before each step the worker makes
-that adapter the active one on every LoRA layer (none for a base request: the layers then compute
-their base layer alone, the plain model's result bit for bit). A round of steps visits the requests
-grouped by adapter, so the active adapter changes at most once per adapter per round. A full-weight
-swap writes the base layers (`BaseWeights` maps the plain model's names onto them) and keeps the
-adapters.
+plain model. Each request keeps the adapter it was admitted with; rows are batched per adapter (one
+batch and one forward per adapter group per step), and before a group's forward the worker makes its
+adapter the active one on every LoRA layer (none for base requests: the layers then compute their base
+layer alone, the plain model's result bit for bit). A full-weight swap writes the base layers
+(`BaseWeights` maps the plain model's names onto them) and keeps the adapters. Deltas of adapter rows
+leave `version` unset: their generation records its adapter's version.
 """
 
 from __future__ import annotations
@@ -22,7 +32,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +40,7 @@ import torch
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import AdapterUnusable, GenerationRequest, TokenDelta, aborted
+from liveloop.server.engines.hf_batch import Batch, Row, decode, merge, prefill
 from liveloop.server.engines.lora import BaseWeights, LoraSlots
 from liveloop.server.engines.threaded import (
     DropAdapter,
@@ -47,36 +57,34 @@ from liveloop.server.engines.weights import load_state
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@dataclass
-class _Active:
-    request: GenerationRequest
-    emit: Emit
-    generator: torch.Generator
-    cancelled: threading.Event
-    cache: Any = None
-    next_input: torch.Tensor | None = None
-    produced: int = 0
-    position: int = 0
-    stop: set[int] = field(default_factory=set)
-    adapter: str | None = None  # the loaded adapter that serves it (None: the base weights)
+def engine_device(config: EngineConfig) -> torch.device:
+    """Where the hf engine's model runs: `engine.device`, auto meaning cuda when present."""
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(config.device)
 
 
 class HFEngine(ThreadedEngine):
     name = "hf"
     thread_name = "liveloop-hf-engine"
+    keeps_generations = True
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         super().__init__(config, model_path)
         self.model: Any = None
+        self.device = engine_device(config)
         self.supports_adapters = config.max_adapters > 0
         self._lora: LoraSlots | None = None  # the worker thread's; set at start when adapters are on
+        # the worker thread's: running batches by adapter (None: base), and rows waiting for a prefill
+        self._batches: dict[str | None, Batch] = {}
+        self._waiting: list[Row] = []
 
     async def start(self, version: int = 0, weights_path: str | Path | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=_DTYPES[self.config.dtype], trust_remote_code=self.config.trust_remote_code
-        )
+        ).to(self.device)
         self.model.eval()
         if weights_path:
             load_state(self.model, self._read_checkpoint(Path(weights_path)))
@@ -84,8 +92,8 @@ class HFEngine(ThreadedEngine):
             self._lora = LoraSlots(self.model)
         self._start_worker(version)
 
-    def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator, cancelled: threading.Event) -> _Active:
-        return _Active(request, emit, generator, cancelled, stop=set(request.sampling.stop_token_ids))
+    def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator, cancelled: threading.Event) -> Row:
+        return Row(request, emit, generator, cancelled)
 
     def _weights_module(self) -> HasState:
         if self._lora is not None and self._lora.wrapped:
@@ -104,9 +112,8 @@ class HFEngine(ThreadedEngine):
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(1)
-        active: list[_Active] = []
         while not self._closing.is_set():
-            block = not active
+            block = not self._batches and not self._waiting
             while True:
                 try:
                     message = self._inbox.get(block=block)
@@ -115,44 +122,58 @@ class HFEngine(ThreadedEngine):
                 block = False
                 if isinstance(message, Stop):
                     return
-                self._handle(message, active)
-            for a in sorted(active, key=_by_adapter):
-                if a.cancelled.is_set():
-                    a.emit(aborted())  # nobody reads it if the client went away; a preempted stream ends
-                    active.remove(a)
-                    continue
-                try:
-                    finished = self._step(a)
-                except BaseException as exc:  # report to the request, keep serving the others
-                    a.emit(exc)
-                    finished = True
-                if finished:
-                    active.remove(a)
+                self._handle(message)
+            self._drop_cancelled()
+            self._step()
 
-    def _handle(self, message: Swap | Submit | LoadAdapter | DropAdapter, active: list[_Active]) -> None:
+    def _rows(self) -> list[Row]:
+        return [r for b in self._batches.values() for r in b.rows] + self._waiting
+
+    def _handle(self, message: Swap | Submit | LoadAdapter | DropAdapter) -> None:
         match message:
+            case Swap(keep=True):
+                if self._swap(message):
+                    # their KV came from the old weights: recompute it (running rows first in line)
+                    self._waiting = [r for b in self._batches.values() for r in b.rows] + self._waiting
+                    self._batches.clear()
             case Swap():
-                # the gate admits no request while a swap is pending, and the ones it ended are
-                # cancelled; either way no old KV cache is continued by new weights
-                for a in active:
-                    a.emit(aborted())
-                active.clear()
+                # the gate drained: what is left are stragglers the swap ended (or rows whose reader
+                # left); no old KV cache is continued by new weights
+                self._end(self._rows())
                 self._swap(message)
             case Submit(job, adapter):
                 job.adapter = adapter
                 if adapter is not None and (self._lora is None or adapter not in self._lora.names):
                     job.emit(aborted())  # its generation ended before it started: never on another adapter
                 else:
-                    active.append(job)
+                    self._waiting.append(job)
             case LoadAdapter(spec, name, done):
                 done(self._load(spec, name))
             case DropAdapter(name):
                 # no admitted generation runs on it: a job still here was left by its reader
-                for a in [a for a in active if a.adapter == name]:
-                    a.emit(aborted())
-                    active.remove(a)
+                self._end([r for r in self._rows() if r.adapter == name])
                 if self._lora is not None:
                     self._lora.drop(name)
+
+    def _end(self, rows: list[Row]) -> None:
+        """Drop `rows` from the engine, each stream ending with an "abort" delta."""
+        for r in rows:
+            r.emit(aborted())  # nobody reads it if the client went away; a preempted stream ends
+        self._remove(set(rows))
+
+    def _remove(self, rows: set[Row]) -> None:
+        self._waiting = [r for r in self._waiting if r not in rows]
+        for adapter, batch in list(self._batches.items()):
+            keep = [i for i, r in enumerate(batch.rows) if r not in rows]
+            if not keep:
+                del self._batches[adapter]
+            elif len(keep) < len(batch.rows):
+                self._batches[adapter] = batch.select(keep)
+
+    def _drop_cancelled(self) -> None:
+        cancelled = [r for r in self._rows() if r.cancelled.is_set()]
+        if cancelled:
+            self._end(cancelled)
 
     def _load(self, spec: AdapterSpec, name: str) -> BaseException | None:
         if self._lora is None:
@@ -163,39 +184,65 @@ class HFEngine(ThreadedEngine):
             return exc
         return None
 
+    def _step(self) -> None:
+        """One token for every running row, and the first token for waiting rows there is room for."""
+        room = self.config.max_num_seqs - sum(len(b.rows) for b in self._batches.values())
+        joining, self._waiting = self._waiting[: max(room, 0)], self._waiting[max(room, 0) :]
+        groups = set(self._batches) | {r.adapter for r in joining}
+        for adapter in sorted(groups, key=lambda a: (a is not None, a or "")):
+            running = self._batches.pop(adapter, None)
+            new = [r for r in joining if r.adapter == adapter]
+            try:
+                batch = self._advance(adapter, running, new)
+            except BaseException as exc:  # report to the group's requests, keep serving the others
+                for r in (running.rows if running else []) + new:
+                    r.emit(exc)
+                continue
+            if batch is not None:
+                self._batches[adapter] = batch
+
     @torch.no_grad()
-    def _step(self, a: _Active) -> bool:
-        s = a.request.sampling
+    def _advance(self, adapter: str | None, running: Batch | None, new: list[Row]) -> Batch | None:
+        """One forward for the group's running batch, one prefill for its new rows; sample, emit, and
+        return the group's batch without the rows that finished (None: none left)."""
         if self._lora is not None:
-            self._lora.activate(a.adapter)
-        if a.cache is None:
-            ids = torch.tensor([a.request.prompt_ids], dtype=torch.long)
-            out = self.model(input_ids=ids, use_cache=True)
-            a.position = ids.shape[1]
-        else:
-            out = self.model(input_ids=a.next_input, past_key_values=a.cache, use_cache=True)
-            a.position += 1
-        a.cache = out.past_key_values
-        logits = out.logits[0, -1].float()
+            self._lora.activate(adapter)
+        parts: list[tuple[Batch, torch.Tensor]] = []
+        if running is not None:
+            parts.append((running, decode(self.model, running)))
+        if new:
+            parts.append(prefill(self.model, new))
+        batch, logits = parts[0]
+        if len(parts) == 2:
+            batch, logits = merge(batch, parts[1][0]), torch.cat([logits, parts[1][1]], dim=0)
+        finished = self._sample(batch.rows, logits)
+        keep = [i for i, done in enumerate(finished) if not done]
+        if not keep:
+            return None
+        return batch if len(keep) == len(batch.rows) else batch.select(keep)
+
+    def _sample(self, rows: list[Row], logits: torch.Tensor) -> list[bool]:
+        """Sample each row's next token (on the CPU, with its own generator), emit it; which finished."""
+        logits = logits.float().cpu()
         logprobs = torch.log_softmax(logits, dim=-1)
-        token = _sample(logits, s.temperature, s.top_p, a.generator)
-        a.produced += 1
-        a.next_input = torch.tensor([[token]], dtype=torch.long)
-        top = None
-        if s.top_logprobs:
-            values, idx = torch.topk(logprobs, s.top_logprobs)
-            top = [[(int(i), float(v)) for i, v in zip(idx, values)]]
-        finish = None
-        if token in a.stop:
-            finish = "stop"
-        elif a.produced >= s.max_tokens or a.position + 1 >= self.max_model_len:
-            finish = "length"
-        a.emit(TokenDelta([token], [float(logprobs[token])], top, finish))
-        return finish is not None
-
-
-def _by_adapter(a: _Active) -> tuple[bool, str]:
-    return a.adapter is not None, a.adapter or ""
+        finished = []
+        for i, r in enumerate(rows):
+            s = r.request.sampling
+            token = _sample(logits[i], s.temperature, s.top_p, r.generator)
+            r.tokens.append(token)
+            top = None
+            if s.top_logprobs:
+                values, idx = torch.topk(logprobs[i], s.top_logprobs)
+                top = [[(int(t), float(v)) for t, v in zip(idx, values)]]
+            finish = None
+            if token in s.stop_token_ids:
+                finish = "stop"
+            elif len(r.tokens) >= s.max_tokens or r.length >= self.max_model_len:
+                finish = "length"
+            version = self._serving_version if r.adapter is None else None
+            r.emit(TokenDelta([token], [float(logprobs[i, token])], top, finish, version))
+            finished.append(finish is not None)
+        return finished
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:

@@ -13,8 +13,9 @@ that had not started yet never starts.
 A backend supplies `start` (load the model, then `_start_worker`), `_job` (its per-request state,
 holding the given `cancelled` event), `_run` (the worker loop: how requests are scheduled; it emits
 `aborted()` for each job it drops as cancelled, drops every job still held when a `Swap` arrives and
-then calls `_swap`), `_weights_module` (the module, or a view of its weights, whose state a swap
-replaces) and `_read_checkpoint` (a checkpoint directory's state, by that module's names). A backend
+then calls `_swap`; a `Swap` with `keep` set instead continues them under the new weights once
+`_swap` succeeds, naming `_serving_version` on their deltas), `_weights_module` (the module, or a
+view of its weights, whose state a swap replaces) and `_read_checkpoint` (a checkpoint directory's state, by that module's names). A backend
 that serves adapters also reads `Submit.adapter` (the loaded adapter the job is served with) and
 handles `LoadAdapter` and `DropAdapter`; adapters load on the worker thread, between two steps, so no
 step ever sees one half-loaded.
@@ -65,11 +66,14 @@ class Submit(Generic[Job]):
 
 @dataclass(frozen=True)
 class Swap:
-    """Load `source` into the model; `done` reports the outcome (None or the error) to the waiting
-    swap, from the worker thread."""
+    """Load `source` into the model as `version`; `done` reports the outcome (None or the error) to
+    the waiting swap, from the worker thread. `keep`: the gate did not drain, so the worker continues
+    the jobs it holds under the new weights (a backend without keep support never receives it)."""
 
     source: WeightSource
     done: Done
+    version: int | None = None
+    keep: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ class ThreadedEngine(GatedEngine):
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._seed_source = torch.Generator().manual_seed(config.seed)
+        self._serving_version = 0  # the worker's: the version of the weights its model holds now
 
     def healthy(self) -> bool:
         """The worker thread that owns the model is running (it never blocks)."""
@@ -118,6 +123,7 @@ class ThreadedEngine(GatedEngine):
 
     def _start_worker(self, version: int) -> None:
         self._gate.version = version
+        self._serving_version = version
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
 
@@ -165,8 +171,8 @@ class ThreadedEngine(GatedEngine):
         finally:
             cancelled.set()
 
-    async def _apply(self, source: WeightSource) -> None:
-        await self._on_worker(lambda report: Swap(source, report))
+    async def _apply_as(self, source: WeightSource, version: int) -> None:
+        await self._on_worker(lambda report: Swap(source, report, version, self.swap_keeps))
 
     async def _load_adapter(self, name: str, spec: AdapterSpec) -> None:
         await self._on_worker(lambda report: LoadAdapter(spec, name, report))
@@ -183,9 +189,10 @@ class ThreadedEngine(GatedEngine):
         self._inbox.put(message(lambda error: loop.call_soon_threadsafe(_settle, done, error)))
         await done
 
-    def _swap(self, swap: Swap) -> None:
+    def _swap(self, swap: Swap) -> bool:
         """On the worker thread: load the swap's weights; if that fails, restore the old ones (never
-        serve a half-copied model) and report the error."""
+        serve a half-copied model: the restored tensors are bit-identical, so caches the old weights
+        computed stay valid) and report the error. Returns whether the new weights serve now."""
         module = self._weights_module()
         backup = {k: v.clone() for k, v in module.state_dict().items()}
         try:
@@ -193,8 +200,11 @@ class ThreadedEngine(GatedEngine):
         except BaseException as exc:
             load_state(module, backup)
             swap.done(exc)
-            return
+            return False
+        if swap.version is not None:
+            self._serving_version = swap.version
         swap.done(None)
+        return True
 
     def _read_state(self, source: WeightSource) -> Mapping[str, torch.Tensor]:
         match source:

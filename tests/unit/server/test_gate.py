@@ -162,3 +162,53 @@ async def test_failed_preemption_keeps_old_version_and_reopens():
     async with gate.reading() as v:
         assert v == 2 and gate.active == 1
     assert gate.active == 0
+
+
+# -- keep swaps: no drain --------------------------------------------------------------------------
+
+
+async def test_a_keep_swap_does_not_wait_for_running_generations():
+    gate = VersionGate(0)
+    release = asyncio.Event()
+    applied_with = []
+
+    async def generation():
+        async with gate.reading() as v:
+            await release.wait()
+            return v
+
+    async def apply():
+        applied_with.append(gate.active)
+
+    running = asyncio.create_task(generation())
+    await asyncio.sleep(0.01)
+    held = await asyncio.wait_for(gate.swap(apply, 1, drain=False), 1)
+    assert applied_with == [1] and gate.version == 1 and held >= 0
+    async with gate.reading() as v:  # reopened at once
+        assert v == 1
+    release.set()
+    assert await running == 0  # admitted before the swap: it records its admitted version
+
+
+async def test_a_keep_swap_holds_new_generations_only_while_it_applies():
+    gate = VersionGate(0)
+    applying = asyncio.Event()
+    finish_apply = asyncio.Event()
+
+    async def apply():
+        applying.set()
+        await finish_apply.wait()
+
+    swap = asyncio.create_task(gate.swap(apply, 1, drain=False))
+    await applying.wait()
+    arrival = asyncio.create_task(_admitted_version(gate))
+    await asyncio.sleep(0.01)
+    assert not arrival.done()  # held while the weights are applied
+    finish_apply.set()
+    assert await arrival == 1
+    await swap
+
+
+async def _admitted_version(gate: VersionGate) -> int:
+    async with gate.reading() as v:
+        return v

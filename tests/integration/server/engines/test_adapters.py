@@ -230,6 +230,36 @@ async def test_a_full_weight_swap_keeps_the_adapters(engine, model_dir, adapters
     assert a.version == 1 and a.adapter and _matches(a, model_dir, adapters["a1"])
 
 
+async def test_a_keep_swap_continues_adapter_generations_on_the_new_base(model_dir, adapters, tmp_path):
+    engine = _engine(model_dir, swap_mode="keep")
+    await engine.start()
+    try:
+        await engine.update_adapter("a", CheckpointDir(adapters["a1"]), 1)
+        v1 = perturbed_checkpoint(model_dir, tmp_path / "v1")
+        request = GenerationRequest("long", PROMPT, SamplingParams(max_tokens=150, seed=1), segment="a")
+        ids, lps, versions = [], [], set()
+        async with engine.generate(request) as gen:
+            stream = aiter(gen)
+            first = await anext(stream)
+            ids += first.token_ids
+            lps += first.logprobs
+            await engine.update_weights(str(v1), 1)  # does not wait for the 150 tokens
+            swapped_at = len(ids)
+            async for delta in stream:
+                ids += delta.token_ids
+                lps += delta.logprobs
+                versions.add(delta.version)
+        assert gen.version == 1 and gen.adapter and len(ids) == 150 and swapped_at < 150
+        assert versions == {None}  # an adapter generation records its adapter's version
+        # its tokens up to some point came from the old base with a1, the rest from v1 with a1
+        lp = torch.tensor(lps)
+        old, new = _reference(model_dir, adapters["a1"], ids), _reference(model_dir, adapters["a1"], ids, base=v1)
+        split = next(k for k in range(len(ids) + 1) if k == len(ids) or not abs(lp[k] - old[k]) < 1e-5)
+        assert 0 < split < len(ids) and torch.allclose(lp[split:], new[split:], atol=1e-5)
+    finally:
+        await engine.close()
+
+
 @pytest.mark.parametrize("backend", ["hf", "diffusion", "vllm"])
 async def test_engines_without_adapters_refuse_them(backend, tmp_path, adapters):
     engine = create_engine(EngineConfig(backend=backend, model=str(tmp_path)), tmp_path)  # loads nothing
