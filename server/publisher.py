@@ -15,11 +15,23 @@ with `segment` given). A segment's pause holds back only its own activations.
 Results are typed (`SwapResult`, `RollbackResult`); refusals are domain exceptions (`CheckpointUnusable`,
 `VersionNotFound`, `NotServable`, `AlreadyServing`, `SwapFailed`, the store's `RollbackRefused`) that
 the HTTP edge maps to statuses (server/errors.py) and the background guard logs.
+
+Weights come through the transport seam (liveloop/transport): with a `receiver`, `activate` reads a
+published version from memory first (the learner sent it before recording the row, and writes the
+durable checkpoint after, off the critical path), then from its checkpoint directory. A version whose
+memory is gone and whose durable checkpoint is not written yet stays PUBLISHED and is tried again at the
+next poll, for up to `durable_wait_seconds`; after that it is marked FAILED (its learner died before
+writing it: the learner's resume rolls its lineage back), and the old version keeps serving. Nothing
+ever serves a half-written or missing model. After a swap the receiver frees the memory of older
+versions (and the new version's own once its durable checkpoint exists). Rollbacks and restarts read
+durable checkpoints only; `start_point` picks what a (re)starting server serves when the serving
+version's durable checkpoint is missing (memory if still there, else its nearest ancestor on disk).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -28,8 +40,10 @@ from pathlib import Path
 from liveloop.checkpoint import checkpoint_digest
 
 from liveloop.metrics import Metrics
-from liveloop.server.engines.base import CheckpointDir, Engine
+from liveloop.server.engines.base import CheckpointDir, Engine, WeightSource
 from liveloop.store import Store, VersionNotFound, VersionRecord, VersionStatus
+from liveloop.transport import HandleGone, Receiver, WeightHandle
+from liveloop.transport.checkpoint_dir import is_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +100,25 @@ class UnknownSegment(LookupError):
 
 
 class Publisher:
-    def __init__(self, engine: Engine, store: Store, metrics: Metrics, learner_name: str = "sao", segments: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        metrics: Metrics,
+        learner_name: str = "sao",
+        segments: tuple[str, ...] = (),
+        receiver: Receiver | None = None,
+        durable_wait_seconds: float = 60.0,
+    ):
         self.engine = engine
         self.store = store
         self.metrics = metrics
         self.learner_name = learner_name  # whose pause also holds back activation
         self.segments = segments  # the segments with adapter lineages (empty: adapters are off)
+        self.receiver = receiver  # the transport's end (None: checkpoint directories only)
+        self.durable_wait_seconds = durable_wait_seconds
+        self._waiting: dict[int, float] = {}  # version -> when its weights were first found missing
+        self.last_swap_via = ""  # where the last swap's weights came from: a transport backend's name
         self._lock = asyncio.Lock()
 
     def lane(self, segment: str | None) -> str:
@@ -146,15 +173,59 @@ class Publisher:
                 raise CheckpointUnusable(path, f"could not load {path}: {exc.__cause__}") from exc
 
     async def activate(self, record: VersionRecord) -> SwapResult | None:
-        """Swap in a version a learner published (row already written); None if it failed to load."""
+        """Swap in a version a learner published (row already written), from memory when its transport
+        still holds it, else from its checkpoint directory; None if it is not newer, failed to load, or
+        its weights are not there yet (it is tried again at the next poll)."""
         async with self._lock:
             if record.version <= self.engine.version:
                 return None
+            with contextlib.ExitStack() as stack:
+                source, via, handle = await asyncio.to_thread(self._open, record, stack)
+                if source is None:
+                    await self._wait_for_weights(record)
+                    return None
+                self._waiting.pop(record.version, None)
+                try:
+                    result = await self._swap(record.version, source, via)
+                except SwapFailed:
+                    log.exception("could not activate version %d", record.version)
+                    return None
+            if self.receiver is not None:
+                durable = await asyncio.to_thread(is_checkpoint, record.checkpoint_path or "")
+                await asyncio.to_thread(self.receiver.loaded, handle or self._handle(record), durable)
+            return result
+
+    def _handle(self, record: VersionRecord) -> WeightHandle:
+        assert self.receiver is not None
+        return self.receiver.handle_for(record.version, record.checkpoint_path)
+
+    def _open(self, record: VersionRecord, stack: contextlib.ExitStack) -> tuple[WeightSource | None, str, WeightHandle | None]:
+        """The version's weights: its transport's memory first, then its durable checkpoint directory;
+        (None, ...) when neither is there."""
+        if self.receiver is not None:
             try:
-                return await self._swap(record.version, record.checkpoint_path)
-            except SwapFailed:
-                log.exception("could not activate version %d", record.version)
-                return None
+                handle = self._handle(record)
+                return stack.enter_context(self.receiver.open(handle)), self.receiver.backend, handle
+            except HandleGone as exc:
+                log.debug("version %d: %s; trying its checkpoint directory", record.version, exc)
+        if record.checkpoint_path and is_checkpoint(record.checkpoint_path):
+            return CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir", None
+        return None, "", None
+
+    async def _wait_for_weights(self, record: VersionRecord) -> None:
+        """Its memory is gone and its durable checkpoint not written yet: wait (the learner writes it
+        after the swap would have happened), up to durable_wait_seconds, then mark it FAILED."""
+        first = self._waiting.setdefault(record.version, time.monotonic())
+        waited = time.monotonic() - first
+        if waited < self.durable_wait_seconds:
+            if waited == 0:
+                log.warning("version %d: no weights in memory nor at %s yet; waiting for its checkpoint", record.version, record.checkpoint_path)
+            return
+        self._waiting.pop(record.version, None)
+        log.error("version %d: no weights after %.0f s (its learner died before writing %s?): marked FAILED", record.version, waited, record.checkpoint_path)
+        await asyncio.to_thread(self.store.set_version_status, record.version, VersionStatus.FAILED)
+        self.metrics.inc("server/swap_failures")
+        self.metrics.inc("server/versions_without_weights")
 
     async def rollback(
         self, version: int, api_key_id: str | None = None, reason: str | None = None, segment: str | None = None
@@ -181,6 +252,8 @@ class Publisher:
             previous = self.engine.version
             if version == previous:
                 raise AlreadyServing(f"version {version} is already serving")
+            if version != 0 and not await asyncio.to_thread(is_checkpoint, record.checkpoint_path):  # rollbacks read durable checkpoints only
+                raise NotServable(f"version {version}'s durable checkpoint is not at {record.checkpoint_path} (not written yet, or lost)")
             old = await asyncio.to_thread(self.store.get_version, previous)
             start = time.perf_counter()
             try:
@@ -272,14 +345,14 @@ class Publisher:
                 if done:
                     log.info("segment %s: activated adapter version %d in %.0f ms", segment, done.version, done.swap_ms)
 
-    async def _swap(self, version: int, path: str) -> SwapResult:
-        """Swap `path` in as `version` (its row exists); a load failure marks the row FAILED and
+    async def _swap(self, version: int, weights: str | WeightSource, via: str = "checkpoint_dir") -> SwapResult:
+        """Swap `weights` in as `version` (its row exists); a load failure marks the row FAILED and
         raises SwapFailed (the old version keeps serving)."""
         parent = self.engine.version
         start = time.perf_counter()
         preempted = self.engine.swap_preempted
         try:
-            held = await self.engine.update_weights(path, version)
+            held = await self.engine.update_weights(weights, version)
         except Exception as exc:
             await asyncio.to_thread(self.store.set_version_status, version, VersionStatus.FAILED)
             self.metrics.inc("server/swap_failures")
@@ -290,8 +363,10 @@ class Publisher:
         await asyncio.to_thread(self.store.set_version_status, parent, VersionStatus.RETIRED)
         swap_s = time.perf_counter() - start
         self.metrics.observe("server/swap_seconds", swap_s)
+        self.metrics.observe("server/swap_seconds_by_transport", swap_s, transport=via)
         self.metrics.observe("server/swap_hold_seconds", held)
         self.metrics.inc("server/swaps")
+        self.last_swap_via = via
         return SwapResult(version, parent, swap_s * 1000, held * 1000)
 
     async def watch(self, poll_seconds: float) -> None:
@@ -310,9 +385,79 @@ class Publisher:
                         await asyncio.to_thread(self.store.set_version_status, older.version, VersionStatus.SUPERSEDED)
                     done = await self.activate(published[-1])
                     if done:
-                        log.info("activated version %d in %.0f ms", done.version, done.swap_ms)
+                        log.info("activated version %d in %.0f ms (from %s)", done.version, done.swap_ms, self.last_swap_via)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("version watcher")
             await asyncio.sleep(poll_seconds)
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """What a (re)starting server serves: `version`, started from the checkpoint `weights_path` (None:
+    the base model), then, when `memory` is set, swapped to that version's weights from memory (its
+    durable checkpoint is not written yet). `skipped`: newer versions passed over for having neither."""
+
+    version: int
+    weights_path: str | None
+    start_version: int
+    memory: WeightHandle | None = None
+    skipped: tuple[int, ...] = ()
+
+
+async def start_point(
+    store: Store, record: VersionRecord, receiver: Receiver | None, wait_seconds: float = 0.0, poll_seconds: float = 0.5
+) -> StartPoint:
+    """Where to start serving `record` (the store's serving version). Its durable checkpoint when it
+    exists; else its memory if a transport still holds it (started from the nearest ancestor on disk,
+    then swapped); else, after waiting up to `wait_seconds` for the learner to write the checkpoint,
+    the nearest ancestor with one: the passed-over versions are marked FAILED and the ancestor SERVING,
+    so the store says what serves. Never a missing or half-written model."""
+    if record.version == 0 or is_checkpoint(record.checkpoint_path or ""):
+        return StartPoint(record.version, record.checkpoint_path if record.version else None, record.version)
+    ancestor = await asyncio.to_thread(_durable_ancestor, store, record)
+    base_path = ancestor.checkpoint_path if ancestor.version else None
+    if receiver is not None:
+        handle = receiver.handle_for(record.version, record.checkpoint_path)
+        with contextlib.suppress(HandleGone):
+            with receiver.open(handle):
+                return StartPoint(record.version, base_path, ancestor.version, memory=handle)
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        await asyncio.sleep(poll_seconds)
+        if is_checkpoint(record.checkpoint_path or ""):
+            return StartPoint(record.version, record.checkpoint_path, record.version)
+    skipped: list[int] = []
+    current = record
+    while current.version != ancestor.version:
+        skipped.append(current.version)
+        await asyncio.to_thread(store.set_version_status, current.version, VersionStatus.FAILED)
+        current = await asyncio.to_thread(store.get_version, current.parent)
+    await asyncio.to_thread(store.set_version_status, ancestor.version, VersionStatus.SERVING)
+    log.error("version %d has no weights (durable checkpoint missing, memory gone): serving version %d instead (failed: %s)",
+              record.version, ancestor.version, skipped)
+    return StartPoint(ancestor.version, base_path, ancestor.version, skipped=tuple(skipped))
+
+
+def _durable_ancestor(store: Store, record: VersionRecord) -> VersionRecord:
+    """The nearest ancestor of `record` whose durable checkpoint exists (version 0, the base, at worst)."""
+    current = record
+    while current.version != 0 and current.parent is not None:
+        parent = store.get_version(current.parent)
+        if parent is None:
+            break
+        current = parent
+        if current.version == 0 or is_checkpoint(current.checkpoint_path or ""):
+            return current
+    base = store.get_version(0)
+    assert base is not None, "version 0 (the base model) always exists"
+    return base
+
+
+async def finish_start(publisher: Publisher, point: StartPoint) -> None:
+    """After `engine.start(point.start_version, point.weights_path)`: swap to the version's memory."""
+    if point.memory is None or publisher.receiver is None:
+        return
+    with publisher.receiver.open(point.memory) as source:
+        await publisher.engine.update_weights(source, point.version)

@@ -1,0 +1,71 @@
+"""The `[transport]` section: how a new policy version's weights travel from the learner to the engine.
+
+    [transport]
+    backend = "shared_memory"    # checkpoint_dir | shared_memory | ipc | nccl
+    namespace = "liveloop"       # names this deployment's segments (learner and server must agree)
+    keep_versions = 2            # memory backends: versions whose memory may stay alive at once
+
+`checkpoint_dir` is today's path (a directory on disk; works across machines and is itself durable).
+`shared_memory` hands tensors to a co-located CPU engine through POSIX shared memory. `ipc` (same GPU,
+CUDA IPC handles) and `nccl` (other GPUs) follow vLLM's weight-transfer backends of the same names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from liveloop.config import check_literals
+
+Backend = Literal["checkpoint_dir", "shared_memory", "ipc", "nccl"]
+
+# POSIX shared memory names are file names under /dev/shm (macOS allows 31 characters in all)
+_NAMESPACE = re.compile(r"[A-Za-z0-9_]{1,16}")
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    backend: Backend = field(
+        default="checkpoint_dir",
+        metadata={"help": "checkpoint_dir (disk, any machine) | shared_memory (co-located CPU engine) | ipc (same GPU) | nccl (other GPUs)"},
+    )
+    namespace: str = field(
+        default="liveloop",
+        metadata={"help": "names this deployment's shared segments; the learner and the server must use the same (letters, digits, _; at most 16)"},
+    )
+    keep_versions: int = field(
+        default=2, metadata={"help": "memory backends: at most this many versions' memory alive at once (older ones are removed)"}
+    )
+    durable_wait_seconds: float = field(
+        default=60.0,
+        metadata={"help": "server: how long a published version whose memory is gone may wait for its durable checkpoint before the server gives up on it"},
+    )
+    packed: bool = field(default=True, metadata={"help": "ipc/nccl: send tensors packed into fixed buffers (vLLM's `packed`)"})
+    packed_buffer_size_bytes: int = field(default=1 << 30, metadata={"help": "ipc/nccl: the size of one packed buffer"})
+    packed_num_buffers: int = field(default=2, metadata={"help": "nccl: packed buffers in flight"})
+    master_address: str = field(default="127.0.0.1", metadata={"help": "nccl: the TCPStore rendezvous address (the learner's rank 0)"})
+    master_port: int = field(default=29555, metadata={"help": "nccl: the TCPStore rendezvous port"})
+    world_size: int = field(default=2, metadata={"help": "nccl: the learner's sender plus every inference worker"})
+
+    def __post_init__(self) -> None:
+        check_literals(self)
+        if not _NAMESPACE.fullmatch(self.namespace):
+            raise ValueError(f"namespace: {self.namespace!r} must be 1 to 16 letters, digits or _")
+        if self.keep_versions < 1:
+            raise ValueError(f"keep_versions: must be at least 1, got {self.keep_versions}")
+        if self.durable_wait_seconds < 0:
+            raise ValueError(f"durable_wait_seconds: must be >= 0, got {self.durable_wait_seconds}")
+        if self.packed_buffer_size_bytes < 1 << 20:
+            raise ValueError(f"packed_buffer_size_bytes: must be at least 1 MiB, got {self.packed_buffer_size_bytes}")
+        if self.packed_num_buffers < 1:
+            raise ValueError(f"packed_num_buffers: must be at least 1, got {self.packed_num_buffers}")
+        if not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port: {self.master_port} is not a port")
+        if self.world_size < 2:
+            raise ValueError(f"world_size: nccl needs the sender and at least one worker, got {self.world_size}")
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the weights travel outside the durable checkpoint (which the learner then writes after)."""
+        return self.backend != "checkpoint_dir"

@@ -1,0 +1,160 @@
+"""The `ipc` backend: a learner and an engine on the SAME GPU share the new weights through CUDA IPC
+handles, vLLM's `ipc` weight-transfer backend (vllm/distributed/weight_transfer/ipc_engine.py).
+
+NOT RUN HERE: this machine has no GPU. What runs and is tested on CPU: the handle and payload encoding
+(`update_payload` builds exactly the dict vLLM's `IPCWeightTransferUpdateInfo` accepts), the mailbox
+that carries it to the server (a shared memory document named after the version, like the
+`shared_memory` manifest), and the naming. The CUDA parts (`reduce_tensor` / `rebuild_cuda_tensor`)
+are torch's own and are exercised only by bench/gpu_check.sh on a GPU machine.
+
+    sender: start_update(v); send(cuda tensors) keeps a contiguous copy of each alive and records its
+            IPC handle; finish() writes the mailbox {names, dtype_names, shapes, ipc_handles_pickled}.
+            The copies stay alive until the version is `release`d or more than `keep_versions` exist
+            (a consumer's IPC views need the producer's memory).
+    receiver: for a vLLM engine, `update_request(handle)` is the `update_info` of
+            `AsyncLLM.update_weights(WeightTransferUpdateRequest(update_info=...))`, between
+            `start_weight_update()` and `finish_weight_update()`, on an engine built with
+            `weight_transfer_config=WeightTransferConfig(backend="ipc")` after
+            `init_weight_transfer_engine(WeightTransferInitRequest(init_info={"packed": False}))`.
+            (vLLM refuses `ipc_handles_pickled` unless VLLM_ALLOW_INSECURE_SERIALIZATION=1; the engine
+            may instead unpickle it itself and pass `ipc_handles`.) For the hf engine on the same GPU,
+            `open(handle)` rebuilds the tensors as NamedTensors (views of the learner's memory).
+
+The pickle travels only through a 0600 shared memory segment of the same user, never the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import pickle
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from liveloop.server.engines.base import NamedTensors, WeightSource
+from liveloop.transport import shared_memory as shm
+from liveloop.transport.base import HandleGone, Receiver, Sender, TransportFailed, TransportUnavailable, WeightHandle
+
+
+def mailbox_name(namespace: str, version: int) -> str:
+    return f"ll_{namespace}_v{version:08d}_m"  # the shared_memory manifest's name: one naming scheme
+
+
+def encode_handles(handles: list[dict[str, tuple]]) -> str:
+    """vLLM's `ipc_handles_pickled`: base64 of the pickled per-tensor {gpu_uuid: rebuild args}."""
+    return base64.b64encode(pickle.dumps(handles)).decode()
+
+
+def decode_handles(text: str) -> list[dict[str, tuple]]:
+    return pickle.loads(base64.b64decode(text))
+
+
+def update_payload(names: list[str], dtypes: list[torch.dtype], shapes: list[list[int]], handles: list[dict[str, tuple]], pickled: bool) -> dict[str, Any]:
+    """One update's `update_info` in vLLM's `IPCWeightTransferUpdateInfo` shape (unpacked mode)."""
+    payload: dict[str, Any] = {
+        "names": list(names),
+        "dtype_names": [str(d).removeprefix("torch.") for d in dtypes],
+        "shapes": [list(s) for s in shapes],
+    }
+    if pickled:
+        payload["ipc_handles_pickled"] = encode_handles(handles)
+    else:
+        payload["ipc_handles"] = handles
+    return payload
+
+
+class IpcSender(Sender):
+    backend = "ipc"
+
+    def __init__(self, namespace: str, keep_versions: int = 2):
+        super().__init__()
+        self.namespace = namespace
+        self.keep_versions = keep_versions
+        self._alive: dict[int, list[torch.Tensor]] = {}  # version -> the copies consumers view
+        self._pending: tuple[list[str], list[torch.dtype], list[list[int]], list[dict[str, tuple]], list[torch.Tensor]] | None = None
+
+    def _init(self) -> None:
+        if not torch.cuda.is_available():
+            raise TransportUnavailable("ipc: no CUDA device (use shared_memory for a CPU engine)")
+        self._uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
+    def _start(self, version: int) -> None:
+        shm.remove_version(self.namespace, version)
+        self._pending = ([], [], [], [], [])
+
+    def _send(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        names, dtypes, shapes, handles, refs = self._pending  # type: ignore[misc]
+        for name, t in tensors.items():
+            if not t.is_cuda:
+                raise TransportFailed(f"ipc: {name} is on {t.device}; CUDA IPC shares GPU memory only")
+            weight = t.detach().clone().contiguous()  # the learner keeps training its own
+            refs.append(weight)
+            _, args = reduce_tensor(weight)
+            names.append(name)
+            dtypes.append(weight.dtype)
+            shapes.append(list(weight.shape))
+            handles.append({self._uuid: args})
+
+    def _finish(self, version: int) -> WeightHandle:
+        names, dtypes, shapes, handles, refs = self._pending  # type: ignore[misc]
+        torch.cuda.synchronize()  # the copies are complete before anyone reads them
+        name = mailbox_name(self.namespace, version)
+        shm.write_doc(name, {"version": version, "update_info": update_payload(names, dtypes, shapes, handles, pickled=True)})
+        self._alive[version] = refs
+        self._pending = None
+        for old in sorted(self._alive)[: max(0, len(self._alive) - self.keep_versions)]:
+            self.release(old)
+        return WeightHandle(self.backend, version, name, {"tensors": len(names)})
+
+    def _abort(self, version: int) -> None:
+        self._pending = None
+        shm.unlink(mailbox_name(self.namespace, version))
+
+    def release(self, version: int) -> None:
+        shm.unlink(mailbox_name(self.namespace, version))
+        if self._alive.pop(version, None) is not None:
+            torch.cuda.ipc_collect()
+
+
+class IpcReceiver(Receiver):
+    backend = "ipc"
+
+    def __init__(self, namespace: str):
+        self.namespace = namespace
+
+    def handle_for(self, version: int, checkpoint_path: str | None = None) -> WeightHandle:
+        return WeightHandle(self.backend, version, mailbox_name(self.namespace, version))
+
+    def update_request(self, handle: WeightHandle) -> dict[str, Any]:
+        """The `update_info` for vLLM's `update_weights` (see the module docstring)."""
+        doc = shm.read_doc(handle.location)
+        if doc.get("version") != handle.version:
+            raise HandleGone(f"ipc: {handle.location} holds version {doc.get('version')}, not {handle.version}")
+        return doc["update_info"]
+
+    @contextlib.contextmanager
+    def open(self, handle: WeightHandle) -> Iterator[WeightSource]:
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        info = self.update_request(handle)
+        if not torch.cuda.is_available():
+            raise TransportUnavailable("ipc: no CUDA device here")
+        device = torch.cuda.current_device()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        tensors = {}
+        for name, by_gpu in zip(info["names"], decode_handles(info["ipc_handles_pickled"])):
+            if uuid not in by_gpu:
+                raise HandleGone(f"ipc: {name} lives on another GPU ({list(by_gpu)}), not {uuid}")
+            args = list(by_gpu[uuid])
+            args[6] = device  # the device index as this process numbers it
+            tensors[name] = rebuild_cuda_tensor(*args)
+        yield NamedTensors(tensors)
+
+    def tensors(self, handle: WeightHandle) -> dict[str, torch.Tensor]:
+        with self.open(handle) as source:
+            assert isinstance(source, NamedTensors)
+            return {k: v.clone() for k, v in source.tensors.items()}
