@@ -36,6 +36,7 @@ from typing import Any
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
 from liveloop.store import StoreConfig
+from liveloop.transport import TransportConfig
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,9 @@ class RayNotPrivate(RuntimeError):
 
 
 class LearnerActor:
-    def __init__(self, store: StoreConfig, learner: LearnerConfig, critic: CriticConfig, base_model_dir: str):
+    def __init__(
+        self, store: StoreConfig, learner: LearnerConfig, critic: CriticConfig, base_model_dir: str, transport: TransportConfig | None = None
+    ):
         import torch
 
         from liveloop.learner.lanes import build_learner
@@ -69,7 +72,7 @@ class LearnerActor:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s learner: %(message)s")
         self._stop = threading.Event()
         self.store = Store(store)
-        self.learner = build_learner(self.store, learner, critic, Path(base_model_dir))
+        self.learner = build_learner(self.store, learner, critic, Path(base_model_dir), transport)
 
     def run(self, max_steps: int | None = None) -> dict[str, Any]:
         self.learner.run(self._stop.is_set, max_steps)
@@ -159,6 +162,7 @@ class ColocatedLearner:
         learner: LearnerConfig,
         critic: CriticConfig,
         base_model_dir: Path,
+        transport: TransportConfig | None = None,
         *,
         max_restarts: int = 5,
         restart_window_s: float = 600.0,
@@ -174,7 +178,7 @@ class ColocatedLearner:
         self.max_restarts, self.restart_window_s = max_restarts, restart_window_s
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.start_timeout_s, self.poll_s = start_timeout_s, poll_s
-        self._args = (store, learner, critic, str(base_model_dir))
+        self._args = (store, learner, critic, str(base_model_dir), transport)
         self._lock = threading.Lock()  # guards the actor handle, its run ref and the health
         self._closing = threading.Event()
         self._crashes: deque[float] = deque()

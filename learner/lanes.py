@@ -29,6 +29,7 @@ from liveloop.learner.online import OnlineLearner
 from liveloop.learner.placement import placement
 from liveloop.learner.segments import lanes
 from liveloop.store import Store
+from liveloop.transport import TransportConfig
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,11 @@ class SegmentLanes:
         }
 
 
-def build_learner(store: Store, config: LearnerConfig, critic: CriticConfig, base_model_dir: Path) -> OnlineLearner | SegmentLanes:
-    """The learner `[learner] adapters` asks for: one OnlineLearner on the whole policy, or a lane per segment."""
+def build_learner(
+    store: Store, config: LearnerConfig, critic: CriticConfig, base_model_dir: Path, transport: TransportConfig | None = None
+) -> OnlineLearner | SegmentLanes:
+    """The learner `[learner] adapters` asks for: one OnlineLearner on the whole policy (its versions
+    travel by `transport`), or a lane per segment (adapters travel as checkpoint directories)."""
     if config.adapters == "none":
-        return OnlineLearner.resume(store, config, critic, Path(base_model_dir))
+        return OnlineLearner.resume(store, config, critic, Path(base_model_dir), transport=transport)
     return SegmentLanes(store, config, critic, Path(base_model_dir))

@@ -57,7 +57,10 @@ from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.losses import exact_kl_penalty, kl_penalty
 from liveloop.rl.optim import make_optimizer
-from liveloop.store import StaleLineage, Store, VersionStatus
+from liveloop.store import StaleLineage, Store, VersionRecord, VersionStatus
+from liveloop.server.engines.weights import load_state
+from liveloop.transport import HandleGone, TransportConfig, TransportFailed, make_receiver, make_sender
+from liveloop.transport.checkpoint_dir import is_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,7 @@ class OnlineLearner:
         publish_status: VersionStatus = VersionStatus.PUBLISHED,
         segment: str | None = None,
         adapters: AdapterPolicy | None = None,
+        transport: TransportConfig | None = None,
     ):
         torch.manual_seed(config.seed)
         if (segment is None) != (adapters is None):
@@ -140,6 +144,13 @@ class OnlineLearner:
         self.idle_seconds = 0.0
         self.busy_seconds = 0.0
         self.paused = False
+        self.transport = transport
+        # versions travel to the engine in memory (the durable checkpoint follows) when the transport says
+        # so; a lane's adapters stay on checkpoint directories (what engines load adapters from)
+        self.sender = None
+        if transport is not None and transport.in_memory and segment is None:
+            self.sender = make_sender(transport, base_model=self.base_model_dir)
+            self.sender.init()
 
     def _load(self, policy_dir: str | None, critic_dir: str | None) -> None:
         """Load the policy (a lane: its adapter from `policy_dir`, or a fresh one when None) and the critic."""
@@ -196,13 +207,13 @@ class OnlineLearner:
     @classmethod
     def resume(cls, store: Store, config: LearnerConfig, critic_config: CriticConfig, base_model_dir: Path, **kw) -> "OnlineLearner":
         """Start from the version this learner last published (or the base model), at its cursor."""
-        state, policy_dir, critic_dir = _stored_position(store, config, Path(base_model_dir), kw.get("segment"))
+        state, policy_dir, critic_dir = _stored_position(store, config, Path(base_model_dir), kw.get("segment"), kw.get("transport"))
         return cls(store, config, critic_config, base_model_dir, state, policy_dir, critic_dir, **kw)
 
     def reload(self) -> None:
         """Drop what was trained since the last version and load the version the store's cursor
         names (after a rollback). Counters of steps and samples carry on."""
-        state, policy_dir, critic_dir = _stored_position(self.store, self.config, self.base_model_dir, self.segment)
+        state, policy_dir, critic_dir = _stored_position(self.store, self.config, self.base_model_dir, self.segment, self.transport)
         state.step, state.samples, state.skipped_steps = self.state.step, self.state.samples, self.state.skipped_steps
         self._load(policy_dir, critic_dir)
         self.method.reset()
@@ -329,6 +340,8 @@ class OnlineLearner:
             return None
         version = self.store.next_version()
         root = checkpoint_root(self.config.checkpoint_dir, version)
+        if self.sender is not None:
+            return self._publish_in_memory(version, root)
         try:
             save_atomically(root, self._write_checkpoint)
         except Exception as exc:
@@ -338,7 +351,7 @@ class OnlineLearner:
             return None
         metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
         try:
-            self._record_version(version, root, metrics)
+            self._record_version(version, root, metrics, checkpoint_digest(root / "policy"))
         except StaleLineage as exc:
             log.warning("not publishing version %d: %s", version, exc)
             shutil.rmtree(root, ignore_errors=True)
@@ -358,13 +371,59 @@ class OnlineLearner:
         self._apply_retention(protect=(parent, version))
         return version
 
-    def _record_version(self, version: int, root: Path, metrics: dict) -> None:
+    def _publish_in_memory(self, version: int, root: Path) -> int | None:
+        """Publish through the in-memory transport: the tensors are handed over and finished, then the
+        version row and the cursor are recorded (naming where the durable checkpoint will be), and the
+        server swaps from memory while this writes the durable checkpoint, off the critical path. A
+        failed handover publishes nothing: the old version keeps serving and the next publish retries.
+        A crash before the durable checkpoint exists is recovered at resume (`_recover_durable`)."""
+        s = self.state
+        try:
+            with self.policy_opt.full_parameters() as policy:
+                self.sender.start_update(version)
+                self.sender.send(policy.state_dict())
+                self.sender.finish()
+        except TransportFailed as exc:
+            log.warning("version %d not handed over (%s): the old version keeps serving", version, exc)
+            return None
+        metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
+        try:
+            self._record_version(version, root, metrics, None)
+        except StaleLineage as exc:
+            log.warning("not publishing version %d: %s", version, exc)
+            self.sender.release(version)
+            self.reload()
+            return None
+        except Exception as exc:
+            self.sender.release(version)
+            if not is_disk_full(exc):
+                raise
+            self._pause_for_disk_full(version, root, exc)
+            return None
+        parent = s.version
+        s.version, s.cursor = version, s.pending_cursor
+        s.steps_since_publish = s.samples_since_publish = s.updates_since_publish = 0
+        s.last_publish = time.monotonic()
+        try:
+            save_atomically(root, self._write_checkpoint)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            # the memory stays (the transport keeps it until the server has a durable copy)
+            self._pause_for_disk_full(version, root, exc)
+            return version
+        self.store.set_checkpoint_digest(version, checkpoint_digest(root / "policy"))
+        log.info("published version %d in memory (step %d, cursor %d); durable at %s", version, s.step, s.cursor, root)
+        self._apply_retention(protect=(parent, version))
+        return version
+
+    def _record_version(self, version: int, root: Path, metrics: dict, digest: str | None) -> None:
         s = self.state
         self.store.publish_version(
             version,
             parent=s.version,
             checkpoint_path=str(root / "policy"),
-            checkpoint_sha256=checkpoint_digest(root / "policy"),
+            checkpoint_sha256=digest,
             learner_step=s.step,
             samples_used=s.samples_since_publish,
             metrics=metrics,
@@ -471,14 +530,18 @@ class OnlineLearner:
 
 
 def _stored_position(
-    store: Store, config: LearnerConfig, base_model_dir: Path, segment: str | None = None
+    store: Store, config: LearnerConfig, base_model_dir: Path, segment: str | None = None, transport: TransportConfig | None = None
 ) -> tuple[LearnerState, str | None, str | None]:
     """The version this learner's cursor names (or the base model), its weights and critic. A lane's
     weights are its adapter directory, or None (a fresh adapter) while it is still at a base version."""
     name = lane_cursor(config, segment)
-    cursor = store.get_cursor(name)
     version = store.cursor_version(name)
     record = store.get_version(version) if version is not None else None
+    if record is not None and record.version > 0 and record.segment is None and segment is None and not is_checkpoint(record.checkpoint_path or ""):
+        _recover_durable(store, config, base_model_dir, record, name, transport)
+        version = store.cursor_version(name)
+        record = store.get_version(version) if version is not None else None
+    cursor = store.get_cursor(name)
     if record is None or not record.checkpoint_path or version == 0 or record.segment != segment:
         version = version if record is not None and record.segment is None and segment is not None else 0
         policy_dir = str(base_model_dir) if segment is None else None
@@ -491,3 +554,40 @@ def _stored_position(
         name, version, cursor, critic_dir or "cold (not pre-trained)",
     )
     return LearnerState(version=version, cursor=cursor, pending_cursor=cursor), policy_dir, critic_dir
+
+
+def _recover_durable(
+    store: Store, config: LearnerConfig, base_model_dir: Path, record: VersionRecord, cursor_name: str, transport: TransportConfig | None
+) -> None:
+    """The learner died after publishing `record` in memory and before its durable checkpoint existed.
+    If the transport still holds its tensors, write the checkpoint from them (with the parent's critic);
+    else give the version up: the cursor goes back to the parent and its ratings are trained again."""
+    root = Path(record.checkpoint_path).parent
+    if transport is not None and transport.in_memory:
+        receiver = make_receiver(transport)
+        try:
+            tensors = receiver.tensors(receiver.handle_for(record.version, record.checkpoint_path))
+        except HandleGone:
+            pass
+        else:
+            from transformers import AutoModelForCausalLM
+
+            def write(tmp: Path) -> None:
+                model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+                load_state(model, tensors)  # every tensor present and finite, or nothing is written
+                model.save_pretrained(str(tmp / "policy"))
+                parent_critic = critic_dir_for(config, record.parent or 0)
+                if parent_critic.exists():
+                    shutil.copytree(parent_critic, tmp / "critic")
+
+            save_atomically(root, write)
+            store.set_checkpoint_digest(record.version, checkpoint_digest(root / "policy"))
+            log.warning("version %d: durable checkpoint recovered from the transport's memory", record.version)
+            return
+    parent = store.get_version(record.parent) if record.parent is not None else None
+    parent_cursor = int((parent.metrics or {}).get("learner/cursor", 0)) if parent is not None and parent.version > 0 else 0
+    store.abandon_version(record.version, cursor_name, record.parent or 0, parent_cursor)
+    log.error(
+        "version %d was lost before its durable checkpoint was written: back to version %d, ratings after %d are trained again",
+        record.version, record.parent or 0, parent_cursor,
+    )

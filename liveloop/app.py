@@ -36,7 +36,7 @@ def start_learner(config: Config, model_dir: Path) -> ColocatedLearner | None:
         return None
     from liveloop.learner.actor import ColocatedLearner
 
-    return ColocatedLearner(config.store, config.learner, config.critic, model_dir)
+    return ColocatedLearner(config.store, config.learner, config.critic, model_dir, config.transport_for_store())
 
 
 def build_app(config: Config, model_dir: Path) -> FastAPI:

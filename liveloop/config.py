@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from liveloop.monitor.config import MonitorConfig
     from liveloop.server.config import AuthConfig, EngineConfig, ServerConfig
     from liveloop.store.config import StoreConfig
+    from liveloop.transport.config import TransportConfig
 
 T = TypeVar("T")
 
@@ -270,6 +271,7 @@ def _sections() -> dict[str, type]:
     from liveloop.monitor.config import MonitorConfig
     from liveloop.server.config import AuthConfig, EngineConfig, ServerConfig
     from liveloop.store.config import StoreConfig
+    from liveloop.transport.config import TransportConfig
 
     return {
         "server": ServerConfig,
@@ -280,6 +282,7 @@ def _sections() -> dict[str, type]:
         "learner": LearnerConfig,
         "critic": CriticConfig,
         "monitor": MonitorConfig,
+        "transport": TransportConfig,
     }
 
 
@@ -295,7 +298,13 @@ class Config:
     learner: LearnerConfig
     critic: CriticConfig
     monitor: MonitorConfig
+    transport: TransportConfig
     path: str = field(default="<defaults>")
+
+    def transport_for_store(self) -> TransportConfig:
+        """`[transport]` with its namespace resolved: "auto" names this deployment's shared memory after
+        its store, so two deployments on one machine never read each other's weights."""
+        return self.transport.for_deployment(self.store.url)
 
     def with_section(self, name: str, **changes: Any) -> "Config":
         return dataclasses.replace(self, **{name: dataclasses.replace(getattr(self, name), **changes)})

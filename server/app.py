@@ -38,10 +38,11 @@ from liveloop.server.config import ServerConfig
 from liveloop.server.engines.base import Engine, create_engine
 from liveloop.server.errors import install_handlers
 from liveloop.server.operations import Operations
-from liveloop.server.publisher import Publisher
+from liveloop.server.publisher import Publisher, finish_start, start_point
 from liveloop.server.routes import admin, dashboard, feedback, openai, ops
 from liveloop.server.serving import Serving
 from liveloop.store import BatchWriter, Store
+from liveloop.transport import HandleGone, make_receiver
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,10 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     latest = await asyncio.to_thread(store.latest_version)
     if latest is None:
         latest = await asyncio.to_thread(store.ensure_base_version, str(model_dir.resolve()))
-    weights = latest.checkpoint_path if latest.version > 0 else None
+    # a version published in memory may not have its durable checkpoint yet: start from what exists
+    transport = config.transport_for_store()
+    receiver = make_receiver(transport) if transport.in_memory else None
+    point = await start_point(store, latest, receiver, transport.durable_wait_seconds)
     # 3. engine (with room for every segment's adapter, and as many old ones finishing a response)
     segments = lanes(config.learner)
     engine_config = config.engine
@@ -114,13 +118,22 @@ async def start_components(config: Config, model_dir: Path) -> Components:
         engine_config = replace(engine_config, max_adapters=2 * len(segments))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     engine = create_engine(engine_config, model_dir)
-    await engine.start(version=latest.version, weights_path=weights)
+    await engine.start(version=point.start_version, weights_path=point.weights_path)
     # 4. writer
     writer = BatchWriter(store).start()
     metrics = Metrics()
     route = functools.partial(segment_of, config=config.learner)
     serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server), route)
-    publisher = Publisher(engine, store, metrics, config.learner.cursor_name, segments)
+    publisher = Publisher(
+        engine, store, metrics, config.learner.cursor_name, segments,
+        receiver=receiver, durable_wait_seconds=transport.durable_wait_seconds,
+    )
+    try:
+        await finish_start(publisher, point)
+    except HandleGone:  # its memory went between the two looks: wait for the durable copy or fall back
+        point = await start_point(store, latest, None, transport.durable_wait_seconds)
+        if point.start_version != engine.version and point.weights_path:
+            await engine.update_weights(point.weights_path, point.start_version)
     if segments:
         await publisher.restore_adapters()
     operations = Operations(config.monitor, store, publisher, metrics)

@@ -121,6 +121,23 @@ class OperatorQueries:
     def _add_event(self, s: Session, kind: str, version: int | None, detail: dict[str, Any], api_key_id: str | None) -> None:
         s.add(OperatorEvent(kind=kind, version=version, detail=detail, api_key_id=api_key_id, created_at=utcnow()))
 
+    def set_checkpoint_digest(self, version: int, sha256: str) -> None:
+        """Record the digest of a version's durable checkpoint, written after its row (in-memory publishing)."""
+        with self._session.begin() as s:
+            s.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(checkpoint_sha256=sha256))
+
+    def abandon_version(self, version: int, cursor_name: str, parent: int, parent_cursor: int) -> None:
+        """Give up `version`, whose weights were lost before their durable checkpoint existed: in ONE
+        transaction it becomes "failed" and the learner's cursor goes back to `parent` at `parent_cursor`,
+        so the ratings it had trained are trained again (an operator event "version_lost" says so).
+        Raises StaleLineage if the cursor is no longer on `version`."""
+        with self._session.begin() as s:
+            self.check_lineage(s, cursor_name, version)
+            s.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(status=VersionStatus.FAILED))
+            self.set_cursor(cursor_name, parent_cursor, parent, session=s)
+            detail = {"learner": cursor_name, "parent": parent, "cursor": parent_cursor, "reason": "no durable checkpoint and no memory"}
+            self._add_event(s, "version_lost", version, detail, None)
+
     def record_event(self, kind: str, version: int | None = None, detail: dict[str, Any] | None = None, api_key_id: str | None = None) -> None:
         with self._session.begin() as s:
             self._add_event(s, kind, version, detail or {}, api_key_id)

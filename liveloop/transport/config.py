@@ -2,7 +2,7 @@
 
     [transport]
     backend = "shared_memory"    # checkpoint_dir | shared_memory | ipc | nccl
-    namespace = "liveloop"       # names this deployment's segments (learner and server must agree)
+    namespace = "auto"           # names this deployment's segments (auto: from the store URL)
     keep_versions = 2            # memory backends: versions whose memory may stay alive at once
 
 `checkpoint_dir` is today's path (a directory on disk; works across machines and is itself durable).
@@ -12,8 +12,9 @@ CUDA IPC handles) and `nccl` (other GPUs) follow vLLM's weight-transfer backends
 
 from __future__ import annotations
 
+import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from liveloop.config import check_literals
@@ -31,8 +32,9 @@ class TransportConfig:
         metadata={"help": "checkpoint_dir (disk, any machine) | shared_memory (co-located CPU engine) | ipc (same GPU) | nccl (other GPUs)"},
     )
     namespace: str = field(
-        default="liveloop",
-        metadata={"help": "names this deployment's shared segments; the learner and the server must use the same (letters, digits, _; at most 16)"},
+        default="auto",
+        metadata={"help": "names this deployment's shared segments; the learner and the server must use the same (letters, "
+                  "digits, _; at most 16); auto: derived from the store's URL, so deployments on one machine never mix"},
     )
     keep_versions: int = field(
         default=2, metadata={"help": "memory backends: at most this many versions' memory alive at once (older ones are removed)"}
@@ -64,6 +66,13 @@ class TransportConfig:
             raise ValueError(f"master_port: {self.master_port} is not a port")
         if self.world_size < 2:
             raise ValueError(f"world_size: nccl needs the sender and at least one worker, got {self.world_size}")
+
+    def for_deployment(self, store_url: str) -> "TransportConfig":
+        """This config with an "auto" namespace replaced by one derived from the deployment's store URL."""
+        if self.namespace != "auto":
+            return self
+        digest = hashlib.sha256(store_url.encode()).hexdigest()[:12]
+        return replace(self, namespace=f"ll{digest}")
 
     @property
     def in_memory(self) -> bool:
