@@ -1,13 +1,23 @@
 """Store ingest throughput: served responses plus feedback rows written per second, through liveloop's
-real store code, on SQLite and PostgreSQL.
+real store code, on SQLite and PostgreSQL, against raw batched inserts of the same rows.
 
-Two ways of writing the same workload, each into a fresh database:
+Three ways of writing the same workload, each into a fresh database:
   baseline  one transaction per operation: `store.write_batch([op])` in a loop, one caller;
-  writer    liveloop's group-commit `BatchWriter`, fed by T threads that each behave like an HTTP
-            handler: submit a record and wait for its future (the commit) before the next request.
+  writer    liveloop's group-commit `BatchWriter`, fed by C concurrent requests on one asyncio loop,
+            each awaiting its commit (`writer.write`) the way the server's handlers do;
+  raw       the database's pace: the same rows, already encoded, inserted by the bare driver in
+            transactions of `batch_max` operations (SQLite: sqlite3 executemany; PostgreSQL: psycopg
+            COPY for responses, executemany for ratings), same schema, same pragmas, no liveloop code.
 The workload is N responses (64 prompt tokens, 128 response tokens, random ids < 1024, float32
 logprobs), about half of them followed by a rating from the same API key once the response is
-committed. Each measurement is repeated, alternating baseline and writer, and the median reported.
+committed. Each measurement is repeated, alternating the modes, and the median reported.
+
+A closed loop of C clients can put at most C rows in one commit (each waits for its commit before its
+next write), so the writer reaches the database's pace only when enough requests are in flight: C is
+2 x batch_max by default, so that a full batch is queued while the previous one commits (8 clients,
+as this benchmark used to run, cap a commit at 8 rows and measure the clients, not the writer). The
+table prints rows/commit so that limit shows. The baseline writes a smaller sample (it commits
+every row).
 
     .venv/bin/python bench/store_ingest.py                     # SQLite and PostgreSQL, default sizes
     .venv/bin/python bench/store_ingest.py --no-postgres --responses 1000 --repeats 2
@@ -20,6 +30,7 @@ Needs no torch and no model: the store knows nothing of either.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -28,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,17 +50,25 @@ from pathlib import Path
 import numpy as np
 import sqlalchemy
 
+from psycopg.types.json import Json
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
 from liveloop.store import BatchWriter, FeedbackRecord, ResponseRecord, Store, StoreConfig
+from liveloop.store.models import Feedback, Response
+from liveloop.store.store import _feedback_row, response_row
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "store_ingest.json"
 
-DEFAULT_RESPONSES = {"sqlite": 4000, "postgresql": 2000}
+DEFAULT_RESPONSES = {"sqlite": 20000, "postgresql": 10000}
+BASELINE_RESPONSES = 1000  # one commit per row: a sample is enough to know its pace
 PROMPT_TOKENS = 64
 RESPONSE_TOKENS = 128
 VOCAB = 1024
 FEEDBACK_FRACTION = 0.5
 API_KEYS = 16
+
+MODES = ("baseline", "writer", "raw")
 
 # One request's worth of work: a response and, for about half of them, the rating that follows it.
 Request = tuple[ResponseRecord, FeedbackRecord | None]
@@ -59,7 +77,7 @@ Request = tuple[ResponseRecord, FeedbackRecord | None]
 @dataclass
 class Run:
     backend: str
-    mode: str  # "baseline" | "writer"
+    mode: str  # "baseline" | "writer" | "raw"
     repeat: int
     responses: int
     feedback: int
@@ -173,41 +191,128 @@ def run_baseline(store: Store, requests: list[Request]) -> tuple[float, int]:
     return time.perf_counter() - start, commits
 
 
-def run_writer(store: Store, requests: list[Request], threads: int, batch_max: int) -> tuple[float, int]:
-    """T handler threads over one BatchWriter; each waits for its commit before its next request."""
+def run_writer(store: Store, requests: list[Request], concurrency: int, batch_max: int) -> tuple[float, int]:
+    """C concurrent requests over one BatchWriter, on one asyncio loop like the server's handlers:
+    each awaits its response's commit, then its rating's."""
     writer = BatchWriter(store, batch_max=batch_max).start()
-    errors: list[BaseException] = []
 
-    def handler(share: list[Request]) -> None:
-        try:
-            for response, feedback in share:
-                writer.submit(response).result()
-                if feedback is not None:  # the client rates a response only after receiving it
-                    writer.submit(feedback).result()
-        except BaseException as exc:  # noqa: BLE001 - reported below, on the main thread
-            errors.append(exc)
+    async def client(share: list[Request]) -> None:
+        for response, feedback in share:
+            await writer.write(response)
+            if feedback is not None:  # the client rates a response only after receiving it
+                result = await writer.write(feedback)
+                if isinstance(result, Exception):
+                    raise result
 
-    workers = [threading.Thread(target=handler, args=(requests[t::threads],)) for t in range(threads)]
+    async def everyone() -> None:
+        await asyncio.gather(*(client(requests[c::concurrency]) for c in range(concurrency)))
+
     start = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    asyncio.run(everyone())
     seconds = time.perf_counter() - start
     writer.close()
-    if errors:
-        raise errors[0]
     return seconds, writer.batches
+
+
+# -- raw batched inserts: the same rows, no liveloop code on the timed path -------------------------
+RESPONSE_COLUMNS = [c.name for c in Response.__table__.columns]  # every column the writer fills
+FEEDBACK_COLUMNS = ["response_id", "api_key_id", "reward", "comment", "created_at", "revisions"]
+
+
+def raw_batches(requests: list[Request], batch_max: int, backend: str) -> list[tuple[list[tuple], list[tuple]]]:
+    """The workload's operations in arrival order, `batch_max` to a transaction, each batch as
+    (response rows, rating rows) of database-native values (encoded before any timing starts)."""
+    now = datetime.now(timezone.utc)
+    ops: list[tuple[str, tuple]] = []
+    for response, feedback in requests:
+        row = response_row(response, now)
+        ops.append(("r", tuple(_native(backend, Response.__table__.c[c].type, row[c]) for c in RESPONSE_COLUMNS)))
+        if feedback is not None:
+            fb = _feedback_row(feedback, now) | {"revisions": 0}
+            ops.append(("f", tuple(_native(backend, Feedback.__table__.c[c].type, fb[c]) for c in FEEDBACK_COLUMNS)))
+    batches = []
+    for i in range(0, len(ops), batch_max):
+        chunk = ops[i : i + batch_max]
+        batches.append(([r for kind, r in chunk if kind == "r"], [r for kind, r in chunk if kind == "f"]))
+    return batches
+
+
+def _native(backend: str, column_type, value):
+    """A value as the driver takes it: what SQLAlchemy's bind processing would hand it."""
+    if backend == "postgresql":
+        if isinstance(column_type, sqlalchemy.JSON):
+            return None if value is None and column_type.none_as_null else Json(value)
+        return value
+    dialect = sqlite_dialect.dialect()
+    process = column_type.dialect_impl(dialect).bind_processor(dialect)
+    return process(value) if process else value
+
+
+def _insert_sql(table: str, columns: list[str], style: str) -> str:
+    marks = ", ".join("?" if style == "qmark" else "%s" for _ in columns)
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+
+
+def run_raw(store: Store, requests: list[Request], batch_max: int) -> tuple[float, int]:
+    """The bare driver: one transaction per batch of `batch_max` operations. Returns (seconds, commits)."""
+    backend = store.dialect
+    batches = raw_batches(requests, batch_max, backend)
+    if backend == "sqlite":
+        seconds = _raw_sqlite(store, batches)
+    else:
+        seconds = _raw_postgres(store, batches)
+    return seconds, len(batches)
+
+
+def _raw_sqlite(store: Store, batches: list[tuple[list[tuple], list[tuple]]]) -> float:
+    conn = sqlite3.connect(store.engine.url.database, timeout=30, isolation_level=None)
+    for pragma in ("journal_mode=WAL", f"synchronous={store.config.sqlite_synchronous}", "foreign_keys=ON"):
+        conn.execute(f"PRAGMA {pragma}")
+    insert_response = _insert_sql("responses", RESPONSE_COLUMNS, "qmark")
+    insert_feedback = _insert_sql("feedback", FEEDBACK_COLUMNS, "qmark")
+    start = time.perf_counter()
+    for responses, ratings in batches:
+        conn.execute("BEGIN")
+        conn.executemany(insert_response, responses)
+        if ratings:
+            conn.executemany(insert_feedback, ratings)
+        conn.execute("COMMIT")
+    seconds = time.perf_counter() - start
+    conn.close()
+    return seconds
+
+
+def _raw_postgres(store: Store, batches: list[tuple[list[tuple], list[tuple]]]) -> float:
+    import psycopg
+
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    copy_responses = f"COPY responses ({', '.join(RESPONSE_COLUMNS)}) FROM STDIN"
+    insert_feedback = _insert_sql("feedback", FEEDBACK_COLUMNS, "format")
+    with psycopg.connect(url) as conn:
+        start = time.perf_counter()
+        for responses, ratings in batches:
+            with conn.cursor() as cur:
+                with cur.copy(copy_responses) as copy:
+                    for row in responses:
+                        copy.write_row(row)
+                if ratings:
+                    cur.executemany(insert_feedback, ratings)
+            conn.commit()
+        return time.perf_counter() - start
 
 
 def measure(backend: str, mode: str, repeat: int, args: argparse.Namespace, pg_base: str | None, tmp: Path) -> Run:
     n = args.responses or DEFAULT_RESPONSES[backend]
+    if mode == "baseline":
+        n = min(n, args.baseline_responses)
     requests = make_workload(n, seed=args.seed + repeat)
     with fresh_store(backend, pg_base, tmp) as store:
         if mode == "baseline":
             seconds, commits = run_baseline(store, requests)
+        elif mode == "writer":
+            seconds, commits = run_writer(store, requests, args.concurrency, args.batch_max)
         else:
-            seconds, commits = run_writer(store, requests, args.threads, args.batch_max)
+            seconds, commits = run_raw(store, requests, args.batch_max)
         responses, feedback = check_written(store, requests)
     run = Run(backend, mode, repeat, responses, feedback, seconds, commits)
     print(
@@ -224,7 +329,7 @@ def summarize(runs: list[Run]) -> list[dict]:
     rows = []
     for backend in dict.fromkeys(r.backend for r in runs):
         medians = {}
-        for mode in ("baseline", "writer"):
+        for mode in MODES:
             mine = [r for r in runs if r.backend == backend and r.mode == mode]
             medians[mode] = statistics.median(r.rows_per_s for r in mine)
             rows.append(
@@ -239,21 +344,26 @@ def summarize(runs: list[Run]) -> list[dict]:
                     "rows_per_commit": statistics.median(r.rows / r.commits for r in mine),
                 }
             )
-        for row in rows[-2:]:
-            row["ratio_writer_over_baseline"] = medians["writer"] / medians["baseline"]
+        for row in rows[-len(MODES) :]:
+            row["ratio_over_baseline"] = medians[row["mode"]] / medians["baseline"]
+            row["ratio_over_raw"] = medians[row["mode"]] / medians["raw"]
     return rows
 
 
-def markdown(rows: list[dict], threads: int) -> str:
+def markdown(rows: list[dict], concurrency: int, batch_max: int) -> str:
+    names = {
+        "baseline": "baseline (1 txn/op)",
+        "writer": f"BatchWriter, {concurrency} concurrent requests",
+        "raw": f"raw driver, {batch_max} ops/txn",
+    }
     lines = [
-        "| backend | mode | rows/s (responses+feedback) | ratio writer/baseline | rows/commit |",
-        "|---|---|---:|---:|---:|",
+        "| backend | mode | rows/s (responses+feedback) | / baseline | / raw | rows/commit |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
-        mode = "baseline (1 txn/op)" if r["mode"] == "baseline" else f"BatchWriter, {threads} threads"
-        ratio = f"{r['ratio_writer_over_baseline']:.2f}x" if r["mode"] == "writer" else "1.00x"
         lines.append(
-            f"| {r['backend']} | {mode} | {r['rows_per_s_median']:,.0f} | {ratio} | {r['rows_per_commit']:.1f} |"
+            f"| {r['backend']} | {names[r['mode']]} | {r['rows_per_s_median']:,.0f} | {r['ratio_over_baseline']:.2f}x "
+            f"| {r['ratio_over_raw']:.2f} | {r['rows_per_commit']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -285,7 +395,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help=f"responses per measurement on every backend (default: {DEFAULT_RESPONSES})",
     )
-    p.add_argument("--threads", type=int, default=8, help="submitting threads for the BatchWriter (default 8)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="requests in flight on the BatchWriter (default 2 x batch_max: a full batch waits while one commits)",
+    )
+    p.add_argument(
+        "--baseline-responses",
+        type=int,
+        default=BASELINE_RESPONSES,
+        help=f"responses for the one-commit-per-row baseline (default {BASELINE_RESPONSES})",
+    )
     p.add_argument(
         "--repeats", type=int, default=2, help="runs of each measurement, alternating modes; the median is reported"
     )
@@ -298,8 +419,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.responses is not None and args.responses < 1:
         p.error("--responses must be >= 1")
-    if args.threads < 1 or args.repeats < 1:
-        p.error("--threads and --repeats must be >= 1")
+    args.concurrency = args.concurrency or 2 * args.batch_max
+    if args.concurrency < 1 or args.repeats < 1:
+        p.error("--concurrency and --repeats must be >= 1")
     return args
 
 
@@ -314,13 +436,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="liveloop-bench-") as tmp:
         for backend in backends:
             for repeat in range(args.repeats):
-                for mode in ("baseline", "writer"):
+                for mode in MODES:
                     runs.append(measure(backend, mode, repeat, args, pg_base, Path(tmp)))
 
     # 2. medians, the table, the JSON result
     rows = summarize(runs)
     wall = time.perf_counter() - wall
-    print(markdown(rows, args.threads))
+    print(markdown(rows, args.concurrency, args.batch_max))
     print(f"\nwall time {wall:.1f}s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
@@ -333,7 +455,8 @@ def main(argv: list[str] | None = None) -> None:
             "vocab": VOCAB,
             "feedback_fraction": FEEDBACK_FRACTION,
             "api_keys": API_KEYS,
-            "threads": args.threads,
+            "concurrency": args.concurrency,
+            "baseline_responses": args.baseline_responses,
             "batch_max": args.batch_max,
             "repeats": args.repeats,
             "seed": args.seed,

@@ -11,7 +11,7 @@ SQLite (WAL) by default, PostgreSQL by URL. Knows nothing of HTTP or torch.
 from liveloop.store.checkpoints import VersionNotFound
 from liveloop.store.config import StoreConfig
 from liveloop.store.operator import RollbackRefused, StaleLineage
-from liveloop.store.records import FeedbackRecord, RatingEvent, ResponseRecord, VersionRecord
+from liveloop.store.records import FeedbackRecord, InvalidVersionSpans, RatingEvent, ResponseRecord, VersionRecord
 from liveloop.store.status import VersionStatus
 from liveloop.store.store import ResponseNotFound, SchemaNotReady, Store
 from liveloop.store.writer import BatchWriter, WriterDown, WriterFull, WriterHealth
@@ -19,6 +19,7 @@ from liveloop.store.writer import BatchWriter, WriterDown, WriterFull, WriterHea
 __all__ = [
     "BatchWriter",
     "FeedbackRecord",
+    "InvalidVersionSpans",
     "ResponseNotFound",
     "RatingEvent",
     "ResponseRecord",

@@ -2,8 +2,13 @@
 
 Token ids are little-endian int32, logprobs little-endian float32, masks uint8: 4 bytes a token
 instead of ~8-20 as JSON text, and a zero-copy numpy view on read.
+
+Records arrive as tuples of Python numbers (what the engine streamed), so the write path packs them
+with `struct` (one C call, a third of the cost of building a numpy array first); numpy arrays take
+numpy's path. Both give the same bytes.
 """
 
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,6 +19,11 @@ _MASK = np.dtype("u1")
 
 
 def encode_ids(ids: Sequence[int] | np.ndarray) -> bytes:
+    if isinstance(ids, (tuple, list)):
+        try:
+            return struct.pack(f"<{len(ids)}i", *ids)
+        except struct.error:
+            pass  # not plain ints (numpy scalars, bools, out of range): numpy decides
     return np.asarray(ids, dtype=_IDS).tobytes()
 
 
@@ -22,6 +32,11 @@ def decode_ids(blob: bytes) -> np.ndarray:
 
 
 def encode_floats(values: Sequence[float] | np.ndarray) -> bytes:
+    if isinstance(values, (tuple, list)):
+        try:
+            return struct.pack(f"<{len(values)}f", *values)
+        except (struct.error, OverflowError):
+            pass  # a finite value beyond float32 (numpy rounds it to inf) or not a number
     return np.asarray(values, dtype=_FLOATS).tobytes()
 
 

@@ -79,6 +79,9 @@ class Response(Base):
     request_meta: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
     segment: Mapped[str | None] = mapped_column(String(64), index=True)  # the adapter segment that served it
+    # [[start, end, version], ...] over the response's token indexes (see ResponseRecord.version_spans);
+    # SQL NULL, not JSON null, when all of it came from policy_version
+    version_spans: Mapped[list[list[int]] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class Feedback(Base):

@@ -8,6 +8,31 @@ import numpy as np
 
 from liveloop.store.status import VersionStatus
 
+VersionSpans = tuple[tuple[int, int, int], ...]
+
+
+class InvalidVersionSpans(ValueError):
+    """A response's version spans are not ordered, contiguous spans covering all its tokens."""
+
+
+def check_version_spans(spans: Any, n_tokens: int) -> VersionSpans | None:
+    """`spans` as a tuple of (start, end, version) int triples; raises InvalidVersionSpans unless they
+    are non-empty, in order and contiguous, and cover exactly [0, n_tokens). None stays None."""
+    if spans is None:
+        return None
+    try:
+        out = tuple((int(a), int(b), int(v)) for a, b, v in spans)
+    except (TypeError, ValueError) as exc:
+        raise InvalidVersionSpans(f"version spans must be (start, end, version) integer triples: {spans!r}") from exc
+    at = 0
+    for start, end, version in out:
+        if start != at or end <= start or version < 0:
+            raise InvalidVersionSpans(f"version spans must be contiguous, non-empty and in order from 0: {out!r}")
+        at = end
+    if at != n_tokens:
+        raise InvalidVersionSpans(f"version spans cover [0, {at}), the response has {n_tokens} tokens: {out!r}")
+    return out
+
 
 @dataclass(frozen=True)
 class ResponseRecord:
@@ -34,11 +59,13 @@ class ResponseRecord:
     # which version sampled which tokens: (start, end, version) over response token indexes [start, end),
     # in order and covering the response; None: all of it by `policy_version` (a drain swap, or no swap).
     # A `keep` swap continues a running response under new weights, so one response can have several.
-    version_spans: tuple[tuple[int, int, int], ...] | None = None
+    version_spans: VersionSpans | None = None
 
     def __post_init__(self) -> None:
         assert len(self.response_ids) == len(self.behavior_logprobs), "one logprob per response token"
         assert self.action_mask is None or len(self.action_mask) == len(self.response_ids)
+        # refused here, before it reaches the writer's queue: a record that exists is a valid one
+        object.__setattr__(self, "version_spans", check_version_spans(self.version_spans, len(self.response_ids)))
 
 
 @dataclass(frozen=True)
@@ -80,6 +107,7 @@ class StoredResponse:
     request_meta: dict[str, Any] | None
     created_at: datetime
     segment: str | None = None
+    version_spans: VersionSpans | None = None  # as in ResponseRecord: None = all of it by policy_version
 
 
 @dataclass(frozen=True)

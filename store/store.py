@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import delete, func, insert, or_, select, true, tuple_, update
+from sqlalchemy import ARRAY, Connection, any_, bindparam, delete, func, or_, select, text, true, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from liveloop.store import codec, migrate
 from liveloop.store.config import StoreConfig
+from liveloop.store.bulk import insert_rows
 from liveloop.store.db import make_engine
 from liveloop.store.models import ApiKey, Feedback, LearnerCursor, PolicyVersion, Response, utcnow
 from liveloop.store.checkpoints import CheckpointQueries
@@ -37,6 +38,33 @@ from liveloop.store.records import (
 WriteOp = ResponseRecord | FeedbackRecord
 
 
+RESPONSE_TABLE = Response.__table__
+FEEDBACK_TABLE = Feedback.__table__
+# a change of mind, for many ratings in one executemany (bind names must differ from column names)
+_UPDATE_RATING = (
+    update(FEEDBACK_TABLE)
+    .where(FEEDBACK_TABLE.c.id == bindparam("b_id"))
+    .values(reward=bindparam("b_reward"), comment=bindparam("b_comment"), updated_at=bindparam("b_now"), revisions=bindparam("b_revisions"))
+)
+
+_NEXT_RATING_IDS = text("SELECT nextval(pg_get_serial_sequence('feedback', 'id')) FROM generate_series(1, :n)")
+
+
+def _owners_and_ratings(ids_match):
+    """Rated responses' owners, each with the owner's earlier rating of it (NULLs when none)."""
+    return (
+        select(Response.id.label("response_id"), Response.api_key_id, Feedback.id, Feedback.created_at, Feedback.revisions)
+        .outerjoin(Feedback, (Feedback.response_id == Response.id) & (Feedback.api_key_id == Response.api_key_id))
+        .where(ids_match)
+    )
+
+
+_OWNERS_AND_RATINGS = _owners_and_ratings(Response.id.in_(bindparam("ids", expanding=True)))
+# PostgreSQL: `= ANY(array)`, one parameter however many ids (an expanded IN of a few hundred binds
+# costs more to render and parse than the lookup itself)
+_OWNERS_AND_RATINGS_PG = _owners_and_ratings(Response.id == any_(bindparam("ids", type_=ARRAY(Response.id.type))))
+
+
 class ResponseNotFound(LookupError):
     """No response with this id was served to this API key."""
 
@@ -45,7 +73,9 @@ class SchemaNotReady(RuntimeError):
     """The database is not migrated to the current schema; run `liveloop store migrate`."""
 
 
-def _response_row(rec: ResponseRecord) -> dict[str, Any]:
+def response_row(rec: ResponseRecord, now: datetime | None = None) -> dict[str, Any]:
+    """The `responses` row of a record, as a Core dict (token arrays encoded). `created_at` is the
+    record's own, else `now`; None when both are, and then the write path stamps its commit time."""
     return {
         "id": rec.id,
         "api_key_id": rec.api_key_id,
@@ -65,9 +95,38 @@ def _response_row(rec: ResponseRecord) -> dict[str, Any]:
         "latency_ms": rec.latency_ms,
         "ttft_ms": rec.ttft_ms,
         "request_meta": rec.request_meta,
-        "created_at": rec.created_at or utcnow(),
+        "created_at": rec.created_at or now,
         "segment": rec.segment,
+        "version_spans": None if rec.version_spans is None else [list(span) for span in rec.version_spans],
     }
+
+
+def _stamped(rec: ResponseRecord, row: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
+    """`rec`'s row (the one prepared earlier, if any) with `now` as created_at when it has none."""
+    if row is None:
+        return response_row(rec, now)
+    if row["created_at"] is None:
+        row["created_at"] = now
+    return row
+
+
+def _insert_ratings(conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+    """Insert new ratings; returns their ids in `rows` order, which is submission order.
+
+    SQLite: one plain executemany, then the ids from last_insert_rowid(). `feedback` is an
+    AUTOINCREMENT table, so each row gets the next id, and the statement holds the database's write
+    lock until this transaction ends, so no other row comes between: the batch's ids are the n
+    consecutive ids ending at the last one. (An INSERT ... RETURNING in parameter order would make
+    SQLAlchemy send one statement per row there.) PostgreSQL: n ids drawn from the table's sequence
+    in one query, ascending, then one COPY with the ids given (a batched INSERT ... RETURNING costs
+    more in building and parsing its SQL than the insert itself)."""
+    if conn.dialect.name == "sqlite":
+        insert_rows(conn, FEEDBACK_TABLE, rows)
+        last = conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one()
+        return list(range(last - len(rows) + 1, last + 1))
+    ids = sorted(conn.execute(_NEXT_RATING_IDS, {"n": len(rows)}).scalars())
+    insert_rows(conn, FEEDBACK_TABLE, [row | {"id": fid} for row, fid in zip(rows, ids)])
+    return ids
 
 
 def _feedback_row(op: FeedbackRecord, now: datetime) -> dict[str, Any]:
@@ -96,6 +155,7 @@ def _stored_response(row: Response) -> StoredResponse:
         request_meta=row.request_meta,
         created_at=_aware(row.created_at),
         segment=row.segment,
+        version_spans=None if row.version_spans is None else tuple((a, b, v) for a, b, v in row.version_spans),
     )
 
 
@@ -301,22 +361,28 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
             s.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(status=status))
 
     # -- served traffic -----------------------------------------------------------------------
-    def write_batch(self, ops: Sequence[WriteOp]) -> list[Any]:
+    def write_batch(self, ops: Sequence[WriteOp], rows: Sequence[dict[str, Any] | None] | None = None) -> list[Any]:
         """Apply a batch in one transaction; returns, per op, its result or the exception it raised.
+        `rows`, if given, holds each response's `response_row` already built (None: build it here),
+        so that callers can encode off the writer's critical path.
         If the batch fails, each op is retried alone so that one bad row (a value the database
         cannot hold, a constraint) fails only itself; if every op fails alone too, the database
-        itself is failing and the error is raised."""
+        itself is failing and the error is raised.
+
+        SQLAlchemy Core on one connection, no ORM unit of work: responses go in with one COPY
+        (PostgreSQL) or one driver executemany (SQLite, see `bulk`), ratings with one lookup, one
+        update and one insert, so a batch costs a few round trips and one commit whatever its size."""
         try:
-            with self._session.begin() as s:
-                return self._apply(s, ops)
+            with self.engine.begin() as conn:
+                return self._apply(conn, ops, rows)
         except Exception:
             if len(ops) == 1:
                 raise
         results: list[Any] = []
-        for op in ops:  # isolate the bad operation
+        for k, op in enumerate(ops):  # isolate the bad operation
             try:
-                with self._session.begin() as s:
-                    results.extend(self._apply(s, [op]))
+                with self.engine.begin() as conn:
+                    results.extend(self._apply(conn, [op], None if rows is None else [rows[k]]))
             except Exception as exc:
                 results.append(exc)
         if all(isinstance(r, Exception) and not isinstance(r, ResponseNotFound) for r in results):
@@ -328,61 +394,66 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
         with self.engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
 
-    def _apply(self, s: Session, ops: Sequence[WriteOp]) -> list[Any]:
+    def _apply(self, conn: Connection, ops: Sequence[WriteOp], rows: Sequence[dict[str, Any] | None] | None) -> list[Any]:
         results: list[Any] = [None] * len(ops)
-        responses = [(i, op) for i, op in enumerate(ops) if isinstance(op, ResponseRecord)]
+        now = utcnow()
+        responses = [i for i, op in enumerate(ops) if isinstance(op, ResponseRecord)]
         if responses:
-            s.execute(insert(Response), [_response_row(op) for _, op in responses])
-            for i, op in responses:
-                results[i] = op.id
+            self._insert_responses(conn, [_stamped(ops[i], None if rows is None else rows[i], now) for i in responses])
+            for i in responses:
+                results[i] = ops[i].id
         ratings = [(i, op) for i, op in enumerate(ops) if isinstance(op, FeedbackRecord)]
         if ratings:
-            self._put_ratings(s, ratings, results)
+            self._put_ratings(conn, ratings, results, now)
         return results
 
-    def _put_ratings(self, s: Session, ratings: list[tuple[int, FeedbackRecord]], results: list[Any]) -> None:
-        """Set-based: one owner lookup, one lookup of earlier ratings, one insert for the new ones.
+    def _insert_responses(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        insert_rows(conn, RESPONSE_TABLE, rows)
+
+    def _put_ratings(self, conn: Connection, ratings: list[tuple[int, FeedbackRecord]], results: list[Any], now: datetime) -> None:
+        """Set-based: one lookup (owners and earlier ratings), one update, one insert.
         A (response, key) pair has ONE row for ever: a change of mind updates it in place (same id,
         `revisions` + 1), so a learner past that id never trains the pair again, and one that has
         not reached it yet trains the latest value. The same pair twice in a batch: the last wins."""
-        wanted = {op.response_id for _, op in ratings}
-        owners = dict(s.execute(select(Response.id, Response.api_key_id).where(Response.id.in_(wanted))).all())
+        # one round trip: each rated response's owner and the owner's earlier rating of it, if any
+        wanted = list({op.response_id for _, op in ratings})
+        lookup = _OWNERS_AND_RATINGS_PG if conn.dialect.name == "postgresql" else _OWNERS_AND_RATINGS
+        known = {row.response_id: row for row in conn.execute(lookup, {"ids": wanted})}
         by_pair: dict[tuple[str, str], list[tuple[int, FeedbackRecord]]] = {}
         for i, op in ratings:
-            if owners.get(op.response_id) != op.api_key_id:
+            owner = known.get(op.response_id)
+            if owner is None or owner.api_key_id != op.api_key_id:
                 results[i] = ResponseNotFound(op.response_id)
             else:
                 by_pair.setdefault((op.response_id, op.api_key_id), []).append((i, op))
         if not by_pair:
             return
-        existing = {
-            (row.response_id, row.api_key_id): row
-            for row in s.scalars(select(Feedback).where(tuple_(Feedback.response_id, Feedback.api_key_id).in_(list(by_pair))))
-        }
-        now = utcnow()
-        fresh = []
+        existing = {pair: known[pair[0]] for pair in by_pair if known[pair[0]].id is not None}
+        fresh, changed = [], []
         for pair, ops in by_pair.items():
             last = ops[-1][1]
             row = existing.get(pair)
             if row is None:
                 fresh.append((ops, _feedback_row(last, now) | {"revisions": len(ops) - 1}))
                 continue
-            row.reward, row.comment, row.updated_at = last.reward, last.comment, now
-            row.revisions = (row.revisions or 0) + len(ops)
-            stored = _stored_feedback(row)
+            revisions = (row.revisions or 0) + len(ops)
+            changed.append({"b_id": row.id, "b_reward": last.reward, "b_comment": last.comment, "b_now": now, "b_revisions": revisions})
+            stored = StoredFeedback(row.id, row.response_id, row.api_key_id, last.reward, last.comment, _aware(row.created_at), revisions)
             for i, _ in ops:
                 results[i] = stored
+        if changed:
+            conn.execute(_UPDATE_RATING, changed)
         if fresh:
-            rows = [row for _, row in fresh]
-            ids = s.execute(insert(Feedback).returning(Feedback.id, sort_by_parameter_order=True), rows).scalars().all()
+            ids = _insert_ratings(conn, [row for _, row in fresh])
             for (ops, row), fid in zip(fresh, ids):
                 stored = StoredFeedback(fid, row["response_id"], row["api_key_id"], row["reward"], row["comment"], now, row["revisions"])
                 for i, _ in ops:
                     results[i] = stored
 
     def insert_responses(self, records: Sequence[ResponseRecord]) -> None:
-        with self._session.begin() as s:
-            s.execute(insert(Response), [_response_row(r) for r in records])
+        now = utcnow()
+        with self.engine.begin() as conn:
+            self._insert_responses(conn, [response_row(r, now) for r in records])
 
     def put_feedback(self, record: FeedbackRecord) -> StoredFeedback:
         (result,) = self.write_batch([record])
