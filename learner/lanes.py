@@ -64,6 +64,7 @@ class SegmentLanes:
         for lane in self.lanes.values():
             if lane.state.steps_since_publish and not lane.paused:
                 lane.publish()
+            lane.wait_durable()
 
     def publish(self) -> None:
         for lane in self.lanes.values():

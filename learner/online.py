@@ -34,7 +34,9 @@ import contextlib
 import logging
 import shutil
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +150,8 @@ class OnlineLearner:
         # versions travel to the engine in memory (the durable checkpoint follows) when the transport says
         # so; a lane's adapters stay on checkpoint directories (what engines load adapters from)
         self.sender = None
+        self._durable = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durable-checkpoint")
+        self._durable_writes: deque[Future] = deque()
         if transport is not None and transport.in_memory and segment is None:
             self.sender = make_sender(transport, base_model=self.base_model_dir)
             self.sender.init()
@@ -404,18 +408,59 @@ class OnlineLearner:
         s.version, s.cursor = version, s.pending_cursor
         s.steps_since_publish = s.samples_since_publish = s.updates_since_publish = 0
         s.last_publish = time.monotonic()
-        try:
-            save_atomically(root, self._write_checkpoint)
-        except Exception as exc:
-            if not is_disk_full(exc):
-                raise
-            # the memory stays (the transport keeps it until the server has a durable copy)
-            self._pause_for_disk_full(version, root, exc)
-            return version
-        self.store.set_checkpoint_digest(version, checkpoint_digest(root / "policy"))
-        log.info("published version %d in memory (step %d, cursor %d); durable at %s", version, s.step, s.cursor, root)
-        self._apply_retention(protect=(parent, version))
+        # the durable copy, off the critical path: host copies now, written by one background thread
+        # while the learner trains on; at most two writes outstanding (each holds a copy of the weights)
+        while len(self._durable_writes) >= 2:
+            self._durable_writes.popleft().result()
+        states = self._host_states()
+        self._durable_writes.append(self._durable.submit(self._write_durable, version, parent, root, *states))
+        log.info("published version %d in memory (step %d, cursor %d)", version, s.step, s.cursor)
         return version
+
+    def _host_states(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+        """CPU copies of the policy's and the critic's weights (what a durable checkpoint is written from)."""
+        def copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+
+        with self.policy_opt.full_parameters() as policy:
+            policy_state = copy(policy)
+        critic_state = None
+        if self.critic is not None:
+            with self.critic.optimizer.full_parameters() as critic:
+                critic_state = copy(critic)
+        return policy_state, critic_state
+
+    def _write_durable(
+        self, version: int, parent: int, root: Path, policy_state: dict[str, torch.Tensor], critic_state: dict[str, torch.Tensor] | None
+    ) -> None:
+        """The background half of an in-memory publish: the checkpoint directory, its digest, retention.
+        A full disk pauses learning (the memory stays: the transport keeps it until the server holds a
+        durable copy, and a resume recovers from it); never raises."""
+        def write(tmp: Path) -> None:
+            try:
+                with self.policy_opt.full_parameters() as policy:
+                    policy.save_pretrained(str(tmp / "policy"), state_dict=policy_state)
+                if critic_state is not None:
+                    self.critic.model.save_pretrained(str(tmp / "critic"), state_dict=critic_state)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+
+        try:
+            save_atomically(root, write)
+            self.store.set_checkpoint_digest(version, checkpoint_digest(root / "policy"))
+        except Exception as exc:
+            if is_disk_full(exc):
+                self._pause_for_disk_full(version, root, exc)
+            else:
+                log.exception("version %d: the durable checkpoint was not written (a resume recovers it from memory)", version)
+            return
+        self._apply_retention(protect=(parent, version))
+
+    def wait_durable(self) -> None:
+        """Block until every durable checkpoint of an in-memory publish is written."""
+        while self._durable_writes:
+            self._durable_writes.popleft().result()
 
     def _record_version(self, version: int, root: Path, metrics: dict, digest: str | None) -> None:
         s = self.state
@@ -527,6 +572,7 @@ class OnlineLearner:
                 self.publish()
         if self.state.steps_since_publish and not self.paused:
             self.publish()
+        self.wait_durable()
 
 
 def _stored_position(
