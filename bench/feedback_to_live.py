@@ -9,7 +9,8 @@ Arms, one server each, run one after the other in this script:
   today  versions published every 4 steps or 5 s, saved as checkpoint directories and swapped in by
          draining (what this benchmark measured before the memory path);
   live   a version after every step (adaptive batch up to 16 ratings), handed to the engine through
-         shared memory (the durable checkpoint written after), swapped in `keep` mode.
+         shared memory (the durable checkpoint written after), swapped in `keep` mode; the learner
+         looks for ratings every 20 ms (not 100) and the server for versions every 50 ms (not 100).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from common import chat_messages, default_model, percentile, save  # noqa: E402
 
 
 ARMS = {
-    "today": {"publish_every": 4, "publish_seconds": 5.0, "max_batch": 0, "transport": "checkpoint_dir", "swap_mode": "drain"},
-    "live": {"publish_every": 1, "publish_seconds": 0.5, "max_batch": 16, "transport": "shared_memory", "swap_mode": "keep"},
+    "today": {"publish_every": 4, "publish_seconds": 5.0, "max_batch": 0, "transport": "checkpoint_dir", "swap_mode": "drain",
+              "poll": 0.1, "watch": 0.1},
+    "live": {"publish_every": 1, "publish_seconds": 0.5, "max_batch": 16, "transport": "shared_memory", "swap_mode": "keep",
+             "poll": 0.02, "watch": 0.05},
 }
 
 
@@ -37,14 +40,14 @@ def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> 
     # near-Monte-Carlo advantages (alpha = 1), and no KL anchor, as this benchmark has always measured
     learner = (
         f"publish_every_steps = {arm['publish_every']}\npublish_every_seconds = {arm['publish_seconds']}\n"
-        f"max_batch_size = {arm['max_batch']}\nlambda_alpha = 1.0\nkl_coef = 0.0\n"
+        f"max_batch_size = {arm['max_batch']}\npoll_seconds = {arm['poll']}\nlambda_alpha = 1.0\nkl_coef = 0.0\n"
     )
     posts: list[tuple[float, int]] = []  # (time of POST /v1/feedback, feedback id)
     served: list[tuple[float, int]] = []  # (time a response completed, its version)
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(
             Path(tmp), model_dir, args.backend, learner=learner, extends="tuned_learner",
-            engine_extra=f'swap_mode = "{arm["swap_mode"]}"', extra=f'[transport]\nbackend = "{arm["transport"]}"\n',
+            engine_extra=f'swap_mode = "{arm["swap_mode"]}"', server_extra=f"watch_seconds = {arm['watch']}", extra=f'[transport]\nbackend = "{arm["transport"]}"\n',
         )
         try:
             # 16 users take turns, each chatting and rating every reply (one key per user: the learner's

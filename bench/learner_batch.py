@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # Qwen3 dense shapes (hidden, layers, heads, kv heads, intermediate)
     "0.6b": (1024, 28, 16, 8, 3072),
     "1.7b": (2048, 28, 16, 8, 6144),
+    "8b": (4096, 36, 32, 8, 12288),
 }
 
 
@@ -49,9 +50,10 @@ def build_shape(shape: str, out: Path) -> Path:
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)
-    with torch.device("cpu"):
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init is minutes on a CPU
         model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(str(out))
+    del model
     return out
 
 
@@ -183,6 +185,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a checkpoint directory (default: the tiny model, or --shape)")
     parser.add_argument("--shape", choices=["tiny", *SHAPES], default="tiny")
+    parser.add_argument("--build", type=Path, help="only build --shape's model into this directory")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--batches", default="1,4,16")
@@ -194,6 +197,9 @@ def main() -> None:
     parser.add_argument("--precision-steps", type=int, default=10)
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    if args.build:
+        print(build_shape(args.shape, args.build))
+        return
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,8 @@
 are hot-swapped every few seconds, against the same load without swaps, in one run on one server;
 plus the swap time itself (the admin call) and how long new requests were held back (the drain).
 
-    .venv/bin/python bench/swap_pause.py [--concurrency 8] [--phase-seconds 15] [--swap-every 2]
+    .venv/bin/python bench/swap_pause.py [--concurrency 8] [--phase-seconds 15] [--swap-every 2] [--backend vllm|hf]
+        [--swap-mode drain|keep]
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ async def run(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         dirs = [perturbed_checkpoint(model_dir, tmp / f"w{s}", seed=s) for s in (1, 2)]
-        server = await asyncio.to_thread(start_server, tmp / "server", model_dir, "vllm")
+        server = await asyncio.to_thread(
+            start_server, tmp / "server", model_dir, args.backend, engine_extra=f'swap_mode = "{args.swap_mode}"'
+        )
         results: dict[str, dict] = {"steady": {"ttft": [], "total": [], "failures": 0}, "swapping": {"ttft": [], "total": [], "failures": 0}}
         swaps: list[dict] = []
         try:
@@ -108,6 +111,9 @@ def main() -> None:
     parser.add_argument("--phase-seconds", type=float, default=15)
     parser.add_argument("--swap-every", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
+    parser.add_argument("--swap-mode", default="drain", choices=["drain", "keep"],
+                        help="drain: a swap waits for running generations; keep: they continue under the new weights")
     args = parser.parse_args()
     out = asyncio.run(run(args))
     res, swaps = out["results"], out["swaps"]
@@ -138,7 +144,7 @@ def main() -> None:
         f"new requests held (drain) p50 {median(held_ms):.0f} ms, max {max(held_ms):.0f} ms"
     )
     result = {"config": vars(args), "summary": summary, "swap_ms": swap_ms, "held_ms": held_ms}
-    print(f"saved {save('swap_pause', result)}")
+    print(f"saved {save(f'swap_pause_{args.backend}_{args.swap_mode}', result)}")
     print(json.dumps(summary))
 
 
