@@ -2,7 +2,12 @@
 SSE, durable logging of every response to SQLite) against the bare vLLM AsyncLLM, same requests, same
 seeds, same engine arguments, in one script. The bare engine is asked for the same logprobs=1.
 
-    .venv/bin/python bench/serving_overhead.py [--requests 64] [--concurrency 16] [--max-tokens 64] [--rounds 3]
+Both run side by side and their rounds interleave (bare, non-stream, stream, in a rotating order), so
+each ratio compares rounds that saw the same load on the machine; the ratio reported is the median
+of the per-round ratios. (On a small shared machine, measuring all bare rounds first and all HTTP
+rounds minutes later made the ratio swing from 0.6 to 1.3 between runs.)
+
+    .venv/bin/python bench/serving_overhead.py [--requests 64] [--concurrency 16] [--max-tokens 64] [--rounds 7]
 """
 
 from __future__ import annotations
@@ -69,10 +74,11 @@ async def http_round(base_url: str, key: str, n: int, args, stream: bool) -> tup
         return sum(counts), time.perf_counter() - start
 
 
-async def run_bare(model_dir: Path, args) -> dict:
+async def run_side_by_side(model_dir: Path, args) -> dict:
     from transformers import AutoTokenizer
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from liveloop.devtools import USER_KEY, start_server
     from liveloop.server.config import EngineConfig
     from liveloop.server.engines.vllm_engine import engine_args
 
@@ -82,29 +88,28 @@ async def run_bare(model_dir: Path, args) -> dict:
         tok(tok.apply_chat_template(chat_messages(i), add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
         for i in range(args.requests)
     ]
-    llm = AsyncLLM.from_engine_args(engine_args(EngineConfig(model=str(model_dir)), str(model_dir)))
-    try:
-        await bare_round(llm, prompts[: args.concurrency], args)  # warm-up
-        rounds = [await bare_round(llm, prompts, args) for _ in range(args.rounds)]
-    finally:
-        llm.shutdown()
-    return {"tokens": [t for t, _ in rounds], "tokens_per_s": [t / s for t, s in rounds]}
-
-
-async def run_http(model_dir: Path, args) -> dict:
-    from liveloop.devtools import USER_KEY, start_server
-
-    out: dict[str, dict] = {"non_stream": {"tokens": [], "tokens_per_s": []}, "stream": {"tokens": [], "tokens_per_s": []}}
+    paths = ("bare", "non_stream", "stream")
+    out: dict[str, dict] = {p: {"tokens": [], "tokens_per_s": []} for p in paths}
     with tempfile.TemporaryDirectory() as tmp:
         server = await asyncio.to_thread(start_server, Path(tmp), model_dir, "vllm")
+        llm = AsyncLLM.from_engine_args(engine_args(EngineConfig(model=str(model_dir)), str(model_dir)))
         try:
-            await http_round(server.base_url, USER_KEY, args.concurrency, args, stream=False)  # warm-up
-            for _ in range(args.rounds):
-                for mode, stream in (("non_stream", False), ("stream", True)):
-                    tokens, secs = await http_round(server.base_url, USER_KEY, args.requests, args, stream)
-                    out[mode]["tokens"].append(tokens)
-                    out[mode]["tokens_per_s"].append(tokens / secs)
+
+            async def one_round(path: str) -> tuple[int, float]:
+                if path == "bare":
+                    return await bare_round(llm, prompts, args)
+                return await http_round(server.base_url, USER_KEY, args.requests, args, stream=path == "stream")
+
+            await bare_round(llm, prompts[: args.concurrency], args)  # warm-up
+            await http_round(server.base_url, USER_KEY, args.concurrency, args, stream=False)
+            await http_round(server.base_url, USER_KEY, args.concurrency, args, stream=True)
+            for r in range(args.rounds):
+                for path in paths[r % 3 :] + paths[: r % 3]:
+                    tokens, secs = await one_round(path)
+                    out[path]["tokens"].append(tokens)
+                    out[path]["tokens_per_s"].append(tokens / secs)
         finally:
+            llm.shutdown()
             server.stop()
     return out
 
@@ -114,27 +119,30 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     model_dir = default_model()
-    bare = asyncio.run(run_bare(model_dir, args))
-    http = asyncio.run(run_http(model_dir, args))
-    base = median(bare["tokens_per_s"])
+    runs = asyncio.run(run_side_by_side(model_dir, args))
+    bare = runs["bare"]["tokens_per_s"]
+    ratios = {p: [h / b for h, b in zip(runs[p]["tokens_per_s"], bare)] for p in ("non_stream", "stream")}
     result = {
         "config": vars(args) | {"stop_ids": None},
-        "bare_tokens_per_s": base,
-        "bare": bare,
-        "http": http,
-        "ratio_non_stream": median(http["non_stream"]["tokens_per_s"]) / base,
-        "ratio_stream": median(http["stream"]["tokens_per_s"]) / base,
+        "bare_tokens_per_s": median(bare),
+        "rounds": runs,
+        "ratios_per_round": ratios,
+        "ratio_non_stream": median(ratios["non_stream"]),
+        "ratio_stream": median(ratios["stream"]),
     }
-    print("| path | tokens/s (median) | ratio vs bare | tokens per round |")
-    print("|---|---|---|---|")
-    print(f"| bare AsyncLLM | {base:.0f} | 1.00 | {bare['tokens']} |")
+    print("| path | tokens/s (median) | ratio vs bare (median of rounds) | ratios per round | tokens per round |")
+    print("|---|---|---|---|---|")
+    print(f"| bare AsyncLLM | {median(bare):.0f} | 1.00 | | {runs['bare']['tokens']} |")
     for mode in ("non_stream", "stream"):
-        tps = median(http[mode]["tokens_per_s"])
-        print(f"| HTTP {mode.replace('_', '-')} + logging | {tps:.0f} | {tps / base:.2f} | {http[mode]['tokens']} |")
+        per_round = " ".join(f"{r:.2f}" for r in ratios[mode])
+        print(
+            f"| HTTP {mode.replace('_', '-')} + logging | {median(runs[mode]['tokens_per_s']):.0f} | {median(ratios[mode]):.2f} "
+            f"| {per_round} | {runs[mode]['tokens']} |"
+        )
     print(f"saved {save('serving_overhead', result)}")
 
 

@@ -50,7 +50,7 @@ from liveloop.rl.advantages import (
     gae_skip_observations, group_normalized_advantages, length_adaptive_lambda, sliding_window_advantage,
 )
 from liveloop.rl.batch import Sample, TokenBatch
-from liveloop.rl.losses import ppo_clip_loss, sao_policy_loss
+from liveloop.rl.losses import ppo_clip_loss, sao_policy_loss, staleness_metrics
 
 
 class Method(Protocol):
@@ -223,7 +223,7 @@ class GRPO(SAO):
 
     def policy_loss(self, logprobs: Tensor, batch: TokenBatch, advantages: Tensor, staleness: Tensor) -> tuple[Tensor, dict[str, float]]:
         loss, metrics = ppo_clip_loss(logprobs, batch.behavior_logprobs, advantages, batch.action_mask, self.config.grpo.clip_eps)
-        return loss, metrics | _staleness(staleness)
+        return loss, metrics | staleness_metrics(staleness, batch.action_mask)
 
     def stats(self) -> dict[str, float]:
         w = self.waits
@@ -243,12 +243,6 @@ class GRPODis(GRPO):
 
     def policy_loss(self, logprobs: Tensor, batch: TokenBatch, advantages: Tensor, staleness: Tensor) -> tuple[Tensor, dict[str, float]]:
         return SAO.policy_loss(self, logprobs, batch, advantages, staleness)
-
-
-def _staleness(staleness: Tensor) -> dict[str, float]:
-    if not staleness.numel():
-        return {}
-    return {"learner/staleness_mean": float(staleness.float().mean()), "learner/staleness_max": float(staleness.float().max())}
 
 
 METHODS: dict[str, type] = {"sao": SAO, "sliding_window": SlidingWindow, "grpo": GRPO, "grpo_dis": GRPODis}

@@ -1,5 +1,9 @@
 """Rated samples -> padded token tensors the policy and the critic both consume: `Sample` (one rated
-response), `TokenBatch`, `make_batch` and `response_logprobs`."""
+response), `TokenBatch`, `make_batch` and `response_logprobs`.
+
+A response a `keep` swap continued under new weights was sampled by more than one version: its
+`version_spans` say which, and `TokenBatch.versions` carries that per token ([B, W], like the
+behaviour logprobs, which stay exactly those of the version that sampled each token)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ class Sample:
     reward: float
     policy_version: int
     api_key_id: str = ""  # the key that rated it ("" for in-process rollouts)
+    # (start, end, version) over response token indexes [start, end); None: every token by policy_version
+    version_spans: tuple[tuple[int, int, int], ...] | None = None
 
     @classmethod
     def from_rated(cls, feedback: Any, response: Any) -> "Sample":
@@ -30,6 +36,7 @@ class Sample:
         return cls(
             response.prompt_ids, response.response_ids, response.behavior_logprobs, response.action_mask,
             float(feedback.reward), response.policy_version, feedback.api_key_id,
+            getattr(response, "version_spans", None),  # a row without spans: all of it by policy_version
         )
 
     @classmethod
@@ -41,6 +48,21 @@ class Sample:
             np.ones(n, np.uint8), reward, policy_version,
         )
 
+    def token_versions(self) -> np.ndarray:
+        """The version that sampled each response token, [n] int64."""
+        return token_versions(len(self.response_ids), self.policy_version, self.version_spans)
+
+
+def token_versions(n: int, policy_version: int, spans: Sequence[tuple[int, int, int]] | None) -> np.ndarray:
+    """Per-token versions of an n-token response: `policy_version` everywhere, then each span's
+    version over its [start, end). Spans outside [0, n) are a corrupt record, not something to clip."""
+    out = np.full(n, policy_version, np.int64)
+    for start, end, version in spans or ():
+        if not 0 <= start <= end <= n:
+            raise ValueError(f"version span ({start}, {end}, {version}) outside a response of {n} tokens")
+        out[start:end] = version
+    return out
+
 
 @dataclass(frozen=True)
 class TokenBatch:
@@ -51,7 +73,9 @@ class TokenBatch:
     behavior_logprobs: Tensor  # [B, W]
     action_mask: Tensor  # [B, W] 0 on padding and observation tokens
     rewards: Tensor  # [B]
-    versions: Tensor  # [B]
+    # [B, W] the version that sampled each token; past a response's end its last token's version (so
+    # `learner version - versions` stays a plain staleness there; the action mask drops it anyway)
+    versions: Tensor
 
     @property
     def width(self) -> int:
@@ -67,6 +91,7 @@ def make_batch(samples: Sequence[Sample], pad_id: int = 0) -> TokenBatch:
     resp = torch.zeros(B, width, dtype=torch.long)
     blp = torch.zeros(B, width)
     mask = torch.zeros(B, width)
+    versions = torch.zeros(B, width, dtype=torch.long)
     for b, s in enumerate(samples):
         ids = np.concatenate([s.prompt_ids, s.response_ids]).astype(np.int64)
         input_ids[b, : len(ids)] = torch.from_numpy(ids)
@@ -75,6 +100,9 @@ def make_batch(samples: Sequence[Sample], pad_id: int = 0) -> TokenBatch:
         resp[b, :n] = torch.from_numpy(s.response_ids.astype(np.int64))
         blp[b, :n] = torch.from_numpy(s.behavior_logprobs.astype(np.float32))
         mask[b, :n] = torch.from_numpy(s.action_mask.astype(np.float32))
+        per_token = s.token_versions()
+        versions[b, :n] = torch.from_numpy(per_token)
+        versions[b, n:] = int(per_token[-1]) if n else s.policy_version
     return TokenBatch(
         input_ids=input_ids,
         attention_mask=attn,
@@ -83,7 +111,7 @@ def make_batch(samples: Sequence[Sample], pad_id: int = 0) -> TokenBatch:
         behavior_logprobs=blp,
         action_mask=mask,
         rewards=torch.tensor([float(s.reward) for s in samples]),
-        versions=torch.tensor([s.policy_version for s in samples]),
+        versions=versions,
     )
 
 

@@ -7,7 +7,7 @@ tokens the model generated and 0 on padding and environment (observation) tokens
 - `token_mean`: the mean over action tokens every token-level loss uses.
 - `clipped_surrogate`: the ONE PPO clip (with optional dual clip) on a ratio-like factor; the learner's
   `ppo_clip_loss` and the diffusion losses (`diffusion/losses.py`) all build on it.
-- `sao_policy_loss`: SAO's strict two-sided MASK (not a clip).
+- `sao_policy_loss`: SAO's strict two-sided MASK (not a clip); `staleness_metrics` (per token or sample).
 - `ppo_clip_loss`, `value_loss`.
 - `kl_penalty` (k3 on the sampled tokens) and `exact_kl_penalty` (the full-vocabulary KL at each
   position): the anchor to a reference policy. k3's gradient in the policy's logprob of a sampled token
@@ -72,7 +72,9 @@ def sao_policy_loss(
     loss    = - sum_t keep_t * ratio_t * A_t / max(1, sum_t action_mask_t)
 
     Tokens outside the band get exactly zero gradient, whatever the sign of A (masked, not clipped).
-    `staleness` [B] (serving version - sample version) is only reported.
+    Each token's ratio is against the logprob of the version that sampled it, so a response a `keep`
+    swap continued under new weights is masked token by token. `staleness` (learner version - sample
+    version, per token [B, T] or per sample [B]) is only reported: per token, over action tokens.
     """
     mask = action_mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - behavior_logprobs)
@@ -89,10 +91,21 @@ def sao_policy_loss(
         "learner/mean_ratio": float(token_mean(r, mask)),
         "learner/policy_loss": float(loss.detach()),
     }
-    if staleness is not None and staleness.numel():
-        metrics["learner/staleness_mean"] = float(staleness.float().mean())
-        metrics["learner/staleness_max"] = float(staleness.float().max())
-    return loss, metrics
+    return loss, metrics | staleness_metrics(staleness, mask)
+
+
+def staleness_metrics(staleness: Tensor | None, action_mask: Tensor) -> dict[str, float]:
+    """Mean and max staleness: per token ([B, T], like `action_mask`) over action tokens only, or per
+    sample ([B]) over samples. Empty when there is nothing to report."""
+    if staleness is None or not staleness.numel():
+        return {}
+    values = staleness.float()
+    if values.shape == action_mask.shape:
+        acted = action_mask > 0
+        if not acted.any():
+            return {}
+        return {"learner/staleness_mean": float(token_mean(values, acted.float())), "learner/staleness_max": float(values[acted].max())}
+    return {"learner/staleness_mean": float(values.mean()), "learner/staleness_max": float(values.max())}
 
 
 def ppo_clip_loss(

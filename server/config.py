@@ -13,6 +13,11 @@ class ServerConfig:
     max_body_bytes: int = field(default=1 << 20, metadata={"help": "larger request bodies get 413"})
     default_max_tokens: int = field(default=128, metadata={"help": "max_tokens when a request gives none"})
     max_tokens_limit: int = field(default=512, metadata={"help": "largest max_tokens a request may ask for"})
+    stream_interval_ms: float = field(
+        default=20.0,
+        metadata={"help": "a stream writes its first token at once, then what arrived since its last write at most "
+                  "this often (0: one write per engine delta)"},
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = field(
         default="info", metadata={"help": "uvicorn log level"}
     )
@@ -41,6 +46,8 @@ class ServerConfig:
             raise ValueError("port must be in 1..65535")
         if self.watch_seconds <= 0:
             raise ValueError("watch_seconds must be > 0")
+        if not 0 <= self.stream_interval_ms <= 1000:
+            raise ValueError("stream_interval_ms must be in 0..1000")
         if min(self.chat_requests_per_minute, self.feedback_per_minute) < 0:
             raise ValueError("chat_requests_per_minute and feedback_per_minute must be >= 0 (0 = no limit)")
         if self.max_concurrent_per_key < 1 or self.max_concurrent_total < 1 or self.retry_after_seconds < 1:

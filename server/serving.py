@@ -11,6 +11,11 @@ However the caller ends (finished, failed, its client gone, its task cancelled),
 engine request, releases the slot and the gate, and logs a response that was not committed yet, once:
 that clean-up runs shielded from cancellation, so a vanished client can neither lose its record nor
 leave the engine's gate held. A request with `store: false` is served and never logged.
+
+Which version sampled which tokens: a `keep` swap lets a running generation continue under new
+weights, and each engine delta names the version that sampled it. `VersionSpans` folds those into
+(start, end, version) spans over the response's token indexes, which the record stores (None when
+all of it came from the admitted version) and the API shows.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,13 +37,15 @@ from liveloop.metrics import Metrics
 from liveloop.server.admission import Admission
 from liveloop.server.auth import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
-from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams
+from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams, TokenDelta
 from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest
 from liveloop.server.text import TextStream
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
 
 log = logging.getLogger(__name__)
 GREEDY_BELOW = 1e-5
+# a stream writes the first token at once, then at most one write per this many seconds (what arrived
+# meanwhile goes out together): a write per token costs a system call and a client wake-up per token
 
 
 class InvalidRequest(ValueError):
@@ -79,12 +86,55 @@ class Prepared:
     segment: str | None = None  # the adapter segment that serves it (None: adapters are off)
 
 
+Span = tuple[int, int, int]  # (start, end, version) over response token indexes [start, end)
+
+
+class VersionSpans:
+    """Accumulates which version sampled which response tokens, delta by delta, merging neighbours
+    of the same version. Deltas without tokens add nothing."""
+
+    def __init__(self, admitted: int):
+        self.admitted = admitted
+        self.spans: list[list[int]] = []
+        self.length = 0
+
+    def add(self, n_tokens: int, version: int | None) -> int:
+        """n new tokens sampled by `version` (None: the admitted one); returns that version."""
+        v = self.admitted if version is None else version
+        if n_tokens:
+            if self.spans and self.spans[-1][2] == v:
+                self.spans[-1][1] += n_tokens
+            else:
+                self.spans.append([self.length, self.length + n_tokens, v])
+            self.length += n_tokens
+        return v
+
+    def all(self) -> tuple[Span, ...]:
+        """Every span, in order (one when no swap happened; none for an empty response)."""
+        return tuple((a, b, v) for a, b, v in self.spans)
+
+    def record(self) -> tuple[Span, ...] | None:
+        """What the store keeps: None when every token came from the admitted version."""
+        if all(v == self.admitted for _, _, v in self.spans):
+            return None
+        return self.all()
+
+
+def version_spans(deltas: Iterable[TokenDelta], admitted: int) -> tuple[Span, ...]:
+    """The spans a generation admitted at `admitted` produced through these deltas."""
+    spans = VersionSpans(admitted)
+    for delta in deltas:
+        spans.add(len(delta.token_ids), delta.version)
+    return spans.all()
+
+
 @dataclass
 class Piece:
     text: str
     token_ids: list[int]
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]] | None
+    version: int  # the version that sampled these tokens
 
 
 @dataclass
@@ -102,6 +152,10 @@ class Run:
     first_token_at: float | None = None
     ended: float | None = None
     committed: bool = False
+    spans: VersionSpans = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.spans = VersionSpans(self.version)
 
     def __aiter__(self) -> AsyncIterator[Piece]:
         return self.stream
@@ -142,6 +196,7 @@ class Serving:
         self.max_model_len = engine_config.max_model_len
         self.stop_token_ids = _stop_ids(tokenizer, model_dir)
         self.vocab_size = len(tokenizer)
+        self.stream_interval = server.stream_interval_ms / 1000  # seconds between a stream's writes (0: a write per delta)
 
     # -- 1. request -> prompt ids + sampling --------------------------------------------------------
     def _check_model(self, model: str) -> None:
@@ -253,6 +308,7 @@ class Serving:
         async for delta in gen:
             if run.first_token_at is None and delta.token_ids:
                 run.first_token_at = time.perf_counter()
+            version = run.spans.add(len(delta.token_ids), delta.version)
             run.token_ids += delta.token_ids
             run.logprobs += delta.logprobs
             if delta.top_logprobs:
@@ -264,7 +320,7 @@ class Serving:
                 run.finish_reason = delta.finish_reason
                 chunk += text.finish()
             run.text = text.text
-            yield Piece(chunk, delta.token_ids, delta.logprobs, delta.top_logprobs)
+            yield Piece(chunk, delta.token_ids, delta.logprobs, delta.top_logprobs, version)
             if run.finish_reason:
                 break
         run.ended = time.perf_counter()
@@ -292,6 +348,7 @@ class Serving:
             ttft_ms=None if run.first_token_at is None else (run.first_token_at - run.started) * 1000,
             request_meta=p.meta,
             segment=run.segment,
+            version_spans=run.spans.record(),
         )
 
     async def commit(self, run: Run) -> None:

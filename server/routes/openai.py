@@ -1,15 +1,27 @@
 """OpenAI-compatible generation: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
 
-Every response carries its `id` (the key for feedback) and the policy version that produced it, as
-the extra body field `policy_version` and the header `x-liveloop-policy-version`. A response (or the
-last event of a stream) is sent only after the response is durably logged.
+Every response carries its `id` (the key for feedback) and the policy version it was admitted at, as
+the extra body field `policy_version` and the header `x-liveloop-policy-version` (the header goes out
+before the first token, so it can only ever name the admitted version). Which version sampled which
+tokens is the extra field `version_spans`, `[{"start": 0, "end": 12, "version": 3}, ...]` over the
+response's token indexes [start, end): always there in a whole response and in a stream's last chunk
+(the one with `finish_reason`), one span when no swap happened (none for an empty response), more
+when a `keep` swap continued the response under newer weights. A response (or the last event of a
+stream) is sent only after the response is durably logged.
+
+Streaming costs a write (a system call, a wake-up of the client) per event: a stream writes the first
+token at once, then what arrived since its last write at most every `Serving.stream_interval` seconds;
+the role-only first chunk goes out with the first token, the last events in one write. Text-only
+chunks are rendered from a template made once per response (only the text is JSON-encoded).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -32,8 +44,14 @@ def _serving(request: Request) -> Serving:
     return request.app.state.serving
 
 
+async def _user(request: Request) -> Principal:
+    """`require_user` on the event loop: FastAPI hands a plain `def` dependency to a worker thread,
+    a thread hop per request for a hash and a dict lookup."""
+    return require_user(request)
+
+
 @router.get("/models")
-async def list_models(request: Request, _: Principal = Depends(require_user)) -> dict:
+async def list_models(request: Request, _: Principal = Depends(_user)) -> dict:
     serving = _serving(request)
     return {
         "object": "list",
@@ -51,12 +69,12 @@ async def list_models(request: Request, _: Principal = Depends(require_user)) ->
 
 
 @router.post("/chat/completions")
-async def chat_completions(request: Request, principal: Principal = Depends(require_user)):
+async def chat_completions(request: Request, principal: Principal = Depends(_user)):
     return await _serve(request, principal, ChatCompletionRequest, "chat")
 
 
 @router.post("/completions")
-async def completions(request: Request, principal: Principal = Depends(require_user)):
+async def completions(request: Request, principal: Principal = Depends(_user)):
     return await _serve(request, principal, CompletionRequest, "completion")
 
 
@@ -95,18 +113,27 @@ async def _stream(serving: Serving, prepared: Prepared, fmt: "_Format", include_
             with anyio.CancelScope(shield=True):  # a vanished client's cancellation must not cut the clean-up short
                 await ctx.__aexit__(None, None, None)
 
-    async def events() -> AsyncIterator[str]:
+    async def events() -> AsyncIterator[bytes]:
         try:
+            # the role-only first chunk rides with the first write that has more (the headers went out)
             first = fmt.first_chunk(run)
-            if first is not None:
-                yield _sse(first)
+            opening = b"" if first is None else _sse(first)
+            text_chunk = None if fmt.wants_tokens else fmt.text_chunk_renderer(run)
             try:
-                async for piece in run:
-                    if piece.text or fmt.wants_tokens:
-                        yield _sse(fmt.chunk(run, piece))
+                # closed here, not by the garbage collector: its reader must stop before `release`
+                async with contextlib.aclosing(_gathered(run, serving.stream_interval)) as groups:
+                    async for pieces in groups:
+                        if text_chunk is None:
+                            out = b"".join(_sse(fmt.chunk(run, piece)) for piece in pieces)
+                        elif text := "".join(piece.text for piece in pieces):
+                            out = text_chunk(text)
+                        else:
+                            continue
+                        yield opening + out
+                        opening = b""
             except Exception:  # the engine failed mid-stream: the status is sent, so say it in the stream
                 log.exception("generation %s failed", prepared.response_id)
-                yield _sse(error_body(500, "the generation failed", code="generation_failed"))
+                yield opening + _sse(error_body(500, "the generation failed", code="generation_failed"))
                 return
             try:
                 await serving.commit(run)
@@ -114,12 +141,12 @@ async def _stream(serving: Serving, prepared: Prepared, fmt: "_Format", include_
                 mapped = domain_error(exc)
                 if mapped is None:
                     raise
-                yield _sse(error_body(mapped.status, mapped.message, code=mapped.code))
+                yield opening + _sse(error_body(mapped.status, mapped.message, code=mapped.code))
                 return
-            yield _sse(fmt.final_chunk(run))
+            last = opening + _sse(fmt.final_chunk(run))
             if include_usage:
-                yield _sse(fmt.usage_chunk(run))
-            yield "data: [DONE]\n\n"
+                last += _sse(fmt.usage_chunk(run))
+            yield last + DONE
         finally:
             await release()
 
@@ -131,11 +158,69 @@ async def _stream(serving: Serving, prepared: Prepared, fmt: "_Format", include_
     )
 
 
+async def _gathered(pieces: AsyncIterator[Piece], interval: float) -> AsyncIterator[list[Piece]]:
+    """The pieces of a generation in groups, each group one write to the client: the first piece at
+    once (the time to first token does not change), then whatever arrived since the last write, no
+    sooner than `interval` seconds after it, and the end at once. Every write is a system call and a
+    wake-up of the client, per token without grouping; 0 writes each piece as it comes.
+
+    A client that stops reading still holds the generation back: with `MAX_UNSENT` pieces waiting the
+    reader stops taking more, as a blocked write did before (a swap's drain deadline then ends it)."""
+    if interval <= 0:
+        async for piece in pieces:
+            yield [piece]
+        return
+    buffer: list[Piece] = []
+    arrived, finished, room = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    failure: list[Exception] = []  # reading the pieces failed: raised after the pieces read before it
+
+    async def pump() -> None:
+        try:
+            async for piece in pieces:
+                buffer.append(piece)
+                arrived.set()
+                while len(buffer) >= MAX_UNSENT:
+                    room.clear()
+                    await room.wait()
+        except Exception as exc:
+            failure.append(exc)
+        except asyncio.CancelledError:  # by the writer's clean-up, or else a failure of the generation
+            failure.append(RuntimeError("reading the generation was cancelled"))
+            raise
+        finally:  # the writer never waits for a reader that is gone
+            finished.set()
+            arrived.set()
+
+    reader = asyncio.get_running_loop().create_task(pump())
+    try:
+        while True:
+            await arrived.wait()
+            arrived.clear()
+            if buffer:
+                group, buffer[:] = list(buffer), []
+                room.set()
+                yield group
+            if finished.is_set() and not buffer:
+                if failure:
+                    raise failure[0]
+                return
+            with contextlib.suppress(TimeoutError):  # the interval passes, or the generation ends first
+                async with asyncio.timeout(interval):
+                    await finished.wait()
+    finally:
+        if not reader.done():
+            reader.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(reader, return_exceptions=True)
+
+
 class _ReleasingStream(StreamingResponse):
     """Releases the admitted generation however the response ends, even if the client disconnects
-    before the body starts (then the body generator never runs its own `finally`)."""
+    before the body starts (then the body generator never runs its own `finally`). A body left
+    suspended at a write is closed first, so the reader of its pieces stops before the release
+    closes them."""
 
-    def __init__(self, content: AsyncIterator[str], release: Any, **kw: Any):
+    def __init__(self, content: AsyncIterator[bytes], release: Any, **kw: Any):
         super().__init__(content, **kw)
         self._release = release
 
@@ -143,11 +228,26 @@ class _ReleasingStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
             await self._release()
 
 
-def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+DONE = b"data: [DONE]\n\n"
+MAX_UNSENT = 16  # pieces a stream reads ahead of its client (see `_gathered`)
+_HOLE = "\u0000"  # stands for the text in a chunk template; the JSON of a real head never has it
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _sse(obj: Any) -> bytes:
+    return f"data: {_json(obj)}\n\n".encode()
+
+
+def _spans(run: Run) -> list[dict[str, int]]:
+    return [{"start": a, "end": b, "version": v} for a, b, v in run.spans.all()]
 
 
 def _usage(run: Run) -> dict:
@@ -185,6 +285,17 @@ class _Format:
     def first_chunk(self, run: Run) -> dict | None:
         return None
 
+    def text_piece(self, run: Run, text: str) -> Piece:
+        return Piece(text, [], [], None, run.version)
+
+    def text_chunk_renderer(self, run: Run) -> Callable[[str], bytes]:
+        """text -> the SSE event `chunk` makes for a text-only piece, byte for byte, with one JSON
+        encoding of the text instead of the whole chunk (for a request that wants no tokens)."""
+        template = _sse(self.chunk(run, self.text_piece(run, _HOLE))).decode()
+        before, after = template.split(_json(_HOLE))
+        head, tail = before.encode(), after.encode()
+        return lambda text: head + json.dumps(text).encode() + tail
+
 
 class _ChatFormat(_Format):
     object_name = "chat.completion"
@@ -219,7 +330,7 @@ class _ChatFormat(_Format):
             "logprobs": self._content_logprobs(run.token_ids, run.logprobs, run.top_logprobs),
             "finish_reason": run.finish_reason,
         }
-        body = {**self._head(run, self.object_name), "choices": [choice], "usage": _usage(run)}
+        body = {**self._head(run, self.object_name), "version_spans": _spans(run), "choices": [choice], "usage": _usage(run)}
         if self.req.return_token_ids:
             choice["token_ids"] = run.token_ids
             body["prompt_token_ids"] = list(self.prepared.prompt_ids)
@@ -245,7 +356,7 @@ class _ChatFormat(_Format):
 
     def final_chunk(self, run: Run) -> dict:
         choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": run.finish_reason}
-        return {**self._head(run, self.chunk_name), "choices": [choice]}
+        return {**self._head(run, self.chunk_name), "version_spans": _spans(run), "choices": [choice]}
 
 
 class _CompletionFormat(_Format):
@@ -276,7 +387,7 @@ class _CompletionFormat(_Format):
             "logprobs": self._logprobs(run.token_ids, run.logprobs, run.top_logprobs, 0),
             "finish_reason": run.finish_reason,
         }
-        body = {**self._head(run, self.object_name), "choices": [choice], "usage": _usage(run)}
+        body = {**self._head(run, self.object_name), "version_spans": _spans(run), "choices": [choice], "usage": _usage(run)}
         if self.req.return_token_ids:
             choice["token_ids"] = run.token_ids
             body["prompt_token_ids"] = list(self.prepared.prompt_ids)
@@ -295,4 +406,4 @@ class _CompletionFormat(_Format):
 
     def final_chunk(self, run: Run) -> dict:
         choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": run.finish_reason}
-        return {**self._head(run, self.chunk_name), "choices": [choice]}
+        return {**self._head(run, self.chunk_name), "version_spans": _spans(run), "choices": [choice]}

@@ -61,6 +61,8 @@ def test_chat_non_streaming(oai, store, reference):
     token_ids = choice.model_extra["token_ids"]
     assert len(token_ids) == resp.usage.completion_tokens == len(choice.logprobs.content)
     assert all(len(e.top_logprobs) == 3 for e in choice.logprobs.content)
+    # no swap: one span over the whole response, by the admitted version
+    assert resp.model_extra["version_spans"] == [{"start": 0, "end": len(token_ids), "version": version}]
     row = _check_row(store, reference, resp.id, token_ids, version)
     # what the client was told is what was logged
     assert np.allclose(row.behavior_logprobs, [e.logprob for e in choice.logprobs.content], atol=1e-6)
@@ -77,7 +79,7 @@ def test_chat_streaming(oai, store, reference):
         stream_options={"include_usage": True},
         extra_body={"return_token_ids": True},
     )
-    ids, token_ids, text, finish, usage, versions = set(), [], "", None, None, set()
+    ids, token_ids, text, finish, usage, versions, spans = set(), [], "", None, None, set(), []
     for chunk in stream:
         ids.add(chunk.id)
         versions.add(chunk.model_extra["policy_version"])
@@ -87,10 +89,34 @@ def test_chat_streaming(oai, store, reference):
             text += c.delta.content or ""
             token_ids += (c.model_extra or {}).get("token_ids") or []
             finish = c.finish_reason or finish
+            if c.finish_reason:  # the last chunk says which version sampled which tokens
+                spans.append(chunk.model_extra["version_spans"])
     assert len(ids) == 1 and len(versions) == 1 and finish in ("stop", "length")
     assert usage.completion_tokens == len(token_ids) > 0
     (rid,) = ids
-    _check_row(store, reference, rid, token_ids, versions.pop())
+    version = versions.pop()
+    assert spans == [[{"start": 0, "end": len(token_ids), "version": version}]]
+    _check_row(store, reference, rid, token_ids, version)
+
+
+def test_text_only_stream_matches_the_whole_response(oai, store):
+    """A stream that asks for no tokens (the templated fast path) says exactly what the whole
+    response says for the same seed, and its last chunk carries the spans."""
+    whole = oai.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=40, seed=11)
+    text, last, n_chunks = "", None, 0
+    for chunk in oai.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=40, seed=11, stream=True):
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            n_chunks += 1
+            if c.finish_reason:
+                last = chunk
+    assert text == whole.choices[0].message.content and n_chunks > 2
+    assert last.choices[0].finish_reason == whole.choices[0].finish_reason
+    n = len(store.get_response(last.id).response_ids)
+    assert n == whole.usage.completion_tokens
+    assert last.model_extra["version_spans"] == whole.model_extra["version_spans"] == [
+        {"start": 0, "end": n, "version": whole.model_extra["policy_version"]}
+    ]
 
 
 def test_completions_both_modes(oai, store, reference):

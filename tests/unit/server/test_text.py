@@ -50,3 +50,28 @@ def test_token_bytes_concatenate_to_the_text(tok):
     text = "so fluffy ♡"
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert b"".join(token_bytes(tok, i) for i in ids).decode("utf-8") == text
+
+
+def test_windowed_decoding_equals_the_full_decode_on_random_tokens(tok):
+    """Random ids (half characters, special tokens, odd byte runs) in random delta sizes: the
+    incremental text is the full decode, and no piece ends in half a character before the finish."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 40))]
+        ts, pieces, i = TextStream(tok), [], 0
+        while i < len(ids):
+            n = rng.randrange(1, 4)
+            pieces.append(ts.add(ids[i : i + n]))
+            i += n
+        pieces.append(ts.finish())
+        assert "".join(pieces) == ts.text == tok.decode(ids, skip_special_tokens=True)
+        assert not any(p.endswith("\ufffd") for p in pieces[:-1])
+
+
+def test_stop_string_across_deltas_with_the_project_tokenizer(tok):
+    ids = tok("Behold! The abyss awaits.", add_special_tokens=False)["input_ids"]
+    ts = TextStream(tok, ["abyss aw"])
+    out = "".join(ts.add(ids[i : i + 2]) for i in range(0, len(ids), 2)) + ts.finish()
+    assert ts.stopped and out == "Behold! The "
