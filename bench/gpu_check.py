@@ -111,7 +111,12 @@ def main() -> None:
     started = time.monotonic()
     import torch
 
-    print(f"# liveloop GPU check\ntorch {torch.__version__}, cuda {torch.cuda.is_available()}", flush=True)
+    import liveloop
+    import sqlalchemy
+    import transformers
+
+    print(f"# liveloop GPU check\ntorch {torch.__version__}, transformers {transformers.__version__}, sqlalchemy "
+          f"{sqlalchemy.__version__}, cuda {torch.cuda.is_available()}; liveloop from {Path(liveloop.__file__).parent}", flush=True)
     if torch.cuda.is_available():
         print(f"device: {torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
     elif not args.cpu:
@@ -124,16 +129,19 @@ def main() -> None:
             learner_args = ["--model", big, "--batches", "1,4,16", "--ratings", "16", "--length", "32"]
         else:
             small, big = f"{tmp}/qwen3-0.6b", f"{tmp}/qwen3-1.7b"
-            part("build a 0.6B- and a 1.7B-shaped Qwen3 (random weights, bfloat16)", [lb, "--shape", "0.6b", "--build", small], 50)
-            part("", [lb, "--shape", "1.7b", "--build", big], 50)
+            part("build a 0.6B- and a 1.7B-shaped Qwen3 (random weights, bfloat16)", [lb, "--shape", "0.6b", "--build", small], 40)
+            part("", [lb, "--shape", "1.7b", "--build", big], 40)
             learner_args = ["--model", big, "--batches", "1,4,16", "--ratings", "32", "--prompt", "64", "--length", "512"]
-        part("1. learner ratings/s against batch size", [lb, "--device", device, *learner_args], 110)
+        part("1. learner ratings/s against batch size", [lb, "--device", device, *learner_args], 100)
         part("2. bfloat16 optimizer state against fp32 master weights",
-             [lb, "--precision", "--device", device, "--model", small, "--length", "64" if args.cpu else "256"], 60)
-        part("3. swap time per weight transport", [str(BENCH / "weight_transport.py"), "--device", device, *([] if args.cpu else ["--shapes", "0.6b", "8b"])], 90)
+             [lb, "--precision", "--device", device, "--model", small, "--length", "64" if args.cpu else "256"], 50)
+        transport_args = (["--models", "tiny", "--transports", "checkpoint_dir,shared_memory,ipc"] if args.cpu else
+                          ["--models", "qwen3-0.6b,qwen3-8b", "--transports", "shared_memory,ipc", "--repeats", "2"])
+        part("3. swap time per weight transport (the memory paths; an 8B-shaped model)",
+             [str(BENCH / "weight_transport.py"), "--device", device, *transport_args], 150)
         part("4. hf engine tokens/s against generate",
              [str(BENCH / "hf_engine.py"), "--device", device, "--dtype", dtype, "--model", small, "--swaps", "0" if args.cpu else "6",
-              "--out", "hf_engine_gpu" if not args.cpu else "hf_engine_cpu_check"], 60)
+              "--out", "hf_engine_gpu" if not args.cpu else "hf_engine_cpu_check"], 50)
         part("5. engine/learner logprob agreement", [str(BENCH / "gpu_check.py"), "--agreement", small, device, dtype], 40)
     print(f"\n# done in {time.monotonic() - started:.0f} s", flush=True)
 

@@ -9,7 +9,8 @@
 #                                       # (for the GPU machine's python, default 3.12) into build/gpu_wheels,
 #                                       # and the tiny model in models/liveloop-tiny
 #   bash bench/gpu_check.sh             # there: carry build/gpu_wheels and models/liveloop-tiny along
-#   bash bench/gpu_check.sh --cpu       # the same parts on this machine's CPU, small (checks the script)
+#   bash bench/gpu_check.sh --cpu       # the same parts, small, on a CPU (checks the script; here:
+#                                       # GPU_PYTHON_VERSION=3.11 --prepare, then PYTHON=.venv/bin/python)
 #
 # No pip install there: the wheels are unpacked into a private directory and the package is mapped the way
 # pyproject.toml maps it (liveloop.<component> -> the top-level folder), through symlinks.
@@ -30,9 +31,6 @@ if [ "${1:-}" = "--prepare" ]; then
 fi
 
 PY=${PYTHON:-python3}
-if [ "${1:-}" = "--cpu" ] && [ -x "$ROOT/.venv/bin/python" ]; then
-  exec "$ROOT/.venv/bin/python" bench/gpu_check.py --cpu
-fi
 SITE=$(mktemp -d)
 trap 'rm -rf "$SITE"' EXIT
 for wheel in "$WHEELS"/*.whl; do
@@ -45,4 +43,4 @@ for component in server store learner critic clients diffusion monitor experimen
   ln -s "$ROOT/$component" "$SITE/liveloop/$component"
 done
 export PYTHONPATH=$SITE
-exec "$PY" bench/gpu_check.py "$@"
+"$PY" bench/gpu_check.py "$@"
