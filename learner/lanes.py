@@ -65,6 +65,7 @@ class SegmentLanes:
             if lane.state.steps_since_publish and not lane.paused:
                 lane.publish()
             lane.wait_durable()
+            lane.release_memory()
 
     def publish(self) -> None:
         for lane in self.lanes.values():

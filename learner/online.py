@@ -152,6 +152,7 @@ class OnlineLearner:
         self.sender = None
         self._durable = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durable-checkpoint")
         self._durable_writes: deque[Future] = deque()
+        self._in_memory: list[int] = []  # versions this learner handed over in memory (freed at a clean stop)
         if transport is not None and transport.in_memory and segment is None:
             self.sender = make_sender(transport, base_model=self.base_model_dir)
             self.sender.init()
@@ -414,6 +415,7 @@ class OnlineLearner:
             self._durable_writes.popleft().result()
         states = self._host_states()
         self._durable_writes.append(self._durable.submit(self._write_durable, version, parent, root, *states))
+        self._in_memory.append(version)
         log.info("published version %d in memory (step %d, cursor %d)", version, s.step, s.cursor)
         return version
 
@@ -573,6 +575,16 @@ class OnlineLearner:
         if self.state.steps_since_publish and not self.paused:
             self.publish()
         self.wait_durable()
+        self.release_memory()
+
+    def release_memory(self) -> None:
+        """At a clean stop, with every durable checkpoint written: free the memory this learner's versions
+        still hold (a server that has not swapped them in yet reads their checkpoints instead)."""
+        if self.sender is None:
+            return
+        for version in self._in_memory:
+            self.sender.release(version)
+        self._in_memory.clear()
 
 
 def _stored_position(

@@ -80,3 +80,12 @@ def test_resume_gives_up_a_version_whose_memory_and_checkpoint_are_gone(store, t
     assert store.get_version(2).status == VersionStatus.FAILED
     assert again.step() and again.step()
     assert store.get_cursor("sao") == 4 and store.cursor_version("sao") == 3
+
+
+def test_a_clean_stop_frees_the_memory_once_every_checkpoint_is_durable(store, tmp_path, model_dir, rate, transport):
+    rate(store, 4)
+    learner = _learner(store, tmp_path, model_dir, transport)
+    learner.run(lambda: False, max_steps=4)  # versions 1 and 2, then a clean stop
+    assert {1, 2} <= {v.version for v in store.versions_with_status(VersionStatus.PUBLISHED)}
+    assert all(is_checkpoint(store.get_version(v).checkpoint_path) for v in (1, 2))
+    assert segments(transport.namespace) == {}
