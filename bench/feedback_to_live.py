@@ -3,7 +3,7 @@ was trained on that rating, on the embedded default shape (vLLM engine + co-loca
 SQLite), with one user chatting and rating every reply. Also the learner's throughput and idle
 fraction while serving runs.
 
-    .venv/bin/python bench/feedback_to_live.py [--seconds 90] [--backend vllm] [--arms today,live]
+    .venv/bin/python bench/feedback_to_live.py [--seconds 90] [--backend vllm] [--arms today,live] [--think 0]
 
 Arms, one server each, run one after the other in this script:
   today  versions published every 4 steps or 5 s, saved as checkpoint directories and swapped in by
@@ -69,6 +69,7 @@ def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> 
                 f.raise_for_status()
                 posts.append((t, f.json()["id"]))
                 i += 1
+                time.sleep(args.think)
             for _ in range(20):  # keep probing a little so the last ratings can go live
                 r = user.post(
                     "/v1/chat/completions", json={"model": "liveloop-tiny", "messages": chat_messages(0), "max_tokens": 8}, headers=auth[0]
@@ -97,7 +98,7 @@ def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> 
     busy, idle = status.get("busy_seconds", 0.0), status.get("idle_seconds", 0.0)
     result = {
         "arm": name,
-        "config": arm | {"backend": args.backend, "seconds": args.seconds},
+        "config": arm | {"backend": args.backend, "seconds": args.seconds, "think": args.think},
         "ratings": len(posts),
         "went_live": len(latencies),
         "not_live_by_end": missing,
@@ -129,10 +130,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=90)
     parser.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
     parser.add_argument("--arms", default="today,live")
+    parser.add_argument("--think", type=float, default=0.0, help="seconds between a rating and the next chat (0: back to back)")
     args = parser.parse_args()
     model_dir = default_model()
     results = [run_arm(name, ARMS[name], args, model_dir) for name in args.arms.split(",")]
-    print(f"\n{args.backend} engine, {args.seconds:.0f} s per arm")
+    print(f"\n{args.backend} engine, {args.seconds:.0f} s per arm, think time {args.think:g} s")
     print("| arm | ratings | live | feedback-to-live p50 | p99 | versions | mean swap | learner samples/s (busy) | learner idle |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
@@ -141,7 +143,7 @@ def main() -> None:
             f"{r['versions_published']} | {(r['swap_mean_s'] or 0) * 1000:.0f} ms | {r['learner_samples_per_busy_s'] or 0:.1f} | "
             f"{r['learner_idle_fraction']:.2f} |"
         )
-    print(f"saved {save('feedback_to_live_' + args.backend, {'arms': results})}")
+    print(f"saved {save(f'feedback_to_live_{args.backend}_think{args.think:g}', {'arms': results})}")
 
 
 if __name__ == "__main__":
