@@ -92,7 +92,9 @@ class GatedEngine:
                 self._release(lease)
 
     async def update_weights(self, weights: str | Path | WeightSource, version: int) -> float:
-        source = self._stage(weight_source(weights))
+        # staged off the event loop and before the gate closes: reading a checkpoint or packing tensors
+        # holds back no request
+        source = await asyncio.to_thread(self._stage, weight_source(weights))
         return await self._gate.swap(lambda: self._apply_as(source, version), version, drain=not self.swap_keeps)
 
     def adapter_version(self, segment: str) -> int | None:

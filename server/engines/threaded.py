@@ -171,11 +171,14 @@ class ThreadedEngine(GatedEngine):
         finally:
             cancelled.set()
 
-    async def _apply_as(self, source: WeightSource, version: int) -> None:
+    def _stage(self, source: WeightSource) -> WeightSource:
+        # a checkpoint is read before the gate closes (in a thread, not on the worker): generation goes
+        # on while the disk is read, and the worker only copies tensors in
         if isinstance(source, CheckpointDir):
-            # read the files here, not on the worker: generation goes on while the disk is read, and the
-            # worker only copies tensors in (a `keep` swap then stalls no stream for the read)
-            source = NamedTensors(await asyncio.to_thread(self._read_checkpoint, source.path))
+            return NamedTensors(self._read_checkpoint(source.path))
+        return source
+
+    async def _apply_as(self, source: WeightSource, version: int) -> None:
         await self._on_worker(lambda report: Swap(source, report, version, self.swap_keeps))
 
     async def _load_adapter(self, name: str, spec: AdapterSpec) -> None:
