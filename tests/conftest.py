@@ -65,3 +65,14 @@ def store(store_url):
     s.ensure_base_version("/models/base")
     yield s
     s.close()
+
+
+@pytest.fixture
+def namespace():
+    """A shared-memory namespace of its own (weight transport); its segments are removed afterwards."""
+    from liveloop.transport import shared_memory as shm
+
+    ns = "t" + uuid.uuid4().hex[:10]
+    yield ns
+    for version in shm.segments(ns):
+        shm.remove_version(ns, version)

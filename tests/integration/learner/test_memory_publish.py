@@ -5,7 +5,6 @@ too, gives the version up and trains its ratings again. Real SQLite, real POSIX 
 
 from __future__ import annotations
 
-import secrets
 import shutil
 from pathlib import Path
 
@@ -22,11 +21,8 @@ from liveloop.transport.shared_memory import remove_version, segments
 
 
 @pytest.fixture
-def transport():
-    config = TransportConfig(backend="shared_memory", namespace=f"t{secrets.token_hex(6)}")
-    yield config
-    for version in list(segments(config.namespace)):
-        remove_version(config.namespace, version)
+def transport(namespace):
+    return TransportConfig(backend="shared_memory", namespace=namespace)
 
 
 def _cfg(tmp_path) -> LearnerConfig:

@@ -23,14 +23,6 @@ from liveloop.transport import shared_memory as shm
 
 
 @pytest.fixture
-def namespace():
-    ns = "t" + uuid.uuid4().hex[:10]
-    yield ns
-    for version in shm.segments(ns):
-        shm.remove_version(ns, version)
-
-
-@pytest.fixture
 async def engine(model_dir):
     eng = HFEngine(EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0), model_dir)
     await eng.start(version=0)

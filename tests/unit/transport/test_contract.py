@@ -6,7 +6,6 @@ process reads the same bytes, and shared memory stays bounded and is cleaned up.
 from __future__ import annotations
 
 import multiprocessing as mp
-import uuid
 from pathlib import Path
 
 import pytest
@@ -34,14 +33,6 @@ def weights() -> dict[str, torch.Tensor]:
         "lm_head.weight": emb,  # tied: the same memory under two names
         "nan": torch.tensor([float("nan"), float("inf"), -0.0]),
     }
-
-
-@pytest.fixture
-def namespace():
-    ns = "t" + uuid.uuid4().hex[:10]
-    yield ns
-    for version in shm.segments(ns):
-        shm.remove_version(ns, version)
 
 
 def pair(backend: str, tmp_path: Path, namespace: str, keep: int = 2):
