@@ -230,7 +230,7 @@ class MethodRun:
 def run_method(cfg: ExperimentConfig, method: MethodSpec, workdir: Path, model_dir: Path, critic_dir: Path | None, progress: bool) -> MethodRun:
     from liveloop import devtools
     from liveloop.learner.config import LearnerConfig
-    from liveloop.learner.online import critic_dir_for
+    from liveloop.learner.position import critic_dir_for
 
     workdir.mkdir(parents=True, exist_ok=True)
     learner = dict(method.learner)

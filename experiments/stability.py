@@ -100,7 +100,7 @@ async def _simulate_and_trace(sim: Simulator, base_url: str, admin_key: str) -> 
 def run_stability(cfg: ExperimentConfig, out_root: Path, progress: bool = True, model_dir: Path | None = None) -> Path:
     from liveloop import devtools
     from liveloop.learner.config import LearnerConfig
-    from liveloop.learner.online import critic_dir_for
+    from liveloop.learner.position import critic_dir_for
 
     started = time.monotonic()
     method = cfg.methods[0]

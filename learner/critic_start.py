@@ -21,7 +21,7 @@ from typing import Any
 from liveloop.critic.config import CriticConfig
 from liveloop.critic.pretrain import RolloutPlan, pretrain
 from liveloop.learner.config import LearnerConfig
-from liveloop.learner.online import critic_dir_for
+from liveloop.learner.position import critic_dir_for
 from liveloop.rl.batch import Sample
 from liveloop.store import Store
 

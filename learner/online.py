@@ -31,13 +31,13 @@ rollback is refused by the store's lineage check, and the learner reloads then).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from liveloop.learner.config import LearnerConfig
 from liveloop.learner.diagnostics import StabilityWindow
 from liveloop.learner.methods import make_method
 from liveloop.learner.placement import Placement, placement
+from liveloop.learner.position import LearnerState, critic_dir_for, stored_position
 from liveloop.learner.segments import lane_cursor
 from liveloop.learner.retention import checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, versions_to_prune
 from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, token_logprobs
@@ -59,33 +60,10 @@ from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.losses import exact_kl_penalty, kl_penalty
 from liveloop.rl.optim import make_optimizer
-from liveloop.store import StaleLineage, Store, VersionRecord, VersionStatus
-from liveloop.server.engines.weights import load_state
-from liveloop.transport import HandleGone, TransportConfig, TransportFailed, make_receiver, make_sender
-from liveloop.transport.checkpoint_dir import is_checkpoint
+from liveloop.store import StaleLineage, Store, VersionStatus
+from liveloop.transport import TransportConfig, TransportFailed, make_sender
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LearnerState:
-    version: int  # the version the learner's weights descend from (last published)
-    cursor: int  # last feedback id included in `version`
-    pending_cursor: int  # last feedback id trained on since
-    step: int = 0
-    samples: int = 0
-    steps_since_publish: int = 0
-    updates_since_publish: int = 0  # steps that changed the weights (not skipped)
-    samples_since_publish: int = 0
-    skipped_steps: int = 0
-    rejected_steps: int = 0  # updates undone because they moved the policy past max_step_kl
-    last_publish: float = field(default_factory=time.monotonic)
-    last_metrics: dict[str, float] = field(default_factory=dict)
-
-
-def critic_dir_for(config: LearnerConfig, version: int) -> Path:
-    """Where the critic that belongs to `version` is saved (published versions and pre-training)."""
-    return Path(config.checkpoint_dir).resolve() / f"v{version:06d}" / "critic"
 
 
 class SegmentRatings:
@@ -212,13 +190,13 @@ class OnlineLearner:
     @classmethod
     def resume(cls, store: Store, config: LearnerConfig, critic_config: CriticConfig, base_model_dir: Path, **kw) -> "OnlineLearner":
         """Start from the version this learner last published (or the base model), at its cursor."""
-        state, policy_dir, critic_dir = _stored_position(store, config, Path(base_model_dir), kw.get("segment"), kw.get("transport"))
+        state, policy_dir, critic_dir = stored_position(store, config, Path(base_model_dir), kw.get("segment"), kw.get("transport"))
         return cls(store, config, critic_config, base_model_dir, state, policy_dir, critic_dir, **kw)
 
     def reload(self) -> None:
         """Drop what was trained since the last version and load the version the store's cursor
         names (after a rollback). Counters of steps and samples carry on."""
-        state, policy_dir, critic_dir = _stored_position(self.store, self.config, self.base_model_dir, self.segment, self.transport)
+        state, policy_dir, critic_dir = stored_position(self.store, self.config, self.base_model_dir, self.segment, self.transport)
         state.step, state.samples, state.skipped_steps = self.state.step, self.state.samples, self.state.skipped_steps
         self._load(policy_dir, critic_dir)
         self.method.reset()
@@ -354,9 +332,8 @@ class OnlineLearner:
                 raise
             self._pause_for_disk_full(version, root, exc)
             return None
-        metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
         try:
-            self._record_version(version, root, metrics, checkpoint_digest(root / "policy"))
+            self._record_version(version, root, checkpoint_digest(root / "policy"))
         except StaleLineage as exc:
             log.warning("not publishing version %d: %s", version, exc)
             shutil.rmtree(root, ignore_errors=True)
@@ -368,10 +345,7 @@ class OnlineLearner:
             shutil.rmtree(root, ignore_errors=True)
             self._pause_for_disk_full(version, root, exc)
             return None
-        parent = s.version
-        s.version, s.cursor = version, s.pending_cursor
-        s.steps_since_publish = s.samples_since_publish = s.updates_since_publish = 0
-        s.last_publish = time.monotonic()
+        parent = self._advance_to(version)
         log.info("published version %d (step %d, cursor %d)", version, s.step, s.cursor)
         self._apply_retention(protect=(parent, version))
         return version
@@ -381,7 +355,7 @@ class OnlineLearner:
         version row and the cursor are recorded (naming where the durable checkpoint will be), and the
         server swaps from memory while this writes the durable checkpoint, off the critical path. A
         failed handover publishes nothing: the old version keeps serving and the next publish retries.
-        A crash before the durable checkpoint exists is recovered at resume (`_recover_durable`)."""
+        A crash before the durable checkpoint exists is recovered at resume (`position.recover_durable`)."""
         s = self.state
         try:
             with self.policy_opt.full_parameters() as policy:
@@ -391,9 +365,8 @@ class OnlineLearner:
         except TransportFailed as exc:
             log.warning("version %d not handed over (%s): the old version keeps serving", version, exc)
             return None
-        metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
         try:
-            self._record_version(version, root, metrics, None)
+            self._record_version(version, root, None)
         except StaleLineage as exc:
             log.warning("not publishing version %d: %s", version, exc)
             self.sender.release(version)
@@ -405,10 +378,7 @@ class OnlineLearner:
                 raise
             self._pause_for_disk_full(version, root, exc)
             return None
-        parent = s.version
-        s.version, s.cursor = version, s.pending_cursor
-        s.steps_since_publish = s.samples_since_publish = s.updates_since_publish = 0
-        s.last_publish = time.monotonic()
+        parent = self._advance_to(version)
         # the durable copy, off the critical path: host copies now, written by one background thread
         # while the learner trains on; at most two writes outstanding (each holds a copy of the weights)
         while len(self._durable_writes) >= 2:
@@ -438,18 +408,8 @@ class OnlineLearner:
         """The background half of an in-memory publish: the checkpoint directory, its digest, retention.
         A full disk pauses learning (the memory stays: the transport keeps it until the server holds a
         durable copy, and a resume recovers from it); never raises."""
-        def write(tmp: Path) -> None:
-            try:
-                with self.policy_opt.full_parameters() as policy:
-                    policy.save_pretrained(str(tmp / "policy"), state_dict=policy_state)
-                if critic_state is not None:
-                    self.critic.model.save_pretrained(str(tmp / "critic"), state_dict=critic_state)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-
         try:
-            save_atomically(root, write)
+            save_atomically(root, functools.partial(self._write_checkpoint, policy_state=policy_state, critic_state=critic_state))
             self.store.set_checkpoint_digest(version, checkpoint_digest(root / "policy"))
         except Exception as exc:
             if is_disk_full(exc):
@@ -464,8 +424,19 @@ class OnlineLearner:
         while self._durable_writes:
             self._durable_writes.popleft().result()
 
-    def _record_version(self, version: int, root: Path, metrics: dict, digest: str | None) -> None:
+    def _advance_to(self, version: int) -> int:
+        """The learner now descends from `version`, just published with the pending cursor; returns
+        the version it descended from before."""
         s = self.state
+        parent = s.version
+        s.version, s.cursor = version, s.pending_cursor
+        s.steps_since_publish = s.samples_since_publish = s.updates_since_publish = 0
+        s.last_publish = time.monotonic()
+        return parent
+
+    def _record_version(self, version: int, root: Path, digest: str | None) -> None:
+        s = self.state
+        metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
         self.store.publish_version(
             version,
             parent=s.version,
@@ -480,16 +451,21 @@ class OnlineLearner:
             segment=self.segment,
         )
 
-    def _write_checkpoint(self, tmp: Path) -> None:
-        """Write policy and critic into `tmp`; a failed write removes what it had written (a full
-        disk must not stay full of half a checkpoint)."""
+    def _write_checkpoint(
+        self, tmp: Path, policy_state: dict[str, torch.Tensor] | None = None, critic_state: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """Write policy and critic into `tmp`: their weights now, or the given states (host copies an
+        in-memory publish took); a failed write removes what it had written (a full disk must not stay
+        full of half a checkpoint)."""
         try:
             if self.adapters is not None:
                 self.adapters.save(self.segment, tmp / "policy")
             else:
                 with self.policy_opt.full_parameters() as policy:
-                    policy.save_pretrained(str(tmp / "policy"))
-            if self.critic is not None:
+                    policy.save_pretrained(str(tmp / "policy"), state_dict=policy_state)
+            if critic_state is not None:
+                self.critic.model.save_pretrained(str(tmp / "critic"), state_dict=critic_state)
+            elif self.critic is not None:
                 self.critic.save(str(tmp / "critic"))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -585,67 +561,3 @@ class OnlineLearner:
         for version in self._in_memory:
             self.sender.release(version)
         self._in_memory.clear()
-
-
-def _stored_position(
-    store: Store, config: LearnerConfig, base_model_dir: Path, segment: str | None = None, transport: TransportConfig | None = None
-) -> tuple[LearnerState, str | None, str | None]:
-    """The version this learner's cursor names (or the base model), its weights and critic. A lane's
-    weights are its adapter directory, or None (a fresh adapter) while it is still at a base version."""
-    name = lane_cursor(config, segment)
-    version = store.cursor_version(name)
-    record = store.get_version(version) if version is not None else None
-    if record is not None and record.version > 0 and record.segment is None and segment is None and not is_checkpoint(record.checkpoint_path or ""):
-        _recover_durable(store, config, base_model_dir, record, name, transport)
-        version = store.cursor_version(name)
-        record = store.get_version(version) if version is not None else None
-    cursor = store.get_cursor(name)
-    if record is None or not record.checkpoint_path or version == 0 or record.segment != segment:
-        version = version if record is not None and record.segment is None and segment is not None else 0
-        policy_dir = str(base_model_dir) if segment is None else None
-    else:
-        policy_dir = record.checkpoint_path
-    critic = critic_dir_for(config, version)
-    critic_dir = str(critic) if critic.exists() else None
-    log.info(
-        "learner %s at version %d, feedback cursor %d, critic %s",
-        name, version, cursor, critic_dir or "cold (not pre-trained)",
-    )
-    return LearnerState(version=version, cursor=cursor, pending_cursor=cursor), policy_dir, critic_dir
-
-
-def _recover_durable(
-    store: Store, config: LearnerConfig, base_model_dir: Path, record: VersionRecord, cursor_name: str, transport: TransportConfig | None
-) -> None:
-    """The learner died after publishing `record` in memory and before its durable checkpoint existed.
-    If the transport still holds its tensors, write the checkpoint from them (with the parent's critic);
-    else give the version up: the cursor goes back to the parent and its ratings are trained again."""
-    root = Path(record.checkpoint_path).parent
-    if transport is not None and transport.in_memory:
-        receiver = make_receiver(transport)
-        try:
-            tensors = receiver.tensors(receiver.handle_for(record.version, record.checkpoint_path))
-        except HandleGone:
-            pass
-        else:
-            from transformers import AutoModelForCausalLM
-
-            def write(tmp: Path) -> None:
-                model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
-                load_state(model, tensors)  # every tensor present and finite, or nothing is written
-                model.save_pretrained(str(tmp / "policy"))
-                parent_critic = critic_dir_for(config, record.parent or 0)
-                if parent_critic.exists():
-                    shutil.copytree(parent_critic, tmp / "critic")
-
-            save_atomically(root, write)
-            store.set_checkpoint_digest(record.version, checkpoint_digest(root / "policy"))
-            log.warning("version %d: durable checkpoint recovered from the transport's memory", record.version)
-            return
-    parent = store.get_version(record.parent) if record.parent is not None else None
-    parent_cursor = int((parent.metrics or {}).get("learner/cursor", 0)) if parent is not None and parent.version > 0 else 0
-    store.abandon_version(record.version, cursor_name, record.parent or 0, parent_cursor)
-    log.error(
-        "version %d was lost before its durable checkpoint was written: back to version %d, ratings after %d are trained again",
-        record.version, record.parent or 0, parent_cursor,
-    )

@@ -13,7 +13,8 @@ from tqdm import tqdm
 
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
-from liveloop.learner.online import LearnerState, OnlineLearner
+from liveloop.learner.online import OnlineLearner
+from liveloop.learner.position import LearnerState
 from liveloop.store import Store, VersionStatus
 
 
