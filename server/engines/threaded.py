@@ -214,12 +214,10 @@ class ThreadedEngine(GatedEngine):
         return True
 
     def _read_state(self, source: WeightSource) -> Mapping[str, torch.Tensor]:
-        match source:
-            case CheckpointDir(path):
-                return self._read_checkpoint(path)
-            case NamedTensors(tensors):
-                return tensors
-        raise TypeError(f"{self.name} engine: cannot load weights from {type(source).__name__}")
+        staged = self._stage(source)  # `update_weights` staged it already: a checkpoint arrives as tensors
+        if not isinstance(staged, NamedTensors):
+            raise TypeError(f"{self.name} engine: cannot load weights from {type(source).__name__}")
+        return staged.tensors
 
     # -- what a backend supplies ---------------------------------------------------------------------
     def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator, cancelled: threading.Event) -> Any:
