@@ -17,7 +17,7 @@ def default_model() -> Path:
     from liveloop.model.build import ensure_model
 
     cfg = load_config(ROOT / "configs/default.toml")
-    return ensure_model(cfg.model, ROOT / cfg.model.out_dir)
+    return ensure_model(cfg.model, default_model_dir())
 
 
 def chat_messages(i: int) -> list[dict[str, str]]:
@@ -36,11 +36,24 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def save(name: str, result: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(result, indent=2))
+def save(name: str, result: dict, model_dir: Path | None = None, path: Path | None = None) -> Path:
+    """Write a result as JSON (bench/results/NAME.json unless `path`) with where it came from: package
+    versions, CPU flags and kernel path, threads, and the model's digest (`liveloop.provenance`)."""
+    from liveloop.provenance import environment
+
+    path = path or RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = model_dir if model_dir is not None else default_model_dir()
+    env = environment(model if (model / "config.json").is_file() else None)
+    path.write_text(json.dumps(result | {"environment": env | result.get("environment", {})}, indent=2) + "\n")
     return path
+
+
+def default_model_dir() -> Path:
+    """Where the default model lives (built or not)."""
+    from liveloop.config import load_config
+
+    return ROOT / load_config(ROOT / "configs/default.toml").model.out_dir
 
 
 def rated_samples(model_dir: Path, n: int, target: str = "behold", max_tokens: int = 48, seed: int = 0):

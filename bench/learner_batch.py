@@ -30,6 +30,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import save  # noqa: E402  (bench/ is not a package)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # Qwen3 dense shapes (hidden, layers, heads, kv heads, intermediate)
     "0.6b": (1024, 28, 16, 8, 3072),
@@ -62,7 +65,6 @@ def model_dir(args: argparse.Namespace, tmp: Path) -> Path:
         return Path(args.model)
     if args.shape != "tiny":
         return build_shape(args.shape, tmp / f"qwen3-{args.shape}")
-    sys.path.insert(0, str(ROOT / "bench"))
     from common import default_model
 
     return default_model()
@@ -212,10 +214,7 @@ def main() -> None:
             print("\n| batch | ratings/s | vs batch 1 |\n|---|---|---|")
             for r in result["throughput"]:
                 print(f"| {r['batch']} | {r['ratings_per_s']:.2f} | {r['vs_batch_1']:.2f}x |")
-    out = ROOT / "bench" / "results" / ("learner_precision.json" if args.precision else "learner_batch.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+        print(f"wrote {save('learner_precision' if args.precision else 'learner_batch', result, model_dir=base)}")
 
 
 if __name__ == "__main__":

@@ -426,6 +426,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import save
+
     args = parse_args(argv)
     wall = time.perf_counter()
     backends = ["sqlite"] if args.no_postgres else ["sqlite", "postgresql"]
@@ -466,8 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         "runs": [asdict(r) | {"rows_per_s": r.rows_per_s} for r in runs],
         "wall_seconds": wall,
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}", file=sys.stderr)
+    print(f"wrote {save('store_ingest', result, path=args.out)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

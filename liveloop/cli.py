@@ -120,8 +120,9 @@ def cmd_model_init(args: argparse.Namespace) -> int:
     from liveloop.model.build import build_model, ensure_model
 
     config = _config(args)
+    model = config.model if args.seed is None else dataclasses.replace(config.model, seed=args.seed)
     out = Path(args.out or config.model.out_dir)
-    path = build_model(config.model, out) if args.force else ensure_model(config.model, out)
+    path = build_model(model, out) if args.force else ensure_model(model, out)
     print(path)
     return 0
 
@@ -209,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_option(p)
     p.add_argument("--out", help="output directory (default: model.out_dir)")
     p.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    p.add_argument("--seed", type=int, help="another build of the same model (default: model.seed)")
     p.set_defaults(func=cmd_model_init)
 
     store = sub.add_parser("store", help="the versioned-feedback store").add_subparsers(dest="store_cmd", required=True)

@@ -2,8 +2,10 @@
 
 `build_model` runs the steps in order and writes a Hugging Face model directory atomically (model,
 tokenizer, generation config, and `liveloop_build.json` recording the config, losses and sample replies).
-Everything is seeded, so the same config gives the same weights. Serving and online learning are not
-this module's business; they only read the directory.
+Everything is seeded, so the same config, package versions and CPU kernel path give the same weights,
+byte for byte; another kernel path (AVX2, AVX-512, none) gives other weights of the same quality (the
+build record says which one built it: docs/design.md, "A locked environment"). Serving and online
+learning are not this module's business; they only read the directory.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from liveloop.checkpoint import checkpoint_digest
 from liveloop.model.config import ModelBuildConfig
 from liveloop.model.corpus import Example, generate_corpus
 from liveloop.model.tokenizer import PAD_TOKEN, train_tokenizer
+from liveloop.provenance import environment
 
 BUILD_RECORD = "liveloop_build.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
@@ -72,6 +76,8 @@ def build_model(cfg: ModelBuildConfig, out_dir: Path | None = None, progress: bo
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "build_seconds": round(time.monotonic() - start, 2),
         "samples": samples,
+        # what the weights depend on besides the config: kernels (CPU capability), threads, versions
+        "environment": environment(),
     }
     _save_atomically(out, model, tokenizer, record)
     return out
@@ -216,6 +222,7 @@ def _save_atomically(out: Path, model: Qwen3MoeForCausalLM, tokenizer: PreTraine
         model.save_pretrained(tmp, safe_serialization=True)
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        record = record | {"model_digest": checkpoint_digest(tmp)}  # the weights' sha256: which build this is
         (tmp / BUILD_RECORD).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
         if out.exists():
             os.replace(out, old)

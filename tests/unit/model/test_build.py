@@ -1,5 +1,7 @@
 """Building the default model at a tiny size: a loadable directory, a falling loss, reproducible weights."""
 
+import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -38,6 +40,11 @@ def test_build_record(built):
     assert record["num_parameters"] == AutoModelForCausalLM.from_pretrained(built).num_parameters()
     assert len(record["samples"]) == 6
     assert not list(built.parent.glob("tiny.*")), "temporary directories left behind"
+    # where it came from: which weights (the digest a second machine compares) and what decided them
+    assert record["model_digest"] == hashlib.sha256((built / "model.safetensors").read_bytes()).hexdigest()
+    env = record["environment"]
+    assert env["torch_threads"] == 1 and env["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert env["packages"]["torch"] == torch.__version__ and "transformers" in env["packages"]
 
 
 def test_same_seed_same_weights_and_rebuild_replaces(built, tmp_path):
@@ -45,9 +52,15 @@ def test_same_seed_same_weights_and_rebuild_replaces(built, tmp_path):
     a, b = load_file(built / "model.safetensors"), load_file(again / "model.safetensors")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    other = build_model(dataclasses.replace(TINY, seed=1), tmp_path / "seed1", progress=False)
+    assert _digest(other) != _digest(again) == _digest(built)  # another [model] seed is another build
     (again / "stale.txt").write_text("x")
     build_model(TINY, again, progress=False)
     assert not (again / "stale.txt").exists()
+
+
+def _digest(model_dir):
+    return json.loads((model_dir / "liveloop_build.json").read_text())["model_digest"]
 
 
 def test_ensure_model_reuses_a_complete_directory(built):
