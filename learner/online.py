@@ -8,11 +8,12 @@
   2. policy logprobs of the served tokens; critic values
   3. advantages: GAE over action tokens only, lambda_policy = 1 - 1/(alpha L); value targets with lambda_value
   4. K critic steps; 5. one policy step (two-sided ratio mask against the behavior logprobs, optional KL anchor)
-  6. every N steps or T seconds, publish version v+1: checkpoint saved, then the version row and the
-     cursor in ONE transaction. A crash resumes from the last published version and re-reads exactly
-     the ratings it had not published yet: nothing lost, nothing trained twice. Then retention
-     (retention.py) deletes the checkpoints it no longer keeps. A disk too full for the checkpoint
-     pauses learning through the store instead: the unpublished training stays, the server keeps serving.
+  6. every N steps or T seconds, publish the next version: checkpoint saved, then the version row (its
+     number allocated there) and the cursor in ONE transaction. A crash resumes from the last published
+     version and re-reads exactly the ratings it had not published yet: nothing lost, nothing trained
+     twice. Then retention (retention.py) deletes the checkpoints it no longer keeps. A disk too full
+     for the checkpoint pauses learning through the store instead: the unpublished training stays, the
+     server keeps serving.
 With `[learner] adapters` on, one OnlineLearner is one segment's lane (learner/lanes.py runs them): its
 policy is that segment's LoRA adapter on a frozen base shared by every lane (learner/adapters.py), it
 reads only its segment's ratings, keeps its own cursor (`sao:cozy`), critic and step-size controllers,
@@ -23,9 +24,12 @@ steps 2-4's critic parts. A non-finite loss or gradient skips the update (counte
 weights. The learner never talks to the engine: the server activates published versions.
 
 Operators steer it through the store, so the same rules hold in or out of the server process: while
-its `learner_control` row says paused it neither trains nor publishes; when a rollback moves its
-cursor to another version it reloads that version's weights and critic (a publish that races the
-rollback is refused by the store's lineage check, and the learner reloads then).
+its `learner_control` row says paused it neither trains nor publishes; when a rollback or an operator's
+publish (`POST /admin/weights`) moves its cursor to another version it reloads that version's weights
+and critic (a publish that races it is refused by the store's lineage check, and the learner reloads
+then). Version numbers are the store's: a publish writes the checkpoint under a staging name and the
+store's inserting transaction allocates the number and moves it to checkpoint_dir/vNNNNNN; an in-memory
+publish proposes the number its memory is named by, and the store refuses it if it was taken.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -60,7 +65,7 @@ from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.losses import exact_kl_penalty, kl_penalty
 from liveloop.rl.optim import make_optimizer
-from liveloop.store import StaleLineage, Store, VersionStatus
+from liveloop.store import StaleLineage, Store, VersionRecord, VersionStatus, VersionTaken
 from liveloop.transport import TransportConfig, TransportFailed, make_sender
 
 log = logging.getLogger(__name__)
@@ -203,10 +208,14 @@ class OnlineLearner:
         self.state = state
 
     def sync_with_store(self) -> bool:
-        """Follow the operator: reload after a rollback; returns whether learning is paused."""
+        """Follow the operator: reload after a rollback or an operator's publish (either moves the
+        cursor); returns whether learning is paused."""
         version = self.store.cursor_version(self.cursor_name)
         if version is not None and version != self.state.version:
-            log.warning("learner %s: lineage moved from version %d to %d (rollback): reloading", self.cursor_name, self.state.version, version)
+            log.warning(
+                "learner %s: lineage moved from version %d to %d (a rollback, or an operator's publish): reloading",
+                self.cursor_name, self.state.version, version,
+            )
             self.reload()
         self.paused = self.store.learning_paused(self.cursor_name)
         return self.paused
@@ -321,34 +330,56 @@ class OnlineLearner:
             s.steps_since_publish = s.samples_since_publish = 0
             s.last_publish = time.monotonic()
             return None
-        version = self.store.next_version()
-        root = checkpoint_root(self.config.checkpoint_dir, version)
         if self.sender is not None:
-            return self._publish_in_memory(version, root)
+            # memory is named by the version number, so the number comes first: a proposal, which the
+            # store's inserting transaction accepts or refuses (VersionTaken: retried at the next publish)
+            version = self.store.next_version()
+            return self._publish_in_memory(version, checkpoint_root(self.config.checkpoint_dir, version))
+        # the checkpoint is written under a staging name; the store allocates the number inside the
+        # inserting transaction, which moves it to checkpoint_dir/vNNNNNN before it commits (`_place`)
+        staging = Path(self.config.checkpoint_dir).resolve() / f".staging-{os.getpid()}-{self.cursor_name.replace(':', '-')}"
         try:
-            save_atomically(root, self._write_checkpoint)
+            save_atomically(staging, self._write_checkpoint)
         except Exception as exc:
             if not is_disk_full(exc):
                 raise
-            self._pause_for_disk_full(version, root, exc)
+            self._pause_for_disk_full(None, staging, exc)
             return None
+        placed: list[Path] = []
         try:
-            self._record_version(version, root, checkpoint_digest(root / "policy"))
+            record = self._record_version(functools.partial(self._place, staging, placed), checkpoint_digest(staging / "policy"))
         except StaleLineage as exc:
-            log.warning("not publishing version %d: %s", version, exc)
-            shutil.rmtree(root, ignore_errors=True)
+            log.warning("not publishing: %s", exc)
+            self._discard(staging, *placed)
             self.reload()
             return None
         except Exception as exc:  # the store's database on a full disk
+            self._discard(staging, *placed)
             if not is_disk_full(exc):
                 raise
-            shutil.rmtree(root, ignore_errors=True)
-            self._pause_for_disk_full(version, root, exc)
+            self._pause_for_disk_full(None, staging, exc)
             return None
+        version = record.version
         parent = self._advance_to(version)
         log.info("published version %d (step %d, cursor %d)", version, s.step, s.cursor)
         self._apply_retention(protect=(parent, version))
         return version
+
+    def _place(self, staging: Path, placed: list[Path], version: int) -> str:
+        """Inside the store's inserting transaction, with `version` allocated: the staged checkpoint
+        becomes checkpoint_dir/vNNNNNN (a directory left there by a publish that never committed is
+        replaced: no committed version has this number). Returns the policy's path for the row."""
+        root = checkpoint_root(self.config.checkpoint_dir, version)
+        if root.exists():
+            shutil.rmtree(root)
+        os.replace(staging, root)
+        placed.append(root)
+        return str(root / "policy")
+
+    @staticmethod
+    def _discard(*paths: Path) -> None:
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
 
     def _publish_in_memory(self, version: int, root: Path) -> int | None:
         """Publish through the in-memory transport: the tensors are handed over and finished, then the
@@ -366,7 +397,11 @@ class OnlineLearner:
             log.warning("version %d not handed over (%s): the old version keeps serving", version, exc)
             return None
         try:
-            self._record_version(version, root, None)
+            self._record_version(str(root / "policy"), None, version)
+        except VersionTaken as exc:  # another writer took the number first: hand over again next time
+            log.warning("not publishing version %d: %s", version, exc)
+            self.sender.release(version)
+            return None
         except StaleLineage as exc:
             log.warning("not publishing version %d: %s", version, exc)
             self.sender.release(version)
@@ -434,13 +469,16 @@ class OnlineLearner:
         s.last_publish = time.monotonic()
         return parent
 
-    def _record_version(self, version: int, root: Path, digest: str | None) -> None:
+    def _record_version(self, checkpoint: str | Callable[[int], str], digest: str | None, version: int | None = None) -> VersionRecord:
+        """The version row and the cursor, in one store transaction. `version` None: the store allocates
+        the number and `checkpoint(number)` places the checkpoint and names it; else a proposed number
+        (VersionTaken if it is taken) with the checkpoint's path."""
         s = self.state
         metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
-        self.store.publish_version(
+        return self.store.publish_version(
             version,
             parent=s.version,
-            checkpoint_path=str(root / "policy"),
+            checkpoint_path=checkpoint,
             checkpoint_sha256=digest,
             learner_step=s.step,
             samples_used=s.samples_since_publish,
@@ -471,13 +509,14 @@ class OnlineLearner:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
-    def _pause_for_disk_full(self, version: int, root: Path, exc: BaseException) -> None:
+    def _pause_for_disk_full(self, version: int | None, root: Path, exc: BaseException) -> None:
         """Out of disk: pause learning through the store (the server keeps serving the current
         version) and log a "disk_full" operator event. What was trained since the last version stays
         in memory and the store's cursor does not move, so nothing is lost: the next publish after an
         operator frees space and resumes carries it (a restart trains those ratings again)."""
         s = self.state
-        reason = f"disk full: could not save version {version} under {root.parent}: {exc}"
+        what = "the next version" if version is None else f"version {version}"
+        reason = f"disk full: could not save {what} under {root.parent}: {exc}"
         log.error("pausing learning: %s", reason)
         self.paused = True
         detail = {

@@ -38,7 +38,8 @@ from liveloop.server.config import ServerConfig
 from liveloop.server.engines.base import Engine, create_engine
 from liveloop.server.errors import install_handlers
 from liveloop.server.operations import Operations
-from liveloop.server.publisher import Publisher, finish_start, start_point
+from liveloop.server.publisher import Publisher
+from liveloop.server.startup import finish_start, start_point
 from liveloop.server.routes import admin, dashboard, feedback, openai, ops
 from liveloop.server.serving import Serving
 from liveloop.store import BatchWriter, Store

@@ -73,7 +73,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
     from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable
     from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
     from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
-    from liveloop.store import RollbackRefused, VersionNotFound, WriterDown, WriterFull
+    from liveloop.store import RollbackRefused, TransitionRefused, VersionNotFound, WriterDown, WriterFull
 
     store_down = Answer(503, "store_unavailable", message="the store is unavailable; please retry", retry_after=5)
     return (
@@ -95,6 +95,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
         (AlreadyServing, Answer(409, param="version")),
         (SwapFailed, Answer(409, param="version")),
         (RollbackRefused, Answer(409, param="version")),
+        (TransitionRefused, Answer(409, param="version")),  # the store's version-state owner said no
         # per-segment adapters
         (UnknownSegment, Answer(404, "segment_not_found", param="segment")),
         (AdapterUnusable, Answer(409, param="version")),

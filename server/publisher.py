@@ -1,10 +1,22 @@
-"""Publishing a policy version into the live engine, with its row in the store.
+"""Publishing a policy version into the live engine. The store owns version state (store/lifecycle.py):
+the publisher changes no status itself, it asks the store and acts on the answer.
 
-Order matters for integrity: the `policy_versions` row is written first (status LOADING), so a
-response that records the new version always has its row; then the engine swaps atomically; then the
-row becomes SERVING and its parent RETIRED. A failed swap leaves the old version serving and the
-row marked FAILED. Learners write their own rows (status PUBLISHED); `watch` activates them,
-unless the operator paused learning. `rollback` swaps a stored version back in, then records it.
+One activation path (`_activate`) for every version, base weights or a segment's adapter, a learner's
+or an operator's, under the publisher's lock: (1) the store is asked whether the version may serve now
+(`Store.check_activation`: re-read under the lock; published or loading, not pruned, descending from
+the lineage's serving version); (2) the engine swaps it in (drained and atomic; an adapter: for its
+segment only); (3) one store transaction checks again and makes it SERVING, the old version RETIRED and
+the published versions it overtook SUPERSEDED. An activation that lost a race (a rollback, an
+operator's publish, a learner giving the version up) is dropped with a log line, a counter and an
+operator event, never applied; one refused after the swap swaps the old version back. A failed swap
+leaves the old version serving and the row FAILED.
+
+An operator's checkpoint (`publish_dir`) gets its row first, as LOADING, its number allocated by the
+store in that transaction (a response that records the new version always has its row), then the same
+path; it becomes the learner's lineage: the learner's cursor moves to it in step (3), so a learner
+publish on the old parent is refused by the store's lineage check and the learner reloads, as after a
+rollback. Learners write their own rows (status PUBLISHED); `watch` activates them, unless the operator
+paused learning. `rollback` swaps a stored version back in, then records it (`Store.rollback_to`).
 
 With adapters on (`segments` non-empty) each segment has its own lineage of adapter versions over the
 frozen base: `watch` activates a segment's newest published adapter into the engine for that segment
@@ -13,8 +25,8 @@ moves that segment alone, and a segment can go back to the base weights (rollbac
 with `segment` given). A segment's pause holds back only its own activations.
 
 Results are typed (`SwapResult`, `RollbackResult`); refusals are domain exceptions (`CheckpointUnusable`,
-`VersionNotFound`, `NotServable`, `AlreadyServing`, `SwapFailed`, the store's `RollbackRefused`) that
-the HTTP edge maps to statuses (server/errors.py) and the background guard logs.
+`VersionNotFound`, `NotServable`, `AlreadyServing`, `SwapFailed`, the store's `RollbackRefused` and
+`TransitionRefused`) that the HTTP edge maps to statuses (server/errors.py) and the background guard logs.
 
 Weights come through the transport seam (liveloop/transport): with a `receiver`, `activate` reads a
 published version from memory first (the learner sent it before recording the row, and writes the
@@ -24,8 +36,8 @@ next poll, for up to `durable_wait_seconds`; after that it is marked FAILED (its
 writing it: the learner's resume rolls its lineage back), and the old version keeps serving. Nothing
 ever serves a half-written or missing model. After a swap the receiver frees the memory of older
 versions (and the new version's own once its durable checkpoint exists). Rollbacks and restarts read
-durable checkpoints only; `start_point` picks what a (re)starting server serves when the serving
-version's durable checkpoint is missing (memory if still there, else its nearest ancestor on disk).
+durable checkpoints only; start-up recovery (what a restarting server serves when the serving version's
+durable checkpoint is missing) is server/startup.py's.
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ from liveloop.checkpoint import checkpoint_digest
 
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import CheckpointDir, Engine, WeightSource
-from liveloop.store import Store, VersionNotFound, VersionRecord, VersionStatus
+from liveloop.store import Store, TransitionRefused, VersionNotFound, VersionRecord, VersionStatus
 from liveloop.transport import HandleGone, Receiver, WeightHandle
 from liveloop.transport.checkpoint_dir import is_checkpoint
 
@@ -144,8 +156,11 @@ class Publisher:
         return self.engine.version
 
     async def publish_dir(self, path: str, note: str | None = None, **row: object) -> SwapResult:
-        """Serve the checkpoint in directory `path` as the next version (its row first, as LOADING).
-        Raises CheckpointUnusable when `path` is no checkpoint or the engine cannot load it."""
+        """Serve the checkpoint in directory `path` as the next version: its row first, as LOADING (the
+        store allocates its number in that transaction), then the activation path every version takes.
+        The operator's version becomes the learner's lineage (its cursor moves there, as after a
+        rollback). Raises CheckpointUnusable when `path` is no checkpoint or the engine cannot load it,
+        the store's TransitionRefused if the store no longer agrees with the engine on what serves."""
         directory = Path(path)
         try:
             usable = directory.is_dir() and any(directory.glob("*.safetensors"))
@@ -154,13 +169,11 @@ class Publisher:
         if not usable:
             raise CheckpointUnusable(path, f"path: {path} is not a checkpoint directory with *.safetensors")
         async with self._lock:
-            parent = self.engine.version
-            version = await asyncio.to_thread(self.store.next_version)
             digest = await asyncio.to_thread(checkpoint_digest, directory)
-            await asyncio.to_thread(
+            record = await asyncio.to_thread(
                 self.store.add_version,
-                version,
-                parent=parent,
+                None,
+                parent=self.engine.version,
                 checkpoint_path=str(directory.resolve()),
                 checkpoint_sha256=digest,
                 status=VersionStatus.LOADING,
@@ -168,32 +181,135 @@ class Publisher:
                 **row,
             )
             try:
-                return await self._swap(version, str(directory))
+                result = await self._activate(record.version, operator=True)
             except SwapFailed as exc:
                 raise CheckpointUnusable(path, f"could not load {path}: {exc.__cause__}") from exc
+            assert result is not None  # an operator's activation raises rather than returning None
+            return result
 
     async def activate(self, record: VersionRecord) -> SwapResult | None:
-        """Swap in a version a learner published (row already written), from memory when its transport
-        still holds it, else from its checkpoint directory; None if it is not newer, failed to load, or
-        its weights are not there yet (it is tried again at the next poll)."""
+        """Swap in a version a learner published (base weights or a segment's adapter), from memory
+        when its transport still holds it, else from its checkpoint directory. None if it is not newer,
+        failed to load, its weights are not there yet (it is tried again at the next poll), or it lost
+        a race: the store, asked under the lock, says it may not serve now (rolled back, off its
+        lineage, something newer serves); such an activation is dropped, never applied."""
         async with self._lock:
-            if record.version <= self.engine.version:
-                return None
-            with contextlib.ExitStack() as stack:
+            return await self._activate(record.version)
+
+    def _serving_in(self, segment: str | None) -> int | None:
+        """What the engine serves in a lineage: the base version, or a segment's adapter (None: none)."""
+        return self.engine.version if segment is None else self.engine.adapter_version(segment)
+
+    async def _activate(self, version: int, operator: bool = False) -> SwapResult | None:
+        """THE activation path, with the lock held: the store's word first (the row re-read and checked
+        under the lock), then the engine swap, then the store's transaction that checks again and makes
+        it SERVING. A refusal before the swap drops it; one after swaps the old version back. For an
+        operator's publish (`operator`) refusals raise instead, and its row is marked FAILED."""
+        try:
+            record = await asyncio.to_thread(self.store.check_activation, version)
+        except TransitionRefused as exc:
+            if operator:
+                await self._fail(version)
+                raise
+            await self._drop(version, str(exc))
+            return None
+        current = self._serving_in(record.segment)
+        if not operator and current is not None and version <= current:
+            return None
+        with contextlib.ExitStack() as stack:
+            if operator or record.segment is not None:
+                source, via, handle = CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir", None
+            else:
                 source, via, handle = await asyncio.to_thread(self._open, record, stack)
                 if source is None:
                     await self._wait_for_weights(record)
                     return None
-                self._waiting.pop(record.version, None)
-                try:
-                    result = await self._swap(record.version, source, via)
-                except SwapFailed:
-                    log.exception("could not activate version %d", record.version)
-                    return None
-            if self.receiver is not None:
-                durable = await asyncio.to_thread(is_checkpoint, record.checkpoint_path or "")
-                await asyncio.to_thread(self.receiver.loaded, handle or self._handle(record), durable)
-            return result
+            self._waiting.pop(version, None)
+            try:
+                result = await self._swap(record, source, via)
+            except SwapFailed:
+                if operator:
+                    raise
+                log.exception("could not activate version %d", version)
+                return None
+        try:
+            activation = await asyncio.to_thread(self.store.activate_version, version, self.lane(record.segment) if operator else None)
+        except TransitionRefused as exc:  # lost a race after the swap (a writer outside this lock): undo it
+            await self._swap_back(record, current)
+            if operator:
+                await self._fail(version)
+                raise
+            await self._drop(version, str(exc))
+            return None
+        if activation.superseded:
+            log.info("version %d superseded %s", version, activation.superseded)
+        if self.receiver is not None and record.segment is None and not operator:
+            durable = await asyncio.to_thread(is_checkpoint, record.checkpoint_path or "")
+            await asyncio.to_thread(self.receiver.loaded, handle or self._handle(record), durable)
+        return result
+
+    async def _swap(self, record: VersionRecord, weights: WeightSource, via: str) -> SwapResult:
+        """The engine swap of a checked version: the base weights (drained) or a segment's adapter. A load
+        failure marks the row FAILED and raises SwapFailed (the old version keeps serving)."""
+        segment = record.segment
+        previous = self._serving_in(segment)
+        start = time.perf_counter()
+        preempted = self.engine.swap_preempted
+        try:
+            if segment is None:
+                held = await self.engine.update_weights(weights, record.version)
+            else:
+                held = await self.engine.update_adapter(segment, weights, record.version)
+        except Exception as exc:
+            await self._fail(record.version)
+            self.metrics.inc("server/swap_failures")
+            raise SwapFailed(record.version, f"could not load version {record.version}: {exc}") from exc
+        finally:
+            self.metrics.inc("server/swap_preempted", self.engine.swap_preempted - preempted)
+        swap_s = time.perf_counter() - start
+        if segment is None:
+            self.metrics.observe("server/swap_seconds", swap_s)
+            self.metrics.observe("server/swap_seconds_by_transport", swap_s, transport=via)
+            self.metrics.observe("server/swap_hold_seconds", held)
+            self.metrics.inc("server/swaps")
+            self.last_swap_via = via
+        else:
+            self.metrics.observe("server/adapter_swap_seconds", swap_s, segment=segment)
+            self.metrics.inc("server/adapter_swaps", segment=segment)
+        parent = previous if previous is not None else self.engine.version
+        return SwapResult(record.version, parent, swap_s * 1000, held * 1000)
+
+    async def _swap_back(self, record: VersionRecord, previous: int | None) -> None:
+        """The store refused `record` after the engine swapped it in: serve `previous` again."""
+        old = await asyncio.to_thread(self.store.get_version, previous) if previous is not None else None
+        try:
+            if record.segment is not None:
+                back = CheckpointDir(Path(old.checkpoint_path)) if old is not None and old.segment is not None and old.checkpoint_path else None
+                await self.engine.update_adapter(record.segment, back, previous if previous is not None else self.engine.version)
+                return
+            with contextlib.ExitStack() as stack:
+                source = (await asyncio.to_thread(self._open, old, stack))[0] if old is not None else None
+                if source is None and previous == 0 and old is not None and old.checkpoint_path:
+                    source = CheckpointDir(Path(old.checkpoint_path))
+                if source is None:
+                    raise SwapFailed(previous or 0, f"no weights for version {previous}")
+                await self.engine.update_weights(source, previous)
+        except Exception:
+            self.metrics.inc("server/swap_failures")
+            log.critical("version %d was refused after it swapped in, and version %s could not be swapped back", record.version, previous, exc_info=True)
+
+    async def _fail(self, version: int) -> None:
+        """Mark `version` FAILED (unless it is already)."""
+        try:
+            await asyncio.to_thread(self.store.fail_version, version)
+        except TransitionRefused:
+            pass
+
+    async def _drop(self, version: int, reason: str) -> None:
+        """An activation that lost a race: logged, counted, recorded by the store; never applied."""
+        log.warning("activation of version %d dropped: %s", version, reason)
+        self.metrics.inc("server/activations_dropped")
+        await asyncio.to_thread(self.store.drop_activation, version, reason)
 
     def _handle(self, record: VersionRecord) -> WeightHandle:
         assert self.receiver is not None
@@ -223,7 +339,7 @@ class Publisher:
             return
         self._waiting.pop(record.version, None)
         log.error("version %d: no weights after %.0f s (its learner died before writing %s?): marked FAILED", record.version, waited, record.checkpoint_path)
-        await asyncio.to_thread(self.store.set_version_status, record.version, VersionStatus.FAILED)
+        await self._fail(record.version)
         self.metrics.inc("server/swap_failures")
         self.metrics.inc("server/versions_without_weights")
 
@@ -308,29 +424,6 @@ class Publisher:
             (time.perf_counter() - start) * 1000, held * 1000, segment,
         )
 
-    async def activate_adapter(self, record: VersionRecord) -> SwapResult | None:
-        """Serve a segment the adapter version its lane published; None if it is not newer or failed to load."""
-        async with self._lock:
-            segment = record.segment
-            current = self.engine.adapter_version(segment)
-            if current is not None and record.version <= current:
-                return None
-            start = time.perf_counter()
-            try:
-                held = await self.engine.update_adapter(segment, CheckpointDir(Path(record.checkpoint_path)), record.version)
-            except Exception:
-                log.exception("could not activate segment %s's adapter version %d", segment, record.version)
-                await asyncio.to_thread(self.store.set_version_status, record.version, VersionStatus.FAILED)
-                self.metrics.inc("server/swap_failures")
-                return None
-            await asyncio.to_thread(self.store.set_version_status, record.version, VersionStatus.SERVING)
-            if current is not None:
-                await asyncio.to_thread(self.store.set_version_status, current, VersionStatus.RETIRED)
-            swap_s = time.perf_counter() - start
-            self.metrics.observe("server/adapter_swap_seconds", swap_s, segment=segment)
-            self.metrics.inc("server/adapter_swaps", segment=segment)
-            return SwapResult(record.version, current if current is not None else self.engine.version, swap_s * 1000, held * 1000)
-
     async def _watch_adapters(self) -> None:
         """One pass of `watch` over the segments: each unpaused one gets its newest published adapter."""
         for segment in self.segments:
@@ -338,40 +431,14 @@ class Publisher:
                 continue
             current = self.engine.adapter_version(segment)
             published = await asyncio.to_thread(self.store.versions_with_status, VersionStatus.PUBLISHED, current or -1, segment)
-            for older in published[:-1]:
-                await asyncio.to_thread(self.store.set_version_status, older.version, VersionStatus.SUPERSEDED)
             if published:
-                done = await self.activate_adapter(published[-1])
+                done = await self.activate(published[-1])
                 if done:
                     log.info("segment %s: activated adapter version %d in %.0f ms", segment, done.version, done.swap_ms)
 
-    async def _swap(self, version: int, weights: str | WeightSource, via: str = "checkpoint_dir") -> SwapResult:
-        """Swap `weights` in as `version` (its row exists); a load failure marks the row FAILED and
-        raises SwapFailed (the old version keeps serving)."""
-        parent = self.engine.version
-        start = time.perf_counter()
-        preempted = self.engine.swap_preempted
-        try:
-            held = await self.engine.update_weights(weights, version)
-        except Exception as exc:
-            await asyncio.to_thread(self.store.set_version_status, version, VersionStatus.FAILED)
-            self.metrics.inc("server/swap_failures")
-            raise SwapFailed(version, f"could not load version {version}: {exc}") from exc
-        finally:
-            self.metrics.inc("server/swap_preempted", self.engine.swap_preempted - preempted)
-        await asyncio.to_thread(self.store.set_version_status, version, VersionStatus.SERVING)
-        await asyncio.to_thread(self.store.set_version_status, parent, VersionStatus.RETIRED)
-        swap_s = time.perf_counter() - start
-        self.metrics.observe("server/swap_seconds", swap_s)
-        self.metrics.observe("server/swap_seconds_by_transport", swap_s, transport=via)
-        self.metrics.observe("server/swap_hold_seconds", held)
-        self.metrics.inc("server/swaps")
-        self.last_swap_via = via
-        return SwapResult(version, parent, swap_s * 1000, held * 1000)
-
     async def watch(self, poll_seconds: float) -> None:
-        """Activate what learners publish: the newest PUBLISHED version past the serving one
-        (older published ones are SUPERSEDED). Runs until cancelled."""
+        """Activate what learners publish: the newest PUBLISHED version past the serving one (its
+        activation supersedes the older published ones). Runs until cancelled."""
         while True:
             try:
                 if self.segments:
@@ -381,8 +448,6 @@ class Publisher:
                     continue
                 published = await asyncio.to_thread(self.store.versions_with_status, VersionStatus.PUBLISHED, self.engine.version)
                 if published:
-                    for older in published[:-1]:
-                        await asyncio.to_thread(self.store.set_version_status, older.version, VersionStatus.SUPERSEDED)
                     done = await self.activate(published[-1])
                     if done:
                         log.info("activated version %d in %.0f ms (from %s)", done.version, done.swap_ms, self.last_swap_via)
@@ -391,73 +456,3 @@ class Publisher:
             except Exception:
                 log.exception("version watcher")
             await asyncio.sleep(poll_seconds)
-
-
-@dataclass(frozen=True)
-class StartPoint:
-    """What a (re)starting server serves: `version`, started from the checkpoint `weights_path` (None:
-    the base model), then, when `memory` is set, swapped to that version's weights from memory (its
-    durable checkpoint is not written yet). `skipped`: newer versions passed over for having neither."""
-
-    version: int
-    weights_path: str | None
-    start_version: int
-    memory: WeightHandle | None = None
-    skipped: tuple[int, ...] = ()
-
-
-async def start_point(
-    store: Store, record: VersionRecord, receiver: Receiver | None, wait_seconds: float = 0.0, poll_seconds: float = 0.5
-) -> StartPoint:
-    """Where to start serving `record` (the store's serving version). Its durable checkpoint when it
-    exists; else its memory if a transport still holds it (started from the nearest ancestor on disk,
-    then swapped); else, after waiting up to `wait_seconds` for the learner to write the checkpoint,
-    the nearest ancestor with one: the passed-over versions are marked FAILED and the ancestor SERVING,
-    so the store says what serves. Never a missing or half-written model."""
-    if record.version == 0 or is_checkpoint(record.checkpoint_path or ""):
-        return StartPoint(record.version, record.checkpoint_path if record.version else None, record.version)
-    ancestor = await asyncio.to_thread(_durable_ancestor, store, record)
-    base_path = ancestor.checkpoint_path if ancestor.version else None
-    if receiver is not None:
-        handle = receiver.handle_for(record.version, record.checkpoint_path)
-        with contextlib.suppress(HandleGone):
-            with receiver.open(handle):
-                return StartPoint(record.version, base_path, ancestor.version, memory=handle)
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
-        await asyncio.sleep(poll_seconds)
-        if is_checkpoint(record.checkpoint_path or ""):
-            return StartPoint(record.version, record.checkpoint_path, record.version)
-    skipped: list[int] = []
-    current = record
-    while current.version != ancestor.version:
-        skipped.append(current.version)
-        await asyncio.to_thread(store.set_version_status, current.version, VersionStatus.FAILED)
-        current = await asyncio.to_thread(store.get_version, current.parent)
-    await asyncio.to_thread(store.set_version_status, ancestor.version, VersionStatus.SERVING)
-    log.error("version %d has no weights (durable checkpoint missing, memory gone): serving version %d instead (failed: %s)",
-              record.version, ancestor.version, skipped)
-    return StartPoint(ancestor.version, base_path, ancestor.version, skipped=tuple(skipped))
-
-
-def _durable_ancestor(store: Store, record: VersionRecord) -> VersionRecord:
-    """The nearest ancestor of `record` whose durable checkpoint exists (version 0, the base, at worst)."""
-    current = record
-    while current.version != 0 and current.parent is not None:
-        parent = store.get_version(current.parent)
-        if parent is None:
-            break
-        current = parent
-        if current.version == 0 or is_checkpoint(current.checkpoint_path or ""):
-            return current
-    base = store.get_version(0)
-    assert base is not None, "version 0 (the base model) always exists"
-    return base
-
-
-async def finish_start(publisher: Publisher, point: StartPoint) -> None:
-    """After `engine.start(point.start_version, point.weights_path)`: swap to the version's memory."""
-    if point.memory is None or publisher.receiver is None:
-        return
-    with publisher.receiver.open(point.memory) as source:
-        await publisher.engine.update_weights(source, point.version)

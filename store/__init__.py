@@ -4,15 +4,16 @@ switches and event log.
 
 SQLAlchemy 2.0 models (`models`), the query API every other component uses (`store.Store`), the
 batched group-commit writer the server logs through (`writer.BatchWriter`), the policy-version statuses
-(`status.VersionStatus`), and Alembic migrations.
+and their legal transitions (`status`), the one owner of version state (`lifecycle`: every status
+change and version number, each in one locked transaction), and Alembic migrations.
 SQLite (WAL) by default, PostgreSQL by URL. Knows nothing of HTTP or torch.
 """
 
 from liveloop.store.checkpoints import VersionNotFound
 from liveloop.store.config import StoreConfig
-from liveloop.store.operator import RollbackRefused, StaleLineage
+from liveloop.store.lifecycle import RollbackRefused, StaleLineage, VersionTaken
 from liveloop.store.records import FeedbackRecord, InvalidVersionSpans, RatingEvent, ResponseRecord, VersionRecord
-from liveloop.store.status import VersionStatus
+from liveloop.store.status import TransitionRefused, VersionStatus
 from liveloop.store.store import ResponseNotFound, SchemaNotReady, Store
 from liveloop.store.writer import BatchWriter, WriterDown, WriterFull, WriterHealth
 
@@ -28,9 +29,11 @@ __all__ = [
     "Store",
     "StaleLineage",
     "StoreConfig",
+    "TransitionRefused",
     "VersionNotFound",
     "VersionRecord",
     "VersionStatus",
+    "VersionTaken",
     "WriterDown",
     "WriterFull",
     "WriterHealth",

@@ -47,7 +47,7 @@ class CheckpointQueries:
         wanted = sorted({int(v) for v in versions if int(v) != 0})
         if not wanted:
             return []
-        with self._session.begin() as s:
+        with self._write() as s:  # a version-state transaction (lifecycle): no activation in between
             rows = s.scalars(
                 select(PolicyVersion).where(PolicyVersion.version.in_(wanted)).order_by(PolicyVersion.version).with_for_update()
             ).all()

@@ -1,4 +1,9 @@
-"""Database engines: SQLite in WAL mode with durable commits and a busy timeout, or PostgreSQL."""
+"""Database engines: SQLite in WAL mode with durable commits and a busy timeout, or PostgreSQL.
+
+`immediate(engine)` is the same engine for transactions that must hold the write lock from their first
+statement: on SQLite it opens them with `BEGIN IMMEDIATE` (a deferred transaction that reads and then
+writes can be overtaken between the two, or fail at once with "database is locked"); on PostgreSQL it
+changes nothing (those transactions take their locks themselves, store/lifecycle.py)."""
 
 from pathlib import Path
 
@@ -6,6 +11,14 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from liveloop.store.config import StoreConfig
+
+
+IMMEDIATE = "liveloop_immediate"  # the execution option that asks for BEGIN IMMEDIATE
+
+
+def immediate(engine: Engine) -> Engine:
+    """`engine` (same pool) whose transactions take SQLite's write lock when they begin."""
+    return engine.execution_options(**{IMMEDIATE: True})
 
 
 def make_engine(config: StoreConfig) -> Engine:
@@ -24,6 +37,11 @@ def make_engine(config: StoreConfig) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn):  # noqa: ANN001
+            if conn.get_execution_options().get(IMMEDIATE):
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
     if url.get_backend_name() == "postgresql":

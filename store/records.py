@@ -131,6 +131,16 @@ class VersionRecord:
 
 
 @dataclass(frozen=True)
+class Activation:
+    """A version made SERVING by activation: the lineage's version it replaced (None: none served it)
+    and the published versions it superseded."""
+
+    version: int
+    previous: int | None
+    superseded: list[int]
+
+
+@dataclass(frozen=True)
 class RatingEvent:
     """One rating as the drift monitor sees it: when, what, for which version and segment tags."""
 

@@ -7,6 +7,11 @@ Activation makes it SERVING and its parent RETIRED; a published version overtake
 before activation becomes SUPERSEDED; a swap that fails marks it FAILED; a rollback marks every later
 version that served or waited ROLLED_BACK. The values are the strings the `policy_versions.status`
 column holds and the API returns (a `StrEnum`: members compare equal to, and serialise as, them).
+
+`TRANSITIONS` is the table of legal moves: the store's version-state methods (store/lifecycle.py) check
+every status they write against it, inside their transaction, and refuse the rest (`TransitionRefused`).
+published -> (candidate ->) serving -> retired; any -> rolled_back / failed. A rolled-back version
+serves again only when an operator rolls back to it; the activation path takes `ACTIVATABLE` only.
 """
 
 from __future__ import annotations
@@ -41,6 +46,35 @@ UNSERVABLE = frozenset({VersionStatus.FAILED, VersionStatus.LOADING})
 NEVER_PRUNED = frozenset({VersionStatus.SERVING, VersionStatus.LOADING, VersionStatus.PUBLISHED})
 # a rollback leaves these alone: rows that never served, or were already rolled back
 NOT_ROLLED_BACK = frozenset({VersionStatus.FAILED, VersionStatus.LOADING, VersionStatus.ROLLED_BACK})
+
+# what activation (the publisher's watcher, an operator's publish) may make SERVING: a learner's fresh
+# version or an operator's checkpoint being loaded; nothing rolled back, failed or superseded
+ACTIVATABLE = frozenset({VersionStatus.PUBLISHED, VersionStatus.LOADING})
+
+
+class TransitionRefused(RuntimeError):
+    """A version-state change the store refuses: the move is not in `TRANSITIONS`, or the version is
+    not (or no longer) on its lineage, or something newer serves. Nothing was written."""
+
+
+_S = VersionStatus
+TRANSITIONS: dict[VersionStatus, frozenset[VersionStatus]] = {
+    _S.LOADING: frozenset({_S.SERVING, _S.FAILED}),
+    _S.PUBLISHED: frozenset({_S.SERVING, _S.SUPERSEDED, _S.ROLLED_BACK, _S.FAILED}),
+    _S.CANDIDATE: frozenset({_S.SERVING, _S.ROLLED_BACK, _S.FAILED}),
+    _S.SERVING: frozenset({_S.RETIRED, _S.ROLLED_BACK, _S.FAILED}),
+    _S.RETIRED: frozenset({_S.SERVING, _S.ROLLED_BACK, _S.FAILED}),
+    _S.SUPERSEDED: frozenset({_S.SERVING, _S.ROLLED_BACK, _S.FAILED}),
+    _S.ROLLED_BACK: frozenset({_S.SERVING, _S.FAILED}),  # serving again: an operator's rollback to it only
+    _S.FAILED: frozenset(),  # final
+}
+
+
+def check_transition(version: int, current: VersionStatus, new: VersionStatus) -> None:
+    """Raise TransitionRefused unless `current -> new` is in TRANSITIONS."""
+    if new not in TRANSITIONS[VersionStatus(current)]:
+        raise TransitionRefused(f"version {version} is {current}: it cannot become {new}")
+
 
 _DESCRIPTIONS = {
     VersionStatus.LOADING: "an operator's checkpoint being swapped in",

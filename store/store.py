@@ -20,10 +20,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from liveloop.store import codec, migrate
 from liveloop.store.config import StoreConfig
 from liveloop.store.bulk import insert_rows
-from liveloop.store.db import make_engine
+from liveloop.store.db import immediate, make_engine
 from liveloop.store.models import ApiKey, Feedback, LearnerCursor, PolicyVersion, Response, utcnow
 from liveloop.store.checkpoints import CheckpointQueries
 from liveloop.store.keys import KeyQueries
+from liveloop.store.lifecycle import VersionLifecycle, VersionTaken, in_lineage, version_record
 from liveloop.store.operator import OperatorQueries
 from liveloop.store.rights import RightsQueries
 from liveloop.store.status import VersionStatus
@@ -165,38 +166,20 @@ def _stored_feedback(row: Feedback) -> StoredFeedback:
     )
 
 
-def _version_record(row: PolicyVersion) -> VersionRecord:
-    return VersionRecord(
-        version=row.version,
-        parent=row.parent,
-        created_at=_aware(row.created_at),
-        checkpoint_path=row.checkpoint_path,
-        checkpoint_sha256=row.checkpoint_sha256,
-        learner_step=row.learner_step,
-        samples_used=row.samples_used,
-        metrics=dict(row.metrics or {}),
-        status=row.status,
-        note=row.note,
-        pinned=bool(row.pinned),
-        pruned_at=_aware(row.pruned_at) if row.pruned_at else None,
-        segment=row.segment,
-    )
-
-
-def _of_segment(segment: str | None):
-    """The SQL condition "this version belongs to `segment`" (None: the base weights)."""
-    return PolicyVersion.segment.is_(None) if segment is None else PolicyVersion.segment == segment
+_of_segment = in_lineage
 
 
 def _aware(ts: datetime) -> datetime:
     return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 
 
-class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
+class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
     def __init__(self, config: StoreConfig):
         self.config = config
         self.engine = make_engine(config)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+        # version-state transactions (lifecycle): the write lock from their first statement
+        self._write_session = sessionmaker(immediate(self.engine), expire_on_commit=False)
 
     @property
     def dialect(self) -> str:
@@ -220,59 +203,26 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
                 f"{current or 'empty'}, expected {head}: run `liveloop store migrate`"
             )
 
-    # -- policy versions ----------------------------------------------------------------------
-    def add_version(
-        self,
-        version: int,
-        *,
-        parent: int | None,
-        checkpoint_path: str | None,
-        checkpoint_sha256: str | None = None,
-        learner_step: int = 0,
-        samples_used: int = 0,
-        metrics: dict[str, Any] | None = None,
-        status: VersionStatus = VersionStatus.SERVING,
-        note: str | None = None,
-        segment: str | None = None,
-        session: Session | None = None,
-    ) -> VersionRecord:
-        row = PolicyVersion(
-            version=version,
-            parent=parent,
-            created_at=utcnow(),
-            checkpoint_path=checkpoint_path,
-            checkpoint_sha256=checkpoint_sha256,
-            learner_step=learner_step,
-            samples_used=samples_used,
-            metrics=metrics or {},
-            status=status,
-            note=note,
-            segment=segment,
-        )
-        if session is not None:
-            session.add(row)
-            session.flush()
-            return _version_record(row)
-        with self._session.begin() as s:
-            s.add(row)
-        return _version_record(row)
-
+    # -- policy versions (reads; every write is in lifecycle.VersionLifecycle) ---------------------
     def ensure_base_version(self, checkpoint_path: str | None, note: str = "base model") -> VersionRecord:
         """Version 0 is the model the server starts from; created once, on first start."""
         existing = self.get_version(0)
         if existing is not None:
             return existing
-        return self.add_version(0, parent=None, checkpoint_path=checkpoint_path, note=note)
+        try:
+            return self.add_version(0, parent=None, checkpoint_path=checkpoint_path, note=note)
+        except VersionTaken:  # another process created it first
+            return self.get_version(0)
 
     def get_version(self, version: int) -> VersionRecord | None:
         with self._session() as s:
             row = s.get(PolicyVersion, version)
-            return _version_record(row) if row else None
+            return version_record(row) if row else None
 
     def list_versions(self) -> list[VersionRecord]:
         with self._session() as s:
             rows = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()
-            return [_version_record(r) for r in rows]
+            return [version_record(r) for r in rows]
 
     def latest_version(self, status: VersionStatus = VersionStatus.SERVING, segment: str | None = None) -> VersionRecord | None:
         """The newest version with `status` among the base weights' (segment None) or one segment's adapters."""
@@ -282,7 +232,7 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
                 .where(PolicyVersion.status == status, _of_segment(segment))
                 .order_by(PolicyVersion.version.desc())
             ).first()
-            return _version_record(row) if row else None
+            return version_record(row) if row else None
 
     def serving_adapters(self) -> dict[str, VersionRecord]:
         """Each segment's serving adapter version (segments served by the base have none)."""
@@ -292,54 +242,7 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
                 .where(PolicyVersion.status == VersionStatus.SERVING, PolicyVersion.segment.is_not(None))
                 .order_by(PolicyVersion.version)
             ).all()
-            return {r.segment: _version_record(r) for r in rows}
-
-    def next_version(self) -> int:
-        with self._session() as s:
-            return (s.scalar(select(func.max(PolicyVersion.version))) or 0) + 1
-
-    def publish_version(
-        self,
-        version: int,
-        *,
-        parent: int,
-        checkpoint_path: str,
-        checkpoint_sha256: str,
-        learner_step: int,
-        samples_used: int,
-        metrics: dict[str, Any],
-        cursor_name: str,
-        last_feedback_id: int,
-        status: VersionStatus = VersionStatus.PUBLISHED,
-        segment: str | None = None,
-    ) -> VersionRecord:
-        """A learner's new version and its cursor, in ONE transaction: a crash leaves either both or
-        neither, so a restarted learner resumes from the last published version with nothing lost and
-        nothing trained twice. Raises StaleLineage if a rollback moved the cursor off `parent`."""
-        with self._session.begin() as s:
-            self.check_lineage(s, cursor_name, parent)
-            record = self.add_version(
-                version,
-                parent=parent,
-                checkpoint_path=checkpoint_path,
-                checkpoint_sha256=checkpoint_sha256,
-                learner_step=learner_step,
-                samples_used=samples_used,
-                metrics=metrics,
-                status=status,
-                segment=segment,
-                session=s,
-            )
-            self.set_cursor(cursor_name, last_feedback_id, version, session=s)
-        return record
-
-    def advance_cursor(self, cursor_name: str, last_feedback_id: int, version: int) -> None:
-        """A learner's cursor moves past ratings it consumed without a new version (every step since its
-        last version was skipped), still on `version`, in ONE transaction with the lineage check. Raises
-        StaleLineage if a rollback moved the cursor off `version`."""
-        with self._session.begin() as s:
-            self.check_lineage(s, cursor_name, version)
-            self.set_cursor(cursor_name, last_feedback_id, version, session=s)
+            return {r.segment: version_record(r) for r in rows}
 
     def cursor_version(self, name: str) -> int | None:
         with self._session() as s:
@@ -354,11 +257,7 @@ class Store(OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
                 .where(PolicyVersion.status == status, PolicyVersion.version > after, _of_segment(segment))
                 .order_by(PolicyVersion.version)
             ).all()
-            return [_version_record(r) for r in rows]
-
-    def set_version_status(self, version: int, status: VersionStatus) -> None:
-        with self._session.begin() as s:
-            s.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(status=status))
+            return [version_record(r) for r in rows]
 
     # -- served traffic -----------------------------------------------------------------------
     def write_batch(self, ops: Sequence[WriteOp], rows: Sequence[dict[str, Any] | None] | None = None) -> list[Any]:

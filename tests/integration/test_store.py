@@ -139,8 +139,8 @@ def test_writer_close_flushes_queue(store):
 
 
 def test_versions_and_cursor(store):
-    store.add_version(1, parent=0, checkpoint_path="/ckpt/1", learner_step=3, samples_used=12, metrics={"learner/loss": 0.5})
-    store.set_version_status(0, "retired")
+    store.add_version(1, parent=0, checkpoint_path="/ckpt/1", learner_step=3, samples_used=12, metrics={"learner/loss": 0.5}, status="published")
+    assert store.activate_version(1).previous == 0
     assert store.latest_version().version == 1
     assert [v.version for v in store.list_versions()] == [0, 1]
     assert store.get_version(1).metrics == {"learner/loss": 0.5}

@@ -20,8 +20,9 @@ def _response(i: int, version: int, topic: str = "cats") -> ResponseRecord:
 def _publish(store: Store, version: int, parent: int, cursor: int = 0) -> None:
     store.publish_version(
         version, parent=parent, checkpoint_path=f"/ckpt/{version}", checkpoint_sha256="0" * 64, learner_step=version,
-        samples_used=1, metrics={}, cursor_name="sao", last_feedback_id=cursor, status="serving",
+        samples_used=1, metrics={}, cursor_name="sao", last_feedback_id=cursor,
     )
+    store.activate_version(version)  # what the server's watcher does once the engine serves it
 
 
 def test_pause_and_resume_are_logged_once(store):
@@ -36,7 +37,6 @@ def test_pause_and_resume_are_logged_once(store):
 def test_rollback_marks_versions_and_moves_the_lineage(store):
     for v in (1, 2, 3):
         _publish(store, v, v - 1, cursor=10 * v)
-        store.set_version_status(v - 1, "retired")
     rolled = store.rollback_to(1, "sao", api_key_id="admin", reason="v3 is worse")
     assert rolled == [2, 3]
     assert {v.version: v.status for v in store.list_versions()} == {0: "retired", 1: "serving", 2: "rolled_back", 3: "rolled_back"}

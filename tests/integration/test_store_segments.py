@@ -15,12 +15,13 @@ def _response(i: int, version: int, segment: str | None) -> ResponseRecord:
     )
 
 
-def _publish(store: Store, version: int, parent: int, segment: str | None, status: str = "serving") -> None:
+def _publish(store: Store, version: int, parent: int, segment: str | None, serve: bool = True) -> None:
     store.publish_version(
         version, parent=parent, checkpoint_path=f"/ckpt/{version}", checkpoint_sha256="0" * 64, learner_step=version,
-        samples_used=1, metrics={}, cursor_name=f"sao:{segment}" if segment else "sao", last_feedback_id=0,
-        status=status, segment=segment,
+        samples_used=1, metrics={}, cursor_name=f"sao:{segment}" if segment else "sao", last_feedback_id=0, segment=segment,
     )
+    if serve:
+        store.activate_version(version)  # what the server's watcher does once the engine serves it
 
 
 @pytest.fixture
@@ -32,8 +33,6 @@ def lineages(store):
     _publish(store, 3, 1, "cozy")
     _publish(store, 4, 2, "night")
     _publish(store, 5, 3, "cozy")
-    for v in (1, 2, 3):
-        store.set_version_status(v, "retired")
     return store
 
 
@@ -43,7 +42,7 @@ def test_queries_stay_inside_one_lineage(lineages):
     assert store.latest_version(segment="cozy").version == 5
     assert {s: r.version for s, r in store.serving_adapters().items()} == {"cozy": 5, "night": 4}
     assert store.get_version(4).segment == "night" and store.get_version(0).segment is None
-    _publish(store, 6, 4, "night", status="published")
+    _publish(store, 6, 4, "night", serve=False)
     assert [r.version for r in store.versions_with_status(VersionStatus.PUBLISHED)] == []  # the base has none
     assert [r.version for r in store.versions_with_status(VersionStatus.PUBLISHED, 4, segment="night")] == [6]
     assert store.versions_with_status(VersionStatus.PUBLISHED, segment="cozy") == []

@@ -22,19 +22,17 @@ def test_every_status_round_trips_as_the_member(store):
 
 def test_plain_strings_are_read_as_members_and_unknown_ones_refused(store):
     store.add_version(1, parent=0, checkpoint_path="/ckpt/1", status="published")
-    store.set_version_status(1, "serving")
+    store.activate_version(1)
     assert store.get_version(1).status is VersionStatus.SERVING
     assert store.latest_version().version == 1
-    with pytest.raises((StatementError, ValueError)):
-        store.set_version_status(1, "promoted")
     with pytest.raises((StatementError, ValueError)):
         store.add_version(2, parent=1, checkpoint_path="/ckpt/2", status="promoted")
     assert [v.version for v in store.list_versions()] == [0, 1] and store.get_version(1).status is VersionStatus.SERVING
 
 
 def test_rollback_writes_members(store):
-    store.add_version(1, parent=0, checkpoint_path="/ckpt/1", status=VersionStatus.SERVING)
-    store.set_version_status(0, VersionStatus.RETIRED)
+    store.add_version(1, parent=0, checkpoint_path="/ckpt/1", status=VersionStatus.PUBLISHED)
+    store.activate_version(1)
     store.add_version(2, parent=1, checkpoint_path="/ckpt/2", status=VersionStatus.PUBLISHED)
     store.add_version(3, parent=1, checkpoint_path="/ckpt/3", status=VersionStatus.FAILED)
     assert store.rollback_to(0, "sao") == [1, 2]

@@ -1,5 +1,6 @@
 """The learner follows the operator through the store: paused it neither trains nor publishes; after
-a rollback it reloads the target version, and a publish that races the rollback is refused."""
+a rollback it reloads the target version, and a publish that races the rollback is refused; an
+operator's publish (`POST /admin/weights`) becomes its lineage the same way."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from transformers import AutoModelForCausalLM
 
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
+from liveloop.devtools import perturbed_checkpoint
 from liveloop.learner.online import OnlineLearner
+from liveloop.store import VersionStatus
 
 
 def _learner(store, tmp_path, model_dir) -> OnlineLearner:
@@ -63,3 +66,24 @@ def test_rollback_is_followed_between_steps(rate, store, tmp_path, model_dir):
     assert learner.state.version == 0
     base = _weights(str(model_dir))
     assert all(torch.equal(base[k], v) for k, v in learner.policy.state_dict().items())
+
+
+def test_an_operator_publish_becomes_the_lineage_and_a_racing_publish_is_refused(rate, store, tmp_path, model_dir):
+    rate(store, 8)
+    learner = _learner(store, tmp_path, model_dir)
+    learner.step()
+    learner.step()  # v1
+    store.activate_version(1)
+    learner.step()  # one step on top of v1, not published yet
+    # the operator swaps its own checkpoint in: what the publisher has the store do around the engine swap
+    ckpt = perturbed_checkpoint(model_dir, tmp_path / "operator", seed=7)
+    op = store.add_version(None, parent=1, checkpoint_path=str(ckpt), status=VersionStatus.LOADING).version
+    store.activate_version(op, cursor_name="sao")
+    learner.step()  # its publish on v1 is refused: it reloads the operator's version
+    assert [v.version for v in store.list_versions()] == [0, 1, op] and learner.state.version == op
+    expected = _weights(str(ckpt))
+    assert all(torch.equal(expected[k], v) for k, v in learner.policy.state_dict().items())
+    learner.run(lambda: False, max_steps=learner.state.step + 2)
+    newest = store.list_versions()[-1]
+    assert (newest.version, newest.parent) == (op + 1, op)
+    assert not list((tmp_path / "versions").glob(".staging-*"))  # nothing left behind

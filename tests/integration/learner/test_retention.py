@@ -60,11 +60,10 @@ def test_retention_keeps_serving_chain_newest_and_pinned(rate, store, tmp_path, 
         assert learner.step() and learner.state.version == v  # publish_every_steps=1: one version a step
         # what the server's watcher would do: activate 1..5; then it falls behind, superseding 6 and 7
         if v <= 5:
-            store.set_version_status(v, "serving")
-            store.set_version_status(serving, "retired")
+            store.activate_version(v)
             serving = v
         elif v >= 7:
-            store.set_version_status(v - 1, "superseded")
+            store.supersede([v - 1])
         if v == 1:
             assert store.set_pinned(1, True)
     # kept: 1 pinned, 5 serving and its parent 4 (K=1), 7 and 8 newest (N=2); 0 is the base model

@@ -16,7 +16,8 @@ from liveloop.metrics import Metrics
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.engines.hf_engine import HFEngine
-from liveloop.server.publisher import NotServable, Publisher, finish_start, start_point
+from liveloop.server.publisher import NotServable, Publisher
+from liveloop.server.startup import finish_start, start_point
 from liveloop.store import VersionStatus
 from liveloop.transport import TransportConfig, byte_view, make_receiver, make_sender
 from liveloop.transport import shared_memory as shm
@@ -140,8 +141,8 @@ async def test_a_version_without_weights_is_failed_after_the_wait_and_the_old_on
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_restart_serves_memory_or_the_nearest_durable_ancestor(engine, store, model_dir, namespace, tmp_path):
     receiver = make_receiver(TransportConfig(backend="shared_memory", namespace=namespace))
-    store.set_version_status(0, VersionStatus.RETIRED)
-    store.add_version(1, parent=0, checkpoint_path=str(tmp_path / "v000001" / "policy"), status=VersionStatus.SERVING)
+    store.add_version(1, parent=0, checkpoint_path=str(tmp_path / "v000001" / "policy"), status=VersionStatus.PUBLISHED)
+    store.activate_version(1)  # it served before the restart
     send_from_another_process(model_dir, namespace, 1, seed=5)
     expected = receiver.tensors(receiver.handle_for(1))
 

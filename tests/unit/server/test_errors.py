@@ -14,7 +14,7 @@ from liveloop.server.errors import APIError, domain_error, domain_table, install
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable
 from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
 from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
-from liveloop.store import RollbackRefused, StaleLineage, VersionNotFound, WriterDown, WriterFull
+from liveloop.store import RollbackRefused, StaleLineage, TransitionRefused, VersionNotFound, WriterDown, WriterFull
 
 # exception -> (status, type, code, param, message, Retry-After)
 EXPECTED = {
@@ -41,6 +41,8 @@ EXPECTED = {
                  "could not load version 4: bad shape", None),
     RollbackRefused: (RollbackRefused("version 5 was pruned (its checkpoint is deleted)"), 409, "conflict_error", None, "version",
                       "version 5 was pruned (its checkpoint is deleted)", None),
+    TransitionRefused: (TransitionRefused("version 7 is rolled_back: only a published or loading version is activated"), 409, "conflict_error",
+                        None, "version", "version 7 is rolled_back: only a published or loading version is activated", None),
     UnknownSegment: (UnknownSegment("segment 'x' has no adapters here (segments: cozy)"), 404, "not_found_error", "segment_not_found",
                      "segment", "segment 'x' has no adapters here (segments: cozy)", None),
     AdapterUnusable: (AdapterUnusable("adapter rank 64 > max_lora_rank 16"), 409, "conflict_error", None, "version",

@@ -22,3 +22,24 @@ def test_groups():
     assert UNSERVABLE < NOT_ROLLED_BACK and VersionStatus.ROLLED_BACK in NOT_ROLLED_BACK
     assert "serving" in NEVER_PRUNED  # plain strings are found in the groups too
     assert all(s.description for s in VersionStatus)
+
+
+def test_the_transition_table():
+    from liveloop.store.status import ACTIVATABLE, TRANSITIONS, TransitionRefused, check_transition
+
+    assert set(TRANSITIONS) == set(VersionStatus)  # every status has its row
+    assert TRANSITIONS[VersionStatus.FAILED] == frozenset()  # final
+    # any -> failed; any that served or waited -> rolled back (NOT_ROLLED_BACK never is)
+    assert all(VersionStatus.FAILED in TRANSITIONS[s] for s in VersionStatus if s is not VersionStatus.FAILED)
+    assert {s for s in VersionStatus if VersionStatus.ROLLED_BACK in TRANSITIONS[s]} == set(VersionStatus) - NOT_ROLLED_BACK
+    # nothing unservable is ever served by a rollback; activation serves only what waits to load
+    assert {s for s in VersionStatus if VersionStatus.SERVING in TRANSITIONS[s]} == set(VersionStatus) - {VersionStatus.FAILED, VersionStatus.SERVING}
+    assert ACTIVATABLE == {VersionStatus.PUBLISHED, VersionStatus.LOADING}
+    assert VersionStatus.SUPERSEDED in TRANSITIONS[VersionStatus.PUBLISHED]
+    check_transition(1, VersionStatus.PUBLISHED, VersionStatus.SERVING)
+    try:
+        check_transition(1, VersionStatus.FAILED, VersionStatus.SERVING)
+    except TransitionRefused as exc:
+        assert "version 1 is failed" in str(exc)
+    else:
+        raise AssertionError("failed -> serving was allowed")

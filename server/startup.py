@@ -1,0 +1,90 @@
+"""Start-up recovery: what a (re)starting server serves. The store's serving version, from its durable
+checkpoint; else from the transport's memory (started from the nearest ancestor on disk, then swapped
+to it: `finish_start`); else, after waiting for the learner to write the checkpoint, the nearest
+ancestor that has one, recorded in the store in one transaction (`Store.recover_serving`: the versions
+passed over FAILED, the ancestor SERVING), so the store says what serves. Never a missing or
+half-written model."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from liveloop.server.publisher import Publisher
+from liveloop.store import Store, VersionRecord
+from liveloop.transport import HandleGone, Receiver, WeightHandle
+from liveloop.transport.checkpoint_dir import is_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """What a (re)starting server serves: `version`, started from the checkpoint `weights_path` (None:
+    the base model), then, when `memory` is set, swapped to that version's weights from memory (its
+    durable checkpoint is not written yet). `skipped`: newer versions passed over for having neither."""
+
+    version: int
+    weights_path: str | None
+    start_version: int
+    memory: WeightHandle | None = None
+    skipped: tuple[int, ...] = ()
+
+
+async def start_point(
+    store: Store, record: VersionRecord, receiver: Receiver | None, wait_seconds: float = 0.0, poll_seconds: float = 0.5
+) -> StartPoint:
+    """Where to start serving `record` (the store's serving version). Its durable checkpoint when it
+    exists; else its memory if a transport still holds it (started from the nearest ancestor on disk,
+    then swapped); else, after waiting up to `wait_seconds` for the learner to write the checkpoint,
+    the nearest ancestor with one: the passed-over versions are marked FAILED and the ancestor SERVING,
+    so the store says what serves. Never a missing or half-written model."""
+    if record.version == 0 or is_checkpoint(record.checkpoint_path or ""):
+        return StartPoint(record.version, record.checkpoint_path if record.version else None, record.version)
+    ancestor = await asyncio.to_thread(_durable_ancestor, store, record)
+    base_path = ancestor.checkpoint_path if ancestor.version else None
+    if receiver is not None:
+        handle = receiver.handle_for(record.version, record.checkpoint_path)
+        with contextlib.suppress(HandleGone):
+            with receiver.open(handle):
+                return StartPoint(record.version, base_path, ancestor.version, memory=handle)
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        await asyncio.sleep(poll_seconds)
+        if is_checkpoint(record.checkpoint_path or ""):
+            return StartPoint(record.version, record.checkpoint_path, record.version)
+    skipped: list[int] = []
+    current = record
+    while current.version != ancestor.version:
+        skipped.append(current.version)
+        current = await asyncio.to_thread(store.get_version, current.parent)
+    await asyncio.to_thread(store.recover_serving, skipped, ancestor.version)
+    log.error("version %d has no weights (durable checkpoint missing, memory gone): serving version %d instead (failed: %s)",
+              record.version, ancestor.version, skipped)
+    return StartPoint(ancestor.version, base_path, ancestor.version, skipped=tuple(skipped))
+
+
+def _durable_ancestor(store: Store, record: VersionRecord) -> VersionRecord:
+    """The nearest ancestor of `record` whose durable checkpoint exists (version 0, the base, at worst)."""
+    current = record
+    while current.version != 0 and current.parent is not None:
+        parent = store.get_version(current.parent)
+        if parent is None:
+            break
+        current = parent
+        if current.version == 0 or is_checkpoint(current.checkpoint_path or ""):
+            return current
+    base = store.get_version(0)
+    assert base is not None, "version 0 (the base model) always exists"
+    return base
+
+
+async def finish_start(publisher: Publisher, point: StartPoint) -> None:
+    """After `engine.start(point.start_version, point.weights_path)`: swap to the version's memory."""
+    if point.memory is None or publisher.receiver is None:
+        return
+    with publisher.receiver.open(point.memory) as source:
+        await publisher.engine.update_weights(source, point.version)

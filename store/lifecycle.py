@@ -1,0 +1,410 @@
+"""The owner of version state: a policy version's number and status are written here and nowhere else.
+
+Every method is ONE transaction that takes the version-state write lock before it reads (`_write`:
+SQLite `BEGIN IMMEDIATE`; PostgreSQL a transaction-scoped advisory lock every version-state writer
+takes, and `FOR UPDATE` on the rows it reads), checks inside it that each status it writes is a legal
+move (`status.TRANSITIONS`, else `TransitionRefused`) and that the lineage holds, then writes. So two
+writers never decide on the same stale read: a rollback, an activation, an operator's publish and a
+learner's publish are serialised, and whatever loses a race is refused rather than applied.
+
+- Numbers: `add_version` / `publish_version` without a number allocate max + 1 inside the inserting
+  transaction; a caller that must know its number beforehand (the in-memory transport names memory by
+  it) proposes one and gets `VersionTaken` if another writer took it first.
+- Activation (`check_activation`, `activate_version`): only a PUBLISHED or LOADING version that
+  descends from its lineage's serving version may serve, and activating it retires that version,
+  supersedes every published version it overtakes or leaves off its line, and (an operator's publish)
+  points the learner's cursor at it: the learner's next publish on the old parent is refused by the
+  lineage check (`StaleLineage`) and the learner reloads, as after a rollback.
+- Rollback (`rollback_to`), giving up a version (`fail_version`, `abandon_version`), superseding
+  (`supersede`), dropping an activation that lost a race (`drop_activation`) and a restarting server's
+  fall-back to an ancestor (`recover_serving`) are the other moves.
+Mixed into `Store`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from liveloop.store.checkpoints import VersionNotFound
+from liveloop.store.models import Feedback, LearnerCursor, PolicyVersion, utcnow
+from liveloop.store.records import Activation, VersionRecord
+from liveloop.store.status import ACTIVATABLE, NOT_ROLLED_BACK, UNSERVABLE, TransitionRefused, VersionStatus, check_transition
+
+# pg_advisory_xact_lock key every version-state transaction takes on PostgreSQL ("llvs")
+VERSION_LOCK = 0x6C6C7673
+# what a learner's publish may write (offline replay: candidates, which the server never activates)
+PUBLISHABLE = frozenset({VersionStatus.PUBLISHED, VersionStatus.CANDIDATE})
+
+
+class StaleLineage(RuntimeError):
+    """A learner tried to publish on top of a version that is no longer its lineage (a rollback or an
+    operator's publish moved its cursor): it must reload from the store instead."""
+
+
+class RollbackRefused(ValueError):
+    """The target version cannot be served (unknown, failed, or without weights)."""
+
+
+class VersionTaken(RuntimeError):
+    """The version number a writer proposed was taken by another writer first: nothing was written."""
+
+
+def _aware(ts: datetime) -> datetime:
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+def version_record(row: PolicyVersion) -> VersionRecord:
+    return VersionRecord(
+        version=row.version,
+        parent=row.parent,
+        created_at=_aware(row.created_at),
+        checkpoint_path=row.checkpoint_path,
+        checkpoint_sha256=row.checkpoint_sha256,
+        learner_step=row.learner_step,
+        samples_used=row.samples_used,
+        metrics=dict(row.metrics or {}),
+        status=row.status,
+        note=row.note,
+        pinned=bool(row.pinned),
+        pruned_at=_aware(row.pruned_at) if row.pruned_at else None,
+        segment=row.segment,
+    )
+
+
+def in_lineage(segment: str | None):
+    """The SQL condition "this version belongs to lineage `segment`" (None: the base weights)."""
+    return PolicyVersion.segment.is_(None) if segment is None else PolicyVersion.segment == segment
+
+
+def _move(row: PolicyVersion, status: VersionStatus) -> None:
+    """THE status write: legal per TRANSITIONS, else TransitionRefused (the transaction rolls back)."""
+    check_transition(row.version, row.status, status)
+    row.status = status
+
+
+class VersionLifecycle:
+    """Needs `set_cursor` (Store) and `_add_event` (OperatorQueries) of the classes it is mixed with."""
+
+    _session: Any
+    _write_session: Any
+    dialect: str
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A session in a version-state transaction that holds the write lock from its start."""
+        with self._write_session.begin() as s:
+            if self.dialect == "postgresql":
+                s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": VERSION_LOCK})
+            yield s
+
+    # -- numbers and rows ---------------------------------------------------------------------------
+    def next_version(self) -> int:
+        """The number the next insert would get now: a proposal only (the inserting transaction decides)."""
+        with self._session() as s:
+            return (s.scalar(select(func.max(PolicyVersion.version))) or 0) + 1
+
+    def _number(self, s: Session, version: int | None) -> int:
+        if version is None:
+            top = s.scalar(select(func.max(PolicyVersion.version)))
+            return 0 if top is None else top + 1
+        if s.get(PolicyVersion, version) is not None:
+            raise VersionTaken(f"version {version} exists already")
+        return version
+
+    def _insert(self, s: Session, version: int | None, status: VersionStatus, **row: Any) -> PolicyVersion:
+        record = PolicyVersion(version=self._number(s, version), created_at=utcnow(), status=VersionStatus(status), **row)
+        s.add(record)
+        s.flush()
+        return record
+
+    def add_version(
+        self,
+        version: int | None,
+        *,
+        parent: int | None,
+        checkpoint_path: str | None,
+        checkpoint_sha256: str | None = None,
+        learner_step: int = 0,
+        samples_used: int = 0,
+        metrics: dict[str, Any] | None = None,
+        status: VersionStatus = VersionStatus.SERVING,
+        note: str | None = None,
+        segment: str | None = None,
+    ) -> VersionRecord:
+        """Insert a version row as `status` (the base model's, an operator's LOADING checkpoint, test
+        fixtures); `version` None: the next number, allocated in this transaction. Raises VersionTaken."""
+        with self._write() as s:
+            row = self._insert(
+                s, version, status, parent=parent, checkpoint_path=checkpoint_path, checkpoint_sha256=checkpoint_sha256,
+                learner_step=learner_step, samples_used=samples_used, metrics=metrics or {}, note=note, segment=segment,
+            )
+            return version_record(row)
+
+    def publish_version(
+        self,
+        version: int | None = None,
+        *,
+        parent: int,
+        checkpoint_path: str | Callable[[int], str],
+        checkpoint_sha256: str | None,
+        learner_step: int,
+        samples_used: int,
+        metrics: dict[str, Any],
+        cursor_name: str,
+        last_feedback_id: int,
+        status: VersionStatus = VersionStatus.PUBLISHED,
+        segment: str | None = None,
+    ) -> VersionRecord:
+        """A learner's new version and its cursor, in ONE transaction: a crash leaves either both or
+        neither, so a restarted learner resumes from the last published version with nothing lost and
+        nothing trained twice. `version` None: the next number, allocated here (the record says which);
+        `checkpoint_path` may then be a function of that number, called inside this transaction before
+        the row is written (it moves the checkpoint to where the number names it, and returns that
+        path; if it raises, nothing is written). Raises StaleLineage if a rollback or an operator's publish moved the cursor off `parent`, and
+        VersionTaken if a proposed `version` exists already."""
+        if VersionStatus(status) not in PUBLISHABLE:
+            raise TransitionRefused(f"a learner publishes {' or '.join(sorted(PUBLISHABLE))} versions, not {status}")
+        with self._write() as s:
+            self.check_lineage(s, cursor_name, parent)
+            if callable(checkpoint_path):
+                version = self._number(s, version)
+                checkpoint_path = checkpoint_path(version)
+            row = self._insert(
+                s, version, status, parent=parent, checkpoint_path=checkpoint_path, checkpoint_sha256=checkpoint_sha256,
+                learner_step=learner_step, samples_used=samples_used, metrics=metrics, segment=segment,
+            )
+            self.set_cursor(cursor_name, last_feedback_id, row.version, session=s)
+            return version_record(row)
+
+    def advance_cursor(self, cursor_name: str, last_feedback_id: int, version: int) -> None:
+        """A learner's cursor moves past ratings it consumed without a new version (every step since its
+        last version was skipped), still on `version`, in ONE transaction with the lineage check. Raises
+        StaleLineage if a rollback moved the cursor off `version`."""
+        with self._write() as s:
+            self.check_lineage(s, cursor_name, version)
+            self.set_cursor(cursor_name, last_feedback_id, version, session=s)
+
+    def check_lineage(self, session: Session, cursor_name: str, parent: int) -> None:
+        """Inside a version-state transaction: the learner's cursor must still point at `parent` (a
+        learner without a cursor row yet publishes its first version on any parent)."""
+        row = session.get(LearnerCursor, cursor_name, with_for_update=True)
+        if row is None or row.policy_version is None:
+            return
+        current = row.policy_version
+        if current != parent:
+            raise StaleLineage(f"learner {cursor_name} publishes on version {parent}, but its lineage is now {current}")
+
+    # -- activation ---------------------------------------------------------------------------------
+    def _serving(self, s: Session, segment: str | None) -> list[PolicyVersion]:
+        """The lineage's serving rows, newest first (one, unless something went wrong before)."""
+        q = select(PolicyVersion).where(in_lineage(segment), PolicyVersion.status == VersionStatus.SERVING)
+        return list(s.scalars(q.order_by(PolicyVersion.version.desc()).with_for_update()))
+
+    @staticmethod
+    def _descends(s: Session, row: PolicyVersion, ancestor: int) -> bool:
+        """Whether `ancestor` is on `row`'s parent chain (numbers fall along it) with no rolled-back
+        version between them (a version built on one a rollback undid is off the line too)."""
+        current = row
+        while current.parent is not None and current.parent >= ancestor:
+            if current.parent == ancestor:
+                return True
+            current = s.get(PolicyVersion, current.parent)
+            if current is None or current.status == VersionStatus.ROLLED_BACK:
+                return False
+        return False
+
+    def _activatable(self, s: Session, version: int) -> tuple[PolicyVersion, list[PolicyVersion]]:
+        """`version`'s row and its lineage's serving rows, if it may serve now; else TransitionRefused
+        (VersionNotFound for an unknown number)."""
+        row = s.get(PolicyVersion, version, with_for_update=True)
+        if row is None:
+            raise VersionNotFound(f"no policy version {version}")
+        if row.status not in ACTIVATABLE:
+            raise TransitionRefused(f"version {version} is {row.status}: only a published or loading version is activated")
+        if row.pruned_at is not None:
+            raise TransitionRefused(f"version {version} was pruned")
+        serving = self._serving(s, row.segment)
+        if serving and not self._descends(s, row, serving[0].version):
+            raise TransitionRefused(
+                f"version {version} (parent {row.parent}) does not descend from the serving version {serving[0].version}: "
+                "its lineage was rolled back or replaced"
+            )
+        return row, serving
+
+    def check_activation(self, version: int) -> VersionRecord:
+        """The owner's word, asked under the activation lock before an engine loads `version`: it may
+        serve now (published or loading, not pruned, descends from the serving version; so nothing was
+        rolled back under it and nothing newer serves). Raises TransitionRefused or VersionNotFound."""
+        with self._write() as s:
+            row, _ = self._activatable(s, version)
+            return version_record(row)
+
+    def activate_version(self, version: int, cursor_name: str | None = None) -> Activation:
+        """`version` serves (the engine has swapped it in), checked again inside this transaction: it
+        becomes SERVING, the lineage's serving version RETIRED, and every PUBLISHED version of the
+        lineage it overtakes or leaves off its line SUPERSEDED. `cursor_name` (an operator's publish):
+        that learner's cursor points at `version` now, its feedback position kept, so the learner
+        continues from the operator's weights. Raises TransitionRefused (nothing written) if a race
+        was lost, VersionNotFound for an unknown number."""
+        with self._write() as s:
+            row, serving = self._activatable(s, version)
+            previous = serving[0].version if serving else None
+            for old in serving:
+                _move(old, VersionStatus.RETIRED)
+            _move(row, VersionStatus.SERVING)
+            waiting = s.scalars(
+                select(PolicyVersion)
+                .where(in_lineage(row.segment), PolicyVersion.status == VersionStatus.PUBLISHED, PolicyVersion.version != version)
+                .order_by(PolicyVersion.version)
+                .with_for_update()
+            ).all()
+            superseded = []
+            for other in waiting:
+                if other.version < version or not self._descends(s, other, version):
+                    _move(other, VersionStatus.SUPERSEDED)
+                    superseded.append(other.version)
+            if cursor_name is not None:
+                self._point_cursor(s, cursor_name, version)
+                self._add_event(s, "publish", version, {"learner": cursor_name, "previous": previous}, None)
+            return Activation(version, previous, superseded)
+
+    def drop_activation(self, version: int, reason: str) -> bool:
+        """An activation that lost a race is dropped, never applied: logged as an "activation_dropped"
+        event; a version still PUBLISHED but off its lineage's line becomes SUPERSEDED (so it is not
+        tried again). Returns whether it was superseded."""
+        with self._write() as s:
+            row = s.get(PolicyVersion, version, with_for_update=True)
+            superseded = False
+            if row is not None and row.status == VersionStatus.PUBLISHED:
+                serving = self._serving(s, row.segment)
+                if serving and not self._descends(s, row, serving[0].version):
+                    _move(row, VersionStatus.SUPERSEDED)
+                    superseded = True
+            self._add_event(s, "activation_dropped", version, {"reason": reason, "superseded": superseded}, None)
+            return superseded
+
+    def supersede(self, versions: Iterable[int]) -> list[int]:
+        """Mark these versions SUPERSEDED where they are still PUBLISHED (others are left alone);
+        returns those marked."""
+        wanted = sorted({int(v) for v in versions})
+        if not wanted:
+            return []
+        with self._write() as s:
+            rows = s.scalars(select(PolicyVersion).where(PolicyVersion.version.in_(wanted)).order_by(PolicyVersion.version).with_for_update())
+            done = []
+            for row in rows:
+                if row.status == VersionStatus.PUBLISHED:
+                    _move(row, VersionStatus.SUPERSEDED)
+                    done.append(row.version)
+            return done
+
+    def fail_version(self, version: int) -> VersionRecord:
+        """A version being activated whose weights could not be loaded (or never appeared) becomes
+        FAILED. Raises TransitionRefused unless it is PUBLISHED or LOADING (a serving version is given
+        up by `recover_serving` or `abandon_version`, which say what serves instead), VersionNotFound
+        for an unknown number."""
+        with self._write() as s:
+            row = s.get(PolicyVersion, version, with_for_update=True)
+            if row is None:
+                raise VersionNotFound(f"no policy version {version}")
+            if row.status not in ACTIVATABLE:
+                raise TransitionRefused(f"version {version} is {row.status}: only a version being activated is failed here")
+            _move(row, VersionStatus.FAILED)
+            return version_record(row)
+
+    # -- rollback -----------------------------------------------------------------------------------
+    def rollback_to(
+        self,
+        version: int,
+        cursor_name: str,
+        api_key_id: str | None = None,
+        reason: str | None = None,
+        segment: str | None = None,
+    ) -> list[int]:
+        """Make `version` the serving one in the store, in one transaction: every later version of the
+        same lineage that served or was waiting becomes "rolled_back", any other serving row of it
+        "retired", and the learner's cursor points at `version` (its feedback position is kept: the
+        ratings it already consumed are not re-trained). Returns the rolled-back versions. The caller
+        swaps the engine first.
+
+        A lineage is the base weights' (segment None) or one segment's adapters. `segment` names the
+        lineage to move (default: `version`'s own); a segment may also roll back to a base version,
+        which then serves that segment without an adapter (the base row itself is not touched)."""
+        with self._write() as s:
+            target = s.get(PolicyVersion, version, with_for_update=True)
+            if target is None or target.status in UNSERVABLE:
+                raise RollbackRefused(f"version {version} is {'unknown' if target is None else target.status}")
+            if target.pruned_at is not None:
+                raise RollbackRefused(f"version {version} was pruned (its checkpoint is deleted)")
+            lineage = target.segment if segment is None else segment
+            if target.segment is not None and target.segment != lineage:
+                raise RollbackRefused(f"version {version} is segment {target.segment!r}'s adapter, not {lineage!r}'s")
+            later = s.scalars(
+                select(PolicyVersion)
+                .where(in_lineage(lineage), PolicyVersion.version > version, PolicyVersion.status.not_in(NOT_ROLLED_BACK))
+                .order_by(PolicyVersion.version)
+                .with_for_update()
+            ).all()
+            for row in later:
+                _move(row, VersionStatus.ROLLED_BACK)
+            for row in self._serving(s, lineage):
+                if row.version != version:
+                    _move(row, VersionStatus.RETIRED)
+            if target.segment == lineage and target.status != VersionStatus.SERVING:
+                _move(target, VersionStatus.SERVING)
+            self._point_cursor(s, cursor_name, version)
+            rolled = [row.version for row in later]
+            detail = {"rolled_back": rolled, "learner": cursor_name, "reason": reason}
+            if lineage is not None:
+                detail["segment"] = lineage
+            self._add_event(s, "rollback", version, detail, api_key_id)
+        return rolled
+
+    def _point_cursor(self, s: Session, cursor_name: str, version: int) -> None:
+        """The learner's lineage is `version` now; its feedback position is kept (a learner without a
+        cursor row starts at the newest rating)."""
+        cursor = s.get(LearnerCursor, cursor_name, with_for_update=True)
+        if cursor is None:
+            last = s.scalar(select(func.max(Feedback.id))) or 0
+            s.add(LearnerCursor(name=cursor_name, last_feedback_id=last, policy_version=version))
+        else:
+            cursor.policy_version, cursor.updated_at = version, utcnow()
+
+    # -- versions given up --------------------------------------------------------------------------
+    def abandon_version(self, version: int, cursor_name: str, parent: int, parent_cursor: int) -> None:
+        """Give up `version`, whose weights were lost before their durable checkpoint existed: in ONE
+        transaction it becomes "failed" and the learner's cursor goes back to `parent` at `parent_cursor`,
+        so the ratings it had trained are trained again (an operator event "version_lost" says so).
+        Raises StaleLineage if the cursor is no longer on `version`."""
+        with self._write() as s:
+            self.check_lineage(s, cursor_name, version)
+            row = s.get(PolicyVersion, version, with_for_update=True)
+            if row is not None and row.status != VersionStatus.FAILED:
+                _move(row, VersionStatus.FAILED)
+            self.set_cursor(cursor_name, parent_cursor, parent, session=s)
+            detail = {"learner": cursor_name, "parent": parent, "cursor": parent_cursor, "reason": "no durable checkpoint and no memory"}
+            self._add_event(s, "version_lost", version, detail, None)
+
+    def recover_serving(self, lost: Iterable[int], ancestor: int) -> None:
+        """A restarting server serves `ancestor` because the versions in `lost` (the serving one and
+        its parents down to `ancestor`) have no weights anywhere: in ONE transaction they become
+        FAILED and `ancestor` SERVING, so the store says what serves."""
+        with self._write() as s:
+            for version in sorted({int(v) for v in lost}):
+                row = s.get(PolicyVersion, version, with_for_update=True)
+                if row is not None and row.status != VersionStatus.FAILED:
+                    _move(row, VersionStatus.FAILED)
+            row = s.get(PolicyVersion, ancestor, with_for_update=True)
+            if row is None:
+                raise VersionNotFound(f"no policy version {ancestor}")
+            for other in self._serving(s, row.segment):
+                if other.version != ancestor:
+                    _move(other, VersionStatus.RETIRED)
+            if row.status != VersionStatus.SERVING:
+                _move(row, VersionStatus.SERVING)
