@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from liveloop.config import check_literals
+from liveloop.monitor.poisoning import Similarity
 
 Detector = Literal["page-hinkley", "cusum"]
 DETECTORS: tuple[str, ...] = get_args(Detector)
@@ -33,6 +34,23 @@ class MonitorConfig:
     quarantine_min_ratings: int = field(
         default=30, metadata={"help": "ratings with a consensus a key needs before it can be auto-quarantined"}
     )
+    quarantine_corroborating_keys: int = field(
+        default=3,
+        metadata={
+            "help": "distinct other keys that must side against a key before it is auto-quarantined: it is scored again "
+            "without its N-1 most frequent accusers and must still pass quarantine_z (1 = no corroboration)"
+        },
+    )
+    similar_reply_jaccard: float = field(
+        default=0.8,
+        metadata={
+            "help": "replies to the same prompt whose token-shingle Jaccard is at least this share one consensus "
+            "(1.0 = exact copies only)"
+        },
+    )
+    similar_reply_shingle: int = field(
+        default=1, metadata={"help": "tokens per shingle for similar_reply_jaccard (1: token sets; 2: bigrams)"}
+    )
     guard: bool = field(default=False, metadata={"help": "roll back a version significantly worse than its parent"})
     guard_min_ratings: int = field(default=100, metadata={"help": "ratings a version needs before the guard judges it"})
     guard_p_value: float = field(default=0.01, metadata={"help": "one-sided p-value that counts as significantly worse"})
@@ -47,5 +65,12 @@ class MonitorConfig:
             raise ValueError("confidence and guard_p_value must be in (0, 1)")
         if self.max_segments < 1 or self.quarantine_z < 0 or self.quarantine_min_ratings < 1:
             raise ValueError("max_segments must be >= 1, quarantine_z >= 0 and quarantine_min_ratings >= 1")
+        if self.quarantine_corroborating_keys < 1 or not 0 < self.similar_reply_jaccard <= 1 or self.similar_reply_shingle < 1:
+            raise ValueError("quarantine_corroborating_keys must be >= 1, similar_reply_jaccard in (0, 1], similar_reply_shingle >= 1")
         if self.guard_min_ratings < 1 or self.replay_events < 0:
             raise ValueError("guard_min_ratings must be >= 1 and replay_events >= 0")
+
+    @property
+    def similarity(self) -> Similarity:
+        """When two replies share a consensus in the disagreement score."""
+        return Similarity(jaccard=self.similar_reply_jaccard, shingle=self.similar_reply_shingle)

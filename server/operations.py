@@ -2,7 +2,10 @@
 publisher), and the drift monitor loop, which reads new ratings every poll, records alarms as
 operator events, exports the figures as Prometheus metrics and, when `[monitor] guard` is on, rolls
 back a serving version whose reward rate is significantly below its parent's; the keys' disagreement
-scores, and when `[monitor] quarantine_z` is set, the automatic quarantine of keys above it.
+scores, and when `[monitor] quarantine_z` is set, the automatic quarantine of keys above it that at
+least `quarantine_corroborating_keys` other keys side against. Quarantined keys' ratings are left out
+of the drift monitor, the per-version rates (the version table, its metrics and the guard's decisions)
+and the consensus.
 
 Results are typed (`LearningState`, the publisher's `RollbackResult`, the monitor's `VersionRow`,
 `KeyRow`); the admin routes turn them into JSON."""
@@ -18,7 +21,7 @@ from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
 from liveloop.monitor.drift import ALL, DriftMonitor, RaisedAlarm
 from liveloop.monitor.guard import judge
-from liveloop.monitor.poisoning import Disagreement, disagreement_scores, suspects
+from liveloop.monitor.poisoning import Disagreement, Suspect, find_suspects
 from liveloop.monitor.versions import VersionRow, version_table
 from liveloop.server.publisher import Publisher, RollbackResult
 from liveloop.store import Store
@@ -82,29 +85,38 @@ class Operations:
     # -- views ---------------------------------------------------------------------------------
     async def versions(self) -> list[VersionRow]:
         versions = await asyncio.to_thread(self.store.list_versions)
-        traffic = await asyncio.to_thread(self.store.version_traffic)
+        traffic = await asyncio.to_thread(self.store.trusted_version_traffic)  # quarantined keys left out
         return version_table(versions, traffic, self.publisher.serving_version, self.config.confidence, self.publisher.serving_adapters())
 
     # -- keys -----------------------------------------------------------------------------------
-    def _scores(self) -> tuple[list[KeyState], dict[str, Disagreement]]:
+    def _scores(self) -> tuple[list[KeyState], dict[str, Disagreement], list[Suspect]]:
         states = self.store.key_states()
         excluded = {k.key_id for k in states if k.quarantined}
-        scores = {d.key_id: d for d in disagreement_scores(self.store.key_ratings(), exclude_from_consensus=excluded)}
-        return states, scores
+        c = self.config
+        scores, found = find_suspects(
+            self.store.key_ratings(), c.quarantine_z, c.quarantine_min_ratings, c.quarantine_corroborating_keys,
+            exclude_from_consensus=excluded, similarity=c.similarity,
+        )
+        return states, {d.key_id: d for d in scores}, found
 
     async def keys(self) -> list[KeyRow]:
-        states, scores = await asyncio.to_thread(self._scores)
+        states, scores, _ = await asyncio.to_thread(self._scores)
         return [KeyRow(k, scores.get(k.key_id)) for k in states]
 
     def quarantine_suspects(self) -> list[str]:
-        """Quarantine every key whose disagreement z passes `quarantine_z` (runs in a worker thread)."""
-        states, scores = self._scores()
+        """Quarantine every key whose disagreement z passes `quarantine_z`, corroborated by
+        `quarantine_corroborating_keys` distinct other keys (runs in a worker thread)."""
+        states, _, found = self._scores()
         done = []
         quarantined = {k.key_id for k in states if k.quarantined}
-        for d in suspects(scores.values(), self.config.quarantine_z, self.config.quarantine_min_ratings):
+        for suspect in found:
+            d, again = suspect.score, suspect.corroborated
             if d.key_id in quarantined:
                 continue
-            reason = f"automatic: disagreement z = {d.z:.1f} over {d.n} ratings (threshold {self.config.quarantine_z})"
+            reason = (
+                f"automatic: disagreement z = {d.z:.1f} over {d.n} ratings (threshold {self.config.quarantine_z}); "
+                f"z = {again.z:.1f} over {again.n} without its {len(suspect.left_out)} top accusers"
+            )
             if self.store.set_quarantined(d.key_id, True, reason, None):
                 self.metrics.inc("monitor/quarantined")
                 log.warning("quarantined key %s: %s", d.key_id, reason)

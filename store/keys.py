@@ -1,7 +1,8 @@
 """The store's per-API-key queries: quarantine (a quarantined key's ratings stay stored but are never
-trained or replayed, see `Store.rated_after`), the keys' states for operators, and the ratings the
-disagreement score reads (monitor/poisoning.py). Mixed into `Store`; every write here is one
-transaction, with its operator event."""
+trained or replayed, see `Store.rated_after`), the keys' states for operators, the ratings the
+disagreement score reads (monitor/poisoning.py), and the ratings the monitor (drift, guard, reports)
+reads without quarantined keys. Mixed into `Store`; every write here is one transaction, with its
+operator event."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Integer, cast, func, or_, select
 
+from liveloop.store import codec
 from liveloop.store.models import ApiKey, Feedback, Response, utcnow
+from liveloop.store.records import RatingEvent, VersionTraffic
 
 
 @dataclass(frozen=True)
@@ -31,13 +34,17 @@ class KeyState:
 class KeyRating:
     """One rating as the disagreement score sees it: whose, of what, which way.
 
-    `group` names "the same thing rated": a digest of the prompt's and the response's exact token
-    ids, so two ratings share a group only when the same reply to the same prompt was served to both."""
+    `group` names the exact thing rated: a digest of the prompt's and the response's exact token ids, so
+    two ratings share it only when the same reply to the same prompt was served to both. `prompt` (a
+    digest of the prompt's token ids) and `tokens` (the response's token ids) let the score group
+    similar replies to the same prompt (monitor/poisoning.py, `reply_groups`)."""
 
     feedback_id: int
     key_id: str
     group: str
     reward: int
+    prompt: str = ""
+    tokens: tuple[int, ...] = ()
 
 
 def content_group(prompt_ids: bytes, response_ids: bytes) -> str:
@@ -47,6 +54,11 @@ def content_group(prompt_ids: bytes, response_ids: bytes) -> str:
     h.update(prompt_ids)
     h.update(response_ids)
     return h.hexdigest()
+
+
+def prompt_digest(prompt_ids: bytes) -> str:
+    """The identity of a prompt, from its stored token blob (see `KeyRating.prompt`)."""
+    return hashlib.blake2b(prompt_ids, digest_size=12).hexdigest()
 
 
 def _aware(ts: datetime | None) -> datetime | None:
@@ -111,4 +123,48 @@ class KeyQueries:
                 .order_by(Feedback.id.desc())
                 .limit(limit)
             ).all()
-        return [KeyRating(fid, key, content_group(bytes(p), bytes(r)), int(reward)) for fid, key, reward, p, r in reversed(rows)]
+        return [
+            KeyRating(fid, key, content_group(bytes(p), bytes(r)), int(reward), prompt_digest(bytes(p)), tuple(codec.decode_ids(bytes(r)).tolist()))
+            for fid, key, reward, p, r in reversed(rows)
+        ]
+
+    # -- what the monitor reads: trusted ratings only --------------------------------------------------
+    # A quarantined key's ratings are kept, never trained (`Store.rated_after`), and from its
+    # quarantine on they move neither the drift detectors, the per-version rates the guard decides on,
+    # nor the reports (ratings the drift monitor observed before the quarantine stay observed).
+    def trusted_rating_events(self, after_id: int = 0, limit: int = 10000, since: datetime | None = None) -> list[RatingEvent]:
+        """`rating_events` without the ratings of quarantined keys."""
+        with self._session() as s:
+            q = (
+                select(Feedback.id, Feedback.created_at, Feedback.reward, Response.policy_version, Response.request_meta)
+                .join(Response, Response.id == Feedback.response_id)
+                .outerjoin(ApiKey, ApiKey.key_id == Feedback.api_key_id)
+                .where(Feedback.id > after_id, _trusted())
+                .order_by(Feedback.id)
+                .limit(limit)
+            )
+            if since is not None:
+                q = q.where(Feedback.created_at >= since)
+            return [RatingEvent(*row) for row in s.execute(q).all()]
+
+    def trusted_version_traffic(self) -> dict[int, VersionTraffic]:
+        """`version_traffic` (responses, ratings, positive ratings per version) counting only the
+        ratings of keys that are not quarantined (every response counts)."""
+        with self._session() as s:
+            served = dict(s.execute(select(Response.policy_version, func.count()).group_by(Response.policy_version)).all())
+            rated = s.execute(
+                select(Response.policy_version, func.count(Feedback.id), func.sum(cast(Feedback.reward, Integer)))
+                .join(Response, Response.id == Feedback.response_id)
+                .outerjoin(ApiKey, ApiKey.key_id == Feedback.api_key_id)
+                .where(_trusted())
+                .group_by(Response.policy_version)
+            ).all()
+            out = {v: VersionTraffic(v, n, 0, 0) for v, n in served.items()}
+            for v, n, pos in rated:
+                out[v] = VersionTraffic(v, served.get(v, 0), n, int(pos or 0))
+            return out
+
+
+def _trusted():
+    """The rating's key is not quarantined (with `ApiKey` outer-joined on the rating's key)."""
+    return or_(ApiKey.quarantined.is_(None), ApiKey.quarantined.is_(False))
