@@ -3,8 +3,10 @@ and without the defences (influence caps, learner/influence.py; quarantine by di
 monitor/poisoning.py).
 
     python bench/poisoning.py [--honest-keys 128] [--ratings-per-key 6] [--seeds 0 1 2 3 4]
+                              [--learner default|bare] [--model DIR]
 
-The world (in-process, a real SQLite store, the real `OnlineLearner` running SAO on the tiny model):
+The world (in-process, a real SQLite store, the real `OnlineLearner` running the sliding-window method
+with the shipped learning rule of configs/default.toml, or `--learner bare`, on the tiny model):
 - fixed chat prompts; every reply is ONE token sampled from the learner's current policy (so replies
   repeat and the disagreement score has groups to compare);
 - honest users, each with its own key, rate up exactly when the reply is the target token ("Behold");
@@ -16,14 +18,16 @@ Three runs share every random draw of the honest users (common random numbers):
   baseline), attack undefended (no window cap, no quarantine), attack defended (caps + quarantine).
 The behaviour measured is the policy's exact probability of the target token as the reply to the
 prompts (mean over prompts); honest users' expected reward is that probability (in points, x100).
-Movement caused by the attack = the attacked run's final probability minus the no-attack run's.
+Where a run ends up is the probability's mean over its last quarter of policy steps (`p_end`); movement
+caused by the attack = the attacked run's `p_end` minus the no-attack run's.
 
-Writes bench/results/poisoning.json.
+Writes bench/results/poisoning_<learner>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -47,7 +51,11 @@ class Scenario:
     quarantine_z: float = 3.0
     quarantine_min_ratings: int = 30
     check_every: int = 8  # ratings between two quarantine checks (the server's loop)
-    learning_rate: float = 2e-4  # the [learner] default
+    # the learning rule: "default" is the shipped one (configs/default.toml's [learner]: step-size control,
+    # trust region, exact KL anchor); "bare" is the LearnerConfig dataclass alone (a fixed learning rate,
+    # no anchor), which overshoots on one-token replies (docs/design.md, "Reproducible verdicts")
+    learner: str = "default"
+    learning_rate: float | None = None  # None: the learning rule's own
     batch_size: int = 8  # B, with at most one sample of a key per step ([learner] max_per_key_per_batch = 1)
     method: str = "sliding_window"
     window: int = 32
@@ -58,24 +66,33 @@ class Scenario:
 class RunResult:
     scenario: Scenario
     p_before: float
-    p_after: float
+    p_after: float  # after the last step
     honest_ratings: int
     attacker_ratings: int
     trained: int
     capped: int
     quarantined: list[str] = field(default_factory=list)
+    p_trace: list[float] = field(default_factory=list)  # the target's probability after every policy step
     quarantined_after_ratings: int | None = None  # ratings stored when the attacker was quarantined
     attacker_z: float | None = None
     max_honest_z: float | None = None
     seconds: float = 0.0
 
     @property
+    def p_end(self) -> float:
+        """The target's probability over the run's last quarter of steps (mean): where the run ended up,
+        without the step-to-step swing of one point (0.65-0.90 between neighbouring steps, measured)."""
+        tail = self.p_trace[-max(1, len(self.p_trace) // 4):] or [self.p_after]
+        return sum(tail) / len(tail)
+
+    @property
     def honest_reward_points(self) -> float:
-        return 100.0 * self.p_after
+        return 100.0 * self.p_end
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["honest_reward_points"] = self.honest_reward_points
+        d["p_end"] = self.p_end
         return d
 
 
@@ -95,6 +112,16 @@ def schedule(s: Scenario) -> list[tuple[str, int]]:
                     mine, attacks = mine + 1, attacks + 1
                     events.append((ATTACKER, -attacks))
     return events
+
+
+def learning_rule(name: str):
+    """The [learner] settings a run learns with: "default" (configs/default.toml's) or "bare" (the dataclass's)."""
+    from liveloop.config import load_config
+    from liveloop.learner.config import LearnerConfig
+
+    if name == "bare":
+        return LearnerConfig()
+    return load_config(name).learner
 
 
 def _uniform(seed: int, draw: int) -> float:
@@ -121,12 +148,16 @@ def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
     store = Store(StoreConfig(url=f"sqlite:///{workdir / 'poisoning.db'}"))
     store.migrate()
     store.ensure_base_version(str(model_dir))
-    config = LearnerConfig(
-        checkpoint_dir=str(workdir / "versions"), batch_size=s.batch_size, publish_every_steps=10**9, publish_every_seconds=1e9,
-        learning_rate=s.learning_rate, lambda_alpha=1.0, seed=s.seed, method=s.method, sliding_window=SlidingWindowConfig(window=s.window),
+    config = dataclasses.replace(
+        learning_rule(s.learner),
+        checkpoint_dir=str(workdir / "versions"), batch_size=s.batch_size, max_batch_size=0, publish_every_steps=10**9, publish_every_seconds=1e9,
+        lambda_alpha=1.0, seed=s.seed, method=s.method, sliding_window=SlidingWindowConfig(window=s.window),
         max_per_key_per_batch=1 if s.defended else s.batch_size, max_per_key_per_window=(s.cap_per_window or s.ratings_per_key) if s.defended else 0,
         influence_window_seconds=3600.0,
     )
+    if s.learning_rate is not None:
+        config = dataclasses.replace(config, learning_rate=s.learning_rate, min_learning_rate=min(s.learning_rate, config.min_learning_rate),
+                                     max_learning_rate=max(s.learning_rate, config.max_learning_rate))
     learner = OnlineLearner.resume(store, config, CriticConfig(), model_dir)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     target = tok.convert_tokens_to_ids(TARGET)
@@ -146,6 +177,7 @@ def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
             store.set_quarantined(bad.key_id, True, f"disagreement z={bad.z:.1f} over {bad.n} ratings")
 
     p_before = p_target()
+    trace: list[float] = []
     events = schedule(s)
     quarantined_at = None
     for i, (key, draw) in enumerate(events):
@@ -165,7 +197,7 @@ def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
             if quarantined_at is None and ATTACKER in store.quarantined_keys():
                 quarantined_at = i + 1
         while learner.step():
-            pass
+            trace.append(p_target())
     if s.defended:
         quarantine_check()
     scores = {d.key_id: d for d in disagreement_scores(store.key_ratings(20000))}
@@ -174,6 +206,7 @@ def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
         scenario=s,
         p_before=p_before,
         p_after=p_target(),
+        p_trace=trace,
         honest_ratings=sum(1 for k, _ in events if k != ATTACKER),
         attacker_ratings=sum(1 for k, _ in events if k == ATTACKER),
         trained=learner.state.samples,
@@ -195,13 +228,18 @@ class Comparison:
     defended: RunResult
 
     @property
+    def taught(self) -> float:
+        """What honest feedback alone moved the target by (no attack: end minus start)."""
+        return self.no_attack.p_end - self.no_attack.p_before
+
+    @property
     def undefended_shift(self) -> float:
         """Movement caused by the attack without defences (probability, attacked - no attack)."""
-        return self.undefended.p_after - self.no_attack.p_after
+        return self.undefended.p_end - self.no_attack.p_end
 
     @property
     def defended_shift(self) -> float:
-        return self.defended.p_after - self.no_attack.p_after
+        return self.defended.p_end - self.no_attack.p_end
 
     @property
     def defended_fraction(self) -> float:
@@ -217,6 +255,7 @@ class Comparison:
             "no_attack": self.no_attack.as_dict(),
             "undefended": self.undefended.as_dict(),
             "defended": self.defended.as_dict(),
+            "taught": self.taught,
             "undefended_shift": self.undefended_shift,
             "defended_shift": self.defended_shift,
             "defended_fraction": self.defended_fraction,
@@ -245,16 +284,19 @@ def main() -> None:
     ap.add_argument("--honest-keys", type=int, default=128)
     ap.add_argument("--ratings-per-key", type=int, default=6)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--learner", default="default", help='the learning rule: a config preset ("default") or "bare" (no step control, no anchor)')
+    ap.add_argument("--model", type=Path, help="a model directory (default: the default model)")
     args = ap.parse_args()
-    model_dir = default_model()
+    model_dir = args.model or default_model()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
-            c = compare(Path(tmp) / f"seed{seed}", model_dir, honest_keys=args.honest_keys, ratings_per_key=args.ratings_per_key, seed=seed)
+            c = compare(Path(tmp) / f"seed{seed}", model_dir, honest_keys=args.honest_keys, ratings_per_key=args.ratings_per_key, seed=seed, learner=args.learner)
             runs.append({"seed": seed} | c.as_dict())
             print(json.dumps({k: runs[-1][k] for k in ("seed", "undefended_shift", "defended_shift", "defended_fraction", "honest_reward_gap_points")}), flush=True)
     fractions = [r["defended_fraction"] for r in runs]
     summary = {
+        "learner": args.learner,
         "honest_keys": args.honest_keys,
         "ratings_per_key": args.ratings_per_key,
         "runs": runs,
@@ -262,7 +304,7 @@ def main() -> None:
         "defended_fraction_mean": sum(fractions) / len(fractions),
         "honest_reward_gap_points_max_abs": max(abs(r["honest_reward_gap_points"]) for r in runs),
     }
-    path = save("poisoning", summary)
+    path = save(f"poisoning_{args.learner}", summary, model_dir=model_dir)
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=2))
     print(f"wrote {path}")
 

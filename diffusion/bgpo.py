@@ -11,8 +11,10 @@ One step:
        (constant memory in n_t);
     6. rollouts written to the store (`responses`, ids deterministic per step: a redone step skips them);
     7. every `publish_every` steps: checkpoint directory (model, tokenizer, trainer state) written
-       atomically, then the version row and the cursor in one transaction.
-A killed job restarts from its newest checkpoint; each step's prompts, rollouts and masks come from a
+       atomically under a staging name, then the version row and the cursor in one transaction, which
+       allocates the version number and moves the checkpoint to out_dir/vNNNNN (its name is its number).
+A killed job restarts from its newest checkpoint (one the store lacks is published first, under the
+number the store gives it); each step's prompts, rollouts and masks come from a
 seed derived from (seed, step), so a redone step repeats itself.
 """
 
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +41,7 @@ from liveloop.diffusion.model import MaskedDiffusionLM, load_diffusion_model
 from liveloop.diffusion.objectives import Objective, Prepared, make_objective
 from liveloop.diffusion.sft import ensure_diffusion_model
 from liveloop.rl.advantages import group_normalized_advantages
-from liveloop.store.records import ResponseRecord
+from liveloop.store.records import ResponseRecord, VersionRecord
 from liveloop.store.store import Store
 
 STATE_FILE = "trainer_state.pt"
@@ -47,7 +51,7 @@ _CKPT_RE = re.compile(r"^v(\d+)$")
 @dataclass
 class TrainerState:
     step: int  # steps done
-    version: int  # version of the current weights in the store
+    version: int  # version of the current weights in the store (a checkpoint's is its directory's name)
     cursor: int  # last feedback id consumed
     rewards_since_publish: list[float]
 
@@ -102,7 +106,7 @@ def _load(job: BGPOJobConfig, store: Store, resume_dir: Path | None):
     if resume_dir is not None:
         model, tokenizer = load_diffusion_model(resume_dir, cfg.trust_remote_code)
         saved = torch.load(resume_dir / STATE_FILE, weights_only=False)
-        state = TrainerState(**saved["state"])
+        state = TrainerState(**{**saved["state"], "version": _checkpoint_version(resume_dir)})
     else:
         if Path(cfg.model_dir).resolve() == Path(job.build.out_dir).resolve():
             ensure_diffusion_model(job.build, cfg.model_dir)
@@ -123,17 +127,48 @@ def _starting_version(store: Store, cfg) -> int:
         return cfg.parent_version
     if store.get_version(0) is None and not store.list_versions():
         return store.ensure_base_version(str(Path(cfg.model_dir).resolve()), note="diffusion base model").version
-    return store.next_version() - 1
+    return max(v.version for v in store.list_versions())
+
+
+def _checkpoint_version(path: Path) -> int:
+    return int(_CKPT_RE.match(path.name).group(1))
+
+
+def _place(staged: Path, version: int) -> str:
+    """Inside the store's inserting transaction, with `version` allocated: the staged checkpoint becomes
+    out_dir/vNNNNN (a directory left there by a publish that never committed is replaced: no committed
+    version has this number). Returns its path for the row."""
+    final = staged.parent / f"v{version:05d}"
+    if final != staged:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staged, final)
+    return str(final.resolve())
+
+
+def _record(store: Store, staged: Path, cursor_name: str, cursor: int, meta: dict[str, Any]) -> VersionRecord:
+    """The version row and the cursor in one transaction that allocates the number and places `staged`
+    under it; on failure the checkpoint stays where it is (a staging one is removed)."""
+    digest = checkpoint_digest(staged)
+    try:
+        return store.publish_version(checkpoint_path=lambda v: _place(staged, v), checkpoint_sha256=digest,
+                                     cursor_name=cursor_name, last_feedback_id=cursor, **meta)
+    except Exception:
+        if not _CKPT_RE.match(staged.name):
+            shutil.rmtree(staged, ignore_errors=True)
+        raise
 
 
 def _ensure_published(store: Store, resume_dir: Path | None, state: TrainerState, cursor_name: str) -> None:
-    """A kill between the checkpoint write and the version row leaves a checkpoint the store lacks."""
-    if resume_dir is None or store.get_version(state.version) is not None:
+    """A kill between the checkpoint's move and the commit leaves a checkpoint the store lacks: it is
+    published now, under the number the store allocates (and renamed to it, if that differs)."""
+    if resume_dir is None:
+        return
+    row = store.get_version(state.version)
+    if row is not None and row.checkpoint_path == str(resume_dir.resolve()):
         return
     meta = json.loads((resume_dir / "publish.json").read_text())
-    store.publish_version(state.version, checkpoint_path=str(resume_dir.resolve()),
-                          checkpoint_sha256=checkpoint_digest(resume_dir), cursor_name=cursor_name,
-                          last_feedback_id=state.cursor, **meta)
+    state.version = _record(store, resume_dir, cursor_name, state.cursor, meta).version
 
 
 def _step(job: BGPOJobConfig, objective: Objective, store: Store, model: MaskedDiffusionLM, optimizer,
@@ -222,24 +257,25 @@ def _store_rollouts(store: Store, groups: list[Group], cfg, sampler, state: Trai
 def _publish(job: BGPOJobConfig, store: Store, model: MaskedDiffusionLM, tokenizer, optimizer,
              state: TrainerState, metrics: dict[str, float]) -> None:
     cfg = job.bgpo
-    parent, version = state.version, store.next_version()
     rewards = state.rewards_since_publish
     meta = {
-        "parent": parent,
+        "parent": state.version,
         "learner_step": state.step,
         "samples_used": len(rewards),
         "metrics": {**metrics, "bgpo/reward_since_parent": sum(rewards) / max(1, len(rewards)),
                     "bgpo/loss_kind": cfg.loss, "bgpo/n_t": cfg.n_t, "bgpo/run": cfg.run_name},
     }
-    state.version, state.rewards_since_publish = version, []
-    final = Path(cfg.out_dir) / f"v{version:05d}"
+    # the number is the store's (allocated in the inserting transaction): the state saved here names
+    # none, its directory's name does once placed
+    saved_state = {**dataclasses.asdict(state), "version": None, "rewards_since_publish": []}
+    staging = Path(cfg.out_dir) / f".staging-{os.getpid()}"
 
     def write(tmp: Path) -> None:
         model.save(tmp, tokenizer)
         (tmp / "publish.json").write_text(json.dumps(meta, indent=2) + "\n")
-        torch.save({"state": dataclasses.asdict(state), "optimizer": optimizer.state_dict(),
+        torch.save({"state": saved_state, "optimizer": optimizer.state_dict(),
                     "config": dataclasses.asdict(cfg)}, tmp / STATE_FILE)
 
-    save_atomically(final, write)
-    store.publish_version(version, checkpoint_path=str(final.resolve()), checkpoint_sha256=checkpoint_digest(final),
-                          cursor_name=cfg.run_name, last_feedback_id=state.cursor, **meta)
+    save_atomically(staging, write)
+    state.version = _record(store, staging, cfg.run_name, state.cursor, meta).version
+    state.rewards_since_publish = []

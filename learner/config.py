@@ -96,8 +96,8 @@ class LearnerConfig:
     )
     max_step_kl: float = field(
         default=0.0,
-        metadata={"help": "trust region: an update that moves the policy by more KL than this on its tokens is undone "
-                  "(nats per token; 0 = off; zero_stage 0 only)"},
+        metadata={"help": "trust region: an update that moves the policy by more KL than this on its tokens is cut back "
+                  "to 1/2, 1/10 or 1/100 of it, or undone (rl/control.py trust_region; nats per token; 0 = off; zero_stage 0 only)"},
     )
     min_learning_rate: float = field(default=1e-6, metadata={"help": "the adaptive learning rate's floor"})
     max_learning_rate: float = field(default=1e-2, metadata={"help": "the adaptive learning rate's ceiling"})

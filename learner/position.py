@@ -36,6 +36,8 @@ class LearnerState:
     samples_since_publish: int = 0
     skipped_steps: int = 0
     rejected_steps: int = 0  # updates undone because they moved the policy past max_step_kl
+    cut_steps: int = 0  # updates past max_step_kl cut back to a fraction that stays within it
+    jumps: int = 0  # updates past max_step_kl across a jump in the policy: their smallest cut-back stood
     last_publish: float = field(default_factory=time.monotonic)
     last_metrics: dict[str, float] = field(default_factory=dict)
 

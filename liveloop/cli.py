@@ -51,7 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from liveloop.app import build_app
-    from liveloop.server.app import check_bind
+    from liveloop.server.app import check_bind, uvicorn_options
 
     config = _config(args)
     server = dataclasses.replace(config.server, host=args.host or config.server.host, port=args.port or config.server.port)
@@ -63,7 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = config.with_section("learner", enabled=False)
     model_dir = _model_dir(config)
     app = build_app(config, model_dir)
-    uvicorn.run(app, host=server.host, port=server.port, log_level=server.log_level, timeout_graceful_shutdown=30)
+    uvicorn.run(app, host=server.host, port=server.port, timeout_graceful_shutdown=30, **uvicorn_options(server))
     return 0
 
 

@@ -9,6 +9,10 @@ slowly. Two controllers keep the update size where it should be:
   it was trained on (measured, exact): above 2x the target the rate is divided by `factor`, below half
   the target multiplied by it, within [min_lr, max_lr]. PPO implementations use the same rule on each
   mini-batch (rsl_rl's "adaptive" schedule, desired_kl); one rating is one mini-batch here.
+- `trust_region`: how much of an update past `max_step_kl` stands: a cut-back to the largest fraction
+  of it that stays within, or, where even 1/100 of it jumps (a discontinuity in the policy, which
+  every step size crosses), that 1/100; else none. Undoing every update past the region, as it first
+  did, froze learning for good at an MoE routing switch (docs/design.md, "Reproducible verdicts").
 - `AdaptiveKLCoef`: adapt the coefficient of the KL anchor to the base policy so that the measured KL
   tracks a target (Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences"):
   beta <- beta * (1 + clip(KL / target - 1, -0.2, 0.2) * n / horizon), n the samples of the step.
@@ -60,3 +64,40 @@ class AdaptiveKLCoef:
         error = min(max(kl / self.target - 1.0, -0.2), 0.2)
         self.coef = min(self.max_coef, max(1e-6, self.coef * (1.0 + error * n / self.horizon)))
         return self.coef
+
+
+# the fractions of a rejected update the trust region tries, largest first (`trust_region`)
+CUT_BACKS = (0.5, 0.1, 0.01)
+
+
+@dataclass(frozen=True)
+class TrustRegionVerdict:
+    scale: float  # the fraction of the update that stands: 1 (all), a cut-back, or 0 (undone)
+    kind: str  # "within" | "cut" (a smaller step stayed within) | "jump" (a discontinuity) | "undone"
+    kl: float  # the KL the standing update moves the policy by (0 when undone)
+
+
+def trust_region(kl_at, full_kl: float, max_kl: float) -> TrustRegionVerdict:
+    """Decide how much of an update stands, given `kl_at(scale)`: the KL that `scale` times the update
+    moves the policy by (measured), and `full_kl = kl_at(1)`.
+
+    - within the region (full_kl <= max_kl): all of it stands;
+    - else the largest of CUT_BACKS whose KL is within stands (a cut-back: the smooth part of the step);
+    - else, if the smallest cut-back moves the policy by more than half as much as ten times it, the
+      policy has a jump right where it stands (a discontinuity, e.g. an MoE routing switch: a smooth
+      policy moves by about the square of the step, 1/100 as much): any step crosses it, so undoing
+      would undo every later update too and freeze learning; the smallest cut-back stands. (Letting it
+      stand only where it lowered the step's objective froze learning again: measured, every descent
+      direction crossed the same cliff for the worse; the KL anchor pulls a bad jump back instead);
+    - else the update is undone (an overshoot that no cut-back tamed).
+    """
+    if full_kl <= max_kl:
+        return TrustRegionVerdict(1.0, "within", full_kl)
+    measured = {scale: kl_at(scale) for scale in CUT_BACKS}
+    for scale in CUT_BACKS:
+        if measured[scale] <= max_kl:
+            return TrustRegionVerdict(scale, "cut", measured[scale])
+    small, next_up = CUT_BACKS[-1], CUT_BACKS[-2]
+    if measured[small] > 0.5 * measured[next_up]:
+        return TrustRegionVerdict(small, "jump", measured[small])
+    return TrustRegionVerdict(0.0, "undone", 0.0)

@@ -11,6 +11,13 @@ the process exits. `attach` puts the components (and the learner the wiring star
 
 `check_bind` refuses, before anything starts, to listen beyond loopback with the shipped
 development keys (they are public: anyone could use them).
+
+Slow clients cannot hold connections: `create_app` bounds a request body's arrival
+(`[server] body_timeout_seconds`, 408), and `uvicorn_options` gives uvicorn what bounds the headers'
+(`[server] header_timeout_seconds`): uvicorn's h11 protocol has no header timeout (a connection that
+sends half a request line is kept for ever), so `HeaderDeadline` is h11's protocol with one timer,
+armed when a connection opens and after each response, cancelled once a request's headers are in,
+closing the connection when it fires first.
 """
 
 from __future__ import annotations
@@ -26,14 +33,16 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import h11
 from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from liveloop.config import Config
 from liveloop.learner.segments import lanes, segment_of
 from liveloop.metrics import Metrics
 from liveloop.server.admission import Admission
 from liveloop.server.auth import KeyRing, Sessions
-from liveloop.server.body import BodyLimit
+from liveloop.server.body import BodyDeadline, BodyLimit
 from liveloop.server.config import ServerConfig
 from liveloop.server.engines.base import Engine, create_engine
 from liveloop.server.errors import install_handlers
@@ -143,6 +152,7 @@ async def start_components(config: Config, model_dir: Path) -> Components:
 
 async def stop_components(c: Components) -> None:
     await c.engine.close()
+    c.serving.close()
     await asyncio.to_thread(c.writer.close)
     c.store.close()
 
@@ -187,5 +197,53 @@ def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.Ab
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(dashboard.router)
+    app.add_middleware(BodyDeadline, seconds=server.body_timeout_seconds)
     app.add_middleware(BodyLimit, max_bytes=server.max_body_bytes)
     return app
+
+
+class HeaderDeadline(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request headers are not complete within
+    `header_timeout` seconds of its opening or of its previous response (an idle keep-alive connection
+    is closed sooner by uvicorn's own `timeout_keep_alive`)."""
+
+    header_timeout = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # a request's headers are in
+            self._cancel_header_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may start a pipelined request at once
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+def uvicorn_options(server: ServerConfig) -> dict[str, Any]:
+    """What `uvicorn.run` needs besides the app, host and port to bound slow clients."""
+    protocol = type("HeaderDeadline", (HeaderDeadline,), {"header_timeout": server.header_timeout_seconds})
+    return {"http": protocol, "log_level": server.log_level}

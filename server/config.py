@@ -34,6 +34,20 @@ class ServerConfig:
     max_concurrent_total: int = field(
         default=256, metadata={"help": "generations running or waiting for the engine, all keys together"}
     )
+    max_prompt_chars: int = field(
+        default=0,
+        metadata={"help": "most characters a chat's messages (or a completion's text prompt) may hold, checked before "
+                  "the chat template or the tokenizer runs (400 beyond); 0: 32 per token of engine.max_model_len"},
+    )
+    header_timeout_seconds: float = field(
+        default=10.0,
+        metadata={"help": "a connection must send a request's complete headers within this many seconds of opening "
+                  "(or of its previous response), else it is closed"},
+    )
+    body_timeout_seconds: float = field(
+        default=30.0,
+        metadata={"help": "a request's body must arrive within this many seconds of its headers (408 beyond)"},
+    )
     retry_after_seconds: int = field(default=1, metadata={"help": "Retry-After on a 503 when the log queue is full"})
     allow_dev_keys_on_public_bind: bool = field(
         default=False,
@@ -52,6 +66,10 @@ class ServerConfig:
             raise ValueError("chat_requests_per_minute and feedback_per_minute must be >= 0 (0 = no limit)")
         if self.max_concurrent_per_key < 1 or self.max_concurrent_total < 1 or self.retry_after_seconds < 1:
             raise ValueError("max_concurrent_per_key, max_concurrent_total and retry_after_seconds must be >= 1")
+        if self.max_prompt_chars < 0:
+            raise ValueError("max_prompt_chars must be >= 0 (0: derived from engine.max_model_len)")
+        if self.header_timeout_seconds <= 0 or self.body_timeout_seconds <= 0:
+            raise ValueError("header_timeout_seconds and body_timeout_seconds must be > 0")
         if self.default_max_tokens < 1 or self.max_tokens_limit < 1:
             raise ValueError("default_max_tokens and max_tokens_limit must be >= 1")
 

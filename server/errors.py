@@ -25,6 +25,7 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
@@ -120,7 +121,9 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 def error_response(
     status: int, message: str, param: str | None = None, code: str | None = None, retry_after: int | None = None
 ) -> JSONResponse:
-    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+    headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
+    if status == 408:  # the rest of the request may still be on its way: this connection is done
+        headers["connection"] = "close"
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 

@@ -2,10 +2,15 @@
 sampling params (with every limit checked before anything runs), an admitted generation whose
 version is known before the first byte goes out, text and stop strings, and the durable log record.
 
-    prepared = serving.prepare_chat(request, principal)      # raises InvalidRequest / UnknownModel on bad input
+    prepared = await serving.prepare(request, principal)     # raises InvalidRequest / UnknownModel on bad input
     async with serving.run(prepared) as run:                  # admitted (a generation slot, the engine's gate): run.version
         async for piece in run: ...                           # text + tokens as they arrive
         await serving.commit(run)                             # durable in the store; then reply
+
+Nothing a request sends can hold the event loop: its text is bounded in characters
+(`[server] max_prompt_chars`, by default 32 per token of the model's context) before the chat template
+runs, and templating and tokenizing run on one worker thread, off the loop. A commit waits for the
+store at most `[store] write_deadline_seconds` (then LogFailed: a 503 with Retry-After at the edge).
 
 However the caller ends (finished, failed, its client gone, its task cancelled), leaving `run` stops the
 engine request, releases the slot and the gate, and logs a response that was not committed yet, once:
@@ -27,6 +32,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +47,11 @@ from liveloop.server.engines.base import Engine, GenerationRequest, SamplingPara
 from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest
 from liveloop.server.text import TextStream
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
+from liveloop.store.writer import WriterSlow
 
 log = logging.getLogger(__name__)
 GREEDY_BELOW = 1e-5
+CHARS_PER_TOKEN = 32  # `max_prompt_chars` 0: this many characters per token of context (a real text has ~4)
 # a stream writes the first token at once, then at most one write per this many seconds (what arrived
 # meanwhile goes out together): a write per token costs a system call and a client wake-up per token
 
@@ -67,9 +75,16 @@ class UnknownModel(LookupError):
 
 
 class LogFailed(RuntimeError):
-    """The store refused a response's record: the client must not be told it is complete."""
+    """The store did not take a write (it refused it, or did not commit it within the deadline): the
+    client must not be told it is complete."""
 
-    retry_after = 1
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    @classmethod
+    def too_slow(cls, exc: WriterSlow) -> "LogFailed":
+        return cls(f"{exc}; please retry", retry_after=exc.retry_after)
 
 
 @dataclass(frozen=True)
@@ -196,12 +211,43 @@ class Serving:
         self.max_model_len = engine_config.max_model_len
         self.stop_token_ids = _stop_ids(tokenizer, model_dir)
         self.vocab_size = len(tokenizer)
+        self.max_prompt_chars = server.max_prompt_chars or CHARS_PER_TOKEN * self.max_model_len
+        # templating and tokenizing, off the loop: one thread, so no two encodes of the tokenizer run at once
+        self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liveloop-prompts")
         self.stream_interval = server.stream_interval_ms / 1000  # seconds between a stream's writes (0: a write per delta)
 
     # -- 1. request -> prompt ids + sampling --------------------------------------------------------
     def _check_model(self, model: str) -> None:
         if model != self.model_name:
             raise UnknownModel(model)
+
+    async def prepare(self, req: ChatCompletionRequest | CompletionRequest, principal: Principal) -> Prepared:
+        """`prepare_chat` / `prepare_completion` with the text's length checked here, before anything is
+        rendered, and the rendering and tokenizing on the prompt thread: the event loop never does either."""
+        self._check_model(req.model)
+        self.check_chars(req)
+        work = self.prepare_chat if isinstance(req, ChatCompletionRequest) else self.prepare_completion
+        return await asyncio.get_running_loop().run_in_executor(self._prompts, work, req, principal)
+
+    def check_chars(self, req: ChatCompletionRequest | CompletionRequest) -> None:
+        """Refuse a text longer than `max_prompt_chars` (a cheap bound: the context holds fewer tokens
+        than that), before the chat template or the tokenizer sees it."""
+        if isinstance(req, ChatCompletionRequest):
+            n, param = sum(len(m.text()) for m in req.messages), "messages"
+        elif isinstance(req.prompt, str):
+            n, param = len(req.prompt), "prompt"
+        else:
+            return
+        if n > self.max_prompt_chars:
+            raise InvalidRequest(
+                f"this model's maximum context length is {self.max_model_len} tokens; the text has {n} characters "
+                f"(at most {self.max_prompt_chars} are taken)",
+                param,
+                code="context_length_exceeded",
+            )
+
+    def close(self) -> None:
+        self._prompts.shutdown(wait=False, cancel_futures=True)
 
     def prepare_chat(self, req: ChatCompletionRequest, principal: Principal) -> Prepared:
         self._check_model(req.model)
@@ -353,15 +399,19 @@ class Serving:
 
     async def commit(self, run: Run) -> None:
         """Write the response durably; only then may the client be told it is complete. Raises
-        WriterFull / WriterDown (nothing was queued) or LogFailed (the store refused it)."""
+        WriterFull / WriterDown (nothing was queued) or LogFailed (the store refused it, or did not
+        commit it within the deadline)."""
         record = self._record(run)
         if run.prepared.store:
-            fut = self.writer.submit(record)  # raises before anything is queued
+            fut = self.writer.submit_async(record)  # raises before anything is queued
             run.committed = True
             try:
-                await asyncio.shield(asyncio.wrap_future(fut))
+                await self.writer.wait(fut)  # raises WriterSlow past the deadline (the write may still land)
             except asyncio.CancelledError:
                 raise
+            except WriterSlow as exc:
+                self.metrics.inc("server/log_timeouts")
+                raise LogFailed.too_slow(exc) from exc
             except Exception as exc:
                 self.metrics.inc("server/log_failures")
                 raise LogFailed("the response could not be logged; please retry") from exc

@@ -25,6 +25,15 @@ class StoreConfig:
     retention_interval_seconds: float = field(
         default=3600.0, metadata={"help": "how often the server applies retain_days"}
     )
+    write_deadline_seconds: float = field(
+        default=10.0,
+        metadata={"help": "a request waits at most this long for its write (503 + Retry-After beyond: not acknowledged, "
+                  "though it may still land); the writer waits at most this long for a locked database, then fails "
+                  "the whole batch"},
+    )
+    writer_stall_seconds: float = field(
+        default=5.0, metadata={"help": "/healthz says degraded while the writer's oldest waiting write is older than this"}
+    )
     sqlite_synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = field(
         default="FULL", metadata={"help": "SQLite PRAGMA synchronous (FULL: a commit survives power loss)"}
     )
@@ -35,5 +44,7 @@ class StoreConfig:
             raise ValueError("batch_max must be >= 1")
         if self.queue_max < 1:
             raise ValueError("queue_max must be >= 1")
+        if self.write_deadline_seconds <= 0 or self.writer_stall_seconds <= 0:
+            raise ValueError("write_deadline_seconds and writer_stall_seconds must be > 0")
         if self.retain_days < 0 or self.retention_interval_seconds <= 0:
             raise ValueError("retain_days must be >= 0 and retention_interval_seconds > 0")

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import ARRAY, Connection, any_, bindparam, delete, func, or_, select, text, true, update
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import ARRAY, Connection, any_, bindparam, func, or_, select, text, true, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from liveloop.store import codec, migrate

@@ -10,7 +10,15 @@ The write path cannot die of what its callers do: a caller that goes away (a can
 stops waiting; its record is still written, once, and the thread never resolves a future twice or
 one that was cancelled. The queue is bounded: when it is full `submit` raises `WriterFull` at once
 (the edge answers 503 with Retry-After) instead of blocking the event loop. `health()` says whether
-the thread lives and whether the database took the last commit.
+the thread lives, whether the database took the last commit, and how long the oldest waiting write has
+waited (a stalled store shows there first).
+
+A stalled store costs a bounded wait. An async caller waits at most `[store] write_deadline_seconds`
+(`WriterSlow`: the edge answers 503 + Retry-After; the write is not acknowledged, though it may still
+land). The writer waits at most as long for a locked database, then fails the whole batch at once: a
+database that cannot take writes (locked, unreachable: SQLAlchemy's OperationalError, InterfaceError) is
+never retried row by row. Only a row-specific failure (a constraint, a value the database cannot hold)
+sends the batch to the store's row-by-row isolation.
 
 Callers on an event loop (`write`, `submit_async`) get an asyncio future of their own loop, and a
 commit settles all of one loop's futures with ONE `call_soon_threadsafe`: a batch of 500 costs the
@@ -21,12 +29,18 @@ far below the database's pace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from liveloop.store.records import ResponseRecord
 from liveloop.store.store import Store, WriteOp, response_row
@@ -44,6 +58,26 @@ class WriterDown(RuntimeError):
     """The writer thread is not running: nothing can be logged."""
 
 
+class WriterSlow(TimeoutError):
+    """The write was not committed within the deadline (the store is stalled or locked): the caller must
+    not acknowledge it; it may still be written."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+_UNAVAILABLE = ("OperationalError", "InterfaceError")  # PEP 249's names, in every driver (raw COPY raises the driver's)
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """A failure of the database, not of a row: locked, unreachable, timed out. A batch that fails so is
+    failed whole (retrying it row by row would wait on the same lock once per row)."""
+    if isinstance(exc, (OperationalError, InterfaceError, TimeoutError)):
+        return True
+    return any(cls.__name__ in _UNAVAILABLE for cls in type(exc).__mro__)
+
+
 @dataclass(frozen=True)
 class WriterHealth:
     alive: bool  # the thread runs
@@ -52,6 +86,8 @@ class WriterHealth:
     queue_max: int
     last_error: str | None
     failed_commits: int
+    oldest_age: float = 0.0  # seconds the oldest write not yet committed has waited (0: none waits)
+    stalled: bool = False  # oldest_age is over `[store] writer_stall_seconds`
 
 
 def _resolve(fut: Future, result: object = None, exc: BaseException | None = None) -> None:
@@ -91,7 +127,7 @@ def _settle_all(batch: list[tuple], outcomes: list[object]) -> None:
     """Resolve a batch's futures with their outcomes (a result or an exception), skipping any already
     done: thread futures here, each event loop's futures in one call on that loop."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, object]]] = {}
-    for (_, fut, _), outcome in zip(batch, outcomes):
+    for (_, fut, *_), outcome in zip(batch, outcomes):
         if isinstance(fut, Future):
             if fut.done():
                 continue
@@ -143,6 +179,11 @@ class _Mailbox:
     def qsize(self) -> int:
         return len(self._items)
 
+    def oldest(self) -> float | None:
+        """When the oldest waiting item was queued (time.monotonic), None when empty."""
+        with self._ready:
+            return self._items[0][-1] if self._items else None
+
 
 class BatchWriter:
     def __init__(self, store: Store, batch_max: int | None = None, queue_max: int | None = None):
@@ -156,9 +197,13 @@ class BatchWriter:
         self.commit_seconds = 0.0
         self.failed_commits = 0
         self.rejected = 0
+        self.timed_out = 0  # waits that passed the deadline
         self._last_error: str | None = None
         self._store_ok = True
         self._started = False
+        self.deadline = store.config.write_deadline_seconds
+        self.stall_seconds = store.config.writer_stall_seconds
+        self._committing_since: float | None = None  # the batch being written: when its oldest item was queued
 
     def start(self) -> "BatchWriter":
         if not self._started:
@@ -167,6 +212,7 @@ class BatchWriter:
         return self
 
     def health(self) -> WriterHealth:
+        age = self.oldest_age()
         return WriterHealth(
             alive=self._started and self._thread.is_alive(),
             store_ok=self._store_ok,
@@ -174,7 +220,14 @@ class BatchWriter:
             queue_max=self.queue_max,
             last_error=self._last_error,
             failed_commits=self.failed_commits,
+            oldest_age=age,
+            stalled=age > self.stall_seconds,
         )
+
+    def oldest_age(self) -> float:
+        """Seconds the oldest write not committed yet (being written, or queued) has waited; 0 if none."""
+        times = [t for t in (self._committing_since, self._queue.oldest()) if t is not None]
+        return max(0.0, time.monotonic() - min(times)) if times else 0.0
 
     def submit(self, op: WriteOp) -> Future:
         """Queue `op`; raises WriterFull when the queue is full and WriterDown when the thread is not running."""
@@ -191,21 +244,35 @@ class BatchWriter:
         return fut
 
     async def write(self, op: WriteOp):
-        """Submit and wait for the commit; raises what the operation raised. If the caller is
-        cancelled while waiting, the write still happens (the writer skips a cancelled future)."""
-        return await self.submit_async(op)
+        """Submit and wait for the commit; raises what the operation raised, or WriterSlow past the
+        deadline. If the caller is cancelled while waiting, the write still happens (the writer skips a
+        cancelled future)."""
+        return await self.wait(self.submit_async(op))
+
+    async def wait(self, fut: asyncio.Future):
+        """The outcome of a `submit_async` future, waited for at most `[store] write_deadline_seconds`;
+        beyond it WriterSlow (the future is cancelled: the write itself still happens, unacknowledged)."""
+        try:
+            return await asyncio.wait_for(fut, self.deadline)
+        except TimeoutError:
+            if fut.done() and not fut.cancelled() and fut.exception() is not None:
+                raise
+            self.timed_out += 1
+            raise WriterSlow(
+                f"the store did not take the write within {self.deadline:g} s", retry_after=max(1, round(self.deadline))
+            ) from None
 
     def _put(self, op: WriteOp, fut: object) -> None:
         if not self._started or not self._thread.is_alive():
             raise WriterDown("the store writer is not running")
-        if not self._queue.offer((op, fut, _prepared(op))):
+        if not self._queue.offer((op, fut, _prepared(op), time.monotonic())):
             self.rejected += 1
             raise WriterFull(f"the store writer has {self.queue_max} writes waiting")
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush everything queued, then stop the thread."""
         if self._started:
-            self._queue.offer((_STOP, None, None), bounded=False)
+            self._queue.offer((_STOP, None, None, time.monotonic()), bounded=False)
             self._thread.join(timeout)
             self._started = False
 
@@ -218,19 +285,22 @@ class BatchWriter:
                 # drain whatever else is queued before stopping
                 batch = [item for item in batch + self._queue.take_all() if item[0] is not _STOP]
             if batch:
+                self._committing_since = batch[0][-1]
                 try:
                     self._commit(batch)
                 except BaseException as exc:  # never let the thread die: fail this batch, keep going
                     log.exception("store writer: unexpected failure on a batch of %d", len(batch))
                     failure = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
                     _settle_all(batch, [failure] * len(batch))
+                finally:
+                    self._committing_since = None
 
-    def _commit(self, batch: list[tuple[WriteOp, Future | asyncio.Future, dict | None]]) -> None:
+    def _commit(self, batch: list[tuple[WriteOp, Future | asyncio.Future, dict | None, float]]) -> None:
         start = time.perf_counter()
-        ops = [op for op, _, _ in batch]
+        ops = [op for op, *_ in batch]
         try:
-            results = self.store.write_batch(ops, [row for _, _, row in batch])
-        except Exception as exc:  # the database is down: fail these requests, keep serving
+            results = self._write(ops, [row for _, _, row, _ in batch])
+        except Exception as exc:  # the database is down or locked: fail these requests, keep serving
             log.error("store write of %d rows failed: %s", len(ops), exc)
             self.failed_commits += 1
             self._store_ok = False
@@ -242,3 +312,41 @@ class BatchWriter:
         self.batches += 1
         self.rows += len(ops)
         _settle_all(batch, results)
+
+    def _write(self, ops: list[WriteOp], rows: list[dict | None]) -> list[Any]:
+        """The batch in one transaction whose wait for the database's lock is bounded by the deadline;
+        a failure of the database fails it whole, a failure of a row goes to the store's row-by-row
+        isolation (`Store.write_batch`, which tries the batch once more, then each op alone)."""
+        try:
+            return self._write_whole(ops, rows)
+        except Exception as exc:
+            if store_unavailable(exc) or len(ops) == 1:
+                raise
+            log.warning("store write of %d rows failed on a row (%s): writing them one by one", len(ops), exc)
+        return self.store.write_batch(ops, rows)
+
+    def _write_whole(self, ops: Sequence[WriteOp], rows: Sequence[dict | None]) -> list[Any]:
+        with self.store.engine.begin() as conn, _lock_wait(conn, self.deadline):
+            return self.store._apply(conn, ops, rows)  # the store's one-transaction apply (write_batch's first try)
+
+
+@contextlib.contextmanager
+def _lock_wait(conn: Connection, seconds: float):
+    """Within this transaction, wait at most `seconds` for a lock: SQLite's busy timeout (a connection
+    setting: restored after), PostgreSQL's lock and statement timeouts (SET LOCAL: this transaction only)."""
+    ms = max(1, int(seconds * 1000))
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
+        yield
+        return
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    before = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+    conn.exec_driver_sql(f"PRAGMA busy_timeout = {ms}")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(before)}")

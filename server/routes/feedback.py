@@ -16,7 +16,9 @@ from liveloop.server.auth import Principal, require_user
 from liveloop.server.body import parse_body
 from liveloop.server.errors import APIError
 from liveloop.server.schemas import FeedbackRequest
+from liveloop.server.serving import LogFailed
 from liveloop.store import FeedbackRecord, ResponseNotFound
+from liveloop.store.writer import WriterSlow
 
 router = APIRouter(prefix="/v1")
 
@@ -28,6 +30,8 @@ async def feedback(request: Request, principal: Principal = Depends(require_user
     record = FeedbackRecord(req.response_id, principal.key_id, int(req.reward), req.comment)
     try:
         stored = await request.app.state.writer.write(record)
+    except WriterSlow as exc:  # the store is stalled: not acknowledged (it may still land; a retry revises it)
+        raise LogFailed.too_slow(exc) from exc
     except ResponseNotFound:
         # Same answer whether the id does not exist or belongs to another key: ids do not leak.
         raise APIError(404, f"no response `{req.response_id}` for this API key", param="response_id") from None

@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from liveloop.server.auth import Principal, require_user
 from liveloop.server.body import parse_body
@@ -82,23 +82,52 @@ async def _serve(request: Request, principal: Principal, model: type, endpoint: 
     serving = _serving(request)
     serving.admission.check_rate("chat", principal.key_id)  # raises RateLimited (429)
     req = await parse_body(request, model)
-    if endpoint == "chat":
-        prepared, fmt_cls = serving.prepare_chat(req, principal), _ChatFormat
-    else:
-        prepared, fmt_cls = serving.prepare_completion(req, principal), _CompletionFormat
-    fmt = fmt_cls(serving, req, prepared)
+    prepared = await serving.prepare(req, principal)  # length-checked on the loop, rendered and tokenized off it
+    fmt = (_ChatFormat if endpoint == "chat" else _CompletionFormat)(serving, req, prepared)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await _stream(serving, prepared, fmt, include_usage=include_usage)
-    return await _complete(serving, prepared, fmt)
+    return await _complete(request, serving, prepared, fmt)
 
 
-async def _complete(serving: Serving, prepared: Prepared, fmt: "_Format") -> JSONResponse:
+async def _complete(request: Request, serving: Serving, prepared: Prepared, fmt: "_Format") -> Response:
+    """A whole response. A client that disconnects meanwhile stops the generation (as a stream's does):
+    leaving `run` aborts the engine request and logs what was generated, finish_reason "abort"."""
     async with serving.run(prepared) as run:
-        async for _ in run:
-            pass
+        if not await _unless_disconnected(request, _drain(run)):
+            log.info("client of %s went away: generation stopped", prepared.response_id)
+            return Response(status_code=499)  # nobody reads it
         await serving.commit(run)
         return JSONResponse(fmt.whole(run), headers={VERSION_HEADER: str(run.version)})
+
+
+async def _drain(run: Run) -> None:
+    async for _ in run:
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Any) -> bool:
+    """Run `work` (a coroutine) while watching the connection: True when it finished; False when the
+    client disconnected first (then `work` is cancelled). Its failure is raised."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watcher):
+            t.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled():
+        return False
+    task.result()  # raises the generation's failure
+    return True
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body was read already: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _stream(serving: Serving, prepared: Prepared, fmt: "_Format", include_usage: bool) -> StreamingResponse:

@@ -2,7 +2,9 @@
 
 /healthz answers 503 when serving cannot log (the writer thread is gone, or the store refuses
 commits and does not answer a ping); a learner that is down or restarting makes it "degraded" with
-200: users are still served and logged, and the learner's ratings wait in the store."""
+200: users are still served and logged, and the learner's ratings wait in the store. A stalled store
+(locked, slow) makes it "degraded" too while the writer's oldest waiting write is older than
+`[store] writer_stall_seconds` (`writer.oldest_age_seconds` says how old)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ async def healthz(request: Request) -> JSONResponse:
     engine_ok = state.engine.healthy()
     learner = _learner_health(state.learner)
     can_log = writer.alive and store_ok
-    status = "ok" if can_log and engine_ok and learner["state"] in ("running", "off") else "degraded"
+    status = "ok" if can_log and engine_ok and not writer.stalled and learner["state"] in ("running", "off") else "degraded"
     if not (can_log and engine_ok):
         status = "unavailable"
     body = {
@@ -38,7 +40,10 @@ async def healthz(request: Request) -> JSONResponse:
         "model": state.serving.model_name,
         "engine": {"name": state.engine.name, "ok": engine_ok, "policy_version": state.engine.version},
         "policy_version": state.engine.version,
-        "writer": {"ok": writer.alive, "queued": writer.queued, "queue_max": writer.queue_max, "failed_commits": writer.failed_commits},
+        "writer": {
+            "ok": writer.alive, "queued": writer.queued, "queue_max": writer.queue_max, "failed_commits": writer.failed_commits,
+            "oldest_age_seconds": round(writer.oldest_age, 3), "stalled": writer.stalled,
+        },
         "store": {"ok": store_ok, "last_error": None if store_ok else writer.last_error},
         "learner": learner,
     }
@@ -64,6 +69,8 @@ async def metrics(request: Request) -> Response:
     m.set("server/generations_running", state.serving.admission.total)
     m.set("store/writer_rejected", state.writer.rejected)
     m.set("store/writer_failed_commits", state.writer.failed_commits)
+    m.set("store/writer_timed_out", state.writer.timed_out)
+    m.set("store/writer_oldest_age_seconds", state.writer.oldest_age())
     if state.learner is not None:
         try:
             status = await asyncio.to_thread(state.learner.status)

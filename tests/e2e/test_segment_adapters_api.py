@@ -74,12 +74,10 @@ def store(server):
 
 def _publish(store, directory: Path, segment: str, parent: int) -> int:
     """What a segment's learner lane writes: the adapter version and its lane's cursor, in one transaction."""
-    version = store.next_version()
-    store.publish_version(
-        version, parent=parent, checkpoint_path=str(directory), checkpoint_sha256=checkpoint_digest(directory),
+    return store.publish_version(  # the number is allocated in the inserting transaction
+        parent=parent, checkpoint_path=str(directory), checkpoint_sha256=checkpoint_digest(directory),
         learner_step=1, samples_used=1, metrics={}, cursor_name=f"sao:{segment}", last_feedback_id=0, segment=segment,
-    )
-    return version
+    ).version
 
 
 def _chat(http: httpx.Client, segment: str | None, seed: int = 11) -> dict:

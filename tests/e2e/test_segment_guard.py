@@ -35,11 +35,10 @@ def test_guard_rolls_back_a_segments_worse_adapter_only(tmp_path, model_dir):
                 return {s["segment"]: s["serving"] for s in http.get("/admin/adapters", headers=ADMIN).json()["segments"]}
 
             def publish(name: str, segment: str, parent: int) -> int:
-                version = store.next_version()
-                store.publish_version(
-                    version, parent=parent, checkpoint_path=str(adapters[name]), checkpoint_sha256=checkpoint_digest(adapters[name]),
+                version = store.publish_version(  # the number is allocated in the inserting transaction
+                    parent=parent, checkpoint_path=str(adapters[name]), checkpoint_sha256=checkpoint_digest(adapters[name]),
                     learner_step=1, samples_used=1, metrics={}, cursor_name=f"sao:{segment}", last_feedback_id=0, segment=segment,
-                )
+                ).version
                 wait_until(lambda: serving()[segment] == version, 30, f"{segment}'s version {version} activated")
                 return version
 

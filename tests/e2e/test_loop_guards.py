@@ -1,0 +1,229 @@
+"""Nothing one client sends stalls the others, on a real server (hf engine, SQLite): 1 MiB chat bodies
+from one key are refused (400, before any rendering) while another key chats and /healthz answers
+fast; a non-stream request whose client disconnects stops generating (logged once, "abort", short);
+a client that sends its headers and then trickles the body gets a 408 and its connection closed while
+others are served; a locked store answers 503 + Retry-After within the write deadline, /healthz says
+"degraded" with the writer's oldest write's age, and everything recovers when the lock goes, with
+nothing acknowledged lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from liveloop import devtools
+from liveloop.devtools import ServerProcess, wait_until
+
+from .conftest import USER_KEY, USER_KEY_2, open_store, stop_server
+
+CHAT = "/v1/chat/completions"
+BODY_TIMEOUT = 2.0
+WRITE_DEADLINE = 1.5
+ACKNOWLEDGED: list[str] = []  # every response id a client was given (each must be in the store)
+
+
+def _start(tmp: Path, model_dir: Path) -> ServerProcess:
+    """`liveloop serve` (hf engine) as devtools starts it, but taking 2 MiB bodies (the test config's
+    64 KiB would refuse a 1 MiB body before the server reads it) and with short body and write deadlines."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    config, store_url = devtools.write_config(
+        tmp, Path(model_dir).resolve(), "hf", devtools.free_port(),
+        server_extra=f"body_timeout_seconds = {BODY_TIMEOUT}",
+        store_extra=f"write_deadline_seconds = {WRITE_DEADLINE}\nwriter_stall_seconds = 0.5",
+    )
+    config.write_text(config.read_text().replace("max_body_bytes = 65536", f"max_body_bytes = {2 << 20}"))
+    port = int(next(line.split("=")[1] for line in config.read_text().splitlines() if line.startswith("port")))
+    log_path = tmp / "server.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "liveloop.cli", "--config", str(config), "serve"], stdout=log_path.open("w"),
+        stderr=subprocess.STDOUT, cwd=tmp, env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
+        start_new_session=True,
+    )
+    server = ServerProcess(f"http://127.0.0.1:{port}", store_url, Path(model_dir), proc, log_path)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(server.base_url + "/healthz", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    pytest.fail(f"server did not become healthy:\n{server.log_tail()}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_dir):
+    s = _start(tmp_path_factory.mktemp("loop-guards"), model_dir)
+    yield s
+    stop_server(s)
+
+
+def _client(server: ServerProcess, key: str) -> httpx.Client:
+    return httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+
+def _timed(fn) -> tuple[float, httpx.Response]:
+    t = time.monotonic()
+    r = fn()
+    return time.monotonic() - t, r
+
+
+def _chat(c: httpx.Client, content: str = "Tell me about the sea.", **kw) -> httpx.Response:
+    r = c.post(CHAT, json={"model": "liveloop-tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 4, **kw})
+    if r.status_code == 200:
+        ACKNOWLEDGED.append(r.json()["id"])
+    return r
+
+
+def _socket(server: ServerProcess) -> socket.socket:
+    host, port = server.base_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    return sock
+
+
+def test_big_bodies_from_one_key_stall_nobody(server):
+    words = " ".join(f"w{i * 7919 % 100003}" for i in range(150_000))  # ~1 MiB of distinct words: ~2 s to tokenize
+    big = json.dumps({"model": "liveloop-tiny", "messages": [{"role": "user", "content": words}], "max_tokens": 4}).encode()
+    assert len(big) > 1_000_000
+    with _client(server, USER_KEY_2) as other:
+        health_base = min(_timed(lambda: httpx.get(server.base_url + "/healthz", timeout=30))[0] for _ in range(3))
+        chat_base = min(_timed(lambda: _chat(other))[0] for _ in range(2))
+        answers: list[httpx.Response] = []
+
+        def flood() -> None:  # bounded: 3 big bodies per thread
+            with _client(server, USER_KEY) as c:
+                for _ in range(3):
+                    answers.append(c.post(CHAT, content=big, headers={"content-type": "application/json"}))
+
+        threads = [threading.Thread(target=flood) for _ in range(8)]
+        for t in threads:
+            t.start()
+        health, chats = [], []
+        for _ in range(5):  # bounded: while the big bodies are in flight
+            health.append(_timed(lambda: httpx.get(server.base_url + "/healthz", timeout=30)))
+            chats.append(_timed(lambda: _chat(other)))
+        for t in threads:
+            t.join(120)
+    assert all(r.status_code == 200 for _, r in health + chats)
+    print("healthz", health_base, [round(t, 3) for t, _ in health], "chat", chat_base, [round(t, 3) for t, _ in chats])
+    assert max(t for t, _ in health) < max(1.0, 10 * health_base), (health_base, [t for t, _ in health])
+    assert max(t for t, _ in chats) < 3 * chat_base + 1.0, (chat_base, [t for t, _ in chats])
+    assert len(answers) == 24
+    assert all(r.status_code == 400 for r in answers), {r.status_code for r in answers}
+    error = answers[0].json()["error"]  # refused by the character bound, before the template ran
+    assert error["param"] == "messages" and error["code"] == "context_length_exceeded" and "characters" in error["message"]
+
+
+def test_a_non_stream_client_that_disconnects_stops_its_generation(server):
+    """The tiny model ends a reply in ~30 tokens (a few tenths of a second): the client resets a third of
+    the way through the seed's whole reply. Before, the generation ran on to its end and was logged as
+    finished ("stop"); now the disconnect stops it and the row says "abort", with fewer tokens."""
+    body = {"model": "liveloop-tiny", "max_tokens": 480, "temperature": 1.0,
+            "messages": [{"role": "user", "content": "Tell me a very long story about the night sea."}]}
+    with _client(server, USER_KEY) as c:
+        runs = []
+        for seed in range(6):  # bounded: the seed with the longest reply
+            took, whole = _timed(lambda: c.post(CHAT, json={**body, "seed": seed}))
+            ACKNOWLEDGED.append(whole.json()["id"])
+            runs.append((whole.json()["usage"]["completion_tokens"], took, seed))
+    n_whole, took, seed = max(runs)
+    assert n_whole >= 16, runs
+    before = _response_ids(server)
+    payload = json.dumps({**body, "seed": seed}).encode()
+    sock = _socket(server)
+    sock.sendall(
+        f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {USER_KEY}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+    )
+    time.sleep(took / 3)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()  # reset, mid-generation
+    wait_until(lambda: len(_response_ids(server) - before) == 1, 30, "the abandoned response to be logged")
+    (rid,) = _response_ids(server) - before
+    store = open_store(server)
+    row = store.get_response(rid)
+    store.close()
+    assert row.finish_reason == "abort" and len(row.response_ids) < n_whole, (row.finish_reason, len(row.response_ids), n_whole)
+
+
+def _response_ids(server: ServerProcess) -> set[str]:
+    with sqlite3.connect(make_url(server.store_url).database, timeout=30) as conn:
+        return {r[0] for r in conn.execute("SELECT id FROM responses")}
+
+
+def test_a_trickled_body_gets_408_and_its_connection_closed(server):
+    slow = []
+    for _ in range(50):  # bounded: 50 clients that send the headers and 10 of 1000 body bytes
+        sock = _socket(server)
+        sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {USER_KEY}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\": ".encode())
+        slow.append(sock)
+    started = time.monotonic()
+    with _client(server, USER_KEY_2) as other:
+        assert _chat(other).status_code == 200  # others are served meanwhile
+    answers = []
+    for sock in slow:
+        sock.settimeout(BODY_TIMEOUT + 20)
+        data = b""
+        while chunk := sock.recv(65536):  # until the server closes the connection
+            data += chunk
+        answers.append(data)
+        sock.close()
+    assert time.monotonic() - started < BODY_TIMEOUT + 20
+    assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers[0][:200]
+    assert b'"code":"body_timeout"' in answers[0]
+
+
+def test_a_locked_store_answers_503_fast_reports_degraded_and_recovers(server):
+    lock = sqlite3.connect(make_url(server.store_url).database, isolation_level=None, timeout=30)
+    answers: list[tuple[float, httpx.Response]] = []
+    health: list[dict] = []
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        def user() -> None:  # bounded: 6 requests that must log
+            with _client(server, USER_KEY) as c:
+                for i in range(6):
+                    answers.append(_timed(lambda: _chat(c, f"locked {i}")))
+
+        threads = [threading.Thread(target=user) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for _ in range(20):  # bounded: /healthz while the lock is held
+            health.append(httpx.get(server.base_url + "/healthz", timeout=30).json())
+            time.sleep(0.2)
+        for t in threads:
+            t.join(120)
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert len(answers) == 12
+    for took, r in answers:
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, (r.status_code, r.text)
+        assert took < WRITE_DEADLINE + 3, took  # not after the lock's end, nor 30 s x rows
+    degraded = [h for h in health if h["status"] == "degraded"]
+    assert degraded and max(h["writer"]["oldest_age_seconds"] for h in degraded) > 0.5
+    # the lock is gone: serving and logging recover without a restart
+    with _client(server, USER_KEY) as c:
+        wait_until(lambda: _chat(c).status_code == 200, 30, "a logged chat after the lock")
+        rid = _chat(c).json()["id"]
+        assert c.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
+    wait_until(lambda: httpx.get(server.base_url + "/healthz", timeout=10).json()["status"] == "ok", 30, "/healthz ok")
+    store = open_store(server)
+    missing = [rid for rid in ACKNOWLEDGED if store.get_response(rid) is None]
+    store.close()
+    assert not missing, missing
