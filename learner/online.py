@@ -38,6 +38,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import shutil
 import time
 from collections import deque
@@ -57,11 +58,11 @@ from liveloop.learner.config import LearnerConfig
 from liveloop.learner.diagnostics import StabilityWindow
 from liveloop.learner.methods import make_method
 from liveloop.learner.placement import Placement, placement
-from liveloop.learner.position import LearnerState, critic_dir_for, stored_position
+from liveloop.learner.position import LearnerState, stored_position
 from liveloop.learner.segments import lane_cursor
 from liveloop.learner.retention import checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, versions_to_prune
 from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, token_logprobs
-from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl
+from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.losses import exact_kl_penalty, kl_penalty
 from liveloop.rl.optim import make_optimizer
@@ -69,6 +70,37 @@ from liveloop.store import StaleLineage, Store, VersionRecord, VersionStatus, Ve
 from liveloop.transport import TransportConfig, TransportFailed, make_sender
 
 log = logging.getLogger(__name__)
+# a publish's staging directory (`.staging-<pid>-<lane>`) and save_atomically's temporary beside it
+_STAGING = re.compile(r"^\.\.?staging-(\d+)-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def sweep_stale_staging(checkpoint_dir: str | Path) -> list[Path]:
+    """Remove the staging directories a crashed learner process left under `checkpoint_dir` (those of a
+    pid that is no longer alive; this process's and live ones' are theirs). Returns what it removed."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    stale = [
+        p for p in root.iterdir()
+        if (m := _STAGING.match(p.name)) and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1)))
+    ]
+    for path in stale:
+        log.warning("removing %s: a publish of a learner process that is gone", path)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return stale
 
 
 class SegmentRatings:
@@ -99,6 +131,7 @@ class OnlineLearner:
         torch.manual_seed(config.seed)
         if (segment is None) != (adapters is None):
             raise ValueError("a segment's lane needs the shared AdapterPolicy, and only a lane takes one")
+        sweep_stale_staging(config.checkpoint_dir)
         self.store = store
         self.segment = segment
         self.adapters = adapters
@@ -263,21 +296,11 @@ class OnlineLearner:
     def _policy_step(self, batch: TokenBatch, advantages: torch.Tensor) -> dict[str, float]:
         c = self.config
         self.policy.train()
-        logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        dists = response_log_dists(logits, batch)
-        logprobs = token_logprobs(dists, batch)
         staleness = (self.state.version - batch.versions).clamp(min=0)
-        loss, metrics = self.method.policy_loss(logprobs, batch, advantages, staleness)
+        ref = self._reference_log_dists(batch) if self.kl_anchored else None
+        loss, dists, metrics = self._objective(batch, advantages, staleness, ref)
         metrics["learner/entropy"] = token_entropy(dists.detach(), batch.action_mask)
         metrics["learner/lr"], metrics["learner/kl_coef"] = self.learning_rate, self.kl_coef
-        if self.kl_anchored:
-            ref = self._reference_log_dists(batch)
-            if c.kl_estimator == "exact":
-                kl, kl_metrics = exact_kl_penalty(dists, ref, batch.action_mask)
-            else:
-                kl, kl_metrics = kl_penalty(logprobs, token_logprobs(ref, batch), batch.action_mask)
-            loss = loss + self.kl_coef * kl
-            metrics |= kl_metrics
         before = self.policy_opt.snapshot() if c.max_step_kl > 0 else None
         norm = self.policy_opt.step(loss)  # None: the loss or gradient was not finite, nothing changed
         if norm is None:
@@ -285,19 +308,61 @@ class OnlineLearner:
             log.warning("learner step %d skipped: non-finite loss or gradient", self.state.step)
         else:
             metrics["learner/grad_norm"] = norm
-            metrics["learner/step_kl"] = step_kl = self._step_kl(batch, dists.detach())
-            if self.step_size is not None:
-                self.policy_opt.set_lr(self.step_size.update(step_kl))
-            if before is not None and step_kl > c.max_step_kl:  # the trust region: this update is undone
-                self.policy_opt.restore(before)
-                self.state.rejected_steps += 1
-            else:
-                self.state.updates_since_publish += 1
+            step_kl = self._step_kl(batch, dists.detach())
+            verdict = self._trust_region(batch, dists.detach(), before, step_kl) if before is not None else None
+            if self.step_size is not None and (verdict is None or verdict.kind != "jump"):  # a jump says nothing of the rate
+                # the rate follows what the update that stood moved the policy by (a cut-back's, not the full step's,
+                # which on a policy with many cliffs would pin the rate to its floor); an undone update's says "smaller"
+                moved = step_kl if verdict is None or verdict.kind == "undone" else verdict.kl
+                self.policy_opt.set_lr(self.step_size.update(moved))
+            # what the update that stood moved the policy by (an undone one: what it would have)
+            metrics["learner/step_kl"] = verdict.kl if verdict is not None and verdict.scale > 0 else step_kl
+            s = self.state
+            s.rejected_steps += int(verdict is not None and verdict.kind == "undone")
+            s.cut_steps += int(verdict is not None and verdict.kind == "cut")
+            s.jumps += int(verdict is not None and verdict.kind == "jump")
+            s.updates_since_publish += int(verdict is None or verdict.scale > 0)
         metrics["learner/rejected_steps"] = float(self.state.rejected_steps)
+        metrics["learner/cut_steps"] = float(self.state.cut_steps)
+        metrics["learner/jumps"] = float(self.state.jumps)
         if self.kl_control is not None and "learner/kl" in metrics:
             self.kl_control.update(metrics["learner/kl"], len(batch.prompt_lengths))
         metrics["learner/skipped_steps"] = float(self.state.skipped_steps)
         return metrics
+
+    def _objective(
+        self, batch: TokenBatch, advantages: torch.Tensor, staleness: torch.Tensor, ref: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """What the policy step descends at the current weights: the method's policy loss plus the KL anchor
+        to `ref` (the base's log-distributions; None: no anchor). Returns (loss, response log-dists, metrics)."""
+        logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        dists = response_log_dists(logits, batch)
+        logprobs = token_logprobs(dists, batch)
+        loss, metrics = self.method.policy_loss(logprobs, batch, advantages, staleness)
+        if ref is not None:
+            if self.config.kl_estimator == "exact":
+                kl, kl_metrics = exact_kl_penalty(dists, ref, batch.action_mask)
+            else:
+                kl, kl_metrics = kl_penalty(logprobs, token_logprobs(ref, batch), batch.action_mask)
+            loss = loss + self.kl_coef * kl
+            metrics |= kl_metrics
+        return loss, dists, metrics
+
+    def _trust_region(self, batch: TokenBatch, before_dists: torch.Tensor, before: list[torch.Tensor], step_kl: float) -> TrustRegionVerdict:
+        """Leave the weights at the part of the update the trust region lets stand (`rl.control.trust_region`:
+        all, a cut-back, the smallest cut-back across a jump, or none), measuring cut-backs as it needs them."""
+        after = self.policy_opt.snapshot()
+
+        def at(scale: float) -> list[torch.Tensor]:
+            return [b + scale * (a - b) for a, b in zip(after, before)]
+
+        def kl_at(scale: float) -> float:
+            self.policy_opt.restore(at(scale))
+            return self._step_kl(batch, before_dists)
+
+        verdict = trust_region(kl_at, step_kl, self.config.max_step_kl)
+        self.policy_opt.restore(after if verdict.scale == 1.0 else before if verdict.scale == 0.0 else at(verdict.scale))
+        return verdict
 
     @torch.no_grad()
     def _step_kl(self, batch: TokenBatch, before: torch.Tensor) -> float:

@@ -20,12 +20,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    """The embedded default model; built here if scripts/test.sh has not built it already."""
+    """The embedded default model; built here if scripts/test.sh has not built it already. With
+    LIVELOOP_TEST_MODEL_SEED=N the tests run on another build of it (`[model] seed` N, in
+    models/liveloop-tiny-seedN): what a test asserts about learning must hold on every build."""
+    import dataclasses
+
     from liveloop.config import load_config
     from liveloop.model.build import ensure_model
 
     cfg = load_config(ROOT / "configs/default.toml")
-    return ensure_model(cfg.model, ROOT / cfg.model.out_dir)
+    seed = os.environ.get("LIVELOOP_TEST_MODEL_SEED")
+    if not seed or int(seed) == cfg.model.seed:
+        return ensure_model(cfg.model, ROOT / cfg.model.out_dir)
+    return ensure_model(dataclasses.replace(cfg.model, seed=int(seed)), ROOT / f"{cfg.model.out_dir}-seed{seed}")
 
 
 def _pg_url() -> str | None:

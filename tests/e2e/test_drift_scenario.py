@@ -54,6 +54,7 @@ styles = ["chuunibyou"]
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_preferred_style_share_rises_and_report_is_written(tmp_path, model_dir):
     path = tmp_path / "e2e.toml"
     path.write_text(CONFIG)

@@ -9,6 +9,7 @@ import asyncio
 import time
 
 import httpx
+import pytest
 
 from liveloop.clients.rewards import corpus_prompt, make_reward
 from liveloop.critic.config import CriticConfig
@@ -105,6 +106,7 @@ def _pretrain_critic(workdir, model_dir) -> dict:
     return result
 
 
+@pytest.mark.learning
 def test_target_word_rate_rises(tmp_path, model_dir):
     workdir = tmp_path / "srv"
     workdir.mkdir()

@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import httpx
+import pytest
 
 from liveloop.clients.rewards import corpus_prompt, make_reward
 from liveloop.critic.config import CriticConfig
@@ -98,6 +99,7 @@ def _pretrain_critic(workdir, model_dir) -> None:
     store.close()
 
 
+@pytest.mark.learning
 def test_a_segments_adapter_learns_and_the_others_stay_put(tmp_path, model_dir):
     workdir = tmp_path / "srv"
     workdir.mkdir()

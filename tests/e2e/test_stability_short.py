@@ -20,6 +20,7 @@ EVENTS = 300
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_the_shipped_learner_holds_on_a_fixed_preference(tmp_path, model_dir):
     cfg = load_stability("stability_experiment")
     cfg = dataclasses.replace(cfg, scenario=dataclasses.replace(cfg.scenario, max_events=EVENTS))

@@ -19,6 +19,7 @@ from liveloop.learner.online import OnlineLearner
 from liveloop.store import Store, StoreConfig
 
 
+@pytest.mark.learning
 def test_pretrain_reaches_threshold(model_dir):
     reward = make_reward("style:chuunibyou")
     plan = RolloutPlan(prompt=corpus_prompt, reward=lambda i, prompt, text: reward(text), count=24, max_tokens=24, seed=0)

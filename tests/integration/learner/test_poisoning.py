@@ -1,14 +1,28 @@
 """One key cannot steer the model for everyone: an in-process `OnlineLearner` (sliding-window method,
-B = 8) on a real SQLite store, honest simulated users on 64 keys who rate up exactly the target reply,
+B = 8, the shipped learning rule of configs/default.toml: step-size control, trust region, exact KL
+anchor) on a real SQLite store, honest simulated users on 64 keys who rate up exactly the target reply,
 and one attacker key that rates its own replies inverted, 5% of all ratings in the first half, 50% in
 the second (the harness is bench/poisoning.py; the bench runs it bigger).
 
-Measured (seeds 0-4 at this size): the undefended
-attack pulls the target's probability down by 4-92 points; with the influence caps and quarantine by
-disagreement score the attack-caused movement is 0.1-4% of that in four seeds and 89% in one (seed 1,
-where the undefended attack itself moved it only 4.5 points); honest users' reward is within 4 points
-of the no-attack run in every seed. A single seed is therefore not a claim; the assertions are on the
-mean over seeds 0, 1, 2."""
+Where a run ends up is the target's probability averaged over its last quarter of steps (`p_end`);
+what honest feedback taught is the no-attack run's p_end minus where it started. Measured on three
+builds of the model (`[model] seed` 0, 1, 2) and, on build 0, both CPU kernel paths
+(scripts/learning_matrix.sh), three harness seeds each, as means per build (per-seed range):
+  taught                      +0.72, +0.73 (no vector kernels), +0.76, +0.25   (+0.18 to +0.82)
+  undefended attack's shift   -0.71, -0.71, -0.75, -0.19   (0.75-0.99 of what was taught)
+  defended attack's shift     -0.036, -0.062, -0.001, +0.011   (-0.086 to +0.017 per seed)
+Build 2 learns slower (its MoE routing switches make the trust region cut most updates back), so the
+claims are relative to what each build taught: an attack can take back no more. Runs are chaotic (six
+capped attacker ratings change the end state by up to 0.09), so the assertions are on means over
+seeds 0, 1, 2 with margins of about twice the measured spread. Honest users' reward under the defended
+attack is the defended shift (x100 points).
+
+Before the fix the harness learned with the bare LearnerConfig (a fixed learning rate of 2e-4, no
+anchor): updates moved the policy by up to 0.5 nats, the target overshot away and, never sampled
+again, got exactly zero advantage from an all-zero window, so runs ended at 1 or at 1e-5 depending on
+the machine's model build; and with the shipped rule, build 2 froze after three steps because the
+trust region undid every update across an MoE routing switch (docs/design.md, "Reproducible
+verdicts")."""
 
 from __future__ import annotations
 
@@ -34,18 +48,24 @@ def _harness():
 def comparisons(tmp_path_factory, model_dir):
     bench = _harness()
     root = tmp_path_factory.mktemp("poisoning")
-    return bench, [bench.compare(root / f"seed{seed}", model_dir, seed=seed) for seed in SEEDS]
+    runs = [bench.compare(root / f"seed{seed}", model_dir, seed=seed) for seed in SEEDS]
+    for seed, c in zip(SEEDS, runs):  # the statistics the assertions read, for the log of every build
+        print(f"seed {seed}: before {c.no_attack.p_before:.3f} taught {c.taught:+.3f} undefended {c.undefended_shift:+.3f} "
+              f"defended {c.defended_shift:+.3f} honest gap {c.honest_reward_gap_points:+.1f} points")
+    return bench, runs
 
 
+@pytest.mark.learning
 def test_the_defences_touch_nothing_without_an_attack(comparisons):
     bench, runs = comparisons
     for c in runs:
         assert c.no_attack.scenario.defended  # the defended config, so it is both runs' baseline
         assert c.no_attack.capped == 0 and c.no_attack.quarantined == []
         assert c.no_attack.trained == c.no_attack.honest_ratings  # 384 = 48 full batches
-        assert c.no_attack.p_after > c.no_attack.p_before + 0.3  # honest feedback teaches the target
+        assert c.taught > 0.1, (c.no_attack.p_before, c.no_attack.p_end)  # measured +0.18 to +0.83
 
 
+@pytest.mark.learning
 def test_the_attack_works_undefended_and_is_capped_and_quarantined_defended(comparisons):
     bench, runs = comparisons
     for c in runs:
@@ -55,18 +75,24 @@ def test_the_attack_works_undefended_and_is_capped_and_quarantined_defended(comp
         assert d.capped > 0 and d.trained <= d.honest_ratings + d.scenario.ratings_per_key
         # no honest key is ever quarantined; the attacker is, where its ratings still have a consensus
         assert set(d.quarantined) <= {bench.ATTACKER}
-    assert sum(c.undefended_shift for c in runs) / len(runs) < -0.2
+    # the attack takes back most of what honest users taught (it can move no more than that)
+    taught = sum(c.taught for c in runs) / len(runs)
+    undefended = sum(c.undefended_shift for c in runs) / len(runs)
+    assert undefended < -0.5 * taught, [(round(c.taught, 3), round(c.undefended_shift, 3)) for c in runs]
     assert any(bench.ATTACKER in c.defended.quarantined for c in runs)
 
 
-def test_defended_movement_is_a_tenth_of_undefended_and_honest_reward_holds(comparisons):
+@pytest.mark.learning
+def test_defended_movement_is_small_against_undefended_and_honest_reward_holds(comparisons):
     bench, runs = comparisons
     undefended = sum(c.undefended_shift for c in runs) / len(runs)
     defended = sum(c.defended_shift for c in runs) / len(runs)
     gap = sum(c.honest_reward_gap_points for c in runs) / len(runs)
     report = [(round(c.undefended_shift, 3), round(c.defended_shift, 3), round(c.honest_reward_gap_points, 2)) for c in runs]
-    assert abs(defended) <= 0.1 * abs(undefended), report
-    assert abs(gap) <= 2.0, report
+    taught = sum(c.taught for c in runs) / len(runs)
+    assert abs(defended) <= 0.2 * abs(undefended), report  # measured 0.001-0.09 of it
+    # honest users keep what they taught: their reward falls by at most 15% of it (measured at most 8.6%)
+    assert gap >= -15.0 * taught, (report, round(taught, 3))
 
 
 # -- the caps in the learner's batch selection, on a real store ------------------------------------
