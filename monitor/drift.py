@@ -8,7 +8,7 @@ It keeps one change detector over all ratings and one per user segment (the requ
 `segment_key`, e.g. `topic`), the reward rate per time bucket and per segment, and the alarms the
 detectors raised. Per-version traffic is not kept here: the store aggregates it (`version_traffic`).
 A replaced rating (the same key rating a response again) counts as a new rating event. Ratings of
-quarantined keys are not read (`Store.trusted_rating_events`): from its quarantine on a key moves no
+quarantined keys are not read (`Store.rating_events(trusted=True)`): from its quarantine on a key moves no
 detector, bucket or segment (what was observed before it stays).
 """
 
@@ -100,7 +100,7 @@ class DriftMonitor:
             self.last_id = self.store.last_rating_id(skip=self.config.replay_events)
         raised: list[RaisedAlarm] = []
         while True:
-            events = self.store.trusted_rating_events(after_id=self.last_id, limit=batch)
+            events = self.store.rating_events(after_id=self.last_id, limit=batch, trusted=True)
             for event in events:
                 raised.extend(self.observe(event))
             if len(events) < batch:

@@ -85,7 +85,7 @@ class Operations:
     # -- views ---------------------------------------------------------------------------------
     async def versions(self) -> list[VersionRow]:
         versions = await asyncio.to_thread(self.store.list_versions)
-        traffic = await asyncio.to_thread(self.store.trusted_version_traffic)  # quarantined keys left out
+        traffic = await asyncio.to_thread(self.store.version_traffic, True)  # quarantined keys left out
         return version_table(versions, traffic, self.publisher.serving_version, self.config.confidence, self.publisher.serving_adapters())
 
     # -- keys -----------------------------------------------------------------------------------

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Integer, cast, func, or_, select
+from sqlalchemy import func, select
 
 from liveloop.store import codec
 from liveloop.store.models import ApiKey, Feedback, Response, utcnow
-from liveloop.store.records import RatingEvent, VersionTraffic
 
 
 @dataclass(frozen=True)
@@ -127,44 +126,3 @@ class KeyQueries:
             KeyRating(fid, key, content_group(bytes(p), bytes(r)), int(reward), prompt_digest(bytes(p)), tuple(codec.decode_ids(bytes(r)).tolist()))
             for fid, key, reward, p, r in reversed(rows)
         ]
-
-    # -- what the monitor reads: trusted ratings only --------------------------------------------------
-    # A quarantined key's ratings are kept, never trained (`Store.rated_after`), and from its
-    # quarantine on they move neither the drift detectors, the per-version rates the guard decides on,
-    # nor the reports (ratings the drift monitor observed before the quarantine stay observed).
-    def trusted_rating_events(self, after_id: int = 0, limit: int = 10000, since: datetime | None = None) -> list[RatingEvent]:
-        """`rating_events` without the ratings of quarantined keys."""
-        with self._session() as s:
-            q = (
-                select(Feedback.id, Feedback.created_at, Feedback.reward, Response.policy_version, Response.request_meta)
-                .join(Response, Response.id == Feedback.response_id)
-                .outerjoin(ApiKey, ApiKey.key_id == Feedback.api_key_id)
-                .where(Feedback.id > after_id, _trusted())
-                .order_by(Feedback.id)
-                .limit(limit)
-            )
-            if since is not None:
-                q = q.where(Feedback.created_at >= since)
-            return [RatingEvent(*row) for row in s.execute(q).all()]
-
-    def trusted_version_traffic(self) -> dict[int, VersionTraffic]:
-        """`version_traffic` (responses, ratings, positive ratings per version) counting only the
-        ratings of keys that are not quarantined (every response counts)."""
-        with self._session() as s:
-            served = dict(s.execute(select(Response.policy_version, func.count()).group_by(Response.policy_version)).all())
-            rated = s.execute(
-                select(Response.policy_version, func.count(Feedback.id), func.sum(cast(Feedback.reward, Integer)))
-                .join(Response, Response.id == Feedback.response_id)
-                .outerjoin(ApiKey, ApiKey.key_id == Feedback.api_key_id)
-                .where(_trusted())
-                .group_by(Response.policy_version)
-            ).all()
-            out = {v: VersionTraffic(v, n, 0, 0) for v, n in served.items()}
-            for v, n, pos in rated:
-                out[v] = VersionTraffic(v, served.get(v, 0), n, int(pos or 0))
-            return out
-
-
-def _trusted():
-    """The rating's key is not quarantined (with `ApiKey` outer-joined on the rating's key)."""
-    return or_(ApiKey.quarantined.is_(None), ApiKey.quarantined.is_(False))

@@ -8,15 +8,24 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, cast, func, select, update
+from sqlalchemy import Integer, cast, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from liveloop.store.models import Feedback, LearnerControl, OperatorEvent, PolicyVersion, Response, utcnow
+from liveloop.store.models import ApiKey, Feedback, LearnerControl, OperatorEvent, PolicyVersion, Response, utcnow
 from liveloop.store.records import OperatorEventRecord, RatingEvent, VersionTraffic
 
 
 def _event(row: OperatorEvent) -> OperatorEventRecord:
     return OperatorEventRecord(row.id, row.kind, row.version, dict(row.detail or {}), row.api_key_id, row.created_at)
+
+
+def _only_trusted(query, trusted: bool):
+    """`query` over ratings (`Feedback`), less those of quarantined keys when `trusted`."""
+    if not trusted:
+        return query
+    return query.outerjoin(ApiKey, ApiKey.key_id == Feedback.api_key_id).where(
+        or_(ApiKey.quarantined.is_(None), ApiKey.quarantined.is_(False))
+    )
 
 
 class OperatorQueries:
@@ -64,15 +73,19 @@ class OperatorQueries:
             return [_event(r) for r in reversed(s.scalars(q).all())]
 
     # -- drift monitor reads --------------------------------------------------------------------
-    def rating_events(self, after_id: int = 0, limit: int = 10000, since: datetime | None = None) -> list[RatingEvent]:
-        """Ratings past `after_id` (and at or after `since`) in arrival order, with their version and tags."""
+    def rating_events(
+        self, after_id: int = 0, limit: int = 10000, since: datetime | None = None, trusted: bool = False
+    ) -> list[RatingEvent]:
+        """Ratings past `after_id` (and at or after `since`) in arrival order, with their version and tags;
+        `trusted`: without the ratings of quarantined keys (what drift and its reports read)."""
         with self._session() as s:
-            q = (
+            q = _only_trusted(
                 select(Feedback.id, Feedback.created_at, Feedback.reward, Response.policy_version, Response.request_meta)
                 .join(Response, Response.id == Feedback.response_id)
                 .where(Feedback.id > after_id)
                 .order_by(Feedback.id)
-                .limit(limit)
+                .limit(limit),
+                trusted,
             )
             if since is not None:
                 q = q.where(Feedback.created_at >= since)
@@ -85,14 +98,18 @@ class OperatorQueries:
             q = select(Feedback.id).order_by(Feedback.id.desc()).offset(skip).limit(1)
             return s.scalar(q) or 0
 
-    def version_traffic(self) -> dict[int, VersionTraffic]:
-        """Responses, ratings and positive ratings per policy version (aggregated in the database)."""
+    def version_traffic(self, trusted: bool = False) -> dict[int, VersionTraffic]:
+        """Responses, ratings and positive ratings per policy version (aggregated in the database);
+        `trusted`: counting only the ratings of keys that are not quarantined (what the guard reads)."""
         with self._session() as s:
             served = dict(s.execute(select(Response.policy_version, func.count()).group_by(Response.policy_version)).all())
             rated = s.execute(
-                select(Response.policy_version, func.count(Feedback.id), func.sum(cast(Feedback.reward, Integer)))
-                .join(Response, Response.id == Feedback.response_id)
-                .group_by(Response.policy_version)
+                _only_trusted(
+                    select(Response.policy_version, func.count(Feedback.id), func.sum(cast(Feedback.reward, Integer)))
+                    .join(Response, Response.id == Feedback.response_id)
+                    .group_by(Response.policy_version),
+                    trusted,
+                )
             ).all()
             out = {v: VersionTraffic(v, n, 0, 0) for v, n in served.items()}
             for v, n, pos in rated:
