@@ -5,8 +5,8 @@ many honest keys the quarantine takes wrongly.
 
     python bench/collusion.py [--quick] [--honest-keys 64] [--ratings-per-key 6] [--seeds 0]
 
-The world is bench/poisoning.py's (its prompts, target token, learning rule and fixed draws are
-imported; that file is not changed): the real `OnlineLearner` running SAO on the tiny model over a real
+The world is bench/poisoning.py's `World` (its prompts, target token, learning rule and fixed draws):
+the real `OnlineLearner` (sliding-window method, the shipped learning rule) on the tiny model over a real
 SQLite store, one-token replies, honest keys rating up exactly the target token in rounds. Here the
 attack is `colluders` keys that rate their own replies inverted, taking turns, `share` of all ratings
 from the first rating on. The server's loop is replayed every `check_every` ratings: the keys that
@@ -27,7 +27,6 @@ Writes bench/results/collusion.json (or collusion_quick.json).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -105,42 +104,13 @@ def schedule(c: Cell) -> list[tuple[str, int]]:
 
 
 def run_cell(c: Cell, workdir: Path, model_dir: Path) -> CellResult:
-    import numpy as np
-    import torch
-    from transformers import AutoTokenizer
-
-    from liveloop.critic.config import CriticConfig
-    from liveloop.learner.config import SlidingWindowConfig
-    from liveloop.learner.online import OnlineLearner
     from liveloop.monitor.poisoning import EXACT, Similarity, disagreement_scores, find_suspects, suspects
-    from liveloop.rl.rollout import chat_prompt_ids
-    from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
-    world = _poisoning()
+    poisoning = _poisoning()
     started = time.perf_counter()
-    workdir.mkdir(parents=True, exist_ok=True)
-    store = Store(StoreConfig(url=f"sqlite:///{workdir / 'collusion.db'}"))
-    store.migrate()
-    store.ensure_base_version(str(model_dir))
-    config = dataclasses.replace(
-        world.learning_rule(c.learner),
-        checkpoint_dir=str(workdir / "versions"), batch_size=c.batch_size, max_batch_size=0, publish_every_steps=10**9,
-        publish_every_seconds=1e9, lambda_alpha=1.0, seed=c.seed, method="sliding_window", sliding_window=SlidingWindowConfig(window=c.window),
-        max_per_key_per_batch=1 if c.defended else c.batch_size, max_per_key_per_window=c.ratings_per_key if c.defended else 0,
-        influence_window_seconds=3600.0,
-    )
-    learner = OnlineLearner.resume(store, config, CriticConfig(), model_dir)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    target = tok.convert_tokens_to_ids(world.TARGET)
-    prompts = [chat_prompt_ids(tok, p) for p in world.PROMPTS]
-
-    @torch.no_grad()
-    def next_token_logprobs(prompt: list[int]) -> torch.Tensor:
-        learner.policy.eval()
-        return torch.log_softmax(learner.policy(input_ids=torch.tensor([prompt])).logits[0, -1].float(), -1)
-
-    def p_target() -> float:
-        return float(np.mean([next_token_logprobs(p)[target].exp().item() for p in prompts]))
+    config = poisoning.world_config(c.learner, workdir, c.seed, c.batch_size, c.window, c.defended, c.ratings_per_key)
+    world = poisoning.World(workdir, model_dir, config, c.seed)
+    store, learner = world.store, world.learner
 
     def quarantine_check() -> None:
         _, found = find_suspects(store.key_ratings(20000), c.quarantine_z, c.quarantine_min_ratings, c.corroborating_keys,
@@ -148,22 +118,13 @@ def run_cell(c: Cell, workdir: Path, model_dir: Path) -> CellResult:
         for s in found:
             store.set_quarantined(s.score.key_id, True, f"disagreement z={s.score.z:.1f}; {s.corroborated.z:.1f} corroborated")
 
-    result = CellResult(c, p_target())
+    result = CellResult(c, world.p_target())
     events = schedule(c)
     for i, (key, draw) in enumerate(events):
-        prompt = prompts[draw % len(prompts) if draw >= 0 else (-draw) % len(prompts)]
-        lp = next_token_logprobs(prompt)
-        u = world._uniform(c.seed, draw)
-        token = min(int(torch.searchsorted(torch.cumsum(lp.double().exp(), 0), torch.tensor([u], dtype=torch.float64))), lp.numel() - 1)
-        rid = f"r{i}"
-        store.write_batch([ResponseRecord(rid, key, "liveloop-tiny", learner.state.version, "chat", tuple(prompt), (token,), (float(lp[token]),),
-                                          "length", 1.0, 1.0, 1.0)])
-        good = token == target
-        store.put_feedback(FeedbackRecord(rid, key, int(not good) if key.startswith("colluder") else int(good)))
+        world.serve(i, key, draw, (lambda hit: int(not hit)) if key.startswith("colluder") else int)
         if c.defended and (i + 1) % c.check_every == 0:
             quarantine_check()
-        while learner.step():
-            result.p_trace.append(p_target())
+        result.p_trace += world.train()
     if c.defended:
         quarantine_check()
     quarantined = store.quarantined_keys()

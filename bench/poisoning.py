@@ -131,73 +131,106 @@ def _uniform(seed: int, draw: int) -> float:
     return random.Random(f"{seed}:{draw}").random()
 
 
-def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
-    import numpy as np
-    import torch
-    from transformers import AutoTokenizer
+def world_config(learner: str, workdir: Path, seed: int, batch_size: int, window: int, defended: bool, window_cap: int,
+                 method: str = "sliding_window"):
+    """The [learner] a world runs: the learning rule, B with at most one sample of a key per step and the
+    key's window cap when defended, no publishing (the policy is read in process)."""
+    from liveloop.learner.config import SlidingWindowConfig
 
-    from liveloop.critic.config import CriticConfig
-    from liveloop.learner.config import LearnerConfig, SlidingWindowConfig
-    from liveloop.learner.online import OnlineLearner
-    from liveloop.rl.rollout import chat_prompt_ids
-    from liveloop.monitor.poisoning import disagreement_scores, suspects
-    from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
-
-    started = time.perf_counter()
-    workdir.mkdir(parents=True, exist_ok=True)
-    store = Store(StoreConfig(url=f"sqlite:///{workdir / 'poisoning.db'}"))
-    store.migrate()
-    store.ensure_base_version(str(model_dir))
-    config = dataclasses.replace(
-        learning_rule(s.learner),
-        checkpoint_dir=str(workdir / "versions"), batch_size=s.batch_size, max_batch_size=0, publish_every_steps=10**9, publish_every_seconds=1e9,
-        lambda_alpha=1.0, seed=s.seed, method=s.method, sliding_window=SlidingWindowConfig(window=s.window),
-        max_per_key_per_batch=1 if s.defended else s.batch_size, max_per_key_per_window=(s.cap_per_window or s.ratings_per_key) if s.defended else 0,
+    return dataclasses.replace(
+        learning_rule(learner),
+        checkpoint_dir=str(workdir / "versions"), batch_size=batch_size, max_batch_size=0, publish_every_steps=10**9, publish_every_seconds=1e9,
+        lambda_alpha=1.0, seed=seed, method=method, sliding_window=SlidingWindowConfig(window=window),
+        max_per_key_per_batch=1 if defended else batch_size, max_per_key_per_window=window_cap if defended else 0,
         influence_window_seconds=3600.0,
     )
+
+
+class World:
+    """The in-process world this bench and bench/collusion.py run: a real SQLite store, the real
+    `OnlineLearner`, the fixed prompts and the target token. `serve(i, key, draw, rate)` draws ONE token
+    from the learner's current policy with the draw's fixed uniform (a slightly different policy draws
+    the same reply) and stores it with `rate(is_target)` as `key`'s rating; `train()` takes every step
+    the learner can and returns the target's probability after each."""
+
+    def __init__(self, workdir: Path, model_dir: Path, config, seed: int):
+        from transformers import AutoTokenizer
+
+        from liveloop.critic.config import CriticConfig
+        from liveloop.learner.online import OnlineLearner
+        from liveloop.rl.rollout import chat_prompt_ids
+        from liveloop.store import Store, StoreConfig
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.seed = seed
+        self.store = Store(StoreConfig(url=f"sqlite:///{workdir / 'world.db'}"))
+        self.store.migrate()
+        self.store.ensure_base_version(str(model_dir))
+        self.learner = OnlineLearner.resume(self.store, config, CriticConfig(), model_dir)
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        self.target = tok.convert_tokens_to_ids(TARGET)
+        self.prompts = [chat_prompt_ids(tok, p) for p in PROMPTS]
+
+    def _next_token_logprobs(self, prompt: list[int]):
+        import torch
+
+        with torch.no_grad():
+            self.learner.policy.eval()
+            return torch.log_softmax(self.learner.policy(input_ids=torch.tensor([prompt])).logits[0, -1].float(), -1)
+
+    def p_target(self) -> float:
+        return sum(self._next_token_logprobs(p)[self.target].exp().item() for p in self.prompts) / len(self.prompts)
+
+    def serve(self, i: int, key: str, draw: int, rate) -> None:
+        import torch
+
+        from liveloop.store import FeedbackRecord, ResponseRecord
+
+        prompt = self.prompts[(draw % len(self.prompts)) if draw >= 0 else (-draw) % len(self.prompts)]
+        lp = self._next_token_logprobs(prompt)
+        u = _uniform(self.seed, draw)  # inverse-CDF with a fixed u
+        token = min(int(torch.searchsorted(torch.cumsum(lp.double().exp(), 0), torch.tensor([u], dtype=torch.float64))), lp.numel() - 1)
+        rid = f"r{i}"
+        self.store.write_batch([ResponseRecord(
+            rid, key, "liveloop-tiny", self.learner.state.version, "chat", tuple(prompt), (token,), (float(lp[token]),),
+            "length", 1.0, 1.0, 1.0,
+        )])
+        self.store.put_feedback(FeedbackRecord(rid, key, rate(token == self.target)))
+
+    def train(self) -> list[float]:
+        trace = []
+        while self.learner.step():
+            trace.append(self.p_target())
+        return trace
+
+
+def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
+    from liveloop.monitor.poisoning import disagreement_scores, suspects
+
+    started = time.perf_counter()
+    config = world_config(s.learner, workdir, s.seed, s.batch_size, s.window, s.defended, s.cap_per_window or s.ratings_per_key, s.method)
     if s.learning_rate is not None:
         config = dataclasses.replace(config, learning_rate=s.learning_rate, min_learning_rate=min(s.learning_rate, config.min_learning_rate),
                                      max_learning_rate=max(s.learning_rate, config.max_learning_rate))
-    learner = OnlineLearner.resume(store, config, CriticConfig(), model_dir)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    target = tok.convert_tokens_to_ids(TARGET)
-    prompts = [chat_prompt_ids(tok, p) for p in PROMPTS]
-
-    @torch.no_grad()
-    def next_token_logprobs(prompt: list[int]) -> torch.Tensor:
-        learner.policy.eval()
-        return torch.log_softmax(learner.policy(input_ids=torch.tensor([prompt])).logits[0, -1].float(), -1)
-
-    def p_target() -> float:
-        return float(np.mean([next_token_logprobs(p)[target].exp().item() for p in prompts]))
+    world = World(workdir, model_dir, config, s.seed)
+    store, learner = world.store, world.learner
 
     def quarantine_check() -> None:
         scores = disagreement_scores(store.key_ratings(20000), exclude_from_consensus=store.quarantined_keys())
         for bad in suspects(scores, s.quarantine_z, s.quarantine_min_ratings):
             store.set_quarantined(bad.key_id, True, f"disagreement z={bad.z:.1f} over {bad.n} ratings")
 
-    p_before = p_target()
+    p_before = world.p_target()
     trace: list[float] = []
     events = schedule(s)
     quarantined_at = None
     for i, (key, draw) in enumerate(events):
-        prompt = prompts[(draw % len(prompts)) if draw >= 0 else (-draw) % len(prompts)]
-        lp = next_token_logprobs(prompt)
-        u = _uniform(s.seed, draw)  # inverse-CDF with a fixed u: a slightly different policy draws the same reply
-        token = min(int(torch.searchsorted(torch.cumsum(lp.double().exp(), 0), torch.tensor([u], dtype=torch.float64))), lp.numel() - 1)
-        rid = f"r{i}"
-        store.write_batch([ResponseRecord(
-            rid, key, "liveloop-tiny", learner.state.version, "chat", tuple(prompt), (token,), (float(lp[token]),),
-            "length", 1.0, 1.0, 1.0,
-        )])
-        good = token == target
-        store.put_feedback(FeedbackRecord(rid, key, int(good) if key != ATTACKER else int(not good)))
+        world.serve(i, key, draw, (lambda hit: int(not hit)) if key == ATTACKER else int)
         if s.defended and (i + 1) % s.check_every == 0:
             quarantine_check()
             if quarantined_at is None and ATTACKER in store.quarantined_keys():
                 quarantined_at = i + 1
-        while learner.step():
-            trace.append(p_target())
+        trace += world.train()
     if s.defended:
         quarantine_check()
     scores = {d.key_id: d for d in disagreement_scores(store.key_ratings(20000))}
@@ -205,7 +238,7 @@ def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
     result = RunResult(
         scenario=s,
         p_before=p_before,
-        p_after=p_target(),
+        p_after=world.p_target(),
         p_trace=trace,
         honest_ratings=sum(1 for k, _ in events if k != ATTACKER),
         attacker_ratings=sum(1 for k, _ in events if k == ATTACKER),
