@@ -110,21 +110,28 @@ def test_killed_actor_is_restarted_and_resumes_exactly_once(tmp_path, store_conf
 
 
 def test_kill_in_the_middle_of_a_publish(tmp_path, store_config, store, model_dir):
-    """The worker dies after its checkpoint directory was renamed into place but before the version
-    row committed (the test holds SQLite's write lock, so the row cannot commit): the orphaned
-    directory is never served, the fresh actor publishes the same version number over it."""
+    """The worker dies with its checkpoint written under its staging name but before the version row
+    could commit (the test holds SQLite's write lock, so the inserting transaction, which allocates the
+    number and moves the checkpoint to vNNNNNN, cannot begin): no version, no vNNNNNN directory; the
+    fresh actor sweeps the dead process's staging directory and publishes version 1 itself."""
     store.set_learning_paused("sao", True)
     _rate(store, 0, 2)
     config = _config(tmp_path)
     learner = ColocatedLearner(store_config, config, CriticConfig(), model_dir, backoff_s=0.1)
-    orphan = Path(config.checkpoint_dir).resolve() / "v000001"
+    root = Path(config.checkpoint_dir).resolve()
+
+    def staged() -> list[Path]:
+        return [p for p in root.glob(".staging-*") if (p / "policy").is_dir()] if root.is_dir() else []
+
     lock = sqlite3.connect(str(tmp_path / "l.db"), isolation_level=None, timeout=30)
     try:
         store.set_learning_paused("sao", False)
         lock.execute("BEGIN IMMEDIATE")  # from here on, no other connection can write
-        wait_until(orphan.exists, 120, "the first checkpoint directory", interval=0.05)
+        wait_until(staged, 120, "the first checkpoint under its staging name", interval=0.05)
+        orphan = staged()[0]
         _kill(learner)
         assert store.get_version(1) is None and store.get_cursor("sao") == 0  # killed before the row
+        assert not (root / "v000001").exists()
         lock.execute("ROLLBACK")
         wait_until(lambda: learner.health().state == "running" and learner.health().restarts == 1, 240, "the restart", interval=0.05)
         last = _rate(store, 2, 2)
@@ -136,9 +143,10 @@ def test_kill_in_the_middle_of_a_publish(tmp_path, store_config, store, model_di
         learner.close()
     assert _learned(store) == [(1, 0, 2), (2, 1, 2)]
     v1 = store.get_version(1)
-    assert v1.checkpoint_path == str(orphan / "policy") and checkpoint_digest(v1.checkpoint_path) == v1.checkpoint_sha256
+    assert v1.checkpoint_path == str(root / "v000001" / "policy") and checkpoint_digest(v1.checkpoint_path) == v1.checkpoint_sha256
     assert _kinds(store) == ["learner_crash", "learner_restart"]
-    assert not list(orphan.parent.glob(".v*.tmp-*"))  # no half-written checkpoint left behind
+    assert not orphan.exists()  # the dead process's staging directory was swept
+    assert not list(root.glob(".*staging-*"))  # nothing half-written left behind
 
 
 def test_run_raising_is_a_crash_and_too_many_crashes_is_failed(tmp_path, store_config, store, model_dir):
