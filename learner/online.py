@@ -38,7 +38,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import shutil
 import time
 from collections import deque
@@ -60,7 +59,9 @@ from liveloop.learner.methods import make_method
 from liveloop.learner.placement import Placement, placement
 from liveloop.learner.position import LearnerState, stored_position
 from liveloop.learner.segments import lane_cursor
-from liveloop.learner.retention import checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, versions_to_prune
+from liveloop.learner.retention import (
+    checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, sweep_stale_staging, versions_to_prune,
+)
 from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, token_logprobs
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl
@@ -70,37 +71,6 @@ from liveloop.store import StaleLineage, Store, VersionRecord, VersionStatus, Ve
 from liveloop.transport import TransportConfig, TransportFailed, make_sender
 
 log = logging.getLogger(__name__)
-# a publish's staging directory (`.staging-<pid>-<lane>`) and save_atomically's temporary beside it
-_STAGING = re.compile(r"^\.\.?staging-(\d+)-")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
-
-
-def sweep_stale_staging(checkpoint_dir: str | Path) -> list[Path]:
-    """Remove the staging directories a crashed learner process left under `checkpoint_dir` (those of a
-    pid that is no longer alive; this process's and live ones' are theirs). Returns what it removed."""
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        return []
-    stale = [
-        p for p in root.iterdir()
-        if (m := _STAGING.match(p.name)) and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1)))
-    ]
-    for path in stale:
-        log.warning("removing %s: a publish of a learner process that is gone", path)
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-    return stale
 
 
 class SegmentRatings:

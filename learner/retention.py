@@ -13,6 +13,9 @@ Everything else that still has a checkpoint (`pruned_at` is None) goes. The call
 pruned in the store first (`Store.mark_pruned` re-checks each row in its transaction and also spares
 any version a learner's cursor points at), then deletes the directories of the rows it marked
 (`delete_checkpoints`, which never raises).
+
+A publish writes its checkpoint under `.staging-<pid>-<lane>` first (the store names it vNNNNNN inside
+the inserting transaction); `sweep_stale_staging` removes those of a learner process that died.
 """
 
 from __future__ import annotations
@@ -115,3 +118,36 @@ def is_disk_full(exc: BaseException) -> bool:
         orig = getattr(e, "orig", None)  # SQLAlchemy wraps the driver's error
         todo += [e.__cause__, e.__context__, orig if isinstance(orig, BaseException) else None]
     return False
+
+
+# a publish's staging directory (`.staging-<pid>-<lane>`) and save_atomically's temporary beside it
+_STAGING = re.compile(r"^\.\.?staging-(\d+)-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def sweep_stale_staging(checkpoint_dir: str | Path) -> list[Path]:
+    """Remove the staging directories a crashed learner process left under `checkpoint_dir` (those of a
+    pid that is no longer alive; this process's and live ones' are theirs). Returns what it removed."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    stale = [
+        p for p in root.iterdir()
+        if (m := _STAGING.match(p.name)) and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1)))
+    ]
+    for path in stale:
+        log.warning("removing %s: a publish of a learner process that is gone", path)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return stale

@@ -67,9 +67,12 @@ def test_preferred_style_share_rises_and_report_is_written(tmp_path, model_dir):
     sao = results["methods"][0]
     assert sao["error"] is None and sao["versions_published"] > 0
     events = sorted(read_events(out / "events-sao.jsonl"), key=lambda e: e.t_reply)
-    # the first 24 replies (the base model's, and perhaps a first version's: that only makes the test
-    # stricter); how many the base alone serves depends on how fast the learner publishes
-    before = [e.reply_style == "chuunibyou" for e in events[:24]]
+    # every reply the base model served (version 0): how many depends on how fast the learner publishes,
+    # at least the first 24 (the first 24 alone are a noisy estimate: CI once drew 12 of 24 in the style,
+    # 0.5, from a base that writes each of its three styles about a third of the time, and the 0.68 after
+    # fell short of +0.2)
+    base = [e for e in events if e.policy_version == 0]
+    before = [e.reply_style == "chuunibyou" for e in (base if len(base) >= 24 else events[:24])]
     after = [e.reply_style == "chuunibyou" for e in events[-50:]]
     share_before, share_after = sum(before) / len(before), sum(after) / len(after)
     print({"before": share_before, "n_before": len(before), "after": share_after, "summary": (out / "summary.md").read_text()})

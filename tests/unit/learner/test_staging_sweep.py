@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from liveloop.learner.online import sweep_stale_staging
+from liveloop.learner.retention import sweep_stale_staging
 
 
 def _dead_pid() -> int:
