@@ -9,12 +9,9 @@ nothing acknowledged lost."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sqlite3
 import struct
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,10 +20,9 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from liveloop import devtools
 from liveloop.devtools import ServerProcess, wait_until
 
-from .conftest import USER_KEY, USER_KEY_2, open_store, stop_server
+from .conftest import USER_KEY, USER_KEY_2, open_store, start_server, stop_server
 
 CHAT = "/v1/chat/completions"
 BODY_TIMEOUT = 2.0
@@ -35,35 +31,13 @@ ACKNOWLEDGED: list[str] = []  # every response id a client was given (each must 
 
 
 def _start(tmp: Path, model_dir: Path) -> ServerProcess:
-    """`liveloop serve` (hf engine) as devtools starts it, but taking 2 MiB bodies (the test config's
-    64 KiB would refuse a 1 MiB body before the server reads it) and with short body and write deadlines."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    config, store_url = devtools.write_config(
-        tmp, Path(model_dir).resolve(), "hf", devtools.free_port(),
+    """`liveloop serve` (hf engine) taking 2 MiB bodies (the test config's 64 KiB would refuse a 1 MiB body
+    before the server reads it) and with short body and write deadlines."""
+    return start_server(
+        tmp, model_dir, "hf", max_body_bytes=2 << 20,
         server_extra=f"body_timeout_seconds = {BODY_TIMEOUT}",
         store_extra=f"write_deadline_seconds = {WRITE_DEADLINE}\nwriter_stall_seconds = 0.5",
     )
-    config.write_text(config.read_text().replace("max_body_bytes = 65536", f"max_body_bytes = {2 << 20}"))
-    port = int(next(line.split("=")[1] for line in config.read_text().splitlines() if line.startswith("port")))
-    log_path = tmp / "server.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "liveloop.cli", "--config", str(config), "serve"], stdout=log_path.open("w"),
-        stderr=subprocess.STDOUT, cwd=tmp, env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
-        start_new_session=True,
-    )
-    server = ServerProcess(f"http://127.0.0.1:{port}", store_url, Path(model_dir), proc, log_path)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(server.base_url + "/healthz", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    server.stop()
-    pytest.fail(f"server did not become healthy:\n{server.log_tail()}")
 
 
 @pytest.fixture(scope="module")
