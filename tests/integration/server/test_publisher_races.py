@@ -14,21 +14,11 @@ import pytest
 
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
-from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
-from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.server.publisher import Publisher
 from liveloop.store import StaleLineage, Store, VersionStatus
 
 S = VersionStatus
-
-
-@pytest.fixture
-async def engine(model_dir):
-    eng = HFEngine(EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0), model_dir)
-    await eng.start(version=0)
-    yield eng
-    await eng.close()
 
 
 @pytest.fixture

@@ -13,22 +13,12 @@ import pytest
 import torch
 
 from liveloop.metrics import Metrics
-from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
-from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.server.publisher import NotServable, Publisher
 from liveloop.server.startup import finish_start, start_point
 from liveloop.store import VersionStatus
 from liveloop.transport import TransportConfig, byte_view, make_receiver, make_sender
 from liveloop.transport import shared_memory as shm
-
-
-@pytest.fixture
-async def engine(model_dir):
-    eng = HFEngine(EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0), model_dir)
-    await eng.start(version=0)
-    yield eng
-    await eng.close()
 
 
 def _learner_sends(model_dir: str, namespace: str, version: int, seed: int) -> None:
