@@ -95,52 +95,72 @@ def jaccard(a: frozenset, b: frozenset) -> float:
     return inter / (len(a) + len(b) - inter)
 
 
-def reply_groups(ratings: Sequence[Rated], similarity: Similarity = Similarity()) -> list[str]:
-    """The consensus group of each rating, in order (see the module docstring)."""
-    out: list[str] = []
-    by_exact: dict[str, str] = {}  # exact group -> similarity group
-    reps: dict[str, list[frozenset]] = defaultdict(list)  # prompt -> representatives' shingles, by group index
-    index: dict[str, dict[tuple[int, ...], list[int]]] = defaultdict(dict)  # prompt -> shingle -> group indexes
-    for r in ratings:
+class ReplyGroups:
+    """`reply_groups` that remembers: each exact reply keeps the similarity group it got when first
+    seen, so a caller that scores a sliding window again and again (the monitor, every few polls) pays
+    for the new replies only. Holds at most `max_replies` exact replies; past that it starts over (the
+    next call groups its whole window afresh, as `reply_groups` would). Not thread-safe: one caller at
+    a time (the monitor holds a lock around it)."""
+
+    def __init__(self, similarity: Similarity = Similarity(), max_replies: int = 200_000):
+        self.similarity = similarity
+        self.max_replies = max_replies
+        self._reset()
+
+    def _reset(self) -> None:
+        self._by_exact: dict[str, str] = {}  # exact group -> similarity group
+        self._reps: dict[str, list[frozenset]] = defaultdict(list)  # prompt -> representatives' shingles, by group index
+        self._index: dict[str, dict[tuple[int, ...], list[int]]] = defaultdict(dict)  # prompt -> shingle -> group indexes
+
+    def __call__(self, ratings: Sequence[Rated]) -> list[str]:
+        """The consensus group of each rating, in order (see the module docstring)."""
+        if len(self._by_exact) > self.max_replies:
+            self._reset()
+        known = self._by_exact
+        return [known[r.group] if r.group in known else self._place(r) for r in ratings]
+
+    def _place(self, r: Rated) -> str:
+        similarity = self.similarity
         prompt, tokens = getattr(r, "prompt", ""), getattr(r, "tokens", ())
-        if r.group in by_exact:
-            out.append(by_exact[r.group])
-            continue
         if not prompt or similarity.jaccard >= 1.0:
-            by_exact[r.group] = r.group
-            out.append(r.group)
-            continue
+            self._by_exact[r.group] = r.group
+            return r.group
         mine = shingles(tokens, similarity.shingle)
         shared: dict[int, int] = {}  # group -> indexed shingles in common (a lower bound of the intersection)
-        postings = index[prompt]
+        postings = self._index[prompt]
+        reps = self._reps[prompt]
         for sh in mine:
             for g in postings.get(sh, ()):
                 shared[g] = shared.get(g, 0) + 1
         best, best_j = None, 0.0
         for g, _ in sorted(shared.items(), key=lambda kv: (-kv[1], kv[0]))[: similarity.max_candidates]:
-            j = jaccard(mine, reps[prompt][g])
+            j = jaccard(mine, reps[g])
             if j >= similarity.jaccard and (j > best_j or (j == best_j and g < best)):
                 best, best_j = g, j
         if best is None:
-            best = len(reps[prompt])
-            reps[prompt].append(mine)
+            best = len(reps)
+            reps.append(mine)
             for sh in mine:
                 lst = postings.setdefault(sh, [])
                 if len(lst) < similarity.max_postings:
                     lst.append(best)
         label = f"{prompt}/{best}"
-        by_exact[r.group] = label
-        out.append(label)
-    return out
+        self._by_exact[r.group] = label
+        return label
+
+
+def reply_groups(ratings: Sequence[Rated], similarity: Similarity = Similarity()) -> list[str]:
+    """The consensus group of each rating, in order (see the module docstring)."""
+    return ReplyGroups(similarity)(ratings)
 
 
 # -- consensus and the score ---------------------------------------------------------------------------
 class _Votes:
     """The ratings with their groups and each key's mean reward per group (computed once)."""
 
-    def __init__(self, ratings: Iterable[Rated], similarity: Similarity):
+    def __init__(self, ratings: Iterable[Rated], groups: ReplyGroups):
         self.ratings = list(ratings)
-        self.groups = reply_groups(self.ratings, similarity)
+        self.groups = groups(self.ratings)
         sums: dict[str, dict[str, list[float]]] = defaultdict(dict)  # group -> key -> [sum, count]
         for r, g in zip(self.ratings, self.groups):
             acc = sums[g].setdefault(r.key_id, [0.0, 0.0])
@@ -194,14 +214,14 @@ def consensus_labels(
     ratings: Iterable[Rated], exclude_from_consensus: Collection[str] = (), similarity: Similarity = Similarity()
 ) -> list[tuple[Rated, int]]:
     """Each rating that has a consensus of other keys, with that consensus label (0 or 1)."""
-    return [(r, c) for r, _, c in _Votes(ratings, similarity).labelled(exclude_from_consensus)]
+    return [(r, c) for r, _, c in _Votes(ratings, ReplyGroups(similarity)).labelled(exclude_from_consensus)]
 
 
 def disagreement_scores(
     ratings: Iterable[Rated], exclude_from_consensus: Collection[str] = (), similarity: Similarity = Similarity()
 ) -> list[Disagreement]:
     """One score per key that has at least one rating with a consensus, by key id."""
-    return _Votes(ratings, similarity).scores(exclude_from_consensus)
+    return _Votes(ratings, ReplyGroups(similarity)).scores(exclude_from_consensus)
 
 
 def score(key_id: str, rated: list[tuple[int, int]]) -> Disagreement:
@@ -246,11 +266,16 @@ def find_suspects(
     min_corroborating_keys: int = 3,
     exclude_from_consensus: Collection[str] = (),
     similarity: Similarity = Similarity(),
+    groups: ReplyGroups | None = None,
 ) -> tuple[list[Disagreement], list[Suspect]]:
     """Every key's score, and the keys to quarantine: over the threshold (`suspects`) and still over it
     with their `min_corroborating_keys - 1` top accusers left out of the consensus. Keys in
-    `exclude_from_consensus` are scored but never vote."""
-    votes = _Votes(ratings, similarity)
+    `exclude_from_consensus` are scored but never vote. A caller that scores a sliding window
+    repeatedly passes its own `groups` (a `ReplyGroups` of the same similarity) and pays for new
+    replies only; otherwise the replies are grouped afresh."""
+    if groups is not None and groups.similarity != similarity:
+        raise ValueError("groups were built for another similarity")
+    votes = _Votes(ratings, groups if groups is not None else ReplyGroups(similarity))
     exclude = set(exclude_from_consensus)
     scores = votes.scores(exclude)
     out = []

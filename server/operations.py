@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
 from liveloop.monitor.drift import ALL, DriftMonitor, RaisedAlarm
 from liveloop.monitor.guard import judge
-from liveloop.monitor.poisoning import Disagreement, Suspect, find_suspects
+from liveloop.monitor.poisoning import Disagreement, ReplyGroups, Suspect, find_suspects
 from liveloop.monitor.versions import VersionRow, version_table
 from liveloop.server.publisher import Publisher, RollbackResult
 from liveloop.store import Store
@@ -57,6 +58,10 @@ class Operations:
         self.monitor = DriftMonitor(config, store)
         self._replayed = False
         self._guarded: set[int] = set()  # versions the guard already judged worse (acted once)
+        # the reply grouping of the key scores, remembered between scorings (new replies cost, old
+        # ones do not); one scoring at a time (the loop's and the keys page's threads)
+        self._groups = ReplyGroups(config.similarity)
+        self._scoring = threading.Lock()
 
     @property
     def learner_name(self) -> str:
@@ -93,10 +98,12 @@ class Operations:
         states = self.store.key_states()
         excluded = {k.key_id for k in states if k.quarantined}
         c = self.config
-        scores, found = find_suspects(
-            self.store.key_ratings(), c.quarantine_z, c.quarantine_min_ratings, c.quarantine_corroborating_keys,
-            exclude_from_consensus=excluded, similarity=c.similarity,
-        )
+        ratings = self.store.key_ratings()
+        with self._scoring:
+            scores, found = find_suspects(
+                ratings, c.quarantine_z, c.quarantine_min_ratings, c.quarantine_corroborating_keys,
+                exclude_from_consensus=excluded, similarity=c.similarity, groups=self._groups,
+            )
         return states, {d.key_id: d for d in scores}, found
 
     async def keys(self) -> list[KeyRow]:

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from liveloop.monitor.poisoning import EXACT, Similarity, consensus_labels, disagreement_scores, find_suspects, jaccard, reply_groups, shingles, top_accusers
+from liveloop.monitor.poisoning import EXACT, ReplyGroups, Similarity, consensus_labels, disagreement_scores, find_suspects, jaccard, reply_groups, shingles, top_accusers
 from liveloop.store.keys import KeyRating
 
 REPLY = tuple(range(100, 112))  # 12 distinct tokens
@@ -130,3 +130,37 @@ def test_off_and_bad_settings():
     assert find_suspects(_framing(8, 4), 0.0, 1)[1] == []
     with pytest.raises(ValueError):
         Similarity(jaccard=0)
+
+
+def _window(n: int, seed: int = 0) -> list[KeyRating]:
+    """n ratings by 6 keys of near-copies of a few replies to a few prompts."""
+    import random
+
+    rng = random.Random(seed)
+    base = {p: [tuple(rng.randrange(50) for _ in range(12)) for _ in range(4)] for p in ("p", "q", "r")}
+    out = []
+    for _ in range(n):
+        p = rng.choice("pqr")
+        tokens = list(rng.choice(base[p]))
+        tokens[rng.randrange(12)] = rng.randrange(50)  # a near-copy
+        out.append(_r(f"k{rng.randrange(6)}", rng.randrange(2), p, tuple(tokens)))
+    return out
+
+
+def test_remembered_groups_equal_fresh_ones_and_grow_with_the_window():
+    ratings = _window(400)
+    groups = ReplyGroups(Similarity())
+    assert groups(ratings[:250]) == reply_groups(ratings[:250])
+    # the window grows: the first 250 keep their groups and the whole equals grouping it afresh
+    assert groups(ratings) == reply_groups(ratings)
+    # and find_suspects over a remembered grouping scores exactly as over a fresh one
+    assert find_suspects(ratings, 1.0, 5, 2, groups=groups) == find_suspects(ratings, 1.0, 5, 2)
+
+
+def test_remembered_groups_start_over_past_their_bound_and_refuse_another_similarity():
+    ratings = _window(300, seed=1)
+    groups = ReplyGroups(Similarity(), max_replies=50)
+    groups(ratings[:200])
+    assert groups(ratings[200:]) == reply_groups(ratings[200:])  # started over: grouped afresh
+    with pytest.raises(ValueError):
+        find_suspects(ratings, 1.0, 5, 2, similarity=EXACT, groups=groups)
