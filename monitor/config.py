@@ -25,7 +25,8 @@ class MonitorConfig:
     poll_seconds: float = field(default=1.0, metadata={"help": "how often the server reads new ratings"})
     replay_events: int = field(default=20000, metadata={"help": "ratings replayed into the detector at start"})
     max_segments: int = field(
-        default=64, metadata={"help": "per-segment detectors kept; later segments share one `overflow` detector"}
+        default=64,
+        metadata={"help": "per-segment detectors kept; a new segment past it replaces the one seen least recently"},
     )
     quarantine_z: float = field(
         default=0.0,

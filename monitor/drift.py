@@ -10,11 +10,18 @@ detectors raised. Per-version traffic is not kept here: the store aggregates it 
 A replaced rating (the same key rating a response again) counts as a new rating event. Ratings of
 quarantined keys are not read (`Store.rating_events(trusted=True)`): from its quarantine on a key moves no
 detector, bucket or segment (what was observed before it stays).
+
+Segments are bounded (`max_segments`): a segment not tracked yet takes the slot of the one seen least
+recently, whose counts and detector are dropped (its raised alarms stay). So a client inventing a tag
+per request only churns slots of segments nobody rates any more; it cannot pin them the way a first-come
+allocation let early junk tags hold every slot for good. The poller (a worker thread) writes while the
+web thread reads (`state`, `series`): one lock guards both.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -25,7 +32,6 @@ from liveloop.monitor.stats import Rate, wilson
 from liveloop.store import RatingEvent
 
 ALL = "*"  # the segment name of the detector over every rating
-OVERFLOW = "overflow"  # the segment every segment past `max_segments` shares
 MAX_BUCKETS = 10_000  # time buckets kept (a week of 60 s buckets); older ones are dropped
 
 
@@ -62,10 +68,31 @@ class DriftMonitor:
         self.last_id = 0
         self.detectors = {ALL: make_detector(config)}
         self.buckets: dict[int, list[int]] = {}  # bucket start (unix s) -> [ratings, positive]
-        self.segments: dict[str, list[int]] = {}  # segment -> [ratings, positive]
+        # segment -> [ratings, positive], least recently seen first
+        self.segments: OrderedDict[str, list[int]] = OrderedDict()
+        self.evicted = 0  # segments dropped to make room for newer ones
         self.alarms: deque[RaisedAlarm] = deque(maxlen=max_alarms)
+        self._lock = threading.Lock()
 
     def observe(self, event: RatingEvent) -> list[RaisedAlarm]:
+        with self._lock:
+            return self._observe(event)
+
+    def _slot(self, segment: str) -> list[int]:
+        """`segment`'s counts, now the most recently seen; a new one evicts the least recently seen."""
+        counts = self.segments.get(segment)
+        if counts is not None:
+            self.segments.move_to_end(segment)
+            return counts
+        while len(self.segments) >= self.config.max_segments:
+            old, _ = self.segments.popitem(last=False)
+            self.detectors.pop(old, None)
+            self.evicted += 1
+        self.detectors[segment] = make_detector(self.config)
+        counts = self.segments[segment] = [0, 0]
+        return counts
+
+    def _observe(self, event: RatingEvent) -> list[RaisedAlarm]:
         x = 1.0 if event.reward > 0 else 0.0
         self.last_id = max(self.last_id, event.feedback_id)
         bucket = int(event.created_at.timestamp() // self.config.window_seconds * self.config.window_seconds)
@@ -76,17 +103,16 @@ class DriftMonitor:
             for old in sorted(self.buckets)[: len(self.buckets) - MAX_BUCKETS]:
                 del self.buckets[old]
         segment = str((event.request_meta or {}).get(self.config.segment_key, "")) or None
-        if segment is not None and segment not in self.segments and len(self.segments) >= self.config.max_segments:
-            segment = OVERFLOW  # bounded: one key cannot grow the detectors without end by inventing segments
+        if segment == ALL:  # a tag that names the overall detector moves only that one
+            segment = None
         raised = []
         names = [ALL] if segment is None else [ALL, segment]
         for name in names:
             if name != ALL:
-                seg = self.segments.setdefault(name, [0, 0])
+                seg = self._slot(name)
                 seg[0] += 1
                 seg[1] += int(x)
-            detector = self.detectors.get(name) or self.detectors.setdefault(name, make_detector(self.config))
-            alarm = detector.update(x)
+            alarm = self.detectors[name].update(x)
             if alarm is not None:
                 raised.append(RaisedAlarm(name, alarm, event.feedback_id, event.policy_version, event.created_at))
         self.alarms.extend(raised)
@@ -109,15 +135,21 @@ class DriftMonitor:
     # -- views ---------------------------------------------------------------------------------
     def series(self, since: float | None = None) -> list[Bucket]:
         """Reward rate per time bucket, oldest first, with Wilson intervals."""
+        with self._lock:
+            buckets = {start: tuple(counts) for start, counts in self.buckets.items()}
         out = []
-        for start in sorted(self.buckets):
+        for start in sorted(buckets):
             if since is not None and start + self.config.window_seconds <= since:
                 continue
-            n, pos = self.buckets[start]
+            n, pos = buckets[start]
             out.append(Bucket(start, wilson(pos, n, self.config.confidence)))
         return out
 
     def state(self) -> dict[str, Any]:
+        with self._lock:
+            return self._state()
+
+    def _state(self) -> dict[str, Any]:
         return {
             "detector": self.config.detector,
             "delta": self.config.delta,
@@ -125,6 +157,7 @@ class DriftMonitor:
             "last_feedback_id": self.last_id,
             "overall": self.detectors[ALL].state(),
             "segment_key": self.config.segment_key,
+            "segments_evicted": self.evicted,
             "segments": {
                 name: {**wilson(pos, n, self.config.confidence).as_dict(), "detector": self.detectors[name].state()}
                 for name, (n, pos) in sorted(self.segments.items())

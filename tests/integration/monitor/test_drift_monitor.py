@@ -2,9 +2,12 @@
 segment's reward rate (and not in the stable one), and replays quietly after a restart."""
 
 import random
+import sys
 
 from liveloop.monitor.config import MonitorConfig
-from liveloop.monitor.drift import ALL, OVERFLOW, DriftMonitor
+import threading
+
+from liveloop.monitor.drift import ALL, DriftMonitor
 from liveloop.store import FeedbackRecord, ResponseRecord, Store
 
 
@@ -43,16 +46,65 @@ def test_replay_after_restart_reads_only_the_newest_ratings(store):
     assert everything.detectors[ALL].count == 300
 
 
-def test_segments_are_bounded(store):
-    """A client inventing a new segment tag per request cannot grow the detectors without end: past
-    `max_segments` they share one overflow segment."""
+def _tagged(store: Store, start: int, topics: list[str]) -> None:
     recs = [
-        ResponseRecord(f"s{i}", "k", "m", 0, "chat", (1,), (2,), (-1.0,), "stop", 1.0, 1.0, 1.0, request_meta={"topic": f"t{i}"})
-        for i in range(40)
+        ResponseRecord(f"s{start + i}", "k", "m", 0, "chat", (1,), (2,), (-1.0,), "stop", 1.0, 1.0, 1.0, request_meta={"topic": t})
+        for i, t in enumerate(topics)
     ]
     store.write_batch(recs)
-    store.write_batch([FeedbackRecord(f"s{i}", "k", 1) for i in range(40)])
+    store.write_batch([FeedbackRecord(r.id, "k", 1) for r in recs])
+
+
+def test_segments_are_bounded_and_the_least_recently_seen_makes_room(store):
+    """A client inventing a new segment tag per request cannot grow the detectors without end, nor pin
+    the slots: past `max_segments` a new segment replaces the one seen least recently, so the segments
+    users keep rating stay tracked."""
+    _tagged(store, 0, ["cats", "dogs"] + [f"junk{i}" for i in range(3)])  # 5 slots, all taken
     monitor = DriftMonitor(MonitorConfig(max_segments=5), store)
     monitor.catch_up()
-    assert len(monitor.detectors) == 1 + 5 + 1  # overall, 5 segments, the overflow
-    assert monitor.segments[OVERFLOW] == [35, 35]
+    _tagged(store, 100, ["cats", "dogs"] * 3)  # cats and dogs seen again: the junk is now the oldest
+    _tagged(store, 200, [f"new{i}" for i in range(3)])  # three new segments evict the three junk ones
+    monitor.catch_up()
+    assert list(monitor.segments) == ["cats", "dogs", "new0", "new1", "new2"]
+    assert len(monitor.detectors) == 1 + 5 and set(monitor.detectors) == {ALL, *monitor.segments}
+    assert monitor.segments["cats"] == [4, 4] and monitor.evicted == 3
+    _tagged(store, 300, [f"flood{i}" for i in range(40)])
+    monitor.catch_up()
+    assert len(monitor.segments) == 5 and len(monitor.detectors) == 6  # bounded whatever arrives
+    assert monitor.state()["segments_evicted"] == 43
+
+
+def test_the_web_thread_reads_while_the_poller_writes(store):
+    """`state()` and `series()` on one thread while `catch_up()` raises alarms and moves segments on
+    another, the interpreter switching threads every microsecond: no read sees a container change
+    under it (unlocked, `state()` raised "deque mutated during iteration" here)."""
+    for k in range(6):
+        recs = [
+            ResponseRecord(f"s{k}-{i}", "k", "m", 0, "chat", (1,), (2,), (-1.0,), "stop", 1.0, 1.0, 1.0, request_meta={"topic": f"t{i % 7}"})
+            for i in range(400)
+        ]
+        store.write_batch(recs)
+        store.write_batch([FeedbackRecord(r.id, "k", (i // 5) % 2) for i, r in enumerate(recs)])  # runs of 5: alarms
+    monitor = DriftMonitor(MonitorConfig(max_segments=8, warmup=1, threshold=0.5, delta=0.0), store, max_alarms=100_000)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                monitor.state()
+                monitor.series()
+        except BaseException as exc:  # noqa: BLE001 - what the test looks for
+            errors.append(exc)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        monitor.catch_up(batch=10)
+    finally:
+        done.set()
+        reader.join()
+        sys.setswitchinterval(switch)
+    assert errors == [] and monitor.detectors[ALL].count == 2400 and len(monitor.alarms) > 100
