@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from liveloop.checkpoint import checkpoint_digest, save_atomically
+from liveloop.checkpoint import checkpoint_digest, fsync_dir, save_atomically
 from liveloop.critic.config import CriticConfig
 from liveloop.critic.trainer import Critic
 from liveloop.critic.value_model import build_value_model
@@ -68,7 +68,7 @@ from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.losses import exact_kl_penalty, kl_penalty
 from liveloop.rl.optim import make_optimizer
 from liveloop.store import StaleLineage, Store, VersionRecord, VersionStatus, VersionTaken
-from liveloop.transport import TransportConfig, TransportFailed, make_sender
+from liveloop.transport import TransportConfig, TransportFailed, WeightHandle, make_sender
 
 log = logging.getLogger(__name__)
 
@@ -408,6 +408,7 @@ class OnlineLearner:
         if root.exists():
             shutil.rmtree(root)
         os.replace(staging, root)
+        fsync_dir(root.parent)  # the rename is durable before the row that names it commits
         placed.append(root)
         return str(root / "policy")
 
@@ -427,12 +428,12 @@ class OnlineLearner:
             with self.policy_opt.full_parameters() as policy:
                 self.sender.start_update(version)
                 self.sender.send(policy.state_dict())
-                self.sender.finish()
+                handle = self.sender.finish()
         except TransportFailed as exc:
             log.warning("version %d not handed over (%s): the old version keeps serving", version, exc)
             return None
-        try:
-            self._record_version(str(root / "policy"), None, version)
+        try:  # the row names the handle's nonce and digest: the server verifies the memory against them
+            self._record_version(str(root / "policy"), None, version, handle)
         except VersionTaken as exc:  # another writer took the number first: hand over again next time
             log.warning("not publishing version %d: %s", version, exc)
             self.sender.release(version)
@@ -504,7 +505,9 @@ class OnlineLearner:
         s.last_publish = time.monotonic()
         return parent
 
-    def _record_version(self, checkpoint: str | Callable[[int], str], digest: str | None, version: int | None = None) -> VersionRecord:
+    def _record_version(
+        self, checkpoint: str | Callable[[int], str], digest: str | None, version: int | None = None, handle: WeightHandle | None = None
+    ) -> VersionRecord:
         """The version row and the cursor, in one store transaction. `version` None: the store allocates
         the number and `checkpoint(number)` places the checkpoint and names it; else a proposed number
         (VersionTaken if it is taken) with the checkpoint's path."""
@@ -522,6 +525,8 @@ class OnlineLearner:
             last_feedback_id=s.pending_cursor,
             status=self.publish_status,
             segment=self.segment,
+            weights_nonce=handle.nonce if handle is not None else None,
+            weights_digest=handle.digest if handle is not None else None,
         )
 
     def _write_checkpoint(

@@ -18,7 +18,7 @@ from liveloop.learner.config import LearnerConfig
 from liveloop.learner.segments import lane_cursor
 from liveloop.server.engines.weights import load_state
 from liveloop.store import Store, VersionRecord
-from liveloop.transport import HandleGone, TransportConfig, make_receiver
+from liveloop.transport import HandleGone, TransportConfig, WeightsUnverified, make_receiver
 from liveloop.transport.checkpoint_dir import is_checkpoint
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,9 @@ def recover_durable(
     if transport is not None and transport.in_memory:
         receiver = make_receiver(transport)
         try:
-            tensors = receiver.tensors(receiver.handle_for(record.version, record.checkpoint_path))
-        except HandleGone:
-            pass
+            tensors = receiver.tensors(receiver.handle_of(record))  # verified against the row's nonce and digest
+        except (HandleGone, WeightsUnverified) as exc:
+            log.warning("version %d: its memory cannot be recovered (%s)", record.version, exc)
         else:
             from transformers import AutoModelForCausalLM
 

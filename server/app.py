@@ -48,11 +48,11 @@ from liveloop.server.engines.base import Engine, create_engine
 from liveloop.server.errors import install_handlers
 from liveloop.server.operations import Operations
 from liveloop.server.publisher import Publisher
-from liveloop.server.startup import finish_start, start_point
+from liveloop.server.startup import finish_start, start_point, sweep_shared_memory
 from liveloop.server.routes import admin, dashboard, feedback, openai, ops
 from liveloop.server.serving import Serving
 from liveloop.store import BatchWriter, Store
-from liveloop.transport import HandleGone, make_receiver
+from liveloop.transport import HandleGone, WeightsUnverified, make_receiver
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,7 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     # 4. writer
     writer = BatchWriter(store).start()
     metrics = Metrics()
+    await asyncio.to_thread(sweep_shared_memory, store, transport, metrics)  # what this deployment left there
     route = functools.partial(segment_of, config=config.learner)
     serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server), route)
     publisher = Publisher(
@@ -140,7 +141,7 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     )
     try:
         await finish_start(publisher, point)
-    except HandleGone:  # its memory went between the two looks: wait for the durable copy or fall back
+    except (HandleGone, WeightsUnverified):  # its memory went (or changed) between the two looks: durable copy or fall back
         point = await start_point(store, latest, None, transport.durable_wait_seconds)
         if point.start_version != engine.version and point.weights_path:
             await engine.update_weights(point.weights_path, point.start_version)

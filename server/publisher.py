@@ -34,7 +34,10 @@ durable checkpoint after, off the critical path), then from its checkpoint direc
 memory is gone and whose durable checkpoint is not written yet stays PUBLISHED and is tried again at the
 next poll, for up to `durable_wait_seconds`; after that it is marked FAILED (its learner died before
 writing it: the learner's resume rolls its lineage back), and the old version keeps serving. Nothing
-ever serves a half-written or missing model. After a swap the receiver frees the memory of older
+ever serves a half-written or missing model. Weights are verified against their row before they serve
+(the memory's nonce and digest, the checkpoint's sha256; see liveloop/transport/base.py): on a
+mismatch nothing swaps, the version serving keeps serving, and the row becomes FAILED with a
+"weights_rejected" event (`server/weights_rejected`). After a swap the receiver frees the memory of older
 versions (and the new version's own once its durable checkpoint exists). Rollbacks and restarts read
 durable checkpoints only; start-up recovery (what a restarting server serves when the serving version's
 durable checkpoint is missing) is server/startup.py's.
@@ -54,8 +57,8 @@ from liveloop.checkpoint import checkpoint_digest
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import CheckpointDir, Engine, WeightSource
 from liveloop.store import Store, TransitionRefused, VersionNotFound, VersionRecord, VersionStatus
-from liveloop.transport import HandleGone, Receiver, WeightHandle
-from liveloop.transport.checkpoint_dir import is_checkpoint
+from liveloop.transport import HandleGone, Receiver, WeightHandle, WeightsUnverified
+from liveloop.transport.checkpoint_dir import is_checkpoint, verify_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -217,13 +220,20 @@ class Publisher:
         if not operator and current is not None and version <= current:
             return None
         with contextlib.ExitStack() as stack:
-            if operator or record.segment is not None:
-                source, via, handle = CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir", None
-            else:
-                source, via, handle = await asyncio.to_thread(self._open, record, stack)
-                if source is None:
-                    await self._wait_for_weights(record)
-                    return None
+            try:  # the weights are verified against the row (nonce, digest) before anything serves
+                if operator or record.segment is not None:
+                    await asyncio.to_thread(verify_checkpoint, record.checkpoint_path, record.checkpoint_sha256, version)
+                    source, via, handle = CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir", None
+                else:
+                    source, via, handle = await asyncio.to_thread(self._open, record, stack)
+            except WeightsUnverified as exc:
+                await self._reject(record, exc)
+                if operator:
+                    raise SwapFailed(version, f"version {version}'s weights failed verification") from exc
+                return None
+            if source is None:
+                await self._wait_for_weights(record)
+                return None
             self._waiting.pop(version, None)
             try:
                 result = await self._swap(record, source, via)
@@ -305,6 +315,14 @@ class Publisher:
         except TransitionRefused:
             pass
 
+    async def _reject(self, record: VersionRecord, exc: WeightsUnverified) -> None:
+        """The weights found for `record` are not the ones its row names: nothing of them served; the
+        serving version keeps serving, the row becomes FAILED with a "weights_rejected" event."""
+        log.error("version %d: weights rejected (%s): version %s keeps serving", record.version, exc, self._serving_in(record.segment))
+        self.metrics.inc("server/weights_rejected")
+        detail = {"reason": str(exc), "serving": self._serving_in(record.segment)}
+        await asyncio.to_thread(self.store.reject_weights, record.version, detail)
+
     async def _drop(self, version: int, reason: str) -> None:
         """An activation that lost a race: logged, counted, recorded by the store; never applied."""
         log.warning("activation of version %d dropped: %s", version, reason)
@@ -313,11 +331,12 @@ class Publisher:
 
     def _handle(self, record: VersionRecord) -> WeightHandle:
         assert self.receiver is not None
-        return self.receiver.handle_for(record.version, record.checkpoint_path)
+        return self.receiver.handle_of(record)  # the row's nonce and digest: what `open` verifies against
 
     def _open(self, record: VersionRecord, stack: contextlib.ExitStack) -> tuple[WeightSource | None, str, WeightHandle | None]:
-        """The version's weights: its transport's memory first, then its durable checkpoint directory;
-        (None, ...) when neither is there."""
+        """The version's weights: its transport's memory first, then its durable checkpoint directory,
+        each verified against the row (WeightsUnverified); (None, ...) when neither is there. A durable
+        checkpoint counts once the row names its digest (an in-memory publish records it after fsync)."""
         if self.receiver is not None:
             try:
                 handle = self._handle(record)
@@ -325,6 +344,9 @@ class Publisher:
             except HandleGone as exc:
                 log.debug("version %d: %s; trying its checkpoint directory", record.version, exc)
         if record.checkpoint_path and is_checkpoint(record.checkpoint_path):
+            if record.weights_digest and not record.checkpoint_sha256:
+                return None, "", None  # being written: its digest is recorded once it is durable
+            verify_checkpoint(record.checkpoint_path, record.checkpoint_sha256, record.version)
             return CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir", None
         return None, "", None
 
@@ -370,6 +392,11 @@ class Publisher:
                 raise AlreadyServing(f"version {version} is already serving")
             if version != 0 and not await asyncio.to_thread(is_checkpoint, record.checkpoint_path):  # rollbacks read durable checkpoints only
                 raise NotServable(f"version {version}'s durable checkpoint is not at {record.checkpoint_path} (not written yet, or lost)")
+            try:
+                await asyncio.to_thread(verify_checkpoint, record.checkpoint_path, record.checkpoint_sha256, version)
+            except WeightsUnverified as exc:
+                await self._reject(record, exc)
+                raise NotServable(f"version {version}'s checkpoint is not the one its row names: {exc}") from exc
             old = await asyncio.to_thread(self.store.get_version, previous)
             start = time.perf_counter()
             try:

@@ -3,19 +3,25 @@ checkpoint; else from the transport's memory (started from the nearest ancestor 
 to it: `finish_start`); else, after waiting for the learner to write the checkpoint, the nearest
 ancestor that has one, recorded in the store in one transaction (`Store.recover_serving`: the versions
 passed over FAILED, the ancestor SERVING), so the store says what serves. Never a missing or
-half-written model."""
+half-written model.
+
+At start the server also sweeps what this deployment left in shared memory (`sweep_shared_memory`):
+unfinished versions and versions nothing may serve any more, the engine copies of killed engines, and
+it reports foreign files in its namespace (an operator event and `server/foreign_weight_files`)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
 
 from liveloop.server.publisher import Publisher
 from liveloop.store import Store, VersionRecord
-from liveloop.transport import HandleGone, Receiver, WeightHandle
+from liveloop.metrics import Metrics
+from liveloop.store.status import VersionStatus
+from liveloop.transport import HandleGone, Receiver, TransportConfig, WeightHandle, WeightsUnverified
+from liveloop.transport import private_dir, shared_memory
 from liveloop.transport.checkpoint_dir import is_checkpoint
 
 log = logging.getLogger(__name__)
@@ -47,10 +53,14 @@ async def start_point(
     ancestor = await asyncio.to_thread(_durable_ancestor, store, record)
     base_path = ancestor.checkpoint_path if ancestor.version else None
     if receiver is not None:
-        handle = receiver.handle_for(record.version, record.checkpoint_path)
-        with contextlib.suppress(HandleGone):
+        handle = receiver.handle_of(record)  # verified against the row's nonce and digest
+        try:
             with receiver.open(handle):
                 return StartPoint(record.version, base_path, ancestor.version, memory=handle)
+        except HandleGone:
+            pass
+        except WeightsUnverified as exc:
+            log.error("version %d: its memory is not the one its row names (%s): not used", record.version, exc)
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         await asyncio.sleep(poll_seconds)
@@ -88,3 +98,29 @@ async def finish_start(publisher: Publisher, point: StartPoint) -> None:
         return
     with publisher.receiver.open(point.memory) as source:
         await publisher.engine.update_weights(source, point.version)
+
+
+# the statuses whose memory may still be swapped in (or serves now)
+_MEMORY_KEPT = frozenset({VersionStatus.PUBLISHED, VersionStatus.LOADING, VersionStatus.SERVING})
+
+
+def sweep_shared_memory(store: Store, transport: TransportConfig, metrics: Metrics) -> None:
+    """At start: remove what this deployment left in shared memory (unfinished versions, versions whose
+    row is gone or can no longer serve, the copies of engines that were killed), and report the foreign
+    files of its namespace (logged, an operator event, `server/foreign_weight_files`; never fatal)."""
+    copies = private_dir.sweep_engine_copies()
+    if copies:
+        log.warning("removed %d engine weight copies that killed processes left in shared memory", len(copies))
+    if transport.backend not in ("shared_memory", "ipc"):
+        return
+
+    def servable(version: int) -> bool:
+        record = store.get_version(version)
+        return record is not None and record.status in _MEMORY_KEPT
+
+    removed, foreign = shared_memory.sweep(transport.namespace, servable)
+    if removed:
+        log.info("shared memory: removed versions %s that nothing serves any more", removed)
+    if foreign:
+        metrics.inc("server/foreign_weight_files", len(foreign))
+        store.record_event("foreign_weights", detail={"files": [{"path": f.path, "why": f.why} for f in foreign]})

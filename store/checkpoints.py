@@ -9,11 +9,12 @@ keep pointing at the version that produced them.
 from __future__ import annotations
 
 from collections.abc import Iterable
+import uuid
 from typing import Any
 
 from sqlalchemy import select
 
-from liveloop.store.models import LearnerCursor, OperatorEvent, PolicyVersion, utcnow
+from liveloop.store.models import Deployment, LearnerCursor, OperatorEvent, PolicyVersion, utcnow
 from liveloop.store.status import NEVER_PRUNED
 
 
@@ -23,6 +24,16 @@ class VersionNotFound(LookupError):
 
 class CheckpointQueries:
     _session: Any
+
+    def deployment_id(self) -> str:
+        """This deployment's random id (made by the migration that created the table; made here if a
+        database lost it): it names the private namespace the deployment's shared memory lives in."""
+        with self._session.begin() as s:
+            row = s.scalars(select(Deployment).order_by(Deployment.created_at, Deployment.id)).first()
+            if row is None:
+                row = Deployment(id=uuid.uuid4().hex, created_at=utcnow())
+                s.add(row)
+            return row.id
 
     def set_pinned(self, version: int, pinned: bool, api_key_id: str | None = None) -> bool:
         """Pin (keep for ever) or unpin `version`'s checkpoint; returns whether the flag changed (a

@@ -15,7 +15,8 @@ learner's publish are serialised, and whatever loses a race is refused rather th
   supersedes every published version it overtakes or leaves off its line, and (an operator's publish)
   points the learner's cursor at it: the learner's next publish on the old parent is refused by the
   lineage check (`StaleLineage`) and the learner reloads, as after a rollback.
-- Rollback (`rollback_to`), giving up a version (`fail_version`, `abandon_version`), superseding
+- Rollback (`rollback_to`), giving up a version (`fail_version`, `abandon_version`, `reject_weights`
+  when its weights fail verification), superseding
   (`supersede`), dropping an activation that lost a race (`drop_activation`) and a restarting server's
   fall-back to an ancestor (`recover_serving`) are the other moves.
 Mixed into `Store`.
@@ -74,6 +75,8 @@ def version_record(row: PolicyVersion) -> VersionRecord:
         pinned=bool(row.pinned),
         pruned_at=_aware(row.pruned_at) if row.pruned_at else None,
         segment=row.segment,
+        weights_nonce=row.weights_nonce,
+        weights_digest=row.weights_digest,
     )
 
 
@@ -136,6 +139,8 @@ class VersionLifecycle:
         status: VersionStatus = VersionStatus.SERVING,
         note: str | None = None,
         segment: str | None = None,
+        weights_nonce: str | None = None,
+        weights_digest: str | None = None,
     ) -> VersionRecord:
         """Insert a version row as `status` (the base model's, an operator's LOADING checkpoint, test
         fixtures); `version` None: the next number, allocated in this transaction. Raises VersionTaken."""
@@ -143,6 +148,7 @@ class VersionLifecycle:
             row = self._insert(
                 s, version, status, parent=parent, checkpoint_path=checkpoint_path, checkpoint_sha256=checkpoint_sha256,
                 learner_step=learner_step, samples_used=samples_used, metrics=metrics or {}, note=note, segment=segment,
+                weights_nonce=weights_nonce, weights_digest=weights_digest,
             )
             return version_record(row)
 
@@ -160,13 +166,17 @@ class VersionLifecycle:
         last_feedback_id: int,
         status: VersionStatus = VersionStatus.PUBLISHED,
         segment: str | None = None,
+        weights_nonce: str | None = None,
+        weights_digest: str | None = None,
     ) -> VersionRecord:
         """A learner's new version and its cursor, in ONE transaction: a crash leaves either both or
         neither, so a restarted learner resumes from the last published version with nothing lost and
         nothing trained twice. `version` None: the next number, allocated here (the record says which);
         `checkpoint_path` may then be a function of that number, called inside this transaction before
         the row is written (it moves the checkpoint to where the number names it, and returns that
-        path; if it raises, nothing is written). Raises StaleLineage if a rollback or an operator's publish moved the cursor off `parent`, and
+        path; if it raises, nothing is written). `weights_nonce` / `weights_digest`: what the transport's
+        handle names (the weights are complete before the row exists; receivers verify them against
+        it). Raises StaleLineage if a rollback or an operator's publish moved the cursor off `parent`, and
         VersionTaken if a proposed `version` exists already."""
         if VersionStatus(status) not in PUBLISHABLE:
             raise TransitionRefused(f"a learner publishes {' or '.join(sorted(PUBLISHABLE))} versions, not {status}")
@@ -178,6 +188,7 @@ class VersionLifecycle:
             row = self._insert(
                 s, version, status, parent=parent, checkpoint_path=checkpoint_path, checkpoint_sha256=checkpoint_sha256,
                 learner_step=learner_step, samples_used=samples_used, metrics=metrics, segment=segment,
+                weights_nonce=weights_nonce, weights_digest=weights_digest,
             )
             self.set_cursor(cursor_name, last_feedback_id, row.version, session=s)
             return version_record(row)
@@ -317,6 +328,21 @@ class VersionLifecycle:
                 raise TransitionRefused(f"version {version} is {row.status}: only a version being activated is failed here")
             _move(row, VersionStatus.FAILED)
             return version_record(row)
+
+    def reject_weights(self, version: int, detail: dict[str, Any]) -> bool:
+        """The weights a receiver found for `version` do not match its row (digest or nonce): in ONE
+        transaction it becomes FAILED (if it was being activated; a serving one is left to the
+        publisher's fall-back) and a "weights_rejected" event records `detail`. Returns whether it
+        was failed. Raises VersionNotFound for an unknown number."""
+        with self._write() as s:
+            row = s.get(PolicyVersion, version, with_for_update=True)
+            if row is None:
+                raise VersionNotFound(f"no policy version {version}")
+            failed = row.status in ACTIVATABLE
+            if failed:
+                _move(row, VersionStatus.FAILED)
+            self._add_event(s, "weights_rejected", version, dict(detail) | {"failed": failed}, None)
+            return failed
 
     # -- rollback -----------------------------------------------------------------------------------
     def rollback_to(

@@ -125,6 +125,8 @@ class VersionRecord:
     pinned: bool = False  # an operator keeps its checkpoint whatever retention says
     pruned_at: datetime | None = None  # when retention deleted its checkpoint (then it cannot serve again)
     segment: str | None = None  # None: base weights; a name: that segment's LoRA adapter (checkpoint = adapter dir)
+    weights_nonce: str | None = None  # the transport's nonce for the attempt that carried these weights
+    weights_digest: str | None = None  # the sender's digest of the tensors it carried (receivers verify it)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", VersionStatus(self.status))  # a plain string names a member

@@ -16,13 +16,14 @@ from liveloop.transport.base import (
     TransportMisuse,
     TransportUnavailable,
     WeightHandle,
+    WeightsUnverified,
     byte_view,
 )
 from liveloop.transport.config import TransportConfig
 
 __all__ = [
     "HandleGone", "Receiver", "Sender", "TransportConfig", "TransportError", "TransportFailed", "TransportMisuse",
-    "TransportUnavailable", "WeightHandle", "byte_view", "make_receiver", "make_sender",
+    "TransportUnavailable", "WeightHandle", "WeightsUnverified", "byte_view", "make_receiver", "make_sender",
 ]
 
 

@@ -10,9 +10,16 @@ process, shaped like vLLM's native weight-transfer protocol.
     with receiver.open(handle) as source:        # a WeightSource the engine reads (NamedTensors,
         await engine.update_weights(source, v)   # CheckpointDir); HandleGone if its memory is gone
 
-A `WeightHandle` is small and JSON-serializable; `receiver.handle_for(version, checkpoint_path)` rebuilds
-it from what the store already knows (memory backends name their memory after the version), so a
-server finds a version's memory from its `policy_versions` row alone.
+A `WeightHandle` is small and JSON-serializable; `receiver.handle_for(version, checkpoint_path, nonce=,
+digest=)` rebuilds it from what the store already knows (memory backends name their memory after the
+version), so a server finds a version's memory from its `policy_versions` row alone.
+
+Weights are authenticated: a finished handle carries the sender's random `nonce` for the attempt and
+its `digest` of the tensors (`TensorDigest`: sha256 over each tensor's name, dtype, shape and bytes,
+computed while they are written), the learner records both in the version's row, and a receiver
+verifies the weights against the handle rebuilt from that row before it yields anything
+(`WeightsUnverified` otherwise: the version is not served). A memory backend never opens a handle
+without them (HandleGone: the receiver falls back to the durable checkpoint).
 
 A sender is a small state machine (idle -> updating -> idle): `finish` or `abort` ends an update, and a
 failed `send` or `finish` aborts it before raising `TransportFailed`, so a version is published only
@@ -22,8 +29,10 @@ when finish succeeded. Backends supply `_start`, `_send`, `_finish` and `_abort`
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
+import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +65,53 @@ class TransportUnavailable(TransportError):
     """The backend cannot run here (no GPU, no vLLM, no /dev/shm)."""
 
 
+class WeightsUnverified(TransportError):
+    """The weights found for a handle are not the ones its row names (another nonce, another digest,
+    a file that is not ours): nothing of them may serve."""
+
+
+class TensorDigest:
+    """The digest a version's row names: sha256 over each tensor in the order given, as its name, dtype,
+    shape and row-major bytes. Sender and receiver feed it the same manifest order; names with tied
+    storage are fed once per name (their bytes are equal)."""
+
+    name = "sha256"
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+
+    def update(self, name: str, dtype: str, shape: list[int] | tuple[int, ...], data: Any) -> None:
+        """`data`: a buffer of the tensor's bytes (a memoryview of the mapped file: no copy)."""
+        self._h.update(json.dumps([name, dtype, list(shape)]).encode() + b"\n")
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def new_nonce() -> str:
+    """A random nonce for one attempt at sending a version (32 hex characters)."""
+    return secrets.token_hex(16)
+
+
+def require_authenticated(handle: "WeightHandle", where: str) -> None:
+    """HandleGone unless the handle (its row) names a nonce and a digest: memory nothing can verify is
+    never read (a row from before digests falls back to its durable checkpoint)."""
+    if not handle.nonce or not handle.digest:
+        raise HandleGone(f"{where}: version {handle.version}'s row names no nonce and digest: its memory is not used")
+
+
+def verify(handle: "WeightHandle", nonce: str | None, digest: str | None, where: str) -> None:
+    """The nonce and digest found at `where` against the handle's (the row's): WeightsUnverified unless
+    the handle names both and both match."""
+    if not handle.nonce or not handle.digest:
+        raise WeightsUnverified(f"{where}: version {handle.version}'s row names no nonce and digest: its weights cannot be verified")
+    if not secrets.compare_digest(str(nonce or ""), handle.nonce):
+        raise WeightsUnverified(f"{where}: nonce {nonce!r} is not version {handle.version}'s ({handle.nonce})")
+    if not secrets.compare_digest(str(digest or ""), handle.digest):
+        raise WeightsUnverified(f"{where}: the weights' digest {digest} is not version {handle.version}'s ({handle.digest})")
+
+
 @dataclass(frozen=True)
 class WeightHandle:
     """Where a finished version's weights are: the backend, the version, and the backend's location
@@ -65,14 +121,22 @@ class WeightHandle:
     version: int
     location: str
     detail: Mapping[str, Any] = field(default_factory=dict)
+    nonce: str | None = None  # the sender's nonce for this attempt (the row's `weights_nonce`)
+    digest: str | None = None  # the sender's digest of the weights (the row's `weights_digest`)
 
     def to_json(self) -> str:
-        return json.dumps({"backend": self.backend, "version": self.version, "location": self.location, "detail": dict(self.detail)})
+        return json.dumps({
+            "backend": self.backend, "version": self.version, "location": self.location, "detail": dict(self.detail),
+            "nonce": self.nonce, "digest": self.digest,
+        })
 
     @classmethod
     def from_json(cls, text: str) -> "WeightHandle":
         data = json.loads(text)
-        return cls(str(data["backend"]), int(data["version"]), str(data["location"]), dict(data.get("detail") or {}))
+        return cls(
+            str(data["backend"]), int(data["version"]), str(data["location"]), dict(data.get("detail") or {}),
+            data.get("nonce"), data.get("digest"),
+        )
 
 
 class Sender:
@@ -173,15 +237,23 @@ class Receiver:
 
     backend = "?"
 
-    def handle_for(self, version: int, checkpoint_path: str | None = None) -> WeightHandle:
-        """The handle of `version` as its sender would have finished it (memory backends derive it from
-        the version; checkpoint_dir from the path the version row records)."""
+    def handle_for(
+        self, version: int, checkpoint_path: str | None = None, *, nonce: str | None = None, digest: str | None = None
+    ) -> WeightHandle:
+        """The handle of `version` as its sender finished it, from its row: memory backends derive the
+        location from the version, checkpoint_dir from the path; `nonce` and `digest` are the row's
+        `weights_nonce` and `weights_digest` (what `open` verifies the weights against)."""
         raise NotImplementedError
+
+    def handle_of(self, record: Any) -> WeightHandle:
+        """`handle_for` a version row (a store `VersionRecord`)."""
+        return self.handle_for(record.version, record.checkpoint_path, nonce=record.weights_nonce, digest=record.weights_digest)
 
     @contextlib.contextmanager
     def open(self, handle: WeightHandle) -> Iterator[WeightSource]:
-        """The weights of `handle`, valid inside the block only (the engine copies them into its model
-        there). Raises HandleGone when they are not there any more."""
+        """The weights of `handle`, verified against its nonce and digest, valid inside the block only
+        (the engine copies them into its model there). Raises HandleGone when they are not there any
+        more, WeightsUnverified when what is there is not what the row names."""
         raise NotImplementedError
         yield  # pragma: no cover
 

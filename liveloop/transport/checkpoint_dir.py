@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from liveloop.checkpoint import checkpoint_digest, fsync_dir, fsync_tree
 from liveloop.server.engines.base import CheckpointDir, WeightSource
-from liveloop.transport.base import HandleGone, Receiver, Sender, WeightHandle
+from liveloop.transport.base import HandleGone, Receiver, Sender, WeightHandle, WeightsUnverified, new_nonce
 
 INDEX = "model.safetensors.index.json"
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -70,11 +71,14 @@ class CheckpointDirSender(Sender):
             for name in CONFIG_FILES:
                 if (self.base_model / name).exists():
                     shutil.copy(self.base_model / name, tmp / name)
+        fsync_tree(tmp)
+        digest = checkpoint_digest(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        fsync_dir(final.parent)
         self._tmp = None
-        return WeightHandle(self.backend, version, str(final.resolve()))
+        return WeightHandle(self.backend, version, str(final.resolve()), nonce=new_nonce(), digest=digest)
 
     def _abort(self, version: int) -> None:
         tmp, self._tmp = self._tmp, None
@@ -85,26 +89,45 @@ class CheckpointDirSender(Sender):
 class CheckpointDirReceiver(Receiver):
     backend = "checkpoint_dir"
 
-    def handle_for(self, version: int, checkpoint_path: str | None = None) -> WeightHandle:
+    def handle_for(
+        self, version: int, checkpoint_path: str | None = None, *, nonce: str | None = None, digest: str | None = None
+    ) -> WeightHandle:
+        """`digest`: the checkpoint's sha256 (the row's `checkpoint_sha256`); the nonce is not checked
+        here (the files' digest covers every byte read)."""
         if not checkpoint_path:
             raise HandleGone(f"checkpoint_dir: version {version} records no checkpoint path")
-        return WeightHandle(self.backend, version, checkpoint_path)
+        return WeightHandle(self.backend, version, checkpoint_path, nonce=nonce, digest=digest)
+
+    def handle_of(self, record) -> WeightHandle:  # noqa: ANN001
+        return self.handle_for(record.version, record.checkpoint_path, nonce=record.weights_nonce, digest=record.checkpoint_sha256)
 
     @contextlib.contextmanager
     def open(self, handle: WeightHandle) -> Iterator[WeightSource]:
         path = Path(handle.location)
         if not is_checkpoint(path):
             raise HandleGone(f"checkpoint_dir: {path} is not a checkpoint directory (not written yet, or deleted)")
+        verify_checkpoint(path, handle.digest, handle.version)
         yield CheckpointDir(path)
 
     def tensors(self, handle: WeightHandle) -> dict[str, torch.Tensor]:
         path = Path(handle.location)
         if not is_checkpoint(path):
             raise HandleGone(f"checkpoint_dir: {path} is not a checkpoint directory")
+        verify_checkpoint(path, handle.digest, handle.version)
         state: dict[str, torch.Tensor] = {}
         for f in sorted(path.glob("*.safetensors")):
             state.update(load_file(str(f)))
         return state
+
+
+def verify_checkpoint(path: str | Path, sha256: str | None, version: int | None = None) -> None:
+    """WeightsUnverified unless the directory's safetensors files hash to `sha256` (None: nothing to
+    check against, the base model or a row from before digests)."""
+    if not sha256:
+        return
+    found = checkpoint_digest(path)
+    if found != sha256:
+        raise WeightsUnverified(f"checkpoint_dir: {path} hashes to {found}, version {version}'s row names {sha256}")
 
 
 def is_checkpoint(path: str | Path) -> bool:

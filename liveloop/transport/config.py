@@ -2,7 +2,7 @@
 
     [transport]
     backend = "shared_memory"    # checkpoint_dir | shared_memory | ipc | nccl
-    namespace = "auto"           # names this deployment's segments (auto: from the store URL)
+    namespace = "auto"           # this deployment's private directory (auto: its random id, from the store)
     keep_versions = 2            # memory backends: versions whose memory may stay alive at once
 
 `checkpoint_dir` is today's path (a directory on disk; works across machines and is itself durable).
@@ -12,7 +12,6 @@ CUDA IPC handles) and `nccl` (other GPUs) follow vLLM's weight-transfer backends
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -21,7 +20,7 @@ from liveloop.config import check_literals
 
 Backend = Literal["checkpoint_dir", "shared_memory", "ipc", "nccl"]
 
-# POSIX shared memory names are file names under /dev/shm (macOS allows 31 characters in all)
+# a directory name under /dev/shm/liveloop-<uid>/
 _NAMESPACE = re.compile(r"[A-Za-z0-9_]{1,16}")
 
 
@@ -33,8 +32,9 @@ class TransportConfig:
     )
     namespace: str = field(
         default="auto",
-        metadata={"help": "names this deployment's shared segments; the learner and the server must use the same (letters, "
-                  "digits, _; at most 16); auto: derived from the store's URL, so deployments on one machine never mix"},
+        metadata={"help": "this deployment's private shared-memory directory; the learner and the server must use the same "
+                  "(letters, digits, _; at most 16); auto: the deployment's random id, which the store's migration "
+                  "generates, so deployments on one machine never mix (whatever their store URLs)"},
     )
     keep_versions: int = field(
         default=2, metadata={"help": "memory backends: at most this many versions' memory alive at once (older ones are removed)"}
@@ -68,11 +68,19 @@ class TransportConfig:
             raise ValueError(f"world_size: nccl needs the sender and at least one worker, got {self.world_size}")
 
     def for_deployment(self, store_url: str) -> "TransportConfig":
-        """This config with an "auto" namespace replaced by one derived from the deployment's store URL."""
+        """This config with an "auto" namespace replaced by the deployment's random id, read from the
+        (migrated) store at `store_url`: never derived from the URL itself, which two checkouts on the
+        default relative SQLite URL share."""
         if self.namespace != "auto":
             return self
-        digest = hashlib.sha256(store_url.encode()).hexdigest()[:12]
-        return replace(self, namespace=f"ll{digest}")
+        from liveloop.store import Store, StoreConfig
+
+        store = Store(StoreConfig(url=store_url))
+        try:
+            ident = store.deployment_id()
+        finally:
+            store.close()
+        return replace(self, namespace=f"d{ident[:15]}")
 
     @property
     def in_memory(self) -> bool:

@@ -20,13 +20,20 @@ are torch's own and are exercised only by bench/gpu_check.sh on a GPU machine.
             may instead unpickle it itself and pass `ipc_handles`.) For the hf engine on the same GPU,
             `open(handle)` rebuilds the tensors as NamedTensors (views of the learner's memory).
 
-The pickle travels only through a 0600 shared memory segment of the same user, never the network.
+Authenticated: the mailbox is a file in the deployment's private directory (`private_dir`), and its
+handle carries the attempt's nonce and a digest of the exact `update_info` it holds (the pickled IPC
+handles included), which the learner records in the version's row. The receiver checks both against
+the handle rebuilt from that row BEFORE anything is unpickled or handed to vLLM: pickle is never
+loaded from an unchecked file. (The digest covers the handles, not the tensor bytes: those stay in the
+learner's GPU memory, which another process reaches only through these handles.)
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
+import json
 import pickle
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -35,11 +42,18 @@ import torch
 
 from liveloop.server.engines.base import NamedTensors, WeightSource
 from liveloop.transport import shared_memory as shm
-from liveloop.transport.base import HandleGone, Receiver, Sender, TransportFailed, TransportUnavailable, WeightHandle
+from liveloop.transport.base import (
+    HandleGone, Receiver, Sender, TransportFailed, TransportUnavailable, WeightHandle, new_nonce, require_authenticated, verify,
+)
 
 
 def mailbox_name(namespace: str, version: int) -> str:
-    return f"ll_{namespace}_v{version:08d}_m"  # the shared_memory manifest's name: one naming scheme
+    return shm.manifest_name(namespace, version)  # the shared_memory manifest's path: one naming scheme
+
+
+def payload_digest(update_info: dict[str, Any]) -> str:
+    """sha256 of an `update_info` in canonical JSON (what the row's `weights_digest` names for ipc)."""
+    return hashlib.sha256(json.dumps(update_info, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def encode_handles(handles: list[dict[str, tuple]]) -> str:
@@ -103,12 +117,14 @@ class IpcSender(Sender):
         names, dtypes, shapes, handles, refs = self._pending  # type: ignore[misc]
         torch.cuda.synchronize()  # the copies are complete before anyone reads them
         name = mailbox_name(self.namespace, version)
-        shm.write_doc(name, {"version": version, "update_info": update_payload(names, dtypes, shapes, handles, pickled=True)})
+        info, nonce = update_payload(names, dtypes, shapes, handles, pickled=True), new_nonce()
+        digest = payload_digest(info)
+        shm.write_doc(name, {"version": version, "nonce": nonce, "update_info": info})
         self._alive[version] = refs
         self._pending = None
         for old in sorted(self._alive)[: max(0, len(self._alive) - self.keep_versions)]:
             self.release(old)
-        return WeightHandle(self.backend, version, name, {"tensors": len(names)})
+        return WeightHandle(self.backend, version, name, {"tensors": len(names)}, nonce=nonce, digest=digest)
 
     def _abort(self, version: int) -> None:
         self._pending = None
@@ -126,15 +142,21 @@ class IpcReceiver(Receiver):
     def __init__(self, namespace: str):
         self.namespace = namespace
 
-    def handle_for(self, version: int, checkpoint_path: str | None = None) -> WeightHandle:
-        return WeightHandle(self.backend, version, mailbox_name(self.namespace, version))
+    def handle_for(
+        self, version: int, checkpoint_path: str | None = None, *, nonce: str | None = None, digest: str | None = None
+    ) -> WeightHandle:
+        return WeightHandle(self.backend, version, mailbox_name(self.namespace, version), nonce=nonce, digest=digest)
 
     def update_request(self, handle: WeightHandle) -> dict[str, Any]:
-        """The `update_info` for vLLM's `update_weights` (see the module docstring)."""
+        """The `update_info` for vLLM's `update_weights` (see the module docstring), verified against the
+        handle's nonce and digest before it is returned (WeightsUnverified otherwise)."""
+        require_authenticated(handle, "ipc")
         doc = shm.read_doc(handle.location)
         if doc.get("version") != handle.version:
             raise HandleGone(f"ipc: {handle.location} holds version {doc.get('version')}, not {handle.version}")
-        return doc["update_info"]
+        info = doc.get("update_info")
+        verify(handle, doc.get("nonce"), payload_digest(info) if isinstance(info, dict) else None, handle.location)
+        return info
 
     @contextlib.contextmanager
     def open(self, handle: WeightHandle) -> Iterator[WeightSource]:

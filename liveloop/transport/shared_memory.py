@@ -1,53 +1,64 @@
-"""The `shared_memory` backend: tensors handed to a co-located engine in another process through POSIX
-shared memory (/dev/shm), without touching disk.
+"""The `shared_memory` backend: tensors handed to a co-located engine in another process through shared
+memory (/dev/shm), without touching disk.
 
-Layout of one version (namespace `ns`, version `v`, a random `nonce` per attempt):
+Everything lives in the deployment's private directory (`private_dir`: /dev/shm/liveloop-<uid>/<ns>/,
+0700, ours), never under a name in /dev/shm that anyone could create first. One version `v`, a random
+`nonce` per attempt:
 
-    ll_ns_v00000007_m               the manifest: MAGIC, then a JSON length and the JSON
-    ll_ns_v00000007_<nonce>_0000    one data segment per `send` call, each tensor at a 64-byte aligned
-    ll_ns_v00000007_<nonce>_0001    offset, its raw bytes in row-major order
+    v00000007.m                     the manifest: MAGIC, then a JSON length and the JSON
+    v00000007.<nonce>.0000          one data file per `send` call, each tensor at a 64-byte aligned
+    v00000007.<nonce>.0001          offset, its raw bytes in row-major order
     ...
 
-The manifest lists every tensor (name, dtype, shape, segment, offset, bytes) and every data segment. It
-is written at `finish`, its MAGIC last: a reader that finds no MAGIC sees an unfinished version
-(HandleGone), never half of one. The nonce keeps a manifest from ever pointing at another attempt's
-data (a version number is reused when an attempt failed before its row was recorded). Tensors that
-share memory (tied embeddings) are stored once and listed under each name.
+The manifest lists every tensor (name, dtype, shape, segment, offset, bytes), every data file, the
+nonce and the digest (`TensorDigest`, fed each tensor as it is copied in). It is written at `finish`,
+its MAGIC last: a reader that finds no MAGIC sees an unfinished version (HandleGone), never half of
+one. The learner records the handle's nonce and digest in the version's row; a receiver opens a handle
+rebuilt from that row, and before it yields a tensor checks the manifest's nonce and the digest of the
+bytes it mapped against it (`WeightsUnverified` otherwise). Tensors that share memory (tied embeddings)
+are stored once and listed under each name. Files are 0600, created O_EXCL | O_NOFOLLOW and mapped;
+anything in the namespace that is not our own regular 0600 file is foreign: `scan` reports it, and
+nothing reads it.
 
-Lifetime: segments are not tied to the process that made them (Python's resource tracker would unlink
-them when the learner dies, and with them the only copy of a version whose durable checkpoint is not
-written yet). They go when: an update is aborted or fails (its own segments, at once); the sender
-`init`s (every unfinished version of the namespace: what a crashed sender left); a version is
-`release`d (its durable checkpoint exists); a receiver has loaded a newer version (`loaded`: older ones),
-and its own when its durable checkpoint exists; or more than `keep_versions` finished versions exist
-(the oldest). So at most `keep_versions` finished versions are alive, plus the one being sent.
-A receiver's tensors are views into the shared memory (no copy until the engine's own); they are
-valid inside `open`'s block only.
+Lifetime: files are not tied to the process that made them (they must outlive the learner that sent
+them while no durable checkpoint exists). They go when: an update is aborted or fails (its own files,
+at once); the sender `init`s (every unfinished version of the namespace: what a crashed sender left);
+a version is `release`d (its durable checkpoint exists); a receiver has loaded a newer version
+(`loaded`: older ones), and its own when its durable checkpoint exists; more than `keep_versions`
+finished versions exist (the oldest); or a starting server `sweep`s the versions nothing can serve.
+A receiver's tensors are views into the mapped files (no copy until the engine's own); they are valid
+inside `open`'s block only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import mmap
 import os
 import re
-import secrets
+import stat
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-import _posixshmem
-from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
 import torch
 
 from liveloop.server.engines.base import NamedTensors, WeightSource
-from liveloop.transport.base import HandleGone, Receiver, Sender, TransportFailed, WeightHandle
+from liveloop.transport import private_dir
+from liveloop.transport.base import (
+    HandleGone, Receiver, Sender, TensorDigest, TransportFailed, WeightHandle, WeightsUnverified, new_nonce, require_authenticated, verify,
+)
+from liveloop.transport.private_dir import Foreign, ForeignFile
 
-MAGIC = b"LLWTMAN1"
+log = logging.getLogger(__name__)
+
+MAGIC = b"LLWTMAN2"
 _HEADER = struct.Struct("<8sQ")  # MAGIC, JSON length
 _ALIGN = 64
-SHM_DIR = Path("/dev/shm")
+_FILE = re.compile(r"v(\d{8})\.(m|([0-9a-f]{32})\.\d{4})")
 
 _DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
@@ -66,138 +77,137 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def directory(namespace: str) -> Path:
+    """The namespace's private directory (made 0700 or checked: see `private_dir`)."""
+    return private_dir.namespace_dir(namespace)
+
+
 def manifest_name(namespace: str, version: int) -> str:
-    return f"ll_{namespace}_v{version:08d}_m"
+    """The path of `version`'s manifest (also the ipc mailbox's: one naming scheme)."""
+    return str(directory(namespace) / f"v{version:08d}.m")
 
 
-def _data_name(namespace: str, version: int, nonce: str, index: int) -> str:
-    return f"ll_{namespace}_v{version:08d}_{nonce}_{index:04d}"
+def _data_name(version: int, nonce: str, index: int) -> str:
+    return f"v{version:08d}.{nonce}.{index:04d}"
 
 
-def _segment_pattern(namespace: str) -> re.Pattern[str]:
-    return re.compile(rf"ll_{re.escape(namespace)}_v(\d{{8}})_(m|[0-9a-f]{{8}}_\d{{4}})")
+@dataclass(frozen=True)
+class Scan:
+    """A namespace's files: ours by version (file names), and what is foreign there."""
+
+    versions: dict[int, list[str]]
+    foreign: list[Foreign]
 
 
-# -- segments not owned by the resource tracker ------------------------------------------------------
-def _create(name: str, size: int) -> shared_memory.SharedMemory:
-    shm = shared_memory.SharedMemory(name=name, create=True, size=max(size, 1))
-    _untrack(shm)
-    return shm
-
-
-def _attach(name: str) -> shared_memory.SharedMemory:
-    shm = shared_memory.SharedMemory(name=name)
-    _untrack(shm)
-    return shm
-
-
-def _untrack(shm: shared_memory.SharedMemory) -> None:
-    # Python < 3.13 registers every segment (created or attached) with the resource tracker, which
-    # unlinks it when this process exits: a version's memory must outlive the learner that sent it
-    # (and a receiver must not remove what it only read).
-    with contextlib.suppress(Exception):
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-
-
-def unlink(name: str) -> bool:
-    """Remove segment `name` (its memory goes once nobody maps it); whether it existed."""
-    # not SharedMemory.unlink: it would tell the resource tracker about a segment it no longer tracks
+def scan(namespace: str) -> Scan:
+    """What the namespace directory holds. A file is ours when its name is one this module makes and
+    lstat says it is a regular file of our uid, mode 0600 at most; anything else is foreign (a planted
+    file, a symlink, another owner): reported here, never read."""
+    path = directory(namespace)
+    found: dict[int, list[str]] = {}
+    foreign: list[Foreign] = []
     try:
-        _posixshmem.shm_unlink("/" + name)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _close(shm: shared_memory.SharedMemory) -> None:
-    try:
-        shm.close()
-    except BufferError:  # a tensor still views it: the mapping goes when that tensor does
-        pass
+        names = os.listdir(path)
+    except OSError:
+        return Scan(found, foreign)
+    uid = os.getuid()
+    for name in names:
+        try:
+            st = os.lstat(path / name)
+        except FileNotFoundError:
+            continue
+        m = _FILE.fullmatch(name)
+        if m is None:
+            foreign.append(Foreign(str(path / name), "not a name this deployment makes"))
+        elif not stat.S_ISREG(st.st_mode) or st.st_uid != uid or stat.S_IMODE(st.st_mode) & 0o077:
+            foreign.append(Foreign(str(path / name), f"not our own 0600 file (uid {st.st_uid}, mode {st.st_mode:o})"))
+        else:
+            found.setdefault(int(m.group(1)), []).append(name)
+    return Scan(found, foreign)
 
 
 def segments(namespace: str) -> dict[int, list[str]]:
-    """This namespace's segments in /dev/shm, by version (empty where /dev/shm cannot be listed)."""
-    pattern = _segment_pattern(namespace)
-    found: dict[int, list[str]] = {}
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return found
-    for name in names:
-        m = pattern.fullmatch(name)
-        if m:
-            found.setdefault(int(m.group(1)), []).append(name)
-    return found
+    """This namespace's files of ours, by version (empty where the directory cannot be listed)."""
+    return scan(namespace).versions
 
 
 def committed(namespace: str, version: int) -> bool:
     """Whether `version` has a finished manifest."""
     try:
-        shm = _attach(manifest_name(namespace, version))
-    except FileNotFoundError:
+        read_doc(manifest_name(namespace, version))
+    except (HandleGone, WeightsUnverified):
         return False
-    try:
-        return len(shm.buf) >= _HEADER.size and bytes(shm.buf[:8]) == MAGIC
-    finally:
-        _close(shm)
+    return True
 
 
 def remove_version(namespace: str, version: int) -> int:
-    """Unlink every segment of `version` (the manifest first: readers stop finding it); how many went."""
-    names = segments(namespace).get(version, [])
-    names.sort(key=lambda n: not n.endswith("_m"))
-    gone = sum(unlink(n) for n in names)
-    if not names:  # /dev/shm not listable: at least the manifest and what it names
-        gone += _remove_by_manifest(namespace, version)
-    return gone
+    """Remove every file of `version` (the manifest first: readers stop finding it); how many went."""
+    path = directory(namespace)
+    names = sorted(segments(namespace).get(version, []), key=lambda n: not n.endswith(".m"))
+    gone = private_dir.remove(path / f"v{version:08d}.m")  # whatever sits under the manifest's name
+    return gone + sum(private_dir.remove(path / n) for n in names if not n.endswith(".m"))
 
 
-def _remove_by_manifest(namespace: str, version: int) -> int:
-    try:
-        manifest = _read_manifest(manifest_name(namespace, version))
-    except HandleGone:
-        return 0
-    gone = unlink(manifest_name(namespace, version))
-    return gone + sum(unlink(s["name"]) for s in manifest["segments"])
-
-
-def _read_manifest(name: str) -> dict:
-    return read_doc(name)
+def unlink(name: str) -> bool:
+    """Remove the file at path `name`; whether it existed."""
+    return private_dir.remove(Path(name))
 
 
 def write_doc(name: str, doc: dict) -> None:
-    """A small JSON document in its own segment, its MAGIC written last (readers see all or nothing)."""
+    """A small JSON document in its own new file at path `name`, its MAGIC written last (readers see
+    all or nothing)."""
     body = json.dumps(doc).encode()
-    shm = _create(name, _HEADER.size + len(body))
+    buf = private_dir.create(Path(name), _HEADER.size + len(body))
     try:
-        shm.buf[_HEADER.size:_HEADER.size + len(body)] = body
-        struct.pack_into("<Q", shm.buf, 8, len(body))
-        shm.buf[:8] = MAGIC
+        buf[_HEADER.size:_HEADER.size + len(body)] = body
+        struct.pack_into("<Q", buf, 8, len(body))
+        buf[:8] = MAGIC
+        buf.flush()
     finally:
-        _close(shm)
+        private_dir.close(buf)
 
 
 def read_doc(name: str) -> dict:
-    """The document `write_doc` finished under `name`; HandleGone if it is missing or unfinished."""
+    """The document `write_doc` finished at path `name`; HandleGone if it is missing or unfinished,
+    WeightsUnverified if what is there is not our own file."""
     try:
-        shm = _attach(name)
+        buf = private_dir.open_mapped(Path(name))
     except FileNotFoundError:
         raise HandleGone(f"shared_memory: {name} is gone") from None
+    except ForeignFile as exc:
+        raise WeightsUnverified(f"shared_memory: {exc}") from None
     try:
-        if len(shm.buf) < _HEADER.size:
+        if len(buf) < _HEADER.size:
             raise HandleGone(f"shared_memory: {name} is not a manifest")
-        magic, length = _HEADER.unpack_from(shm.buf, 0)
-        if magic != MAGIC or _HEADER.size + length > len(shm.buf):
+        magic, length = _HEADER.unpack_from(buf, 0)
+        if magic != MAGIC or _HEADER.size + length > len(buf):
             raise HandleGone(f"shared_memory: {name} was never finished")
-        return json.loads(bytes(shm.buf[_HEADER.size:_HEADER.size + length]))
+        try:
+            return json.loads(bytes(buf[_HEADER.size:_HEADER.size + length]))
+        except ValueError:
+            raise WeightsUnverified(f"shared_memory: {name} is not a manifest this deployment wrote") from None
     finally:
-        _close(shm)
+        private_dir.close(buf)
 
 
-def _free_bytes() -> int | None:
+def sweep(namespace: str, servable: Callable[[int], bool]) -> tuple[list[int], list[Foreign]]:
+    """At a server's start: remove every version of the namespace that is unfinished or that
+    `servable(version)` says nothing may serve any more (what a killed learner or server left), and
+    report the foreign files. Returns (versions removed, foreign files)."""
+    found = scan(namespace)
+    removed = []
+    for version in sorted(found.versions):
+        if not committed(namespace, version) or not servable(version):
+            remove_version(namespace, version)
+            removed.append(version)
+    for f in found.foreign:
+        log.warning("shared memory: foreign file %s in this deployment's namespace (%s): ignored", f.path, f.why)
+    return removed, found.foreign
+
+
+def _free_bytes(path: Path) -> int | None:
     try:
-        st = os.statvfs(SHM_DIR)
+        st = os.statvfs(path)
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
@@ -211,9 +221,10 @@ def _aligned(n: int) -> int:
 @dataclass
 class _Update:
     nonce: str
+    digest: TensorDigest
     segments: list[dict]  # {"name", "size"}
     tensors: list[dict]  # {"name", "dtype", "shape", "segment", "offset", "nbytes"}
-    created: list[str]  # every segment name created so far (for abort)
+    created: list[Path]  # every file created so far (for abort)
 
 
 class SharedMemorySender(Sender):
@@ -227,14 +238,17 @@ class SharedMemorySender(Sender):
 
     def _init(self) -> None:
         # a sender that crashed mid-update left unfinished versions: nobody can ever read them
-        for version in segments(self.namespace):
+        found = scan(self.namespace)
+        for version in found.versions:
             if not committed(self.namespace, version):
                 remove_version(self.namespace, version)
+        for f in found.foreign:
+            log.warning("shared memory: foreign file %s in this deployment's namespace (%s): ignored", f.path, f.why)
 
     def _start(self, version: int) -> None:
         # a failed earlier attempt at this number had no row, so nothing serves from it
         remove_version(self.namespace, version)
-        self._update = _Update(secrets.token_hex(4), [], [], [])
+        self._update = _Update(new_nonce(), TensorDigest(), [], [], [])
 
     def _send(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
         u = self._update
@@ -255,44 +269,50 @@ class SharedMemorySender(Sender):
             if key is not None:
                 placed[key] = offset
             layout.append((name, t, offset))
-        free = _free_bytes()
+        folder = directory(self.namespace)
+        free = _free_bytes(folder)
         if free is not None and size > free:
-            raise TransportFailed(f"shared_memory: {SHM_DIR} has {free} bytes free, this send needs {size}")
-        seg_name = _data_name(self.namespace, version, u.nonce, len(u.segments))
-        shm = _create(seg_name, size)
-        u.created.append(seg_name)
+            raise TransportFailed(f"shared_memory: {folder} has {free} bytes free, this send needs {size}")
+        seg_name = _data_name(version, u.nonce, len(u.segments))
+        buf = private_dir.create(folder / seg_name, size)
+        u.created.append(folder / seg_name)
         try:
+            view = memoryview(buf)
             copied: set[int] = set()
             for name, t, offset in layout:
                 nbytes = t.numel() * t.element_size()
                 if nbytes and offset not in copied:
-                    dst = torch.frombuffer(shm.buf, dtype=torch.uint8, count=nbytes, offset=offset)
+                    dst = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
                     dst.view(t.dtype).view(t.shape).copy_(t.detach())  # any layout or device: one pass
                     del dst
                     copied.add(offset)
+                u.digest.update(name, dtype_name(t.dtype), list(t.shape), view[offset:offset + nbytes])
                 u.tensors.append({
                     "name": name, "dtype": dtype_name(t.dtype), "shape": list(t.shape),
                     "segment": len(u.segments), "offset": offset, "nbytes": nbytes,
                 })
+            view.release()
         finally:
-            _close(shm)
+            private_dir.close(buf)
         u.segments.append({"name": seg_name, "size": max(size, 1)})
 
     def _finish(self, version: int) -> WeightHandle:
         u = self._update
         assert u is not None
         name = manifest_name(self.namespace, version)
-        u.created.append(name)
-        write_doc(name, {"version": version, "nonce": u.nonce, "segments": u.segments, "tensors": u.tensors})
+        u.created.append(Path(name))
+        digest = u.digest.hexdigest()
+        write_doc(name, {"version": version, "nonce": u.nonce, "digest": digest, "segments": u.segments, "tensors": u.tensors})
         self._update = None
         self._keep_newest()
-        return WeightHandle(self.backend, version, name, {"segments": len(u.segments), "tensors": len(u.tensors)})
+        detail = {"segments": len(u.segments), "tensors": len(u.tensors)}
+        return WeightHandle(self.backend, version, name, detail, nonce=u.nonce, digest=digest)
 
     def _abort(self, version: int) -> None:
         u, self._update = self._update, None
         if u is not None:
-            for name in reversed(u.created):  # the manifest (if any) first
-                unlink(name)
+            for path in reversed(u.created):  # the manifest (if any) first
+                private_dir.remove(path)
 
     def release(self, version: int) -> None:
         remove_version(self.namespace, version)
@@ -316,30 +336,40 @@ class SharedMemoryReceiver(Receiver):
     def __init__(self, namespace: str):
         self.namespace = namespace
 
-    def handle_for(self, version: int, checkpoint_path: str | None = None) -> WeightHandle:
-        return WeightHandle(self.backend, version, manifest_name(self.namespace, version))
+    def handle_for(
+        self, version: int, checkpoint_path: str | None = None, *, nonce: str | None = None, digest: str | None = None
+    ) -> WeightHandle:
+        return WeightHandle(self.backend, version, manifest_name(self.namespace, version), nonce=nonce, digest=digest)
 
     @contextlib.contextmanager
     def open(self, handle: WeightHandle) -> Iterator[WeightSource]:
-        manifest = _read_manifest(handle.location)
+        require_authenticated(handle, "shared_memory")
+        manifest = read_doc(handle.location)
         if manifest.get("version") != handle.version:
             raise HandleGone(f"shared_memory: {handle.location} holds version {manifest.get('version')}, not {handle.version}")
-        mapped: list[shared_memory.SharedMemory] = []
+        verify(handle, manifest.get("nonce"), handle.digest, handle.location)
+        folder = Path(handle.location).parent
+        mapped: list[mmap.mmap] = []
         try:
             for s in manifest["segments"]:
+                m = _FILE.fullmatch(str(s["name"]))
+                if m is None or int(m.group(1)) != handle.version or m.group(3) != handle.nonce:
+                    raise WeightsUnverified(f"shared_memory: the manifest of version {handle.version} names {s['name']!r}")
                 try:
-                    shm = _attach(s["name"])
+                    buf = private_dir.open_mapped(folder / s["name"])
                 except FileNotFoundError:
                     raise HandleGone(f"shared_memory: version {handle.version}'s segment {s['name']} is gone") from None
-                mapped.append(shm)
-                if len(shm.buf) < s["size"]:
-                    raise HandleGone(f"shared_memory: segment {s['name']} is shorter than its manifest says")
-            tensors = {t["name"]: _view(mapped[t["segment"]], t) for t in manifest["tensors"]}
+                except ForeignFile as exc:
+                    raise WeightsUnverified(f"shared_memory: {exc}") from None
+                mapped.append(buf)
+                if len(buf) < s["size"]:
+                    raise WeightsUnverified(f"shared_memory: segment {s['name']} is shorter than its manifest says")
+            tensors = _verified(handle, manifest, mapped)
             yield NamedTensors(tensors)
             del tensors
         finally:
-            for shm in mapped:
-                _close(shm)
+            for buf in mapped:
+                private_dir.close(buf)
 
     def tensors(self, handle: WeightHandle) -> dict[str, torch.Tensor]:
         with self.open(handle) as source:
@@ -352,9 +382,28 @@ class SharedMemoryReceiver(Receiver):
                 remove_version(self.namespace, version)
 
 
-def _view(shm: shared_memory.SharedMemory, t: dict) -> torch.Tensor:
+def _verified(handle: WeightHandle, manifest: dict, mapped: list[mmap.mmap]) -> dict[str, torch.Tensor]:
+    """The manifest's tensors as views of the mapped files, after the digest of exactly those bytes
+    matched the handle's (WeightsUnverified otherwise)."""
+    digest = TensorDigest()
+    views = [memoryview(buf) for buf in mapped]
+    try:
+        for t in manifest["tensors"]:
+            if t["dtype"] not in _DTYPES or not 0 <= t["offset"] <= t["offset"] + t["nbytes"] <= len(mapped[t["segment"]]):
+                raise WeightsUnverified(f"shared_memory: version {handle.version}'s manifest entry {t['name']!r} is out of bounds")
+            digest.update(t["name"], t["dtype"], t["shape"], views[t["segment"]][t["offset"]:t["offset"] + t["nbytes"]])
+    except (KeyError, IndexError, TypeError) as exc:
+        raise WeightsUnverified(f"shared_memory: version {handle.version}'s manifest is malformed ({exc!r})") from None
+    finally:
+        for v in views:
+            v.release()
+    verify(handle, handle.nonce, digest.hexdigest(), handle.location)
+    return {t["name"]: _view(mapped[t["segment"]], t) for t in manifest["tensors"]}
+
+
+def _view(buf: mmap.mmap, t: dict) -> torch.Tensor:
     dtype, shape = _DTYPES[t["dtype"]], tuple(t["shape"])
     if t["nbytes"] == 0:
         return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(shm.buf, dtype=torch.uint8, count=t["nbytes"], offset=t["offset"])
+    flat = torch.frombuffer(buf, dtype=torch.uint8, count=t["nbytes"], offset=t["offset"])
     return flat.view(dtype).view(shape)

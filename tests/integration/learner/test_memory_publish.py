@@ -42,7 +42,8 @@ def test_publish_hands_over_in_memory_then_writes_the_durable_checkpoint(store, 
     assert record.status == VersionStatus.PUBLISHED and store.get_cursor("sao") == 2
     assert is_checkpoint(record.checkpoint_path) and record.checkpoint_sha256
     receiver = make_receiver(transport)
-    memory = receiver.tensors(receiver.handle_for(1, record.checkpoint_path))
+    assert record.weights_nonce and record.weights_digest  # the handle's, recorded with the row
+    memory = receiver.tensors(receiver.handle_of(record))  # verified against them
     trained = learner.policy.state_dict()
     assert memory.keys() >= {k for k in trained if not k.endswith("lm_head.weight")}
     assert all(torch.equal(memory[k], v) for k, v in trained.items() if k in memory)

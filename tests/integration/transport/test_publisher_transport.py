@@ -17,11 +17,11 @@ from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.publisher import NotServable, Publisher
 from liveloop.server.startup import finish_start, start_point
 from liveloop.store import VersionStatus
-from liveloop.transport import TransportConfig, byte_view, make_receiver, make_sender
+from liveloop.transport import TransportConfig, WeightHandle, byte_view, make_receiver, make_sender
 from liveloop.transport import shared_memory as shm
 
 
-def _learner_sends(model_dir: str, namespace: str, version: int, seed: int) -> None:
+def _learner_sends(model_dir: str, namespace: str, version: int, seed: int, out) -> None:
     """A learner in another process: the tiny model's weights, moved, sent through shared memory."""
     from transformers import AutoModelForCausalLM
 
@@ -38,14 +38,24 @@ def _learner_sends(model_dir: str, namespace: str, version: int, seed: int) -> N
     half = len(names) // 2
     sender.send({k: state[k] for k in names[:half]})  # several sends, like a layer at a time
     sender.send({k: state[k] for k in names[half:]})
-    sender.finish()
+    out.put(sender.finish().to_json())
 
 
-def send_from_another_process(model_dir: Path, namespace: str, version: int, seed: int) -> None:
-    p = mp.get_context("spawn").Process(target=_learner_sends, args=(str(model_dir), namespace, version, seed))
+def send_from_another_process(model_dir: Path, namespace: str, version: int, seed: int) -> WeightHandle:
+    """The handle the learner finished: its nonce and digest are what it records in the version's row."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=_learner_sends, args=(str(model_dir), namespace, version, seed, out))
     p.start()
+    handle = WeightHandle.from_json(out.get(timeout=300))
     p.join(300)
     assert p.exitcode == 0
+    return handle
+
+
+def row_of(handle: WeightHandle) -> dict[str, str | None]:
+    """What the learner records in the version's row from the handle it finished."""
+    return {"weights_nonce": handle.nonce, "weights_digest": handle.digest}
 
 
 async def generate(engine, n: int = 4) -> tuple[int, list[int]]:
@@ -66,11 +76,11 @@ def served_state_equals(engine, expected: dict[str, torch.Tensor]) -> bool:
 async def test_version_sent_by_another_process_swaps_in_from_memory(engine, store, model_dir, namespace, tmp_path):
     config = TransportConfig(backend="shared_memory", namespace=namespace)
     receiver = make_receiver(config)
-    send_from_another_process(model_dir, namespace, 1, seed=3)
-    expected = receiver.tensors(receiver.handle_for(1))
+    sent = send_from_another_process(model_dir, namespace, 1, seed=3)
+    expected = receiver.tensors(sent)
     assert not served_state_equals(engine, expected)
     durable = tmp_path / "v000001" / "policy"  # where the learner will write it, after the swap
-    store.add_version(1, parent=0, checkpoint_path=str(durable), status=VersionStatus.PUBLISHED)
+    store.add_version(1, parent=0, checkpoint_path=str(durable), status=VersionStatus.PUBLISHED, **row_of(sent))
     publisher = Publisher(engine, store, Metrics(), receiver=receiver)
 
     result = await publisher.activate(store.get_version(1))
@@ -85,8 +95,8 @@ async def test_version_sent_by_another_process_swaps_in_from_memory(engine, stor
     # no durable checkpoint yet: its memory stays (the learner releases it once written)
     assert 1 in shm.segments(namespace)
     # the next version: older memory goes once it is loaded
-    send_from_another_process(model_dir, namespace, 2, seed=4)
-    store.add_version(2, parent=1, checkpoint_path=str(tmp_path / "v000002" / "policy"), status=VersionStatus.PUBLISHED)
+    sent = send_from_another_process(model_dir, namespace, 2, seed=4)
+    store.add_version(2, parent=1, checkpoint_path=str(tmp_path / "v000002" / "policy"), status=VersionStatus.PUBLISHED, **row_of(sent))
     assert await publisher.activate(store.get_version(2)) is not None and publisher.last_swap_via == "shared_memory"
     assert sorted(shm.segments(namespace)) == [2]
     # a rollback reads durable checkpoints only: refused while version 1's is not written
@@ -131,10 +141,10 @@ async def test_a_version_without_weights_is_failed_after_the_wait_and_the_old_on
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_restart_serves_memory_or_the_nearest_durable_ancestor(engine, store, model_dir, namespace, tmp_path):
     receiver = make_receiver(TransportConfig(backend="shared_memory", namespace=namespace))
-    store.add_version(1, parent=0, checkpoint_path=str(tmp_path / "v000001" / "policy"), status=VersionStatus.PUBLISHED)
+    sent = send_from_another_process(model_dir, namespace, 1, seed=5)
+    store.add_version(1, parent=0, checkpoint_path=str(tmp_path / "v000001" / "policy"), status=VersionStatus.PUBLISHED, **row_of(sent))
     store.activate_version(1)  # it served before the restart
-    send_from_another_process(model_dir, namespace, 1, seed=5)
-    expected = receiver.tensors(receiver.handle_for(1))
+    expected = receiver.tensors(sent)
 
     point = await start_point(store, store.get_version(1), receiver)
     assert (point.version, point.start_version, point.weights_path) == (1, 0, None) and point.memory is not None

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from liveloop.config import load_section
-from liveloop.transport import TransportConfig, TransportUnavailable, WeightHandle, make_receiver, make_sender
+from liveloop.transport import HandleGone, TransportConfig, TransportUnavailable, WeightHandle, WeightsUnverified, make_receiver, make_sender
 from liveloop.transport import ipc, nccl
 from liveloop.transport import shared_memory as shm
 
@@ -62,16 +62,21 @@ def test_ipc_payload_is_what_vllm_accepts():
         IPCWeightTransferUpdateInfo(**ipc.update_payload(["a"], [torch.float32], [[1]], handles, pickled=False))
 
 
-def test_ipc_mailbox_carries_the_payload_by_version():
-    namespace = "t" + uuid.uuid4().hex[:10]
+def test_ipc_mailbox_carries_the_payload_by_version_and_is_verified_before_anything_is_unpickled(namespace):
     receiver = make_receiver(TransportConfig(backend="ipc", namespace=namespace))
-    handle = receiver.handle_for(5)
     payload = ipc.update_payload(["w"], [torch.float16], [[8]], [{"GPU-0": ("x",)}], pickled=True)
-    shm.write_doc(handle.location, {"version": 5, "update_info": payload})
-    try:
-        assert receiver.update_request(handle) == payload
-    finally:
-        shm.unlink(handle.location)
+    # what the sender's handle names and the learner records in the row
+    handle = receiver.handle_for(5, nonce="ab" * 16, digest=ipc.payload_digest(payload))
+    shm.write_doc(handle.location, {"version": 5, "nonce": "ab" * 16, "update_info": payload})
+    assert receiver.update_request(handle) == payload
+    # a mailbox someone else wrote under the same name: refused before its pickle is touched
+    shm.unlink(handle.location)
+    evil = ipc.update_payload(["w"], [torch.float16], [[8]], [{"GPU-0": ("y",)}], pickled=True)
+    shm.write_doc(handle.location, {"version": 5, "nonce": "ab" * 16, "update_info": evil})
+    with pytest.raises(WeightsUnverified, match="digest"):
+        receiver.update_request(handle)
+    with pytest.raises(HandleGone, match="no nonce and digest"):
+        receiver.update_request(receiver.handle_for(5))  # a row that names nothing opens nothing
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

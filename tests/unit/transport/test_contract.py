@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from liveloop.transport import HandleGone, TransportConfig, TransportFailed, TransportMisuse, byte_view, make_receiver, make_sender
+from liveloop.transport import (
+    HandleGone, TransportConfig, TransportFailed, TransportMisuse, WeightHandle, byte_view, make_receiver, make_sender,
+)
+from liveloop.transport import private_dir
 from liveloop.transport import shared_memory as shm
 
 BACKENDS = ["checkpoint_dir", "shared_memory"]
@@ -64,8 +67,10 @@ def test_tensors_arrive_byte_identical(backend, chunks, tmp_path, namespace):
     state = weights()
     handle = send(sender, 7, state, chunks)
     assert handle.version == 7 and handle.backend == backend
-    rebuilt = receiver.handle_for(7, handle.location if backend == "checkpoint_dir" else None)
-    assert rebuilt.location == handle.location
+    # what the server rebuilds from the version's row (the learner recorded the handle's nonce and digest)
+    location = handle.location if backend == "checkpoint_dir" else None
+    rebuilt = receiver.handle_for(7, location, nonce=handle.nonce, digest=handle.digest)
+    assert (rebuilt.location, rebuilt.nonce, rebuilt.digest) == (handle.location, handle.nonce, handle.digest)
     assert_identical(state, receiver.tensors(rebuilt))
 
 
@@ -115,8 +120,7 @@ def test_failed_finish_publishes_nothing(tmp_path, namespace):
     sender.start_update(5)
     sender.send(weights())
     # the manifest cannot be created: its name is taken (by a half-written segment, say)
-    squatter = shm._create(shm.manifest_name(namespace, 5), 4)
-    shm._close(squatter)
+    private_dir.close(private_dir.create(Path(shm.manifest_name(namespace, 5)), 4))
     with pytest.raises(TransportFailed):
         sender.finish()
     assert sender.updating is None
@@ -151,25 +155,27 @@ def test_unfinished_version_is_invisible_and_swept_by_the_next_sender(tmp_path, 
 def test_at_most_keep_versions_alive_and_cleaned_after_load(tmp_path, namespace):
     sender, receiver = pair("shared_memory", tmp_path, namespace, keep=2)
     for v in range(1, 6):
-        send(sender, v, {"w": torch.full((4,), float(v))}, chunks=1)
+        handle = send(sender, v, {"w": torch.full((4,), float(v))}, chunks=1)
         assert len(shm.segments(namespace)) <= 2
     assert sorted(shm.segments(namespace)) == [4, 5]
     # loaded without a durable checkpoint yet: older versions go, its own memory stays
     receiver.loaded(receiver.handle_for(5), durable=False)
     assert sorted(shm.segments(namespace)) == [5]
-    assert torch.equal(receiver.tensors(receiver.handle_for(5))["w"], torch.full((4,), 5.0))
+    assert torch.equal(receiver.tensors(handle)["w"], torch.full((4,), 5.0))
     sender.release(5)  # the learner wrote its durable checkpoint
     assert shm.segments(namespace) == {}
 
 
 def test_memory_outlives_the_process_that_sent_it(tmp_path, namespace):
     ctx = mp.get_context("spawn")
-    p = ctx.Process(target=_send_in_child, args=(namespace, 11))
+    out = ctx.Queue()
+    p = ctx.Process(target=_send_in_child, args=(namespace, 11, out))
     p.start()
+    handle = WeightHandle.from_json(out.get(timeout=120))
     p.join(120)
     assert p.exitcode == 0
     _, receiver = pair("shared_memory", tmp_path, namespace)
-    assert_identical(weights(), receiver.tensors(receiver.handle_for(11)))
+    assert_identical(weights(), receiver.tensors(receiver.handle_for(11, nonce=handle.nonce, digest=handle.digest)))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -200,7 +206,7 @@ def _digest_in_child(backend: str, namespace: str, handle_json: str, out) -> Non
     out.put(_digests(receiver.tensors(WeightHandle.from_json(handle_json))))
 
 
-def _send_in_child(namespace: str, version: int) -> None:
+def _send_in_child(namespace: str, version: int, out) -> None:
     torch.set_num_threads(1)
     sender = make_sender(TransportConfig(backend="shared_memory", namespace=namespace))
-    send(sender, version, weights())
+    out.put(send(sender, version, weights()).to_json())
