@@ -1,4 +1,5 @@
-"""Database engines: SQLite in WAL mode with durable commits and a busy timeout, or PostgreSQL.
+"""Database engines: SQLite in WAL mode with durable commits, a busy timeout and `secure_delete` (a
+deleted row's bytes are overwritten with zeros, not left in free space: store/rights.py), or PostgreSQL.
 
 `immediate(engine)` is the same engine for transactions that must hold the write lock from their first
 statement: on SQLite it opens them with `BEGIN IMMEDIATE` (a deferred transaction that reads and then
@@ -36,6 +37,7 @@ def make_engine(config: StoreConfig) -> Engine:
             cur.execute(f"PRAGMA synchronous={synchronous}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA secure_delete=ON")
             cur.close()
 
         @event.listens_for(engine, "begin")

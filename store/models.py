@@ -1,5 +1,5 @@
 """SQLAlchemy 2.0 typed models: policy_versions, responses, feedback, learner_cursor, learner_control,
-operator_events, api_keys, deployment.
+operator_events, api_keys, deployment, deleted_responses.
 
 The schema is owned by the Alembic migrations in `migrations/`; these classes mirror it for queries.
 Token arrays are binary columns (see `codec`); a version's status is a `VersionStatus` in Python and
@@ -164,3 +164,14 @@ class ApiKey(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     forgotten_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class DeletedResponse(Base):
+    """A tombstone: the key that received a response deleted it, perhaps before it was logged. The
+    writer drops a response with this id and key, and its ratings, in the inserting transaction."""
+
+    __tablename__ = "deleted_responses"
+
+    response_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    api_key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

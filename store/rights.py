@@ -4,17 +4,49 @@ retention deletes what is older than `[store] retain_days`. Mixed into `Store`.
 Deleting a response deletes its ratings in the same transaction, so no later training run, replay,
 report or critic pre-training can read them (they all read through the store). Versions already
 trained on them stay as they are: their checkpoints are not retrained.
+
+A deletion also holds for what is not logged yet. A response is written by the group-commit writer
+after (or while) it is generated, so a delete or a forget may come first: each leaves a mark the writer
+reads in its inserting transaction (`barred`): a tombstone per deleted response id and key
+(`deleted_responses`; the id may not be logged yet), and `api_keys.forgotten_at` per forgotten key,
+whose responses and ratings the writer drops from then on. The two sides are serialised: on SQLite
+both take the write lock when they begin (`BEGIN IMMEDIATE`); on PostgreSQL the writer holds a shared
+transaction-scoped advisory lock and a deletion an exclusive one, so either the deletion sees the
+committed row, or the writer sees the mark.
+
+Deleted text must not stay on disk: SQLite connections run with `secure_delete` (freed content is
+zeroed, store/db.py), and each deletion ends with a WAL checkpoint that truncates the `-wal` file,
+which otherwise keeps the rows' old pages until it is reused. (PostgreSQL keeps dead tuples until
+VACUUM: its autovacuum reclaims them.)
+
+`forgotten` is the edge's view of the forgotten keys (what `[auth] forgotten_keys` does with their
+later requests): a set refreshed from the store every few seconds off the event loop, and at once in
+the process that forgets. The writer's check in the transaction is what guarantees nothing of theirs is
+stored; the set only decides what the key is told.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import Connection, delete, select, text
+from sqlalchemy.orm import Session
 
-from liveloop.store.models import ApiKey, Feedback, Response, utcnow
+from liveloop.store.models import ApiKey, DeletedResponse, Feedback, Response, utcnow
+
+log = logging.getLogger(__name__)
+
+# pg_advisory_xact_lock key between deletions (exclusive) and the writer's inserts (shared) ("llrt")
+RIGHTS_LOCK = 0x6C6C7274
+TOMBSTONE_DAYS = 1.0  # a tombstone outlives any response still on its way to the store (then pruned)
+CHECKPOINT_BUSY_MS = 5000  # a checkpoint waits at most this long for readers, then leaves it to the next one
 
 
 @dataclass(frozen=True)
@@ -23,25 +55,111 @@ class Deleted:
     ratings: int
 
 
+@dataclass(frozen=True)
+class Barred:
+    """What the writer must not store in this transaction: response ids by key, and forgotten keys."""
+
+    responses: frozenset[tuple[str, str]]  # (response id, key id) pairs with a tombstone
+    keys: frozenset[str]
+
+    def response(self, response_id: str, key_id: str) -> bool:
+        return key_id in self.keys or (response_id, key_id) in self.responses
+
+
+NOTHING_BARRED = Barred(frozenset(), frozenset())
+
+
+def barred(conn: Connection, responses: Sequence[tuple[str, str]], keys: set[str]) -> Barred:
+    """Which of these (response id, key) pairs and keys a deletion has marked; called by the writer at
+    the start of its inserting transaction (after `hold_rights(conn, shared=True)`)."""
+    if not responses and not keys:
+        return NOTHING_BARRED
+    forgotten = set()
+    if keys:
+        forgotten = set(conn.execute(select(ApiKey.key_id).where(ApiKey.key_id.in_(sorted(keys)), ApiKey.forgotten_at.is_not(None))).scalars())
+    dead: set[tuple[str, str]] = set()
+    if responses:
+        ids = sorted({rid for rid, _ in responses})
+        table = DeletedResponse.__table__
+        dead = {(r, k) for r, k in conn.execute(select(table.c.response_id, table.c.api_key_id).where(table.c.response_id.in_(ids)))}
+    return Barred(frozenset(dead), frozenset(forgotten)) if dead or forgotten else NOTHING_BARRED
+
+
+def hold_rights(conn: Connection, shared: bool) -> None:
+    """PostgreSQL: the rights lock for the rest of this transaction (shared: the writer's inserts;
+    exclusive: a deletion). SQLite: nothing (both sides begin IMMEDIATE)."""
+    if conn.dialect.name == "postgresql":
+        fn = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        conn.execute(text(f"SELECT {fn}(:key)"), {"key": RIGHTS_LOCK})
+
+
+class ForgottenKeys:
+    """The forgotten keys as the edge sees them: `refresh()` reads them from the store (call it off the
+    event loop); `add` marks one at once (this process forgot it); `in` reads the set, never the store."""
+
+    def __init__(self, read: Any):
+        self._read = read
+        self._keys: frozenset[str] = frozenset()
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        keys = frozenset(self._read())
+        with self._lock:
+            self._keys = self._keys | keys
+
+    def add(self, key_id: str) -> None:
+        with self._lock:
+            self._keys = self._keys | {key_id}
+
+    def __contains__(self, key_id: str) -> bool:
+        return key_id in self._keys
+
+
 class RightsQueries:
     _session: Any
+    _write_session: Any
     _add_event: Any  # OperatorQueries'
+    engine: Any
+    dialect: str
+
+    @functools.cached_property
+    def forgotten(self) -> ForgottenKeys:
+        return ForgottenKeys(self.forgotten_keys)
+
+    def forgotten_keys(self) -> set[str]:
+        with self._session() as s:
+            return set(s.scalars(select(ApiKey.key_id).where(ApiKey.forgotten_at.is_not(None))))
+
+    @contextlib.contextmanager
+    def _deleting(self) -> Iterator[Session]:
+        """A deletion's transaction: the write lock from its start (SQLite), the rights lock (PostgreSQL)."""
+        with self._write_session.begin() as s:
+            hold_rights(s.connection(), shared=False)
+            yield s
 
     def delete_response(self, response_id: str, api_key_id: str) -> Deleted:
-        """Delete a response served to `api_key_id`, with its ratings; Deleted(0, 0) when there is no
-        such response for that key (the caller answers 404 either way: ids do not leak)."""
-        with self._session.begin() as s:
+        """Delete a response served to `api_key_id`, with its ratings, and leave a tombstone so that the
+        response is not stored if it is still on its way (being generated, or queued for the writer).
+        Deleted(0, 0) when no such response is stored for that key (the caller answers 404 unless it
+        knows the response is being generated: ids do not leak). A tombstone matches only this key's
+        response, so one for another key's id changes nothing."""
+        with self._deleting() as s:
+            s.execute(delete(DeletedResponse).where(DeletedResponse.created_at < utcnow() - timedelta(days=TOMBSTONE_DAYS)))
             owner = s.scalar(select(Response.api_key_id).where(Response.id == response_id))
             if owner != api_key_id:
+                if s.get(DeletedResponse, (response_id, api_key_id)) is None:
+                    s.add(DeletedResponse(response_id=response_id, api_key_id=api_key_id, created_at=utcnow()))
                 return Deleted(0, 0)
             ratings = s.execute(delete(Feedback).where(Feedback.response_id == response_id)).rowcount
             s.execute(delete(Response).where(Response.id == response_id))
-            return Deleted(1, ratings or 0)
+            deleted = Deleted(1, ratings or 0)
+        self.scrub()
+        return deleted
 
     def forget_key(self, api_key_id: str, admin_key_id: str | None = None) -> Deleted:
-        """Delete every response served to `api_key_id` and every rating it gave, record when, and
-        log an operator event; one transaction."""
-        with self._session.begin() as s:
+        """Delete every response served to `api_key_id` and every rating it gave, record when (from then
+        on the writer stores nothing of this key's), and log an operator event; one transaction."""
+        with self._deleting() as s:
             ids = select(Response.id).where(Response.api_key_id == api_key_id).scalar_subquery()
             ratings = s.execute(delete(Feedback).where(Feedback.response_id.in_(ids))).rowcount or 0
             ratings += s.execute(delete(Feedback).where(Feedback.api_key_id == api_key_id)).rowcount or 0
@@ -53,17 +171,45 @@ class RightsQueries:
             else:
                 row.forgotten_at, row.updated_at = now, now
             self._add_event(s, "forget", None, {"key_id": api_key_id, "responses": responses, "ratings": ratings}, admin_key_id)
-            return Deleted(responses, ratings)
+        self.forgotten.add(api_key_id)
+        self.scrub()
+        return Deleted(responses, ratings)
 
     def delete_before(self, cutoff: datetime, batch: int = 1000) -> Deleted:
         """Retention: delete responses created before `cutoff` with their ratings, in transactions of
         at most `batch` responses (a big first run never holds one long lock)."""
         total = Deleted(0, 0)
         while True:
-            with self._session.begin() as s:
+            with self._deleting() as s:
                 ids = list(s.scalars(select(Response.id).where(Response.created_at < cutoff).limit(batch)))
                 if not ids:
-                    return total
+                    break
                 ratings = s.execute(delete(Feedback).where(Feedback.response_id.in_(ids))).rowcount or 0
                 s.execute(delete(Response).where(Response.id.in_(ids)))
             total = Deleted(total.responses + len(ids), total.ratings + ratings)
+        if total.responses:
+            self.scrub()
+        return total
+
+    def scrub(self) -> bool:
+        """SQLite: checkpoint the WAL into the database and truncate it, so the pages that held deleted
+        rows (zeroed in the database by `secure_delete`) leave no copy in the `-wal` file. True when it
+        completed; False when readers held it past CHECKPOINT_BUSY_MS (the next deletion's, or SQLite's
+        own automatic checkpoints, finish it). PostgreSQL: nothing to do here (True)."""
+        if self.dialect != "sqlite":
+            return True
+        raw = self.engine.raw_connection()
+        try:
+            cur = raw.driver_connection.cursor()
+            before = cur.execute("PRAGMA busy_timeout").fetchone()[0]
+            cur.execute(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_MS}")
+            try:
+                busy, _, _ = cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                cur.execute(f"PRAGMA busy_timeout = {int(before)}")
+                cur.close()
+        finally:
+            raw.close()
+        if busy:
+            log.warning("store: the WAL checkpoint after a deletion was blocked by readers; deleted pages may stay in the -wal file until the next one")
+        return not busy

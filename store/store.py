@@ -25,7 +25,7 @@ from liveloop.store.checkpoints import CheckpointQueries
 from liveloop.store.keys import KeyQueries
 from liveloop.store.lifecycle import VersionLifecycle, VersionTaken, in_lineage, version_record
 from liveloop.store.operator import OperatorQueries
-from liveloop.store.rights import RightsQueries
+from liveloop.store.rights import NOTHING_BARRED, Barred, RightsQueries, barred, hold_rights
 from liveloop.store.status import VersionStatus
 from liveloop.store.records import (
     FeedbackRecord,
@@ -179,6 +179,8 @@ class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, Ri
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         # version-state transactions (lifecycle): the write lock from their first statement
         self._write_session = sessionmaker(immediate(self.engine), expire_on_commit=False)
+        # the write path's transactions: the write lock from their start (they read the deletions' marks first)
+        self.writing = immediate(self.engine)
 
     @property
     def dialect(self) -> str:
@@ -222,6 +224,16 @@ class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, Ri
         with self._session() as s:
             rows = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()
             return [version_record(r) for r in rows]
+
+    def versions_page(self, after: int | None, limit: int, descending: bool = False) -> list[VersionRecord]:
+        """Up to `limit` versions following version `after` (None: from the first) in version order
+        (`descending`: newest first): one page of a list API."""
+        order = PolicyVersion.version.desc() if descending else PolicyVersion.version
+        query = select(PolicyVersion).order_by(order).limit(limit)
+        if after is not None:
+            query = query.where(PolicyVersion.version < after if descending else PolicyVersion.version > after)
+        with self._session() as s:
+            return [version_record(r) for r in s.scalars(query).all()]
 
     def latest_version(self, status: VersionStatus = VersionStatus.SERVING, segment: str | None = None) -> VersionRecord | None:
         """The newest version with `status` among the base weights' (segment None) or one segment's adapters."""
@@ -271,7 +283,7 @@ class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, Ri
         (PostgreSQL) or one driver executemany (SQLite, see `bulk`), ratings with one lookup, one
         update and one insert, so a batch costs a few round trips and one commit whatever its size."""
         try:
-            with self.engine.begin() as conn:
+            with self.writing.begin() as conn:
                 return self._apply(conn, ops, rows)
         except Exception:
             if len(ops) == 1:
@@ -279,7 +291,7 @@ class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, Ri
         results: list[Any] = []
         for k, op in enumerate(ops):  # isolate the bad operation
             try:
-                with self.engine.begin() as conn:
+                with self.writing.begin() as conn:
                     results.extend(self._apply(conn, [op], None if rows is None else [rows[k]]))
             except Exception as exc:
                 results.append(exc)
@@ -293,17 +305,36 @@ class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, Ri
             conn.exec_driver_sql("SELECT 1")
 
     def _apply(self, conn: Connection, ops: Sequence[WriteOp], rows: Sequence[dict[str, Any] | None] | None) -> list[Any]:
+        """One transaction's writes (`conn` began it with the write lock: `self.writing`). What a deletion
+        marked is dropped here, under the rights lock (store/rights.py): a response with a tombstone or
+        of a forgotten key is not inserted (its result is its id, as if stored and deleted), and a rating
+        by a forgotten key is refused like a rating of a response that does not exist."""
         results: list[Any] = [None] * len(ops)
         now = utcnow()
+        hold_rights(conn, shared=True)
+        marks = self._barred(conn, ops)
         responses = [i for i, op in enumerate(ops) if isinstance(op, ResponseRecord)]
-        if responses:
-            self._insert_responses(conn, [_stamped(ops[i], None if rows is None else rows[i], now) for i in responses])
-            for i in responses:
-                results[i] = ops[i].id
-        ratings = [(i, op) for i, op in enumerate(ops) if isinstance(op, FeedbackRecord)]
+        kept = [i for i in responses if not marks.response(ops[i].id, ops[i].api_key_id)]
+        if kept:
+            self._insert_responses(conn, [_stamped(ops[i], None if rows is None else rows[i], now) for i in kept])
+        for i in responses:
+            results[i] = ops[i].id
+        ratings = []
+        for i, op in enumerate(ops):
+            if isinstance(op, FeedbackRecord):
+                if op.api_key_id in marks.keys:
+                    results[i] = ResponseNotFound(op.response_id)
+                else:
+                    ratings.append((i, op))
         if ratings:
             self._put_ratings(conn, ratings, results, now)
         return results
+
+    @staticmethod
+    def _barred(conn: Connection, ops: Sequence[WriteOp]) -> Barred:
+        pairs = [(op.id, op.api_key_id) for op in ops if isinstance(op, ResponseRecord)]
+        keys = {op.api_key_id for op in ops}
+        return barred(conn, pairs, keys) if ops else NOTHING_BARRED
 
     def _insert_responses(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         insert_rows(conn, RESPONSE_TABLE, rows)

@@ -20,6 +20,10 @@ database that cannot take writes (locked, unreachable: SQLAlchemy's OperationalE
 never retried row by row. Only a row-specific failure (a constraint, a value the database cannot hold)
 sends the batch to the store's row-by-row isolation.
 
+Deletions hold for what is still on its way: each transaction begins holding the write lock and drops
+what a deletion marked (a deleted response's tombstone, a forgotten key: store/rights.py), so a delete
+or a forget that came first is never undone when the row lands.
+
 Callers on an event loop (`write`, `submit_async`) get an asyncio future of their own loop, and a
 commit settles all of one loop's futures with ONE `call_soon_threadsafe`: a batch of 500 costs the
 loop one wake-up instead of 500 cross-thread callbacks, which is what kept a busy server's writer
@@ -34,12 +38,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from liveloop.store.records import ResponseRecord
@@ -325,28 +329,32 @@ class BatchWriter:
             log.warning("store write of %d rows failed on a row (%s): writing them one by one", len(ops), exc)
         return self.store.write_batch(ops, rows)
 
-    def _write_whole(self, ops: Sequence[WriteOp], rows: Sequence[dict | None]) -> list[Any]:
-        with self.store.engine.begin() as conn, _lock_wait(conn, self.deadline):
+    def _write_whole(self, ops: Sequence[WriteOp], rows: Sequence[dict[str, Any] | None]) -> list[Any]:
+        with _bounded_transaction(self.store.writing, self.deadline) as conn:
             return self.store._apply(conn, ops, rows)  # the store's one-transaction apply (write_batch's first try)
 
 
 @contextlib.contextmanager
-def _lock_wait(conn: Connection, seconds: float):
-    """Within this transaction, wait at most `seconds` for a lock: SQLite's busy timeout (a connection
-    setting: restored after), PostgreSQL's lock and statement timeouts (SET LOCAL: this transaction only)."""
+def _bounded_transaction(engine: Engine, seconds: float) -> Iterator[Connection]:
+    """A transaction that waits at most `seconds` for a lock: SQLite's busy timeout (a connection
+    setting, set on the driver's connection before the transaction begins, since the write path's
+    transactions take the write lock when they begin; restored after), PostgreSQL's lock and statement
+    timeouts (SET LOCAL: this transaction only)."""
     ms = max(1, int(seconds * 1000))
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
-        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
-        yield
-        return
-    if conn.dialect.name != "sqlite":
-        yield
-        return
-    before = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
-    conn.exec_driver_sql(f"PRAGMA busy_timeout = {ms}")
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(before)}")
+    with engine.connect() as conn:
+        if conn.dialect.name != "sqlite":
+            with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+                    conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
+                yield conn
+            return
+        raw = conn.connection.driver_connection  # no statement through SQLAlchemy: that would begin the transaction
+        before = raw.execute("PRAGMA busy_timeout").fetchone()[0]
+        raw.execute(f"PRAGMA busy_timeout = {ms}")
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            with contextlib.suppress(Exception):
+                raw.execute(f"PRAGMA busy_timeout = {int(before)}")
