@@ -1,7 +1,9 @@
 """Checkpoint storage for the learner: which published versions' checkpoints to delete (retention),
 deleting them, and telling a full disk from other save failures.
 
-Every published version is a directory `checkpoint_dir/v{version:06d}` holding `policy/` and `critic/`.
+Every published version is a directory `checkpoint_dir/v{version:06d}` holding `policy/` and `critic/`;
+an operator's import (`POST /admin/weights`, server/weights_import.py) is copied there too, as `policy/`
+alone, and retention treats it like the learner's own versions: pin it to keep it for ever.
 Retention (`versions_to_prune`, pure) keeps:
   - every "serving" version and its parent chain up to K ancestors (what a rollback most likely wants),
   - every pinned version (the operator's choice),
@@ -15,7 +17,8 @@ any version a learner's cursor points at), then deletes the directories of the r
 (`delete_checkpoints`, which never raises).
 
 A publish writes its checkpoint under `.staging-<pid>-<lane>` first (the store names it vNNNNNN inside
-the inserting transaction); `sweep_stale_staging` removes those of a learner process that died.
+the inserting transaction), an import under `.staging-<pid>-import-<random>`; `sweep_stale_staging`
+removes those of a process (learner or server) that died.
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ def checkpoint_root(checkpoint_dir: str | Path, version: int) -> Path:
 
 
 def in_checkpoint_dir(record: VersionRecord, checkpoint_dir: str | Path) -> bool:
-    """Whether `record`'s weights are the learner's own `checkpoint_dir/vNNNNNN/policy` (versions an
-    operator published from elsewhere are not the learner's to delete)."""
+    """Whether `record`'s weights are in managed storage, `checkpoint_dir/vNNNNNN/policy` (the learner's
+    versions and operators' imports; a row that names a directory elsewhere, as operators' publishes
+    did before imports were copied, is not retention's to delete)."""
     if not record.checkpoint_path:
         return False
     return Path(record.checkpoint_path).resolve().parent == checkpoint_root(checkpoint_dir, record.version)
@@ -135,8 +139,9 @@ def _alive(pid: int) -> bool:
 
 
 def sweep_stale_staging(checkpoint_dir: str | Path) -> list[Path]:
-    """Remove the staging directories a crashed learner process left under `checkpoint_dir` (those of a
-    pid that is no longer alive; this process's and live ones' are theirs). Returns what it removed."""
+    """Remove the staging directories a crashed process (a learner's publish, a server's import) left
+    under `checkpoint_dir` (those of a pid that is no longer alive; this process's and live ones' are
+    theirs). Returns what it removed."""
     root = Path(checkpoint_dir)
     if not root.is_dir():
         return []

@@ -51,6 +51,7 @@ from liveloop.server.publisher import Publisher
 from liveloop.server.startup import finish_start, start_point, sweep_shared_memory
 from liveloop.server.routes import admin, dashboard, feedback, openai, ops
 from liveloop.server.serving import Serving
+from liveloop.server.weights_import import WeightImports
 from liveloop.store import BatchWriter, Store
 from liveloop.transport import HandleGone, WeightsUnverified, make_receiver
 
@@ -147,7 +148,8 @@ async def start_components(config: Config, model_dir: Path) -> Components:
             await engine.update_weights(point.weights_path, point.start_version)
     if segments:
         await publisher.restore_adapters()
-    operations = Operations(config.monitor, store, publisher, metrics)
+    imports = WeightImports(config.learner.checkpoint_dir, model_dir, config.server.max_import_bytes)
+    operations = Operations(config.monitor, store, publisher, metrics, imports)
     return Components(store, writer, engine, tokenizer, metrics, keys, serving, publisher, operations)
 
 

@@ -53,6 +53,11 @@ class ServerConfig:
         default=False,
         metadata={"help": "let a non-loopback host start with auth.dev_* keys (refused by default: they are public)"},
     )
+    max_import_bytes: int = field(
+        default=64 << 30,
+        metadata={"help": "POST /admin/weights: the most bytes of checkpoint files copied from an operator's directory "
+                  "into the learner's checkpoint_dir (400 checkpoint_too_large beyond)"},
+    )
 
     def __post_init__(self) -> None:
         check_literals(self)
@@ -70,6 +75,8 @@ class ServerConfig:
             raise ValueError("max_prompt_chars must be >= 0 (0: derived from engine.max_model_len)")
         if self.header_timeout_seconds <= 0 or self.body_timeout_seconds <= 0:
             raise ValueError("header_timeout_seconds and body_timeout_seconds must be > 0")
+        if self.max_import_bytes < 1:
+            raise ValueError("max_import_bytes must be >= 1")
         if self.default_max_tokens < 1 or self.max_tokens_limit < 1:
             raise ValueError("default_max_tokens and max_tokens_limit must be >= 1")
 

@@ -74,6 +74,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
     from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable
     from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
     from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
+    from liveloop.server.weights_import import ImportFailed, ImportRefused
     from liveloop.store import RollbackRefused, TransitionRefused, VersionNotFound, WriterDown, WriterFull
 
     store_down = Answer(503, "store_unavailable", message="the store is unavailable; please retry", retry_after=5)
@@ -90,6 +91,8 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
         (UnknownModel, Answer(404, "model_not_found", param="model")),
         (InvalidRequest, Answer(400)),
         # policy versions: publishing, rollback, pinning
+        (ImportRefused, Answer(400, param="path")),  # its code says why (not_a_regular_file, checkpoint_too_large, ...)
+        (ImportFailed, Answer(503, "import_failed", retry_after=5)),  # the server could not write the copy
         (CheckpointUnusable, Answer(400, param="path")),
         (VersionNotFound, Answer(404, param="version")),
         (NotServable, Answer(409, param="version")),

@@ -7,8 +7,12 @@ least `quarantine_corroborating_keys` other keys side against. Quarantined keys'
 of the drift monitor, the per-version rates (the version table, its metrics and the guard's decisions)
 and the consensus.
 
-Results are typed (`LearningState`, the publisher's `RollbackResult`, the monitor's `VersionRow`,
-`KeyRow`); the admin routes turn them into JSON."""
+An operator's weights (`publish_weights`, `POST /admin/weights`) are copied into the learner's
+checkpoint_dir and checked there (server/weights_import.py, in a worker thread), then published; an
+import that does not end up serving leaves nothing behind.
+
+Results are typed (`LearningState`, `WeightsImported`, the publisher's `RollbackResult`, the monitor's
+`VersionRow`, `KeyRow`); the admin routes turn them into JSON."""
 
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ from liveloop.monitor.drift import ALL, DriftMonitor, RaisedAlarm
 from liveloop.monitor.guard import judge
 from liveloop.monitor.poisoning import Disagreement, ReplyGroups, Suspect, find_suspects
 from liveloop.monitor.versions import VersionRow, version_table
-from liveloop.server.publisher import Publisher, RollbackResult
+from liveloop.server.publisher import Publisher, RollbackResult, SwapResult
+from liveloop.server.weights_import import WeightImports
 from liveloop.store import Store
 from liveloop.store.keys import KeyState
 
@@ -42,6 +47,17 @@ class LearningState:
 
 
 @dataclass(frozen=True)
+class WeightsImported:
+    """An operator's checkpoint serving: the swap, the copy's digest (its row's checkpoint_sha256), the
+    files taken from the serving model and the files of the operator's directory not copied."""
+
+    swap: SwapResult
+    checkpoint_sha256: str
+    completed: tuple[str, ...]
+    left_behind: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class KeyRow:
     """One API key as operators see it, with its disagreement score (None: no rating with a consensus)."""
 
@@ -50,11 +66,15 @@ class KeyRow:
 
 
 class Operations:
-    def __init__(self, config: MonitorConfig, store: Store, publisher: Publisher, metrics: Metrics):
+    def __init__(
+        self, config: MonitorConfig, store: Store, publisher: Publisher, metrics: Metrics, imports: WeightImports | None = None
+    ):
         self.config = config
         self.store = store
         self.publisher = publisher
         self.metrics = metrics
+        self.imports = imports  # where operators' weights are copied to (None: POST /admin/weights is off)
+        self._importing: set[asyncio.Task] = set()
         self.monitor = DriftMonitor(config, store)
         self._replayed = False
         self._guarded: set[int] = set()  # versions the guard already judged worse (acted once)
@@ -86,6 +106,36 @@ class Operations:
 
     async def rollback(self, version: int, api_key_id: str | None, reason: str | None = None, segment: str | None = None) -> RollbackResult:
         return await self.publisher.rollback(version, api_key_id, reason, segment)
+
+    async def publish_weights(self, path: str, note: str | None = None, api_key_id: str | None = None) -> WeightsImported:
+        """Serve the checkpoint in the operator's directory `path` from a checked copy in managed storage
+        (server/weights_import.py), as the next version and the learner's lineage. Runs to its end even if
+        the caller goes away (a half-done import would leave a LOADING row). Raises the import's
+        ImportRefused / ImportFailed, the publisher's CheckpointUnusable, the store's TransitionRefused."""
+        assert self.imports is not None, "the wiring gives Operations its WeightImports"
+        task = asyncio.ensure_future(self._import(path, note, api_key_id))
+        self._importing.add(task)
+        task.add_done_callback(self._importing.discard)
+        return await asyncio.shield(task)
+
+    async def _import(self, path: str, note: str | None, api_key_id: str | None) -> WeightsImported:
+        imports = self.imports
+        assert imports is not None
+        start = time.perf_counter()
+        staged = await asyncio.to_thread(imports.stage, path)
+        try:
+            swapped = await self.publisher.publish_dir(staged, note=note)
+        except BaseException:
+            await asyncio.to_thread(staged.abandon, self.store)
+            raise
+        detail = {"source": path, "bytes": staged.size, "completed": list(staged.completed), "left_behind": list(staged.left_behind)}
+        try:  # it serves already: a store that cannot take the event costs the record, not the answer
+            await asyncio.to_thread(self.store.record_event, "weights_imported", swapped.version, detail, api_key_id)
+        except Exception:
+            log.exception("version %d: the weights_imported event was not recorded", swapped.version)
+        self.metrics.observe("server/import_seconds", time.perf_counter() - start)
+        log.info("imported %s as version %d (%d bytes; from the serving model: %s)", path, swapped.version, staged.size, staged.completed)
+        return WeightsImported(swapped, staged.digest, staged.completed, staged.left_behind)
 
     # -- views ---------------------------------------------------------------------------------
     async def versions(self) -> list[VersionRow]:

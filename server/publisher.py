@@ -11,12 +11,13 @@ operator's publish, a learner giving the version up) is dropped with a log line,
 operator event, never applied; one refused after the swap swaps the old version back. A failed swap
 leaves the old version serving and the row FAILED.
 
-An operator's checkpoint (`publish_dir`) gets its row first, as LOADING, its number allocated by the
-store in that transaction (a response that records the new version always has its row), then the same
-path; it becomes the learner's lineage: the learner's cursor moves to it in step (3), so a learner
-publish on the old parent is refused by the store's lineage check and the learner reloads, as after a
-rollback. Learners write their own rows (status PUBLISHED); `watch` activates them, unless the operator
-paused learning. `rollback` swaps a stored version back in, then records it (`Store.rollback_to`).
+An operator's checkpoint (`publish_dir`, copied into the learner's checkpoint_dir and checked first:
+server/weights_import.py) gets its row first, as LOADING, under the number its copy is then moved to (a
+response that records the new version always has its row), then the same path; it becomes the
+learner's lineage: the learner's cursor moves to it in step (3), so a learner publish on the old parent
+is refused by the store's lineage check and the learner reloads, as after a rollback. Learners write
+their own rows (status PUBLISHED); `watch` activates them, unless the operator paused learning.
+`rollback` swaps a stored version back in, then records it (`Store.rollback_to`).
 
 With adapters on (`segments` non-empty) each segment has its own lineage of adapter versions over the
 frozen base: `watch` activates a segment's newest published adapter into the engine for that segment
@@ -52,10 +53,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from liveloop.checkpoint import checkpoint_digest
-
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import CheckpointDir, Engine, WeightSource
+from liveloop.server.weights_import import StagedCheckpoint
 from liveloop.store import Store, TransitionRefused, VersionNotFound, VersionRecord, VersionStatus
 from liveloop.transport import HandleGone, Receiver, WeightHandle, WeightsUnverified
 from liveloop.transport.checkpoint_dir import is_checkpoint, verify_checkpoint
@@ -158,35 +158,20 @@ class Publisher:
         """The version the engine serves now."""
         return self.engine.version
 
-    async def publish_dir(self, path: str, note: str | None = None, **row: object) -> SwapResult:
-        """Serve the checkpoint in directory `path` as the next version: its row first, as LOADING (the
-        store allocates its number in that transaction), then the activation path every version takes.
-        The operator's version becomes the learner's lineage (its cursor moves there, as after a
-        rollback). Raises CheckpointUnusable when `path` is no checkpoint or the engine cannot load it,
-        the store's TransitionRefused if the store no longer agrees with the engine on what serves."""
-        directory = Path(path)
-        try:
-            usable = directory.is_dir() and any(directory.glob("*.safetensors"))
-        except OSError:  # a name too long, a permission: not a directory we can load
-            usable = False
-        if not usable:
-            raise CheckpointUnusable(path, f"path: {path} is not a checkpoint directory with *.safetensors")
+    async def publish_dir(self, checkpoint: StagedCheckpoint, note: str | None = None, **row: object) -> SwapResult:
+        """Serve an operator's checkpoint, copied and checked into managed storage already
+        (server/weights_import.py), as the next version: its row first, as LOADING, with the copy moved
+        under the version's name (`StagedCheckpoint.record`), then the activation path every version
+        takes. The operator's version becomes the learner's lineage (its cursor moves there, as after a
+        rollback). Raises CheckpointUnusable when the engine cannot load it (the row becomes FAILED),
+        the import's ImportFailed, the store's TransitionRefused if the store no longer agrees with the
+        engine on what serves."""
         async with self._lock:
-            digest = await asyncio.to_thread(checkpoint_digest, directory)
-            record = await asyncio.to_thread(
-                self.store.add_version,
-                None,
-                parent=self.engine.version,
-                checkpoint_path=str(directory.resolve()),
-                checkpoint_sha256=digest,
-                status=VersionStatus.LOADING,
-                note=note,
-                **row,
-            )
+            record = await asyncio.to_thread(checkpoint.record, self.store, self.engine.version, note, **row)
             try:
                 result = await self._activate(record.version, operator=True)
             except SwapFailed as exc:
-                raise CheckpointUnusable(path, f"could not load {path}: {exc.__cause__}") from exc
+                raise CheckpointUnusable(checkpoint.source, f"could not load {checkpoint.source}: {exc.__cause__}") from exc
             assert result is not None  # an operator's activation raises rather than returning None
             return result
 

@@ -1,9 +1,9 @@
 """Admin API (admin keys, or the dashboard's session): versions with lineage and reward, hot-swapping a
-checkpoint in (`POST /admin/weights`), learning pause/resume, rollback, the drift monitor's state,
-server statistics, the operator event log and the learner's status; pinning versions against
-checkpoint retention; API keys: their state and disagreement score, quarantine (ratings kept, never
-trained or replayed) and forget (every response and rating of the key deleted); the version statuses
-(what the dashboard knows of them).
+checkpoint in (`POST /admin/weights`: copied into managed storage and checked first), learning
+pause/resume, rollback, the drift monitor's state, server statistics, the operator event log and the
+learner's status; pinning versions against checkpoint retention; API keys: their state and
+disagreement score, quarantine (ratings kept, never trained or replayed) and forget (every response and
+rating of the key deleted); the version statuses (what the dashboard knows of them).
 
 Per-segment adapters (`[learner] adapters`): `GET /admin/versions?segment=` lists one lineage (a
 segment's adapters, or `base`), `GET /admin/adapters` each configured segment's serving adapter, pause
@@ -92,9 +92,11 @@ async def statuses(_: Principal = Depends(require_admin)) -> dict:
 
 
 @router.post("/weights")
-async def swap_weights(request: Request, _: Principal = Depends(require_admin)) -> dict:
+async def swap_weights(request: Request, principal: Principal = Depends(require_admin)) -> dict:
+    """Serve the checkpoint in the directory `path` as the next version, from a checked copy in the
+    learner's checkpoint_dir (server/weights_import.py): the operator's directory is read once, here."""
     req = await parse_body(request, SwapRequest)
-    return admin_json.swap(await request.app.state.publisher.publish_dir(req.path, note=req.note))
+    return admin_json.imported(await request.app.state.operations.publish_weights(req.path, req.note, principal.key_id))
 
 
 @router.post("/learning/pause")

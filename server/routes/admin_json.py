@@ -13,7 +13,7 @@ from typing import Any
 
 from liveloop.monitor.drift import Bucket
 from liveloop.monitor.versions import VersionRow
-from liveloop.server.operations import KeyRow, LearningState
+from liveloop.server.operations import KeyRow, LearningState, WeightsImported
 from liveloop.server.publisher import RollbackResult, SwapResult
 from liveloop.store import VersionStatus
 
@@ -32,6 +32,14 @@ class SegmentState:
 
 def swap(result: SwapResult) -> dict[str, Any]:
     return {"object": "policy_version", **dataclasses.asdict(result)}
+
+
+def imported(result: WeightsImported) -> dict[str, Any]:
+    """An operator's checkpoint serving: the swap's keys, then the copy's digest and what the import
+    took from the serving model (`completed`) or did not copy (`left_behind`)."""
+    return swap(result.swap) | {
+        "checkpoint_sha256": result.checkpoint_sha256, "completed": list(result.completed), "left_behind": list(result.left_behind),
+    }
 
 
 def _without_null_segment(fields: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from liveloop.devtools import perturbed_checkpoint
 
@@ -94,15 +95,18 @@ def test_swap_while_streaming(swap_server, model_dir, tmp_path):
     store.close()
 
 
-def test_failed_swap_keeps_serving_old_version(swap_server, tmp_path):
+def test_failed_swap_keeps_serving_old_version(swap_server, tmp_path, model_dir):
+    # weights the import's checks pass (the serving model's names and shapes) and the engine's load refuses
     bad = tmp_path / "bad"
     bad.mkdir()
-    (bad / "model.safetensors").write_bytes(b"not a safetensors file")
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    tensors["model.norm.weight"] = torch.full_like(tensors["model.norm.weight"], float("nan"))
+    save_file(tensors, str(bad / "model.safetensors"))
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    before = httpx.get(swap_server.base_url + "/healthz").json()["policy_version"]
+    before = httpx.get(swap_server.base_url + "/healthz", headers=headers).json()["policy_version"]
     r = httpx.post(swap_server.base_url + "/admin/weights", json={"path": str(bad)}, headers=headers, timeout=60)
     assert r.status_code == 400
-    assert httpx.get(swap_server.base_url + "/healthz").json()["policy_version"] == before
+    assert httpx.get(swap_server.base_url + "/healthz", headers=headers).json()["policy_version"] == before
     ok = httpx.post(
         swap_server.base_url + "/v1/chat/completions",
         json={"model": "liveloop-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},

@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
+from safetensors.torch import load_file, save_file
 
 from liveloop.app import build_app
 from liveloop.config import load_config
@@ -56,7 +58,10 @@ def _statuses(client: TestClient) -> dict[int, str]:
 def test_publish_refusals_are_400s_on_the_path(client, tmp_path):
     missing = tmp_path / "nope"
     r = client.post("/admin/weights", json={"path": str(missing)})
-    assert _answer(r) == _error(400, "invalid_request_error", f"path: {missing} is not a checkpoint directory with *.safetensors", "path")
+    status, body = _answer(r)
+    assert (status, body["error"]["code"]) == (400, "not_a_checkpoint")
+    body["error"]["code"] = None
+    assert (status, body) == _error(400, "invalid_request_error", f"path: {missing} is not a checkpoint directory with *.safetensors", "path")
 
     junk = tmp_path / "junk"
     junk.mkdir()
@@ -64,7 +69,19 @@ def test_publish_refusals_are_400s_on_the_path(client, tmp_path):
     r = client.post("/admin/weights", json={"path": str(junk)})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["message"].startswith(f"could not load {junk}: ") and error["param"] == "path" and error["type"] == "invalid_request_error"
+    assert (error["param"], error["code"]) == ("path", "unloadable_weights") and error["message"].startswith(f"path: {junk}/model.safetensors is not")
+    assert list(_statuses(client)) == [0]  # refused before it could serve: no row
+
+    # weights that pass the import's checks but not the engine's (non-finite): the row is FAILED
+    nan = tmp_path / "nan"
+    nan.mkdir()
+    tensors = load_file(str(Path(_model(client)) / "model.safetensors"))
+    tensors["model.norm.weight"] = torch.full_like(tensors["model.norm.weight"], float("nan"))
+    save_file(tensors, str(nan / "model.safetensors"))
+    r = client.post("/admin/weights", json={"path": str(nan)})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["message"].startswith(f"could not load {nan}: ") and error["param"] == "path" and error["type"] == "invalid_request_error"
     failed = max(_statuses(client))
     assert _statuses(client)[failed] == "failed" and client.get("/admin/stats").json()["serving"] == 0
 
@@ -74,7 +91,7 @@ def test_publish_and_rollback_answer_the_same_json(client, tmp_path):
     r = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "v")), "note": "new"})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert list(body) == ["object", "version", "parent", "swap_ms", "held_ms"]
+    assert list(body) == ["object", "version", "parent", "swap_ms", "held_ms", "checkpoint_sha256", "completed", "left_behind"]
     new = body["version"]
     assert (body["object"], body["parent"], new) == ("policy_version", 0, failed + 1) and body["swap_ms"] >= body["held_ms"] >= 0
 

@@ -16,6 +16,7 @@ from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.publisher import Publisher
+from liveloop.server.weights_import import WeightImports
 from liveloop.store import StaleLineage, Store, VersionStatus
 
 S = VersionStatus
@@ -86,12 +87,13 @@ async def test_an_activation_queued_before_a_rollback_is_dropped(engine, store, 
     assert store.versions_with_status(S.PUBLISHED, engine.version) == []
 
 
-async def test_an_operator_swap_becomes_the_learner_lineage(engine, store, checkpoints):
+async def test_an_operator_swap_becomes_the_learner_lineage(engine, store, checkpoints, model_dir, tmp_path):
     publisher = Publisher(engine, store, Metrics())
     v1 = _learner_publish(store, 0, checkpoints[0])
     await publisher.activate(store.get_version(v1))
     waiting = _learner_publish(store, v1, checkpoints[1])  # published on v1, not activated yet
-    swapped = await publisher.publish_dir(str(checkpoints[2]), note="operator")
+    staged = WeightImports(tmp_path / "versions", model_dir, 1 << 30).stage(str(checkpoints[2]))  # what POST /admin/weights copies
+    swapped = await publisher.publish_dir(staged, note="operator")
     assert (swapped.version, swapped.parent) == (waiting + 1, v1) and engine.version == swapped.version
     assert store.cursor_version("sao") == swapped.version
     assert store.get_version(waiting).status == S.SUPERSEDED

@@ -14,6 +14,7 @@ from liveloop.server.errors import APIError, domain_error, domain_table, install
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable
 from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
 from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
+from liveloop.server.weights_import import ImportFailed, ImportRefused, ImportTooLarge
 from liveloop.store import RollbackRefused, StaleLineage, TransitionRefused, VersionNotFound, WriterDown, WriterFull
 
 # exception -> (status, type, code, param, message, Retry-After)
@@ -33,6 +34,11 @@ EXPECTED = {
                      "context_length_exceeded", "prompt", "the prompt is empty", None),
     CheckpointUnusable: (CheckpointUnusable("/x", "path: /x is not a checkpoint directory with *.safetensors"), 400, "invalid_request_error",
                          None, "path", "path: /x is not a checkpoint directory with *.safetensors", None),
+    ImportRefused: (ImportRefused("/x", "path: /x/config.json is a FIFO; a checkpoint directory to import holds regular files only",
+                                  "not_a_regular_file"), 400, "invalid_request_error", "not_a_regular_file", "path",
+                    "path: /x/config.json is a FIFO; a checkpoint directory to import holds regular files only", None),
+    ImportFailed: (ImportFailed("could not write /v/.staging-1-import-a/policy/model.safetensors: No space left on device"), 503,
+                   "server_error", "import_failed", None, "could not write /v/.staging-1-import-a/policy/model.safetensors: No space left on device", "5"),
     VersionNotFound: (VersionNotFound("no policy version 9"), 404, "not_found_error", None, "version", "no policy version 9", None),
     NotServable: (NotServable("version 3 cannot be served (status failed)"), 409, "conflict_error", None, "version",
                   "version 3 cannot be served (status failed)", None),
@@ -105,3 +111,12 @@ def test_a_subclass_maps_like_its_parent_and_api_errors_pass_through(client):
     assert (r.status_code, r.json()["error"]["param"]) == (409, "version")
     r = _answer(client, APIError(418, "short and stout", param="pot", code="teapot"))
     assert r.status_code == 418 and r.json()["error"] == {"message": "short and stout", "type": "invalid_request_error", "param": "pot", "code": "teapot"}
+
+
+def test_an_import_too_large_is_a_400_with_its_own_code(client):
+    r = _answer(client, ImportTooLarge("/x", "path: /x holds 70000000000 bytes of checkpoint files; server.max_import_bytes is 68719476736"))
+    assert r.status_code == 400
+    assert r.json()["error"] == {
+        "message": "path: /x holds 70000000000 bytes of checkpoint files; server.max_import_bytes is 68719476736",
+        "type": "invalid_request_error", "param": "path", "code": "checkpoint_too_large",
+    }
