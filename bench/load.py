@@ -324,9 +324,11 @@ class Watch:
 
 
 async def watcher(client: httpx.AsyncClient, root_pid: int, w: Watch, deadline: float, t0: float) -> None:
+    from liveloop.devtools import ADMIN_KEY
+
     while time.monotonic() < deadline:
         try:
-            r = await client.get("/healthz", timeout=10)
+            r = await client.get("/healthz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)  # details: the operator's
             w.health_status[r.status_code] += 1
             version = r.json().get("policy_version") if r.status_code == 200 else None
             if isinstance(version, int) and (not w.serving or w.serving[-1][1] != version):
@@ -436,7 +438,7 @@ async def drive(server, args: argparse.Namespace, b: Behaviour) -> dict:
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
         learner = (await client.get("/admin/learner", headers=admin)).json()
         versions = (await client.get("/v1/versions", headers={"Authorization": f"Bearer {USER_KEY}"})).json()
-        health = (await client.get("/healthz")).json()
+        health = (await client.get("/healthz", headers=admin)).json()
     return {
         "tally": tally, "watch": watch, "elapsed": elapsed, "learner": learner, "versions": versions, "health": health,
         "rss": rss_report(rss_start, rss_end, max(watch.peak_rss_mb, sum(p.rss_mb for p in rss_end.values()))),

@@ -9,6 +9,10 @@ learners publish (every `[server] watch_seconds`) and the feedback stream for dr
 the process exits. `attach` puts the components (and the learner the wiring started, or None) on
 `app.state`, where the routes find them; `create_app` builds the routes around the wiring's lifespan.
 
+Requests reach the routes only with a Host header `[server] allowed_hosts` allows (`HostAllowList`,
+server/hosts.py: DNS rebinding). The forgotten keys the edge refuses (or serves unstored) are re-read
+from the store every `FORGOTTEN_REFRESH_SECONDS` off the event loop (`watch_forgotten`).
+
 `check_bind` refuses, before anything starts, to listen beyond loopback with the shipped
 development keys (they are public: anyone could use them).
 
@@ -41,11 +45,12 @@ from liveloop.config import Config
 from liveloop.learner.segments import lanes, segment_of
 from liveloop.metrics import Metrics
 from liveloop.server.admission import Admission
-from liveloop.server.auth import KeyRing, Sessions
+from liveloop.server.auth import KeyRing, LoginThrottle, Sessions
 from liveloop.server.body import BodyDeadline, BodyLimit
 from liveloop.server.config import ServerConfig
 from liveloop.server.engines.base import Engine, create_engine
 from liveloop.server.errors import install_handlers
+from liveloop.server.hosts import HostAllowList, allowed_hosts
 from liveloop.server.operations import Operations
 from liveloop.server.publisher import Publisher
 from liveloop.server.startup import finish_start, start_point, sweep_shared_memory
@@ -58,6 +63,7 @@ from liveloop.transport import HandleGone, WeightsUnverified, make_receiver
 log = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+FORGOTTEN_REFRESH_SECONDS = 1.0  # how often the edge re-reads the forgotten keys (another process may forget one)
 
 
 class UnsafeBind(ValueError):
@@ -92,6 +98,18 @@ async def apply_retention(store: Store, retain_days: float, interval: float) -> 
         await asyncio.sleep(interval)
 
 
+async def watch_forgotten(store: Store, interval: float = FORGOTTEN_REFRESH_SECONDS) -> None:
+    """Re-read the forgotten keys every `interval` seconds (off the loop), until cancelled."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(store.forgotten.refresh)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("reading the forgotten keys")
+
+
 @dataclass
 class Components:
     store: Store
@@ -108,12 +126,14 @@ class Components:
 async def start_components(config: Config, model_dir: Path) -> Components:
     from transformers import AutoTokenizer
 
-    keys = KeyRing(config.auth)
-    # 1. store
+    KeyRing(config.auth)  # no keys: refused before anything opens
+    # 1. store (and the keys it says were forgotten)
     store = Store(config.store)
     if config.store.auto_migrate:
         await asyncio.to_thread(store.migrate)
     await asyncio.to_thread(store.require_schema)
+    await asyncio.to_thread(store.forgotten.refresh)
+    keys = KeyRing(config.auth, forgotten=store.forgotten)
     # 2. serving version
     latest = await asyncio.to_thread(store.latest_version)
     if latest is None:
@@ -166,6 +186,7 @@ async def running(config: Config, model_dir: Path) -> AsyncIterator[Components]:
     retention); on exit the tasks are cancelled and the components stopped, every queued row flushed."""
     c = await start_components(config, model_dir)
     watcher = asyncio.create_task(c.publisher.watch(config.server.watch_seconds))
+    forgotten = asyncio.create_task(watch_forgotten(c.store))
     monitor = asyncio.create_task(c.operations.run()) if config.monitor.enabled else None
     retention = None
     if config.store.retain_days > 0:
@@ -174,7 +195,7 @@ async def running(config: Config, model_dir: Path) -> AsyncIterator[Components]:
     try:
         yield c
     finally:
-        for task in (watcher, monitor, retention):
+        for task in (watcher, forgotten, monitor, retention):
             if task is not None:
                 task.cancel()
         await stop_components(c)
@@ -190,11 +211,14 @@ def attach(app: FastAPI, c: Components, learner: Any | None) -> None:
 
 
 def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]) -> FastAPI:
-    """The routes, error handlers and body limit; `lifespan` (the wiring's) starts the components and
-    `attach`es them before the first request."""
+    """The routes, error handlers, body limit and Host allow-list; `lifespan` (the wiring's) starts the
+    components and `attach`es them before the first request."""
     app = FastAPI(title="liveloop", version="0.1.0", lifespan=lifespan)
     install_handlers(app)
     app.state.sessions = Sessions()
+    app.state.login_throttle = LoginThrottle(server.login_failures_per_minute, server.login_failures_per_minute_total)
+    app.state.ops_open_on_loopback = server.ops_open_on_loopback
+    app.state.generating = openai.Generating()
     app.include_router(openai.router)
     app.include_router(feedback.router)
     app.include_router(ops.router)
@@ -202,6 +226,7 @@ def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.Ab
     app.include_router(dashboard.router)
     app.add_middleware(BodyDeadline, seconds=server.body_timeout_seconds)
     app.add_middleware(BodyLimit, max_bytes=server.max_body_bytes)
+    app.add_middleware(HostAllowList, entries=allowed_hosts(server))  # the outermost: nothing runs for a wrong Host
     return app
 
 

@@ -3,6 +3,10 @@
 Keys come from environment variables, sha256 digests in the config, or (development only) plain text
 in the config. Keys are never stored: the store records `key_id`, a short digest of the key.
 
+A key an operator forgot (`Store.forget_key`) is refused with 403, or with `[auth] forgotten_keys =
+"unstored"` served as `Principal.unstored` (nothing of it is stored: the routes do not log it, and the
+store's writer drops whatever of it still arrives).
+
 The dashboard signs in once with an admin key and then holds a session cookie (HttpOnly,
 SameSite=Strict, random token kept in memory only); writes made with the cookie must also carry the
 `X-Liveloop-Dashboard: 1` header, which a cross-site form cannot send.
@@ -15,9 +19,11 @@ import hmac
 import os
 import secrets
 import time
-from dataclasses import dataclass
+from collections.abc import Container
+from dataclasses import dataclass, replace
 
 from fastapi import Request
+from limits import RateLimitItemPerMinute, storage, strategies
 
 from liveloop.server.config import AuthConfig
 from liveloop.server.errors import APIError
@@ -31,10 +37,15 @@ def key_digest(key: str) -> str:
 class Principal:
     key_id: str  # first 16 hex characters of sha256(key)
     admin: bool
+    unstored: bool = False  # a forgotten key served under `forgotten_keys = "unstored"`: log nothing of it
 
 
 class KeyRing:
-    def __init__(self, config: AuthConfig, environ: dict[str, str] | None = None):
+    """The configured keys, and the forgotten ones (`forgotten`: the store's view, store/rights.py)."""
+
+    def __init__(self, config: AuthConfig, environ: dict[str, str] | None = None, forgotten: Container[str] = frozenset()):
+        self.forgotten = forgotten
+        self.forgotten_policy = config.forgotten_keys
         env = os.environ if environ is None else environ
         users = set(config.dev_user_keys) | _split(env.get(config.user_keys_env, ""))
         admins = set(config.dev_admin_keys) | _split(env.get(config.admin_keys_env, ""))
@@ -84,6 +95,32 @@ class Sessions:
         self._tokens.pop(token, None)
 
 
+class LoginThrottle:
+    """Failed dashboard sign-ins, in a moving one-minute window per client address and for all clients
+    together: past either limit, sign-in answers 429 with Retry-After until the window has room (a
+    right key too, so guessing cannot go on by also trying the right one). Successful sign-ins cost
+    nothing. The total bounds guessing from many addresses; it also locks every browser out for up to
+    a minute under such an attack, while admin keys keep working on the API."""
+
+    def __init__(self, per_client: int, total: int):
+        self._limiter = strategies.MovingWindowRateLimiter(storage.MemoryStorage())
+        self._per_client = RateLimitItemPerMinute(per_client)
+        self._total = RateLimitItemPerMinute(total)
+
+    def retry_after(self, client: str) -> int | None:
+        """Seconds until `client` may try again; None when it may now."""
+        waits = [
+            stats.reset_time - time.time()
+            for item, ids in ((self._per_client, ("login", client)), (self._total, ("login", "*")))
+            if not self._limiter.test(item, *ids) and (stats := self._limiter.get_window_stats(item, *ids))
+        ]
+        return max(1, int(max(waits)) + 1) if waits else None
+
+    def failed(self, client: str) -> None:
+        self._limiter.hit(self._per_client, "login", client)
+        self._limiter.hit(self._total, "login", "*")
+
+
 def _split(value: str) -> set[str]:
     return {k.strip() for k in value.split(",") if k.strip()}
 
@@ -97,10 +134,26 @@ def _bearer(request: Request) -> str:
 
 
 def require_user(request: Request) -> Principal:
-    principal = request.app.state.keys.resolve(_bearer(request))
+    keys: KeyRing = request.app.state.keys
+    principal = keys.resolve(_bearer(request))
     if principal is None:
         raise APIError(401, "incorrect API key provided", code="invalid_api_key")
+    if principal.key_id in keys.forgotten:
+        if keys.forgotten_policy == "refuse":
+            raise APIError(403, "this API key was forgotten by the operator: it is not served any more", code="key_forgotten")
+        return replace(principal, unstored=True)
     return principal
+
+
+def is_admin(request: Request) -> bool:
+    """Whether the request carries an admin key (bearer) or a dashboard session; never raises."""
+    if session_principal(request) is not None:
+        return True
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return False
+    principal = request.app.state.keys.resolve(key.strip())
+    return principal is not None and principal.admin
 
 
 def session_principal(request: Request) -> Principal | None:

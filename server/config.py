@@ -58,6 +58,22 @@ class ServerConfig:
         metadata={"help": "POST /admin/weights: the most bytes of checkpoint files copied from an operator's directory "
                   "into the learner's checkpoint_dir (400 checkpoint_too_large beyond)"},
     )
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "Host headers served (against DNS rebinding): `name` (any port) or `name:port`, `*.domain`, "
+                  "or `*` (any); others get 400. Empty: 127.0.0.1, localhost, [::1] and `host`, each on `port`"},
+    )
+    ops_open_on_loopback: bool = field(
+        default=False,
+        metadata={"help": "serve /metrics and /healthz's details to clients on loopback without the admin key "
+                  "(otherwise they need it; /healthz's status is public either way)"},
+    )
+    login_failures_per_minute: int = field(
+        default=5, metadata={"help": "dashboard sign-ins: failed attempts per client address per minute (429 beyond)"}
+    )
+    login_failures_per_minute_total: int = field(
+        default=30, metadata={"help": "dashboard sign-ins: failed attempts per minute, all clients together (429 beyond)"}
+    )
 
     def __post_init__(self) -> None:
         check_literals(self)
@@ -79,6 +95,11 @@ class ServerConfig:
             raise ValueError("max_import_bytes must be >= 1")
         if self.default_max_tokens < 1 or self.max_tokens_limit < 1:
             raise ValueError("default_max_tokens and max_tokens_limit must be >= 1")
+        if self.login_failures_per_minute < 1 or self.login_failures_per_minute_total < 1:
+            raise ValueError("login_failures_per_minute and login_failures_per_minute_total must be >= 1")
+        for entry in self.allowed_hosts:
+            if not entry or any(c in entry for c in "/ @"):
+                raise ValueError(f"allowed_hosts: {entry!r} is not a host name, `name:port`, `*.domain` or `*`")
 
 
 @dataclass(frozen=True)
@@ -92,6 +113,14 @@ class AuthConfig:
     admin_keys_env: str = field(default="LIVELOOP_ADMIN_KEYS", metadata={"help": "env var with admin keys"})
     user_key_sha256: tuple[str, ...] = field(default=(), metadata={"help": "sha256 hex digests of user keys"})
     admin_key_sha256: tuple[str, ...] = field(default=(), metadata={"help": "sha256 hex digests of admin keys"})
+    forgotten_keys: Literal["refuse", "unstored"] = field(
+        default="refuse",
+        metadata={"help": "what a key an operator forgot gets: refuse (403 to everything) or unstored (served, "
+                  "nothing of it stored or trained)"},
+    )
+
+    def __post_init__(self) -> None:
+        check_literals(self)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 /logout (an admin key for a session cookie), GET /dashboard/static/<file> (the page's script, style and
 the vendored uPlot charting library: the page needs no network beyond this server).
 
-The page itself only calls the admin API (`/admin/...`) with its session cookie."""
+The page itself only calls the admin API (`/admin/...`) with its session cookie. Failed sign-ins are
+throttled per client address and overall (`[server] login_failures_per_minute`, `..._total`; 429 with
+Retry-After, `LoginThrottle`)."""
 
 from __future__ import annotations
 
@@ -55,10 +57,16 @@ async def page(request: Request) -> Response:
 
 @router.post("/login")
 async def login(request: Request) -> Response:
+    throttle = request.app.state.login_throttle
+    client = request.client.host if request.client else "?"
+    wait = throttle.retry_after(client)
+    if wait is not None:
+        raise APIError(429, f"too many failed sign-ins: try again in {wait} s", code="rate_limit_exceeded", retry_after=wait)
     form = parse_qs((await request.body()).decode("utf-8", "replace"))
     key = (form.get("key") or [""])[0].strip()
     principal = request.app.state.keys.resolve(key) if key else None
     if principal is None or not principal.admin:
+        throttle.failed(client)
         return _login_page("That is not an admin key.", status=401)
     token = request.app.state.sessions.create(principal)
     response = RedirectResponse("/dashboard", status_code=303)

@@ -1,5 +1,7 @@
 """POST /v1/feedback: a thumbs up/down for a response this API key received; DELETE
-/v1/responses/{id}: the key that received a response deletes it with its ratings; GET /v1/versions.
+/v1/responses/{id}: the key that received a response deletes it with its ratings, even while it is
+being generated (a tombstone keeps its row out when it lands, store/rights.py); GET /v1/versions: the
+policy versions, a page at a time (OpenAI's list form: `limit`, `after`, `order`; `has_more`).
 
 The rule for ratings: one (response, key) pair is one training sample at most. A change of mind
 replaces the stored rating in place; the learner trains the latest value if it has not reached that
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Request
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Query, Request
 
 from liveloop.server.auth import Principal, require_user
 from liveloop.server.body import parse_body
@@ -21,12 +25,16 @@ from liveloop.store import FeedbackRecord, ResponseNotFound
 from liveloop.store.writer import WriterSlow
 
 router = APIRouter(prefix="/v1")
+VERSIONS_PAGE = 100  # versions per page when `limit` is not given
+VERSIONS_PAGE_MAX = 1000
 
 
 @router.post("/feedback")
 async def feedback(request: Request, principal: Principal = Depends(require_user)) -> dict:
     request.app.state.serving.admission.check_rate("feedback", principal.key_id)
     req = await parse_body(request, FeedbackRequest)
+    if principal.unstored:  # a forgotten key: nothing of it is stored (the writer would drop it too)
+        raise APIError(404, f"no response `{req.response_id}` for this API key", param="response_id")
     record = FeedbackRecord(req.response_id, principal.key_id, int(req.reward), req.comment)
     try:
         stored = await request.app.state.writer.write(record)
@@ -53,15 +61,24 @@ async def delete_response(response_id: str, request: Request, principal: Princip
     request.app.state.serving.admission.check_rate("feedback", principal.key_id)
     if not 0 < len(response_id) <= 64 or "\x00" in response_id:
         raise APIError(400, "response_id: 1 to 64 characters, no NUL", param="response_id")
+    # looked at first: a generation that ends meanwhile lands after the tombstone, which drops it
+    generating = request.app.state.generating.owner(response_id) == principal.key_id
     deleted = await asyncio.to_thread(request.app.state.store.delete_response, response_id, principal.key_id)
-    if not deleted.responses:
+    if not deleted.responses and not generating:
         raise APIError(404, f"no response `{response_id}` for this API key", param="response_id")
     return {"id": response_id, "object": "response.deleted", "deleted": True, "ratings_deleted": deleted.ratings}
 
 
 @router.get("/versions")
-async def versions(request: Request, _: Principal = Depends(require_user)) -> dict:
-    rows = await asyncio.to_thread(request.app.state.store.list_versions)
+async def versions(
+    request: Request,
+    _: Principal = Depends(require_user),
+    limit: int = Query(VERSIONS_PAGE, ge=1, le=VERSIONS_PAGE_MAX, description="versions per page"),
+    after: int | None = Query(None, ge=0, description="the page follows this version (the last one of the previous page)"),
+    order: Literal["asc", "desc"] = Query("asc", description="by version: asc (oldest first) or desc"),
+) -> dict:
+    rows = await asyncio.to_thread(request.app.state.store.versions_page, after, limit + 1, order == "desc")
+    page = rows[:limit]
     return {
         "object": "list",
         "serving": request.app.state.engine.version,
@@ -77,6 +94,9 @@ async def versions(request: Request, _: Principal = Depends(require_user)) -> di
                 "metrics": v.metrics,
                 "note": v.note,
             }
-            for v in rows
+            for v in page
         ],
+        "first_id": page[0].version if page else None,
+        "last_id": page[-1].version if page else None,
+        "has_more": len(rows) > limit,
     }

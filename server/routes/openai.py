@@ -9,6 +9,11 @@ response's token indexes [start, end): always there in a whole response and in a
 when a `keep` swap continued the response under newer weights. A response (or the last event of a
 stream) is sent only after the response is durably logged.
 
+While a response is generated its id and key are in `Generating` (`app.state.generating`), so that
+DELETE /v1/responses/{id} can answer for a response whose row has not landed yet (its tombstone keeps
+the row out, store/rights.py). A forgotten key served under `[auth] forgotten_keys = "unstored"`
+(`Principal.unstored`) is served as if it had sent `store: false`.
+
 Streaming costs a write (a system call, a wake-up of the client) per event: a stream writes the first
 token at once, then what arrived since its last write at most every `Serving.stream_interval` seconds;
 the role-only first chunk goes out with the first token, the last events in one write. Text-only
@@ -19,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -38,6 +44,24 @@ from liveloop.server.text import token_bytes
 router = APIRouter(prefix="/v1")
 log = logging.getLogger(__name__)
 VERSION_HEADER = "x-liveloop-policy-version"
+
+
+class Generating:
+    """The responses this process is generating: id -> the key it is for (event-loop only)."""
+
+    def __init__(self) -> None:
+        self._owners: dict[str, str] = {}
+
+    @contextlib.contextmanager
+    def holding(self, response_id: str, key_id: str) -> Iterator[None]:
+        self._owners[response_id] = key_id
+        try:
+            yield
+        finally:
+            self._owners.pop(response_id, None)
+
+    def owner(self, response_id: str) -> str | None:
+        return self._owners.get(response_id)
 
 
 def _serving(request: Request) -> Serving:
@@ -83,11 +107,15 @@ async def _serve(request: Request, principal: Principal, model: type, endpoint: 
     serving.admission.check_rate("chat", principal.key_id)  # raises RateLimited (429)
     req = await parse_body(request, model)
     prepared = await serving.prepare(req, principal)  # length-checked on the loop, rendered and tokenized off it
+    if principal.unstored:  # a forgotten key under `forgotten_keys = "unstored"`: nothing of it is logged
+        prepared = dataclasses.replace(prepared, store=False)
     fmt = (_ChatFormat if endpoint == "chat" else _CompletionFormat)(serving, req, prepared)
+    generating: Generating = request.app.state.generating
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await _stream(serving, prepared, fmt, include_usage=include_usage)
-    return await _complete(request, serving, prepared, fmt)
+        return await _stream(serving, prepared, fmt, include_usage=include_usage, generating=generating)
+    with generating.holding(prepared.response_id, principal.key_id):
+        return await _complete(request, serving, prepared, fmt)
 
 
 async def _complete(request: Request, serving: Serving, prepared: Prepared, fmt: "_Format") -> Response:
@@ -130,17 +158,26 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _stream(serving: Serving, prepared: Prepared, fmt: "_Format", include_usage: bool) -> StreamingResponse:
+async def _stream(serving: Serving, prepared: Prepared, fmt: "_Format", include_usage: bool, generating: Generating) -> StreamingResponse:
+    held = generating.holding(prepared.response_id, prepared.principal.key_id)
+    held.__enter__()
     ctx = serving.run(prepared)
-    run = await ctx.__aenter__()  # admitted now: the version goes out in the header
+    try:
+        run = await ctx.__aenter__()  # admitted now: the version goes out in the header
+    except BaseException:
+        held.__exit__(None, None, None)
+        raise
     closed = False
 
     async def release() -> None:
         nonlocal closed
         if not closed:
             closed = True
-            with anyio.CancelScope(shield=True):  # a vanished client's cancellation must not cut the clean-up short
-                await ctx.__aexit__(None, None, None)
+            try:
+                with anyio.CancelScope(shield=True):  # a vanished client's cancellation must not cut the clean-up short
+                    await ctx.__aexit__(None, None, None)
+            finally:
+                held.__exit__(None, None, None)
 
     async def events() -> AsyncIterator[bytes]:
         try:

@@ -4,7 +4,13 @@
 commits and does not answer a ping); a learner that is down or restarting makes it "degraded" with
 200: users are still served and logged, and the learner's ratings wait in the store. A stalled store
 (locked, slow) makes it "degraded" too while the writer's oldest waiting write is older than
-`[store] writer_stall_seconds` (`writer.oldest_age_seconds` says how old)."""
+`[store] writer_stall_seconds` (`writer.oldest_age_seconds` says how old).
+
+Who may read what: /healthz's status (and its code) is public, for load balancers; its details (each
+part's state, queue sizes, errors, the serving version) and /metrics need an admin key (a bearer key, or
+the dashboard's session), or a client on loopback when `[server] ops_open_on_loopback` (off by
+default: on one host every local user, and a proxy in front, is loopback). Without it /metrics answers
+403 like the admin API."""
 
 from __future__ import annotations
 
@@ -14,8 +20,20 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from liveloop.metrics import CONTENT_TYPE
+from liveloop.server.auth import is_admin, require_admin
+
+LOOPBACK_CLIENTS = ("127.0.0.1", "::1")
 
 router = APIRouter()
+
+
+def _trusted(request: Request) -> bool:
+    """May this request read the operational details?"""
+    if request.app.state.ops_open_on_loopback and request.client is not None:
+        host = request.client.host
+        if host in LOOPBACK_CLIENTS or host.startswith("127.") or host == "::ffff:127.0.0.1":
+            return True
+    return is_admin(request)
 
 
 @router.get("/healthz")
@@ -35,6 +53,9 @@ async def healthz(request: Request) -> JSONResponse:
     status = "ok" if can_log and engine_ok and not writer.stalled and learner["state"] in ("running", "off") else "degraded"
     if not (can_log and engine_ok):
         status = "unavailable"
+    code = 200 if status != "unavailable" else 503
+    if not _trusted(request):
+        return JSONResponse({"status": status}, status_code=code)
     body = {
         "status": status,
         "model": state.serving.model_name,
@@ -47,7 +68,7 @@ async def healthz(request: Request) -> JSONResponse:
         "store": {"ok": store_ok, "last_error": None if store_ok else writer.last_error},
         "learner": learner,
     }
-    return JSONResponse(body, status_code=200 if status != "unavailable" else 503)
+    return JSONResponse(body, status_code=code)
 
 
 def _learner_health(learner) -> dict:
@@ -59,6 +80,8 @@ def _learner_health(learner) -> dict:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
+    if not _trusted(request):
+        require_admin(request)  # raises the admin API's 401 / 403
     state = request.app.state
     m = state.metrics
     m.set("server/policy_version", state.engine.version)

@@ -91,7 +91,7 @@ out_dir = "{tmp_path / 'unused'}"
 
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
         deadline = time.monotonic() + 60
-        while httpx.get(server.base_url + "/healthz").json()["policy_version"] != 1:
+        while httpx.get(server.base_url + "/healthz", headers=admin).json()["policy_version"] != 1:
             assert time.monotonic() < deadline, "the server did not activate the BGPO version"
             time.sleep(0.3)
         after = client.chat.completions.create(model=NAME, messages=prompt, max_tokens=16, seed=1)

@@ -14,7 +14,7 @@ import httpx
 
 from liveloop.devtools import wait_until
 
-from .conftest import USER_KEY, open_store, start_server, stop_server
+from .conftest import ADMIN_KEY, USER_KEY, open_store, start_server, stop_server
 
 N_RATED = 24
 LEARNER_STATUSES = ("published", "serving", "retired", "superseded")
@@ -65,7 +65,7 @@ def test_killed_learner_resumes_exactly_once(tmp_path, model_dir):
         wait_until(lambda: store.get_cursor("sao") == last_id, 240, "the restarted learner to consume every rating")
         os.killpg(second.pid, signal.SIGTERM)
         second.wait(60)
-        wait_until(lambda: http.get("/healthz").json()["policy_version"] == store.cursor_version("sao"), 60, "the server to swap in the last version")
+        wait_until(lambda: http.get("/healthz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()["policy_version"] == store.cursor_version("sao"), 60, "the server to swap in the last version")
     finally:
         stop.set()
         t.join(60)

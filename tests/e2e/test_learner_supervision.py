@@ -60,11 +60,11 @@ def test_learner_crash_is_reported_and_recovered(tmp_path, model_dir):
             worker = wait_until(lambda: _learner_worker(server), 30, "the learner's Ray worker")
             os.kill(worker.pid, signal.SIGKILL)
             # serving and logging go on; the health says the learner is not running
-            seen = wait_until(lambda: httpx.get(server.base_url + "/healthz", timeout=10).json()["learner"]["state"] != "running"
-                         and httpx.get(server.base_url + "/healthz", timeout=10), 60, "the outage to show")
+            seen = wait_until(lambda: httpx.get(server.base_url + "/healthz", headers=admin, timeout=10).json()["learner"]["state"] != "running"
+                         and httpx.get(server.base_url + "/healthz", headers=admin, timeout=10), 60, "the outage to show")
             assert seen.status_code == 200 and seen.json()["status"] == "degraded"
             late = _rate(c, 3)
-            wait_until(lambda: httpx.get(server.base_url + "/healthz", timeout=10).json()["learner"]["state"] == "running", 300, "the restart")
+            wait_until(lambda: httpx.get(server.base_url + "/healthz", headers=admin, timeout=10).json()["learner"]["state"] == "running", 300, "the restart")
             kinds = [e["kind"] for e in c.get("/admin/events", headers=admin).json()["data"]]
             assert "learner_crash" in kinds and "learner_restart" in kinds
             status = c.get("/admin/learner", headers=admin).json()

@@ -87,7 +87,7 @@ async def _scenario(base_url: str) -> dict:
             await asyncio.sleep(1)
         after, versions_after = await _rate(client, 64, 0)
         learner = (await client.get("/admin/learner", headers=admin)).json()
-        metrics = (await client.get("/metrics")).text
+        metrics = (await client.get("/metrics", headers=admin)).text
         return {
             "before": before, "after": after, "events": events, "served": served,
             "v_before": versions_before, "v_after": versions_after, "learner": learner, "metrics": metrics,

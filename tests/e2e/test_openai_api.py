@@ -10,7 +10,7 @@ import pytest
 
 from liveloop.clients import LiveloopClient, LiveloopError
 
-from .conftest import USER_KEY, USER_KEY_2, Reference, open_store
+from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, Reference, open_store
 
 MODEL = "liveloop-tiny"
 PROMPT = [{"role": "user", "content": "Tell me about cats."}]
@@ -177,9 +177,10 @@ def test_liveloop_client(vllm_server, store):
 def test_health_and_metrics(vllm_server, oai):
     import httpx
 
-    health = httpx.get(vllm_server.base_url + "/healthz").json()
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}  # the details and /metrics are the operator's
+    health = httpx.get(vllm_server.base_url + "/healthz", headers=admin).json()
     assert health["status"] == "ok" and health["engine"]["name"] == "vllm" and health["engine"]["ok"]
     assert health["writer"]["ok"] and health["store"]["ok"] and health["learner"] == {"state": "off"}
     oai.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=5)
-    text = httpx.get(vllm_server.base_url + "/metrics").text
+    text = httpx.get(vllm_server.base_url + "/metrics", headers=admin).text
     assert "liveloop_server_responses_total" in text and "liveloop_server_policy_version" in text

@@ -115,7 +115,7 @@ def test_drift_alarm_when_ratings_turn(http, server):
     assert drift["segments"]["cats"]["n"] == 140 and sum(b["n"] for b in drift["series"]) == 210
     events = http.get("/admin/events", headers=ADMIN).json()["data"]
     assert any(e["kind"] == "alarm" and e["detail"]["segment"] == "cats" for e in events)
-    metrics = http.get("/metrics").text
+    metrics = http.get("/metrics", headers=ADMIN).text
     assert 'liveloop_monitor_alarms_total{direction="down",segment="cats"}' in metrics
     assert "liveloop_monitor_reward_rate{" in metrics
 
@@ -151,7 +151,7 @@ def test_rollback_serves_the_old_weights_byte_identical(http, server, tmp_path):
     assert versions[bad]["status"] == "rolled_back" and versions[old]["status"] == "serving" and versions[old]["serving"]
     assert versions[bad]["parent"] == old and versions[bad]["responses"] == 3
     wait_until(lambda: http.get("/admin/learner", headers=ADMIN).json().get("version") == old, 30, "the learner to reload the rolled-back-to version")
-    assert "liveloop_server_rollbacks_total 1.0" in http.get("/metrics").text
+    assert "liveloop_server_rollbacks_total 1.0" in http.get("/metrics", headers=ADMIN).text
 
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

@@ -36,6 +36,8 @@ from liveloop.server.auth import key_digest
 from liveloop.store.models import Feedback, LearnerControl, OperatorEvent, PolicyVersion, Response
 
 from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, ServerProcess, open_store, start_server, stop_server
+
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}  # /healthz's details are the operator's
 from .strategies import (
     CHAT_BASE, CHAT_FIELDS, COMMENTS, COMPLETION_BASE, COMPLETION_FIELDS, CONTENT_TYPES, DELETE, DIGITS,
     EDGE, EDGE_INTS, JUNK, MODEL, QUERY_VALUES, RAW_BODIES, REWARDS, TEXT, encode, message_mutation,
@@ -196,7 +198,7 @@ class Harness:
         logs late is counted against the request that caused it."""
         last, stable_since = None, time.monotonic()
         for _ in range(100):
-            health = self.client.get("/healthz")
+            health = self.client.get("/healthz", headers=ADMIN_HEADERS)
             now = self.snapshot()
             if now != last:
                 last, stable_since = now, time.monotonic()
@@ -521,7 +523,7 @@ def _auth_routes(h: Harness) -> list[tuple[str, str, bytes | None, str | None]]:
         ("POST", "/admin/learning/pause", b"", "admin"),
         ("POST", "/admin/learning/resume", b"", "admin"),
         ("GET", "/healthz", None, None),
-        ("GET", "/metrics", None, None),
+        ("GET", "/metrics", None, "admin"),
     ]
 
 
@@ -587,7 +589,7 @@ GET_ROUTES = ["/admin/events", "/admin/drift", "/admin/versions", "/admin/stats"
     key=st.sampled_from([ADMIN_KEY, USER_KEY]),
 )
 def test_get_routes_with_odd_queries(h, path, params, key):
-    if path.startswith("/admin") and key == USER_KEY:
+    if (path.startswith("/admin") or path == "/metrics") and key == USER_KEY:
         key = ADMIN_KEY
     r, before, after = h.call("GET", path, key=key, params=params)
     if path in ("/healthz", "/metrics"):
@@ -607,7 +609,7 @@ def test_other_users_traffic_was_served_and_logged(h):
         row = h.store.get_response(rid)
         assert row is not None and row.api_key_id == kid(USER_KEY_2), f"{rid} of USER_KEY_2 is not in the store"
         assert [(f.api_key_id, f.reward) for f in h.store.get_feedback(rid)] == [(kid(USER_KEY_2), reward)], rid
-    health = h.client.get("/healthz")
+    health = h.client.get("/healthz", headers=ADMIN_HEADERS)
     assert health.status_code == 200 and health.json()["writer"]["ok"], health.text
     if h.backpressure:
         print("503s with Retry-After seen (allowed back-pressure):", *h.backpressure, sep="\n")

@@ -73,7 +73,7 @@ def _vanish(base_url: str, stage: str, i: int) -> str | None:
 
 
 def _metric(base_url: str, name: str) -> float:
-    text = httpx.get(base_url + "/metrics", timeout=10).text
+    text = httpx.get(base_url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10).text
     found = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
     return float(found.group(1)) if found else float("nan")
 
@@ -124,7 +124,7 @@ def test_vanishing_clients_lose_nothing_and_wedge_nothing(vllm_server, tmp_path)
     # nothing leaks: every generation slot comes back, the writer drains, the server is healthy
     wait_until(lambda: _metric(base, "liveloop_server_generations_running") == 0, 60, "generation slots to be released")
     wait_until(lambda: _metric(base, "liveloop_store_writer_queued") == 0, 60, "the writer to drain")
-    health = httpx.get(base + "/healthz", timeout=10)
+    health = httpx.get(base + "/healthz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
     assert health.status_code == 200 and health.json()["writer"]["ok"] and health.json()["store"]["ok"]
     # the engine's gate is free: a swap completes and new requests are served by the new version
     ckpt = devtools.perturbed_checkpoint(vllm_server.model_dir, tmp_path / "ckpt", seed=11)

@@ -19,9 +19,10 @@ from liveloop.devtools import ADMIN_KEY, USER_KEY, free_port, write_config
 @pytest.fixture(scope="module")
 def client(tmp_path_factory, model_dir):
     work = tmp_path_factory.mktemp("admin-segments-off")
-    path, _ = write_config(work, Path(model_dir).resolve(), "hf", free_port(), extra="[monitor]\nenabled = false\n")
+    port = free_port()
+    path, _ = write_config(work, Path(model_dir).resolve(), "hf", port, extra="[monitor]\nenabled = false\n")
     app = build_app(load_config(path), Path(model_dir))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(app, base_url=f"http://127.0.0.1:{port}", raise_server_exceptions=False) as c:  # a Host the server answers to
         c.headers["Authorization"] = f"Bearer {ADMIN_KEY}"
         yield c
 
