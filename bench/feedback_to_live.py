@@ -76,8 +76,8 @@ def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> 
                 )
                 served.append((time.monotonic(), r.json()["policy_version"]))
                 time.sleep(0.5)
-            versions = user.get("/v1/versions", headers=auth[0]).json()["data"]
-            swaps = _swap_seconds(user.get("/metrics").text)
+            versions = user.get("/v1/versions", headers=auth[0], params={"limit": 1000}).json()["data"]
+            swaps = _swap_seconds(user.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text)
             status = user.get("/admin/learner", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
             user.close()
         finally:
