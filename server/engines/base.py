@@ -20,9 +20,11 @@ entirely by the one version it records, and new weights never continue a KV cach
 computed. `gated.GatedEngine` holds this plumbing once for every backend.
 
 A `keep` swap (`swap(..., drain=False)`, `engine.swap_mode = "keep"` on a backend that supports it)
-closes the gate only while `apply` runs: admitted generations are neither waited for nor ended; the
-backend continues them under the new weights at the next token boundary with their KV cache
-recomputed, and their deltas name the version that sampled them (`TokenDelta.version`).
+never closes the gate: admitted generations are neither waited for nor ended, and new ones are admitted
+while the weights load (under the version serving until the load is done). The backend continues
+every generation under the new weights at its next token boundary with its KV cache recomputed, and
+each delta names the version that sampled it (`TokenDelta.version`), so a response admitted during a
+swap whose tokens all come from the new weights records that in its spans.
 """
 
 from __future__ import annotations
@@ -106,9 +108,15 @@ class CheckpointDir:
 
 @dataclass(frozen=True, eq=False)
 class NamedTensors:
-    """Weights as tensors in this process, by the served model's state_dict names."""
+    """Weights as tensors in this process, by the served model's state_dict names.
+
+    `verified`: their values are known finite, so the engine does not scan them again: the transport
+    checked their bytes against the digest recorded when a learner published them (a learner publishes
+    only finite weights), or the engine scanned them itself while staging them. Unverified tensors are
+    scanned before anything is loaded (engines stage them off the swap's critical section)."""
 
     tensors: Mapping[str, torch.Tensor]
+    verified: bool = False
 
 
 WeightSource = CheckpointDir | NamedTensors
@@ -154,10 +162,11 @@ class Engine(Protocol):
     def generate(self, request: GenerationRequest) -> contextlib.AbstractAsyncContextManager[Generation]: ...
 
     async def update_weights(self, weights: str | Path | WeightSource, version: int) -> float:
-        """Swap in new weights as `version` (a path is a `CheckpointDir`); returns seconds the engine
-        was closed to new requests. Generations still running at the drain deadline are ended
-        (finish_reason "abort") before the new weights are applied. If the weights cannot be loaded
-        it raises and the old version keeps serving, its weights intact."""
+        """Swap in new weights as `version` (a path is a `CheckpointDir`); returns seconds new requests
+        were held back (a drain swap: the drain and the load; a keep swap: only what the backend's
+        own load held them, e.g. vLLM's pause). Generations still running at the drain deadline are
+        ended (finish_reason "abort") before the new weights are applied. If the weights cannot be
+        loaded it raises and the old version keeps serving, its weights intact."""
         ...
 
     supports_adapters: bool  # whether update_adapter can serve LoRA adapters (config.max_adapters > 0)
@@ -202,6 +211,7 @@ class VersionGate:
         self._cond = asyncio.Condition()
         self._readers: set[_Reader] = set()
         self._swap_pending = False
+        self._swapping = asyncio.Lock()  # one swap at a time, keep or drain
 
     @property
     def active(self) -> int:
@@ -225,19 +235,24 @@ class VersionGate:
                 self._readers.discard(reader)  # a preempted reader is already gone
                 self._cond.notify_all()
 
-    async def swap(self, apply: Callable[[], Awaitable[None]], version: int, drain: bool = True) -> float:
+    async def swap(self, apply: Callable[[], Awaitable[float | None]], version: int, drain: bool = True) -> float:
         """Close to new generations, drain in-flight ones (ending those left at the deadline), run
         `apply`, set `version`, reopen. Returns the seconds new generations were held back. If `apply`
-        (or a preemption) fails the old version stays. `drain=False` (a keep swap) leaves admitted
-        generations running: the gate is closed for `apply` alone."""
+        (or a preemption) fails the old version stays. `drain=False` (a keep swap) never closes the
+        gate: admitted generations go on and new ones are admitted (under the old version) while
+        `apply` runs; it returns what `apply` returns (the seconds the backend's own load held new
+        generations back, None: none). Swaps run one at a time."""
+        if not drain:
+            async with self._swapping:
+                held = await apply()
+                self.version = version
+            return held or 0.0
         loop = asyncio.get_running_loop()
-        async with self._cond:
-            await self._cond.wait_for(lambda: not self._swap_pending)
+        async with self._swapping, self._cond:
             self._swap_pending = True
             closed_at = loop.time()
             try:
-                if drain:
-                    await self._drain(version)
+                await self._drain(version)
                 await apply()
                 self.version = version
             finally:

@@ -1,12 +1,14 @@
 """`GatedEngine`: what every backend shares around its model, written once: its config, the
 `VersionGate` that admits generations and drains them for a swap, the version and preemption count it
-reports, the weight swap's shape (stage the source, close the gate, drain, apply, reopen), and the
-per-segment LoRA adapters' bookkeeping (`adapters.AdapterTable`).
+reports, the weight swap's shape (stage the source; then close the gate, drain, apply, reopen, or for a
+keep swap apply alone), and the per-segment LoRA adapters' bookkeeping (`adapters.AdapterTable`).
 
 A backend supplies `start`, `close`, `healthy`, `_admit` (one request's preempt callback and its delta
-stream) and `_apply` (load a weight source into the model; it runs with the gate closed and drained,
-and must leave the old weights serving if it raises). `_stage` may bring a source into the form
-`_apply` reads before the gate closes (vLLM writes named tensors to a checkpoint directory there).
+stream) and `_apply` (load a weight source into the model; in drain mode it runs with the gate closed
+and drained; it must leave the old weights serving if it raises). `_stage` brings a source into the
+form `_apply` reads, in a thread, before anything is closed or paused (reading a checkpoint, scanning
+values not known finite, packing tensors for another process): the swap's critical section is the
+load alone.
 
 Adapters: by default an engine has none (`supports_adapters` False, every request is served by the
 base weights, `update_adapter` raises AdaptersUnsupported). A backend that serves them sets
@@ -18,9 +20,11 @@ and each generation keeps the adapter it was admitted with (counted in the table
 
 Keep swaps (`engine.swap_mode = "keep"`): a backend that can continue running generations under new
 weights (recomputing their KV, naming the sampling version on each delta) sets `keeps_generations`
-and reads the target version in `_apply_as(source, version)`; the gate then does not drain. On a
-backend without it a keep swap drains (logged once at construction), so each response still records
-true versions.
+and reads the target version in `_apply_as(source, version)`; the gate then neither drains nor closes
+(new generations are admitted while the weights load, and their deltas name the version that sampled
+them), and `_apply_as` returns the seconds its own load held new generations back. On a backend
+without it a keep swap drains (logged once at construction), so each response still records true
+versions.
 """
 
 from __future__ import annotations
@@ -92,8 +96,8 @@ class GatedEngine:
                 self._release(lease)
 
     async def update_weights(self, weights: str | Path | WeightSource, version: int) -> float:
-        # staged off the event loop and before the gate closes: reading a checkpoint or packing tensors
-        # holds back no request
+        # staged off the event loop and before anything closes: reading a checkpoint, scanning values or
+        # packing tensors holds back no request
         source = await asyncio.to_thread(self._stage, weight_source(weights))
         return await self._gate.swap(lambda: self._apply_as(source, version), version, drain=not self.swap_keeps)
 
@@ -143,13 +147,14 @@ class GatedEngine:
     def _stage(self, source: WeightSource) -> WeightSource:
         return source
 
-    async def _apply(self, source: WeightSource) -> None:
+    async def _apply(self, source: WeightSource) -> float | None:
         raise NotImplementedError
 
-    async def _apply_as(self, source: WeightSource, version: int) -> None:
+    async def _apply_as(self, source: WeightSource, version: int) -> float | None:
         """`_apply` for a backend that must know the version it swaps to (one that keeps generations
-        running across the swap names it on their later deltas)."""
-        await self._apply(source)
+        running across the swap names it on their later deltas). Returns the seconds the load held new
+        generations back (None: not measured; a keep swap then reports 0)."""
+        return await self._apply(source)
 
     async def _load_adapter(self, name: str, spec: AdapterSpec) -> None:
         """Load the adapter `spec` describes under `name`, or raise AdapterUnusable with the engine's

@@ -1,8 +1,14 @@
 """The scaffolding of an engine whose model lives on ONE worker thread (the `hf` and `diffusion`
 backends): the inbox the thread reads, holding typed messages (`Submit` a request, `Swap` the weights,
 `LoadAdapter` / `DropAdapter` a LoRA adapter, `Stop`), the bridge that turns a request's deltas from
-the thread into an async stream, per-request seeded generators, and the weight swap that restores the
-old weights if the new ones fail to load.
+the thread into an async stream, per-request seeded generators, and the weight swap.
+
+A swap's weights are staged before the swap reaches the worker, off the worker and off the event loop
+(`_stage`): a checkpoint directory is read, and tensors not known finite (`NamedTensors.verified`)
+are scanned. The worker then checks only names and shapes (`weights.check_state`) and copies in place:
+what passed the checks cannot fail half-way, so no backup of the old weights is taken. A copy that
+fails anyway (a fault of the machine) leaves the model part old, part new: the engine then stops
+(unhealthy, every stream ends with the error) rather than serve it.
 
 A swap that ends a straggler (drain deadline) sets its job's `cancelled` event, then queues its `Swap`
 on the same inbox; the worker reads the inbox in order and checks `cancelled` before every step, so it
@@ -25,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,10 +53,12 @@ from liveloop.server.engines.base import (
     aborted,
 )
 from liveloop.server.engines.gated import GatedEngine
-from liveloop.server.engines.weights import load_state
+from liveloop.server.engines.weights import WeightsRejected, check_state, copy_state, non_finite
 
 if TYPE_CHECKING:
     from liveloop.server.config import EngineConfig
+
+log = logging.getLogger(__name__)
 
 Emit = Callable[[TokenDelta | BaseException], None]
 Done = Callable[[BaseException | None], None]  # the worker reports a message's outcome: None or the error
@@ -116,6 +126,8 @@ class ThreadedEngine(GatedEngine):
         self._closing = threading.Event()
         self._seed_source = torch.Generator().manual_seed(config.seed)
         self._serving_version = 0  # the worker's: the version of the weights its model holds now
+        self._copy_seconds = 0.0  # the worker's: how long the last swap's copy held its steps
+        self._streams: set[Emit] = set()  # every live stream's emit (a broken engine ends them all)
 
     def healthy(self) -> bool:
         """The worker thread that owns the model is running (it never blocks)."""
@@ -156,6 +168,9 @@ class ThreadedEngine(GatedEngine):
         seed = request.sampling.seed
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seed_source))
+        if not self.healthy():
+            raise RuntimeError(f"{self.name} engine is not running (not started, closed, or broken by a failed copy)")
+        self._streams.add(emit)
         self._inbox.put(Submit(self._job(request, emit, torch.Generator().manual_seed(seed), cancelled), adapter))
         try:
             while not cancelled.is_set():
@@ -169,17 +184,24 @@ class ThreadedEngine(GatedEngine):
                     return
             yield aborted()  # a swap ended it: what it produced and was not handed over yet is dropped
         finally:
+            self._streams.discard(emit)
             cancelled.set()
 
     def _stage(self, source: WeightSource) -> WeightSource:
-        # a checkpoint is read before the gate closes (in a thread, not on the worker): generation goes
-        # on while the disk is read, and the worker only copies tensors in
+        # in a thread, before the swap reaches the worker: generation goes on while a checkpoint is
+        # read and values are scanned, and the worker only checks names and shapes and copies
         if isinstance(source, CheckpointDir):
-            return NamedTensors(self._read_checkpoint(source.path))
+            source = NamedTensors(self._read_checkpoint(source.path))
+        if isinstance(source, NamedTensors) and not source.verified:
+            bad = non_finite(source.tensors)
+            if bad is not None:
+                raise WeightsRejected(f"update_weights: non-finite values in {bad}")
+            source = NamedTensors(source.tensors, verified=True)
         return source
 
-    async def _apply_as(self, source: WeightSource, version: int) -> None:
+    async def _apply_as(self, source: WeightSource, version: int) -> float:
         await self._on_worker(lambda report: Swap(source, report, version, self.swap_keeps))
+        return self._copy_seconds
 
     async def _load_adapter(self, name: str, spec: AdapterSpec) -> None:
         await self._on_worker(lambda report: LoadAdapter(spec, name, report))
@@ -197,27 +219,39 @@ class ThreadedEngine(GatedEngine):
         await done
 
     def _swap(self, swap: Swap) -> bool:
-        """On the worker thread: load the swap's weights; if that fails, restore the old ones (never
-        serve a half-copied model: the restored tensors are bit-identical, so caches the old weights
-        computed stay valid) and report the error. Returns whether the new weights serve now."""
+        """On the worker thread: load the swap's weights. Weights that fail the checks are refused
+        (reported to the swap; the old ones keep serving, untouched, and so do caches they computed).
+        Returns whether the new weights serve now."""
         module = self._weights_module()
-        backup = {k: v.clone() for k, v in module.state_dict().items()}
         try:
-            load_state(module, self._read_state(swap.source))
+            state, verified = self._read_state(swap.source)
+            check_state(module, state, finite=not verified)
         except BaseException as exc:
-            load_state(module, backup)
             swap.done(exc)
             return False
+        started = time.perf_counter()
+        try:
+            copy_state(module, state)
+        except BaseException as exc:
+            # checked, so only a fault of the machine gets here: never serve a model half old, half new
+            log.critical("%s engine: copying checked weights failed part-way; the engine stops", self.name, exc_info=True)
+            self._closing.set()
+            for emit in list(self._streams):
+                emit(exc)
+            swap.done(exc)
+            raise
+        self._copy_seconds = time.perf_counter() - started
         if swap.version is not None:
             self._serving_version = swap.version
         swap.done(None)
         return True
 
-    def _read_state(self, source: WeightSource) -> Mapping[str, torch.Tensor]:
+    def _read_state(self, source: WeightSource) -> tuple[Mapping[str, torch.Tensor], bool]:
+        """The tensors to copy, and whether their values are known finite."""
         staged = self._stage(source)  # `update_weights` staged it already: a checkpoint arrives as tensors
         if not isinstance(staged, NamedTensors):
             raise TypeError(f"{self.name} engine: cannot load weights from {type(source).__name__}")
-        return staged.tensors
+        return staged.tensors, staged.verified
 
     # -- what a backend supplies ---------------------------------------------------------------------
     def _job(self, request: GenerationRequest, emit: Emit, generator: torch.Generator, cancelled: threading.Event) -> Any:

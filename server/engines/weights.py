@@ -18,10 +18,20 @@ class WeightsRejected(ValueError):
     """New weights that cannot serve: a tensor of the model is missing, or values are not finite."""
 
 
-def load_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Copy `state` into `module` in place, after checking all of it: every tensor of the module must
-    be given and every given tensor finite (else WeightsRejected, and nothing is copied). Names the
-    module does not have are ignored; values are cast to the module's dtypes.
+def load_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor], finite: bool = True) -> None:
+    """Copy `state` into `module` in place, after checking all of it (`check_state`; WeightsRejected,
+    and nothing is copied). `finite=False`: the values are known finite (a verified source), so they
+    are not scanned again. Names the module does not have are ignored; values are cast to the
+    module's dtypes."""
+    check_state(module, state, finite)
+    copy_state(module, state)
+
+
+def check_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor], finite: bool = True) -> None:
+    """Raise WeightsRejected unless `state` can be copied into `module` whole: every tensor of the
+    module given, each with the module's shape, and (with `finite`) every value finite. What passes
+    cannot fail half-way through `copy_state` (a copy into a tensor of the same shape only casts), so a
+    swap needs no backup of the old weights.
 
     Tied weights: names under which the module holds ONE tensor (an LM head tied to the input
     embedding) count as given when any of them is. Each given name is copied in the state's order, so
@@ -33,12 +43,30 @@ def load_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> No
     if missing:
         raise WeightsRejected(f"update_weights: missing tensors {missing[:5]}")
     for k, v in state.items():
-        if k in own and not torch.isfinite(v).all():
-            raise WeightsRejected(f"update_weights: non-finite values in {k}")
+        if k in own and tuple(v.shape) != tuple(own[k].shape):
+            raise WeightsRejected(f"update_weights: {k} has shape {tuple(v.shape)}, the model's is {tuple(own[k].shape)}")
+    if finite:
+        bad = non_finite(state, names=own)
+        if bad is not None:
+            raise WeightsRejected(f"update_weights: non-finite values in {bad}")
+
+
+def copy_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy a state `check_state` passed into `module` in place (casting to its dtypes)."""
+    own = module.state_dict()
     with torch.no_grad():
         for k, v in state.items():
             if k in own:
-                own[k].copy_(v.to(own[k].dtype))
+                own[k].copy_(v)
+
+
+def non_finite(state: Mapping[str, torch.Tensor], names: Mapping[str, object] | None = None) -> str | None:
+    """The first floating-point tensor of `state` (among `names`, if given) holding a NaN or an
+    infinity, or None."""
+    for k, v in state.items():
+        if (names is None or k in names) and v.is_floating_point() and not torch.isfinite(v).all():
+            return k
+    return None
 
 
 def _tensor_key(t: torch.Tensor) -> tuple[int, tuple[int, ...]]:

@@ -1,0 +1,53 @@
+"""Staging a swap's weights, before the swap reaches the model: values not known finite are scanned
+there (off the engine's worker and before vLLM is paused), a `verified` source (the transport checked
+its digest) is not scanned again, and the worker's own check is names and shapes only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from liveloop.server.config import EngineConfig
+from liveloop.server.engines.base import NamedTensors
+from liveloop.server.engines.hf_engine import HFEngine
+from liveloop.server.engines.vllm_engine import VLLMEngine
+from liveloop.server.engines.vllm_worker import SHM_ROOT, SharedWeights
+from liveloop.server.engines.weights import WeightsRejected, check_state, copy_state
+
+NAN = {"w": torch.tensor([1.0, float("nan")])}
+
+
+def test_the_hf_engine_scans_unverified_tensors_while_staging():
+    engine = HFEngine(EngineConfig(backend="hf"), "unused")  # staging needs no model
+    with pytest.raises(WeightsRejected, match="non-finite values in w"):
+        engine._stage(NamedTensors(NAN))
+    staged = engine._stage(NamedTensors({"w": torch.ones(2)}))
+    assert isinstance(staged, NamedTensors) and staged.verified
+    trusted = NamedTensors(NAN, verified=True)
+    assert engine._stage(trusted) is trusted  # not scanned again
+
+
+def test_the_vllm_engine_refuses_non_finite_tensors_before_packing_them():
+    engine = VLLMEngine(EngineConfig(backend="vllm"), "unused")
+    before = set(SHM_ROOT.glob("liveloop-weights-*"))
+    with pytest.raises(WeightsRejected, match="non-finite values in w"):
+        engine._stage(NamedTensors(NAN))
+    assert set(SHM_ROOT.glob("liveloop-weights-*")) == before  # nothing was packed
+    packed = engine._stage(NamedTensors(NAN, verified=True))  # verified: packed as given, no scan
+    try:
+        assert isinstance(packed, SharedWeights) and [e.name for e in packed.entries] == ["w"]
+    finally:
+        packed.release()
+
+
+def test_the_worker_check_is_names_and_shapes_and_copies_in_place():
+    m = torch.nn.Linear(2, 2, bias=False)
+    with pytest.raises(WeightsRejected, match=r"weight has shape \(2, 3\), the model's is \(2, 2\)"):
+        check_state(m, {"weight": torch.zeros(2, 3)}, finite=False)
+    nan = {"weight": torch.full((2, 2), float("nan"))}
+    check_state(m, nan, finite=False)  # known finite: not scanned
+    with pytest.raises(WeightsRejected, match="non-finite"):
+        check_state(m, nan)
+    weight = m.weight
+    copy_state(m, {"weight": torch.full((2, 2), 3, dtype=torch.float64)})  # cast into the same tensor
+    assert m.weight is weight and torch.equal(m.weight, torch.full((2, 2), 3.0))
