@@ -230,3 +230,22 @@ def test_stale_import_staging_is_swept_when_the_importer_starts(tmp_path, model_
 def test_the_header_check_reads_what_safetensors_writes(tmp_path):
     save_file({"a": torch.zeros(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}, str(tmp_path / "x.safetensors"))
     assert safetensors_tensors(tmp_path / "x.safetensors") == {"a": ("F32", (2, 3)), "b": ("BF16", (4,))}
+
+
+@pytest.mark.timeout(30)
+def test_a_file_swapped_for_a_fifo_after_it_was_looked_at_is_not_read(tmp_path, model_dir):
+    """The race between the lstat and the open: the file is opened without blocking and must still be
+    the one that was lstat'ed, so a FIFO put in its place is seen as one and never read."""
+    importer = _importer(tmp_path, model_dir)
+    source = _full_copy(model_dir, tmp_path / "op")
+    fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        looked_at = os.stat("tokenizer.json", dir_fd=fd, follow_symlinks=False)
+        os.unlink(source / "tokenizer.json")
+        os.mkfifo(source / "tokenizer.json")
+        (tmp_path / "out").mkdir()
+        with pytest.raises(ImportRefused) as caught:
+            importer._copy(str(source), fd, "tokenizer.json", looked_at, tmp_path / "out" / "tokenizer.json")
+    finally:
+        os.close(fd)
+    assert caught.value.code == "changed" and not (tmp_path / "out" / "tokenizer.json").exists()
