@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 # pg_advisory_xact_lock key between deletions (exclusive) and the writer's inserts (shared) ("llrt")
 RIGHTS_LOCK = 0x6C6C7274
 TOMBSTONE_DAYS = 1.0  # a tombstone outlives any response still on its way to the store (then pruned)
-CHECKPOINT_BUSY_MS = 5000  # a checkpoint waits at most this long for readers, then leaves it to the next one
+CHECKPOINT_BUSY_MS = 2000  # a checkpoint waits at most this long for readers (writers wait meanwhile), then leaves it to the next one
 
 
 @dataclass(frozen=True)

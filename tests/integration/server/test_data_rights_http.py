@@ -146,9 +146,12 @@ def test_a_key_forgotten_while_its_generation_runs_stores_nothing(server):
 
 
 def test_a_forgotten_key_served_unstored(tmp_path, model_dir):
-    running = _serve(tmp_path, model_dir, auth_extra='forgotten_keys = "unstored"')
+    running = _serve(tmp_path, model_dir, auth_extra='forgotten_keys = "unstored"', server_extra="ops_open_on_loopback = true")
     key = USER_KEYS[6]
     try:
+        # this server opts loopback in: /metrics and the health details without a key (the client is 127.0.0.1)
+        assert httpx.get(running.base_url + "/metrics").status_code == 200
+        assert "writer" in httpx.get(running.base_url + "/healthz").json()
         with running.client(ADMIN_KEY) as admin:
             assert admin.post(f"/admin/keys/{_key_id(key)}/forget").status_code == 200
         reply = running.openai(key).chat.completions.create(model="liveloop-tiny", messages=MSG, max_tokens=4)
