@@ -36,9 +36,10 @@ VERSION_KEYS = [
 @pytest.fixture(scope="module")
 def client(tmp_path_factory, model_dir):
     work = tmp_path_factory.mktemp("admin-api")
-    path, _ = write_config(work, Path(model_dir).resolve(), "hf", free_port(), extra=MONITOR)
+    port = free_port()
+    path, _ = write_config(work, Path(model_dir).resolve(), "hf", port, extra=MONITOR)
     app = build_app(load_config(path), Path(model_dir))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(app, base_url=f"http://127.0.0.1:{port}", raise_server_exceptions=False) as c:  # a Host the server answers to
         c.headers["Authorization"] = f"Bearer {ADMIN_KEY}"
         yield c
 
