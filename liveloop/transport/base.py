@@ -15,8 +15,8 @@ digest=)` rebuilds it from what the store already knows (memory backends name th
 version), so a server finds a version's memory from its `policy_versions` row alone.
 
 Weights are authenticated: a finished handle carries the sender's random `nonce` for the attempt and
-its `digest` of the tensors (`TensorDigest`: sha256 over each tensor's name, dtype, shape and bytes,
-computed while they are written), the learner records both in the version's row, and a receiver
+its `digest` of the tensors (`TensorDigest`: sha256 over each tensor's name, dtype, shape and the
+sha256 of its bytes, computed as they are written), the learner records both in the version's row, and a receiver
 verifies the weights against the handle rebuilt from that row before it yields anything
 (`WeightsUnverified` otherwise: the version is not served). A memory backend never opens a handle
 without them (HandleGone: the receiver falls back to the durable checkpoint).
@@ -32,8 +32,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import secrets
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,18 +74,34 @@ class WeightsUnverified(TransportError):
 
 class TensorDigest:
     """The digest a version's row names: sha256 over each tensor in the order given, as its name, dtype,
-    shape and row-major bytes. Sender and receiver feed it the same manifest order; names with tied
-    storage are fed once per name (their bytes are equal)."""
+    shape and the sha256 of its row-major bytes. Sender and receiver feed it the same manifest order;
+    names with tied storage are fed once per name (their bytes are equal). Each tensor's bytes are
+    hashed on their own, so `update_many` hashes a large state on several threads (hashlib lets go of
+    the GIL)."""
 
     name = "sha256"
+    PARALLEL_BYTES = 64 << 20  # below this, threads cost more than they save
 
     def __init__(self) -> None:
         self._h = hashlib.sha256()
 
     def update(self, name: str, dtype: str, shape: list[int] | tuple[int, ...], data: Any) -> None:
         """`data`: a buffer of the tensor's bytes (a memoryview of the mapped file: no copy)."""
-        self._h.update(json.dumps([name, dtype, list(shape)]).encode() + b"\n")
-        self._h.update(data)
+        self._add(name, dtype, shape, hashlib.sha256(data).digest())
+
+    def update_many(self, entries: list[tuple[str, str, list[int], Any]]) -> None:
+        """`update` for each (name, dtype, shape, data), the bytes hashed in parallel when there are many."""
+        workers = min(8, os.cpu_count() or 1)
+        if workers > 1 and sum(memoryview(e[3]).nbytes for e in entries) >= self.PARALLEL_BYTES:
+            with ThreadPoolExecutor(workers) as pool:
+                digests = list(pool.map(lambda e: hashlib.sha256(e[3]).digest(), entries))
+        else:
+            digests = [hashlib.sha256(e[3]).digest() for e in entries]
+        for (name, dtype, shape, _), digest in zip(entries, digests):
+            self._add(name, dtype, shape, digest)
+
+    def _add(self, name: str, dtype: str, shape: list[int] | tuple[int, ...], digest: bytes) -> None:
+        self._h.update(json.dumps([name, dtype, list(shape)]).encode() + b"\n" + digest)
 
     def hexdigest(self) -> str:
         return self._h.hexdigest()

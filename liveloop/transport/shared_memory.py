@@ -279,6 +279,7 @@ class SharedMemorySender(Sender):
         try:
             view = memoryview(buf)
             copied: set[int] = set()
+            hashed = []
             for name, t, offset in layout:
                 nbytes = t.numel() * t.element_size()
                 if nbytes and offset not in copied:
@@ -286,11 +287,13 @@ class SharedMemorySender(Sender):
                     dst.view(t.dtype).view(t.shape).copy_(t.detach())  # any layout or device: one pass
                     del dst
                     copied.add(offset)
-                u.digest.update(name, dtype_name(t.dtype), list(t.shape), view[offset:offset + nbytes])
+                hashed.append((name, dtype_name(t.dtype), list(t.shape), view[offset:offset + nbytes]))
                 u.tensors.append({
                     "name": name, "dtype": dtype_name(t.dtype), "shape": list(t.shape),
                     "segment": len(u.segments), "offset": offset, "nbytes": nbytes,
                 })
+            u.digest.update_many(hashed)  # the bytes as written, the manifest's order
+            del hashed
             view.release()
         finally:
             private_dir.close(buf)
@@ -387,14 +390,18 @@ def _verified(handle: WeightHandle, manifest: dict, mapped: list[mmap.mmap]) -> 
     matched the handle's (WeightsUnverified otherwise)."""
     digest = TensorDigest()
     views = [memoryview(buf) for buf in mapped]
+    entries = []
     try:
         for t in manifest["tensors"]:
             if t["dtype"] not in _DTYPES or not 0 <= t["offset"] <= t["offset"] + t["nbytes"] <= len(mapped[t["segment"]]):
                 raise WeightsUnverified(f"shared_memory: version {handle.version}'s manifest entry {t['name']!r} is out of bounds")
-            digest.update(t["name"], t["dtype"], t["shape"], views[t["segment"]][t["offset"]:t["offset"] + t["nbytes"]])
+            entries.append((t["name"], t["dtype"], t["shape"], views[t["segment"]][t["offset"]:t["offset"] + t["nbytes"]]))
+        digest.update_many(entries)
     except (KeyError, IndexError, TypeError) as exc:
         raise WeightsUnverified(f"shared_memory: version {handle.version}'s manifest is malformed ({exc!r})") from None
     finally:
+        for e in entries:
+            e[3].release()
         for v in views:
             v.release()
     verify(handle, handle.nonce, digest.hexdigest(), handle.location)

@@ -155,3 +155,14 @@ def test_digest_costs_little_next_to_the_copy(namespace, model_dir):
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
     print(f"tiny model {nbytes / 1e6:.1f} MB: send+digest {send_s * 1000:.1f} ms, open+verify {open_s * 1000:.1f} ms")
     assert open_s < 1.0
+
+
+def test_a_large_state_hashes_on_threads_to_the_same_digest(monkeypatch):
+    entries = [(f"t{i}", "float32", [1000], torch.full((1000,), float(i)).numpy().tobytes()) for i in range(6)]
+    one = TensorDigest()
+    for e in entries:
+        one.update(*e)
+    monkeypatch.setattr(TensorDigest, "PARALLEL_BYTES", 0)  # every state counts as large
+    many = TensorDigest()
+    many.update_many(entries)
+    assert many.hexdigest() == one.hexdigest()
