@@ -14,6 +14,10 @@ vLLM server's RL routes and `RayVLLMWeightSyncClient` for AsyncLLM actors): `sta
 published; the handle says the weights are already in the engine (`location` "engine"), so the
 server's publisher only records the swap (`NcclReceiver.open` raises HandleGone: a restarted server
 reads the durable checkpoint). The tensors must not change between `send` and `finish`.
+
+Authentication: no copy of the weights rests anywhere between the sender and the engine (the
+collective is the transfer), so there is nothing for a receiver to verify against the row's nonce and
+digest; who may join the group is the rendezvous's (`master_address`/`master_port`) to decide.
 """
 
 from __future__ import annotations
@@ -131,8 +135,10 @@ class NcclSender(Sender):
 class NcclReceiver(Receiver):
     backend = "nccl"
 
-    def handle_for(self, version: int, checkpoint_path: str | None = None) -> WeightHandle:
-        return WeightHandle(self.backend, version, "engine")
+    def handle_for(
+        self, version: int, checkpoint_path: str | None = None, *, nonce: str | None = None, digest: str | None = None
+    ) -> WeightHandle:
+        return WeightHandle(self.backend, version, "engine", nonce=nonce, digest=digest)
 
     @contextlib.contextmanager
     def open(self, handle: WeightHandle) -> Iterator[WeightSource]:
