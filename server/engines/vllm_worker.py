@@ -7,9 +7,11 @@ strings, numbers, lists and dicts, so vLLM's msgpack serialization carries them 
 without `VLLM_ALLOW_INSECURE_SERIALIZATION`.
 
 Weights reach the worker two ways:
-- a checkpoint directory's path (`liveloop_reload_path`);
-- `SharedWeights`, named tensors packed into one shared-memory file under /dev/shm by the engine
-  (`pack_shared`), described to the worker as plain data (the file's path, and each tensor's name,
+- a checkpoint directory's path (`liveloop_reload_path`: the engine's reload of its serving weights
+  after a failed load);
+- `SharedWeights`, named tensors (`pack_shared`) or a checkpoint directory's tensors
+  (`pack_checkpoint`, read and checked one at a time) packed into one shared-memory file under
+  /dev/shm by the engine, described to the worker as plain data (the file's path, and each tensor's name,
   dtype, shape and byte offset). The worker maps the file and hands vLLM views of it
   (`liveloop_reload_shared`): no checkpoint is written and nothing is serialized; vLLM copies each
   tensor once, into its own parameters. The worker neither scans nor copies them itself: the engine
@@ -78,13 +80,64 @@ class SharedWeights:
 
 def pack_shared(tensors: Mapping[str, torch.Tensor], root: Path = SHM_ROOT) -> SharedWeights:
     """Copy `tensors` into a new shared-memory file (one copy, no serialization)."""
+    layout = [(name, t.dtype, tuple(t.shape), t.numel() * t.element_size()) for name, t in tensors.items()]
+    return _pack(layout, lambda name: tensors[name].detach(), root)
+
+
+def pack_checkpoint(path: Path, root: Path = SHM_ROOT) -> SharedWeights:
+    """Copy the tensors of the checkpoint directory `path` (its *.safetensors, in name order) into a
+    new shared-memory file, one tensor in memory at a time, refusing (WeightsRejected, no file left)
+    a floating-point tensor that holds a NaN or an infinity: the worker then loads from memory, so
+    reading and checking the disk happen before vLLM is paused, not during the pause."""
+    from safetensors import safe_open
+
+    from liveloop.server.engines.weights import WeightsRejected
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    layout, where = [], {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                piece = f.get_slice(name)
+                dtype, shape = _SAFETENSORS_DTYPES[piece.get_dtype()], tuple(piece.get_shape())
+                layout.append((name, dtype, shape, _numel(shape) * dtype.itemsize))
+                where[name] = file
+    opened: dict[Path, Any] = {}
+
+    def read(name: str) -> torch.Tensor:
+        file = where[name]
+        if file not in opened:
+            opened[file] = safe_open(str(file), framework="pt")
+        t = opened[file].get_tensor(name)
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise WeightsRejected(f"update_weights: non-finite values in {name} ({path})")
+        return t
+
+    return _pack(layout, read, root)
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _pack(layout: list[tuple[str, torch.dtype, tuple[int, ...], int]], read, root: Path) -> SharedWeights:
+    """A new shared-memory file holding, for each (name, dtype, shape, nbytes) of `layout`, the tensor
+    `read(name)` returns (no file is left if a read raises)."""
     entries, offset = [], 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        entries.append(TensorEntry(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
+    for name, dtype, shape, nbytes in layout:
+        entries.append(TensorEntry(name, str(dtype).removeprefix("torch."), shape, offset, nbytes))
         offset += -(-nbytes // _ALIGN) * _ALIGN
     size = max(offset, _ALIGN)
-    path = root / f"liveloop-weights-{os.getpid()}-{uuid.uuid4().hex}"  # the pid: start-up sweeps a killed engine's copies
+    path = root / f"liveloop-weights-{uuid.uuid4().hex}"
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
@@ -94,9 +147,9 @@ def pack_shared(tensors: Mapping[str, torch.Tensor], root: Path = SHM_ROOT) -> S
     try:
         buf = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
         with torch.no_grad():
-            for e, t in zip(entries, tensors.values()):
+            for e, (name, dtype, shape, _) in zip(entries, layout):
                 if e.nbytes:
-                    _view(buf, e.offset, e.nbytes, t.dtype, e.shape).copy_(t.detach())
+                    _view(buf, e.offset, e.nbytes, dtype, shape).copy_(read(name))
     except BaseException:
         shared.release()
         raise

@@ -1,6 +1,7 @@
 """Staging a swap's weights, before the swap reaches the model: values not known finite are scanned
-there (off the engine's worker and before vLLM is paused), a `verified` source (the transport checked
-its digest) is not scanned again, and the worker's own check is names and shapes only."""
+there (off the engine's worker and before vLLM is paused; vLLM's checkpoints are read into memory
+there too), a `verified` source (the transport checked its digest) is not scanned again, and the
+worker's own check is names and shapes only."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import NamedTensors
+from liveloop.server.engines.base import CheckpointDir, NamedTensors
 from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.server.engines.vllm_engine import VLLMEngine
 from liveloop.server.engines.vllm_worker import SHM_ROOT, SharedWeights
@@ -38,6 +39,26 @@ def test_the_vllm_engine_refuses_non_finite_tensors_before_packing_them():
         assert isinstance(packed, SharedWeights) and [e.name for e in packed.entries] == ["w"]
     finally:
         packed.release()
+
+
+def test_the_vllm_engine_reads_and_checks_a_checkpoint_one_tensor_at_a_time(tmp_path):
+    from safetensors.torch import save_file
+
+    from liveloop.server.engines.vllm_worker import read_shared
+
+    engine = VLLMEngine(EngineConfig(backend="vllm"), "unused")
+    save_file({"a": torch.arange(6, dtype=torch.float32).view(2, 3), "b": torch.tensor([1, 2])}, str(tmp_path / "model.safetensors"))
+    packed = engine._stage(CheckpointDir(tmp_path))
+    try:
+        got = dict(read_shared(packed.wire()))
+        assert torch.equal(got["a"], torch.arange(6, dtype=torch.float32).view(2, 3)) and torch.equal(got["b"], torch.tensor([1, 2]))
+    finally:
+        packed.release()
+    save_file({"a": torch.ones(2), "b": torch.tensor([float("inf")])}, str(tmp_path / "model.safetensors"))
+    before = set(SHM_ROOT.glob("liveloop-weights-*"))
+    with pytest.raises(WeightsRejected, match="non-finite values in b"):
+        engine._stage(CheckpointDir(tmp_path))
+    assert set(SHM_ROOT.glob("liveloop-weights-*")) == before  # the half-written file is gone
 
 
 def test_the_worker_check_is_names_and_shapes_and_copies_in_place():
