@@ -3,7 +3,7 @@ checkpoint; else from the transport's memory (started from the nearest ancestor 
 to it: `finish_start`); else, after waiting for the learner to write the checkpoint, the nearest
 ancestor that has one, recorded in the store in one transaction (`Store.recover_serving`: the versions
 passed over FAILED, the ancestor SERVING), so the store says what serves. Never a missing or
-half-written model.
+half-written model, nor a checkpoint whose files are not the ones its row names (`_durable`).
 
 At start the server also sweeps what this deployment left in shared memory (`sweep_shared_memory`):
 unfinished versions and versions nothing may serve any more, the engine copies of killed engines, and
@@ -22,7 +22,7 @@ from liveloop.metrics import Metrics
 from liveloop.store.status import VersionStatus
 from liveloop.transport import HandleGone, Receiver, TransportConfig, WeightHandle, WeightsUnverified
 from liveloop.transport import private_dir, shared_memory
-from liveloop.transport.checkpoint_dir import is_checkpoint
+from liveloop.transport.checkpoint_dir import is_checkpoint, verify_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ async def start_point(
     then swapped); else, after waiting up to `wait_seconds` for the learner to write the checkpoint,
     the nearest ancestor with one: the passed-over versions are marked FAILED and the ancestor SERVING,
     so the store says what serves. Never a missing or half-written model."""
-    if record.version == 0 or is_checkpoint(record.checkpoint_path or ""):
+    if record.version == 0 or _durable(store, record):
         return StartPoint(record.version, record.checkpoint_path if record.version else None, record.version)
     ancestor = await asyncio.to_thread(_durable_ancestor, store, record)
     base_path = ancestor.checkpoint_path if ancestor.version else None
@@ -64,7 +64,8 @@ async def start_point(
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         await asyncio.sleep(poll_seconds)
-        if is_checkpoint(record.checkpoint_path or ""):
+        fresh = await asyncio.to_thread(store.get_version, record.version)  # the digest its learner records
+        if fresh is not None and await asyncio.to_thread(_durable, store, fresh):
             return StartPoint(record.version, record.checkpoint_path, record.version)
     skipped: list[int] = []
     current = record
@@ -77,6 +78,20 @@ async def start_point(
     return StartPoint(ancestor.version, base_path, ancestor.version, skipped=tuple(skipped))
 
 
+def _durable(store: Store, record: VersionRecord) -> bool:
+    """Whether `record`'s durable checkpoint is there and matches the digest its row names (a mismatch
+    is logged and recorded as a "weights_rejected" event: that checkpoint never serves)."""
+    if not is_checkpoint(record.checkpoint_path or ""):
+        return False
+    try:
+        verify_checkpoint(record.checkpoint_path, record.checkpoint_sha256, record.version)
+    except WeightsUnverified as exc:
+        log.error("version %d: its checkpoint is not the one its row names (%s): not served", record.version, exc)
+        store.reject_weights(record.version, {"reason": str(exc), "at": "start"})
+        return False
+    return True
+
+
 def _durable_ancestor(store: Store, record: VersionRecord) -> VersionRecord:
     """The nearest ancestor of `record` whose durable checkpoint exists (version 0, the base, at worst)."""
     current = record
@@ -85,7 +100,7 @@ def _durable_ancestor(store: Store, record: VersionRecord) -> VersionRecord:
         if parent is None:
             break
         current = parent
-        if current.version == 0 or is_checkpoint(current.checkpoint_path or ""):
+        if current.version == 0 or _durable(store, current):
             return current
     base = store.get_version(0)
     assert base is not None, "version 0 (the base model) always exists"

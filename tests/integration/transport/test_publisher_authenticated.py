@@ -4,7 +4,8 @@ bytes) or replaced (another complete version under its name) never swaps in; the
 serving, the row becomes FAILED with a "weights_rejected" event and `server/weights_rejected`, and the
 next version publishes and swaps in as usual. A checkpoint directory whose files changed is refused
 the same way. At start the server sweeps what the deployment left (stale and unfinished versions) and
-reports foreign files (an event and `server/foreign_weight_files`), and publishing keeps working."""
+reports foreign files (an event and `server/foreign_weight_files`), and publishing keeps working; a restart
+never starts from a durable checkpoint whose files changed (it starts from the nearest good ancestor)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.publisher import Publisher
-from liveloop.server.startup import sweep_shared_memory
+from liveloop.server.startup import start_point, sweep_shared_memory
 from liveloop.store import VersionStatus
 from liveloop.transport import TransportConfig, byte_view, make_receiver, make_sender
 from liveloop.transport import shared_memory as shm
@@ -138,3 +139,22 @@ async def test_start_sweeps_stale_memory_and_reports_foreign_files(engine, store
     v3 = moved(engine, 0.05)
     publish(store, config, 3, 1, v3, tmp_path)
     assert (await publisher.activate(store.get_version(3))).version == 3 and serves(engine, v3)
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_a_restart_never_starts_from_a_changed_checkpoint(store, model_dir, tmp_path):
+    writer = make_sender(TransportConfig(), path_for=lambda v: tmp_path / f"v{v:06d}" / "policy", base_model=model_dir)
+    for v in (1, 2):  # both durable; version 2 served before the restart
+        writer.start_update(v)
+        writer.send({"w": torch.full((3,), float(v))})
+        handle = writer.finish()
+        store.add_version(v, parent=v - 1, checkpoint_path=handle.location, checkpoint_sha256=handle.digest, status=VersionStatus.PUBLISHED)
+        store.activate_version(v)
+    (Path(handle.location) / "model.safetensors").write_bytes(b"someone else's weights")
+
+    point = await start_point(store, store.get_version(2), None)
+
+    assert (point.version, point.weights_path, point.skipped) == (1, store.get_version(1).checkpoint_path, (2,))
+    assert store.get_version(2).status == VersionStatus.FAILED and store.get_version(1).status == VersionStatus.SERVING
+    (event,) = [e for e in store.events() if e.kind == "weights_rejected"]
+    assert event.version == 2 and event.detail["at"] == "start"
