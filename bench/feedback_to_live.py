@@ -6,11 +6,12 @@ fraction while serving runs.
     .venv/bin/python bench/feedback_to_live.py [--seconds 90] [--backend vllm] [--arms today,live] [--think 0]
 
 Arms, one server each, run one after the other in this script:
-  today  versions published every 4 steps or 5 s, saved as checkpoint directories and swapped in by
-         draining (what this benchmark measured before the memory path);
-  live   a version after every step (adaptive batch up to 16 ratings), handed to the engine through
-         shared memory (the durable checkpoint written after), swapped in `keep` mode; the learner
-         looks for ratings every 20 ms (not 100) and the server for versions every 50 ms (not 100).
+  today  the former defaults: versions published every 4 steps or 5 s, saved as checkpoint directories
+         and swapped in by draining (what this benchmark measured before the memory path);
+  live   configs/default.toml's values now (the fast path): a version after every step (adaptive
+         batch up to 16 ratings), handed to the engine through shared memory (the durable checkpoint
+         written after), swapped in `keep` mode; the learner looks for ratings every 20 ms (not 100)
+         and the server for versions every 50 ms (not 100). `--arms live` runs the default alone.
 """
 
 from __future__ import annotations

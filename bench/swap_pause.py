@@ -1,9 +1,13 @@
 """Swap pause: request latency (first token and whole response) under steady load while new weights
 are hot-swapped every few seconds, against the same load without swaps, in one run on one server;
-plus the swap time itself (the admin call) and how long new requests were held back (the drain).
+plus the swap time itself (the admin call) and how long new requests were held back (drain mode: the
+drain and the load; keep mode: what the engine's own load held them, vLLM's pause or the hf worker's
+copy). The swaps are operator checkpoints (`POST /admin/weights`), read from disk at each swap.
 
     .venv/bin/python bench/swap_pause.py [--concurrency 8] [--phase-seconds 15] [--swap-every 2] [--backend vllm|hf]
-        [--swap-mode drain|keep]
+        [--swap-mode drain|keep] [--tag NAME]
+
+Results: bench/results/swap_pause_<backend>_<mode>[_<tag>].json.
 """
 
 from __future__ import annotations
@@ -112,8 +116,9 @@ def main() -> None:
     parser.add_argument("--swap-every", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
-    parser.add_argument("--swap-mode", default="drain", choices=["drain", "keep"],
-                        help="drain: a swap waits for running generations; keep: they continue under the new weights")
+    parser.add_argument("--swap-mode", default="keep", choices=["drain", "keep"],
+                        help="keep (the default preset's): running generations continue under the new weights; drain: a swap waits for them")
+    parser.add_argument("--tag", default="", help="appended to the result's file name (to keep several runs)")
     args = parser.parse_args()
     out = asyncio.run(run(args))
     res, swaps = out["results"], out["swaps"]
@@ -141,10 +146,10 @@ def main() -> None:
           f"| {w['ttft_p50_s']/s['ttft_p50_s']:.2f} | {w['ttft_p99_s']/s['ttft_p99_s']:.2f} |")
     print(
         f"swaps: {len(swaps)}; admin call p50 {median(swap_ms):.0f} ms, p99 {percentile(swap_ms, 99):.0f} ms; "
-        f"new requests held (drain) p50 {median(held_ms):.0f} ms, max {max(held_ms):.0f} ms"
+        f"new requests held p50 {median(held_ms):.0f} ms, max {max(held_ms):.0f} ms"
     )
     result = {"config": vars(args), "summary": summary, "swap_ms": swap_ms, "held_ms": held_ms}
-    print(f"saved {save(f'swap_pause_{args.backend}_{args.swap_mode}', result)}")
+    print(f"saved {save(f'swap_pause_{args.backend}_{args.swap_mode}' + (f'_{args.tag}' if args.tag else ''), result)}")
     print(json.dumps(summary))
 
 
