@@ -50,6 +50,8 @@ def test_the_handle_names_a_nonce_and_the_digest_of_the_tensors(namespace):
     assert publish(namespace, 2, state).nonce != handle.nonce  # one nonce per attempt
     receiver = make_receiver(TransportConfig(backend="shared_memory", namespace=namespace))
     assert torch.equal(receiver.tensors(from_row(receiver, handle))["a"], state["a"])
+    with receiver.open(from_row(receiver, handle)) as source:
+        assert source.verified  # the engine need not scan them for non-finite values again
 
 
 def test_a_tampered_segment_is_refused(namespace):
