@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from liveloop.transport import HandleGone, TransportConfig, WeightsUnverified, make_receiver, make_sender
-from liveloop.transport import private_dir
 from liveloop.transport import shared_memory as shm
 from liveloop.transport.base import TensorDigest
 from liveloop.transport.checkpoint_dir import verify_checkpoint

@@ -3,8 +3,6 @@ ipc and nccl payloads, checked against vLLM's own typed infos; the CUDA data pat
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 import torch
 
