@@ -137,7 +137,7 @@ def _pack(layout: list[tuple[str, torch.dtype, tuple[int, ...], int]], read, roo
         entries.append(TensorEntry(name, str(dtype).removeprefix("torch."), shape, offset, nbytes))
         offset += -(-nbytes // _ALIGN) * _ALIGN
     size = max(offset, _ALIGN)
-    path = root / f"liveloop-weights-{uuid.uuid4().hex}"
+    path = root / f"liveloop-weights-{os.getpid()}-{uuid.uuid4().hex}"  # the pid: start-up sweeps a killed engine's copies
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
