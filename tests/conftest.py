@@ -3,7 +3,9 @@ SQLite and real PostgreSQL, and a real server process."""
 
 from __future__ import annotations
 
+
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -83,3 +85,4 @@ def namespace():
     yield ns
     for version in shm.segments(ns):
         shm.remove_version(ns, version)
+    shutil.rmtree(shm.directory(ns), ignore_errors=True)  # its private directory, with what a test planted there

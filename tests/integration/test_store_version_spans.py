@@ -6,7 +6,7 @@ import asyncio
 from datetime import datetime, timezone
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import column, inspect, table, text
 
 from liveloop.store import BatchWriter, FeedbackRecord, InvalidVersionSpans, ResponseRecord, Store, StoreConfig
 from liveloop.store import migrate
@@ -98,13 +98,20 @@ def test_upgrade_from_0004_keeps_rows(store_url):
     new rows carry spans; a downgrade drops the column and keeps the rows."""
     s = Store(StoreConfig(url=store_url))
     assert migrate.upgrade(s.engine, "0004") == "0004"
-    s.ensure_base_version("/base")
-    s.add_version(1, parent=0, checkpoint_path="/c/1")
+    versions = table("policy_versions", column("version"), column("parent"), column("created_at"), column("checkpoint_path"),
+                     column("learner_step"), column("samples_used"), column("metrics"), column("status"), column("pinned"))
+    now = datetime.now(timezone.utc)
+    with s.engine.begin() as conn:  # what a 0004 server wrote: the columns it had
+        conn.execute(versions.insert(), [
+            {"version": v, "parent": p, "created_at": now, "checkpoint_path": path, "learner_step": 0, "samples_used": 0,
+             "metrics": "{}", "status": status, "pinned": False}
+            for v, p, path, status in ((0, None, "/base", "retired"), (1, 0, "/c/1", "serving"))
+        ])
     old_row = {k: v for k, v in response_row(_record(1), datetime.now(timezone.utc)).items() if k != "version_spans"}
     with s.engine.begin() as conn:  # what a 0004 server wrote: no version_spans column yet
         assert "version_spans" not in {c["name"] for c in inspect(conn).get_columns("responses")}
         conn.execute(Response.__table__.insert(), [old_row])
-    assert s.migrate() == migrate.head_revision() == "0005"
+    assert s.migrate() == migrate.head_revision() and migrate.head_revision() >= "0005"
     got = s.get_response("r-1")
     assert got.version_spans is None and got.response_ids.tolist() == [10, 11, 12, 13, 14, 15]
     s.insert_responses([_record(2, ((0, 1, 0), (1, 6, 1)))])
