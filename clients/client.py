@@ -122,10 +122,13 @@ class LiveloopClient:
     def adapters(self) -> dict[str, Any]:
         return self._check(self.http.get("/admin/adapters"))
 
-    def rollback(self, version: int, reason: str | None = None, segment: str | None = None) -> dict[str, Any]:
+    def rollback(self, version: int, reason: str | None = None, segment: str | None = None, expect_serving: int | None = None) -> dict[str, Any]:
+        """`expect_serving`: the version you saw serving; refused (409 serving_changed) if another serves now."""
         body: dict[str, Any] = {"version": version, "reason": reason}
         if segment is not None:
             body["segment"] = segment
+        if expect_serving is not None:
+            body["expect_serving"] = expect_serving
         return self._check(self.http.post("/admin/rollback", json=body))
 
     def set_learning(self, paused: bool, reason: str | None = None, segment: str | None = None) -> dict[str, Any]:

@@ -84,7 +84,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    done = _call(args, lambda c: c.rollback(args.version, args.reason, args.segment))
+    done = _call(args, lambda c: c.rollback(args.version, args.reason, args.segment, args.if_serving))
     rolled = ", ".join(f"v{v}" for v in done["rolled_back"]) or "none"
     who = f"segment {done['segment']}: " if done.get("segment") else ""
     print(f"{who}serving v{done['version']} (was v{done['previous']}); rolled back: {rolled}; swap {done['swap_ms']:.0f} ms")
@@ -161,6 +161,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _server_args(p)
     p.add_argument("version", type=int, help="the stored version to serve again")
     p.add_argument("--reason", help="recorded with the rollback (shown in the version's history)")
+    p.add_argument("--if-serving", type=int, metavar="V", help="only if version V still serves (what you saw); refused otherwise")
     p.add_argument(
         "--segment",
         help="move this adapter segment's lineage only (version: one of its adapter versions, or the serving base version to serve it no adapter)",

@@ -75,7 +75,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
     from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
     from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
     from liveloop.server.weights_import import ImportFailed, ImportRefused
-    from liveloop.store import RollbackRefused, TransitionRefused, VersionNotFound, WriterDown, WriterFull
+    from liveloop.store import RollbackRefused, ServingChanged, TransitionRefused, VersionNotFound, WriterDown, WriterFull
 
     store_down = Answer(503, "store_unavailable", message="the store is unavailable; please retry", retry_after=5)
     return (
@@ -98,6 +98,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
         (NotServable, Answer(409, param="version")),
         (AlreadyServing, Answer(409, param="version")),
         (SwapFailed, Answer(409, param="version")),
+        (ServingChanged, Answer(409, "serving_changed", param="expect_serving")),  # before its base, RollbackRefused
         (RollbackRefused, Answer(409, param="version")),
         (TransitionRefused, Answer(409, param="version")),  # the store's version-state owner said no
         # per-segment adapters

@@ -104,8 +104,10 @@ class Operations:
     async def paused(self, segment: str | None = None) -> bool:
         return await asyncio.to_thread(self.store.learning_paused, self.publisher.lane(segment))
 
-    async def rollback(self, version: int, api_key_id: str | None, reason: str | None = None, segment: str | None = None) -> RollbackResult:
-        return await self.publisher.rollback(version, api_key_id, reason, segment)
+    async def rollback(
+        self, version: int, api_key_id: str | None, reason: str | None = None, segment: str | None = None, expect_serving: int | None = None
+    ) -> RollbackResult:
+        return await self.publisher.rollback(version, api_key_id, reason, segment, expect_serving)
 
     async def publish_weights(self, path: str, note: str | None = None, api_key_id: str | None = None) -> WeightsImported:
         """Serve the checkpoint in the operator's directory `path` from a checked copy in managed storage

@@ -56,7 +56,7 @@ from pathlib import Path
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import CheckpointDir, Engine, WeightSource
 from liveloop.server.weights_import import StagedCheckpoint
-from liveloop.store import Store, TransitionRefused, VersionNotFound, VersionRecord, VersionStatus
+from liveloop.store import ServingChanged, Store, TransitionRefused, VersionNotFound, VersionRecord, VersionStatus
 from liveloop.transport import HandleGone, Receiver, WeightHandle, WeightsUnverified
 from liveloop.transport.checkpoint_dir import is_checkpoint, verify_checkpoint
 
@@ -351,20 +351,25 @@ class Publisher:
         self.metrics.inc("server/versions_without_weights")
 
     async def rollback(
-        self, version: int, api_key_id: str | None = None, reason: str | None = None, segment: str | None = None
+        self, version: int, api_key_id: str | None = None, reason: str | None = None, segment: str | None = None,
+        expect_serving: int | None = None,
     ) -> RollbackResult:
         """Serve stored `version` again: the engine swaps atomically (drained, like any swap), then one
         store transaction marks the later versions rolled back and points the learner at `version`.
         If that transaction fails, the engine swaps back: the store and the engine never disagree.
         An adapter version rolls back its own segment only; `segment` with a base version serves that
-        segment the base weights again. Raises VersionNotFound, NotServable, AlreadyServing, SwapFailed,
+        segment the base weights again. With `expect_serving` (the version the operator saw serving that
+        lineage) it is refused, before anything swaps and again in the store's transaction, when another
+        serves now (ServingChanged). Raises VersionNotFound, NotServable, AlreadyServing, SwapFailed,
         UnknownSegment or the store's RollbackRefused."""
         async with self._lock:
             record = await asyncio.to_thread(self.store.get_version, version)
             if record is None:
                 raise VersionNotFound(f"no policy version {version}")
             if record.segment is not None or segment is not None:
-                return await self._rollback_adapter(record, segment or record.segment, api_key_id, reason)
+                return await self._rollback_adapter(record, segment or record.segment, api_key_id, reason, expect_serving)
+            if expect_serving is not None and expect_serving != self.engine.version:
+                raise ServingChanged(f"version {expect_serving} no longer serves (now: v{self.engine.version})")
             if not record.status.servable or not record.checkpoint_path:
                 raise NotServable(f"version {version} cannot be served (status {record.status})")
             if record.pruned_at is not None:
@@ -390,7 +395,7 @@ class Publisher:
                 self.metrics.inc("server/swap_failures")
                 raise SwapFailed(version, f"could not load version {version}: {exc}") from exc
             try:
-                rolled = await asyncio.to_thread(self.store.rollback_to, version, self.learner_name, api_key_id, reason)
+                rolled = await asyncio.to_thread(self.store.rollback_to, version, self.learner_name, api_key_id, reason, None, expect_serving)
             except Exception:
                 log.exception("rollback to %d not recorded: swapping version %d back in", version, previous)
                 await self.engine.update_weights(old.checkpoint_path, previous)
@@ -401,9 +406,14 @@ class Publisher:
             log.warning("rolled back from version %d to %d (rolled back: %s)", previous, version, rolled)
             return RollbackResult(version, previous, rolled, swap_s * 1000, held * 1000)
 
-    async def _rollback_adapter(self, record: VersionRecord, segment: str, api_key_id: str | None, reason: str | None) -> RollbackResult:
+    async def _rollback_adapter(
+        self, record: VersionRecord, segment: str, api_key_id: str | None, reason: str | None, expect_serving: int | None
+    ) -> RollbackResult:
         """With the lock held: serve `segment` the adapter `record` (or, for a base version, no adapter)."""
         lane = self.lane(segment)
+        seen = self.engine.adapter_version(segment)
+        if expect_serving is not None and expect_serving != (seen if seen is not None else self.engine.version):
+            raise ServingChanged(f"version {expect_serving} no longer serves segment {segment!r}")
         if record.segment is not None and record.segment != segment:
             raise NotServable(f"version {record.version} is segment {record.segment!r}'s adapter, not {segment!r}'s")
         if record.segment is None and record.version != self.engine.version:
@@ -423,7 +433,7 @@ class Publisher:
             self.metrics.inc("server/swap_failures")
             raise SwapFailed(record.version, f"could not load version {record.version}: {exc}") from exc
         try:
-            rolled = await asyncio.to_thread(self.store.rollback_to, record.version, lane, api_key_id, reason, segment)
+            rolled = await asyncio.to_thread(self.store.rollback_to, record.version, lane, api_key_id, reason, segment, expect_serving)
         except Exception:
             log.exception("rollback of segment %s to %d not recorded: restoring its adapter", segment, record.version)
             back = CheckpointDir(Path(old.checkpoint_path)) if old is not None and old.checkpoint_path else None

@@ -164,6 +164,8 @@ class RollbackRequest(_Strict):
     version: Annotated[int, Field(ge=0, le=INT32_MAX)]
     reason: Annotated[Text, Field(max_length=1000)] | None = None
     segment: Segment | None = None  # move this segment's adapter lineage only (to a base version: no adapter)
+    # the version the operator saw serving (that lineage): 409 serving_changed if another serves now
+    expect_serving: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
 
 
 class PauseRequest(_Strict):

@@ -11,7 +11,7 @@ SQLite (WAL) by default, PostgreSQL by URL. Knows nothing of HTTP or torch.
 
 from liveloop.store.checkpoints import VersionNotFound
 from liveloop.store.config import StoreConfig
-from liveloop.store.lifecycle import RollbackRefused, StaleLineage, VersionTaken
+from liveloop.store.lifecycle import RollbackRefused, ServingChanged, StaleLineage, VersionTaken
 from liveloop.store.records import FeedbackRecord, InvalidVersionSpans, RatingEvent, ResponseRecord, VersionRecord
 from liveloop.store.status import TransitionRefused, VersionStatus
 from liveloop.store.store import ResponseNotFound, SchemaNotReady, Store
@@ -25,6 +25,7 @@ __all__ = [
     "RatingEvent",
     "ResponseRecord",
     "RollbackRefused",
+    "ServingChanged",
     "SchemaNotReady",
     "Store",
     "StaleLineage",

@@ -52,6 +52,11 @@ class RollbackRefused(ValueError):
     """The target version cannot be served (unknown, failed, or without weights)."""
 
 
+class ServingChanged(RollbackRefused):
+    """The rollback named the version its operator saw serving (`expect_serving`), and another serves
+    now (a second operator, the guard or the learner acted first): nothing was changed."""
+
+
 class VersionTaken(RuntimeError):
     """The version number a writer proposed was taken by another writer first: nothing was written."""
 
@@ -352,6 +357,7 @@ class VersionLifecycle:
         api_key_id: str | None = None,
         reason: str | None = None,
         segment: str | None = None,
+        expect_serving: int | None = None,
     ) -> list[int]:
         """Make `version` the serving one in the store, in one transaction: every later version of the
         same lineage that served or was waiting becomes "rolled_back", any other serving row of it
@@ -361,7 +367,11 @@ class VersionLifecycle:
 
         A lineage is the base weights' (segment None) or one segment's adapters. `segment` names the
         lineage to move (default: `version`'s own); a segment may also roll back to a base version,
-        which then serves that segment without an adapter (the base row itself is not touched)."""
+        which then serves that segment without an adapter (the base row itself is not touched).
+
+        `expect_serving`: the version the caller saw serving that lineage; if another serves it now, the
+        rollback is refused (ServingChanged) and nothing changes, so two operators acting on the same
+        view cannot undo each other's rollback unknowingly."""
         with self._write() as s:
             target = s.get(PolicyVersion, version, with_for_update=True)
             if target is None or target.status in UNSERVABLE:
@@ -371,6 +381,10 @@ class VersionLifecycle:
             lineage = target.segment if segment is None else segment
             if target.segment is not None and target.segment != lineage:
                 raise RollbackRefused(f"version {version} is segment {target.segment!r}'s adapter, not {lineage!r}'s")
+            if expect_serving is not None:  # a segment without an adapter is served by the base
+                serving = [row.version for row in self._serving(s, lineage) or (self._serving(s, None) if lineage is not None else [])]
+                if expect_serving not in serving:
+                    raise ServingChanged(f"version {expect_serving} no longer serves (now: {', '.join(f'v{v}' for v in serving) or 'none'})")
             later = s.scalars(
                 select(PolicyVersion)
                 .where(in_lineage(lineage), PolicyVersion.version > version, PolicyVersion.status.not_in(NOT_ROLLED_BACK))

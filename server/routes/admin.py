@@ -115,9 +115,11 @@ async def resume(request: Request, principal: Principal = Depends(require_admin)
 @router.post("/rollback")
 async def rollback(request: Request, principal: Principal = Depends(require_admin)) -> dict:
     """Serve a stored version again. An adapter version moves its own segment only; `segment` with the
-    serving base version serves that segment the base weights again."""
+    serving base version serves that segment the base weights again. `expect_serving`: the version the
+    operator saw serving; 409 serving_changed (nothing done) if another serves now."""
     req = await parse_body(request, RollbackRequest)
-    return admin_json.rollback(await request.app.state.operations.rollback(req.version, principal.key_id, req.reason, req.segment))
+    ops = request.app.state.operations
+    return admin_json.rollback(await ops.rollback(req.version, principal.key_id, req.reason, req.segment, req.expect_serving))
 
 
 @router.get("/drift")

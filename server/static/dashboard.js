@@ -279,7 +279,11 @@ function rollback(version, segment = null) {
     ? `Serve version ${version} again? Later versions are marked rolled back and the learner continues from v${version}.`
     : `Serve segment ${segment} version ${version}? Its later adapter versions are marked rolled back and its lane continues from v${version}; other segments are not touched.`;
   if (!window.confirm(question)) return;
-  act("/admin/rollback", segment === null ? { version, reason: "dashboard" } : { version, segment, reason: "dashboard" });
+  const body = segment === null ? { version, reason: "dashboard" } : { version, segment, reason: "dashboard" };
+  // what this page saw serving that lineage: the server refuses (409 serving_changed) if another serves now
+  const seen = segment === null ? state.stats.serving : (servingAdapter(segment) ?? state.stats.serving);
+  if (Number.isInteger(seen)) body.expect_serving = seen;
+  act("/admin/rollback", body);
 }
 
 function setSegmentPaused(segment, paused) {

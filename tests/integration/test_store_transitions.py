@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from liveloop.store import RollbackRefused, StaleLineage, Store, TransitionRefused, VersionStatus, VersionTaken
+from liveloop.store import RollbackRefused, ServingChanged, StaleLineage, Store, TransitionRefused, VersionStatus, VersionTaken
 from liveloop.store.status import ACTIVATABLE, TRANSITIONS
 
 S = VersionStatus
@@ -335,3 +335,28 @@ def test_racing_rollbacks_publishes_and_activations(store):
         current = store.get_version(current.parent)
         chain.append(current.status)
     assert S.ROLLED_BACK not in chain
+
+
+def test_a_rollback_on_a_stale_view_changes_nothing(store):
+    """Two operators saw v2 serving; both roll back to its parent, then the second one's rollback to v2's
+    sibling on the same view is refused whole: ServingChanged, no status moved, the cursor unmoved."""
+    v1 = _publish(store, 0)
+    store.activate_version(v1)
+    v2 = _publish(store, v1)
+    store.activate_version(v2)
+    assert store.rollback_to(v1, "sao", expect_serving=v2) == [v2]
+    before = _statuses(store)
+    with pytest.raises(ServingChanged):
+        store.rollback_to(0, "sao", expect_serving=v2)
+    assert _statuses(store) == before and store.cursor_version("sao") == v1
+    assert store.rollback_to(0, "sao", expect_serving=v1) == [v1]  # the view that is current goes through
+
+
+def test_a_segment_without_an_adapter_is_expected_to_serve_the_base(store):
+    night = _publish(store, 0, cursor="sao:night", segment="night")
+    store.activate_version(night)
+    store.rollback_to(0, "sao:night", segment="night", expect_serving=night)  # the base serves the segment now
+    with pytest.raises(ServingChanged):
+        store.rollback_to(night, "sao:night", segment="night", expect_serving=night)
+    assert store.rollback_to(night, "sao:night", segment="night", expect_serving=0) == []
+    assert {s: r.version for s, r in store.serving_adapters().items()} == {"night": night}

@@ -182,3 +182,22 @@ def test_guard_decides_on_typed_rows_and_rolls_back(client, tmp_path):
 
 def _model(client: TestClient) -> Path:
     return Path(client.app.state.store.get_version(0).checkpoint_path)
+
+
+def test_two_operators_on_one_view_cannot_undo_each_other(client, tmp_path):
+    """Both saw the same version serving and roll back from it: the first goes through, the second is a
+    409 serving_changed and changes nothing (without expect_serving it would have served its choice)."""
+    a = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "a", seed=5))}).json()["version"]
+    b = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "b", seed=6))}).json()["version"]
+    seen = client.get("/admin/stats").json()["serving"]
+    assert seen == b
+    r = client.post("/admin/rollback", json={"version": a, "expect_serving": seen})
+    assert r.status_code == 200, r.text
+    before = _statuses(client)
+    refused = _answer(client.post("/admin/rollback", json={"version": 0, "expect_serving": seen}))
+    assert refused == (409, {"error": {
+        "message": f"version {seen} no longer serves (now: v{a})", "type": "conflict_error", "param": "expect_serving", "code": "serving_changed",
+    }})
+    assert _statuses(client) == before and client.get("/admin/stats").json()["serving"] == a
+    bad = client.post("/admin/rollback", json={"version": 0, "expect_serving": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "expect_serving"

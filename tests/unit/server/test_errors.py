@@ -15,7 +15,7 @@ from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable
 from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
 from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
 from liveloop.server.weights_import import ImportFailed, ImportRefused, ImportTooLarge
-from liveloop.store import RollbackRefused, StaleLineage, TransitionRefused, VersionNotFound, WriterDown, WriterFull
+from liveloop.store import RollbackRefused, ServingChanged, StaleLineage, TransitionRefused, VersionNotFound, WriterDown, WriterFull
 
 # exception -> (status, type, code, param, message, Retry-After)
 EXPECTED = {
@@ -47,6 +47,8 @@ EXPECTED = {
                  "could not load version 4: bad shape", None),
     RollbackRefused: (RollbackRefused("version 5 was pruned (its checkpoint is deleted)"), 409, "conflict_error", None, "version",
                       "version 5 was pruned (its checkpoint is deleted)", None),
+    ServingChanged: (ServingChanged("version 4 no longer serves (now: v3)"), 409, "conflict_error", "serving_changed", "expect_serving",
+                     "version 4 no longer serves (now: v3)", None),
     TransitionRefused: (TransitionRefused("version 7 is rolled_back: only a published or loading version is activated"), 409, "conflict_error",
                         None, "version", "version 7 is rolled_back: only a published or loading version is activated", None),
     UnknownSegment: (UnknownSegment("segment 'x' has no adapters here (segments: cozy)"), 404, "not_found_error", "segment_not_found",
