@@ -94,6 +94,8 @@ def pack_checkpoint(path: Path, root: Path = SHM_ROOT) -> SharedWeights:
     from liveloop.server.engines.weights import WeightsRejected
 
     files = sorted(Path(path).glob("*.safetensors"))
+    if not files:  # vLLM would "load" nothing and report success
+        raise WeightsRejected(f"update_weights: {path} holds no *.safetensors checkpoint")
     layout, where = [], {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:

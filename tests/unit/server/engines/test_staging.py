@@ -59,6 +59,8 @@ def test_the_vllm_engine_reads_and_checks_a_checkpoint_one_tensor_at_a_time(tmp_
     with pytest.raises(WeightsRejected, match="non-finite values in b"):
         engine._stage(CheckpointDir(tmp_path))
     assert set(SHM_ROOT.glob("liveloop-weights-*")) == before  # the half-written file is gone
+    with pytest.raises(WeightsRejected, match="no \\*.safetensors checkpoint"):
+        engine._stage(CheckpointDir(tmp_path / "no-such-checkpoint"))
 
 
 def test_the_worker_check_is_names_and_shapes_and_copies_in_place():
