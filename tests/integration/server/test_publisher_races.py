@@ -22,18 +22,6 @@ from liveloop.store import StaleLineage, Store, VersionStatus
 S = VersionStatus
 
 
-@pytest.fixture
-def store(store_url, model_dir):
-    """A migrated store on each backend whose version 0 is the tiny model (rollbacks to it load it)."""
-    from liveloop.store import StoreConfig
-
-    s = Store(StoreConfig(url=store_url))
-    s.migrate()
-    s.ensure_base_version(str(Path(model_dir).resolve()))
-    yield s
-    s.close()
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, model_dir) -> list[Path]:
     root = tmp_path_factory.mktemp("checkpoints")

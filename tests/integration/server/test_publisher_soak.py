@@ -29,21 +29,10 @@ from liveloop.metrics import Metrics
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.publisher import AlreadyServing, NotServable, Publisher
 from liveloop.server.weights_import import WeightImports
-from liveloop.store import StaleLineage, Store, StoreConfig, VersionStatus
-from liveloop.store.lifecycle import RollbackRefused
-from liveloop.store.status import TransitionRefused
+from liveloop.store import RollbackRefused, StaleLineage, Store, TransitionRefused, VersionStatus
 
 S = VersionStatus
 REFUSALS = (StaleLineage, RollbackRefused, TransitionRefused, NotServable, AlreadyServing)
-
-
-@pytest.fixture
-def store(store_url, model_dir):
-    s = Store(StoreConfig(url=store_url))
-    s.migrate()
-    s.ensure_base_version(str(Path(model_dir).resolve()))
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")
