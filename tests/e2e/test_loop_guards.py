@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 
 from liveloop.devtools import ServerProcess, wait_until
 
-from .conftest import USER_KEY, USER_KEY_2, open_store, start_server, stop_server
+from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, open_store, start_server, stop_server
 
 CHAT = "/v1/chat/completions"
 BODY_TIMEOUT = 2.0
@@ -62,6 +62,14 @@ def _chat(c: httpx.Client, content: str = "Tell me about the sea.", **kw) -> htt
     if r.status_code == 200:
         ACKNOWLEDGED.append(r.json()["id"])
     return r
+
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def _host(server: ServerProcess) -> str:
+    """The Host header the server answers to (its allow-list: loopback on its port)."""
+    return server.base_url.removeprefix("http://")
 
 
 def _socket(server: ServerProcess) -> socket.socket:
@@ -121,7 +129,7 @@ def test_a_non_stream_client_that_disconnects_stops_its_generation(server):
     payload = json.dumps({**body, "seed": seed}).encode()
     sock = _socket(server)
     sock.sendall(
-        f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {USER_KEY}\r\nContent-Type: application/json\r\n"
+        f"POST {CHAT} HTTP/1.1\r\nHost: {_host(server)}\r\nAuthorization: Bearer {USER_KEY}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
     )
     time.sleep(took / 3)
@@ -144,7 +152,7 @@ def test_a_trickled_body_gets_408_and_its_connection_closed(server):
     slow = []
     for _ in range(50):  # bounded: 50 clients that send the headers and 10 of 1000 body bytes
         sock = _socket(server)
-        sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {USER_KEY}\r\n"
+        sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: {_host(server)}\r\nAuthorization: Bearer {USER_KEY}\r\n"
                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\": ".encode())
         slow.append(sock)
     started = time.monotonic()
@@ -178,7 +186,7 @@ def test_a_locked_store_answers_503_fast_reports_degraded_and_recovers(server):
         for t in threads:
             t.start()
         for _ in range(20):  # bounded: /healthz while the lock is held
-            health.append(httpx.get(server.base_url + "/healthz", timeout=30).json())
+            health.append(httpx.get(server.base_url + "/healthz", headers=ADMIN, timeout=30).json())  # with the details
             time.sleep(0.2)
         for t in threads:
             t.join(120)
