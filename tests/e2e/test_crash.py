@@ -17,7 +17,7 @@ import uuid
 import httpx
 import pytest
 
-from .conftest import USER_KEY, USER_KEY_2, open_store, start_server, stop_server
+from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, open_store, start_server, stop_server
 
 MSG = [{"role": "user", "content": "Tell me about rain."}]
 
@@ -117,7 +117,7 @@ def test_store_outage_gives_503s_and_recovers_without_restart(tmp_path, model_di
             down = [chat() for _ in range(3)]
             assert all(r.status_code == 503 and int(r.headers["retry-after"]) >= 1 for r in down), [r.text for r in down]
             assert all(r.json()["error"]["message"] for r in down)
-            health = httpx.get(server.base_url + "/healthz", timeout=30)
+            health = httpx.get(server.base_url + "/healthz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)  # with the details
             assert health.status_code == 503 and not health.json()["store"]["ok"]
             fb = c.post("/v1/feedback", json={"response_id": acked[0], "reward": 1})
             assert fb.status_code == 503
