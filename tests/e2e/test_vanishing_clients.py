@@ -33,7 +33,7 @@ def _raw_request(base_url: str, path: str, body: dict, key: str) -> socket.socke
     data = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)), timeout=30)
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\n"  # what the allow-list answers
         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
     )
     sock.sendall(head.encode() + data)
