@@ -71,7 +71,8 @@ def test_colocated_ray_listens_on_loopback_only_and_requires_the_token(tmp_path,
     try:
         me = psutil.Process()
         actor_pid = ray.get(learner.actor.pid.remote(), timeout=30)
-        pids = {me.pid} | {p.pid for p in me.children(recursive=True)}
+        # live processes only: a zombie an earlier test left (an engine process not reaped yet) has no cmdline
+        pids = {me.pid} | {p.pid for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
         assert actor_pid in pids
         listening = []
         for _ in range(3):  # a few samples: agents may open their ports a little after the actor is up
