@@ -8,7 +8,7 @@
   2. policy logprobs of the served tokens; critic values
   3. advantages: GAE over action tokens only, lambda_policy = 1 - 1/(alpha L); value targets with lambda_value
   4. K critic steps; 5. one policy step (two-sided ratio mask against the behavior logprobs, optional KL anchor)
-  6. every N steps or T seconds, publish the next version: checkpoint saved, then the version row (its
+  6. every N steps or T seconds, publish the next version (learner/publishing.py): checkpoint saved, then the version row (its
      number allocated there) and the cursor in ONE transaction. A crash resumes from the last published
      version and re-reads exactly the ratings it had not published yet: nothing lost, nothing trained
      twice. Then retention (retention.py) deletes the checkpoints it no longer keeps. A disk too full
@@ -35,20 +35,16 @@ publish proposes the number its memory is named by, and the store refuses it if 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import os
-import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from liveloop.checkpoint import checkpoint_digest, fsync_dir, save_atomically
 from liveloop.critic.config import CriticConfig
 from liveloop.critic.trainer import Critic
 from liveloop.critic.value_model import build_value_model
@@ -58,17 +54,16 @@ from liveloop.learner.diagnostics import StabilityWindow
 from liveloop.learner.methods import make_method
 from liveloop.learner.placement import Placement, placement
 from liveloop.learner.position import LearnerState, stored_position
+from liveloop.learner.publishing import Publishing
 from liveloop.learner.segments import lane_cursor
-from liveloop.learner.retention import (
-    checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, sweep_stale_staging, versions_to_prune,
-)
+from liveloop.learner.retention import sweep_stale_staging
 from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, token_logprobs
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.losses import exact_kl_penalty, kl_penalty
 from liveloop.rl.optim import make_optimizer
-from liveloop.store import StaleLineage, Store, VersionRecord, VersionStatus, VersionTaken
-from liveloop.transport import TransportConfig, TransportFailed, WeightHandle, make_sender
+from liveloop.store import Store, VersionStatus
+from liveloop.transport import TransportConfig, make_sender
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +78,7 @@ class SegmentRatings:
         return self.store.rated_after(feedback_id, limit, segment=self.segment)
 
 
-class OnlineLearner:
+class OnlineLearner(Publishing):
     def __init__(
         self,
         store: Store,
@@ -341,256 +336,6 @@ class OnlineLearner:
         return token_kl(before, response_log_dists(logits, batch), batch.action_mask)
 
     # -- publishing ------------------------------------------------------------------------------
-    def due(self) -> bool:
-        s = self.state
-        return s.steps_since_publish > 0 and time.monotonic() - s.last_publish >= self.config.publish_every_seconds
-
-    def publish(self) -> int | None:
-        """Save the weights and record version v+1 with the cursor; returns the version or None.
-        If every step since the last version was skipped, only the cursor moves (no new version)."""
-        s = self.state
-        with self.policy_opt.full_parameters() as policy:
-            finite = all(torch.isfinite(p).all() for p in policy.parameters())
-        if not finite:
-            log.error("not publishing: the policy has non-finite weights")
-            s.skipped_steps += 1
-            return None
-        if s.updates_since_publish == 0:
-            try:
-                self.store.advance_cursor(self.cursor_name, s.pending_cursor, s.version)
-            except StaleLineage:
-                self.reload()
-                return None
-            s.cursor = s.pending_cursor
-            s.steps_since_publish = s.samples_since_publish = 0
-            s.last_publish = time.monotonic()
-            return None
-        if self.sender is not None:
-            # memory is named by the version number, so the number comes first: a proposal, which the
-            # store's inserting transaction accepts or refuses (VersionTaken: retried at the next publish)
-            version = self.store.next_version()
-            return self._publish_in_memory(version, checkpoint_root(self.config.checkpoint_dir, version))
-        # the checkpoint is written under a staging name; the store allocates the number inside the
-        # inserting transaction, which moves it to checkpoint_dir/vNNNNNN before it commits (`_place`)
-        staging = Path(self.config.checkpoint_dir).resolve() / f".staging-{os.getpid()}-{self.cursor_name.replace(':', '-')}"
-        try:
-            save_atomically(staging, self._write_checkpoint)
-        except Exception as exc:
-            if not is_disk_full(exc):
-                raise
-            self._pause_for_disk_full(None, staging, exc)
-            return None
-        placed: list[Path] = []
-        try:
-            record = self._record_version(functools.partial(self._place, staging, placed), checkpoint_digest(staging / "policy"))
-        except StaleLineage as exc:
-            log.warning("not publishing: %s", exc)
-            self._discard(staging, *placed)
-            self.reload()
-            return None
-        except Exception as exc:  # the store's database on a full disk
-            self._discard(staging, *placed)
-            if not is_disk_full(exc):
-                raise
-            self._pause_for_disk_full(None, staging, exc)
-            return None
-        version = record.version
-        parent = self._advance_to(version)
-        log.info("published version %d (step %d, cursor %d)", version, s.step, s.cursor)
-        self._apply_retention(protect=(parent, version))
-        return version
-
-    def _place(self, staging: Path, placed: list[Path], version: int) -> str:
-        """Inside the store's inserting transaction, with `version` allocated: the staged checkpoint
-        becomes checkpoint_dir/vNNNNNN (a directory left there by a publish that never committed is
-        replaced: no committed version has this number). Returns the policy's path for the row."""
-        root = checkpoint_root(self.config.checkpoint_dir, version)
-        if root.exists():
-            shutil.rmtree(root)
-        os.replace(staging, root)
-        fsync_dir(root.parent)  # the rename is durable before the row that names it commits
-        placed.append(root)
-        return str(root / "policy")
-
-    @staticmethod
-    def _discard(*paths: Path) -> None:
-        for path in paths:
-            shutil.rmtree(path, ignore_errors=True)
-
-    def _publish_in_memory(self, version: int, root: Path) -> int | None:
-        """Publish through the in-memory transport: the tensors are handed over and finished, then the
-        version row and the cursor are recorded (naming where the durable checkpoint will be), and the
-        server swaps from memory while this writes the durable checkpoint, off the critical path. A
-        failed handover publishes nothing: the old version keeps serving and the next publish retries.
-        A crash before the durable checkpoint exists is recovered at resume (`position.recover_durable`)."""
-        s = self.state
-        try:
-            with self.policy_opt.full_parameters() as policy:
-                self.sender.start_update(version)
-                self.sender.send(policy.state_dict())
-                handle = self.sender.finish()
-        except TransportFailed as exc:
-            log.warning("version %d not handed over (%s): the old version keeps serving", version, exc)
-            return None
-        try:  # the row names the handle's nonce and digest: the server verifies the memory against them
-            self._record_version(str(root / "policy"), None, version, handle)
-        except VersionTaken as exc:  # another writer took the number first: hand over again next time
-            log.warning("not publishing version %d: %s", version, exc)
-            self.sender.release(version)
-            return None
-        except StaleLineage as exc:
-            log.warning("not publishing version %d: %s", version, exc)
-            self.sender.release(version)
-            self.reload()
-            return None
-        except Exception as exc:
-            self.sender.release(version)
-            if not is_disk_full(exc):
-                raise
-            self._pause_for_disk_full(version, root, exc)
-            return None
-        parent = self._advance_to(version)
-        # the durable copy, off the critical path: host copies now, written by one background thread
-        # while the learner trains on; at most two writes outstanding (each holds a copy of the weights)
-        while len(self._durable_writes) >= 2:
-            self._durable_writes.popleft().result()
-        states = self._host_states()
-        self._durable_writes.append(self._durable.submit(self._write_durable, version, parent, root, *states))
-        self._in_memory.append(version)
-        log.info("published version %d in memory (step %d, cursor %d)", version, s.step, s.cursor)
-        return version
-
-    def _host_states(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-        """CPU copies of the policy's and the critic's weights (what a durable checkpoint is written from)."""
-        def copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-
-        with self.policy_opt.full_parameters() as policy:
-            policy_state = copy(policy)
-        critic_state = None
-        if self.critic is not None:
-            with self.critic.optimizer.full_parameters() as critic:
-                critic_state = copy(critic)
-        return policy_state, critic_state
-
-    def _write_durable(
-        self, version: int, parent: int, root: Path, policy_state: dict[str, torch.Tensor], critic_state: dict[str, torch.Tensor] | None
-    ) -> None:
-        """The background half of an in-memory publish: the checkpoint directory, its digest, retention.
-        A full disk pauses learning (the memory stays: the transport keeps it until the server holds a
-        durable copy, and a resume recovers from it); never raises."""
-        try:
-            save_atomically(root, functools.partial(self._write_checkpoint, policy_state=policy_state, critic_state=critic_state))
-            self.store.set_checkpoint_digest(version, checkpoint_digest(root / "policy"))
-        except Exception as exc:
-            if is_disk_full(exc):
-                self._pause_for_disk_full(version, root, exc)
-            else:
-                log.exception("version %d: the durable checkpoint was not written (a resume recovers it from memory)", version)
-            return
-        self._apply_retention(protect=(parent, version))
-
-    def wait_durable(self) -> None:
-        """Block until every durable checkpoint of an in-memory publish is written."""
-        while self._durable_writes:
-            self._durable_writes.popleft().result()
-
-    def _advance_to(self, version: int) -> int:
-        """The learner now descends from `version`, just published with the pending cursor; returns
-        the version it descended from before."""
-        s = self.state
-        parent = s.version
-        s.version, s.cursor = version, s.pending_cursor
-        s.steps_since_publish = s.samples_since_publish = s.updates_since_publish = 0
-        s.last_publish = time.monotonic()
-        return parent
-
-    def _record_version(
-        self, checkpoint: str | Callable[[int], str], digest: str | None, version: int | None = None, handle: WeightHandle | None = None
-    ) -> VersionRecord:
-        """The version row and the cursor, in one store transaction. `version` None: the store allocates
-        the number and `checkpoint(number)` places the checkpoint and names it; else a proposed number
-        (VersionTaken if it is taken) with the checkpoint's path."""
-        s = self.state
-        metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
-        return self.store.publish_version(
-            version,
-            parent=s.version,
-            checkpoint_path=checkpoint,
-            checkpoint_sha256=digest,
-            learner_step=s.step,
-            samples_used=s.samples_since_publish,
-            metrics=metrics,
-            cursor_name=self.cursor_name,
-            last_feedback_id=s.pending_cursor,
-            status=self.publish_status,
-            segment=self.segment,
-            weights_nonce=handle.nonce if handle is not None else None,
-            weights_digest=handle.digest if handle is not None else None,
-        )
-
-    def _write_checkpoint(
-        self, tmp: Path, policy_state: dict[str, torch.Tensor] | None = None, critic_state: dict[str, torch.Tensor] | None = None
-    ) -> None:
-        """Write policy and critic into `tmp`: their weights now, or the given states (host copies an
-        in-memory publish took); a failed write removes what it had written (a full disk must not stay
-        full of half a checkpoint)."""
-        try:
-            if self.adapters is not None:
-                self.adapters.save(self.segment, tmp / "policy")
-            else:
-                with self.policy_opt.full_parameters() as policy:
-                    policy.save_pretrained(str(tmp / "policy"), state_dict=policy_state)
-            if critic_state is not None:
-                self.critic.model.save_pretrained(str(tmp / "critic"), state_dict=critic_state)
-            elif self.critic is not None:
-                self.critic.save(str(tmp / "critic"))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-
-    def _pause_for_disk_full(self, version: int | None, root: Path, exc: BaseException) -> None:
-        """Out of disk: pause learning through the store (the server keeps serving the current
-        version) and log a "disk_full" operator event. What was trained since the last version stays
-        in memory and the store's cursor does not move, so nothing is lost: the next publish after an
-        operator frees space and resumes carries it (a restart trains those ratings again)."""
-        s = self.state
-        what = "the next version" if version is None else f"version {version}"
-        reason = f"disk full: could not save {what} under {root.parent}: {exc}"
-        log.error("pausing learning: %s", reason)
-        self.paused = True
-        detail = {
-            "learner": self.cursor_name,
-            "path": str(root.parent),
-            "error": str(exc),
-            "unpublished_version": version,
-            "unpublished_samples": s.samples_since_publish,
-            "cursor": s.cursor,
-            "pending_cursor": s.pending_cursor,
-        }
-        try:
-            self.store.record_event("disk_full", version=s.version, detail=detail)
-            self.store.set_learning_paused(self.cursor_name, True, reason=reason)
-        except Exception:  # the store may sit on the same full disk: keep running, retry at the next publish
-            log.exception("could not record the disk-full pause in the store")
-
-    def _apply_retention(self, protect: tuple[int, ...]) -> None:
-        """Delete the checkpoints retention no longer keeps: marked pruned in the store first (so
-        nothing tries to serve them), then their directories go. Never raises: housekeeping must not
-        fail a publish that already happened."""
-        c = self.config
-        try:
-            versions = [r for r in self.store.list_versions() if r.segment == self.segment]
-            owned = {r.version for r in versions if in_checkpoint_dir(r, c.checkpoint_dir)}
-            victims = [v for v in versions_to_prune(versions, c.keep_last_versions, c.keep_parent_chain, protect) if v in owned]
-            pruned = self.store.mark_pruned(victims) if victims else []
-        except Exception:
-            log.exception("checkpoint retention skipped")
-            return
-        if pruned:
-            gone = delete_checkpoints(c.checkpoint_dir, pruned)
-            log.info("retention: pruned the checkpoints of versions %s", gone)
-
     def status(self) -> dict[str, Any]:
         """Where this learner stands: its version, cursor, counters, pause and last metrics."""
         s = self.state
