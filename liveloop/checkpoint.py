@@ -54,6 +54,12 @@ def save_atomically(final: Path, write: Callable[[Path], None]) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     write(tmp)
+    return place(tmp, final)
+
+
+def place(tmp: Path, final: Path) -> Path:
+    """fsync everything under `tmp`, rename it to `final` (replacing what is there), then fsync the
+    parent: the second half of `save_atomically`, for writers that fill `tmp` themselves."""
     fsync_tree(tmp)
     if final.exists():
         shutil.rmtree(final)

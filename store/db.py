@@ -6,7 +6,10 @@ statement: on SQLite it opens them with `BEGIN IMMEDIATE` (a deferred transactio
 writes can be overtaken between the two, or fail at once with "database is locked"); on PostgreSQL it
 changes nothing (those transactions take their locks themselves, store/lifecycle.py)."""
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -20,6 +23,19 @@ IMMEDIATE = "liveloop_immediate"  # the execution option that asks for BEGIN IMM
 def immediate(engine: Engine) -> Engine:
     """`engine` (same pool) whose transactions take SQLite's write lock when they begin."""
     return engine.execution_options(**{IMMEDIATE: True})
+
+
+@contextlib.contextmanager
+def busy_timeout(driver_connection: Any, ms: int) -> Iterator[None]:
+    """SQLite: inside the block this driver connection waits at most `ms` for a lock (a connection
+    setting, restored after; set on the driver's connection, so no transaction begins for it)."""
+    before = driver_connection.execute("PRAGMA busy_timeout").fetchone()[0]
+    driver_connection.execute(f"PRAGMA busy_timeout = {int(ms)}")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            driver_connection.execute(f"PRAGMA busy_timeout = {int(before)}")
 
 
 def make_engine(config: StoreConfig) -> Engine:

@@ -39,6 +39,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, select, text
 from sqlalchemy.orm import Session
 
+from liveloop.store.db import busy_timeout
 from liveloop.store.models import ApiKey, DeletedResponse, Feedback, Response, utcnow
 
 log = logging.getLogger(__name__)
@@ -200,14 +201,8 @@ class RightsQueries:
             return True
         raw = self.engine.raw_connection()
         try:
-            cur = raw.driver_connection.cursor()
-            before = cur.execute("PRAGMA busy_timeout").fetchone()[0]
-            cur.execute(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_MS}")
-            try:
-                busy, _, _ = cur.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            finally:
-                cur.execute(f"PRAGMA busy_timeout = {int(before)}")
-                cur.close()
+            with busy_timeout(raw.driver_connection, CHECKPOINT_BUSY_MS):
+                busy, _, _ = raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         finally:
             raw.close()
         if busy:

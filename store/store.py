@@ -25,7 +25,7 @@ from liveloop.store.checkpoints import CheckpointQueries
 from liveloop.store.keys import KeyQueries
 from liveloop.store.lifecycle import VersionLifecycle, VersionTaken, in_lineage, version_record
 from liveloop.store.operator import OperatorQueries
-from liveloop.store.rights import NOTHING_BARRED, Barred, RightsQueries, barred, hold_rights
+from liveloop.store.rights import Barred, RightsQueries, barred, hold_rights
 from liveloop.store.status import VersionStatus
 from liveloop.store.records import (
     FeedbackRecord,
@@ -334,7 +334,7 @@ class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, Ri
     def _barred(conn: Connection, ops: Sequence[WriteOp]) -> Barred:
         pairs = [(op.id, op.api_key_id) for op in ops if isinstance(op, ResponseRecord)]
         keys = {op.api_key_id for op in ops}
-        return barred(conn, pairs, keys) if ops else NOTHING_BARRED
+        return barred(conn, pairs, keys)
 
     def _insert_responses(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         insert_rows(conn, RESPONSE_TABLE, rows)

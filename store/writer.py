@@ -46,6 +46,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from liveloop.store.db import busy_timeout
 from liveloop.store.records import ResponseRecord
 from liveloop.store.store import Store, WriteOp, response_row
 
@@ -349,12 +350,6 @@ def _bounded_transaction(engine: Engine, seconds: float) -> Iterator[Connection]
                     conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
                 yield conn
             return
-        raw = conn.connection.driver_connection  # no statement through SQLAlchemy: that would begin the transaction
-        before = raw.execute("PRAGMA busy_timeout").fetchone()[0]
-        raw.execute(f"PRAGMA busy_timeout = {ms}")
-        try:
-            with conn.begin():
-                yield conn
-        finally:
-            with contextlib.suppress(Exception):
-                raw.execute(f"PRAGMA busy_timeout = {int(before)}")
+        # no statement through SQLAlchemy: that would begin the transaction
+        with busy_timeout(conn.connection.driver_connection, ms), conn.begin():
+            yield conn

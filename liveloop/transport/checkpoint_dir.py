@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from liveloop.checkpoint import checkpoint_digest, fsync_dir, fsync_tree
+from liveloop.checkpoint import checkpoint_digest, place
 from liveloop.server.engines.base import CheckpointDir, WeightSource
 from liveloop.transport.base import HandleGone, Receiver, Sender, WeightHandle, WeightsUnverified, new_nonce
 
@@ -71,12 +71,8 @@ class CheckpointDirSender(Sender):
             for name in CONFIG_FILES:
                 if (self.base_model / name).exists():
                     shutil.copy(self.base_model / name, tmp / name)
-        fsync_tree(tmp)
         digest = checkpoint_digest(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_dir(final.parent)
+        place(tmp, final)
         self._tmp = None
         return WeightHandle(self.backend, version, str(final.resolve()), nonce=new_nonce(), digest=digest)
 
