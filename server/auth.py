@@ -149,10 +149,10 @@ def is_admin(request: Request) -> bool:
     """Whether the request carries an admin key (bearer) or a dashboard session; never raises."""
     if session_principal(request) is not None:
         return True
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    try:
+        principal = request.app.state.keys.resolve(_bearer(request))
+    except APIError:  # no bearer key
         return False
-    principal = request.app.state.keys.resolve(key.strip())
     return principal is not None and principal.admin
 
 
