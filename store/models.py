@@ -101,7 +101,12 @@ class Response(Base):
 class Feedback(Base):
     """One rating per (response, api key). A change of mind updates the row in place (same id,
     `revisions` + 1): the learner, which reads feedback in id order past its cursor, trains the
-    latest value if it has not reached the row yet, and never trains the pair twice."""
+    latest value if it has not reached the row yet, and never trains the pair twice.
+
+    Ids are commit order, with any number of writers: a smaller id never becomes visible after a
+    larger one, so a cursor never passes a rating still on its way. SQLite has one writer at a time
+    (AUTOINCREMENT); PostgreSQL takes ids from `feedback_counter` (migration 0008, `store._insert_ratings`;
+    also the column's default), whose row lock is held until the inserting transaction ends."""
 
     __tablename__ = "feedback"
     __table_args__ = (

@@ -47,7 +47,10 @@ _UPDATE_RATING = (
     .values(reward=bindparam("b_reward"), comment=bindparam("b_comment"), updated_at=bindparam("b_now"), revisions=bindparam("b_revisions"))
 )
 
-_NEXT_RATING_IDS = text("SELECT nextval(pg_get_serial_sequence('feedback', 'id')) FROM generate_series(1, :n)")
+# PostgreSQL: n rating ids, the last one returned, from the one-row counter (migration 0008). The row
+# lock this takes is held until the transaction ends, so the next writer's ids are taken only after
+# these rows are committed (or rolled back, and the ids with them): ids are commit order.
+_TAKE_RATING_IDS = text("UPDATE feedback_counter SET last_id = last_id + :n WHERE id = 1 RETURNING last_id")
 
 
 def _owners_and_ratings(ids_match):
@@ -113,18 +116,31 @@ def _stamped(rec: ResponseRecord, row: dict[str, Any] | None, now: datetime) -> 
 def _insert_ratings(conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
     """Insert new ratings; returns their ids in `rows` order, which is submission order.
 
-    SQLite: one plain executemany, then the ids from last_insert_rowid(). `feedback` is an
-    AUTOINCREMENT table, so each row gets the next id, and the statement holds the database's write
-    lock until this transaction ends, so no other row comes between: the batch's ids are the n
-    consecutive ids ending at the last one. (An INSERT ... RETURNING in parameter order would make
-    SQLAlchemy send one statement per row there.) PostgreSQL: n ids drawn from the table's sequence
-    in one query, ascending, then one COPY with the ids given (a batched INSERT ... RETURNING costs
-    more in building and parsing its SQL than the insert itself)."""
+    Feedback ids are commit order on both backends, whatever number of writers (server processes)
+    share the store: a learner's cursor moves past an id only once every smaller id that will ever
+    exist is committed, so it never skips a rating still on its way.
+
+    SQLite: one plain executemany, then the ids from last_insert_rowid(). SQLite has one writer at a
+    time: `feedback` is an AUTOINCREMENT table, so each row gets the next id, and the statement holds
+    the database's write lock until this transaction ends, so no other row comes between (the batch's
+    ids are the n consecutive ids ending at the last one) and no other transaction commits before this
+    one with a larger id. (An INSERT ... RETURNING in parameter order would make SQLAlchemy send one
+    statement per row there.) PostgreSQL: n ids taken from the one-row `feedback_counter` in one
+    UPDATE ... RETURNING, then one COPY with the ids given (a batched INSERT ... RETURNING costs more
+    in building and parsing its SQL than the insert itself). The counter's row lock is held to commit,
+    so a second writer takes its ids only after this transaction has committed (PostgreSQL makes a
+    transaction's rows visible before it releases its locks) or rolled back, its ids with it (READ
+    COMMITTED re-reads the row it waited for): ids are handed out in commit order, and a failed write
+    leaves no gap.
+    A sequence would not do: two transactions draw 5 and 6, the one with 6 commits first, a cursor
+    moves to 6, and 5 commits behind it, skipped for ever. The counter is taken last, just before the
+    insert, so it is held only for the COPY and the commit."""
     if conn.dialect.name == "sqlite":
         insert_rows(conn, FEEDBACK_TABLE, rows)
         last = conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one()
         return list(range(last - len(rows) + 1, last + 1))
-    ids = sorted(conn.execute(_NEXT_RATING_IDS, {"n": len(rows)}).scalars())
+    last = conn.execute(_TAKE_RATING_IDS, {"n": len(rows)}).scalar_one()
+    ids = list(range(last - len(rows) + 1, last + 1))
     insert_rows(conn, FEEDBACK_TABLE, [row | {"id": fid} for row, fid in zip(rows, ids)])
     return ids
 

@@ -3,8 +3,10 @@
 A request hands its record to `submit` and gets a future; the thread takes everything queued (up to
 `batch_max`), writes it in ONE transaction and resolves the futures. Generation never waits on the
 database; a request is acknowledged to its client only after its future resolves, so an acknowledged
-response is always durable, and under load many requests share one commit. One writer per server
-process also serialises feedback ids with commit order, which the learner's cursor relies on.
+response is always durable, and under load many requests share one commit. Several server processes
+(replicas) may each run a writer on one store: feedback ids are commit order all the same (SQLite has
+one writer at a time; PostgreSQL hands ids out from a counter whose row lock is held to commit, see
+`store._insert_ratings`), which the learner's cursor relies on.
 
 The write path cannot die of what its callers do: a caller that goes away (a cancelled request) only
 stops waiting; its record is still written, once, and the thread never resolves a future twice or
