@@ -53,7 +53,8 @@ async def background(engine, stop: asyncio.Event, streams: int, max_tokens: int)
 async def run(args) -> dict:
     from liveloop.devtools import perturbed_checkpoint
     from liveloop.server.config import EngineConfig
-    from liveloop.server.engines.base import CheckpointDir, create_engine
+    from liveloop.server.engines.base import create_engine
+    from liveloop.transport.weights import CheckpointDir
 
     model_dir = default_model()
     with tempfile.TemporaryDirectory() as tmp:

@@ -114,7 +114,7 @@ def _sync(device) -> None:
 async def bench_swaps(args, mode: str, state: dict[str, torch.Tensor]) -> dict:
     """First-token latency of new requests: while a swap is made under `args.concurrency[-1] // 2`
     long generations, and with none (the baseline), in `mode`."""
-    from liveloop.server.engines.base import NamedTensors
+    from liveloop.transport.weights import NamedTensors
     from liveloop.server.engines.hf_engine import HFEngine
 
     engine = HFEngine(engine_config(args, swap_mode=mode, drain_deadline_seconds=60.0), args.model)

@@ -56,7 +56,7 @@ def build_qwen3(out: Path, shape: dict) -> Path:
 async def measure(model_dir: Path, dtype: str, repeats: int, work: Path, device: str = "cpu",
                   transports: tuple[str, ...] = ("checkpoint_dir", "shared_memory")) -> dict:
     from liveloop.server.config import EngineConfig
-    from liveloop.server.engines.base import CheckpointDir
+    from liveloop.transport.weights import CheckpointDir
     from liveloop.server.engines.hf_engine import HFEngine
     from liveloop.transport import TransportConfig, make_receiver, make_sender
     from liveloop.transport import shared_memory as shm

@@ -27,7 +27,7 @@ from liveloop.learner.adapters import AdapterPolicy
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.online import OnlineLearner
 from liveloop.learner.placement import placement
-from liveloop.learner.segments import lanes
+from liveloop.segments import lanes
 from liveloop.store import Store
 from liveloop.transport import TransportConfig
 

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from liveloop.checkpoint import sweep_stale_staging
 from liveloop.critic.config import CriticConfig
 from liveloop.critic.trainer import Critic
 from liveloop.critic.value_model import build_value_model
@@ -55,8 +56,7 @@ from liveloop.learner.methods import make_method
 from liveloop.learner.placement import Placement, placement
 from liveloop.learner.position import LearnerState, stored_position
 from liveloop.learner.publishing import Publishing
-from liveloop.learner.segments import lane_cursor
-from liveloop.learner.retention import sweep_stale_staging
+from liveloop.segments import lane_cursor
 from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, token_logprobs
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl

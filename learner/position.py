@@ -15,8 +15,8 @@ import torch
 
 from liveloop.checkpoint import checkpoint_digest, save_atomically
 from liveloop.learner.config import LearnerConfig
-from liveloop.learner.segments import lane_cursor
-from liveloop.server.engines.weights import load_state
+from liveloop.segments import lane_cursor
+from liveloop.transport.weights import load_state
 from liveloop.store import Store, VersionRecord
 from liveloop.transport import HandleGone, TransportConfig, WeightsUnverified, make_receiver
 from liveloop.transport.checkpoint_dir import is_checkpoint

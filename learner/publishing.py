@@ -21,12 +21,10 @@ from typing import Any
 
 import torch
 
-from liveloop.checkpoint import checkpoint_digest, fsync_dir, save_atomically
+from liveloop.checkpoint import checkpoint_digest, checkpoint_root, delete_checkpoints, fsync_dir, save_atomically
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.position import LearnerState
-from liveloop.learner.retention import (
-    checkpoint_root, delete_checkpoints, in_checkpoint_dir, is_disk_full, versions_to_prune,
-)
+from liveloop.learner.retention import in_checkpoint_dir, is_disk_full, versions_to_prune
 from liveloop.store import StaleLineage, Store, VersionRecord, VersionTaken
 from liveloop.transport import TransportFailed, WeightHandle
 

@@ -1,5 +1,6 @@
-"""Checkpoint storage for the learner: which published versions' checkpoints to delete (retention),
-deleting them, and telling a full disk from other save failures.
+"""Checkpoint retention for the learner: which published versions' checkpoints to delete, and telling a
+full disk from other save failures. The storage layout itself (`checkpoint_root`, `delete_checkpoints`,
+`sweep_stale_staging`) is `liveloop.checkpoint`'s, which the server's imports share.
 
 Every published version is a directory `checkpoint_dir/v{version:06d}` holding `policy/` and `critic/`;
 an operator's import (`POST /admin/weights`, server/weights_import.py) is copied there too, as `policy/`
@@ -14,7 +15,7 @@ Retention (`versions_to_prune`, pure) keeps:
 Everything else that still has a checkpoint (`pruned_at` is None) goes. The caller marks the victims
 pruned in the store first (`Store.mark_pruned` re-checks each row in its transaction and also spares
 any version a learner's cursor points at), then deletes the directories of the rows it marked
-(`delete_checkpoints`, which never raises).
+(`liveloop.checkpoint.delete_checkpoints`, which never raises).
 
 A publish writes its checkpoint under `.staging-<pid>-<lane>` first (the store names it vNNNNNN inside
 the inserting transaction), an import under `.staging-<pid>-import-<random>`; `sweep_stale_staging`
@@ -24,28 +25,20 @@ removes those of a process (learner or server) that died.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import re
-import shutil
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from liveloop.checkpoint import BASE_VERSION, checkpoint_root
 from liveloop.store import VersionRecord, VersionStatus
 from liveloop.store.status import NEVER_PRUNED
 
-log = logging.getLogger(__name__)
 
-BASE_VERSION = 0
 # a save that fails with one of these ran out of room (space, quota, or a file-size limit)
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 _RUST_OS_ERROR = re.compile(r"os error (\d+)")  # safetensors reports I/O errors as "... (os error 28)"
 _DISK_FULL_MESSAGES = tuple(os.strerror(e).lower() for e in DISK_FULL_ERRNOS) + ("database or disk is full",)
-
-
-def checkpoint_root(checkpoint_dir: str | Path, version: int) -> Path:
-    """The directory holding `version`'s policy and critic."""
-    return Path(checkpoint_dir).resolve() / f"v{version:06d}"
 
 
 def in_checkpoint_dir(record: VersionRecord, checkpoint_dir: str | Path) -> bool:
@@ -81,26 +74,6 @@ def versions_to_prune(
     return [v for v in stored if v not in keep]
 
 
-def delete_checkpoints(checkpoint_dir: str | Path, versions: Iterable[int]) -> list[int]:
-    """Delete each version's directory (policy and critic together); returns the versions whose
-    directory is gone afterwards. Errors are logged, never raised: a failed deletion wastes disk,
-    it does not stop learning."""
-    gone = []
-    for version in versions:
-        if version == BASE_VERSION:
-            continue
-        root = checkpoint_root(checkpoint_dir, version)
-        try:
-            shutil.rmtree(root)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.error("could not delete the checkpoint of version %d at %s: %s", version, root, exc)
-            continue
-        gone.append(version)
-    return gone
-
-
 def is_disk_full(exc: BaseException) -> bool:
     """Whether a failed save ran out of room: an OSError with ENOSPC, EDQUOT or EFBIG anywhere in the
     exception's chain, or an error that reports one by message (safetensors' "(os error 28)", SQLite's
@@ -122,37 +95,3 @@ def is_disk_full(exc: BaseException) -> bool:
         orig = getattr(e, "orig", None)  # SQLAlchemy wraps the driver's error
         todo += [e.__cause__, e.__context__, orig if isinstance(orig, BaseException) else None]
     return False
-
-
-# a publish's staging directory (`.staging-<pid>-<lane>`) and save_atomically's temporary beside it
-_STAGING = re.compile(r"^\.\.?staging-(\d+)-")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
-
-
-def sweep_stale_staging(checkpoint_dir: str | Path) -> list[Path]:
-    """Remove the staging directories a crashed process (a learner's publish, a server's import) left
-    under `checkpoint_dir` (those of a pid that is no longer alive; this process's and live ones' are
-    theirs). Returns what it removed."""
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        return []
-    stale = [
-        p for p in root.iterdir()
-        if (m := _STAGING.match(p.name)) and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1)))
-    ]
-    for path in stale:
-        log.warning("removing %s: a publish of a learner process that is gone", path)
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-    return stale

@@ -44,6 +44,8 @@ def read_pins(path: Path) -> dict[str, str]:
         line = raw.split("#", 1)[0].strip().rstrip("\\").strip()
         if not line or line.startswith("-"):
             continue
+        if re.match(rf"^{PROJECT}\s*@", line, re.I):  # the project itself, as pip freeze names a local install
+            continue
         m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)", line)
         if not m:
             raise SystemExit(f"{path}: not a pin: {raw!r}")

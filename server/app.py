@@ -42,7 +42,7 @@ from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from liveloop.config import Config
-from liveloop.learner.segments import lanes, segment_of
+from liveloop.segments import lanes, segment_of
 from liveloop.metrics import Metrics
 from liveloop.server.admission import Admission
 from liveloop.server.auth import KeyRing, LoginThrottle, Sessions

@@ -54,7 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from liveloop.metrics import Metrics
-from liveloop.server.engines.base import CheckpointDir, Engine, WeightSource
+from liveloop.server.engines.base import Engine
+from liveloop.transport.weights import CheckpointDir, WeightSource
 from liveloop.server.weights_import import StagedCheckpoint
 from liveloop.store import ServingChanged, Store, TransitionRefused, VersionNotFound, VersionRecord, VersionStatus
 from liveloop.transport import HandleGone, Receiver, WeightHandle, WeightsUnverified

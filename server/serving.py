@@ -201,7 +201,7 @@ class Serving:
         route: Callable[[Mapping[str, Any] | None], str | None] | None = None,
     ):
         self.engine = engine
-        self.route = route or (lambda meta: None)  # request metadata -> adapter segment (learner/segments.py)
+        self.route = route or (lambda meta: None)  # request metadata -> adapter segment (liveloop/segments.py)
         self.admission = admission or Admission(server)
         self.tokenizer = tokenizer
         self.writer = writer

@@ -24,7 +24,7 @@ What `stage` accepts, checked on the copy (what will serve), never on the operat
 Other regular files (READMEs, optimizer states, pickled weights) are left behind. A refusal is an
 `ImportRefused` (`ImportTooLarge` past the bound) naming the offending file, a copy the server could
 not write an `ImportFailed`; either way nothing stays behind: the staging directory
-(`.staging-<pid>-import-*`, which `learner.retention.sweep_stale_staging` removes after a crash) is
+(`.staging-<pid>-import-*`, which `liveloop.checkpoint.sweep_stale_staging` removes after a crash) is
 deleted, and no row exists (or a FAILED one, if placing the copy failed after its row was written).
 
 Knows the store (to record the version) and the filesystem; not HTTP, not the engine.
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from liveloop.checkpoint import checkpoint_digest, fsync_dir, fsync_tree
-from liveloop.learner.retention import checkpoint_root, delete_checkpoints, sweep_stale_staging
+from liveloop.checkpoint import checkpoint_root, delete_checkpoints, sweep_stale_staging
 from liveloop.store import Store, VersionRecord, VersionStatus, VersionTaken
 
 log = logging.getLogger(__name__)

@@ -1,30 +1,43 @@
-"""Weight transport: how a new policy version's tensors reach the engine (the seam of base.py, its
-backends, and the `[transport]` config). `make_sender` for the learner, `make_receiver` for the server."""
+"""Weight transport: how a new policy version's tensors reach the engine (the seam of base.py, the
+weight types of weights.py, the backends registered in config.py's `BACKENDS`, and the `[transport]`
+config). `make_sender` for the learner, `make_receiver` for the server.
+
+Importing this package (or its config) imports no torch: the seam's names load on first use, and a
+backend's module only when a deployment chooses it.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from liveloop.transport.base import (
-    HandleGone,
-    Receiver,
-    Sender,
-    TransportError,
-    TransportFailed,
-    TransportMisuse,
-    TransportUnavailable,
-    WeightHandle,
-    WeightsUnverified,
-    byte_view,
+from liveloop.transport.config import BACKENDS, TransportConfig
+
+if TYPE_CHECKING:
+    from liveloop.transport.base import Receiver, Sender
+
+# the seam's names, each loaded from liveloop.transport.base on first use (it imports torch)
+_BASE = (
+    "HandleGone", "Receiver", "Sender", "TransportError", "TransportFailed", "TransportMisuse",
+    "TransportUnavailable", "WeightHandle", "WeightsUnverified", "byte_view",
 )
-from liveloop.transport.config import TransportConfig
 
-__all__ = [
-    "HandleGone", "Receiver", "Sender", "TransportConfig", "TransportError", "TransportFailed", "TransportMisuse",
-    "TransportUnavailable", "WeightHandle", "WeightsUnverified", "byte_view", "make_receiver", "make_sender",
-]
+__all__ = [*_BASE, "BACKENDS", "TransportConfig", "make_receiver", "make_sender"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BASE:
+        return getattr(importlib.import_module("liveloop.transport.base"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _backend(config: TransportConfig) -> Any:
+    module = BACKENDS.get(config.backend)
+    if module is None:
+        raise ValueError(f"unknown transport backend {config.backend!r}")
+    return importlib.import_module(module)
 
 
 def make_sender(
@@ -35,47 +48,9 @@ def make_sender(
 ) -> Sender:
     """The learner's end. checkpoint_dir needs `path_for(version)` (where the version's policy
     directory goes) and `base_model` (its config.json); nccl needs a vLLM `VLLMWeightSyncClient`."""
-    match config.backend:
-        case "checkpoint_dir":
-            if path_for is None:
-                raise ValueError("checkpoint_dir transport: path_for is required")
-            from liveloop.transport.checkpoint_dir import CheckpointDirSender
-
-            return CheckpointDirSender(path_for, base_model)
-        case "shared_memory":
-            from liveloop.transport.shared_memory import SharedMemorySender
-
-            return SharedMemorySender(config.namespace, config.keep_versions)
-        case "ipc":
-            from liveloop.transport.ipc import IpcSender
-
-            return IpcSender(config.namespace, config.keep_versions)
-        case "nccl":
-            if client is None:
-                raise ValueError("nccl transport: a vLLM weight-sync client is required")
-            from liveloop.transport.nccl import NcclSender
-
-            return NcclSender(config, client)
-    raise ValueError(f"unknown transport backend {config.backend!r}")
+    return _backend(config).sender(config, path_for=path_for, base_model=base_model, client=client)
 
 
 def make_receiver(config: TransportConfig) -> Receiver:
     """The server's end."""
-    match config.backend:
-        case "checkpoint_dir":
-            from liveloop.transport.checkpoint_dir import CheckpointDirReceiver
-
-            return CheckpointDirReceiver()
-        case "shared_memory":
-            from liveloop.transport.shared_memory import SharedMemoryReceiver
-
-            return SharedMemoryReceiver(config.namespace)
-        case "ipc":
-            from liveloop.transport.ipc import IpcReceiver
-
-            return IpcReceiver(config.namespace)
-        case "nccl":
-            from liveloop.transport.nccl import NcclReceiver
-
-            return NcclReceiver()
-    raise ValueError(f"unknown transport backend {config.backend!r}")
+    return _backend(config).receiver(config)

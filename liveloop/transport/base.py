@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from liveloop.server.engines.base import WeightSource
+from liveloop.transport.weights import WeightSource
 
 log = logging.getLogger(__name__)
 

@@ -18,13 +18,15 @@ import secrets
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from liveloop.checkpoint import checkpoint_digest, place
-from liveloop.server.engines.base import CheckpointDir, WeightSource
 from liveloop.transport.base import HandleGone, Receiver, Sender, WeightHandle, WeightsUnverified, new_nonce
+from liveloop.transport.config import TransportConfig
+from liveloop.transport.weights import CheckpointDir, WeightSource
 
 INDEX = "model.safetensors.index.json"
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -146,3 +148,16 @@ def _untie(state: dict[str, torch.Tensor]) -> None:
             state[name] = t.clone()
         else:
             seen.add(ptr)
+
+
+def sender(config: TransportConfig, path_for: Callable[[int], Path] | None = None, base_model: str | Path | None = None,
+           client: Any = None) -> CheckpointDirSender:
+    """The registry's constructor (`liveloop.transport.make_sender`): needs `path_for(version)`, where the
+    version's policy directory goes, and `base_model` for its config.json."""
+    if path_for is None:
+        raise ValueError("checkpoint_dir transport: path_for is required")
+    return CheckpointDirSender(path_for, base_model)
+
+
+def receiver(config: TransportConfig) -> CheckpointDirReceiver:
+    return CheckpointDirReceiver()

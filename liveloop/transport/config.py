@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, get_args
 
 from liveloop.config import check_literals
 
 Backend = Literal["checkpoint_dir", "shared_memory", "ipc", "nccl"]
+# The one registry of backends: each name is the module `liveloop.transport.<name>`, imported only when a
+# deployment chooses it; the module defines `sender(config, path_for=, base_model=, client=)` and
+# `receiver(config)` (`liveloop.transport.make_sender` / `make_receiver`). A new backend is a module and
+# its name here.
+BACKENDS: dict[str, str] = {name: f"liveloop.transport.{name}" for name in get_args(Backend)}
 
 # a directory name under /dev/shm/liveloop-<uid>/
 _NAMESPACE = re.compile(r"[A-Za-z0-9_]{1,16}")

@@ -35,16 +35,18 @@ import contextlib
 import hashlib
 import json
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from liveloop.server.engines.base import NamedTensors, WeightSource
 from liveloop.transport import shared_memory as shm
 from liveloop.transport.base import (
     HandleGone, Receiver, Sender, TransportFailed, TransportUnavailable, WeightHandle, new_nonce, require_authenticated, verify,
 )
+from liveloop.transport.config import TransportConfig
+from liveloop.transport.weights import NamedTensors, WeightSource
 
 
 def mailbox_name(namespace: str, version: int) -> str:
@@ -180,3 +182,13 @@ class IpcReceiver(Receiver):
         with self.open(handle) as source:
             assert isinstance(source, NamedTensors)
             return {k: v.clone() for k, v in source.tensors.items()}
+
+
+def sender(config: TransportConfig, path_for: Callable[[int], Path] | None = None, base_model: str | Path | None = None,
+           client: Any = None) -> IpcSender:
+    """The registry's constructor (`liveloop.transport.make_sender`)."""
+    return IpcSender(config.namespace, config.keep_versions)
+
+
+def receiver(config: TransportConfig) -> IpcReceiver:
+    return IpcReceiver(config.namespace)

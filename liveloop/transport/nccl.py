@@ -23,14 +23,15 @@ digest; who may join the group is the rendezvous's (`master_address`/`master_por
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from liveloop.server.engines.base import WeightSource
 from liveloop.transport.base import HandleGone, Receiver, Sender, TransportUnavailable, WeightHandle
 from liveloop.transport.config import TransportConfig
+from liveloop.transport.weights import WeightSource
 
 
 def trainer_init_info(config: TransportConfig) -> Any:
@@ -144,3 +145,15 @@ class NcclReceiver(Receiver):
     def open(self, handle: WeightHandle) -> Iterator[WeightSource]:
         raise HandleGone("nccl: the sender pushed this version into the engine itself; there is nothing to open (read the durable checkpoint)")
         yield  # pragma: no cover
+
+
+def sender(config: TransportConfig, path_for: Callable[[int], Path] | None = None, base_model: str | Path | None = None,
+           client: Any = None) -> NcclSender:
+    """The registry's constructor (`liveloop.transport.make_sender`): needs a vLLM `VLLMWeightSyncClient`."""
+    if client is None:
+        raise ValueError("nccl transport: a vLLM weight-sync client is required")
+    return NcclSender(config, client)
+
+
+def receiver(config: TransportConfig) -> NcclReceiver:
+    return NcclReceiver()

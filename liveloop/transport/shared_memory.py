@@ -43,15 +43,17 @@ import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from liveloop.server.engines.base import NamedTensors, WeightSource
 from liveloop.transport import private_dir
 from liveloop.transport.base import (
     HandleGone, Receiver, Sender, TensorDigest, TransportFailed, WeightHandle, WeightsUnverified, new_nonce, require_authenticated, verify,
 )
+from liveloop.transport.config import TransportConfig
 from liveloop.transport.private_dir import Foreign, ForeignFile
+from liveloop.transport.weights import NamedTensors, WeightSource
 
 log = logging.getLogger(__name__)
 
@@ -416,3 +418,13 @@ def _view(buf: mmap.mmap, t: dict) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
     flat = torch.frombuffer(buf, dtype=torch.uint8, count=t["nbytes"], offset=t["offset"])
     return flat.view(dtype).view(shape)
+
+
+def sender(config: TransportConfig, path_for: Callable[[int], Path] | None = None, base_model: str | Path | None = None,
+           client: Any = None) -> SharedMemorySender:
+    """The registry's constructor (`liveloop.transport.make_sender`)."""
+    return SharedMemorySender(config.namespace, config.keep_versions)
+
+
+def receiver(config: TransportConfig) -> SharedMemoryReceiver:
+    return SharedMemoryReceiver(config.namespace)

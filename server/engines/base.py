@@ -1,5 +1,5 @@
 """The Engine protocol every backend satisfies, the typed values it speaks (requests, deltas, weight
-sources), the drain gate that makes swaps atomic, and the backend registry.
+sources are the transport layer's: `liveloop.transport.weights`), the drain gate that makes swaps atomic, and the backend registry.
 
     await engine.start(version, weights_path)      # load the model (and that version's checkpoint)
     async with engine.generate(request) as gen:    # admitted: gen.version is fixed for the whole response
@@ -7,9 +7,9 @@ sources), the drain gate that makes swaps atomic, and the backend registry.
             ...
     await engine.update_weights(checkpoint_dir, version)   # drains in-flight generations, swaps, resumes
 
-Weights reach an engine through one typed seam, `WeightSource`: a `CheckpointDir` (what the publisher
-swaps in; a plain path means one) or `NamedTensors` (tensors in this process). Each backend reads every
-source; a later transport is one more source type.
+Weights reach an engine through one typed seam, `WeightSource` (`liveloop.transport.weights`): a
+`CheckpointDir` (what the publisher swaps in; a plain path means one) or `NamedTensors` (tensors in this
+process). Each backend reads every source; a later transport is one more source type.
 
 Atomicity is the engine's invariant, not the backend's: `VersionGate` admits a generation only while
 no swap is pending, and a swap waits until every admitted generation has finished, for at most the
@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import torch
 
     from liveloop.server.config import EngineConfig
+    from liveloop.transport.weights import CheckpointDir, WeightSource
 
 log = logging.getLogger(__name__)
 
@@ -97,38 +98,6 @@ class Generation:
 
     def __aiter__(self) -> AsyncIterator[TokenDelta]:
         return self.stream
-
-
-@dataclass(frozen=True)
-class CheckpointDir:
-    """Weights as a checkpoint directory the engine can read (a `save_pretrained` layout)."""
-
-    path: Path
-
-
-@dataclass(frozen=True, eq=False)
-class NamedTensors:
-    """Weights as tensors in this process, by the served model's state_dict names.
-
-    `verified`: their values are known finite, so the engine does not scan them again: the transport
-    checked their bytes against the digest recorded when a learner published them (a learner publishes
-    only finite weights), or the engine scanned them itself while staging them. Unverified tensors are
-    scanned before anything is loaded (engines stage them off the swap's critical section)."""
-
-    tensors: Mapping[str, torch.Tensor]
-    verified: bool = False
-
-
-WeightSource = CheckpointDir | NamedTensors
-
-
-def weight_source(weights: str | Path | WeightSource) -> WeightSource:
-    """The source `update_weights` was given; a plain path is a checkpoint directory."""
-    if isinstance(weights, (CheckpointDir, NamedTensors)):
-        return weights
-    if isinstance(weights, (str, Path)):
-        return CheckpointDir(Path(weights))
-    raise TypeError(f"update_weights: expected a checkpoint path, CheckpointDir or NamedTensors, got {type(weights).__name__}")
 
 
 @runtime_checkable
@@ -285,7 +254,7 @@ class VersionGate:
 
 
 def create_engine(config: EngineConfig, model_path: str | Path) -> Engine:
-    """Instantiate the backend named by `config.backend` (`vllm`, `hf`, `diffusion`)."""
+    """Instantiate the backend named by `config.backend` (`vllm`, `hf`, `diffusion`, `sglang`)."""
     # Import backends lazily: `vllm` must not be imported where it is not used.
     if config.backend == "vllm":
         from liveloop.server.engines.vllm_engine import VLLMEngine
@@ -299,4 +268,8 @@ def create_engine(config: EngineConfig, model_path: str | Path) -> Engine:
         from liveloop.server.engines.diffusion_engine import DiffusionEngine
 
         return DiffusionEngine(config, model_path)
-    raise ValueError(f"engine.backend: unknown backend {config.backend!r} (vllm, hf, diffusion)")
+    if config.backend == "sglang":  # a client of a running SGLang server (`engine.sglang_url`)
+        from liveloop.server.engines.sglang_engine import SGLangEngine
+
+        return SGLangEngine(config, model_path)
+    raise ValueError(f"engine.backend: unknown backend {config.backend!r} (vllm, hf, diffusion, sglang)")

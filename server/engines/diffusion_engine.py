@@ -38,7 +38,7 @@ from liveloop.diffusion.sampler import SamplerConfig, generate
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, TokenDelta, aborted
 from liveloop.server.engines.threaded import Emit, Stop, Submit, Swap, ThreadedEngine
-from liveloop.server.engines.weights import load_state
+from liveloop.transport.weights import load_state
 
 
 @dataclass

@@ -39,15 +39,13 @@ from typing import TYPE_CHECKING
 from liveloop.server.engines.adapters import AdapterSpec, AdapterTable, Lease, read_adapter
 from liveloop.server.engines.base import (
     AdaptersUnsupported,
-    CheckpointDir,
     Generation,
     GenerationRequest,
     Preempt,
     TokenDelta,
     VersionGate,
-    WeightSource,
-    weight_source,
 )
+from liveloop.transport.weights import CheckpointDir, WeightSource, weight_source
 
 if TYPE_CHECKING:
     from liveloop.server.config import EngineConfig

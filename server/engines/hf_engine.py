@@ -52,7 +52,7 @@ from liveloop.server.engines.threaded import (
     Swap,
     ThreadedEngine,
 )
-from liveloop.server.engines.weights import load_state
+from liveloop.transport.weights import load_state
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

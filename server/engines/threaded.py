@@ -44,16 +44,14 @@ import torch
 
 from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import (
-    CheckpointDir,
     GenerationRequest,
-    NamedTensors,
     Preempt,
     TokenDelta,
-    WeightSource,
     aborted,
 )
+from liveloop.transport.weights import CheckpointDir, NamedTensors, WeightSource
 from liveloop.server.engines.gated import GatedEngine
-from liveloop.server.engines.weights import WeightsRejected, check_state, copy_state, non_finite
+from liveloop.transport.weights import WeightsRejected, check_state, copy_state, non_finite
 
 if TYPE_CHECKING:
     from liveloop.server.config import EngineConfig

@@ -71,10 +71,10 @@ from typing import Any
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, GenerationRequest, Preempt, TokenDelta, aborted
-from liveloop.server.engines.base import CheckpointDir, NamedTensors, WeightSource, weight_source  # the weight seam
+from liveloop.transport.weights import CheckpointDir, NamedTensors, WeightSource, weight_source  # the weight seam
 from liveloop.server.engines.gated import GatedEngine
 from liveloop.server.engines.vllm_worker import WORKER_EXTENSION, SharedWeights, pack_checkpoint, pack_shared
-from liveloop.server.engines.weights import WeightsRejected, non_finite
+from liveloop.transport.weights import WeightsRejected, non_finite
 
 log = logging.getLogger(__name__)
 

@@ -91,7 +91,7 @@ def pack_checkpoint(path: Path, root: Path = SHM_ROOT) -> SharedWeights:
     reading and checking the disk happen before vLLM is paused, not during the pause."""
     from safetensors import safe_open
 
-    from liveloop.server.engines.weights import WeightsRejected
+    from liveloop.transport.weights import WeightsRejected
 
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:  # vLLM would "load" nothing and report success

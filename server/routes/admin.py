@@ -24,7 +24,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from liveloop.server.auth import Principal, require_admin
 from liveloop.server.body import parse_body
 from liveloop.server.errors import APIError
-from liveloop.learner.segments import SHARED
+from liveloop.segments import SHARED
 from liveloop.monitor.versions import BASE, lineage
 from liveloop.server.routes import admin_json
 from liveloop.server.schemas import PauseRequest, QuarantineRequest, RollbackRequest, SwapRequest
@@ -53,7 +53,7 @@ async def versions(
 
 
 def adapter_mode(segments: tuple[str, ...]) -> str:
-    """`[learner] adapters` as the publisher's segments show it (learner/segments.py `lanes`)."""
+    """`[learner] adapters` as the publisher's segments show it (liveloop/segments.py `lanes`)."""
     if not segments:
         return "none"
     return "shared" if segments == (SHARED,) else "segment"

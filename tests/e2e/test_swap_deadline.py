@@ -23,7 +23,8 @@ import pytest
 
 from liveloop.devtools import ServerProcess, perturbed_checkpoint
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import GenerationRequest, NamedTensors, SamplingParams, create_engine
+from liveloop.server.engines.base import GenerationRequest, SamplingParams, create_engine
+from liveloop.transport.weights import NamedTensors
 
 from .conftest import ADMIN_KEY, USER_KEY, Reference, open_store, start_server, stop_server
 

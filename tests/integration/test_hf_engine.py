@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import GenerationRequest, NamedTensors, SamplingParams
+from liveloop.server.engines.base import GenerationRequest, SamplingParams
+from liveloop.transport.weights import NamedTensors
 from liveloop.server.engines.hf_engine import HFEngine
 
 

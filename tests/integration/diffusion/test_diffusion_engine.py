@@ -11,7 +11,8 @@ from liveloop.diffusion.model import TinyModelConfig, tiny_model
 from liveloop.diffusion.sampler import SamplerConfig, generate
 from liveloop.diffusion.tokenizer import build_tokenizer
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import GenerationRequest, NamedTensors, SamplingParams, create_engine
+from liveloop.server.engines.base import GenerationRequest, SamplingParams, create_engine
+from liveloop.transport.weights import NamedTensors
 from liveloop.server.engines.diffusion_engine import DiffusionEngine
 
 SAMPLER = SamplerConfig(gen_length=16, block_length=4, steps=8, temperature=1.0)

@@ -14,7 +14,7 @@ from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig, LoraSettings
 from liveloop.learner.lanes import SegmentLanes, build_learner
 from liveloop.learner.online import OnlineLearner
-from liveloop.learner.segments import OVERFLOW, segment_of
+from liveloop.segments import OVERFLOW, segment_of
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, VersionStatus
 
 

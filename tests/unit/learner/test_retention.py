@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 import pytest
 from safetensors import SafetensorError
 
-from liveloop.learner.retention import delete_checkpoints, in_checkpoint_dir, is_disk_full, versions_to_prune
+from liveloop.checkpoint import delete_checkpoints
+from liveloop.learner.retention import in_checkpoint_dir, is_disk_full, versions_to_prune
 from liveloop.store import VersionRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

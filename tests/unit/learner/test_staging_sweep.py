@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from liveloop.learner.retention import sweep_stale_staging
+from liveloop.checkpoint import sweep_stale_staging
 
 
 def _dead_pid() -> int:

@@ -23,13 +23,12 @@ from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import (
     AdaptersUnsupported,
     AdapterUnusable,
-    CheckpointDir,
     Engine,
     GenerationRequest,
-    NamedTensors,
     SamplingParams,
     create_engine,
 )
+from liveloop.transport.weights import CheckpointDir, NamedTensors
 from liveloop.server.engines.hf_engine import HFEngine
 
 PROMPT = (5, 6, 7, 8)

@@ -18,10 +18,10 @@ from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import (
     Engine,
     GenerationRequest,
-    NamedTensors,
     SamplingParams,
     create_engine,
 )
+from liveloop.transport.weights import NamedTensors
 
 VLLM = pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])
 BACKENDS = ["hf", "diffusion", VLLM]

@@ -23,12 +23,12 @@ from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import (
     AdaptersUnsupported,
     AdapterUnusable,
-    CheckpointDir,
     Engine,
     GenerationRequest,
     SamplingParams,
     create_engine,
 )
+from liveloop.transport.weights import CheckpointDir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

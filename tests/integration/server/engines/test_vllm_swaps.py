@@ -20,7 +20,8 @@ import torch
 
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import GenerationRequest, NamedTensors, SamplingParams, create_engine
+from liveloop.server.engines.base import GenerationRequest, SamplingParams, create_engine
+from liveloop.transport.weights import NamedTensors
 from liveloop.server.engines.vllm_worker import SHM_ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

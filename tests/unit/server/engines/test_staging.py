@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.base import CheckpointDir, NamedTensors
+from liveloop.transport.weights import CheckpointDir, NamedTensors
 from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.server.engines.vllm_engine import VLLMEngine
 from liveloop.server.engines.vllm_worker import SHM_ROOT, SharedWeights
-from liveloop.server.engines.weights import WeightsRejected, check_state, copy_state
+from liveloop.transport.weights import WeightsRejected, check_state, copy_state
 
 NAN = {"w": torch.tensor([1.0, float("nan")])}
 

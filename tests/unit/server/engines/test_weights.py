@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from liveloop.server.engines.weights import WeightsRejected, load_state
+from liveloop.transport.weights import WeightsRejected, load_state
 
 
 class Tied(nn.Module):

@@ -7,15 +7,17 @@
     "overflow": unknown, missing and over-the-bound values share one adapter, so the number of
     adapters is bounded by the operator's list, never by what clients send.
 The server routes each request with `segment_of` and records the result with the response; the learner
-trains each segment in `lanes` on the ratings of that segment's responses only.
+trains each segment in `lanes` on the ratings of that segment's responses only. The rule is theirs
+together, so it lives below both (neither `server/` nor `learner/` imports the other).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from liveloop.learner.config import LearnerConfig
+if TYPE_CHECKING:
+    from liveloop.learner.config import LearnerConfig
 
 OVERFLOW = "overflow"
 SHARED = "shared"

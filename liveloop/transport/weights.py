@@ -1,6 +1,12 @@
-"""Weights into an engine's model: `load_state`, the one in-place copy every in-process backend uses
-(with its checks and its tied-weight rule), and `write_checkpoint`, which turns named tensors into a
-checkpoint directory (safetensors + the base config) for an engine in another process to reload."""
+"""The weight seam's types and the one way weights go into a model.
+
+- `WeightSource`: what an engine's `update_weights` takes, `CheckpointDir(path)` (a `save_pretrained`
+  layout; a plain path means one) or `NamedTensors(mapping)` (tensors in this process, by the served
+  model's state_dict names). Transports yield them (`liveloop.transport`), engines read them
+  (`liveloop.server.engines`), the learner restores from them: the types live here, below all three.
+- `load_state`, the one in-place copy every in-process backend uses (with its checks and its
+  tied-weight rule), and `write_checkpoint`, which turns named tensors into a checkpoint directory
+  (safetensors + the base config) for an engine in another process to reload."""
 
 from __future__ import annotations
 
@@ -8,10 +14,43 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+
+@dataclass(frozen=True)
+class CheckpointDir:
+    """Weights as a checkpoint directory the engine can read (a `save_pretrained` layout)."""
+
+    path: Path
+
+
+@dataclass(frozen=True, eq=False)
+class NamedTensors:
+    """Weights as tensors in this process, by the served model's state_dict names.
+
+    `verified`: their values are known finite, so the engine does not scan them again: the transport
+    checked their bytes against the digest recorded when a learner published them (a learner publishes
+    only finite weights), or the engine scanned them itself while staging them. Unverified tensors are
+    scanned before anything is loaded (engines stage them off the swap's critical section)."""
+
+    tensors: Mapping[str, torch.Tensor]
+    verified: bool = False
+
+
+WeightSource = CheckpointDir | NamedTensors
+
+
+def weight_source(weights: str | Path | WeightSource) -> WeightSource:
+    """The source `update_weights` was given; a plain path is a checkpoint directory."""
+    if isinstance(weights, (CheckpointDir, NamedTensors)):
+        return weights
+    if isinstance(weights, (str, Path)):
+        return CheckpointDir(Path(weights))
+    raise TypeError(f"update_weights: expected a checkpoint path, CheckpointDir or NamedTensors, got {type(weights).__name__}")
 
 
 class WeightsRejected(ValueError):

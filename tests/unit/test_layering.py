@@ -1,0 +1,135 @@
+"""The intended import arrows between the components, checked on the source: every import of one
+component from another (at module level or inside a function; `if TYPE_CHECKING:` imports are types
+only and are not arrows) must be an arrow of `ALLOWED`. `server/` and `learner/` never import each
+other (they meet only in the store), the transport imports neither, and the store and the RL core
+import no other component. The wiring (`liveloop/app.py`, `liveloop/cli.py`, the config loader) may
+import anything; the shared helpers beside it (`liveloop/checkpoint.py`, `liveloop/segments.py`, ...)
+may import no component."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# component -> the folder it lives in (installed as liveloop.<component>)
+COMPONENTS = {
+    "rl": "rl", "store": "store", "transport": "liveloop/transport", "monitor": "monitor", "critic": "critic",
+    "diffusion": "diffusion", "learner": "learner", "server": "server", "clients": "clients",
+}
+ALLOWED = {
+    "rl": set(),
+    "store": set(),
+    "transport": {"store"},
+    "monitor": {"store"},
+    "critic": {"rl"},
+    "diffusion": {"rl", "store"},
+    "learner": {"rl", "critic", "store", "transport"},
+    "server": {"store", "transport", "monitor", "diffusion"},
+    "clients": set(),
+}
+# top-level modules both sides share: they import no component at run time
+SHARED = ("checkpoint.py", "segments.py", "metrics.py", "provenance.py")
+
+
+def _component(module: str) -> str | None:
+    for name in COMPONENTS:
+        if module == f"liveloop.{name}" or module.startswith(f"liveloop.{name}."):
+            return name
+    return None
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every run-time import of a liveloop module in `path`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only = _type_checking_lines(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names if node.module == "liveloop"]
+    return [(line, m) for line, m in found if m == "liveloop" or m.startswith("liveloop.")]
+
+
+def arrows() -> list[tuple[str, str, str]]:
+    """(from component, to component, where) for every cross-component import in the source."""
+    out = []
+    for name, folder in COMPONENTS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for line, module in imports(path):
+                target = _component(module)
+                if target is not None and target != name:
+                    out.append((name, target, f"{path.relative_to(ROOT)}:{line} imports {module}"))
+    return out
+
+
+def test_the_allowed_arrows_have_no_cycle():
+    seen: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        assert seen.get(node) != 1, f"cycle: {' -> '.join(path + [node])}"
+        if seen.get(node) == 2:
+            return
+        seen[node] = 1
+        for nxt in ALLOWED[node]:
+            visit(nxt, path + [node])
+        seen[node] = 2
+
+    for node in ALLOWED:
+        visit(node, [])
+
+
+def test_every_import_between_components_is_an_allowed_arrow():
+    wrong = [where for src, dst, where in arrows() if dst not in ALLOWED[src]]
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_the_shared_modules_import_no_component():
+    wrong = [
+        f"liveloop/{name}:{line} imports {module}"
+        for name in SHARED
+        for line, module in imports(ROOT / "liveloop" / name)
+        if _component(module) is not None
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_sees_a_forbidden_arrow(tmp_path):
+    """The scan finds imports in functions and skips TYPE_CHECKING ones (so the tests above can fail)."""
+    src = tmp_path / "m.py"
+    src.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from liveloop.learner.config import LearnerConfig\n"
+        "def f():\n    from liveloop.learner.segments import lanes\n    import liveloop.server.app\n"
+    )
+    assert [m for _, m in imports(src)] == ["liveloop.learner.segments", "liveloop.server.app"]
+
+
+@pytest.mark.parametrize("preset", ["default", "production"])
+def test_loading_a_config_imports_no_torch(preset):
+    code = (
+        "import sys\nfrom liveloop.config import load_config\n"
+        f"load_config({preset!r})\n"
+        "import liveloop.transport\n"
+        "heavy = [m for m in ('torch', 'transformers', 'ray', 'vllm') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
