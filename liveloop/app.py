@@ -11,14 +11,18 @@ what it needs.
 
 Start-up: the server's components, then the learner (so /healthz answers only once both run);
 shut-down: the learner first (it publishes what it has), then the server's components.
+
+A Ray Serve replica (liveloop/serve_ray.py) builds the same app with another `learner` factory: a view
+of the ONE learner the fleet shares (`RemoteLearner`), whose `close` only stops looking at it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
@@ -39,14 +43,15 @@ def start_learner(config: Config, model_dir: Path) -> ColocatedLearner | None:
     return ColocatedLearner(config.store, config.learner, config.critic, model_dir, config.transport_for_store())
 
 
-def build_app(config: Config, model_dir: Path) -> FastAPI:
-    """The FastAPI app of one deployment: the server's components and the learner, wired together."""
+def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config, Path], Any] = start_learner) -> FastAPI:
+    """The FastAPI app of one deployment (or of one replica of it): the server's components and the
+    learner (`learner_factory`: the co-located one by default; None when off), wired together."""
     check_bind(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         async with running(config, model_dir) as components:
-            learner = await asyncio.to_thread(start_learner, config, model_dir)
+            learner = await asyncio.to_thread(learner_factory, config, model_dir)
             attach(app, components, learner)
             try:
                 yield

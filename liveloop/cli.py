@@ -7,7 +7,8 @@ versions, rollback, learning pause/resume, adapters and report drift (`operator_
 Every command that reads the deployment config takes `--config` after the subcommand or before it
 (`liveloop serve --config production`, `liveloop --config x.toml serve`): a preset name (configs/<name>.toml
 of this repository, found from any directory; default: `default`) or a path to a TOML file. Each
-component gets its own section; `liveloop.app.build_app` wires them for `serve`.
+component gets its own section; `liveloop.app.build_app` wires them for `serve` (with `[ray] enabled`,
+`liveloop.serve_ray` runs that app as N Ray Serve replicas sharing one learner: `serve --config ray`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.no_learner:
         config = config.with_section("learner", enabled=False)
     model_dir = _model_dir(config)
+    if config.ray.enabled:  # N Ray Serve replicas and one learner (liveloop/serve_ray.py)
+        from liveloop.serve_ray import serve_fleet
+
+        return serve_fleet(config, model_dir)
     app = build_app(config, model_dir)
     uvicorn.run(app, host=server.host, port=server.port, timeout_graceful_shutdown=30, **uvicorn_options(server))
     return 0

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from liveloop.learner.config import LearnerConfig
     from liveloop.model.config import ModelBuildConfig
     from liveloop.monitor.config import MonitorConfig
+    from liveloop.ray_config import RayConfig
     from liveloop.server.config import AuthConfig, EngineConfig, ServerConfig
     from liveloop.store.config import StoreConfig
     from liveloop.transport.config import TransportConfig
@@ -269,6 +270,7 @@ def _sections() -> dict[str, type]:
     from liveloop.learner.config import LearnerConfig
     from liveloop.model.config import ModelBuildConfig
     from liveloop.monitor.config import MonitorConfig
+    from liveloop.ray_config import RayConfig
     from liveloop.server.config import AuthConfig, EngineConfig, ServerConfig
     from liveloop.store.config import StoreConfig
     from liveloop.transport.config import TransportConfig
@@ -283,6 +285,7 @@ def _sections() -> dict[str, type]:
         "critic": CriticConfig,
         "monitor": MonitorConfig,
         "transport": TransportConfig,
+        "ray": RayConfig,
     }
 
 
@@ -299,6 +302,7 @@ class Config:
     critic: CriticConfig
     monitor: MonitorConfig
     transport: TransportConfig
+    ray: RayConfig
     path: str = field(default="<defaults>")
 
     def transport_for_store(self) -> TransportConfig:

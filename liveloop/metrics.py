@@ -1,5 +1,9 @@
 """One small metrics interface with slash names (`server/requests`, `server/swap_ms`) that feeds
-Prometheus (`/metrics`) and can be read back as plain numbers (tests, logs)."""
+Prometheus (`/metrics`) and can be read back as plain numbers (tests, logs).
+
+`set_series` sets a labelled gauge family whole (series not given are removed): the fleet's
+per-replica gauges (`fleet/replica_version{replica}`, ...), read from the replica registry at each
+scrape, so a replica that left the fleet leaves no stale series behind."""
 
 from __future__ import annotations
 
@@ -35,6 +39,21 @@ class Metrics:
 
     def set(self, name: str, value: float, **labels: str) -> None:
         self._get(Gauge, name, labels).set(value)
+
+    def set_series(self, name: str, series: list[tuple[dict[str, str], float]]) -> None:
+        """The gauge family `name` is exactly `series` ((labels, value) pairs, all with the same label
+        names) now: series set before and not given are removed."""
+        if not series and name not in self._metrics:
+            return
+        labels = series[0][0] if series else {}
+        with self._lock:
+            gauge = self._metrics.get(name)
+            if gauge is None:
+                gauge = Gauge(prom_name(name), name, labelnames=sorted(labels), registry=self.registry)
+                self._metrics[name] = gauge
+            gauge.clear()
+            for labelset, value in series:
+                gauge.labels(**labelset).set(value)
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         self._get(Histogram, name, labels, buckets=_LATENCY_BUCKETS).observe(value)

@@ -9,6 +9,13 @@ learners publish (every `[server] watch_seconds`) and the feedback stream for dr
 the process exits. `attach` puts the components (and the learner the wiring started, or None) on
 `app.state`, where the routes find them; `create_app` builds the routes around the wiring's lifespan.
 
+Every serving process is a replica of the fleet (one, for a plain `liveloop serve`; N Ray Serve
+replicas with `[ray] enabled`, liveloop/serve_ray.py): `running` registers it in the store's replica
+registry (store/replicas.py) under `replica_id(config)` and `heartbeat` rewrites its row (serving
+versions, generations running, health) at once when what it serves changes, checked every
+`[server] watch_seconds`, else every `[ray] heartbeat_seconds`; a clean stop removes it. Every
+response names its replica in `x-liveloop-replica` (`ReplicaHeader`).
+
 Requests reach the routes only with a Host header `[server] allowed_hosts` allows (`HostAllowList`,
 server/hosts.py: DNS rebinding). The forgotten keys the edge refuses (or serves unstored) are re-read
 from the store every `FORGOTTEN_REFRESH_SECONDS` off the event loop (`watch_forgotten`).
@@ -30,6 +37,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
@@ -58,6 +67,7 @@ from liveloop.server.routes import admin, dashboard, feedback, openai, ops
 from liveloop.server.serving import Serving
 from liveloop.server.weights_import import WeightImports
 from liveloop.store import BatchWriter, Store
+from liveloop.store.replicas import Beat, ReplicaRegistry
 from liveloop.transport import HandleGone, WeightsUnverified, make_receiver
 
 log = logging.getLogger(__name__)
@@ -110,6 +120,36 @@ async def watch_forgotten(store: Store, interval: float = FORGOTTEN_REFRESH_SECO
             log.exception("reading the forgotten keys")
 
 
+def replica_id(config: Config) -> str:
+    """This process's name in the replica registry: `[ray] replica_id`, or host-pid ("auto")."""
+    return f"{socket.gethostname()}-{os.getpid()}" if config.ray.replica_id == "auto" else config.ray.replica_id
+
+
+async def heartbeat(c: Components, config: Config) -> None:
+    """Register this replica, then rewrite its row whenever what it serves (or its health) changes,
+    looked at every `[server] watch_seconds`, and at least every `[ray] heartbeat_seconds`; until
+    cancelled. A store that does not answer is logged and tried again (the row then ages to "down")."""
+    kind = "ray_serve" if config.ray.enabled else "process"
+    last: Beat | None = None
+    written = 0.0
+    registered = False
+    while True:
+        try:
+            beat = c.beat()
+            now = time.monotonic()
+            if not registered:
+                await asyncio.to_thread(c.registry.register, c.replica_id, kind, socket.gethostname(), os.getpid(), beat)
+                registered, last, written = True, beat, now
+            elif beat != last or now - written >= config.ray.heartbeat_seconds:
+                registered = await asyncio.to_thread(c.registry.beat, c.replica_id, beat)
+                last, written = beat, now
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("replica heartbeat")
+        await asyncio.sleep(config.server.watch_seconds)
+
+
 @dataclass
 class Components:
     store: Store
@@ -121,6 +161,15 @@ class Components:
     serving: Serving
     publisher: Publisher
     operations: Operations
+    registry: ReplicaRegistry
+    replica_id: str
+    down_after_seconds: float
+
+    def beat(self) -> Beat:
+        """What this replica reports: its serving versions, generations running and health."""
+        adapters = {segment: self.engine.adapter_version(segment) for segment in self.publisher.segments}
+        healthy = self.engine.healthy() and self.writer.health().alive
+        return Beat(self.engine.version, adapters, self.serving.admission.total, healthy)
 
 
 async def start_components(config: Config, model_dir: Path) -> Components:
@@ -159,6 +208,7 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     publisher = Publisher(
         engine, store, metrics, config.learner.cursor_name, segments,
         receiver=receiver, durable_wait_seconds=transport.durable_wait_seconds,
+        keep_serving_memory=config.ray.enabled,  # the other replicas still swap the serving version in from memory
     )
     try:
         await finish_start(publisher, point)
@@ -170,7 +220,11 @@ async def start_components(config: Config, model_dir: Path) -> Components:
         await publisher.restore_adapters()
     imports = WeightImports(config.learner.checkpoint_dir, model_dir, config.server.max_import_bytes)
     operations = Operations(config.monitor, store, publisher, metrics, imports)
-    return Components(store, writer, engine, tokenizer, metrics, keys, serving, publisher, operations)
+    registry = ReplicaRegistry(store)
+    return Components(
+        store, writer, engine, tokenizer, metrics, keys, serving, publisher, operations, registry, replica_id(config),
+        config.ray.down_after_seconds,
+    )
 
 
 async def stop_components(c: Components) -> None:
@@ -186,6 +240,7 @@ async def running(config: Config, model_dir: Path) -> AsyncIterator[Components]:
     retention); on exit the tasks are cancelled and the components stopped, every queued row flushed."""
     c = await start_components(config, model_dir)
     watcher = asyncio.create_task(c.publisher.watch(config.server.watch_seconds))
+    beats = asyncio.create_task(heartbeat(c, config))
     forgotten = asyncio.create_task(watch_forgotten(c.store))
     monitor = asyncio.create_task(c.operations.run()) if config.monitor.enabled else None
     retention = None
@@ -195,9 +250,13 @@ async def running(config: Config, model_dir: Path) -> AsyncIterator[Components]:
     try:
         yield c
     finally:
-        for task in (watcher, forgotten, monitor, retention):
+        for task in (watcher, beats, forgotten, monitor, retention):
             if task is not None:
                 task.cancel()
+        try:
+            await asyncio.to_thread(c.registry.remove, c.replica_id)  # a clean stop leaves the fleet
+        except Exception:
+            log.exception("removing replica %s from the registry", c.replica_id)
         await stop_components(c)
 
 
@@ -208,6 +267,7 @@ def attach(app: FastAPI, c: Components, learner: Any | None) -> None:
         setattr(app.state, name, value)
     app.state.started_at = int(time.time())
     app.state.learner = learner
+    app.state.replica = c.replica_id
 
 
 def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]) -> FastAPI:
@@ -226,8 +286,30 @@ def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.Ab
     app.include_router(dashboard.router)
     app.add_middleware(BodyDeadline, seconds=server.body_timeout_seconds)
     app.add_middleware(BodyLimit, max_bytes=server.max_body_bytes)
+    app.add_middleware(ReplicaHeader, app_state=app.state)
     app.add_middleware(HostAllowList, entries=allowed_hosts(server))  # the outermost: nothing runs for a wrong Host
     return app
+
+
+class ReplicaHeader:
+    """Names the replica that answered in `x-liveloop-replica` (pure ASGI: streams pass untouched)."""
+
+    def __init__(self, app: Any, app_state: Any):
+        self.app, self.state = app, app_state
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        replica = getattr(self.state, "replica", None)
+        if scope["type"] != "http" or replica is None:
+            await self.app(scope, receive, send)
+            return
+        header = (b"x-liveloop-replica", replica.encode())
+
+        async def send_named(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), header]}
+            await send(message)
+
+        await self.app(scope, receive, send_named)
 
 
 class HeaderDeadline(H11Protocol):

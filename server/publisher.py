@@ -42,6 +42,19 @@ mismatch nothing swaps, the version serving keeps serving, and the row becomes F
 versions (and the new version's own once its durable checkpoint exists). Rollbacks and restarts read
 durable checkpoints only; start-up recovery (what a restarting server serves when the serving version's
 durable checkpoint is missing) is server/startup.py's.
+
+Several replicas (Ray Serve, liveloop/serve_ray.py) share one store, and each has its own publisher.
+The store's serving version is what every replica serves: `follow` (the follower rule, run first in
+each `watch` pass, paused or not) swaps this replica's engine to the store's serving version of each
+lineage (the base, and each segment's adapter) whenever they differ, with the same weights path and
+verification as an activation but no status change. So the replica that activated a version, rolled
+back or imported one brings the others with it within a watch interval, a replica never serves what
+the store does not say serves (but for that delay), and it never moves to an older version unless the
+store rolled back to it (the store's serving version only goes back by a rollback). Two replicas that
+activate the same published version race in the store: the one whose transaction comes second finds
+it SERVING already and keeps it (no drop, no swap back). With `keep_serving_memory` (a fleet), a
+replica's `loaded` keeps the serving version's own memory for the replicas still swapping it in; the
+next version's `loaded` (or the sender's `keep_versions`) frees it.
 """
 
 from __future__ import annotations
@@ -125,6 +138,7 @@ class Publisher:
         segments: tuple[str, ...] = (),
         receiver: Receiver | None = None,
         durable_wait_seconds: float = 60.0,
+        keep_serving_memory: bool = False,
     ):
         self.engine = engine
         self.store = store
@@ -135,6 +149,8 @@ class Publisher:
         self.durable_wait_seconds = durable_wait_seconds
         self._waiting: dict[int, float] = {}  # version -> when its weights were first found missing
         self.last_swap_via = ""  # where the last swap's weights came from: a transport backend's name
+        self.keep_serving_memory = keep_serving_memory  # other replicas still read the serving version's memory
+        self._unfollowable: set[int] = set()  # serving versions whose weights failed verification here
         self._lock = asyncio.Lock()
 
     def lane(self, segment: str | None) -> str:
@@ -200,7 +216,8 @@ class Publisher:
             if operator:
                 await self._fail(version)
                 raise
-            await self._drop(version, str(exc))
+            if not await self._serves_now(version):  # another replica activated it: `follow` swaps it in
+                await self._drop(version, str(exc))
             return None
         current = self._serving_in(record.segment)
         if not operator and current is not None and version <= current:
@@ -231,6 +248,9 @@ class Publisher:
         try:
             activation = await asyncio.to_thread(self.store.activate_version, version, self.lane(record.segment) if operator else None)
         except TransitionRefused as exc:  # lost a race after the swap (a writer outside this lock): undo it
+            if not operator and await self._serves_now(version):  # another replica activated it first: it serves
+                await self._loaded(record, handle)
+                return result
             await self._swap_back(record, current)
             if operator:
                 await self._fail(version)
@@ -239,10 +259,22 @@ class Publisher:
             return None
         if activation.superseded:
             log.info("version %d superseded %s", version, activation.superseded)
-        if self.receiver is not None and record.segment is None and not operator:
-            durable = await asyncio.to_thread(is_checkpoint, record.checkpoint_path or "")
-            await asyncio.to_thread(self.receiver.loaded, handle or self._handle(record), durable)
+        if not operator:
+            await self._loaded(record, handle)
         return result
+
+    async def _serves_now(self, version: int) -> bool:
+        """Whether the store says `version` serves its lineage now (another replica activated it)."""
+        record = await asyncio.to_thread(self.store.get_version, version)
+        return record is not None and record.status == VersionStatus.SERVING
+
+    async def _loaded(self, record: VersionRecord, handle: WeightHandle | None) -> None:
+        """The transport may free what no replica needs now that `record` serves here: older versions'
+        memory, and its own once durable (kept while other replicas may still read it)."""
+        if self.receiver is None or record.segment is not None:
+            return
+        durable = not self.keep_serving_memory and await asyncio.to_thread(is_checkpoint, record.checkpoint_path or "")
+        await asyncio.to_thread(self.receiver.loaded, handle or self._handle(record), durable)
 
     async def _swap(self, record: VersionRecord, weights: WeightSource, via: str) -> SwapResult:
         """The engine swap of a checked version: the base weights (drained) or a segment's adapter. A load
@@ -459,11 +491,87 @@ class Publisher:
                 if done:
                     log.info("segment %s: activated adapter version %d in %.0f ms", segment, done.version, done.swap_ms)
 
+    async def follow(self) -> list[SwapResult]:
+        """The follower rule: swap this replica's engine to the store's serving version of each lineage
+        (the base weights, each segment's adapter) where they differ, verified as every activation is,
+        with no status change (the store says it serves already). A version whose weights are not
+        readable yet (memory gone, durable checkpoint still being written) is tried again at the next
+        pass; one whose weights fail verification is not tried again while it serves (an event records
+        it). Returns the swaps made."""
+        async with self._lock:
+            done = []
+            record = await asyncio.to_thread(self.store.latest_version)
+            if record is not None and record.version != self.engine.version and record.version not in self._unfollowable:
+                result = await self._follow_base(record)
+                if result is not None:
+                    done.append(result)
+            if self.segments:
+                done.extend(await self._follow_adapters())
+            return done
+
+    async def _follow_base(self, record: VersionRecord) -> SwapResult | None:
+        with contextlib.ExitStack() as stack:
+            try:
+                source, via, handle = await asyncio.to_thread(self._open, record, stack)
+                if source is None and record.version == 0 and record.checkpoint_path:  # the base model's directory
+                    source, via, handle = CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir", None
+            except WeightsUnverified as exc:
+                self._unfollowable.add(record.version)
+                await self._reject(record, exc)
+                return None
+            if source is None:
+                log.debug("version %d serves, but its weights are not readable here yet", record.version)
+                return None
+            try:
+                result = await self._swap(record, source, via)
+            except SwapFailed:
+                log.exception("could not follow the store to version %d", record.version)
+                return None
+        self.metrics.inc("server/follows")
+        log.info("followed the store to version %d (from %d) in %.0f ms via %s", record.version, result.parent, result.swap_ms, via)
+        await self._loaded(record, handle)
+        return result
+
+    async def _follow_adapters(self) -> list[SwapResult]:
+        """Each segment's adapter as the store says it serves (none: the base weights serve it)."""
+        serving = await asyncio.to_thread(self.store.serving_adapters)
+        done = []
+        for segment in self.segments:
+            record = serving.get(segment)
+            current = self.engine.adapter_version(segment)
+            if record is None:
+                if current is None:
+                    continue
+                start = time.perf_counter()
+                held = await self.engine.update_adapter(segment, None, self.engine.version)
+                done.append(SwapResult(self.engine.version, current, (time.perf_counter() - start) * 1000, held * 1000))
+                log.info("segment %s: followed the store back to the base weights (from adapter %d)", segment, current)
+                continue
+            if record.version == current or record.version in self._unfollowable or not record.checkpoint_path:
+                continue
+            try:
+                await asyncio.to_thread(verify_checkpoint, record.checkpoint_path, record.checkpoint_sha256, record.version)
+            except WeightsUnverified as exc:
+                self._unfollowable.add(record.version)
+                await self._reject(record, exc)
+                continue
+            try:
+                done.append(await self._swap(record, CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir"))
+            except SwapFailed:
+                log.exception("segment %s: could not follow the store to adapter %d", segment, record.version)
+                continue
+            self.metrics.inc("server/follows")
+            log.info("segment %s: followed the store to adapter version %d", segment, record.version)
+        return done
+
     async def watch(self, poll_seconds: float) -> None:
-        """Activate what learners publish: the newest PUBLISHED version past the serving one (its
-        activation supersedes the older published ones). Runs until cancelled."""
+        """Each pass: follow the store's serving versions (`follow`: what another replica activated or
+        rolled back), then activate what learners publish: the newest PUBLISHED version past the
+        serving one (its activation supersedes the older published ones), unless learning is paused.
+        Runs until cancelled."""
         while True:
             try:
+                await self.follow()
                 if self.segments:
                     await self._watch_adapters()
                 if await asyncio.to_thread(self.store.learning_paused, self.learner_name):

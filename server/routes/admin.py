@@ -1,7 +1,7 @@
 """Admin API (admin keys, or the dashboard's session): versions with lineage and reward, hot-swapping a
 checkpoint in (`POST /admin/weights`: copied into managed storage and checked first), learning
 pause/resume, rollback, the drift monitor's state, server statistics, the operator event log and the
-learner's status; pinning versions against checkpoint retention; API keys: their state and
+learner's status; the fleet of replicas (`GET /admin/replicas`); pinning versions against checkpoint retention; API keys: their state and
 disagreement score, quarantine (ratings kept, never trained or replayed) and forget (every response and
 rating of the key deleted); the version statuses (what the dashboard knows of them).
 
@@ -83,6 +83,16 @@ async def adapters(request: Request, _: Principal = Depends(require_admin)) -> d
             )
         )
     return admin_json.adapters(adapter_mode(publisher.segments), state.engine.version, segments)
+
+
+@router.get("/replicas")
+async def replicas(request: Request, _: Principal = Depends(require_admin)) -> dict:
+    """The fleet: every serving process registered in the store (store/replicas.py), with what it
+    serves, its generations running and its health; a heartbeat older than `[ray] down_after_seconds`
+    is "down". `replica`: the one that answered."""
+    state = request.app.state
+    rows = await asyncio.to_thread(state.registry.rows, state.down_after_seconds)
+    return {"object": "list", "replica": state.replica_id, "data": [admin_json.replica(r) for r in rows]}
 
 
 @router.get("/statuses")

@@ -16,6 +16,7 @@ from liveloop.monitor.versions import VersionRow
 from liveloop.server.operations import KeyRow, LearningState, WeightsImported
 from liveloop.server.publisher import RollbackResult, SwapResult
 from liveloop.store import VersionStatus
+from liveloop.store.replicas import ReplicaRow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +29,16 @@ class SegmentState:
     policy_version: int  # what its responses record now: `serving`, or the base version
     paused: bool  # its lane neither trains nor activates
     versions: list[VersionRow]  # its adapter versions, oldest first
+
+
+def replica(row: ReplicaRow) -> dict[str, Any]:
+    """One replica of the fleet (`GET /admin/replicas`, the dashboard's fleet panel)."""
+    return {
+        "id": row.replica_id, "kind": row.kind, "host": row.host, "pid": row.pid, "state": row.state,
+        "serving_version": row.serving_version, "adapter_versions": row.adapter_versions, "in_flight": row.in_flight,
+        "healthy": row.healthy, "started_at": row.started_at.timestamp(), "heartbeat_at": row.heartbeat_at.timestamp(),
+        "heartbeat_age_seconds": row.age_seconds,
+    }
 
 
 def swap(result: SwapResult) -> dict[str, Any]:

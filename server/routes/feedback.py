@@ -1,7 +1,8 @@
 """POST /v1/feedback: a thumbs up/down for a response this API key received; DELETE
 /v1/responses/{id}: the key that received a response deletes it with its ratings, even while it is
 being generated (a tombstone keeps its row out when it lands, store/rights.py); GET /v1/versions: the
-policy versions, a page at a time (OpenAI's list form: `limit`, `after`, `order`; `has_more`).
+policy versions, a page at a time (OpenAI's list form: `limit`, `after`, `order`; `has_more`), each
+with the live replicas serving it (`replicas`, from the replica registry).
 
 The rule for ratings: one (response, key) pair is one training sample at most. A change of mind
 replaces the stored rating in place; the learner trains the latest value if it has not reached that
@@ -22,6 +23,7 @@ from liveloop.server.errors import APIError
 from liveloop.server.schemas import FeedbackRequest
 from liveloop.server.serving import LogFailed
 from liveloop.store import FeedbackRecord, ResponseNotFound
+from liveloop.store.replicas import serving_by_version
 from liveloop.store.writer import WriterSlow
 
 router = APIRouter(prefix="/v1")
@@ -77,8 +79,10 @@ async def versions(
     after: int | None = Query(None, ge=0, description="the page follows this version (the last one of the previous page)"),
     order: Literal["asc", "desc"] = Query("asc", description="by version: asc (oldest first) or desc"),
 ) -> dict:
-    rows = await asyncio.to_thread(request.app.state.store.versions_page, after, limit + 1, order == "desc")
+    state = request.app.state
+    rows = await asyncio.to_thread(state.store.versions_page, after, limit + 1, order == "desc")
     page = rows[:limit]
+    fleet = serving_by_version(await asyncio.to_thread(state.registry.rows, state.down_after_seconds))
     return {
         "object": "list",
         "serving": request.app.state.engine.version,
@@ -93,6 +97,7 @@ async def versions(
                 "samples_used": v.samples_used,
                 "metrics": v.metrics,
                 "note": v.note,
+                "replicas": fleet.get(v.version, []),  # the live replicas serving it (store/replicas.py)
             }
             for v in page
         ],

@@ -6,6 +6,11 @@ commits and does not answer a ping); a learner that is down or restarting makes 
 (locked, slow) makes it "degraded" too while the writer's oldest waiting write is older than
 `[store] writer_stall_seconds` (`writer.oldest_age_seconds` says how old).
 
+/metrics also carries the fleet's per-replica gauges, read from the replica registry at each scrape
+(`liveloop_fleet_replica_version{replica}`, `_adapter_version{replica,segment}`, `_in_flight`,
+`_healthy`, `_up`, `_heartbeat_age_seconds`, and `liveloop_fleet_replicas_up`), so any replica's
+scrape shows the whole fleet.
+
 Who may read what: /healthz's status (and its code) is public, for load balancers; its details (each
 part's state, queue sizes, errors, the serving version) and /metrics need an admin key (a bearer key, or
 the dashboard's session), or a client on loopback when `[server] ops_open_on_loopback` (off by
@@ -71,6 +76,25 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=code)
 
 
+async def _fleet_metrics(state) -> None:  # noqa: ANN001 (app.state)
+    """Per-replica gauges from the replica registry: version, adapter versions, load, health, up."""
+    try:
+        rows = await asyncio.to_thread(state.registry.rows, state.down_after_seconds)
+    except Exception:  # the store is down: /metrics still answers with what this process knows
+        return
+    m = state.metrics
+    m.set("fleet/replicas_up", sum(r.up for r in rows))
+    m.set_series("fleet/replica_up", [({"replica": r.replica_id}, float(r.up)) for r in rows])
+    m.set_series("fleet/replica_healthy", [({"replica": r.replica_id}, float(r.state == "up")) for r in rows])
+    m.set_series("fleet/replica_version", [({"replica": r.replica_id}, r.serving_version) for r in rows if r.serving_version is not None])
+    m.set_series("fleet/replica_in_flight", [({"replica": r.replica_id}, r.in_flight) for r in rows])
+    m.set_series("fleet/replica_heartbeat_age_seconds", [({"replica": r.replica_id}, r.age_seconds) for r in rows])
+    m.set_series(
+        "fleet/replica_adapter_version",
+        [({"replica": r.replica_id, "segment": s}, v) for r in rows for s, v in r.adapter_versions.items() if v is not None],
+    )
+
+
 def _learner_health(learner) -> dict:
     if learner is None:
         return {"state": "off"}
@@ -94,6 +118,7 @@ async def metrics(request: Request) -> Response:
     m.set("store/writer_failed_commits", state.writer.failed_commits)
     m.set("store/writer_timed_out", state.writer.timed_out)
     m.set("store/writer_oldest_age_seconds", state.writer.oldest_age())
+    await _fleet_metrics(state)
     if state.learner is not None:
         try:
             status = await asyncio.to_thread(state.learner.status)

@@ -1,0 +1,55 @@
+"""The `[ray]` section: the endpoint as a Ray Serve application of N replicas, and the replica registry.
+
+    [ray]
+    enabled = true          # `liveloop serve` runs the endpoint on Ray Serve (liveloop/serve_ray.py)
+    address = ""            # "": a private local Ray (loopback, token auth); else a cluster to join ("auto", "host:port")
+    num_cpus = 2            # the private Ray's CPUs (the learner actor takes 1)
+    replicas = 2            # Serve replicas, each with its own engine, writer and version watcher
+    replica_cpus = 0.5      # each replica's share of a CPU: 2 x 0.5 + the learner's 1 fit on 2 CPUs
+    http_host = ""          # Serve's HTTP proxy ("": [server] host)
+    http_port = 0           # (0: [server] port)
+
+Every serving process, Serve replica or a plain `liveloop serve`, registers in the store's replica
+registry (store/replicas.py) under `replica_id` ("auto": host-pid; a Serve replica: its Serve replica
+id) and heartbeats it: at once when what it serves changes (checked every `[server] watch_seconds`),
+else every `heartbeat_seconds`. A row silent for `down_after_seconds` is shown "down".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    enabled: bool = field(default=False, metadata={"help": "serve the endpoint as a Ray Serve application (N replicas, one learner)"})
+    address: str = field(
+        default="", metadata={"help": "\"\": start a private local Ray (loopback only, token auth); else the address of a Ray cluster to join"}
+    )
+    num_cpus: int = field(default=2, metadata={"help": "the private local Ray's CPUs (the learner actor takes 1)"})
+    replicas: int = field(default=2, metadata={"help": "Serve replicas of the endpoint, each with its own engine"})
+    replica_cpus: float = field(default=0.5, metadata={"help": "CPUs Ray reserves per replica (fractional: several share a core)"})
+    max_ongoing_requests: int = field(
+        default=0, metadata={"help": "requests Serve sends one replica at once (0: [server] max_concurrent_total; admission answers 429 beyond)"}
+    )
+    http_host: str = field(default="", metadata={"help": "where Serve's HTTP proxy listens (\"\": [server] host)"})
+    http_port: int = field(default=0, metadata={"help": "Serve's HTTP port (0: [server] port)"})
+    replica_id: str = field(default="auto", metadata={"help": "this process's name in the replica registry (auto: host-pid, or the Serve replica id)"})
+    heartbeat_seconds: float = field(default=1.0, metadata={"help": "the registry row is rewritten at least this often (at once when the served version changes)"})
+    down_after_seconds: float = field(default=5.0, metadata={"help": "a replica whose heartbeat is older than this is shown down"})
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas: must be at least 1, got {self.replicas}")
+        if self.num_cpus < 1:
+            raise ValueError(f"num_cpus: must be at least 1, got {self.num_cpus}")
+        if not 0 < self.replica_cpus <= 64:
+            raise ValueError(f"replica_cpus: must be in (0, 64], got {self.replica_cpus}")
+        if self.max_ongoing_requests < 0:
+            raise ValueError(f"max_ongoing_requests: must be >= 0, got {self.max_ongoing_requests}")
+        if not 0 <= self.http_port < 65536:
+            raise ValueError(f"http_port: {self.http_port} is not a port")
+        if not self.replica_id or len(self.replica_id) > 128:
+            raise ValueError("replica_id: 1 to 128 characters")
+        if self.heartbeat_seconds <= 0 or self.down_after_seconds <= self.heartbeat_seconds:
+            raise ValueError("heartbeat_seconds must be > 0 and down_after_seconds larger than it")
