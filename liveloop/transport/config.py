@@ -1,13 +1,14 @@
 """The `[transport]` section: how a new policy version's weights travel from the learner to the engine.
 
     [transport]
-    backend = "shared_memory"    # checkpoint_dir | shared_memory | ipc | nccl
+    backend = "shared_memory"    # checkpoint_dir | shared_memory | ipc | nccl | delta
     namespace = "auto"           # this deployment's private directory (auto: its random id, from the store)
     keep_versions = 2            # memory backends: versions whose memory may stay alive at once
 
 `checkpoint_dir` is today's path (a directory on disk; works across machines and is itself durable).
 `shared_memory` hands tensors to a co-located CPU engine through POSIX shared memory. `ipc` (same GPU,
 CUDA IPC handles) and `nccl` (other GPUs) follow vLLM's weight-transfer backends of the same names.
+`delta` ships what changed since the previous version through a directory replicas on other machines read.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Literal, get_args
 
 from liveloop.config import check_literals
 
-Backend = Literal["checkpoint_dir", "shared_memory", "ipc", "nccl"]
+Backend = Literal["checkpoint_dir", "shared_memory", "ipc", "nccl", "delta"]
 # The one registry of backends: each name is the module `liveloop.transport.<name>`, imported only when a
 # deployment chooses it; the module defines `sender(config, path_for=, base_model=, client=)` and
 # `receiver(config)` (`liveloop.transport.make_sender` / `make_receiver`). A new backend is a module and
@@ -33,7 +34,8 @@ _NAMESPACE = re.compile(r"[A-Za-z0-9_]{1,16}")
 class TransportConfig:
     backend: Backend = field(
         default="checkpoint_dir",
-        metadata={"help": "checkpoint_dir (disk, any machine) | shared_memory (co-located CPU engine) | ipc (same GPU) | nccl (other GPUs)"},
+        metadata={"help": "checkpoint_dir (disk, any machine) | shared_memory (co-located CPU engine) | ipc (same GPU) | nccl (other GPUs) "
+                          "| delta (changed bytes, through a directory other machines read)"},
     )
     namespace: str = field(
         default="auto",
@@ -54,6 +56,16 @@ class TransportConfig:
     master_address: str = field(default="127.0.0.1", metadata={"help": "nccl: the TCPStore rendezvous address (the learner's rank 0)"})
     master_port: int = field(default=29555, metadata={"help": "nccl: the TCPStore rendezvous port"})
     world_size: int = field(default=2, metadata={"help": "nccl: the learner's sender plus every inference worker"})
+    delta_dir: str = field(
+        default="", metadata={"help": "delta: the directory every machine reads (a shared filesystem or an object store's mount) "
+                              "holding each version's delta against its parent and its manifest"}
+    )
+    delta_max_chain: int = field(
+        default=8, metadata={"help": "delta: a full copy after this many deltas in a row (the longest chain a receiver applies)"}
+    )
+    delta_chunk_bytes: int = field(
+        default=4096, metadata={"help": "delta: a changed tensor ships the chunks of this many bytes that differ (a multiple of 8)"}
+    )
 
     def __post_init__(self) -> None:
         check_literals(self)
@@ -71,6 +83,12 @@ class TransportConfig:
             raise ValueError(f"master_port: {self.master_port} is not a port")
         if self.world_size < 2:
             raise ValueError(f"world_size: nccl needs the sender and at least one worker, got {self.world_size}")
+        if self.backend == "delta" and not self.delta_dir:
+            raise ValueError("delta_dir: the delta backend needs the directory its versions are written to")
+        if self.delta_max_chain < 1:
+            raise ValueError(f"delta_max_chain: must be at least 1, got {self.delta_max_chain}")
+        if self.delta_chunk_bytes < 8 or self.delta_chunk_bytes % 8:
+            raise ValueError(f"delta_chunk_bytes: must be a positive multiple of 8, got {self.delta_chunk_bytes}")
 
     def for_deployment(self, store_url: str) -> "TransportConfig":
         """This config with an "auto" namespace replaced by the deployment's random id, read from the
