@@ -3,7 +3,9 @@
 # on a machine that has python3 with torch and transformers and nothing else (no vLLM, Ray, FastAPI, no
 # network). Prints ratings/s at batch 1/4/16, bfloat16 optimizer state against fp32 master weights,
 # swap time per transport, engine tokens/s against `generate`, and engine/learner logprob agreement, in
-# under 8 minutes (bench/gpu_check.py; each part has its own time limit).
+# under 8 minutes (bench/gpu_check.py; each part has its own time limit). Where the python also has SGLang
+# (and so httpx), part 6 starts `python -m sglang.launch_server` and runs the sglang engine's contract steps
+# against it (up to 5 more minutes; skipped where sglang is not importable; `--sglang-only`: that part alone).
 #
 #   bash bench/gpu_check.sh --prepare   # here, with the package registry: the few wheels the store needs
 #                                       # (for the GPU machine's python, default 3.12) into build/gpu_wheels,

@@ -125,8 +125,9 @@ class AuthConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    backend: Literal["vllm", "hf", "diffusion"] = field(
-        default="vllm", metadata={"help": "vllm | hf | diffusion (a masked diffusion LM)"}
+    backend: Literal["vllm", "hf", "diffusion", "sglang"] = field(
+        default="vllm",
+        metadata={"help": "vllm | hf | diffusion (a masked diffusion LM) | sglang (a running SGLang server, sglang_url)"},
     )
     model: str = field(
         default="models/liveloop-tiny",
@@ -187,6 +188,19 @@ class EngineConfig:
         },
     )
     max_lora_rank: int = field(default=16, metadata={"help": "the largest LoRA rank an adapter may have"})
+    sglang_url: str = field(
+        default="http://127.0.0.1:30000",
+        metadata={"help": "sglang: the SGLang server's base URL (on this machine: it reads the checkpoint directories "
+                  "liveloop names)"},
+    )
+    sglang_timeout_seconds: float = field(
+        default=300.0,
+        metadata={"help": "sglang: the longest wait for an answer from SGLang (a weight update, a health check, the "
+                  "next chunk of a stream)"},
+    )
+    sglang_health_seconds: float = field(
+        default=5.0, metadata={"help": "sglang: how often GET /health is asked (healthy() reads the last answer)"}
+    )
 
     def __post_init__(self) -> None:
         check_literals(self)
@@ -196,6 +210,10 @@ class EngineConfig:
             raise ValueError("max_model_len must be >= 16")
         if self.drain_deadline_seconds <= 0:
             raise ValueError("drain_deadline_seconds must be > 0")
+        if not self.sglang_url.startswith(("http://", "https://")):
+            raise ValueError(f"sglang_url must be an http:// or https:// URL, got {self.sglang_url!r}")
+        if self.sglang_timeout_seconds <= 0 or self.sglang_health_seconds <= 0:
+            raise ValueError("sglang_timeout_seconds and sglang_health_seconds must be > 0")
         for name in ("diffusion_block_length", "diffusion_steps_per_block"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

@@ -31,7 +31,7 @@ def test_missing_sections_take_defaults():
         ("[auth]\ndev_user_keys = 'k'\n", "auth.dev_user_keys: expected a list"),
         ("[auth]\ndev_user_keys = [1]\n", "auth.dev_user_keys[0]: expected str"),
         ("[bogus]\nx = 1\n", "bogus: unknown section"),
-        ("[engine]\nbackend = 'tgi'\n", "engine.backend: expected one of ['vllm', 'hf', 'diffusion'], got 'tgi'"),
+        ("[engine]\nbackend = 'tgi'\n", "engine.backend: expected one of ['vllm', 'hf', 'diffusion', 'sglang'], got 'tgi'"),
         ("[server]\nport = 70000\n", "server: port must be"),
         ("[server\n", "invalid TOML"),
     ],

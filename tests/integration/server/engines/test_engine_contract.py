@@ -24,8 +24,8 @@ from liveloop.server.engines.base import (
 from liveloop.transport.weights import NamedTensors
 
 VLLM = pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])
-BACKENDS = ["hf", "diffusion", VLLM]
-SAME = {"hf": 1e-5, "diffusion": 1e-5, "vllm": 1e-3}  # the same weights reloaded: logprobs agree to this
+BACKENDS = ["hf", "diffusion", VLLM, "sglang"]  # sglang: against the stand-in (tests/standins/sglang_server.py)
+SAME = {"hf": 1e-5, "diffusion": 1e-5, "vllm": 1e-3, "sglang": 1e-5}  # the same weights reloaded: logprobs agree to this
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,8 @@ def subject(request, model_dir, tmp_path) -> Subject:
         config = EngineConfig(backend="diffusion", model=str(v0), max_model_len=64,
                               diffusion_block_length=4, diffusion_steps_per_block=2)
         return Subject(config, v0, v1, (18, 30, 36, 9, 42))
-    config = EngineConfig(backend=backend, model=str(model_dir), checkpoint_dir=str(tmp_path / "pushed"))
+    extra = {"sglang_url": request.getfixturevalue("sglang_standin").url} if backend == "sglang" else {}
+    config = EngineConfig(backend=backend, model=str(model_dir), checkpoint_dir=str(tmp_path / "pushed"), **extra)
     return Subject(config, model_dir, request.getfixturevalue("causal_v1"), (5, 6, 7, 8))
 
 
@@ -99,9 +100,9 @@ def _protocol_members() -> dict[str, object]:
     return members
 
 
-@pytest.mark.parametrize("backend", ["hf", "diffusion", "vllm"])
+@pytest.mark.parametrize("backend", ["hf", "diffusion", "vllm", "sglang"])
 def test_backend_satisfies_the_protocol_as_written(backend, tmp_path):
-    # building an engine loads nothing (vllm is not imported either): the signatures are checked as written
+    # building an engine loads nothing (vllm is not imported, sglang calls no server): the signatures are checked as written
     engine = create_engine(EngineConfig(backend=backend, model=str(tmp_path)), tmp_path)
     assert isinstance(engine, Engine)
     cls = type(engine)
