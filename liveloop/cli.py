@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_option(p)
     p.add_argument("--host", help="listen address (default from config: 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default from config: 8000)")
-    p.add_argument("--engine", choices=["vllm", "hf", "diffusion"], help="override engine.backend")
+    p.add_argument("--engine", choices=["vllm", "hf", "diffusion", "sglang"], help="override engine.backend")
     p.add_argument("--no-learner", action="store_true", help="serve only (learner.enabled = false)")
     p.set_defaults(func=cmd_serve)
 

@@ -71,7 +71,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
     from sqlalchemy.exc import InterfaceError, OperationalError
 
     from liveloop.server.admission import Busy, RateLimited
-    from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable
+    from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
     from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
     from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
     from liveloop.server.weights_import import ImportFailed, ImportRefused
@@ -87,6 +87,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
         (OperationalError, store_down),
         (InterfaceError, store_down),
         (LogFailed, Answer(503, "log_failed")),
+        (EngineUnavailable, Answer(503, "engine_unavailable", retry_after=5)),
         # a request the model cannot serve as asked (the exception names its param and code)
         (UnknownModel, Answer(404, "model_not_found", param="model")),
         (InvalidRequest, Answer(400)),

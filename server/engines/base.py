@@ -161,6 +161,11 @@ class AdapterUnusable(ValueError):
     """An adapter directory the engine could not load (the segment's old adapter keeps serving)."""
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine cannot take the request now: a remote engine (an SGLang server) did not answer. The
+    client may retry (503)."""
+
+
 @dataclass(eq=False)
 class _Reader:
     preempt: Preempt | None

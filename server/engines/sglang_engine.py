@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from liveloop.server.engines.adapters import AdapterSpec
-from liveloop.server.engines.base import AdapterUnusable, GenerationRequest, Preempt, SamplingParams, TokenDelta, aborted
+from liveloop.server.engines.base import AdapterUnusable, EngineUnavailable, GenerationRequest, Preempt, SamplingParams, TokenDelta, aborted
 from liveloop.server.engines.gated import GatedEngine
 from liveloop.transport.weights import CheckpointDir, NamedTensors, WeightSource, WeightsRejected, non_finite, write_checkpoint
 
@@ -92,7 +92,7 @@ class SGLangError(RuntimeError):
     """SGLang answered a call with an error (its message is in this one's)."""
 
 
-class SGLangUnreachable(SGLangError):
+class SGLangUnreachable(SGLangError, EngineUnavailable):
     """No answer from the SGLang server at `engine.sglang_url` (down, or past `sglang_timeout_seconds`)."""
 
 
