@@ -16,10 +16,13 @@ smaller, the tensors' names or shapes changed, or it has no previous state: afte
 `release`), so no chain is longer than that; of the two routes a receiver takes the one with fewer
 bytes to read, and the other if the first fails.
 
-A delta holds, for each tensor whose bytes changed, the chunks of `delta_chunk_bytes` that differ (their
-indices and bytes: `<i>.idx` int64, `<i>.data` uint8), or the whole tensor (`<i>.full`) when most of
-it changed; a full copy holds every tensor as `<i>.full`. Bytes are compared and copied as they are, so
-bfloat16 and float32 weights alike are rebuilt bit for bit. The manifest names the version, its parent,
+A delta holds, for each tensor whose bytes changed, the smallest of: the chunks of `delta_chunk_bytes`
+that differ (their indices and bytes: `<i>.idx` int64, `<i>.data` uint8), for sparse changes; the XOR
+of old and new bytes, split into byte planes (every element's first byte, then every second byte, ...)
+and zlib-compressed (`<i>.xor`), for dense small changes (an AdamW step moves every element a little:
+sign, exponent and high mantissa bits stay, so the high planes are zeros); or the whole tensor
+(`<i>.full`). A full copy holds every tensor as `<i>.full`. Bytes are compared and copied as they are,
+so bfloat16 and float32 weights alike are rebuilt bit for bit. The manifest names the version, its parent,
 the attempt's nonce, the digest of the whole state (the `TensorDigest` every backend uses: name, dtype,
 shape and bytes of each tensor in the order sent, tied names once each), every tensor (name, dtype,
 shape, or the earlier name whose memory it shares), the names that changed, the file and its sha256,
@@ -44,7 +47,9 @@ import logging
 import os
 import re
 import secrets
+import zlib
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,11 +105,19 @@ class Entry:
         return cls(str(doc["name"]), str(doc["dtype"]), tuple(int(d) for d in doc["shape"]), None if alias is None else int(alias))
 
     @property
+    def element_size(self) -> int:
+        return torch.empty((), dtype=_DTYPES[self.dtype]).element_size()
+
+    @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * torch.empty((), dtype=_DTYPES[self.dtype]).element_size()
+        return _numel(self.shape) * self.element_size
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 @dataclass
@@ -175,6 +188,39 @@ def apply(base: torch.Tensor, idx: torch.Tensor, data: torch.Tensor, chunk: int)
     if has_tail:
         out[full * chunk:] = data[main.numel() * chunk:]
     return out
+
+
+def xor_encode(old: torch.Tensor, new: torch.Tensor, element_size: int) -> torch.Tensor:
+    """The XOR of two flat uint8 tensors of one length, as byte planes, zlib-compressed (uint8)."""
+    planes = (old ^ new).view(-1, element_size).t().contiguous()
+    return torch.frombuffer(bytearray(zlib.compress(planes.numpy().tobytes(), 1)), dtype=torch.uint8)
+
+
+def xor_decode(base: torch.Tensor, packed: torch.Tensor, element_size: int) -> torch.Tensor:
+    """`base` XOR what `xor_encode` packed: a new tensor. ValueError unless it unpacks to exactly base's
+    length (never more: the output is bounded before it is produced)."""
+    n = base.numel()
+    if packed.dtype != torch.uint8 or packed.dim() != 1 or n % element_size:
+        raise ValueError("malformed xor entry")
+    z = zlib.decompressobj()
+    raw = z.decompress(packed.numpy().tobytes(), n)
+    if len(raw) != n or z.unconsumed_tail or not z.eof:
+        raise ValueError("xor entry does not unpack to the tensor's length")
+    planes = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(element_size, -1).t().reshape(-1)
+    return base ^ planes
+
+
+def encode(old: torch.Tensor, new: torch.Tensor, element_size: int, chunk: int) -> dict[str, torch.Tensor]:
+    """The smallest encoding of a changed tensor (flat uint8): {"idx", "data"} (changed chunks),
+    {"xor"} (compressed XOR planes) or {"full"}."""
+    n = new.numel()
+    idx, data = diff(old, new, chunk)
+    chunks = data.numel() + idx.numel() * 8
+    if chunks < n // 8:  # sparse: no need to try harder
+        return {"idx": idx, "data": data}
+    packed = xor_encode(old, new, element_size)
+    best = min((chunks, "chunks"), (packed.numel(), "xor"), (n, "full"))[1]
+    return {"idx": idx, "data": data} if best == "chunks" else {"xor": packed} if best == "xor" else {"full": new}
 
 
 @dataclass(frozen=True)
@@ -276,19 +322,19 @@ class DeltaSender(Sender):
         return WeightHandle(self.backend, version, str(manifest_path(self.directory, version)), detail, nonce=nonce, digest=digest)
 
     def _delta(self, prev: State, layout: tuple[Entry, ...]) -> tuple[dict[str, torch.Tensor], list[str]]:
-        payload: dict[str, torch.Tensor] = {}
-        changed: list[str] = []
-        for i, new in self._data.items():
-            old = prev.data[i]
-            if new.numel() == 0 or torch.equal(old, new):
-                continue
-            changed.append(layout[i].name)
-            idx, data = diff(old, new, self.chunk_bytes)
-            if data.numel() + idx.numel() * 8 >= new.numel() // 2:  # most of it changed: ship it whole
-                payload[f"{i}.full"] = new
-            else:
-                payload[f"{i}.idx"], payload[f"{i}.data"] = idx, data
-        return payload, changed
+        changed = [i for i, new in self._data.items() if new.numel() and not torch.equal(prev.data[i], new)]
+
+        def one(i: int) -> dict[str, torch.Tensor]:
+            return encode(prev.data[i], self._data[i], layout[i].element_size, self.chunk_bytes)
+
+        workers = min(8, os.cpu_count() or 1)
+        if workers > 1 and sum(self._data[i].numel() for i in changed) >= TensorDigest.PARALLEL_BYTES:
+            with ThreadPoolExecutor(workers) as pool:  # zlib and the comparisons let go of the GIL
+                encoded = list(pool.map(one, changed))
+        else:
+            encoded = [one(i) for i in changed]
+        payload = {f"{i}.{kind}": t for i, parts in zip(changed, encoded) for kind, t in parts.items()}
+        return payload, [layout[i].name for i in changed]
 
     def _write(self, name: str, write: Callable[[Path], Any]) -> None:
         """A file under its final name whole or not at all: written under a temporary name, fsync'd, renamed."""
@@ -490,10 +536,13 @@ class DeltaReceiver(Receiver):
                     if t.dtype != torch.uint8 or t.numel() != e.nbytes:
                         raise DeltaUnusable(f"version {doc['version']}: {e.name} has {t.numel()} bytes, not {e.nbytes}")
                     data[i] = t
-                elif f"{i}.idx" in payload:
+                elif f"{i}.idx" in payload or f"{i}.xor" in payload:
                     if i not in data:
                         raise DeltaUnusable(f"version {doc['version']}: a delta of {e.name} with nothing under it")
-                    data[i] = apply(data[i], payload[f"{i}.idx"], payload[f"{i}.data"], chunk)
+                    if f"{i}.xor" in payload:
+                        data[i] = xor_decode(data[i], payload[f"{i}.xor"], e.element_size)
+                    else:
+                        data[i] = apply(data[i], payload[f"{i}.idx"], payload[f"{i}.data"], chunk)
                 elif i not in data:
                     raise DeltaUnusable(f"version {doc['version']}: {e.name} is in no file")
         digest = state_digest(layout, data)

@@ -273,3 +273,16 @@ def test_config_needs_a_directory():
         TransportConfig(backend="delta", delta_dir="/x", delta_chunk_bytes=100)
     with pytest.raises(ValueError, match="delta_max_chain"):
         TransportConfig(backend="delta", delta_dir="/x", delta_max_chain=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_small_changes_travel_as_compressed_xor(dtype):
+    g = torch.Generator().manual_seed(3)
+    old = (torch.randn(4096, generator=g) * 0.02).to(dtype)
+    new = (old.float() - 2e-4 * torch.randn(4096, generator=g).sign()).to(dtype)  # an AdamW-sized step everywhere
+    a, b = byte_view(old).clone(), byte_view(new).clone()
+    parts = dt.encode(a, b, old.element_size(), 4096)
+    assert set(parts) == {"xor"} and parts["xor"].numel() < b.numel() * 0.8
+    assert torch.equal(dt.xor_decode(a, parts["xor"], old.element_size()), b)
+    with pytest.raises(ValueError):  # a packed entry that unpacks to more than the tensor is refused
+        dt.xor_decode(a[:-4], parts["xor"], old.element_size())
