@@ -1,16 +1,26 @@
 """Store ingest throughput: served responses plus feedback rows written per second, through liveloop's
 real store code, on SQLite and PostgreSQL, against raw batched inserts of the same rows.
 
-Three ways of writing the same workload, each into a fresh database:
+Ways of writing the same workload, each into a fresh database:
   baseline  one transaction per operation: `store.write_batch([op])` in a loop, one caller;
   writer    liveloop's group-commit `BatchWriter`, fed by C concurrent requests on one asyncio loop,
             each awaiting its commit (`writer.write`) the way the server's handlers do;
+  writers2  (PostgreSQL) two server replicas: two processes, each with its own Store and BatchWriter
+            fed by C concurrent requests, each writing half the workload into the one database at
+            once; rows/s over the wall time from a common start until both are done. Their ratings'
+            ids come from the feedback-id counter (migration 0008), whose row lock each transaction
+            holds from taking its ids to its commit, so that ids are commit order;
+  writers2_seq  the same two processes with rating ids drawn from a plain sequence, as before 0008
+            (unsafe: a learner's cursor can skip a rating committed behind a larger id): what the
+            counter's lock costs, side by side;
   raw       the database's pace: the same rows, already encoded, inserted by the bare driver in
             transactions of `batch_max` operations (SQLite: sqlite3 executemany; PostgreSQL: psycopg
-            COPY for responses, executemany for ratings), same schema, same pragmas, no liveloop code.
+            COPY for responses, executemany for ratings with ids taken from the counter in one UPDATE
+            as the writer takes them), same schema, same pragmas, no liveloop code.
 The workload is N responses (64 prompt tokens, 128 response tokens, random ids < 1024, float32
 logprobs), about half of them followed by a rating from the same API key once the response is
-committed. Each measurement is repeated, alternating the modes, and the median reported.
+committed. Each measurement is repeated, alternating the modes (in reverse order every other
+repeat), and the median reported.
 
 A closed loop of C clients can put at most C rows in one commit (each waits for its commit before its
 next write), so the writer reaches the database's pace only when enough requests are in flight: C is
@@ -21,9 +31,10 @@ every row).
 
     .venv/bin/python bench/store_ingest.py                     # SQLite and PostgreSQL, default sizes
     .venv/bin/python bench/store_ingest.py --no-postgres --responses 1000 --repeats 2
+    .venv/bin/python bench/store_ingest.py --no-sqlite --modes writer,writers2,writers2_seq  # one vs two replicas
 
-PostgreSQL comes from scripts/postgres.sh (or LIVELOOP_TEST_PG_URL); each run gets its own database,
-dropped afterwards. Prints a Markdown table and writes bench/results/store_ingest.json.
+PostgreSQL comes from --pg-url, else LIVELOOP_TEST_PG_URL, else scripts/postgres.sh; each run gets its
+own database, dropped afterwards. Prints a Markdown table and writes bench/results/store_ingest.json.
 Needs no torch and no model: the store knows nothing of either.
 """
 
@@ -32,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import platform
 import sqlite3
@@ -68,7 +80,8 @@ VOCAB = 1024
 FEEDBACK_FRACTION = 0.5
 API_KEYS = 16
 
-MODES = ("baseline", "writer", "raw")
+MODES = ("baseline", "writer", "writers2", "writers2_seq", "raw")
+TWO_WRITER_MODES = ("writers2", "writers2_seq")  # PostgreSQL only: SQLite has one writer at a time
 
 # One request's worth of work: a response and, for about half of them, the rating that follows it.
 Request = tuple[ResponseRecord, FeedbackRecord | None]
@@ -77,7 +90,7 @@ Request = tuple[ResponseRecord, FeedbackRecord | None]
 @dataclass
 class Run:
     backend: str
-    mode: str  # "baseline" | "writer" | "raw"
+    mode: str  # one of MODES
     repeat: int
     responses: int
     feedback: int
@@ -124,8 +137,8 @@ def make_workload(n_responses: int, seed: int) -> list[Request]:
 
 
 # -- databases --------------------------------------------------------------------------------
-def postgres_base_url() -> str:
-    url = os.environ.get("LIVELOOP_TEST_PG_URL")
+def postgres_base_url(given: str | None = None) -> str:
+    url = given or os.environ.get("LIVELOOP_TEST_PG_URL")
     if url:
         return url
     proc = subprocess.run(
@@ -214,6 +227,75 @@ def run_writer(store: Store, requests: list[Request], concurrency: int, batch_ma
     return seconds, writer.batches
 
 
+# -- two replicas: two processes, a writer each, one database ------------------------------------
+OLD_IDS = "bench_sequence_ids"  # writers2_seq: the sequence its ratings' ids are drawn from
+
+
+def _sequence_ids(conn: sqlalchemy.Connection, rows: list[dict]) -> list[int]:
+    """`store._insert_ratings` as before migration 0008 (PostgreSQL): ids drawn from a sequence, not
+    in commit order. Only to measure what the counter's lock costs."""
+    from liveloop.store.bulk import insert_rows
+    from liveloop.store.store import FEEDBACK_TABLE
+
+    ids = sorted(conn.execute(sqlalchemy.text(f"SELECT nextval('{OLD_IDS}') FROM generate_series(1, :n)"), {"n": len(rows)}).scalars())
+    insert_rows(conn, FEEDBACK_TABLE, [row | {"id": fid} for row, fid in zip(rows, ids)])
+    return ids
+
+
+def _replica(url: str, n: int, seed: int, concurrency: int, batch_max: int, sequence_ids: bool, ready, start, out) -> None:
+    """One replica's process: its own Store and BatchWriter, its share of the workload built before
+    the common start; reports (seconds, commits) or the error."""
+    try:
+        if sequence_ids:
+            import liveloop.store.store as store_module
+
+            store_module._insert_ratings = _sequence_ids
+        requests = make_workload(n, seed)
+        store = Store(StoreConfig(url=url))
+        store.ping()
+        ready.set()
+        start.wait()
+        out.put(run_writer(store, requests, concurrency, batch_max))
+        store.close()
+    except BaseException as exc:  # noqa: BLE001 - the parent reports it
+        ready.set()
+        out.put(exc)
+
+
+def run_two_writers(store: Store, n: int, seed: int, concurrency: int, batch_max: int, sequence_ids: bool) -> tuple[float, int, list[Request]]:
+    """Two replica processes write n/2 requests each into `store`'s database at once. Returns (wall
+    seconds from the common start until both finished, commits, the requests both wrote)."""
+    url = store.engine.url.render_as_string(hide_password=False)
+    if sequence_ids:
+        with store.engine.begin() as conn:
+            conn.execute(sqlalchemy.text(f"CREATE SEQUENCE {OLD_IDS}"))
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    halves = [(n + 1) // 2, n // 2]
+    seeds = [seed, seed + 10_000]
+    readies, procs = [], []
+    for half, sd in zip(halves, seeds):
+        ready = ctx.Event()
+        procs.append(ctx.Process(target=_replica, args=(url, half, sd, concurrency, batch_max, sequence_ids, ready, start, out)))
+        readies.append(ready)
+    for proc in procs:
+        proc.start()
+    for ready in readies:
+        if not ready.wait(120):
+            raise RuntimeError("a replica process did not start within 120 s")
+    began = time.perf_counter()
+    start.set()
+    results = [out.get(timeout=600) for _ in procs]
+    seconds = time.perf_counter() - began
+    for proc in procs:
+        proc.join(60)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise RuntimeError(f"a replica failed: {result!r}") from result
+    requests = [req for half, sd in zip(halves, seeds) for req in make_workload(half, sd)]
+    return seconds, sum(commits for _, commits in results), requests
+
+
 # -- raw batched inserts: the same rows, no liveloop code on the timed path -------------------------
 RESPONSE_COLUMNS = [c.name for c in Response.__table__.columns]  # every column the writer fills
 FEEDBACK_COLUMNS = ["response_id", "api_key_id", "reward", "comment", "created_at", "revisions"]
@@ -283,11 +365,14 @@ def _raw_sqlite(store: Store, batches: list[tuple[list[tuple], list[tuple]]]) ->
 
 
 def _raw_postgres(store: Store, batches: list[tuple[list[tuple], list[tuple]]]) -> float:
+    """Ratings' ids are taken from the feedback-id counter in one UPDATE per batch, as the writer takes
+    them (the column's default would take them one row at a time)."""
     import psycopg
 
     url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     copy_responses = f"COPY responses ({', '.join(RESPONSE_COLUMNS)}) FROM STDIN"
-    insert_feedback = _insert_sql("feedback", FEEDBACK_COLUMNS, "format")
+    insert_feedback = _insert_sql("feedback", ["id", *FEEDBACK_COLUMNS], "format")
+    take_ids = "UPDATE feedback_counter SET last_id = last_id + %s WHERE id = 1 RETURNING last_id"
     with psycopg.connect(url) as conn:
         start = time.perf_counter()
         for responses, ratings in batches:
@@ -296,7 +381,9 @@ def _raw_postgres(store: Store, batches: list[tuple[list[tuple], list[tuple]]]) 
                     for row in responses:
                         copy.write_row(row)
                 if ratings:
-                    cur.executemany(insert_feedback, ratings)
+                    last = cur.execute(take_ids, (len(ratings),)).fetchone()[0]
+                    first = last - len(ratings) + 1
+                    cur.executemany(insert_feedback, [(first + k, *row) for k, row in enumerate(ratings)])
             conn.commit()
         return time.perf_counter() - start
 
@@ -311,6 +398,10 @@ def measure(backend: str, mode: str, repeat: int, args: argparse.Namespace, pg_b
             seconds, commits = run_baseline(store, requests)
         elif mode == "writer":
             seconds, commits = run_writer(store, requests, args.concurrency, args.batch_max)
+        elif mode in TWO_WRITER_MODES:
+            seconds, commits, requests = run_two_writers(
+                store, n, args.seed + repeat, args.concurrency, args.batch_max, sequence_ids=mode == "writers2_seq"
+            )
         else:
             seconds, commits = run_raw(store, requests, args.batch_max)
         responses, feedback = check_written(store, requests)
@@ -329,7 +420,8 @@ def summarize(runs: list[Run]) -> list[dict]:
     rows = []
     for backend in dict.fromkeys(r.backend for r in runs):
         medians = {}
-        for mode in MODES:
+        modes = [m for m in MODES if any(r.backend == backend and r.mode == m for r in runs)]
+        for mode in modes:
             mine = [r for r in runs if r.backend == backend and r.mode == mode]
             medians[mode] = statistics.median(r.rows_per_s for r in mine)
             rows.append(
@@ -344,26 +436,32 @@ def summarize(runs: list[Run]) -> list[dict]:
                     "rows_per_commit": statistics.median(r.rows / r.commits for r in mine),
                 }
             )
-        for row in rows[-len(MODES) :]:
-            row["ratio_over_baseline"] = medians[row["mode"]] / medians["baseline"]
-            row["ratio_over_raw"] = medians[row["mode"]] / medians["raw"]
+        for row in rows[-len(modes) :]:
+            for other in ("baseline", "writer", "raw"):
+                row[f"ratio_over_{other}"] = medians[row["mode"]] / medians[other] if other in medians else None
     return rows
+
+
+def _ratio(value: float | None, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.2f}{suffix}"
 
 
 def markdown(rows: list[dict], concurrency: int, batch_max: int) -> str:
     names = {
         "baseline": "baseline (1 txn/op)",
         "writer": f"BatchWriter, {concurrency} concurrent requests",
+        "writers2": f"2 processes x BatchWriter, {concurrency} requests each (counter ids)",
+        "writers2_seq": f"2 processes x BatchWriter, {concurrency} requests each (sequence ids, pre-0008)",
         "raw": f"raw driver, {batch_max} ops/txn",
     }
     lines = [
-        "| backend | mode | rows/s (responses+feedback) | / baseline | / raw | rows/commit |",
-        "|---|---|---:|---:|---:|---:|",
+        "| backend | mode | rows/s (responses+feedback) | / baseline | / one writer | / raw | rows/commit |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['backend']} | {names[r['mode']]} | {r['rows_per_s_median']:,.0f} | {r['ratio_over_baseline']:.2f}x "
-            f"| {r['ratio_over_raw']:.2f} | {r['rows_per_commit']:.1f} |"
+            f"| {r['backend']} | {names[r['mode']]} | {r['rows_per_s_median']:,.0f} | {_ratio(r['ratio_over_baseline'], 'x')} "
+            f"| {_ratio(r['ratio_over_writer'])} | {_ratio(r['ratio_over_raw'])} | {r['rows_per_commit']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -411,6 +509,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--repeats", type=int, default=2, help="runs of each measurement, alternating modes; the median is reported"
     )
     p.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    p.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
+    p.add_argument("--pg-url", default=None, help="PostgreSQL server (default: LIVELOOP_TEST_PG_URL, else scripts/postgres.sh)")
+    p.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated, of {', '.join(MODES)} (the two-writer modes run on PostgreSQL only)",
+    )
     p.add_argument(
         "--batch-max", type=int, default=StoreConfig().batch_max, help="BatchWriter batch_max (default: store config)"
     )
@@ -420,6 +525,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.responses is not None and args.responses < 1:
         p.error("--responses must be >= 1")
     args.concurrency = args.concurrency or 2 * args.batch_max
+    args.modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not args.modes or set(args.modes) - set(MODES):
+        p.error(f"--modes: choose from {', '.join(MODES)}")
+    if args.no_postgres and args.no_sqlite:
+        p.error("--no-postgres and --no-sqlite leave nothing to measure")
     if args.concurrency < 1 or args.repeats < 1:
         p.error("--concurrency and --repeats must be >= 1")
     return args
@@ -431,15 +541,18 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_args(argv)
     wall = time.perf_counter()
-    backends = ["sqlite"] if args.no_postgres else ["sqlite", "postgresql"]
-    pg_base = None if args.no_postgres else postgres_base_url()
+    backends = [b for b, off in (("sqlite", args.no_sqlite), ("postgresql", args.no_postgres)) if not off]
+    pg_base = None if args.no_postgres else postgres_base_url(args.pg_url)
 
     # 1. every measurement on a fresh database, alternating baseline and writer
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="liveloop-bench-") as tmp:
         for backend in backends:
             for repeat in range(args.repeats):
-                for mode in MODES:
+                # the order reverses every other repeat, so neither neighbour of a mode is always the same
+                for mode in args.modes if repeat % 2 == 0 else reversed(args.modes):
+                    if mode in TWO_WRITER_MODES and backend != "postgresql":
+                        continue
                     runs.append(measure(backend, mode, repeat, args, pg_base, Path(tmp)))
 
     # 2. medians, the table, the JSON result
@@ -462,6 +575,7 @@ def main(argv: list[str] | None = None) -> None:
             "baseline_responses": args.baseline_responses,
             "batch_max": args.batch_max,
             "repeats": args.repeats,
+            "modes": list(args.modes),
             "seed": args.seed,
         },
         "environment": environment(pg_base),
