@@ -1,7 +1,7 @@
 """The `delta` backend: versions travel to replicas on other machines as the bytes that changed, through
 a directory every machine reads (a shared filesystem, or an object store's mount standing in for one).
 
-    <delta_dir>/
+    <delta_dir>/<namespace>/                    one per deployment (its random id, from the store, as shared memory's)
         v00000007.json                          the manifest, written last (temporary name, fsync, rename)
         v00000007.<nonce>.safetensors           the version's data: a full copy, or a delta against its parent
 
@@ -47,6 +47,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +78,12 @@ _TEMP = re.compile(r"\.v\d{8}\..*\.tmp-\d+")
 class DeltaUnusable(HandleGone):
     """No route through the delta directory rebuilds a version that verifies (files missing, changed or
     foreign): nothing of it serves, and the publisher reads the version's durable checkpoint instead."""
+
+
+def directory(config: TransportConfig) -> Path:
+    """The deployment's directory: `delta_dir` / its namespace (two deployments sharing one `delta_dir`
+    never write over each other's versions)."""
+    return Path(config.delta_dir) / config.namespace
 
 
 def manifest_path(directory: str | Path, version: int) -> Path:
@@ -443,6 +450,7 @@ class DeltaReceiver(Receiver):
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
         self._state: State | None = None  # the last version rebuilt and verified: the next chain's start
+        self._lock = threading.Lock()  # one rebuild at a time (the publisher's threads, a learner's recovery)
         self.last_route: Route | None = None
         self.bytes_read = 0
 
@@ -470,6 +478,10 @@ class DeltaReceiver(Receiver):
         handle's (its row's) nonce and digest; the other route if that fails; DeltaUnusable if neither
         verifies. The result becomes this receiver's state."""
         require_authenticated(handle, "delta")
+        with self._lock:
+            return self._rebuild(handle)
+
+    def _rebuild(self, handle: WeightHandle) -> State:
         target = read_manifest(self.directory, handle.version)
         if not secrets.compare_digest(str(target.get("nonce") or ""), handle.nonce or ""):
             raise self._unusable(handle, f"the manifest's nonce {target.get('nonce')!r} is not the row's (another attempt's files)")
@@ -568,8 +580,8 @@ class DeltaReceiver(Receiver):
 def sender(config: TransportConfig, path_for: Callable[[int], Path] | None = None, base_model: str | Path | None = None,
            client: Any = None) -> DeltaSender:
     """The registry's constructor (`liveloop.transport.make_sender`)."""
-    return DeltaSender(config.delta_dir, config.delta_max_chain, config.delta_chunk_bytes)
+    return DeltaSender(directory(config), config.delta_max_chain, config.delta_chunk_bytes)
 
 
 def receiver(config: TransportConfig) -> DeltaReceiver:
-    return DeltaReceiver(config.delta_dir)
+    return DeltaReceiver(directory(config))

@@ -131,8 +131,8 @@ async def test_publisher_activates_deltas_and_never_serves_a_changed_one(engine,
 
     # version 3's delta is changed after it was written: its durable checkpoint serves instead
     handle, state = publish(3, durable=True)
-    doc = json.loads(dt.manifest_path(config.delta_dir, 3).read_text())
-    f = Path(config.delta_dir) / doc["file"]
+    doc = json.loads(dt.manifest_path(dt.directory(config), 3).read_text())
+    f = dt.directory(config) / doc["file"]
     data = bytearray(f.read_bytes())
     data[-2] ^= 0x10
     f.write_bytes(bytes(data))

@@ -136,9 +136,9 @@ def test_a_chain_rebuilds_every_version_bit_for_bit(config):
     # a full copy every delta_max_chain deltas
     assert kinds == ["full", "delta", "delta", "delta", "full", "delta", "delta", "delta"]
     assert sender.stats.versions == 8 and sender.stats.full_copies == 2 and sender.stats.bytes_sent < sender.stats.full_bytes
-    manifest = json.loads(dt.manifest_path(config.delta_dir, 6).read_text())
+    manifest = json.loads(dt.manifest_path(dt.directory(config), 6).read_text())
     assert manifest["parent"] == 5 and manifest["changed"] == ["f32", "bf16", "f16", "transposed", "embed.weight"]
-    assert manifest["bytes"] == os.path.getsize(Path(config.delta_dir) / manifest["file"])
+    assert manifest["bytes"] == os.path.getsize(dt.directory(config) / manifest["file"])
 
 
 def test_receivers_behind_or_fresh_catch_up(config):
@@ -157,9 +157,9 @@ def test_receivers_behind_or_fresh_catch_up(config):
 
 
 def _tamper(config: TransportConfig, version: int, fix_manifest: bool) -> None:
-    path = dt.manifest_path(config.delta_dir, version)
+    path = dt.manifest_path(dt.directory(config), version)
     doc = json.loads(path.read_text())
-    f = Path(config.delta_dir) / doc["file"]
+    f = dt.directory(config) / doc["file"]
     data = bytearray(f.read_bytes())
     data[-1] ^= 0x01  # a bit of the last tensor's bytes
     f.write_bytes(bytes(data))
@@ -201,7 +201,7 @@ def test_a_broken_chain_with_no_full_copy_is_unusable(config):
     states, handles = chain(config, 4)
     receiver = make_receiver(config)
     receiver.rebuild(handles[0])
-    dt.manifest_path(config.delta_dir, 2).unlink()
+    dt.manifest_path(dt.directory(config), 2).unlink()
     with pytest.raises(dt.DeltaUnusable):
         receiver.rebuild(handles[3])
     receiver.rebuild(handles[0])  # what it holds still serves
@@ -215,13 +215,13 @@ def test_release_and_abort_leave_no_chain_through_them(config):
     publish(sender, 1, s1)
     publish(sender, 2, step(s1, 2))
     sender.release(2)  # its row was refused: version 3 must not be written against it
-    assert dt.versions(config.delta_dir) == [1]
+    assert dt.versions(dt.directory(config)) == [1]
     h3 = publish(sender, 3, step(s1, 3))
     assert h3.detail["kind"] == "full"
     sender.start_update(4)
     sender.send(step(s1, 4))
     sender.abort()
-    assert dt.versions(config.delta_dir) == [1, 3] and not [n for n in os.listdir(config.delta_dir) if n.startswith(".")]
+    assert dt.versions(dt.directory(config)) == [1, 3] and not [n for n in os.listdir(dt.directory(config)) if n.startswith(".")]
     h5 = publish(sender, 5, step(step(s1, 3), 5))
     assert h5.detail["kind"] == "delta" and h5.detail["parent"] == 3
 
@@ -249,17 +249,17 @@ sender.start_update(2); sender.send(state); sender.finish()
 
 
 def test_a_sender_dying_mid_write_leaves_nothing_a_receiver_reads(config):
-    proc = subprocess.run([sys.executable, "-c", _DIE_MID_WRITE, config.delta_dir, "1"], timeout=120)
+    proc = subprocess.run([sys.executable, "-c", _DIE_MID_WRITE, str(dt.directory(config)), "1"], timeout=120)
     assert proc.returncode == 3
-    left = sorted(os.listdir(config.delta_dir))
+    left = sorted(os.listdir(dt.directory(config)))
     assert any(n.startswith("v00000002.") and n.endswith(".safetensors") for n in left)  # its data made it, its manifest not
     assert any(n.startswith(".v00000002.json.tmp-") for n in left)
     receiver = make_receiver(config)
     with pytest.raises(HandleGone):
-        receiver.rebuild(WeightHandle("delta", 2, str(dt.manifest_path(config.delta_dir, 2)), nonce="a" * 32, digest="b" * 64))
+        receiver.rebuild(WeightHandle("delta", 2, str(dt.manifest_path(dt.directory(config), 2)), nonce="a" * 32, digest="b" * 64))
     sender = make_sender(config)
     sender.init()  # what the dead sender left goes
-    assert sorted(os.listdir(config.delta_dir)) == [n for n in left if n.startswith("v00000001.")]
+    assert sorted(os.listdir(dt.directory(config))) == [n for n in left if n.startswith("v00000001.")]
     state = step(weights(), 7)
     handle = publish(sender, 2, state)
     assert handle.detail["kind"] == "full"  # a new sender knows no previous state
@@ -286,3 +286,12 @@ def test_dense_small_changes_travel_as_compressed_xor(dtype):
     assert torch.equal(dt.xor_decode(a, parts["xor"], old.element_size()), b)
     with pytest.raises(ValueError):  # a packed entry that unpacks to more than the tensor is refused
         dt.xor_decode(a[:-4], parts["xor"], old.element_size())
+
+
+def test_deployments_sharing_a_directory_keep_their_own_versions(tmp_path):
+    configs = [TransportConfig(backend="delta", delta_dir=str(tmp_path), namespace=ns) for ns in ("dA", "dB")]
+    states = [weights(1), weights(2)]
+    handles = [publish(make_sender(c), 1, s) for c, s in zip(configs, states)]
+    for c, s, h in zip(configs, states, handles):
+        assert same(make_receiver(c).tensors(h), {k: v.contiguous() for k, v in s.items()})
+    assert dt.directory(configs[0]) != dt.directory(configs[1])
