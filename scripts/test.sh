@@ -14,7 +14,7 @@ export LIVELOOP_REQUIRE_PG=1
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/liveloop model init >/dev/null
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider -ra "${@:-tests}"
+.venv/bin/python -m pytest -p no:cacheprovider -ra --durations=30 "${@:-tests}"
 rc=$?
 set -e
 bash scripts/postgres.sh stop
