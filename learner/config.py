@@ -131,6 +131,12 @@ class LearnerConfig:
     zero_stage: int = field(
         default=0, metadata={"help": "0: plain torch AdamW; 1-3: DeepSpeed ZeRO for the policy and critic optimizers"}
     )
+    ranks: int = field(
+        default=1,
+        metadata={"help": "N: ranks of the policy step (data parallel, DeepSpeed ZeRO, gloo on this machine's CPU; "
+                  "learner/ranks.py); N > 1 needs zero_stage 1-3, device cpu and batch_size >= N; the critic then "
+                  "trains on rank 0 with plain AdamW"},
+    )
     adapters: Literal["none", "segment", "shared"] = field(
         default="none",
         metadata={"help": "none: train the whole policy; segment: a LoRA adapter per segment on one frozen base, each "
@@ -173,6 +179,10 @@ class LearnerConfig:
             raise ValueError("bfloat16 learner weights need zero_stage 0 (DeepSpeed's own bf16 mode is not wired)")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError("zero_stage must be 0 (plain torch), 1, 2 or 3")
+        if self.ranks < 1 or (self.ranks > 1 and self.zero_stage == 0):
+            raise ValueError("ranks must be >= 1, and ranks > 1 needs zero_stage 1, 2 or 3 (DeepSpeed runs the ranks)")
+        if self.ranks > 1 and (self.device == "cuda" or self.batch_size < self.ranks):
+            raise ValueError("ranks > 1 needs device 'cpu' or 'auto' (gloo on the CPU) and batch_size >= ranks (a rating per rank)")
         if self.keep_last_versions < 1 or self.keep_parent_chain < 0:
             raise ValueError("keep_last_versions must be >= 1 and keep_parent_chain >= 0")
         if self.max_per_key_per_batch < 1 or self.max_per_key_per_window < 0 or self.influence_window_seconds <= 0:

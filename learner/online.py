@@ -18,6 +18,8 @@ With `[learner] adapters` on, one OnlineLearner is one segment's lane (learner/l
 policy is that segment's LoRA adapter on a frozen base shared by every lane (learner/adapters.py), it
 reads only its segment's ratings, keeps its own cursor (`sao:cozy`), critic and step-size controllers,
 publishes adapter versions of its segment, and its KL reference is the base with the adapters off.
+With `[learner] ranks` N > 1 step 5 runs across N processes under DeepSpeed ZeRO, each rank on its share
+of the batch (ranks.py); this process is rank 0 and keeps the rest: store, critic, publishing.
 The baselines (`[learner] method`: sliding_window, grpo, grpo_dis; see methods.py) run through the same
 loop: the method picks the batch, the advantages and the policy loss; methods without a critic skip
 steps 2-4's critic parts. A non-finite loss or gradient skips the update (counted); a version is published only from finite
@@ -53,14 +55,15 @@ from liveloop.learner.adapters import AdapterPolicy
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.diagnostics import StabilityWindow
 from liveloop.learner.methods import make_method
+from liveloop.learner.objective import policy_objective
 from liveloop.learner.placement import Placement, placement
 from liveloop.learner.position import LearnerState, stored_position
 from liveloop.learner.publishing import Publishing
+from liveloop.learner.ranks import RankGroup
 from liveloop.segments import lane_cursor
-from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, token_logprobs
+from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl
-from liveloop.rl.losses import exact_kl_penalty, kl_penalty
 from liveloop.rl.optim import make_optimizer
 from liveloop.store import Store, VersionStatus
 from liveloop.transport import TransportConfig, make_sender
@@ -145,14 +148,18 @@ class OnlineLearner(Publishing):
             self.policy = self.adapters.add(self.segment, policy_dir)  # only this adapter takes gradients now
         else:
             self.policy = self.place.load_causal_lm(policy_dir)
-        self.policy_opt = make_optimizer(
-            self.policy, self.learning_rate, c.max_grad_norm, c.zero_stage, c.batch_size, c.master_weights
-        )
+        if c.ranks > 1:  # the policy step across ranks (learner/ranks.py); one group for the process's life
+            self.rank_group = getattr(self, "rank_group", None) or RankGroup.start(c)
+            self.policy_opt = self.rank_group.optimizer(self.policy, policy_dir, self.learning_rate, c)
+        else:
+            self.policy_opt = make_optimizer(
+                self.policy, self.learning_rate, c.max_grad_norm, c.zero_stage, c.batch_size, c.master_weights
+            )
         backbone = critic_dir or (policy_dir if self.adapters is None else str(self.base_model_dir))
         self.critic = (
             Critic(
                 self.place.prepare(build_value_model(backbone, self.place.dtype).to(self.place.device)),
-                self.critic_config, c.zero_stage, c.batch_size, c.master_weights,
+                self.critic_config, c.zero_stage if c.ranks == 1 else 0, c.batch_size, c.master_weights,
             )
             if self.method.uses_critic else None
         )
@@ -263,17 +270,21 @@ class OnlineLearner(Publishing):
         self.policy.train()
         staleness = (self.state.version - batch.versions).clamp(min=0)
         ref = self._reference_log_dists(batch) if self.kl_anchored else None
-        loss, dists, metrics = self._objective(batch, advantages, staleness, ref)
-        metrics["learner/entropy"] = token_entropy(dists.detach(), batch.action_mask)
+        before = dists = None
+        if c.ranks > 1:  # every rank steps on its share; objective, entropy and step KL reduced over them
+            norm, metrics = self.policy_opt.train(batch, advantages, staleness, ref, self.kl_coef)
+        else:
+            loss, dists, metrics = self._objective(batch, advantages, staleness, ref)
+            metrics["learner/entropy"] = token_entropy(dists.detach(), batch.action_mask)
+            before = self.policy_opt.snapshot() if c.max_step_kl > 0 else None
+            norm = self.policy_opt.step(loss)  # None: the loss or gradient was not finite, nothing changed
         metrics["learner/lr"], metrics["learner/kl_coef"] = self.learning_rate, self.kl_coef
-        before = self.policy_opt.snapshot() if c.max_step_kl > 0 else None
-        norm = self.policy_opt.step(loss)  # None: the loss or gradient was not finite, nothing changed
         if norm is None:
             self.state.skipped_steps += 1
             log.warning("learner step %d skipped: non-finite loss or gradient", self.state.step)
         else:
             metrics["learner/grad_norm"] = norm
-            step_kl = self._step_kl(batch, dists.detach())
+            step_kl = metrics.pop("learner/step_kl") if dists is None else self._step_kl(batch, dists.detach())
             verdict = self._trust_region(batch, dists.detach(), before, step_kl) if before is not None else None
             if self.step_size is not None and (verdict is None or verdict.kind != "jump"):  # a jump says nothing of the rate
                 # the rate follows what the update that stood moved the policy by (a cut-back's, not the full step's,
@@ -300,18 +311,9 @@ class OnlineLearner(Publishing):
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """What the policy step descends at the current weights: the method's policy loss plus the KL anchor
         to `ref` (the base's log-distributions; None: no anchor). Returns (loss, response log-dists, metrics)."""
-        logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        dists = response_log_dists(logits, batch)
-        logprobs = token_logprobs(dists, batch)
-        loss, metrics = self.method.policy_loss(logprobs, batch, advantages, staleness)
-        if ref is not None:
-            if self.config.kl_estimator == "exact":
-                kl, kl_metrics = exact_kl_penalty(dists, ref, batch.action_mask)
-            else:
-                kl, kl_metrics = kl_penalty(logprobs, token_logprobs(ref, batch), batch.action_mask)
-            loss = loss + self.kl_coef * kl
-            metrics |= kl_metrics
-        return loss, dists, metrics
+        return policy_objective(
+            self.policy_opt.module, self.method, self.config.kl_estimator, self.kl_coef, batch, advantages, staleness, ref
+        )
 
     def _trust_region(self, batch: TokenBatch, before_dists: torch.Tensor, before: list[torch.Tensor], step_kl: float) -> TrustRegionVerdict:
         """Leave the weights at the part of the update the trust region lets stand (`rl.control.trust_region`:

@@ -9,7 +9,9 @@ DeepSpeed ZeRO stage 1-3 (for models that do not fit one device), for the policy
     with opt.full_parameters(): ...        # full weights, for checks and save_pretrained
 
 ZeRO runs in one process on CPU too (gloo), which is how it is tested here; its C++ communication op
-compiles once on first use into $TORCH_EXTENSIONS_DIR (about 2 minutes on this machine).
+compiles once on first use into $TORCH_EXTENSIONS_DIR (about 2 minutes on this machine). Across N
+ranks (`[learner] ranks`, learner/ranks.py) each rank builds its ZeroOptimizer in a process group the
+group started (`world` = N); a rank's `micro_batch` is its share of the batch.
 """
 
 from __future__ import annotations
@@ -84,6 +86,11 @@ class TorchOptimizer:
         yield self.model
 
 
+def extensions_dir() -> str:
+    """Where DeepSpeed's compiled ops are cached (compiled once per machine, shared by every rank)."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.expanduser("~/.cache/liveloop/torch_extensions")
+
+
 def _single_process_env() -> None:
     # One process, no MPI: DeepSpeed reads the torch.distributed variables.
     if "MASTER_PORT" not in os.environ:
@@ -92,12 +99,16 @@ def _single_process_env() -> None:
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/liveloop/torch_extensions"))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
 
 
 class ZeroOptimizer:
-    def __init__(self, model: nn.Module, lr: float, max_grad_norm: float, stage: int, micro_batch: int = 1):
-        _single_process_env()
+    """DeepSpeed ZeRO. With `world` = 1 it starts its own one-process group; with more, the process
+    group is already up (learner/ranks.py) and every rank builds one of these on the same model."""
+
+    def __init__(self, model: nn.Module, lr: float, max_grad_norm: float, stage: int, micro_batch: int = 1, world: int = 1):
+        if world == 1:
+            _single_process_env()
         import deepspeed
 
         self.model = model
@@ -105,7 +116,7 @@ class ZeroOptimizer:
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
         config = {
-            "train_batch_size": micro_batch,
+            "train_batch_size": micro_batch * world,
             "train_micro_batch_size_per_gpu": micro_batch,
             "gradient_accumulation_steps": 1,
             "zero_optimization": {"stage": stage},
