@@ -5,7 +5,8 @@
 const REFRESH_MS = 2000;
 // statuses: the version statuses as the server defines them (GET /admin/statuses), by name
 // adapters: GET /admin/adapters (per-segment LoRA adapters; "none": the panel stays hidden)
-const state = { versions: [], drift: null, stats: null, events: [], markers: [], statuses: null, adapters: null };
+// fleet: GET /admin/replicas (every serving process: what it serves, its load, its health)
+const state = { versions: [], drift: null, stats: null, events: [], markers: [], statuses: null, adapters: null, fleet: null };
 window.dashboard = state; // for people (and tests) poking at the page
 
 function el(tag, attrs = {}, ...children) {
@@ -218,6 +219,22 @@ function drawAdapters() {
   document.querySelector("#adapters tbody").replaceChildren(...rows);
 }
 
+function drawFleet() {
+  const f = state.fleet;
+  const up = f.data.filter((r) => r.state !== "down");
+  const versions = [...new Set(up.map((r) => r.serving_version))];
+  document.getElementById("fleet-summary").textContent =
+    `(${up.length} of ${f.data.length} up; ${versions.length === 1 ? "all on v" + versions[0] : "versions " + versions.map((v) => "v" + v).join(", ")}; this page: ${f.replica})`;
+  const rows = f.data.map((r) => {
+    const adapters = Object.entries(r.adapter_versions).map(([seg, v]) => `${seg}: ${v === null ? "base" : "v" + v}`).join(", ");
+    return el("tr", { class: `replica ${r.state}`, "data-replica": r.id, "data-serving": r.serving_version ?? "" },
+      el("td", {}, r.id), el("td", { class: "state" }, r.state), el("td", {}, r.serving_version === null ? "–" : `v${r.serving_version}`),
+      el("td", {}, adapters || "–"), el("td", {}, r.in_flight), el("td", {}, `${r.host} / ${r.pid}`),
+      el("td", {}, `${r.heartbeat_age_seconds.toFixed(1)} s ago`));
+  });
+  document.querySelector("#fleet tbody").replaceChildren(...rows);
+}
+
 function drawVersions() {
   const rows = [...state.versions].reverse().map((v) => {
     const r = v.reward;
@@ -302,11 +319,12 @@ async function loadStatuses() {
 async function refresh() {
   try {
     if (!state.statuses) await loadStatuses(); // once: they are fixed while the server runs
-    const [stats, drift, versions, events, adapters] = await Promise.all([
+    const [stats, drift, versions, events, adapters, fleet] = await Promise.all([
       api("/admin/stats"), api("/admin/drift"), api("/admin/versions"), api("/admin/events?limit=500"), api("/admin/adapters"),
+      api("/admin/replicas"),
     ]);
-    Object.assign(state, { stats, drift, versions: versions.data, events: events.data, adapters });
-    drawHeader(); drawLearner(); drawDetector(); drawAdapters(); drawVersions(); drawEvents();
+    Object.assign(state, { stats, drift, versions: versions.data, events: events.data, adapters, fleet });
+    drawHeader(); drawLearner(); drawDetector(); drawFleet(); drawAdapters(); drawVersions(); drawEvents();
     collectMarkers(); drawCharts();
     document.body.dataset.loaded = "true";
     showError(null);

@@ -208,6 +208,9 @@ def test_dashboard_in_a_real_browser(http, server, browser, tmp_path):
     assert len(rows) == len(listed)
     assert browser.find_element(By.ID, "serving").get_attribute("data-version") == str(newer)
     assert browser.execute_script("return window.dashboard.markers.filter(m => m.kind === 'alarm').length") >= 1
+    # the fleet panel: this server is a fleet of one, up, serving the newest version
+    fleet = browser.find_elements(By.CSS_SELECTOR, "#fleet tbody tr.replica")
+    assert len(fleet) == 1 and fleet[0].get_attribute("data-serving") == str(newer) and "up" in fleet[0].get_attribute("class")
 
     artifacts = Path(os.environ.get("LIVELOOP_ARTIFACTS", ROOT / "tests" / "artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
