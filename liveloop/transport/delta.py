@@ -20,11 +20,11 @@ A delta holds, for each tensor whose bytes changed, the smallest of: the chunks 
 that differ (their indices and bytes: `<i>.idx` int64, `<i>.data` uint8), for sparse changes; the XOR
 of old and new bytes, split into byte planes (every element's first byte, then every second byte, ...)
 and zlib-compressed (`<i>.xor`), for dense small changes (an AdamW step moves every element a little:
-sign, exponent and high mantissa bits stay, so the high planes are zeros); or the whole tensor
+sign, exponent and high mantissa bits mostly stay, so the high planes are mostly zeros); or the whole tensor
 (`<i>.full`). A full copy holds every tensor as `<i>.full`. Bytes are compared and copied as they are,
 so bfloat16 and float32 weights alike are rebuilt bit for bit. The manifest names the version, its parent,
 the attempt's nonce, the digest of the whole state (the `TensorDigest` every backend uses: name, dtype,
-shape and bytes of each tensor in the order sent, tied names once each), every tensor (name, dtype,
+shape and bytes of each name in the order sent, tied names each with the bytes they share), every tensor (name, dtype,
 shape, or the earlier name whose memory it shares), the names that changed, the file and its sha256,
 the bytes it holds (`bytes`) against those of a full copy (`full_bytes`).
 
@@ -36,6 +36,10 @@ tried, and when neither verifies the receiver raises `DeltaUnusable` (a HandleGo
 the version's durable checkpoint, itself verified against the row's sha256). A sender that dies
 mid-write leaves at most a data file with no manifest, which no receiver reads and the next sender's
 `init` removes.
+
+Costs: the sender keeps the last version's bytes in host memory (the next delta is taken against them),
+the receiver the state it last rebuilt (the next chain starts there); a full copy prunes the versions
+before the previous full copy, so the directory holds at most about two chains.
 """
 
 from __future__ import annotations
