@@ -222,6 +222,8 @@ class Publishing:
         (VersionTaken if it is taken) with the checkpoint's path."""
         s = self.state
         metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
+        if handle is not None and "bytes" in handle.detail:  # what the transport shipped for this version (delta: vs full)
+            metrics |= {"transport/bytes": handle.detail["bytes"], "transport/full_bytes": handle.detail.get("full_bytes", handle.detail["bytes"])}
         return self.store.publish_version(
             version,
             parent=s.version,

@@ -86,3 +86,22 @@ def test_a_clean_stop_frees_the_memory_once_every_checkpoint_is_durable(store, t
     assert {1, 2} <= {v.version for v in store.versions_with_status(VersionStatus.PUBLISHED)}
     assert all(is_checkpoint(store.get_version(v).checkpoint_path) for v in (1, 2))
     assert segments(transport.namespace) == {}
+
+
+def test_a_learner_publishing_deltas_records_the_bytes_each_version_shipped(store, tmp_path, model_dir, rate, namespace):
+    """`[transport] backend = "delta"`: the first version ships whole, the next as a delta against it; each
+    row's metrics say how many bytes went and what the full copy would have been, and the delta rebuilds the
+    learner's weights exactly."""
+    delta = TransportConfig(backend="delta", namespace=namespace, delta_dir=str(tmp_path / "deltas"))
+    rate(store, 4)
+    learner = _learner(store, tmp_path, model_dir, delta)
+    for _ in range(4):  # versions 1 and 2
+        learner.step()
+    learner.wait_durable()
+    first, second = store.get_version(1).metrics, store.get_version(2).metrics
+    assert first["transport/bytes"] >= first["transport/full_bytes"] > 0  # no parent yet: a full copy
+    assert 0 < second["transport/bytes"] < second["transport/full_bytes"] == first["transport/full_bytes"]
+    receiver = make_receiver(delta)
+    with receiver.open(receiver.handle_of(store.get_version(2))) as source:
+        trained = learner.policy.state_dict()
+        assert all(torch.equal(source.tensors[k], v) for k, v in trained.items() if k in source.tensors)
