@@ -200,3 +200,32 @@ async def test_the_follower_rule(store, engine, model_dir, checkpoints):
         assert (engine.version, other.version) == (v1, v1)
     finally:
         await other.close()
+
+
+async def test_the_follower_rule_for_a_segments_adapter(store, model_dir, tmp_path):
+    from liveloop.devtools import random_lora_adapter
+
+    def adapter_engine() -> HFEngine:
+        return HFEngine(EngineConfig(backend="hf", model=str(model_dir), max_adapters=4, max_lora_rank=4), model_dir)
+
+    engines = [adapter_engine(), adapter_engine()]
+    for e in engines:
+        await e.start(version=0)
+    try:
+        a, b = (Publisher(e, store, Metrics(), segments=("cozy",)) for e in engines)
+        adapter = random_lora_adapter(model_dir, tmp_path / "cozy1", seed=1, rank=4)
+        v1 = store.publish_version(
+            parent=0, checkpoint_path=str(adapter), checkpoint_sha256=None, learner_step=1, samples_used=1, metrics={},
+            cursor_name="sao:cozy", last_feedback_id=0, segment="cozy",
+        ).version
+        assert (await a.activate(store.get_version(v1))).version == v1
+        assert [r.version for r in await b.follow()] == [v1]
+        assert engines[1].adapter_version("cozy") == v1 and engines[1].version == 0  # the base weights untouched
+        # the segment served by the base again (a rollback through `a`): `b` unloads its adapter
+        await a.rollback(0, segment="cozy")
+        await b.follow()
+        assert (engines[0].adapter_version("cozy"), engines[1].adapter_version("cozy")) == (None, None)
+        assert await b.follow() == []
+    finally:
+        for e in engines:
+            await e.close()
