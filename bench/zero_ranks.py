@@ -30,14 +30,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import default_model, save  # noqa: E402  (bench/ is not a package)
 
-PHASES = {  # cProfile function names -> phase (cumulative seconds on rank 0)
-    "policy_objective": "forward + loss",
-    "backward": "backward (engine.backward)",
-    "step": "optimizer step (engine.step)",
-    "_grad_norm": "gradient norm (gathered)",
-    "all_reduce": "gloo all_reduce (incl. waiting for the other rank)",
-    "reduce_scatter_fn": "gloo reduce_scatter",
-    "allgather_fn": "gloo all_gather",
+PHASES = {  # (file ending, function) in cProfile -> phase (cumulative seconds per step on rank 0)
+    ("learner/objective.py", "policy_objective"): "forward + loss",
+    ("deepspeed/runtime/engine.py", "backward"): "backward (engine.backward, with ZeRO's gradient reduction)",
+    ("rl/optim.py", "_grad_norm"): "gradient norm before the step (gathered)",
+    ("deepspeed/runtime/engine.py", "step"): "optimizer step (engine.step)",
+    ("torch/distributed/distributed_c10d.py", "all_reduce"): "  in gloo all_reduce (incl. waiting for the other rank)",
+    ("torch/distributed/distributed_c10d.py", "reduce_scatter_tensor"): "  in gloo reduce_scatter",
+    ("torch/distributed/distributed_c10d.py", "all_gather_into_tensor"): "  in gloo all_gather",
+    ("learner/ranks.py", "reduce_metrics"): "metrics reduced over the ranks",
 }
 
 
@@ -92,9 +93,10 @@ def arm(stage: int, ranks: int, batch_size: int, steps: int, out: str) -> None:
         assert norm is not None
     stats = pstats.Stats(profile)
     phases: dict[str, float] = {}
-    for (_, _, name), row in stats.stats.items():  # type: ignore[attr-defined]
-        if name in PHASES:
-            phases[PHASES[name]] = max(phases.get(PHASES[name], 0.0), row[3] / steps)
+    for (file, _, name), row in stats.stats.items():  # type: ignore[attr-defined]
+        for (ending, function), phase in PHASES.items():
+            if name == function and file.endswith(ending):
+                phases[phase] = phases.get(phase, 0.0) + row[3] / steps
     Path(out).write_text(json.dumps({"stage": stage, "ranks": ranks, "step_seconds": times, "phases_per_step": phases}))
     if group is not None:
         group.close()
@@ -129,7 +131,7 @@ def main() -> None:
         for phase in PHASES.values():
             a, b = one["phases_per_step"].get(phase), two["phases_per_step"].get(phase)
             if a is not None or b is not None:
-                print(f"    {phase:52s} {1000 * (a or 0):7.0f} ms  {1000 * (b or 0):7.0f} ms")
+                print(f"    {phase:62s} {1000 * (a or 0):7.0f} ms  {1000 * (b or 0):7.0f} ms")
     print("wrote", save("zero_ranks", result))
 
 

@@ -22,8 +22,8 @@ learner, not services to schedule or supervise one by one. As children they need
 runs outside it too: `liveloop learn`, tests) and no CPU reservation from the private Ray's two; the
 DeepSpeed launcher starts whole programs from a command line, where the learner is a part of one.
 Orders travel over a pipe per worker (a worker may wait hours for the next rating without a gloo
-timeout); only DeepSpeed's collectives use gloo, on loopback. A worker never outlives rank 0 (the
-kernel kills it when rank 0 dies: PR_SET_PDEATHSIG).
+timeout); only DeepSpeed's collectives use gloo, on loopback. A worker never outlives rank 0 (it
+watches its parent and exits when rank 0 is gone).
 A worker that dies ends rank 0's next collective with an error (or `RankFailed` before it): the
 learner crashes and its supervisor starts a fresh one, with a fresh group.
 """
@@ -36,9 +36,9 @@ import datetime
 import logging
 import math
 import os
-import signal
 import socket
-import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -173,13 +173,15 @@ def _join_group() -> None:
 
 
 def _die_with(parent: int) -> None:
-    """Ask the kernel to kill this process when rank 0 dies (Linux), wherever it is waiting then."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+    """Exit as soon as rank 0 is gone, wherever this process waits then (an import, a collective):
+    a watcher thread (not PR_SET_PDEATHSIG, which follows the thread that spawned us, not rank 0)."""
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # rank 0 died before that took effect
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
         os._exit(1)
+
+    threading.Thread(target=watch, name="rank0-watch", daemon=True).start()
 
 
 def _worker(rank: int, world: int, port: int, conn: Any, parent: int) -> None:
