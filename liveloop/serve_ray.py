@@ -10,8 +10,9 @@ store (PostgreSQL: several processes write at once).
       |                              writer, version watcher and heartbeat; `[ray] replica_cpus` each
       |-- LearnerHost (named actor)  the supervisor `ColocatedLearner` and its learner actor (1 CPU)
 
-- The driver migrates the store and makes version 0 once, before any replica starts; replicas never
-  migrate (`auto_migrate` off in theirs).
+- The driver migrates the store, makes version 0 and sweeps the deployment's shared memory once,
+  before any replica starts; replicas never migrate (`auto_migrate` off in theirs) nor sweep (one
+  restarted while the learner writes a version would remove it as unfinished).
 - Each replica is `@serve.ingress` late-bound: its constructor takes the config and model directory,
   `__serve_build_asgi_app__` builds the app with the replica's Serve id as its registry id, and Serve
   runs the app's lifespan (the components start there and stop at the replica's shutdown; a replica
@@ -184,8 +185,11 @@ def replica_config(config: Config) -> Config:
 
 
 def prepare_store(config: Config, model_dir: Path) -> str:
-    """Migrate (or check) the store and make version 0, once, before any replica starts; returns the
-    deployment's id."""
+    """Migrate (or check) the store, make version 0 and sweep what the deployment left in shared memory
+    (server/startup.py), once, before any replica starts (a replica restarted later must not sweep: the
+    learner may be writing a version then); returns the deployment's id."""
+    from liveloop.metrics import Metrics
+    from liveloop.server.startup import sweep_shared_memory
     from liveloop.store import Store
 
     store = Store(config.store)
@@ -195,6 +199,7 @@ def prepare_store(config: Config, model_dir: Path) -> str:
         store.require_schema()
         if store.latest_version() is None:
             store.ensure_base_version(str(model_dir.resolve()))
+        sweep_shared_memory(store, config.transport_for_store(), Metrics())
         return store.deployment_id()
     finally:
         store.close()

@@ -202,7 +202,9 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     # 4. writer
     writer = BatchWriter(store).start()
     metrics = Metrics()
-    await asyncio.to_thread(sweep_shared_memory, store, transport, metrics)  # what this deployment left there
+    if not config.ray.enabled:  # a fleet's driver sweeps once, before its replicas start: a replica that
+        # restarts while the learner writes a version must not remove it as "unfinished" (liveloop/serve_ray.py)
+        await asyncio.to_thread(sweep_shared_memory, store, transport, metrics)  # what this deployment left there
     route = functools.partial(segment_of, config=config.learner)
     serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server), route)
     publisher = Publisher(

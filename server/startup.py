@@ -7,7 +7,11 @@ half-written model, nor a checkpoint whose files are not the ones its row names 
 
 At start the server also sweeps what this deployment left in shared memory (`sweep_shared_memory`):
 unfinished versions and versions nothing may serve any more, the engine copies of killed engines, and
-it reports foreign files in its namespace (an operator event and `server/foreign_weight_files`)."""
+it reports foreign files in its namespace (an operator event and `server/foreign_weight_files`). A fleet
+(`[ray] enabled`) sweeps once, in its driver before any replica starts (liveloop/serve_ray.py): a
+replica that Serve restarts while the learner writes a version must not remove it as unfinished. A
+replica that starts late (restarted, or added) starts on the store's serving version like any server,
+so it catches up on what was pushed while it was gone."""
 
 from __future__ import annotations
 
