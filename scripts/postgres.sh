@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# A private PostgreSQL cluster on 127.0.0.1 for the tests: installs PostgreSQL (Debian package) when
-# missing, initialises a cluster once, starts it if it is not running, creates the database.
+# A private PostgreSQL cluster on 127.0.0.1 for the tests and the replicas preset: installs PostgreSQL
+# (Debian package) when missing, initialises a cluster once, starts it if it is not running, creates the
+# database ($LIVELOOP_PG_DB, default liveloop_test).
 #   scripts/postgres.sh start   -> prints the SQLAlchemy URL on stdout
 #   scripts/postgres.sh stop
 set -euo pipefail
 PORT=${LIVELOOP_PG_PORT:-55432}
 DIR=${LIVELOOP_PG_DIR:-/tmp/liveloop-pg-$PORT}
-DB=liveloop_test
+DB=${LIVELOOP_PG_DB:-liveloop_test}   # the tests' database; configs/ray.toml's is liveloop
 
 find_bin() {
   local d
