@@ -4,9 +4,11 @@ SQLite and real PostgreSQL, and a real server process."""
 from __future__ import annotations
 
 
+import contextlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,14 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'store.db'}"
         return
+    with fresh_pg_database() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A new, empty database in the test cluster, dropped afterwards (skips without PostgreSQL, fails
+    where LIVELOOP_REQUIRE_PG says it must be there)."""
     base = _pg_url()
     if base is None:
         pytest.skip("no PostgreSQL: run through scripts/test.sh")
@@ -59,9 +69,11 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     admin = base.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
-    yield base.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    try:
+        yield base.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ import os
 import signal
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -28,6 +27,7 @@ import pytest
 
 from liveloop.devtools import ADMIN_KEY, USER_KEYS, perturbed_checkpoint, wait_until
 from liveloop.store import Store, StoreConfig, VersionStatus
+from ..conftest import fresh_pg_database
 from .conftest import start_server, stop_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -46,18 +46,8 @@ PROMPTS = ["Tell me about cats.", "What do owls eat?", "Describe the sea.", "Say
 
 @pytest.fixture(scope="module")
 def pg_url():
-    base = os.environ.get("LIVELOOP_TEST_PG_URL")
-    if not base:
-        pytest.skip("no PostgreSQL: run through scripts/test.sh")
-    import psycopg
-
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = base.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield base.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with fresh_pg_database() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

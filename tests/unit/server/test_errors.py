@@ -11,7 +11,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from liveloop.server.admission import Busy, RateLimited
 from liveloop.server.errors import APIError, domain_error, domain_table, install_handlers
-from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable
+from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
 from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
 from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
 from liveloop.server.weights_import import ImportFailed, ImportRefused, ImportTooLarge
@@ -29,6 +29,8 @@ EXPECTED = {
                      "the store is unavailable; please retry", "5"),
     LogFailed: (LogFailed("the response could not be logged; please retry"), 503, "server_error", "log_failed", None,
                 "the response could not be logged; please retry", "1"),
+    EngineUnavailable: (EngineUnavailable("the SGLang server at http://127.0.0.1:30000 does not answer"), 503, "server_error",
+                        "engine_unavailable", None, "the SGLang server at http://127.0.0.1:30000 does not answer", "5"),
     UnknownModel: (UnknownModel("gpt-9"), 404, "not_found_error", "model_not_found", "model", "the model `gpt-9` does not exist", None),
     InvalidRequest: (InvalidRequest("the prompt is empty", "prompt", code="context_length_exceeded"), 400, "invalid_request_error",
                      "context_length_exceeded", "prompt", "the prompt is empty", None),
