@@ -123,18 +123,29 @@ def start_server(
         start_new_session=True,
     )
     server = ServerProcess(f"http://127.0.0.1:{port}", store_url, Path(model_dir), proc, log_path)
+    try:
+        wait_healthy(proc, server.base_url + "/healthz", timeout)
+    except RuntimeError as exc:
+        server.stop()
+        raise RuntimeError(f"server {exc}:\n{server.log_tail()}") from None
+    return server
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, interval: float = 0.5) -> None:
+    """Poll `url` until it answers 200 while `proc` (the server behind it) runs: how tests start a
+    server process. RuntimeError saying why not (the process exited, or `timeout` seconds passed);
+    stopping the process is the caller's."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log_tail()}")
+            raise RuntimeError(f"exited with {proc.returncode}")
         try:
-            if httpx.get(server.base_url + "/healthz", timeout=2).status_code == 200:
-                return server
+            if httpx.get(url, timeout=2, trust_env=False).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
-    server.stop()
-    raise RuntimeError(f"server did not become healthy in {timeout}s:\n{server.log_tail()}")
+        time.sleep(interval)
+    raise RuntimeError(f"did not answer {url} within {timeout:g} s")
 
 
 def perturbed_checkpoint(model_dir: Path, out_dir: Path, seed: int = 1, scale: float = 0.05) -> Path:

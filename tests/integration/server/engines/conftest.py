@@ -6,14 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from liveloop.devtools import free_port
+from liveloop.devtools import free_port, wait_healthy
 
 STANDIN = Path(__file__).resolve().parents[4] / "tests" / "standins" / "sglang_server.py"
 
@@ -40,18 +38,12 @@ def start_standin(model_dir: Path, *, radix_cache: bool = False, deadline: float
         args.append("--disable-radix-cache")
     process = subprocess.Popen(args, env={**os.environ, "OMP_NUM_THREADS": "1"})
     standin = StandIn(f"http://127.0.0.1:{port}", process)
-    until = time.monotonic() + deadline
-    while time.monotonic() < until:
-        if process.poll() is not None:
-            raise RuntimeError(f"the SGLang stand-in exited with {process.returncode}")
-        try:
-            if httpx.get(standin.url + "/health", timeout=2.0, trust_env=False).status_code == 200:
-                return standin
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    standin.stop()
-    raise RuntimeError(f"the SGLang stand-in did not answer /health within {deadline:g} s")
+    try:
+        wait_healthy(process, standin.url + "/health", deadline, interval=0.2)
+    except RuntimeError as exc:
+        standin.stop()
+        raise RuntimeError(f"the SGLang stand-in {exc}") from None
+    return standin
 
 
 @pytest.fixture(scope="session")
