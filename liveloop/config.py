@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from liveloop.model.config import ModelBuildConfig
     from liveloop.monitor.config import MonitorConfig
     from liveloop.ray_config import RayConfig
+    from liveloop.release.config import ReleaseConfig
     from liveloop.server.config import AuthConfig, EngineConfig, ServerConfig
     from liveloop.store.config import StoreConfig
     from liveloop.transport.config import TransportConfig
@@ -271,6 +272,7 @@ def _sections() -> dict[str, type]:
     from liveloop.model.config import ModelBuildConfig
     from liveloop.monitor.config import MonitorConfig
     from liveloop.ray_config import RayConfig
+    from liveloop.release.config import ReleaseConfig
     from liveloop.server.config import AuthConfig, EngineConfig, ServerConfig
     from liveloop.store.config import StoreConfig
     from liveloop.transport.config import TransportConfig
@@ -286,6 +288,7 @@ def _sections() -> dict[str, type]:
         "monitor": MonitorConfig,
         "transport": TransportConfig,
         "ray": RayConfig,
+        "release": ReleaseConfig,
     }
 
 
@@ -303,6 +306,7 @@ class Config:
     monitor: MonitorConfig
     transport: TransportConfig
     ray: RayConfig
+    release: ReleaseConfig
     path: str = field(default="<defaults>")
 
     def transport_for_store(self) -> TransportConfig:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # component -> the folder it lives in (installed as liveloop.<component>)
 COMPONENTS = {
     "rl": "rl", "store": "store", "transport": "liveloop/transport", "monitor": "monitor", "critic": "critic",
-    "diffusion": "diffusion", "learner": "learner", "server": "server", "clients": "clients",
+    "diffusion": "diffusion", "learner": "learner", "server": "server", "clients": "clients", "release": "release",
 }
 ALLOWED = {
     "rl": set(),
@@ -30,7 +30,8 @@ ALLOWED = {
     "critic": {"rl"},
     "diffusion": {"rl", "store"},
     "learner": {"rl", "critic", "store", "transport"},
-    "server": {"store", "transport", "monitor", "diffusion"},
+    "server": {"store", "transport", "monitor", "diffusion", "release"},
+    "release": {"store", "monitor", "transport"},
     "clients": set(),
 }
 # top-level modules both sides share: they import no component at run time
