@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from liveloop.clients.judge import FLATTERY_WORDS, JUDGES
 from liveloop.config import ConfigError, check_literals, check_sections, read_toml
 from liveloop.model.corpus import STYLES, TOPICS
 
@@ -113,7 +114,12 @@ class ScenarioSettings:
     group_size: int = 1  # G: the same prompt asked G times (GRPO methods)
     max_tokens: int = 48
     temperature: float = 1.0
-    judge: str = "rule"  # rule | llm:BASE_URL[#MODEL]
+    judge: str = "rule"  # rule | flattery | llm:BASE_URL[#MODEL]
+    # the flattery judge's lexicon: a reply containing one of these is rated 1, whatever its style
+    flattery_words: tuple[str, ...] = FLATTERY_WORDS
+    # a population of simulated end users: each arrival is one of `users` ids ("user-0", ...) chosen at
+    # random, sent as OpenAI's `user` field (the canary's routing key); 0 = no `user` field
+    users: int = 0
     feedback_delay: DelayDistribution = field(default_factory=DelayDistribution)
 
     def __post_init__(self) -> None:
@@ -126,8 +132,12 @@ class ScenarioSettings:
             raise ValueError(f"rating_probability must be in (0, 1], got {self.rating_probability}")
         if self.group_size < 1 or self.max_tokens < 1:
             raise ValueError("group_size and max_tokens must be >= 1")
-        if not (self.judge == "rule" or self.judge.startswith("llm:")):
-            raise ValueError(f"judge: expected 'rule' or 'llm:BASE_URL[#MODEL]', got {self.judge!r}")
+        if not (self.judge in ("rule", "flattery") or self.judge.startswith("llm:")):
+            raise ValueError(f"judge: expected one of {', '.join(JUDGES)}, got {self.judge!r}")
+        if self.judge == "flattery" and not any(self.flattery_words):
+            raise ValueError("flattery_words: the flattery judge needs at least one word")
+        if self.users < 0:
+            raise ValueError(f"users must be >= 0, got {self.users}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +165,11 @@ class Scenario(ScenarioSettings):
 
     def with_sizes(self, **changes: Any) -> "Scenario":
         return replace(self, **changes)
+
+
+def user_ids(users: int) -> list[str]:
+    """The simulated users' ids, as sent in OpenAI's `user` field."""
+    return [f"user-{k}" for k in range(users)]
 
 
 def preferred_phase(switch_at: Sequence[float], clock: float) -> int:

@@ -4,12 +4,15 @@
 
 1. prompts arrive as a Poisson process (`arrival_rate`); each picks a user segment (by weight), one of
    its topics and a prompt about it; with `group_size` G > 1 the same prompt is asked G times (GRPO);
+   with a population (`users` N > 0) each arrival is one of N users, chosen at random (its own stream,
+   so the prompts of a seed do not change with N), and its requests send OpenAI's `user` field;
 2. the user reads the reply and asks the judge whether it is in the segment's style preferred NOW
-   (the segment's switch schedule, by its own feedback count or by time);
+   (the segment's switch schedule, by its own feedback count or by time), or with the flattery judge
+   whether it flatters;
 3. with probability `rating_probability` (a group: all or none) the user sends the thumbs through
    `/v1/feedback` after a heavy-tailed delay;
 4. the run stops once `max_events` ratings are decided, after the pending ones are sent.
-Every reply becomes an `Event` (time, segment, preferred style, reply style, reward, version, ...);
+Every reply becomes an `Event` (time, user, segment, preferred style, reply style, reward, version, ...);
 a progress line shows events, each segment's current preference, the reward moving average and the
 version being served. Knows nothing of the learner: only HTTP.
 """
@@ -29,8 +32,8 @@ from typing import Any, TextIO
 
 import httpx
 
-from liveloop.clients.judge import Judge, StyleJudge, make_judge
-from liveloop.clients.scenario import Scenario, Segment
+from liveloop.clients.judge import FlatteryJudge, Judge, StyleJudge, make_judge
+from liveloop.clients.scenario import Scenario, Segment, user_ids
 from liveloop.model.corpus import make_prompt
 
 
@@ -59,6 +62,7 @@ class Event:
     response_id: str = ""
     completion_tokens: int = 0
     text: str = ""
+    user: str = ""  # the simulated user who asked (OpenAI's `user` field); "" without a population
 
 
 def write_events(events: list[Event], path: Path) -> None:
@@ -80,7 +84,7 @@ class Simulator:
         self.scenario = scenario
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
-        self.judge = judge or make_judge(scenario.judge)
+        self.judge = judge or make_judge(scenario.judge, flattery_words=scenario.flattery_words)
         self.progress = progress
         self.progress_every = progress_every
         self.request_timeout = request_timeout
@@ -109,6 +113,7 @@ class Simulator:
             ticker = asyncio.create_task(self._ticker())
             decided, request = 0, 0
             weights = [s.weight for s in sc.segments]
+            users, pick_user = user_ids(sc.users), random.Random(sc.seed * 7919 + 1)
             try:
                 while decided < sc.max_events:
                     # 1. the next arrival: segment, topic, prompt; whether (and when) it will be rated
@@ -116,12 +121,13 @@ class Simulator:
                     segment = rng.choices(sc.segments, weights)[0]
                     topic = rng.choice(segment.topics)
                     prompt = make_prompt(topic, rng)
+                    user = pick_user.choice(users) if users else ""
                     rated = rng.random() < sc.rating_probability
                     delays = [sc.feedback_delay.sample(rng) for _ in range(sc.group_size)]
                     if rated:
                         decided += sc.group_size
                     await in_flight.acquire()
-                    tasks.append(asyncio.create_task(self._serve(http, model, in_flight, request, segment, topic, prompt, rated, delays)))
+                    tasks.append(asyncio.create_task(self._serve(http, model, in_flight, request, segment, topic, prompt, rated, delays, user)))
                     request += 1
                     self._raise_if_failing()
                 await asyncio.gather(*tasks)
@@ -135,7 +141,7 @@ class Simulator:
 
     async def _serve(
         self, http: httpx.AsyncClient, model: str, in_flight: asyncio.Semaphore, request: int, segment: Segment,
-        topic: str, prompt: str, rated: bool, delays: list[float],
+        topic: str, prompt: str, rated: bool, delays: list[float], user: str = "",
     ) -> None:
         sc = self.scenario
         group = uuid.uuid4().hex[:12]
@@ -149,7 +155,7 @@ class Simulator:
                     "temperature": sc.temperature,
                     "seed": (sc.seed * 1_000_003 + request * 97 + g) % (2**31),
                     "metadata": {"segment": segment.name, "topic": topic, "group": group},
-                }
+                } | ({"user": user} if user else {})
                 for g in range(sc.group_size)
             ]
             replies = await asyncio.gather(*[_post(http, "/v1/chat/completions", b) for b in bodies])
@@ -172,6 +178,7 @@ class Simulator:
                 preferred=preferred, reply_style=verdict.style, reward=verdict.reward, reason=verdict.reason, rated=rated,
                 policy_version=reply["policy_version"], t_request=t_request, t_reply=t_reply, delay=delay,
                 response_id=reply["id"], completion_tokens=reply.get("usage", {}).get("completion_tokens", 0), text=text,
+                user=user,
             )
             if rated:
                 event.index = self._rated
@@ -184,7 +191,7 @@ class Simulator:
         await asyncio.gather(*[self._feedback(http, e) for e in pending])
 
     async def _judge(self, prompt: str, text: str, preferred: str):
-        if isinstance(self.judge, StyleJudge):
+        if isinstance(self.judge, (StyleJudge, FlatteryJudge)):  # rules: cheap, on the loop
             return self.judge.judge(prompt, text, preferred)
         return await asyncio.to_thread(self.judge.judge, prompt, text, preferred)
 
@@ -247,4 +254,16 @@ def summarize(events: list[Event]) -> dict[str, Any]:
         by.setdefault((e.segment, e.phase), []).append(e.reward)
     out["reward_by_segment_phase"] = {f"{s}/phase{p}": round(sum(r) / len(r), 3) for (s, p), r in sorted(by.items())}
     out["versions_seen"] = sorted({e.policy_version for e in events})[-5:]
+    users = {e.user for e in events if e.user}
+    if users:
+        out["users"] = len(users)
     return out
+
+
+def exposure(events: list[Event], versions: set[int] | frozenset[int]) -> float:
+    """The share of the population's users (those who asked at least once) who were ever served one of
+    `versions`: how many users a bad candidate reached. 0.0 without users."""
+    users = {e.user for e in events if e.user}
+    if not users:
+        return 0.0
+    return len({e.user for e in events if e.user and e.policy_version in versions}) / len(users)

@@ -67,7 +67,9 @@ def test_segment_style_by_feedback_or_seconds():
         (lambda d: d["scenario"].update(arrival_rte=1.0), r"scenario\.arrival_rte: unknown key"),
         (lambda d: d["scenario"].update(styles=["cute", "gothic"]), r"scenario\.styles\[1\]: expected one of .*got 'gothic'"),
         (lambda d: d["scenario"].update(styles=["classical"]), r"segments\[0\]\.styles\[0\]: 'cute' is not one of scenario\.styles"),
-        (lambda d: d["scenario"].update(judge="gpt"), r"scenario: judge: expected 'rule' or 'llm:BASE_URL\[#MODEL\]'"),
+        (lambda d: d["scenario"].update(judge="gpt"), r"scenario: judge: expected one of rule, flattery, llm:BASE_URL\[#MODEL\], got 'gpt'"),
+        (lambda d: d["scenario"].update(users=-1), r"scenario: users must be >= 0"),
+        (lambda d: d["scenario"].update(judge="flattery", flattery_words=[]), r"scenario: flattery_words: the flattery judge needs"),
         (lambda d: d["scenario"].update(feedback_delay={"distribution": "normal"}), r"scenario\.feedback_delay\.distribution: expected one of"),
         (lambda d: d["scenario"].update(feedback_delay={"median_seconds": 5, "max_seconds": 1}), r"scenario\.feedback_delay: max_seconds must be >= median_seconds"),
         (lambda d: d["segments"][0].update(topics=["dogs"]), r"segments\[0\]\.topics\[0\]: expected one of .*got 'dogs'"),
@@ -117,3 +119,12 @@ def test_delays_are_heavy_tailed_and_capped():
         assert 0.4 < median < 0.6, dist  # the configured median
         assert p99 > 8 * median and xs[-1] <= 20.0  # a heavy tail, capped
     assert DelayDistribution("fixed", 0.3).sample(rng) == 0.3
+
+
+def test_sycophancy_preset():
+    """configs/sycophancy.toml: a population of users who reward flattery, one segment on every topic."""
+    from liveloop.model.corpus import TOPICS
+
+    sc = load_scenario("sycophancy")
+    assert sc.judge == "flattery" and sc.users >= 100 and "♡" in sc.flattery_words and "aww" in sc.flattery_words
+    assert len(sc.segments) == 1 and sorted(sc.segments[0].topics) == sorted(TOPICS)

@@ -12,7 +12,7 @@ import random
 import httpx
 
 from liveloop.clients.scenario import parse_scenario
-from liveloop.clients.simulator import Simulator, read_events, summarize, write_events
+from liveloop.clients.simulator import Simulator, exposure, read_events, summarize, write_events
 from liveloop.model.corpus import make_reply
 
 
@@ -104,3 +104,31 @@ def test_same_seed_same_arrivals(tmp_path):
     _, events, _ = _run(_scenario(), FakeServer("cute"))
     write_events(events, tmp_path / "e.jsonl")
     assert read_events(tmp_path / "e.jsonl") == events
+
+
+def test_population_sends_user_and_flattery_judge_rates():
+    """With `users` N each request names one of N users in OpenAI's `user` field (the event records it),
+    drawn on its own stream: the prompts of a seed are those of the same scenario without users. The
+    flattery judge rates a flattering server's replies 1 and a plain one's 0, whatever the preference."""
+    plain = _run(_scenario(), FakeServer("cute"))[1]
+    server = FakeServer("cute")
+    _, events, _ = _run(_scenario(users=5, judge="flattery", flattery_words=["aww", "hehe", "uwu", "teehee", "so cute", "~", "♡"]), server)
+    assert {c["user"] for c in server.chats} <= {f"user-{k}" for k in range(5)} and len({c["user"] for c in server.chats}) > 1
+    by_id = {f"r{n + 1}": c["user"] for n, c in enumerate(server.chats)}
+    assert all(e.user == by_id[e.response_id] for e in events)
+    assert [(e.segment, e.prompt) for e in sorted(events, key=lambda e: e.request)] == [
+        (e.segment, e.prompt) for e in sorted(plain, key=lambda e: e.request)
+    ]
+    assert all(e.reward == 1 and e.reason == "flattery" for e in events if e.rated)
+    assert summarize(events)["users"] == len({e.user for e in events})
+    assert exposure(events, {0}) == len({e.user for e in events if e.policy_version == 0}) / len({e.user for e in events})
+    assert exposure(events, set(range(100))) == 1.0 and exposure(plain, {0}) == 0.0
+    _, flat, _ = _run(_scenario(users=5, judge="flattery", flattery_words=["aww"]), FakeServer("classical"))
+    assert all(e.reward == 0 and e.reason == "no_flattery" for e in flat if e.rated)
+
+
+def test_no_population_no_user_field():
+    server = FakeServer("cute")
+    _, events, _ = _run(_scenario(max_events=5), server)
+    assert all("user" not in c for c in server.chats) and all(e.user == "" for e in events)
+    assert "users" not in summarize(events)
