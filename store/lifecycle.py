@@ -15,6 +15,9 @@ learner's publish are serialised, and whatever loses a race is refused rather th
   supersedes every published version it overtakes or leaves off its line, and (an operator's publish)
   points the learner's cursor at it: the learner's next publish on the old parent is refused by the
   lineage check (`StaleLineage`) and the learner reloads, as after a rollback.
+- The release gate (`start_canary`, `hold_version`): one CANARY candidate per lineage, descending
+  from the serving version; promotion is `activate_version` of it; holding it sends the learner's
+  cursor back to the serving version (its feedback position kept).
 - Rollback (`rollback_to`), giving up a version (`fail_version`, `abandon_version`, `reject_weights`
   when its weights fail verification), superseding
   (`supersede`), dropping an activation that lost a race (`drop_activation`) and a restarting server's
@@ -41,6 +44,8 @@ from liveloop.store.status import ACTIVATABLE, NOT_ROLLED_BACK, UNSERVABLE, Tran
 VERSION_LOCK = 0x6C6C7673
 # what a learner's publish may write (offline replay: candidates, which the server never activates)
 PUBLISHABLE = frozenset({VersionStatus.PUBLISHED, VersionStatus.CANDIDATE})
+# versions waiting to serve that an activation overtakes (or leaves off its line): superseded by it
+WAITING = (VersionStatus.PUBLISHED, VersionStatus.CANARY)
 
 
 class StaleLineage(RuntimeError):
@@ -263,8 +268,9 @@ class VersionLifecycle:
 
     def activate_version(self, version: int, cursor_name: str | None = None) -> Activation:
         """`version` serves (the engine has swapped it in), checked again inside this transaction: it
-        becomes SERVING, the lineage's serving version RETIRED, and every PUBLISHED version of the
-        lineage it overtakes or leaves off its line SUPERSEDED. `cursor_name` (an operator's publish):
+        becomes SERVING, the lineage's serving version RETIRED, and every PUBLISHED (or CANARY) version
+        of the lineage it overtakes or leaves off its line SUPERSEDED. A CANARY `version` is the release
+        gate's promotion: the PUBLISHED versions trained on from it stay, the newest is the next candidate. `cursor_name` (an operator's publish):
         that learner's cursor points at `version` now, its feedback position kept, so the learner
         continues from the operator's weights. Raises TransitionRefused (nothing written) if a race
         was lost, VersionNotFound for an unknown number."""
@@ -276,7 +282,7 @@ class VersionLifecycle:
             _move(row, VersionStatus.SERVING)
             waiting = s.scalars(
                 select(PolicyVersion)
-                .where(in_lineage(row.segment), PolicyVersion.status == VersionStatus.PUBLISHED, PolicyVersion.version != version)
+                .where(in_lineage(row.segment), PolicyVersion.status.in_(WAITING), PolicyVersion.version != version)
                 .order_by(PolicyVersion.version)
                 .with_for_update()
             ).all()
@@ -289,6 +295,92 @@ class VersionLifecycle:
                 self._point_cursor(s, cursor_name, version)
                 self._add_event(s, "publish", version, {"learner": cursor_name, "previous": previous}, None)
             return Activation(version, previous, superseded)
+
+    # -- the release gate ---------------------------------------------------------------------------
+    def start_canary(self, version: int) -> VersionRecord:
+        """The release gate tries `version`: PUBLISHED -> CANARY, in one transaction that also
+        supersedes its lineage's older PUBLISHED versions (the candidate contains their training:
+        newest wins) and logs a "canary" event. Refused (TransitionRefused, nothing written) unless it
+        is PUBLISHED, not pruned, descends from its lineage's serving version, and no other version of
+        its lineage is CANARY (one candidate per lineage at a time); VersionNotFound for an unknown
+        number."""
+        with self._write() as s:
+            row = s.get(PolicyVersion, version, with_for_update=True)
+            if row is None:
+                raise VersionNotFound(f"no policy version {version}")
+            if row.status != VersionStatus.PUBLISHED:
+                raise TransitionRefused(f"version {version} is {row.status}: only a published version becomes the candidate")
+            if row.pruned_at is not None:
+                raise TransitionRefused(f"version {version} was pruned")
+            other = s.scalars(
+                select(PolicyVersion.version).where(in_lineage(row.segment), PolicyVersion.status == VersionStatus.CANARY)
+            ).first()
+            if other is not None:
+                raise TransitionRefused(f"version {other} is its lineage's candidate already: one at a time")
+            serving = self._serving(s, row.segment)
+            if serving and not self._descends(s, row, serving[0].version):
+                raise TransitionRefused(
+                    f"version {version} (parent {row.parent}) does not descend from the serving version {serving[0].version}"
+                )
+            _move(row, VersionStatus.CANARY)
+            older = s.scalars(
+                select(PolicyVersion)
+                .where(in_lineage(row.segment), PolicyVersion.status == VersionStatus.PUBLISHED, PolicyVersion.version < version)
+                .order_by(PolicyVersion.version)
+                .with_for_update()
+            ).all()
+            for old in older:
+                _move(old, VersionStatus.SUPERSEDED)
+            detail: dict[str, Any] = {"superseded": [old.version for old in older], "serving": serving[0].version if serving else None}
+            if row.segment is not None:
+                detail["segment"] = row.segment
+            self._add_event(s, "canary", version, detail, None)
+            return version_record(row)
+
+    def hold_version(self, version: int, reason: str, cursor_name: str, detail: dict[str, Any] | None = None) -> VersionRecord:
+        """The release gate refuses `version` (CANARY, or a PUBLISHED one an alarm stops first): in ONE
+        transaction it becomes HELD, the PUBLISHED versions of its lineage trained on from it become
+        SUPERSEDED, and if learner `cursor_name`'s lineage is `version` or one of its descendants, the
+        cursor's version moves to the lineage's serving version (a segment without a serving adapter:
+        the base's) while its feedback position stays: the learner reloads the live weights and goes
+        on with new ratings, not the ones that made the held version. An operator event
+        "release_held" records {version, reason, detail}. Refused (TransitionRefused) from any other
+        status; VersionNotFound for an unknown number."""
+        with self._write() as s:
+            row = s.get(PolicyVersion, version, with_for_update=True)
+            if row is None:
+                raise VersionNotFound(f"no policy version {version}")
+            if row.status not in (VersionStatus.CANARY, VersionStatus.PUBLISHED):
+                raise TransitionRefused(f"version {version} is {row.status}: only a candidate or a published version is held")
+            _move(row, VersionStatus.HELD)
+            later = s.scalars(
+                select(PolicyVersion)
+                .where(in_lineage(row.segment), PolicyVersion.status == VersionStatus.PUBLISHED, PolicyVersion.version > version)
+                .order_by(PolicyVersion.version)
+                .with_for_update()
+            ).all()
+            superseded = []
+            for other in later:
+                if self._descends(s, other, version):
+                    _move(other, VersionStatus.SUPERSEDED)
+                    superseded.append(other.version)
+            serving = self._serving(s, row.segment) or (self._serving(s, None) if row.segment is not None else [])
+            live = serving[0].version if serving else None
+            moved = None
+            cursor = s.get(LearnerCursor, cursor_name, with_for_update=True)
+            if cursor is not None and cursor.policy_version is not None and live is not None:
+                at = s.get(PolicyVersion, cursor.policy_version)
+                if at is not None and (at.version == version or self._descends(s, at, version)):
+                    moved = {"from": cursor.policy_version, "to": live}
+                    cursor.policy_version, cursor.updated_at = live, utcnow()
+            event = {
+                "version": version, "reason": reason, "detail": dict(detail or {}), "superseded": superseded,
+                "learner": cursor_name, "cursor": moved,
+            }
+            if row.segment is not None:
+                event["segment"] = row.segment
+            self._add_event(s, "release_held", version, event, None)
+            return version_record(row)
 
     def drop_activation(self, version: int, reason: str) -> bool:
         """An activation that lost a race is dropped, never applied: logged as an "activation_dropped"

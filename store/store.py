@@ -261,6 +261,10 @@ class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, Ri
             ).first()
             return version_record(row) if row else None
 
+    def canary_version(self, segment: str | None = None) -> VersionRecord | None:
+        """The lineage's candidate under the release gate (CANARY; at most one), or None."""
+        return self.latest_version(VersionStatus.CANARY, segment)
+
     def serving_adapters(self) -> dict[str, VersionRecord]:
         """Each segment's serving adapter version (segments served by the base have none)."""
         with self._session() as s:
