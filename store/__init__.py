@@ -5,21 +5,32 @@ switches and event log.
 SQLAlchemy 2.0 models (`models`), the query API every other component uses (`store.Store`), the
 batched group-commit writer the server logs through (`writer.BatchWriter`), the policy-version statuses
 and their legal transitions (`status`), the one owner of version state (`lifecycle`: every status
-change and version number, each in one locked transaction), and Alembic migrations.
+change and version number, each in one locked transaction), the release gate's evaluations and the
+rated replies its alarms judge (`evaluations`), and Alembic migrations.
 SQLite (WAL) by default, PostgreSQL by URL. Knows nothing of HTTP or torch.
 """
 
 from liveloop.store.checkpoints import VersionNotFound
 from liveloop.store.config import StoreConfig
+from liveloop.store.evaluations import InvalidEvaluation
 from liveloop.store.lifecycle import RollbackRefused, ServingChanged, StaleLineage, VersionTaken
-from liveloop.store.records import FeedbackRecord, InvalidVersionSpans, RatingEvent, ResponseRecord, VersionRecord
+from liveloop.store.records import (
+    EvaluationRecord,
+    FeedbackRecord,
+    InvalidVersionSpans,
+    RatingEvent,
+    ResponseRecord,
+    VersionRecord,
+)
 from liveloop.store.status import TransitionRefused, VersionStatus
 from liveloop.store.store import ResponseNotFound, SchemaNotReady, Store
 from liveloop.store.writer import BatchWriter, WriterDown, WriterFull, WriterHealth
 
 __all__ = [
     "BatchWriter",
+    "EvaluationRecord",
     "FeedbackRecord",
+    "InvalidEvaluation",
     "InvalidVersionSpans",
     "ResponseNotFound",
     "RatingEvent",

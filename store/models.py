@@ -1,5 +1,5 @@
 """SQLAlchemy 2.0 typed models: policy_versions, responses, feedback, learner_cursor, learner_control,
-operator_events, api_keys, deployment, deleted_responses.
+operator_events, api_keys, deployment, deleted_responses, evaluations.
 
 The schema is owned by the Alembic migrations in `migrations/`; these classes mirror it for queries.
 Token arrays are binary columns (see `codec`); a version's status is a `VersionStatus` in Python and
@@ -180,3 +180,21 @@ class DeletedResponse(Base):
     response_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     api_key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+
+class Evaluation(Base):
+    """One evaluation of a version by the release gate (liveloop.release): its checks against the live
+    version it was compared with and the base model, whether it passed, and its cost. A version may be
+    evaluated more than once (a restarted server, a new live version); the latest row is its word."""
+
+    __tablename__ = "evaluations"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    version: Mapped[int] = mapped_column(ForeignKey("policy_versions.version"), index=True)
+    live_version: Mapped[int | None] = mapped_column(Integer)
+    passed: Mapped[bool] = mapped_column(Boolean)
+    checks: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # [{name, value, live, base, bound, passed}, ...]
+    seconds: Mapped[float] = mapped_column(Float)  # wall clock of the whole evaluation
+    engine_seconds: Mapped[float] = mapped_column(Float)  # of which generating on the engines
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

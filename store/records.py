@@ -169,3 +169,19 @@ class OperatorEventRecord:
     detail: dict[str, Any]
     api_key_id: str | None
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class EvaluationRecord:
+    """A stored evaluation of `version` against `live_version` (None: nothing served to compare with):
+    `checks` as written, one {name, value, live, base, bound, passed} object per check (a value that
+    was not a finite number reads back as None); `seconds` its wall clock, `engine_seconds` the part
+    spent generating on the engines."""
+
+    version: int
+    live_version: int | None
+    passed: bool
+    checks: list[dict[str, Any]]
+    seconds: float
+    engine_seconds: float
+    created_at: datetime

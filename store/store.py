@@ -22,6 +22,7 @@ from liveloop.store.bulk import insert_rows
 from liveloop.store.db import immediate, make_engine
 from liveloop.store.models import ApiKey, Feedback, LearnerCursor, PolicyVersion, Response, utcnow
 from liveloop.store.checkpoints import CheckpointQueries
+from liveloop.store.evaluations import ReleaseQueries
 from liveloop.store.keys import KeyQueries
 from liveloop.store.lifecycle import VersionLifecycle, VersionTaken, in_lineage, version_record
 from liveloop.store.operator import OperatorQueries
@@ -188,7 +189,7 @@ def _aware(ts: datetime) -> datetime:
     return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 
 
-class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries):
+class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, RightsQueries, ReleaseQueries):
     def __init__(self, config: StoreConfig):
         self.config = config
         self.engine = make_engine(config)

@@ -4,10 +4,12 @@ superseded: newest wins), promotion is its activation (the versions trained on f
 holding it supersedes its descendants and sends the learner's cursor back to the serving version with
 its feedback position kept, a held version stays servable by an operator's rollback; under any
 sequence of gate and lifecycle operations every change is a legal move and a lineage never has two
-candidates."""
+candidates. Each candidate's evaluations are stored per version (the latest is its word), and the
+alarms read a version's rated replies; the schema comes from migration 0010 on a live 0009 database."""
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 
@@ -15,7 +17,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from liveloop.store import RollbackRefused, StaleLineage, Store, TransitionRefused, VersionNotFound, VersionStatus
+from liveloop.store import (
+    FeedbackRecord,
+    InvalidEvaluation,
+    ResponseRecord,
+    RollbackRefused,
+    StaleLineage,
+    Store,
+    StoreConfig,
+    TransitionRefused,
+    VersionNotFound,
+    VersionStatus,
+)
+from liveloop.store import migrate
 from liveloop.store.status import TRANSITIONS
 
 S = VersionStatus
@@ -246,3 +260,91 @@ def test_any_sequence_of_gate_operations_keeps_the_invariants(store, ops, seed):
         assert len(candidates) <= 1
         if candidates and op in ("canary", "promote"):
             assert store.check_activation(candidates[0].version).version == candidates[0].version
+
+
+# -- evaluations ---------------------------------------------------------------------------------------
+CHECKS = [
+    {"name": "reward:length", "value": 0.5, "live": 0.4, "base": 0.3, "bound": "drop <= 0.1", "passed": True},
+    {"name": "sycophancy", "value": 0.9, "live": 0.1, "base": None, "bound": "rise <= 0.2", "passed": False},
+]
+
+
+def test_evaluations_are_stored_per_version_and_the_latest_is_its_word(store):
+    v1 = _publish(store, 0)
+    v2 = _publish(store, v1)
+    assert store.evaluation(v1) is None and store.evaluations([0, v1, v2]) == {}
+    first = store.record_evaluation(v1, 0, False, CHECKS, 12.5, 8.25)
+    assert (first.version, first.live_version, first.passed, first.checks, first.seconds, first.engine_seconds) == (
+        v1, 0, False, CHECKS, 12.5, 8.25,
+    )
+    assert first.created_at.tzinfo is not None
+    assert store.evaluation(v1) == first
+    again = store.record_evaluation(v1, 0, True, CHECKS[:1], 3.0, 2.0)  # evaluated again (a restart)
+    other = store.record_evaluation(v2, None, True, [], 1.0, 0.0)  # nothing served to compare with
+    assert store.evaluation(v1) == again and store.evaluation(v2) == other and store.evaluation(0) is None
+    assert store.evaluations([v2, v1, 0, 99]) == {v1: again, v2: other} and store.evaluations([]) == {}
+
+
+def test_evaluation_values_the_databases_cannot_hold_read_back_as_none(store):
+    np = pytest.importorskip("numpy")
+    checks = [{"name": "kl_to_live", "value": math.nan, "live": np.float32(0.25), "base": math.inf, "bound": None, "passed": True}]
+    record = store.record_evaluation(0, None, True, checks, 1.0, 0.5)
+    assert record.checks == [{"name": "kl_to_live", "value": None, "live": 0.25, "base": None, "bound": None, "passed": True}]
+    assert store.evaluation(0).checks == record.checks
+
+
+def test_malformed_evaluations_and_unknown_versions_are_refused(store):
+    for checks in ({"name": "x"}, "checks", [{"value": 1}], [{"name": ""}], [3]):
+        with pytest.raises(InvalidEvaluation):
+            store.record_evaluation(0, None, True, checks, 1.0, 1.0)
+    with pytest.raises(VersionNotFound):
+        store.record_evaluation(42, 0, True, CHECKS, 1.0, 1.0)
+    assert store.evaluations([0, 42]) == {}
+
+
+# -- what the alarms read ------------------------------------------------------------------------------
+def _served(store: Store, rid: str, version: int, reply: tuple[int, ...], key: str = "k1") -> None:
+    store.write_batch([ResponseRecord(
+        id=rid, api_key_id=key, model="m", policy_version=version, endpoint="chat", prompt_ids=(1, 2),
+        response_ids=reply, behavior_logprobs=tuple(-0.5 for _ in reply), finish_reason="stop",
+        temperature=1.0, top_p=1.0, latency_ms=1.0,
+    )])
+
+
+def test_rated_tokens_are_a_versions_rated_replies_newest_first(store):
+    v1 = _publish(store, 0)
+    _served(store, "a", v1, (10, 11, 12))
+    _served(store, "b", v1, (20,))
+    _served(store, "c", v1, (30, 31))  # never rated
+    _served(store, "d", 0, (40,))  # another version's
+    _served(store, "e", v1, (50, 51), key="bad")
+    store.put_feedback(FeedbackRecord("a", "k1", 1))
+    store.put_feedback(FeedbackRecord("b", "k1", 0))
+    store.put_feedback(FeedbackRecord("d", "k1", 1))
+    store.put_feedback(FeedbackRecord("e", "bad", 1))
+    store.put_feedback(FeedbackRecord("a", "k1", 0))  # a change of mind: the latest reward, same place
+    assert store.rated_tokens(v1) == [([50, 51], 1), ([20], 0), ([10, 11, 12], 0)]
+    assert store.rated_tokens(v1, limit=2) == [([50, 51], 1), ([20], 0)]
+    assert store.rated_tokens(0) == [([40], 1)] and store.rated_tokens(99) == []
+    store.set_quarantined("bad", True, "poisoner")  # its ratings are not trusted, unless asked for
+    assert store.rated_tokens(v1) == [([20], 0), ([10, 11, 12], 0)]
+    assert len(store.rated_tokens(v1, trusted=False)) == 3
+
+
+# -- the schema ----------------------------------------------------------------------------------------
+def test_migration_0010_adds_evaluations_to_a_live_0009_database(store_url):
+    s = Store(StoreConfig(url=store_url))
+    try:
+        assert migrate.upgrade(s.engine, "0009") == "0009"
+        s.add_version(0, parent=None, checkpoint_path="/base")
+        s.add_version(1, parent=0, checkpoint_path="/v1", status=S.PUBLISHED)
+        assert s.migrate() == migrate.head_revision() and migrate.head_revision() >= "0010"
+        assert [v.version for v in s.list_versions()] == [0, 1]
+        assert s.start_canary(1).status == S.CANARY  # the statuses need no schema change
+        s.record_evaluation(1, 0, True, CHECKS, 2.0, 1.0)
+        assert s.evaluation(1).checks == CHECKS
+        assert migrate.downgrade(s.engine, "0009") == "0009"
+        assert [(v.version, v.status) for v in s.list_versions()] == [(0, S.SERVING), (1, S.CANARY)]
+        assert s.migrate() == migrate.head_revision() and s.evaluation(1) is None  # the table is new again
+    finally:
+        s.close()
