@@ -76,6 +76,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
     from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
     from liveloop.server.weights_import import ImportFailed, ImportRefused
     from liveloop.store import RollbackRefused, ServingChanged, TransitionRefused, VersionNotFound, WriterDown, WriterFull
+    from liveloop.store.rights import KeyNotFound
 
     store_down = Answer(503, "store_unavailable", message="the store is unavailable; please retry", retry_after=5)
     return (
@@ -102,6 +103,8 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
         (ServingChanged, Answer(409, "serving_changed", param="expect_serving")),  # before its base, RollbackRefused
         (RollbackRefused, Answer(409, param="version")),
         (TransitionRefused, Answer(409, param="version")),  # the store's version-state owner said no
+        # data rights
+        (KeyNotFound, Answer(404, "key_not_found", param="key_id")),
         # per-segment adapters
         (UnknownSegment, Answer(404, "segment_not_found", param="segment")),
         (AdapterUnusable, Answer(409, param="version")),

@@ -173,5 +173,16 @@ class PauseRequest(_Strict):
     segment: Segment | None = None  # pause or resume this segment's lane only
 
 
+class ForgetRequest(_Strict):
+    weights: bool = False  # also roll the key's training out of the weights (server/forgetting.py)
+    dry_run: bool = False  # with weights: only report what it would do
+
+    @model_validator(mode="after")
+    def _dry_run_needs_weights(self) -> "ForgetRequest":
+        if self.dry_run and not self.weights:
+            raise ValueError("dry_run: only a forget with weights: true has a plan to report")
+        return self
+
+
 class QuarantineRequest(_Strict):
     reason: Annotated[Text, Field(max_length=1000)] | None = None

@@ -19,6 +19,11 @@ zeroed, store/db.py), and each deletion ends with a WAL checkpoint that truncate
 which otherwise keeps the rows' old pages until it is reused. (PostgreSQL keeps dead tuples until
 VACUUM: its autovacuum reclaims them.)
 
+Forget that reaches the weights (server/forgetting.py) reads here what it plans from: the key's first
+rating a lineage reads (`key_first_rating`), how many of everyone else's ratings a lineage would train
+again (`replay_count`), and moves a learner's cursor back to a version and its feedback position in
+one version-state transaction (`rewind_lineage`), so that the learner trains those ratings again.
+
 `forgotten` is the edge's view of the forgotten keys (what `[auth] forgotten_keys` does with their
 later requests): a set refreshed from the store every few seconds off the event loop, and at once in
 the process that forgets. The writer's check in the transaction is what guarantees nothing of theirs is
@@ -36,11 +41,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, delete, select, text
+from sqlalchemy import Connection, delete, exists, func, or_, select, text, true
 from sqlalchemy.orm import Session
 
 from liveloop.store.db import busy_timeout
-from liveloop.store.models import ApiKey, DeletedResponse, Feedback, Response, utcnow
+from liveloop.store.models import ApiKey, DeletedResponse, Feedback, LearnerCursor, Response, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,10 @@ log = logging.getLogger(__name__)
 RIGHTS_LOCK = 0x6C6C7274
 TOMBSTONE_DAYS = 1.0  # a tombstone outlives any response still on its way to the store (then pruned)
 CHECKPOINT_BUSY_MS = 2000  # a checkpoint waits at most this long for readers (writers wait meanwhile), then leaves it to the next one
+
+
+class KeyNotFound(LookupError):
+    """The store knows nothing of this key: no response, rating or operator decision."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,7 @@ class ForgottenKeys:
 class RightsQueries:
     _session: Any
     _write_session: Any
+    _write: Any  # VersionLifecycle's: a version-state transaction
     _add_event: Any  # OperatorQueries'
     engine: Any
     dialect: str
@@ -208,3 +218,64 @@ class RightsQueries:
         if busy:
             log.warning("store: the WAL checkpoint after a deletion was blocked by readers; deleted pages may stay in the -wal file until the next one")
         return not busy
+
+    # -- forget that reaches the weights (server/forgetting.py plans and runs it) -------------------
+    def key_known(self, api_key_id: str) -> bool:
+        """Whether the store holds anything of the key: a response, a rating or an api_keys row."""
+        with self._session() as s:
+            return bool(
+                s.scalar(select(exists().where(ApiKey.key_id == api_key_id)))
+                or s.scalar(select(exists().where(Response.api_key_id == api_key_id)))
+                or s.scalar(select(exists().where(Feedback.api_key_id == api_key_id)))
+            )
+
+    def key_rows(self, api_key_id: str) -> tuple[int, int]:
+        """(responses served to the key, ratings the key gave or its responses got): what a forget deletes."""
+        with self._session() as s:
+            responses = s.scalar(select(func.count()).select_from(Response).where(Response.api_key_id == api_key_id)) or 0
+            ratings = s.scalar(
+                select(func.count()).select_from(Feedback).join(Response, Response.id == Feedback.response_id)
+                .where(or_(Feedback.api_key_id == api_key_id, Response.api_key_id == api_key_id))
+            ) or 0
+            return responses, ratings
+
+    def key_first_rating(self, api_key_id: str, segment: str | None = None) -> int | None:
+        """The id of the earliest rating the key gave (or its responses got) that a lineage reads: every
+        rating for the base weights' learner (`segment` None), that segment's responses' for an adapter
+        lane. None: the lineage never read one of the key's."""
+        only = Response.segment == segment if segment is not None else true()
+        with self._session() as s:
+            return s.scalar(
+                select(func.min(Feedback.id)).join(Response, Response.id == Feedback.response_id)
+                .where(or_(Feedback.api_key_id == api_key_id, Response.api_key_id == api_key_id), only)
+            )
+
+    def replay_count(self, after: int, upto: int, segment: str | None = None, excluding: str | None = None) -> int:
+        """How many trainable ratings (as `rated_after` reads them: quarantined keys' left out) lie in
+        (after, upto] for a lineage, leaving out the key `excluding`: what a learner moved back to
+        `after` trains again up to where it was."""
+        only = Response.segment == segment if segment is not None else true()
+        q = (
+            select(func.count()).select_from(Feedback).join(Response, Response.id == Feedback.response_id)
+            .outerjoin(ApiKey, ApiKey.key_id == Feedback.api_key_id)
+            .where(Feedback.id > after, Feedback.id <= upto, only, or_(ApiKey.quarantined.is_(None), ApiKey.quarantined.is_(False)))
+        )
+        if excluding is not None:
+            q = q.where(Feedback.api_key_id != excluding, Response.api_key_id != excluding)
+        with self._session() as s:
+            return s.scalar(q) or 0
+
+    def rewind_lineage(self, cursor_name: str, version: int, last_feedback_id: int) -> tuple[int | None, int]:
+        """Point learner `cursor_name` at `version` AND move its feedback position back to
+        `last_feedback_id`, in one version-state transaction: the learner reloads `version` when it next
+        looks (the lineage changed) and trains every rating after `last_feedback_id` again. A publish on
+        the old lineage that races it is refused by the store's lineage check. Returns the cursor's
+        (version, position) before."""
+        with self._write() as s:
+            row = s.get(LearnerCursor, cursor_name, with_for_update=True)
+            before = (row.policy_version, row.last_feedback_id) if row is not None else (None, 0)
+            if row is None:
+                s.add(LearnerCursor(name=cursor_name, last_feedback_id=last_feedback_id, policy_version=version))
+            else:
+                row.policy_version, row.last_feedback_id, row.updated_at = version, last_feedback_id, utcnow()
+            return before

@@ -27,7 +27,8 @@ from liveloop.server.errors import APIError
 from liveloop.segments import SHARED
 from liveloop.monitor.versions import BASE, lineage
 from liveloop.server.routes import admin_json
-from liveloop.server.schemas import PauseRequest, QuarantineRequest, RollbackRequest, SwapRequest
+from liveloop.server.forgetting import Forgetting, ForgetResult
+from liveloop.server.schemas import ForgetRequest, PauseRequest, QuarantineRequest, RollbackRequest, SwapRequest
 
 router = APIRouter(prefix="/admin")
 
@@ -238,7 +239,42 @@ async def lift_quarantine(key_id: str, request: Request, principal: Principal = 
 
 @router.post("/keys/{key_id}/forget")
 async def forget(key_id: str, request: Request, principal: Principal = Depends(require_admin)) -> dict:
-    """Delete every response served to the key and every rating it gave: no later training or
-    replay reads them (versions already trained on them are not retrained)."""
-    deleted = await asyncio.to_thread(request.app.state.store.forget_key, _key_id(key_id), principal.key_id)
-    return {"object": "api_key.forgotten", "key_id": key_id, "responses_deleted": deleted.responses, "ratings_deleted": deleted.ratings}
+    """Delete every response served to the key and every rating it gave: no later training or replay
+    reads them. With `{"weights": true}` the weights forget too: each lineage the key trained is rolled
+    back to before its first trained rating and the learner trains everyone else's later ratings again
+    from there (server/forgetting.py); `"dry_run": true` only reports that plan. Without a body (or
+    `weights` false) versions already trained on the key are not retrained."""
+    req = await parse_body(request, ForgetRequest, empty_ok=True)
+    key = _key_id(key_id)
+    if not req.weights:
+        deleted = await asyncio.to_thread(request.app.state.store.forget_key, key, principal.key_id)
+        return {"object": "api_key.forgotten", "key_id": key_id, "responses_deleted": deleted.responses, "ratings_deleted": deleted.ratings}
+    result = await _forgetting(request.app.state).forget(key, req.dry_run, principal.key_id)  # KeyNotFound: 404
+    return _forget_json(result)
+
+
+def _forgetting(state) -> Forgetting:
+    """The app's one Forgetting (one forget at a time moves learner cursors)."""
+    forgetting = getattr(state, "forgetting", None)
+    if forgetting is None:
+        forgetting = state.forgetting = Forgetting(state.store, state.publisher)
+    return forgetting
+
+
+def _forget_json(result: ForgetResult) -> dict:
+    plan = result.plan
+    body = {
+        "object": "api_key.forget_plan" if result.dry_run else "api_key.forgotten",
+        "key_id": plan.key_id,
+        "dry_run": result.dry_run,
+        "responses": plan.responses,
+        "ratings": plan.ratings,
+        "replay": sum(p.replay for p in plan.affected),
+        "estimate_seconds": plan.estimate_seconds,
+        "lineages": [dataclasses.asdict(p) for p in plan.lineages],
+    }
+    if result.deleted is not None:
+        body |= {"responses_deleted": result.deleted.responses, "ratings_deleted": result.deleted.ratings}
+    if not result.dry_run:
+        body["done"] = [dataclasses.asdict(d) for d in result.done]
+    return body
