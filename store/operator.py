@@ -5,10 +5,11 @@ every other version-state change are lifecycle.py's."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, cast, func, or_, select, update
+from sqlalchemy import Integer, cast, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from liveloop.store.models import ApiKey, Feedback, LearnerControl, OperatorEvent, PolicyVersion, Response, utcnow
@@ -98,15 +99,18 @@ class OperatorQueries:
             q = select(Feedback.id).order_by(Feedback.id.desc()).offset(skip).limit(1)
             return s.scalar(q) or 0
 
-    def version_traffic(self, trusted: bool = False) -> dict[int, VersionTraffic]:
+    def version_traffic(self, trusted: bool = False, versions: Iterable[int] | None = None) -> dict[int, VersionTraffic]:
         """Responses, ratings and positive ratings per policy version (aggregated in the database);
-        `trusted`: counting only the ratings of keys that are not quarantined (what the guard reads)."""
+        `trusted`: counting only the ratings of keys that are not quarantined (what the guard reads);
+        `versions`: only these (the release gate's candidate and live version), else all."""
+        only = true() if versions is None else Response.policy_version.in_(sorted({int(v) for v in versions}))
         with self._session() as s:
-            served = dict(s.execute(select(Response.policy_version, func.count()).group_by(Response.policy_version)).all())
+            served = dict(s.execute(select(Response.policy_version, func.count()).where(only).group_by(Response.policy_version)).all())
             rated = s.execute(
                 _only_trusted(
                     select(Response.policy_version, func.count(Feedback.id), func.sum(cast(Feedback.reward, Integer)))
                     .join(Response, Response.id == Feedback.response_id)
+                    .where(only)
                     .group_by(Response.policy_version),
                     trusted,
                 )

@@ -348,3 +348,17 @@ def test_migration_0010_adds_evaluations_to_a_live_0009_database(store_url):
         assert s.migrate() == migrate.head_revision() and s.evaluation(1) is None  # the table is new again
     finally:
         s.close()
+
+
+def test_version_traffic_of_the_candidate_and_the_live_version_only(store):
+    """What the gate compares each pass: the candidate's and the live version's counts, not every version's."""
+    v1 = _publish(store, 0)
+    v2 = _publish(store, v1)
+    for i, (version, reward, key) in enumerate([(0, 1, "k1"), (0, 0, "k1"), (v1, 1, "k1"), (v2, 1, "k1"), (v2, 0, "bad")]):
+        _served(store, f"r{i}", version, (i,), key=key)
+        store.put_feedback(FeedbackRecord(f"r{i}", key, reward))
+    _served(store, "unrated", v2, (9,))
+    store.set_quarantined("bad", True, "poisoner")
+    traffic = store.version_traffic(trusted=True, versions=[v2, 0])
+    assert {v: (t.responses, t.ratings, t.positive) for v, t in traffic.items()} == {0: (2, 2, 1), v2: (3, 1, 1)}
+    assert set(store.version_traffic()) == {0, v1, v2} and store.version_traffic(versions=[]) == {}
