@@ -5,7 +5,6 @@ The gate's version-state moves (candidate, hold, promotion) are lifecycle.py's."
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -15,7 +14,7 @@ from sqlalchemy import func, select
 from liveloop.store import codec
 from liveloop.store.checkpoints import VersionNotFound
 from liveloop.store.models import Evaluation, Feedback, PolicyVersion, Response, utcnow
-from liveloop.store.operator import _only_trusted
+from liveloop.store.operator import _only_trusted, json_safe
 from liveloop.store.records import EvaluationRecord
 
 
@@ -27,20 +26,6 @@ def _aware(ts: datetime) -> datetime:
     return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 
 
-def _plain(value: Any) -> Any:
-    """`value` as JSON both databases hold: numpy scalars as Python numbers, a float that is not
-    finite (PostgreSQL's JSON has no NaN or infinity) as None, containers recursively."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # a numpy scalar
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def _checks(checks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(checks, (str, bytes, Mapping)) or not isinstance(checks, Sequence):
         raise InvalidEvaluation(f"an evaluation's checks are a list of objects, not {type(checks).__name__}")
@@ -48,7 +33,7 @@ def _checks(checks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for check in checks:
         if not isinstance(check, Mapping) or not isinstance(check.get("name"), str) or not check["name"]:
             raise InvalidEvaluation(f"each check is an object with a name: {check!r}")
-        out.append(_plain(check))
+        out.append(json_safe(check))
     return out
 
 

@@ -1,11 +1,12 @@
-"""The store's operator queries: learning pause, the operator event log, and the reads the drift
-monitor and reports make (ratings in arrival order with their version and tags, traffic per version,
-responses per time bucket). Mixed into `Store`; every write here is one transaction. Rollback and
+"""The store's operator queries: learning pause, the operator event log (details made JSON both
+databases hold: `json_safe`), and the reads the drift monitor and reports make (ratings in arrival
+order with their version and tags, traffic per version, responses per time bucket). Mixed into `Store`; every write here is one transaction. Rollback and
 every other version-state change are lifecycle.py's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +15,20 @@ from sqlalchemy.orm import Session
 
 from liveloop.store.models import ApiKey, Feedback, LearnerControl, OperatorEvent, PolicyVersion, Response, utcnow
 from liveloop.store.records import OperatorEventRecord, RatingEvent, VersionTraffic
+
+
+def json_safe(value: Any) -> Any:
+    """`value` as JSON both databases hold: numpy scalars as Python numbers, a float that is not
+    finite (PostgreSQL's JSON has no NaN or infinity) as None, containers recursively."""
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # a numpy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _event(row: OperatorEvent) -> OperatorEventRecord:
@@ -54,7 +69,7 @@ class OperatorQueries:
 
     # -- events ---------------------------------------------------------------------------------
     def _add_event(self, s: Session, kind: str, version: int | None, detail: dict[str, Any], api_key_id: str | None) -> None:
-        s.add(OperatorEvent(kind=kind, version=version, detail=detail, api_key_id=api_key_id, created_at=utcnow()))
+        s.add(OperatorEvent(kind=kind, version=version, detail=json_safe(detail), api_key_id=api_key_id, created_at=utcnow()))
 
     def set_checkpoint_digest(self, version: int, sha256: str) -> None:
         """Record the digest of a version's durable checkpoint, written after its row (in-memory publishing)."""

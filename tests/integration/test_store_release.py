@@ -141,10 +141,11 @@ def test_holding_supersedes_its_descendants_and_sends_the_learner_back_to_the_li
 def test_a_published_version_may_be_held_and_an_unrelated_cursor_is_left_alone(store):
     v1 = _publish(store, 0, last_feedback_id=5)
     v2 = _publish(store, 0, cursor="other", last_feedback_id=7)  # another learner's line, not from v1
-    store.hold_version(v1, "reward hacking: flattery", "other")
+    store.hold_version(v1, "reward hacking: flattery", "other", {"share": math.inf, "z": math.nan, "gain": 0.25})
     assert _statuses(store) == {0: S.SERVING, v1: S.HELD, v2: S.PUBLISHED}
     assert (store.cursor_version("other"), store.get_cursor("other")) == (v2, 7)
     assert store.events()[-1].detail["cursor"] is None
+    assert store.events()[-1].detail["detail"] == {"share": None, "z": None, "gain": 0.25}  # PostgreSQL's JSON has no NaN
 
 
 def test_an_operator_may_roll_back_to_a_held_version(store):
