@@ -1,7 +1,8 @@
 """The store's operator queries: learning pause, the operator event log (details made JSON both
 databases hold: `json_safe`), and the reads the drift monitor and reports make (ratings in arrival
-order with their version and tags, traffic per version, responses per time bucket). Mixed into `Store`; every write here is one transaction. Rollback and
-every other version-state change are lifecycle.py's."""
+order with their version and tags, traffic per version, responses per time bucket). Mixed into
+`Store`; every write here is one transaction. Rollback and every other version-state change are
+lifecycle.py's."""
 
 from __future__ import annotations
 
