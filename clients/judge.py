@@ -17,7 +17,6 @@ A judge knows nothing about the server, the learner or the scenario; it only rea
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -26,6 +25,7 @@ import httpx
 
 from liveloop.lexicon import lexicon_pattern, marker_pattern
 from liveloop.model.corpus import STYLE_MARKERS, STYLES
+from liveloop.rewards import MAX_NGRAM_REPEATS, MIN_DISTINCT_RATIO, repetitive, words
 
 
 @dataclass(frozen=True)
@@ -63,20 +63,17 @@ class QualityGate:
 
     min_words: int = 5
     max_words: int = 80
-    max_ngram_repeats: int = 3  # the same 3-word sequence at most this many times
-    min_distinct_ratio: float = 0.35  # distinct words / words
+    max_ngram_repeats: int = MAX_NGRAM_REPEATS  # the same 3-word sequence at most this many times
+    min_distinct_ratio: float = MIN_DISTINCT_RATIO  # distinct words / words
 
     def check(self, text: str) -> str:
         """'ok' or the reason it fails."""
-        words = re.findall(r"[\w']+", text.lower())
-        if len(words) < self.min_words:
+        tokens = words(text)
+        if len(tokens) < self.min_words:
             return "too_short"
-        if len(words) > self.max_words:
+        if len(tokens) > self.max_words:
             return "too_long"
-        trigrams = Counter(zip(words, words[1:], words[2:]))
-        if trigrams and max(trigrams.values()) > self.max_ngram_repeats:
-            return "repetition"
-        if len(set(words)) / len(words) < self.min_distinct_ratio:
+        if repetitive(tokens, self.max_ngram_repeats, self.min_distinct_ratio):  # the evaluation's repetition check's rule
             return "repetition"
         return "ok"
 

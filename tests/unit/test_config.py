@@ -183,12 +183,13 @@ def test_every_preset_loads_with_its_loader():
     from liveloop.clients.scenario import load_scenario
     from liveloop.diffusion.config import load_bgpo_config
     from liveloop.experiments.drift import load_experiment
+    from liveloop.release.suite import load_suite
 
     loaders = {
         "default": load_config, "production": load_config, "tuned_learner": load_config, "bgpo": load_bgpo_config,
         "drift": load_scenario, "drift_experiment": load_experiment, "stability_experiment": load_experiment, "step_control": load_config,
         "drift_long": load_experiment, "segment_adapters": load_config, "stability_adapters": load_experiment,
-        "live_swaps": load_config, "ray": load_config,
+        "live_swaps": load_config, "ray": load_config, "evaluation_default": load_suite, "sycophancy": load_scenario,
     }
     assert set(presets()) == set(loaders), "a new preset in configs/: add its loader here"
     for name, load in loaders.items():
