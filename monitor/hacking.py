@@ -22,7 +22,8 @@ Attribution (`attribute`), per trait x, over the candidate's ratings C and the r
   what users want) from being credited to x because x also changed;
 - explained = b (prevalence_C - prevalence_R), prevalence = mean x; by the fit, gain = explained +
   (a_C - a_R) exactly, so `share` = explained / gain is the part of the gain the trait's rise accounts for;
-- z = b / se(b), the fit's residual standard error over n - 3 degrees of freedom.
+- z = b / se(b), the fit's residual standard error over n - 3 degrees of freedom (a fit with no residual,
+  raters who reward exactly the trait, gives z = ±Z_PERFECT).
 `alarms` names the traits that explain at least `explained_share` of a gain of at least `min_gain`
 with an effect that is significant (z >= `min_z`).
 """
@@ -42,6 +43,7 @@ TRAITS: tuple[str, ...] = ("length", "exclamation", "flattery", "emoji", "agreem
 _EMOTICON = re.compile(r"[:;]-?[)(DPp3]|<3|\^\^|\^_\^|~")
 
 Sample = Sequence[tuple[str, float]]  # (reply text, reward) pairs
+Z_PERFECT = 1e6  # the z of a fit with no residual (the reward IS the trait): finite, so reports stay JSON
 
 
 class TraitMeter:
@@ -119,7 +121,7 @@ def _share(trait: str, xc: Sequence[float], yc: Sequence[float], xr: Sequence[fl
     if sxx > 0 and dof > 0:
         residual = max(syy - b * sxy, 0.0) / dof
         se = math.sqrt(residual / sxx)
-        z = b / se if se > 0 else (math.inf if b > 0 else -math.inf if b < 0 else 0.0)
+        z = b / se if se > 0 else math.copysign(Z_PERFECT, b) if b else 0.0
     pc, pr = _mean(xc), _mean(xr)
     explained = b * (pc - pr)
     return TraitShare(trait, pc, pr, b, z, explained, explained / gain if gain != 0 else None)

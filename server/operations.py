@@ -11,8 +11,11 @@ An operator's weights (`publish_weights`, `POST /admin/weights`) are copied into
 checkpoint_dir and checked there (server/weights_import.py, in a worker thread), then published; an
 import that does not end up serving leaves nothing behind.
 
+The reward-hacking alarms (`[release.alarms]`, server/alarms.py) run in their own loop,
+`watch_alarms`, every `check_seconds`, when the wiring gives `alarms` and the tokenizer.
+
 Results are typed (`LearningState`, `WeightsImported`, the publisher's `RollbackResult`, the monitor's
-`VersionRow`, `KeyRow`); the admin routes turn them into JSON."""
+`VersionRow`, `KeyRow`, the alarms' `HackingVerdict`); the admin routes turn them into JSON."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
@@ -28,6 +32,8 @@ from liveloop.monitor.drift import ALL, DriftMonitor, RaisedAlarm
 from liveloop.monitor.guard import judge
 from liveloop.monitor.poisoning import Disagreement, ReplyGroups, Suspect, find_suspects
 from liveloop.monitor.versions import VersionRow, version_table
+from liveloop.release.config import AlarmConfig
+from liveloop.server.alarms import HackingVerdict, RewardHackingAlarms
 from liveloop.server.publisher import Publisher, RollbackResult, SwapResult
 from liveloop.server.weights_import import WeightImports
 from liveloop.store import Store
@@ -67,7 +73,8 @@ class KeyRow:
 
 class Operations:
     def __init__(
-        self, config: MonitorConfig, store: Store, publisher: Publisher, metrics: Metrics, imports: WeightImports | None = None
+        self, config: MonitorConfig, store: Store, publisher: Publisher, metrics: Metrics, imports: WeightImports | None = None,
+        alarms: AlarmConfig | None = None, tokenizer: Any = None,
     ):
         self.config = config
         self.store = store
@@ -82,6 +89,8 @@ class Operations:
         # ones do not); one scoring at a time (the loop's and the keys page's threads)
         self._groups = ReplyGroups(config.similarity)
         self._scoring = threading.Lock()
+        # reward-hacking alarms (None: off, or no tokenizer to read the replies with)
+        self.alarms = RewardHackingAlarms(alarms, store, publisher, metrics, tokenizer) if alarms and alarms.enabled and tokenizer else None
 
     @property
     def learner_name(self) -> str:
@@ -244,6 +253,33 @@ class Operations:
         detail = verdict.as_dict() | ({"segment": segment} if segment is not None else {})
         await asyncio.to_thread(self.store.record_event, "guard_rollback", verdict.parent, detail)
         return done
+
+    # -- reward-hacking alarms ------------------------------------------------------------------
+    def hacking(self) -> list[HackingVerdict]:
+        """The latest judgement of each recently judged version, newest version first."""
+        if self.alarms is None:
+            return []
+        return [self.alarms.verdicts[v] for v in sorted(self.alarms.verdicts, reverse=True)]
+
+    async def check_alarms(self) -> list[HackingVerdict]:
+        """One pass of the reward-hacking alarms (off the event loop); [] when they are off."""
+        if self.alarms is None:
+            return []
+        return await asyncio.to_thread(self.alarms.check)
+
+    async def watch_alarms(self) -> None:
+        """Judge the live stream every `[release.alarms] check_seconds` until cancelled (returns at once
+        when the alarms are off)."""
+        if self.alarms is None:
+            return
+        while True:
+            try:
+                await self.check_alarms()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reward-hacking alarms")
+            await asyncio.sleep(self.alarms.config.check_seconds)
 
     async def run(self) -> None:
         """Poll until cancelled."""

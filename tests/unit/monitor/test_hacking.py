@@ -3,12 +3,13 @@ its decomposition of the gain computed by hand, and the alarms' rule."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
 import pytest
 
-from liveloop.monitor.hacking import TRAITS, TraitMeter, alarms, attribute, has_emoji
+from liveloop.monitor.hacking import TRAITS, Z_PERFECT, TraitMeter, alarms, attribute, has_emoji
 
 FLATTERY = ("aww", "so cute", "♡", "great question")
 AGREEMENT = ("yes", "you're right", "exactly")
@@ -98,3 +99,16 @@ def test_no_gain_no_alarm_and_bad_input():
         attribute([], same)
     with pytest.raises(ValueError, match="unknown traits"):
         attribute(same, same, ("politeness",))
+
+
+def test_raters_who_reward_exactly_the_trait():
+    """The sycophancy scenario's raters: reward = flattery. The fit has no residual: z is Z_PERFECT
+    (finite: the report is stored and served as JSON), the whole gain is flattery's."""
+    yes, no = "aww the cat naps", "the cat naps today"
+    reference = [(yes, 1)] * 3 + [(no, 0)] * 7
+    candidate = [(yes, 1)] * 9 + [(no, 0)] * 1
+    report = attribute(candidate, reference, TRAITS, FLATTERY, AGREEMENT)
+    f = report.trait("flattery")
+    assert f.effect == pytest.approx(1.0) and f.z == Z_PERFECT and f.share == pytest.approx(1.0)
+    assert alarms(report, 0.05, 0.5) == ["flattery"]
+    json.dumps(report.as_dict(), allow_nan=False)

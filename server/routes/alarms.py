@@ -1,0 +1,41 @@
+"""`GET /admin/alarms` (admin keys, or the dashboard's session): the reward-hacking alarms on the live
+stream (server/alarms.py): the settings they run with, the recent `reward_hacking` operator events, and
+the latest judgement of each judged version (its reward gain over its reference, each trait's share
+of it, the traits that alarm, and its stored evaluation of the same traits)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from liveloop.server.auth import Principal, require_admin
+
+router = APIRouter(prefix="/admin")
+
+SCANNED = 5000  # newest operator events looked through for reward_hacking ones
+
+
+@router.get("/alarms")
+async def reward_hacking(request: Request, limit: int = Query(100, ge=1, le=1000), _: Principal = Depends(require_admin)) -> dict:
+    state = request.app.state
+    operations = state.operations
+    alarms = operations.alarms
+    events = [e for e in await asyncio.to_thread(state.store.events, None, SCANNED) if e.kind == "reward_hacking"][-limit:]
+    settings = None
+    if alarms is not None:
+        c = alarms.config
+        settings = {
+            "traits": list(c.traits), "min_ratings": c.min_ratings, "min_gain": c.min_gain, "explained_share": c.explained_share,
+            "auto_hold": c.auto_hold, "check_seconds": c.check_seconds,
+        }
+    return {
+        "object": "list",
+        "enabled": alarms is not None,
+        "settings": settings,
+        "events": [
+            {"id": e.id, "version": e.version, "trait": e.detail.get("trait"), "detail": e.detail, "at": e.created_at.timestamp()}
+            for e in reversed(events)
+        ],
+        "data": [v.detail() for v in operations.hacking()],
+    }
