@@ -214,7 +214,7 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS, seed=st.integers(0, 2**16))
 def test_any_sequence_of_gate_operations_keeps_the_invariants(store, ops, seed):
     """Gate operations mixed with the lifecycle's: a change the store accepts is a legal move of the
