@@ -135,12 +135,6 @@ class LiveloopClient:
             body["expect_serving"] = expect_serving
         return self._check(self.http.post("/admin/rollback", json=body))
 
-    def forget_key(self, key_id: str, weights: bool = False, dry_run: bool = False) -> dict[str, Any]:
-        """Delete a key's responses and ratings; `weights`: also retrain the lineages it trained without
-        it (server/forgetting.py); `dry_run` (with weights): only the plan."""
-        body = {"weights": True, "dry_run": dry_run} if weights else {}
-        return self._check(self.http.post(f"/admin/keys/{key_id}/forget", json=body))
-
     def set_learning(self, paused: bool, reason: str | None = None, segment: str | None = None) -> dict[str, Any]:
         path = "/admin/learning/pause" if paused else "/admin/learning/resume"
         body: dict[str, Any] = {"reason": reason}

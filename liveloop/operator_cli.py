@@ -91,27 +91,6 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_forget(args: argparse.Namespace) -> int:
-    done = _call(args, lambda c: c.forget_key(args.key_id, args.weights or args.dry_run, args.dry_run))
-    if args.json:
-        print(json.dumps(done, indent=2))
-        return 0
-    if "lineages" not in done:
-        print(f"key {done['key_id']}: {done['responses_deleted']} responses and {done['ratings_deleted']} ratings deleted (weights kept)")
-        return 0
-    verb = "would" if done["dry_run"] else "did"
-    print(f"key {done['key_id']}: {done['responses']} responses, {done['ratings']} ratings; {done['replay']} ratings of others to train again"
-          + (f" (about {done['estimate_seconds']:.0f} s)" if done["estimate_seconds"] is not None else ""))
-    for p in done["lineages"]:
-        name = p["lane"]
-        if p["target"] is None:
-            print(f"  {name}: never trained on the key; nothing to roll back")
-            continue
-        affected = ", ".join(f"v{v}" for v in p["affected"]) or "none"
-        print(f"  {name}: {verb} roll back to v{p['target']} (rated after #{p['target_cursor']} retrained); versions {affected}; {p['replay']} ratings")
-    return 0
-
-
 def cmd_learning(args: argparse.Namespace) -> int:
     done = _call(args, lambda c: c.set_learning(args.action == "pause", args.reason, args.segment))
     state = "paused" if done["paused"] else "running"
@@ -214,14 +193,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reason", help="recorded with the pause or resume")
     p.add_argument("--segment", help="only this adapter segment's lane (it neither trains nor activates; the others go on)")
     p.set_defaults(func=cmd_learning)
-
-    p = sub.add_parser("forget", help="delete a key's responses and ratings; --weights: also retrain without them (admin)")
-    _server_args(p)
-    p.add_argument("key_id", help="the key's 16 hex digits (as `GET /admin/keys` lists it)")
-    p.add_argument("--weights", action="store_true", help="roll its lineages back to before its first trained rating and retrain the others' ratings")
-    p.add_argument("--dry-run", action="store_true", help="with --weights (implied): only print what it would do")
-    p.add_argument("--json", action="store_true", help="print the API's JSON")
-    p.set_defaults(func=cmd_forget)
 
     p = sub.add_parser("adapters", help="per-segment adapters: serving version, pause switch, latest version's reward (admin)")
     _server_args(p)
