@@ -122,10 +122,6 @@ class LiveloopClient:
     def adapters(self) -> dict[str, Any]:
         return self._check(self.http.get("/admin/adapters"))
 
-    def evaluation(self, version: int) -> dict[str, Any]:
-        """The release gate's latest evaluation of `version` (404 evaluation_not_found before it ran)."""
-        return self._check(self.http.get(f"/admin/versions/{int(version)}/evaluation"))
-
     def rollback(self, version: int, reason: str | None = None, segment: str | None = None, expect_serving: int | None = None) -> dict[str, Any]:
         """`expect_serving`: the version you saw serving; refused (409 serving_changed) if another serves now."""
         body: dict[str, Any] = {"version": version, "reason": reason}
@@ -134,6 +130,12 @@ class LiveloopClient:
         if expect_serving is not None:
             body["expect_serving"] = expect_serving
         return self._check(self.http.post("/admin/rollback", json=body))
+
+    def forget_key(self, key_id: str, weights: bool = False, dry_run: bool = False) -> dict[str, Any]:
+        """Delete a key's responses and ratings; `weights`: also retrain the lineages it trained without
+        it (server/forgetting.py); `dry_run` (with weights): only the plan."""
+        body = {"weights": True, "dry_run": dry_run} if weights else {}
+        return self._check(self.http.post(f"/admin/keys/{key_id}/forget", json=body))
 
     def set_learning(self, paused: bool, reason: str | None = None, segment: str | None = None) -> dict[str, Any]:
         path = "/admin/learning/pause" if paused else "/admin/learning/resume"

@@ -1,6 +1,6 @@
 """The operator's commands: `liveloop versions`, `liveloop rollback V`, `liveloop learning pause|resume`,
-`liveloop adapters`, `liveloop evaluation V` (through a running server's admin API, with an admin key)
-and `liveloop report drift` (from the store, no server needed).
+`liveloop adapters` (through a running server's admin API, with an admin key) and `liveloop report
+drift` (from the store, no server needed).
 
 With per-segment adapters (`[learner] adapters`), `--segment NAME` narrows `versions` to one lineage
 (`base`: the base weights'), and moves only that segment's lineage for `rollback` and `learning`."""
@@ -91,6 +91,27 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_forget(args: argparse.Namespace) -> int:
+    done = _call(args, lambda c: c.forget_key(args.key_id, args.weights or args.dry_run, args.dry_run))
+    if args.json:
+        print(json.dumps(done, indent=2))
+        return 0
+    if "lineages" not in done:
+        print(f"key {done['key_id']}: {done['responses_deleted']} responses and {done['ratings_deleted']} ratings deleted (weights kept)")
+        return 0
+    verb = "would" if done["dry_run"] else "did"
+    print(f"key {done['key_id']}: {done['responses']} responses, {done['ratings']} ratings; {done['replay']} ratings of others to train again"
+          + (f" (about {done['estimate_seconds']:.0f} s)" if done["estimate_seconds"] is not None else ""))
+    for p in done["lineages"]:
+        name = p["lane"]
+        if p["target"] is None:
+            print(f"  {name}: never trained on the key; nothing to roll back")
+            continue
+        affected = ", ".join(f"v{v}" for v in p["affected"]) or "none"
+        print(f"  {name}: {verb} roll back to v{p['target']} (rated after #{p['target_cursor']} retrained); versions {affected}; {p['replay']} ratings")
+    return 0
+
+
 def cmd_learning(args: argparse.Namespace) -> int:
     done = _call(args, lambda c: c.set_learning(args.action == "pause", args.reason, args.segment))
     state = "paused" if done["paused"] else "running"
@@ -118,25 +139,6 @@ def cmd_adapters(args: argparse.Namespace) -> int:
             ci = f"[{_pct(r['low'])},{_pct(r['high'])}]" if r["n"] else ""
             tail = f"{'v' + str(latest['version']):>7} {latest['status']:<12} {r['n']:>8} {_pct(r['rate']):>7} {ci:>17}"
         print(f"{s['segment']:<12} {serving:>8} {'yes' if s['paused'] else 'no':<6} {s['versions']:>8} {tail}")
-    return 0
-
-
-def _num(x: float | None) -> str:
-    return "–" if x is None else f"{x:.4g}"
-
-
-def cmd_evaluation(args: argparse.Namespace) -> int:
-    body = _call(args, lambda c: c.evaluation(args.version))
-    if args.json:
-        print(json.dumps(body, indent=2))
-        return 0
-    live = "no live version" if body["live_version"] is None else f"against live v{body['live_version']}"
-    verdict = "passed" if body["passed"] else "FAILED: " + ", ".join(body["failed"])
-    print(f"v{body['version']} {live}: {verdict} ({body['seconds']:.1f} s, {body['engine_seconds']:.1f} s on the engines)")
-    print(f"{'check':<24} {'value':>9} {'live':>9} {'base':>9}  {'ok':<4} bound")
-    for c in body["checks"]:
-        ok = "yes" if c["passed"] else "NO"
-        print(f"{c['name']:<24} {_num(c['value']):>9} {_num(c['live']):>9} {_num(c['base']):>9}  {ok:<4} {c['bound'] or ''}")
     return 0
 
 
@@ -194,16 +196,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--segment", help="only this adapter segment's lane (it neither trains nor activates; the others go on)")
     p.set_defaults(func=cmd_learning)
 
+    p = sub.add_parser("forget", help="delete a key's responses and ratings; --weights: also retrain without them (admin)")
+    _server_args(p)
+    p.add_argument("key_id", help="the key's 16 hex digits (as `GET /admin/keys` lists it)")
+    p.add_argument("--weights", action="store_true", help="roll its lineages back to before its first trained rating and retrain the others' ratings")
+    p.add_argument("--dry-run", action="store_true", help="with --weights (implied): only print what it would do")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.set_defaults(func=cmd_forget)
+
     p = sub.add_parser("adapters", help="per-segment adapters: serving version, pause switch, latest version's reward (admin)")
     _server_args(p)
     p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(func=cmd_adapters)
-
-    p = sub.add_parser("evaluation", help="a version's evaluation by the release gate: each check against the live and base values (admin)")
-    _server_args(p)
-    p.add_argument("version", type=int, help="the evaluated version")
-    p.add_argument("--json", action="store_true", help="print the API's JSON")
-    p.set_defaults(func=cmd_evaluation)
 
     report = sub.add_parser("report", help="reports from the store").add_subparsers(dest="report_cmd", required=True)
     p = report.add_parser("drift", help="reward over time, versions and drift alarms as a PNG or HTML file")
