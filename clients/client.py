@@ -122,6 +122,10 @@ class LiveloopClient:
     def adapters(self) -> dict[str, Any]:
         return self._check(self.http.get("/admin/adapters"))
 
+    def evaluation(self, version: int) -> dict[str, Any]:
+        """The release gate's latest evaluation of `version` (404 evaluation_not_found before it ran)."""
+        return self._check(self.http.get(f"/admin/versions/{int(version)}/evaluation"))
+
     def rollback(self, version: int, reason: str | None = None, segment: str | None = None, expect_serving: int | None = None) -> dict[str, Any]:
         """`expect_serving`: the version you saw serving; refused (409 serving_changed) if another serves now."""
         body: dict[str, Any] = {"version": version, "reason": reason}

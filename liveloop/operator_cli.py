@@ -1,6 +1,6 @@
 """The operator's commands: `liveloop versions`, `liveloop rollback V`, `liveloop learning pause|resume`,
-`liveloop adapters` (through a running server's admin API, with an admin key) and `liveloop report
-drift` (from the store, no server needed).
+`liveloop adapters`, `liveloop evaluation V` (through a running server's admin API, with an admin key)
+and `liveloop report drift` (from the store, no server needed).
 
 With per-segment adapters (`[learner] adapters`), `--segment NAME` narrows `versions` to one lineage
 (`base`: the base weights'), and moves only that segment's lineage for `rollback` and `learning`."""
@@ -142,6 +142,25 @@ def cmd_adapters(args: argparse.Namespace) -> int:
     return 0
 
 
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.4g}"
+
+
+def cmd_evaluation(args: argparse.Namespace) -> int:
+    body = _call(args, lambda c: c.evaluation(args.version))
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    live = "no live version" if body["live_version"] is None else f"against live v{body['live_version']}"
+    verdict = "passed" if body["passed"] else "FAILED: " + ", ".join(body["failed"])
+    print(f"v{body['version']} {live}: {verdict} ({body['seconds']:.1f} s, {body['engine_seconds']:.1f} s on the engines)")
+    print(f"{'check':<24} {'value':>9} {'live':>9} {'base':>9}  {'ok':<4} bound")
+    for c in body["checks"]:
+        ok = "yes" if c["passed"] else "NO"
+        print(f"{c['name']:<24} {_num(c['value']):>9} {_num(c['live']):>9} {_num(c['base']):>9}  {ok:<4} {c['bound'] or ''}")
+    return 0
+
+
 def cmd_report_drift(args: argparse.Namespace) -> int:
     from liveloop.config import load_config
     from liveloop.monitor.report import collect, parse_since, render_html, render_png
@@ -208,6 +227,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     _server_args(p)
     p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(func=cmd_adapters)
+
+    p = sub.add_parser("evaluation", help="a version's evaluation by the release gate: each check against the live and base values (admin)")
+    _server_args(p)
+    p.add_argument("version", type=int, help="the evaluated version")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.set_defaults(func=cmd_evaluation)
 
     report = sub.add_parser("report", help="reports from the store").add_subparsers(dest="report_cmd", required=True)
     p = report.add_parser("drift", help="reward over time, versions and drift alarms as a PNG or HTML file")
