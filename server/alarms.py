@@ -108,6 +108,7 @@ class RewardHackingAlarms:
         self.verdicts: dict[int, HackingVerdict] = {}
         self._seen: dict[int, tuple] = {}  # version -> the ratings counts it was last judged on
         self._alarmed: set[tuple[int, str]] | None = None  # (version, trait) already recorded (read back at the first check)
+        self._looked: tuple | None = None  # the newest rating and the versions of the last pass
 
     # -- one pass -------------------------------------------------------------------------------
     def check(self) -> list[HackingVerdict]:
@@ -117,13 +118,19 @@ class RewardHackingAlarms:
             self._alarmed = {
                 (e.version, e.detail.get("trait")) for e in self.store.events(limit=10000) if e.kind == "reward_hacking"
             }
-        by_number = {v.version: v for v in self.store.list_versions()}
-        traffic = self.store.version_traffic(True)  # quarantined keys' ratings left out, as the guard reads
         lineages: list[tuple[str | None, int | None]] = [(None, self.publisher.serving_version)]
         lineages += list(self.publisher.serving_adapters().items())
+        canaries = {segment: self.store.canary_version(segment) for segment, _ in lineages}
+        # the per-version aggregate scans the ratings: only when there are new ones or the versions changed
+        looked = (self.store.last_rating_id(), tuple(lineages), tuple(c.version if c else None for c in canaries.values()))
+        if looked == self._looked:
+            return []
+        self._looked = looked
+        by_number = {v.version: v for v in self.store.list_versions()}
+        traffic = self.store.version_traffic(True)  # quarantined keys' ratings left out, as the guard reads
         done = []
         for segment, serving in lineages:
-            canary = self.store.canary_version(segment)
+            canary = canaries[segment]
             if serving is not None and serving in by_number:
                 chain = lineage_chain(serving, by_number)
                 mine = stretch(chain, traffic, self.config.min_ratings)
