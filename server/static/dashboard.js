@@ -6,7 +6,8 @@ const REFRESH_MS = 2000;
 // statuses: the version statuses as the server defines them (GET /admin/statuses), by name
 // adapters: GET /admin/adapters (per-segment LoRA adapters; "none": the panel stays hidden)
 // fleet: GET /admin/replicas (every serving process: what it serves, its load, its health)
-const state = { versions: [], drift: null, stats: null, events: [], markers: [], statuses: null, adapters: null, fleet: null };
+// evaluations: GET /admin/evaluations (the release gate's latest evaluation of each recent version)
+const state = { versions: [], drift: null, stats: null, events: [], markers: [], statuses: null, adapters: null, fleet: null, evaluations: [] };
 window.dashboard = state; // for people (and tests) poking at the page
 
 function el(tag, attrs = {}, ...children) {
@@ -235,6 +236,37 @@ function drawFleet() {
   document.querySelector("#fleet tbody").replaceChildren(...rows);
 }
 
+const num = (x) => (x === null || x === undefined ? "–" : String(Number(Number(x).toPrecision(4))));
+
+// the newest evaluated version's checks: its value against the live version's and the base model's
+function drawEvaluation() {
+  const e = state.evaluations[0];
+  const summary = document.getElementById("evaluation-summary");
+  const panel = document.getElementById("evaluation-panel");
+  if (!e) {
+    summary.textContent = "(no version evaluated yet)";
+    panel.removeAttribute("data-version");
+    document.querySelector("#evaluation tbody").replaceChildren();
+    return;
+  }
+  panel.dataset.version = e.version;
+  panel.dataset.passed = e.passed;
+  const live = e.live_version === null ? "no live version" : `against live v${e.live_version}`;
+  summary.textContent = `v${e.version} ${live}: ${e.passed ? "passed" : "failed (" + e.failed.join(", ") + ")"}; ` +
+    `${e.seconds.toFixed(1)} s, ${e.engine_seconds.toFixed(1)} s on the engines; ${when(e.created)}`;
+  const rows = e.checks.map((c) => el("tr", { class: c.passed ? "passed" : "failed", "data-check": c.name },
+    el("td", {}, c.name), el("td", {}, num(c.value)), el("td", {}, num(c.live)), el("td", {}, num(c.base)),
+    el("td", {}, c.bound || "–"), el("td", { class: c.passed ? "better" : "worse" }, c.passed ? "pass" : "FAIL")));
+  document.querySelector("#evaluation tbody").replaceChildren(...rows);
+}
+
+function evaluationCell(v) {
+  const e = state.evaluations.find((x) => x.version === v.version);
+  if (!e) return el("td", { class: "evaluation" }, "–");
+  return el("td", { class: `evaluation ${e.passed ? "better" : "worse"}`, title: e.checks.map((c) => `${c.name}: ${num(c.value)}`).join("\n") },
+    e.passed ? "passed" : `failed: ${e.failed.join(", ")}`);
+}
+
 function drawVersions() {
   const rows = [...state.versions].reverse().map((v) => {
     const r = v.reward;
@@ -256,7 +288,7 @@ function drawVersions() {
       el("td", { class: "segment-col" }, lineage(v)),
       el("td", { class: "status", title: (state.statuses[v.status] || {}).description || "" }, v.status),
       el("td", {}, when(v.created)), el("td", {}, v.responses), el("td", {}, r.n),
-      el("td", {}, r.n ? `${pct(r.rate)} [${pct(r.low)}, ${pct(r.high)}]` : "–"), cmpCell, el("td", {}, action));
+      el("td", {}, r.n ? `${pct(r.rate)} [${pct(r.low)}, ${pct(r.high)}]` : "–"), cmpCell, evaluationCell(v), el("td", {}, action));
   });
   document.querySelector("#versions tbody").replaceChildren(...rows);
 }
@@ -319,12 +351,12 @@ async function loadStatuses() {
 async function refresh() {
   try {
     if (!state.statuses) await loadStatuses(); // once: they are fixed while the server runs
-    const [stats, drift, versions, events, adapters, fleet] = await Promise.all([
+    const [stats, drift, versions, events, adapters, fleet, evaluations] = await Promise.all([
       api("/admin/stats"), api("/admin/drift"), api("/admin/versions"), api("/admin/events?limit=500"), api("/admin/adapters"),
-      api("/admin/replicas"),
+      api("/admin/replicas"), api("/admin/evaluations"),
     ]);
-    Object.assign(state, { stats, drift, versions: versions.data, events: events.data, adapters, fleet });
-    drawHeader(); drawLearner(); drawDetector(); drawFleet(); drawAdapters(); drawVersions(); drawEvents();
+    Object.assign(state, { stats, drift, versions: versions.data, events: events.data, adapters, fleet, evaluations: evaluations.data });
+    drawHeader(); drawLearner(); drawDetector(); drawFleet(); drawAdapters(); drawEvaluation(); drawVersions(); drawEvents();
     collectMarkers(); drawCharts();
     document.body.dataset.loaded = "true";
     showError(null);
