@@ -5,7 +5,9 @@
 start); 2. find the serving version (the newest "serving" row, else version 0 = the configured model);
 3. start the engine on that version's weights; 4. start the group-commit writer; 5. watch for versions
 learners publish (every `[server] watch_seconds`) and the feedback stream for drift (`Operations`);
-6. apply `[store] retain_days` periodically. On exit it reverses it: every queued row is flushed before
+6. apply `[store] retain_days` periodically; 7. with `[release] mode` canary or gated, or the evaluation
+on (`wants_gate`), run the release gate (server/gate.py) over a `CanaryEngine` (a second engine of the
+same backend holds the candidate). On exit it reverses it: every queued row is flushed before
 the process exits. `attach` puts the components (and the learner the wiring started, or None) on
 `app.state`, where the routes find them; `create_app` builds the routes around the wiring's lifespan.
 
@@ -58,12 +60,14 @@ from liveloop.server.auth import KeyRing, LoginThrottle, Sessions
 from liveloop.server.body import BodyDeadline, BodyLimit
 from liveloop.server.config import ServerConfig
 from liveloop.server.engines.base import Engine, create_engine
+from liveloop.server.engines.canary import CanaryEngine
 from liveloop.server.errors import install_handlers
+from liveloop.server.gate import ReleaseGate
 from liveloop.server.hosts import HostAllowList, allowed_hosts
 from liveloop.server.operations import Operations
 from liveloop.server.publisher import Publisher
 from liveloop.server.startup import finish_start, start_point, sweep_shared_memory
-from liveloop.server.routes import admin, dashboard, feedback, openai, ops
+from liveloop.server.routes import admin, dashboard, feedback, openai, ops, release
 from liveloop.server.serving import Serving
 from liveloop.server.weights_import import WeightImports
 from liveloop.store import BatchWriter, Store
@@ -74,6 +78,8 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 FORGOTTEN_REFRESH_SECONDS = 1.0  # how often the edge re-reads the forgotten keys (another process may forget one)
+GATED_BACKENDS = ("hf", "vllm")  # the backends the release gate runs on
+GATE_SECONDS = 0.5  # the release gate's pass at most this often (each reads the candidate's and live version's ratings)
 
 
 class UnsafeBind(ValueError):
@@ -164,6 +170,7 @@ class Components:
     registry: ReplicaRegistry
     replica_id: str
     down_after_seconds: float
+    gate: ReleaseGate | None = None  # the release gate (None: immediate mode without evaluation)
 
     def beat(self) -> Beat:
         """What this replica reports: its serving versions, generations running and health."""
@@ -198,6 +205,9 @@ async def start_components(config: Config, model_dir: Path) -> Components:
         engine_config = replace(engine_config, max_adapters=2 * len(segments))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     engine = create_engine(engine_config, model_dir)
+    gated = wants_gate(config)
+    if gated:  # a second engine of the same backend holds the candidate, started at the first one
+        engine = CanaryEngine(engine, functools.partial(create_engine, engine_config, model_dir), engine_config.drain_deadline_seconds)
     await engine.start(version=point.start_version, weights_path=point.weights_path)
     # 4. writer
     writer = BatchWriter(store).start()
@@ -211,6 +221,7 @@ async def start_components(config: Config, model_dir: Path) -> Components:
         engine, store, metrics, config.learner.cursor_name, segments,
         receiver=receiver, durable_wait_seconds=transport.durable_wait_seconds,
         keep_serving_memory=config.ray.enabled,  # the other replicas still swap the serving version in from memory
+        gate_base=config.release.mode != "immediate",
     )
     try:
         await finish_start(publisher, point)
@@ -223,10 +234,44 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     imports = WeightImports(config.learner.checkpoint_dir, model_dir, config.server.max_import_bytes)
     operations = Operations(config.monitor, store, publisher, metrics, imports)
     registry = ReplicaRegistry(store)
+    gate = None
+    if gated:
+        assert isinstance(engine, CanaryEngine)
+        evaluate = evaluator(config, tokenizer, model_dir, serving.stop_token_ids, store)
+        gate = ReleaseGate(config.release, publisher, engine, store, metrics, evaluate)
+        serving.canary = gate.routes_to_candidate
     return Components(
         store, writer, engine, tokenizer, metrics, keys, serving, publisher, operations, registry, replica_id(config),
-        config.ray.down_after_seconds,
+        config.ray.down_after_seconds, gate,
     )
+
+
+def wants_gate(config: Config) -> bool:
+    """Whether this server runs the release gate (and so a candidate engine): a canary or gated mode, or
+    immediate mode with the evaluation on. Refuses a gated mode on the other backends (sglang's engine is
+    a client of one SGLang server: a second one would share its weights; a diffusion model is not a
+    causal LM the evaluation can score)."""
+    if config.engine.backend not in GATED_BACKENDS:
+        if config.release.mode != "immediate":
+            raise ValueError(
+                f"[release] mode = {config.release.mode!r} needs a second engine for the candidate and a causal LM to "
+                f"evaluate: backends {', '.join(GATED_BACKENDS)}, not {config.engine.backend}"
+            )
+        return False
+    return config.release.mode != "immediate" or config.release.evaluation.enabled
+
+
+def evaluator(config: Config, tokenizer: Any, model_dir: Path, stop_token_ids: tuple[int, ...], store: Store) -> Any:
+    """The gate's `evaluate(candidate_engine, candidate, live_engine, live)`: the evaluation suite
+    (release/evaluation.py) sampling through the engines (server/evaluating.py); None with
+    `[release.evaluation]` off."""
+    if not config.release.evaluation.enabled:
+        return None
+    from liveloop.release.evaluation import Evaluator
+    from liveloop.server.evaluating import engine_evaluation
+
+    suite = Evaluator(config.release.evaluation, tokenizer, model_dir, stop_token_ids=stop_token_ids, refresh=store.get_version)
+    return engine_evaluation(suite, stop_token_ids)
 
 
 async def stop_components(c: Components) -> None:
@@ -245,6 +290,7 @@ async def running(config: Config, model_dir: Path) -> AsyncIterator[Components]:
     beats = asyncio.create_task(heartbeat(c, config))
     forgotten = asyncio.create_task(watch_forgotten(c.store))
     monitor = asyncio.create_task(c.operations.run()) if config.monitor.enabled else None
+    gate = asyncio.create_task(c.gate.run(max(config.server.watch_seconds, GATE_SECONDS))) if c.gate is not None else None
     retention = None
     if config.store.retain_days > 0:
         retention = asyncio.create_task(apply_retention(c.store, config.store.retain_days, config.store.retention_interval_seconds))
@@ -252,7 +298,7 @@ async def running(config: Config, model_dir: Path) -> AsyncIterator[Components]:
     try:
         yield c
     finally:
-        for task in (watcher, beats, forgotten, monitor, retention):
+        for task in (watcher, gate, beats, forgotten, monitor, retention):
             if task is not None:
                 task.cancel()
         try:
@@ -286,6 +332,7 @@ def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.Ab
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(dashboard.router)
+    app.include_router(release.router)
     app.add_middleware(BodyDeadline, seconds=server.body_timeout_seconds)
     app.add_middleware(BodyLimit, max_bytes=server.max_body_bytes)
     app.add_middleware(ReplicaHeader, app_state=app.state)

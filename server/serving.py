@@ -40,6 +40,7 @@ from typing import Any
 import anyio
 
 from liveloop.metrics import Metrics
+from liveloop.release.routing import user_key
 from liveloop.server.admission import Admission
 from liveloop.server.auth import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
@@ -99,6 +100,7 @@ class Prepared:
     created: int
     store: bool = True  # False: serve, never log (OpenAI's `store: false`)
     segment: str | None = None  # the adapter segment that serves it (None: adapters are off)
+    user: str = ""  # who it is routed by for a canary: its `user` field, else its API key (release/routing.py)
 
 
 Span = tuple[int, int, int]  # (start, end, version) over response token indexes [start, end)
@@ -199,8 +201,11 @@ class Serving:
         model_dir: Path,
         admission: Admission | None = None,
         route: Callable[[Mapping[str, Any] | None], str | None] | None = None,
+        canary: Callable[[str, str | None], bool] | None = None,
     ):
         self.engine = engine
+        # (user, segment) -> whether a canary candidate serves the request (the release gate's rule; None: never)
+        self.canary = canary or (lambda user, segment: False)
         self.route = route or (lambda meta: None)  # request metadata -> adapter segment (liveloop/segments.py)
         self.admission = admission or Admission(server)
         self.tokenizer = tokenizer
@@ -312,13 +317,15 @@ class Serving:
             created=int(time.time()),
             store=req.store,
             segment=self.route(req.metadata),
+            user=user_key(req.user, principal.key_id),
         )
 
     # -- 2. admitted generation -> pieces ------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def run(self, prepared: Prepared) -> AsyncIterator[Run]:
         with self.admission.generation(prepared.principal.key_id):  # raises Busy: nothing started
-            request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling, prepared.segment)
+            canary = self.canary(prepared.user, prepared.segment)  # decided at admission: the candidate may change
+            request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling, prepared.segment, canary)
             admitted = self.engine.generate(request)
             gen = await admitted.__aenter__()
             run = Run(prepared, gen.version, None, prepared.segment)  # type: ignore[arg-type]

@@ -64,6 +64,7 @@ class GenerationRequest:
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
     segment: str | None = None  # the adapter segment that serves it; None: the base weights alone
+    canary: bool = False  # its user is in the canary share: a canary candidate serves it when one is loaded (engines/canary.py)
 
 
 @dataclass

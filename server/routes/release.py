@@ -1,7 +1,9 @@
-"""The release gate's admin API: `GET /admin/versions/{v}/evaluation` (a version's latest evaluation:
-each check's value against the live version's and the base model's, its bounds, pass or fail) and `GET
-/admin/evaluations` (the latest evaluation of each recent version, for the dashboard). Admin keys or the
-dashboard's session."""
+"""The release gate's admin API: `GET /admin/release` (the mode of each lineage, the base lineage's
+candidate with its rated traffic against the live version's, its evaluation state and the gate's
+verdict now); `GET /admin/versions/{v}/evaluation` (a version's latest evaluation: each check's value
+against the live version's and the base model's, its bounds, pass or fail) and `GET /admin/evaluations`
+(the latest evaluation of each recent version, for the dashboard). Admin keys or the dashboard's
+session."""
 
 from __future__ import annotations
 
@@ -11,9 +13,44 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from liveloop.server.auth import Principal, require_admin
 from liveloop.server.errors import APIError
-from liveloop.store.records import EvaluationRecord
+from liveloop.server.gate import ReleaseState
+from liveloop.store.records import EvaluationRecord, VersionTraffic
 
 router = APIRouter(prefix="/admin")
+
+
+def _traffic(t: VersionTraffic) -> dict:
+    return {
+        "version": t.version, "responses": t.responses, "ratings": t.ratings, "positive": t.positive,
+        "rate": t.positive / t.ratings if t.ratings else None,
+    }
+
+
+def release_json(state: ReleaseState | None, serving: int) -> dict:
+    if state is None:  # no gate: immediate mode with the evaluation off
+        return {"object": "release", "mode": "immediate", "segments": {}, "serving": serving, "candidate": None, "evaluating": None, "gate": False}
+    candidate = None
+    if state.candidate is not None:
+        c = state.candidate
+        candidate = {
+            "version": c.version, "status": str(c.status), "loaded": c.loaded, "traffic": _traffic(c.traffic),
+            "live": _traffic(c.live_traffic), "evaluation": c.evaluation,
+            "decision": None if c.decision is None else {"action": c.decision.action, "reason": c.decision.reason, "p_worse": c.decision.p_worse},
+        }
+    return {
+        "object": "release", "mode": state.mode, "segments": {s: "immediate" for s in state.segment_modes},
+        "configured_segments": state.segment_modes, "canary_fraction": state.canary_fraction, "serving": state.serving,
+        "candidate": candidate, "evaluating": state.evaluating, "gate": True,
+    }
+
+
+@router.get("/release")
+async def release(request: Request, _: Principal = Depends(require_admin)) -> dict:
+    """How versions reach users now: the mode, the candidate (traffic vs live, evaluation, verdict)."""
+    state = request.app.state
+    gate = getattr(state, "gate", None)
+    snapshot = await asyncio.to_thread(gate.state) if gate is not None else None
+    return release_json(snapshot, state.engine.version)
 
 
 # -- evaluations (the evaluation suite's results, release/evaluation.py) -----------------------------

@@ -1,0 +1,201 @@
+"""The release gate on a real hf engine pair (CanaryEngine over the tiny model), real SQLite and
+PostgreSQL, the real evaluation suite (a small one) and the publisher: canary routing is consistent per
+user and covers about the configured share of users; a candidate is promoted once rated and evaluated
+(the same users then see it, and everyone else too), the versions published meanwhile queue behind it
+(newest wins); a candidate whose evaluation fails is held and no user outside the canary ever got it; a
+candidate its users rate worse is held; in gated mode no user gets a candidate before its evaluation
+passes."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from liveloop.devtools import perturbed_checkpoint
+from liveloop.metrics import Metrics
+from liveloop.release.config import CheckBound, EvaluationConfig, ReleaseConfig
+from liveloop.release.evaluation import Evaluator
+from liveloop.release.routing import in_canary
+from liveloop.release.suite import Reference, Suite
+from liveloop.server.config import EngineConfig
+from liveloop.server.engines.base import GenerationRequest, SamplingParams
+from liveloop.server.engines.canary import CanaryEngine
+from liveloop.server.engines.hf_engine import HFEngine
+from liveloop.server.evaluating import engine_evaluation
+from liveloop.server.gate import ReleaseGate
+from liveloop.server.publisher import Publisher
+from liveloop.store import FeedbackRecord, ResponseRecord, Store, VersionStatus
+
+S = VersionStatus
+USERS = [f"user:{i}" for i in range(60)]
+SUITE = Suite(prompts=("Tell me about cats.", "How was your day?"), false_claims=("The moon is made of bread, isn't it?",),
+              reference=(Reference("Describe rain.", "Rain falls softly on the roof."),))
+PASSING = (CheckBound("kl_to_live", max_rise=100.0),)
+FAILING = (CheckBound("perplexity", max_rise=0.0, max_fall=0.0),)  # any change of the weights moves the perplexity
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, model_dir) -> list[Path]:
+    root = tmp_path_factory.mktemp("gate-checkpoints")
+    return [perturbed_checkpoint(model_dir, root / f"c{seed}", seed=seed) for seed in (1, 2, 3)]
+
+
+@pytest.fixture
+async def canary_engine(model_dir):
+    config = EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0)
+    engine = CanaryEngine(HFEngine(config, model_dir), lambda: HFEngine(config, model_dir), idle_seconds=10.0)
+    await engine.start(version=0)
+    yield engine
+    await engine.close()
+
+
+def _gate(engine, store, tokenizer, model_dir, mode="canary", bounds=PASSING, **release) -> ReleaseGate:
+    evaluation = EvaluationConfig(max_tokens=8, bounds=bounds)
+    config = ReleaseConfig(**{"mode": mode, "canary_fraction": 0.25, "min_ratings": 6, "evaluation": evaluation, **release})
+    publisher = Publisher(engine, store, Metrics(), gate_base=True)
+    evaluator = Evaluator(evaluation, tokenizer, model_dir, suite=SUITE, refresh=store.get_version)
+    return ReleaseGate(config, publisher, engine, store, publisher.metrics, engine_evaluation(evaluator))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def _publish(store: Store, parent: int, checkpoint: Path) -> int:
+    return store.publish_version(
+        parent=parent, checkpoint_path=str(checkpoint), checkpoint_sha256=None, learner_step=1, samples_used=1,
+        metrics={}, cursor_name="sao", last_feedback_id=0,
+    ).version
+
+
+async def _serve(gate: ReleaseGate, engine: CanaryEngine, user: str) -> int:
+    request = GenerationRequest(uuid.uuid4().hex, (1, 2, 3), SamplingParams(max_tokens=2, seed=1), canary=gate.routes_to_candidate(user, None))
+    async with engine.generate(request) as gen:
+        async for _ in gen:
+            pass
+    return gen.version
+
+
+def _rate(store: Store, version: int, rewards: list[int]) -> None:
+    for reward in rewards:
+        rid = f"r-{uuid.uuid4().hex}"
+        store.insert_responses([ResponseRecord(rid, "k", "m", version, "chat", (1, 2), (3,), (-0.5,), "stop", 1.0, 1.0, 1.0)])
+        store.put_feedback(FeedbackRecord(rid, "k", reward))
+
+
+async def _until(gate: ReleaseGate, action: str, passes: int = 240):
+    """Gate passes until it takes `action` (evaluations run in the background meanwhile)."""
+    for _ in range(passes):
+        decision = await gate.step()
+        if decision is not None and decision.action == action:
+            return decision
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"no {action} after {passes} passes (last: {gate.decisions})")
+
+
+async def test_canary_routes_per_user_promotes_and_queues_the_newest(canary_engine, store, checkpoints, tokenizer, model_dir):
+    gate = _gate(canary_engine, store, tokenizer, model_dir)
+    _rate(store, 0, [1, 0] * 10)
+    v1 = _publish(store, 0, checkpoints[0])
+    await gate.step()
+    assert store.get_version(v1).status == S.CANARY and canary_engine.candidate_version == v1
+
+    seen: dict[str, set[int]] = {u: set() for u in USERS}
+    for _ in range(2):
+        for user in USERS:
+            seen[user].add(await _serve(gate, canary_engine, user))
+    assert all(len(versions) == 1 for versions in seen.values())  # one version per user
+    canary_users = {u for u, versions in seen.items() if versions == {v1}}
+    assert canary_users == {u for u in USERS if in_canary(u, 0.25)} and 0 < len(canary_users) < len(USERS)
+
+    # the learner goes on from the candidate meanwhile: these wait, the newest is the next candidate
+    v2 = _publish(store, v1, checkpoints[1])
+    v3 = _publish(store, v2, checkpoints[2])
+    _rate(store, v1, [1, 0] * 4)
+    decision = await _until(gate, "promote")
+    assert "evaluation passed" in decision.reason
+    assert store.get_version(v1).status == S.SERVING and store.get_version(0).status == S.RETIRED
+    assert store.evaluation(v1).passed and canary_engine.version == v1
+    for user in USERS:  # promotion only moves a user forward
+        assert await _serve(gate, canary_engine, user) == v1
+
+    await gate.step()
+    assert store.get_version(v3).status == S.CANARY and store.get_version(v2).status == S.SUPERSEDED
+    assert canary_engine.candidate_version == v3
+    assert {await _serve(gate, canary_engine, u) for u in canary_users} == {v3}
+    assert gate.state().candidate.version == v3
+    await gate.close()
+
+
+async def test_a_failed_evaluation_holds_the_candidate_and_only_canary_users_saw_it(canary_engine, store, checkpoints, tokenizer, model_dir):
+    gate = _gate(canary_engine, store, tokenizer, model_dir, bounds=FAILING)
+    v1 = _publish(store, 0, checkpoints[0])
+    stop, served = asyncio.Event(), []
+
+    async def traffic() -> None:
+        while not stop.is_set():
+            for user in USERS[:20]:
+                served.append((user, await _serve(gate, canary_engine, user)))
+
+    load = asyncio.create_task(traffic())
+    try:
+        decision = await _until(gate, "hold")
+    finally:
+        stop.set()
+        await load
+    assert decision.reason == "evaluation failed"
+    assert store.get_version(v1).status == S.HELD and canary_engine.candidate_version is None
+    assert store.cursor_version("sao") == 0  # the learner goes back to the live version's weights
+    assert not store.evaluation(v1).passed
+    assert any(v == v1 for _, v in served)  # the canary users were served it while it was tried
+    assert all(in_canary(user, 0.25) for user, v in served if v == v1)  # nobody else ever was
+    assert [e.kind for e in store.events()][-1] == "release_held"
+    await gate.close()
+
+
+async def test_a_candidate_its_users_rate_worse_is_held(canary_engine, store, checkpoints, tokenizer, model_dir):
+    gate = _gate(canary_engine, store, tokenizer, model_dir)
+    _rate(store, 0, [1] * 30 + [0] * 10)
+    v1 = _publish(store, 0, checkpoints[0])
+    await gate.step()
+    _rate(store, v1, [0] * 6)  # 0/6 against 30/40: z = -3.5
+    decision = await _until(gate, "hold")
+    assert decision.reason.startswith("rated worse") and decision.p_worse < 0.05
+    assert store.get_version(v1).status == S.HELD and canary_engine.version == 0
+    await gate.close()
+
+
+async def test_gated_serves_no_user_the_candidate_before_its_evaluation_passes(canary_engine, store, checkpoints, tokenizer, model_dir):
+    gate = _gate(canary_engine, store, tokenizer, model_dir, mode="gated")
+    v1 = _publish(store, 0, checkpoints[0])
+    served = []
+    for _ in range(240):
+        decision = await gate.step()
+        evaluated = store.evaluation(v1)
+        for user in USERS[:10]:
+            served.append((evaluated is not None, await _serve(gate, canary_engine, user)))
+        if decision is not None and decision.action == "promote":
+            break
+        await asyncio.sleep(0.1)
+    assert store.get_version(v1).status == S.SERVING and canary_engine.version == v1
+    assert {v for evaluated, v in served if not evaluated} == {0}  # before the evaluation passed: the live version only
+    assert await _serve(gate, canary_engine, USERS[0]) == v1
+    await gate.close()
+
+
+async def test_a_rollback_while_a_candidate_is_tried_drops_it(canary_engine, store, checkpoints, tokenizer, model_dir):
+    gate = _gate(canary_engine, store, tokenizer, model_dir, mode="canary", min_ratings=1000)
+    v1 = _publish(store, 0, checkpoints[0])
+    await gate.step()
+    assert canary_engine.candidate_version == v1
+    store.rollback_to(0, "sao")  # an operator (or another replica's guard)
+    await gate.step()
+    assert canary_engine.candidate_version is None and store.get_version(v1).status == S.ROLLED_BACK
+    assert {await _serve(gate, canary_engine, u) for u in USERS[:20]} == {0}
+    await gate.close()
