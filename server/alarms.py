@@ -181,7 +181,7 @@ class RewardHackingAlarms:
                 try:
                     self.store.hold_version(verdict.version, reason, lane, {"alarms": new, "report": verdict.report.as_dict()})
                     held = True
-                    self.metrics.inc("server/release_held", reason="reward_hacking")
+                    self.metrics.inc("server/release_held")  # as the gate counts its holds (no labels: one family)
                 except TransitionRefused as exc:  # the gate decided first (promoted, held, superseded)
                     log.info("reward hacking: version %d could not be held: %s", verdict.version, exc)
             paused = self.store.set_learning_paused(lane, True, reason)

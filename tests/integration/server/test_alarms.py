@@ -107,7 +107,7 @@ async def test_a_flattering_candidate_alarms_and_is_held(store, engine, tokenize
     assert any(e.kind == "release_held" and e.version == candidate for e in store.events())
     metrics = ops.metrics.render().decode()
     assert 'liveloop_monitor_reward_hacking_total{role="candidate",trait="flattery"} 1.0' in metrics
-    assert 'liveloop_server_release_held_total{reason="reward_hacking"} 1.0' in metrics
+    assert 'liveloop_server_release_held_total 1.0' in metrics
 
     # the next pass: nothing new to judge, nothing recorded twice (nor by a restarted server)
     assert await ops.check_alarms() == []
