@@ -13,12 +13,17 @@ import logging
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 BASE_VERSION = 0  # the base model: it lives outside checkpoint_dir and is never deleted
+# transformers' from_pretrained is not thread-safe within a process (its meta-device initialisation is
+# process-wide: two loads at once gave meta tensors). A serving process loads in several threads (the
+# live engine's swaps, the release gate's candidate engine, the evaluation's scorer): each load holds it.
+PRETRAINED_LOCK = threading.Lock()
 
 
 def checkpoint_digest(path: str | Path) -> str:

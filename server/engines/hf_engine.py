@@ -29,6 +29,7 @@ leave `version` unset: their generation records its adapter's version.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ from liveloop.server.engines.threaded import (
     Swap,
     ThreadedEngine,
 )
+from liveloop.checkpoint import PRETRAINED_LOCK
 from liveloop.transport.weights import load_state
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -82,9 +84,14 @@ class HFEngine(ThreadedEngine):
     async def start(self, version: int = 0, weights_path: str | Path | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=_DTYPES[self.config.dtype], trust_remote_code=self.config.trust_remote_code
-        ).to(self.device)
+        def load() -> Any:
+            with PRETRAINED_LOCK:  # another engine of this process (the release gate's) may be loading
+                return AutoModelForCausalLM.from_pretrained(
+                    self.model_path, dtype=_DTYPES[self.config.dtype], trust_remote_code=self.config.trust_remote_code
+                ).to(self.device)
+
+        # off the event loop: the release gate starts its candidate engine while the server serves
+        self.model = await asyncio.to_thread(load)
         self.model.eval()
         if weights_path:
             load_state(self.model, self._read_checkpoint(Path(weights_path)))
@@ -105,9 +112,10 @@ class HFEngine(ThreadedEngine):
         # experts saved one by one, fused in memory), which from_pretrained converts
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=next(self.model.parameters()).dtype, trust_remote_code=self.config.trust_remote_code
-        ).state_dict()
+        with PRETRAINED_LOCK:
+            return AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=next(self.model.parameters()).dtype, trust_remote_code=self.config.trust_remote_code
+            ).state_dict()
 
     # -- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
