@@ -200,7 +200,7 @@ def pretrain_scenario_critic(cfg: ExperimentConfig, model_dir: Path, critic: dic
     from liveloop.model.corpus import make_prompt
 
     sc = cfg.scenario
-    judge = make_judge(sc.judge)
+    judge = make_judge(sc.judge, flattery_words=sc.flattery_words)
 
     def segment(i: int):
         return sc.segments[i % len(sc.segments)]
