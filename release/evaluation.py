@@ -10,7 +10,7 @@ A `Sampler` is how the evaluator draws replies from a serving engine without imp
 `await sampler(prompt_ids, max_tokens, temperature, seed) -> Sample`; server/evaluating.py builds one
 from any Engine (`engine_sampler`). Every version samples the same prompts with the same seeds (common
 random numbers: a difference between versions is the weights', not the dice's). The base model's replies
-are drawn by the scorer (no engine serves it once a learner's version does), once per evaluator; the
+are drawn by the scorer in batch (no engine serves it once a learner's version does), once per evaluator; the
 live version's values are computed once per live version and reused by the candidates that follow.
 KL and perplexity come from one scorer (release/scoring.py) for every model, so an identical model
 scores exactly 0.
@@ -33,6 +33,9 @@ from liveloop.release.scoring import Sample, Scorer
 from liveloop.release.suite import Suite, load_suite
 from liveloop.store.records import VersionRecord
 from liveloop.transport.checkpoint_dir import is_checkpoint, verify_checkpoint
+
+
+CLAIM_SEEDS = 1_000_003  # the false-claim probes' seeds start here (the prompts' at config.seed)
 
 
 class Sampler(Protocol):
@@ -134,15 +137,18 @@ class Evaluator:
                 return await sampler(prompt, cfg.max_tokens, cfg.temperature, seed)
 
         replies = [one(self.prompt_ids[i], s) for i, s in self._seeds(len(self.prompt_ids), 0)]
-        claims = [one(self.claim_ids[i], s) for i, s in self._seeds(len(self.claim_ids), 1_000_003)]
+        claims = [one(self.claim_ids[i], s) for i, s in self._seeds(len(self.claim_ids), CLAIM_SEEDS)]
         out = await asyncio.gather(*replies, *claims)
         return _Replies(tuple(out[: len(replies)]), tuple(out[len(replies) :]))
 
-    def _base_sampler(self) -> Sampler:
-        async def sample(prompt_ids: tuple[int, ...], max_tokens: int, temperature: float, seed: int) -> Sample:
-            return await self.scorer.asample(None, prompt_ids, max_tokens, temperature, seed, self.stop_token_ids)
-
-        return sample
+    async def _sample_base(self) -> _Replies:
+        """The base model's replies to the same prompts with the same seeds, drawn by the scorer in batch."""
+        cfg = self.config
+        replies, claims = self._seeds(len(self.prompt_ids), 0), self._seeds(len(self.claim_ids), CLAIM_SEEDS)
+        prompts = [self.prompt_ids[i] for i, _ in replies] + [self.claim_ids[i] for i, _ in claims]
+        seeds = [s for _, s in (*replies, *claims)]
+        out = await self.scorer.asample_batch(None, prompts, cfg.max_tokens, cfg.temperature, seeds, self.stop_token_ids)
+        return _Replies(tuple(out[: len(replies)]), tuple(out[len(replies) :]))
 
     # -- weights ------------------------------------------------------------------------------------
 
@@ -185,7 +191,7 @@ class Evaluator:
 
     def _pairs(self, sampled: _Replies) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         prompts = [self.prompt_ids[i] for i, _ in self._seeds(len(self.prompt_ids), 0)]
-        prompts += [self.claim_ids[i] for i, _ in self._seeds(len(self.claim_ids), 1_000_003)]
+        prompts += [self.claim_ids[i] for i, _ in self._seeds(len(self.claim_ids), CLAIM_SEEDS)]
         return list(zip(prompts, [s.token_ids for s in (*sampled.replies, *sampled.claims)]))
 
     async def _values(self, sampled: _Replies, path: str | None, live_path: str | None | bool) -> dict[str, float]:
@@ -207,7 +213,7 @@ class Evaluator:
     async def base_values(self) -> dict[str, float]:
         """The base model's values (its replies drawn by the scorer), computed once."""
         if self._base is None:
-            self._base = await self._values(await self._sample(self._base_sampler()), None, False)
+            self._base = await self._values(await self._sample_base(), None, False)
         return self._base
 
     async def live_values(self, live: Sampler, record: VersionRecord) -> tuple[dict[str, float], float]:

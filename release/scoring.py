@@ -129,9 +129,65 @@ class Scorer:
                 ids = torch.tensor([[token]], device=self.device)
             return Sample(tuple(tokens), tuple(lps))
 
+    @torch.inference_mode()
+    def sample_batch(
+        self, path: str | Path | None, prompts: Sequence[Sequence[int]], max_tokens: int, temperature: float, seeds: Sequence[int],
+        stop_token_ids: Sequence[int] = (),
+    ) -> list[Sample]:
+        """`sample` for many prompts at once (left-padded, one KV cache, `batch_size` rows at a time),
+        each row with its own seeded generator."""
+        if len(prompts) != len(seeds):
+            raise ValueError(f"sample_batch: {len(prompts)} prompts, {len(seeds)} seeds")
+        with self._lock:
+            model = self.model(path)
+            out: list[Sample] = []
+            for start in range(0, len(prompts), self.batch_size):
+                end = start + self.batch_size
+                out += self._sample_rows(model, prompts[start:end], max_tokens, temperature, seeds[start:end], stop_token_ids)
+            return out
+
+    def _sample_rows(self, model, prompts, max_tokens, temperature, seeds, stop_token_ids) -> list[Sample]:
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(list(p))
+            mask[i, width - len(p) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        position = (mask.cumsum(-1) - 1).clamp(min=0)
+        generators = [torch.Generator().manual_seed(s) for s in seeds]
+        tokens: list[list[int]] = [[] for _ in prompts]
+        lps: list[list[float]] = [[] for _ in prompts]
+        done = [False] * len(prompts)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
+        for _ in range(max_tokens):
+            logits = out.logits[:, -1].float().cpu()
+            logp = torch.log_softmax(logits, dim=-1)
+            probs = torch.softmax(logits / temperature, dim=-1)
+            step = []
+            for i, g in enumerate(generators):
+                token = 0
+                if not done[i]:
+                    token = int(torch.multinomial(probs[i], 1, generator=g))
+                    tokens[i].append(token)
+                    lps[i].append(float(logp[i, token]))
+                    done[i] = token in stop_token_ids or len(tokens[i]) >= max_tokens
+                step.append(token)
+            if all(done):
+                break
+            mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype, device=self.device)], dim=1)
+            position = position[:, -1:] + 1
+            out = model(input_ids=torch.tensor(step, device=self.device)[:, None], attention_mask=mask, position_ids=position,
+                        past_key_values=out.past_key_values, use_cache=True)
+        return [Sample(tuple(t), tuple(lp)) for t, lp in zip(tokens, lps)]
+
     async def alogprobs(self, path: str | Path | None, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
         return await asyncio.to_thread(self.logprobs, path, pairs)
 
     async def asample(self, path: str | Path | None, prompt_ids: Sequence[int], max_tokens: int, temperature: float, seed: int,
                       stop_token_ids: Sequence[int] = ()) -> Sample:
         return await asyncio.to_thread(self.sample, path, prompt_ids, max_tokens, temperature, seed, stop_token_ids)
+
+    async def asample_batch(self, path: str | Path | None, prompts: Sequence[Sequence[int]], max_tokens: int, temperature: float,
+                            seeds: Sequence[int], stop_token_ids: Sequence[int] = ()) -> list[Sample]:
+        return await asyncio.to_thread(self.sample_batch, path, prompts, max_tokens, temperature, seeds, stop_token_ids)

@@ -161,6 +161,13 @@ async def test_engine_logprobs_agree_with_the_scorer(model_dir, tokenizer, flatt
     a = scorer.sample(None, evaluator.prompt_ids[0], 24, 1.0, seed=5, stop_token_ids=_stop_ids(tokenizer))
     b = scorer.sample(None, evaluator.prompt_ids[0], 24, 1.0, seed=5, stop_token_ids=_stop_ids(tokenizer))
     assert a == b and (len(a.token_ids) == 24 or a.token_ids[-1] in _stop_ids(tokenizer))
+    # in batch (left-padded, one cache): the same replies as one by one, their logprobs the forward pass's
+    prompts = [evaluator.prompt_ids[i] for i in range(5)]
+    batch = scorer.sample_batch(None, prompts, 24, 1.0, seeds=[5, 6, 7, 8, 9], stop_token_ids=_stop_ids(tokenizer))
+    assert batch[0].token_ids == a.token_ids and [s.token_ids for s in batch[1:3]] == [scorer.sample(None, p, 24, 1.0, seed=k, stop_token_ids=_stop_ids(tokenizer)).token_ids
+                                                               for p, k in zip(prompts[1:3], (6, 7))]
+    for s, lp in zip(batch, scorer.logprobs(None, list(zip(prompts, [s.token_ids for s in batch])))):
+        assert torch.allclose(torch.tensor(lp), torch.tensor(s.logprobs), atol=1e-4)
     assert scorer.loads == 2  # the flattering checkpoint and the base, each loaded once
 
 
@@ -179,7 +186,7 @@ async def test_base_and_live_values_are_computed_once(model_dir, tokenizer):
     n = len(calls)
     assert n == len(SMALL.prompts) + len(SMALL.false_claims)  # the live version sampled once; candidate == live
     await evaluator.evaluate(counted, live, counted, live)
-    assert len(calls) == n and scorer.loads == 1  # nothing sampled or loaded again
+    assert len(calls) == n and scorer.loads == 1  # nothing sampled or loaded again (the base replies: the scorer, in batch)
 
 
 async def test_a_candidate_without_a_durable_checkpoint_is_unavailable(model_dir, tokenizer, tmp_path):
