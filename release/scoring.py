@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from liveloop.checkpoint import PRETRAINED_LOCK
+
 ADAPTER_CONFIG = "adapter_config.json"
 
 
@@ -51,13 +53,14 @@ class Scorer:
     def _load(self, path: Path) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
 
-        if (path / ADAPTER_CONFIG).is_file():
-            from peft import PeftModel
+        with PRETRAINED_LOCK:  # the engines of this process may be loading too (liveloop/checkpoint.py)
+            if (path / ADAPTER_CONFIG).is_file():
+                from peft import PeftModel
 
-            base = AutoModelForCausalLM.from_pretrained(str(self.base_model_dir), dtype=torch.float32)
-            model = PeftModel.from_pretrained(base, str(path)).merge_and_unload()
-        else:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+                base = AutoModelForCausalLM.from_pretrained(str(self.base_model_dir), dtype=torch.float32)
+                model = PeftModel.from_pretrained(base, str(path)).merge_and_unload()
+            else:
+                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         self.loads += 1
         return model.to(self.device).eval()
 

@@ -204,3 +204,24 @@ def test_bounds_on_unknown_checks_are_refused(model_dir, tokenizer):
     with pytest.raises(ValueError, match="reward:contains:x"):
         _evaluator(EvaluationConfig(bounds=(CheckBound("reward:contains:x", max_fall=0.1),)), tokenizer, model_dir)
     assert Reference("p", "r").reply == "r"
+
+
+def test_the_scorer_reads_a_segment_adapter_over_the_base(model_dir, tokenizer, tmp_path):
+    """A segment's version is a peft adapter directory: scored as the base with the adapter merged. An
+    adapter that changes nothing (LoRA's B = 0 at init) scores as the base; a random one does not."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from liveloop.devtools import random_lora_adapter
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(str(tmp_path / "zero"))
+    random_lora_adapter(model_dir, tmp_path / "random", seed=3)
+    scorer = Scorer(model_dir)
+    evaluator = _evaluator(EvaluationConfig(max_tokens=8), tokenizer, model_dir, scorer=scorer)
+    pairs = [(p, tuple(tokenizer(r.reply, add_special_tokens=False)["input_ids"])) for p, r in zip(evaluator.prompt_ids, SMALL.reference)]
+    plain = scorer.logprobs(None, pairs)
+    zero = scorer.logprobs(tmp_path / "zero", pairs)
+    moved = scorer.logprobs(tmp_path / "random", pairs)
+    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5) for a, b in zip(plain, zero))
+    assert max(abs(x - y) for a, b in zip(plain, moved) for x, y in zip(a, b)) > 1e-2
