@@ -199,3 +199,28 @@ async def test_a_rollback_while_a_candidate_is_tried_drops_it(canary_engine, sto
     assert canary_engine.candidate_version is None and store.get_version(v1).status == S.ROLLED_BACK
     assert {await _serve(gate, canary_engine, u) for u in USERS[:20]} == {0}
     await gate.close()
+
+
+async def test_a_second_replica_mirrors_the_candidate_and_follows_its_promotion(canary_engine, store, checkpoints, tokenizer, model_dir):
+    """Two replicas of one deployment (each its engine pair, publisher and gate) on one store: the
+    second holds the candidate the first started and routes every user as the first does; once the
+    first promotes it, the second's follower promotes its own copy (no load)."""
+    config = EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0)
+    other = CanaryEngine(HFEngine(config, model_dir), lambda: HFEngine(config, model_dir), idle_seconds=10.0)
+    await other.start(version=0)
+    try:
+        first = _gate(canary_engine, store, tokenizer, model_dir, min_ratings=1000)  # promoted below, by hand
+        second = _gate(other, store, tokenizer, model_dir, min_ratings=1000)
+        v1 = _publish(store, 0, checkpoints[0])
+        await first.step()
+        await second.step()
+        assert canary_engine.candidate_version == other.candidate_version == v1
+        assert [await _serve(first, canary_engine, u) for u in USERS] == [await _serve(second, other, u) for u in USERS]
+        assert await first.publisher.promote_candidate(store.get_version(v1)) is not None
+        followed = await second.publisher.follow()
+        assert [r.version for r in followed] == [v1] and other.version == v1 and other.candidate_version is None
+        assert {await _serve(second, other, u) for u in USERS} == {v1}
+        await first.close()
+        await second.close()
+    finally:
+        await other.close()
