@@ -35,6 +35,7 @@ from typing import Any
 
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
+from liveloop.learner.status import LearnerStatus
 from liveloop.store import StoreConfig
 from liveloop.transport import TransportConfig
 
@@ -74,7 +75,7 @@ class LearnerActor:
         self.store = Store(store)
         self.learner = build_learner(self.store, learner, critic, Path(base_model_dir), transport)
 
-    def run(self, max_steps: int | None = None) -> dict[str, Any]:
+    def run(self, max_steps: int | None = None) -> LearnerStatus:
         self.learner.run(self._stop.is_set, max_steps)
         return self.status()
 
@@ -84,7 +85,7 @@ class LearnerActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> LearnerStatus:
         return self.learner.status()
 
 
@@ -152,6 +153,13 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
 
 
+def _position(status: LearnerStatus) -> dict[str, Any]:
+    """Where a (re)started learner stands, for its event: a plain learner's cursor; each lane's with lanes."""
+    if status.single is not None:
+        return {"cursor": status.cursor}
+    return {"cursors": {lane.segment: lane.cursor for lane in status.lanes}}
+
+
 # -- the supervisor --------------------------------------------------------------------------------
 class ColocatedLearner:
     """Starts the learner actor in a private local Ray, from the server process, and keeps it running."""
@@ -207,8 +215,9 @@ class ColocatedLearner:
         """The current actor's handle (a new one after each restart)."""
         return self._actor
 
-    def status(self, timeout: float = 10) -> dict[str, Any]:
-        """The actor's own status; raises LearnerUnavailable unless it is running and answers."""
+    def status(self, timeout: float = 10) -> LearnerStatus:
+        """The actor's own status (typed: it crosses Ray pickled as it is); raises LearnerUnavailable
+        unless it is running and answers."""
         import ray
         from ray.exceptions import RayError
 
@@ -242,7 +251,7 @@ class ColocatedLearner:
         self._shutdown_ray()
 
     # -- supervision -------------------------------------------------------------------------
-    def _start_actor(self) -> tuple[Any, Any, dict[str, Any]]:
+    def _start_actor(self) -> tuple[Any, Any, LearnerStatus]:
         """A fresh actor (it resumes from the store), once it answers; its run() started."""
         import ray
 
@@ -309,8 +318,9 @@ class ColocatedLearner:
             with self._lock:  # if close() is waiting for this thread, it stops this fresh actor
                 self._actor, self._run_ref = actor, run_ref
                 self._health = LearnerHealth("running", restarts + 1, error)
-            log.warning("learner restarted (restart %d) at version %d, cursor %d", restarts + 1, status["version"], status["cursor"])
-            self._record("learner_restart", status["version"], {"restarts": restarts + 1, "cursor": status["cursor"]})
+            where = _position(status)
+            log.warning("learner restarted (restart %d) at version %s, %s", restarts + 1, status.version, where)
+            self._record("learner_restart", status.version, {"restarts": restarts + 1} | where)
             return True
         return False
 

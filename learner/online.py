@@ -8,12 +8,12 @@
   2. policy logprobs of the served tokens; critic values
   3. advantages: GAE over action tokens only, lambda_policy = 1 - 1/(alpha L); value targets with lambda_value
   4. K critic steps; 5. one policy step (two-sided ratio mask against the behavior logprobs, optional KL anchor)
-  6. every N steps or T seconds, publish the next version (learner/publishing.py): checkpoint saved, then the version row (its
-     number allocated there) and the cursor in ONE transaction. A crash resumes from the last published
-     version and re-reads exactly the ratings it had not published yet: nothing lost, nothing trained
-     twice. Then retention (retention.py) deletes the checkpoints it no longer keeps. A disk too full
-     for the checkpoint pauses learning through the store instead: the unpublished training stays, the
-     server keeps serving.
+  6. every N steps or T seconds, publish the next version (`self.publishing`, a `VersionPublisher`,
+     learner/publishing.py): checkpoint saved, then the version row (its number allocated there) and
+     the cursor in ONE transaction. A crash resumes from the last published version and re-reads
+     exactly the ratings it had not published yet: nothing lost, nothing trained twice. Then retention
+     (retention.py) deletes the checkpoints it no longer keeps. A disk too full for the checkpoint
+     pauses learning through the store instead: the unpublished training stays, the server keeps serving.
 With `[learner] adapters` on, one OnlineLearner is one segment's lane (learner/lanes.py runs them): its
 policy is that segment's LoRA adapter on a frozen base shared by every lane (learner/adapters.py), it
 reads only its segment's ratings, keeps its own cursor (`sao:cozy`), critic and step-size controllers,
@@ -24,6 +24,9 @@ The baselines (`[learner] method`: sliding_window, grpo, grpo_dis; see methods.p
 loop: the method picks the batch, the advantages and the policy loss; methods without a critic skip
 steps 2-4's critic parts. A non-finite loss or gradient skips the update (counted); a version is published only from finite
 weights. The learner never talks to the engine: the server activates published versions.
+
+`run()` is the one loop of learner/loop.py, which runs a plain learner as one lane and `SegmentLanes` as
+many; `status()` is typed (learner/status.py: `LearnerStatus` of `LaneStatus`es).
 
 Operators steer it through the store, so the same rules hold in or out of the server process: while
 its `learner_control` row says paused it neither trains nor publishes; when a rollback or an operator's
@@ -39,9 +42,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,19 +55,21 @@ from liveloop.critic.value_model import build_value_model
 from liveloop.learner.adapters import AdapterPolicy
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.diagnostics import StabilityWindow
+from liveloop.learner.loop import run_lanes
 from liveloop.learner.methods import make_method
 from liveloop.learner.objective import policy_objective
 from liveloop.learner.placement import Placement, placement
 from liveloop.learner.position import LearnerState, stored_position
-from liveloop.learner.publishing import Publishing
+from liveloop.learner.publishing import HostState, VersionPublisher
 from liveloop.learner.ranks import RankGroup
+from liveloop.learner.status import LaneStatus, LearnerStatus
 from liveloop.segments import lane_cursor
 from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.optim import make_optimizer
 from liveloop.store import Store, VersionStatus
-from liveloop.transport import TransportConfig, make_sender
+from liveloop.transport import TransportConfig
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ class SegmentRatings:
         return self.store.rated_after(feedback_id, limit, segment=self.segment)
 
 
-class OnlineLearner(Publishing):
+class OnlineLearner:
     def __init__(
         self,
         store: Store,
@@ -108,7 +111,6 @@ class OnlineLearner(Publishing):
         self.config = config
         self.base_model_dir = Path(base_model_dir)
         self.state = state
-        self.publish_status = publish_status
         self.critic_config = critic_config
         self.place: Placement = adapters.place if adapters is not None else placement(config)
         self.method = make_method(config)
@@ -131,15 +133,9 @@ class OnlineLearner(Publishing):
         self.busy_seconds = 0.0
         self.paused = False
         self.transport = transport
-        # versions travel to the engine in memory (the durable checkpoint follows) when the transport says
-        # so; a lane's adapters stay on checkpoint directories (what engines load adapters from)
-        self.sender = None
-        self._durable = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durable-checkpoint")
-        self._durable_writes: deque[Future] = deque()
-        self._in_memory: list[int] = []  # versions this learner handed over in memory (freed at a clean stop)
-        if transport is not None and transport.in_memory and segment is None:
-            self.sender = make_sender(transport, base_model=self.base_model_dir)
-            self.sender.init()
+        self.publishing = VersionPublisher(
+            self, store, config, self.cursor_name, segment, publish_status, transport, self.base_model_dir
+        )
 
     def _load(self, policy_dir: str | None, critic_dir: str | None) -> None:
         """Load the policy (a lane: its adapter from `policy_dir`, or a fresh one when None) and the critic."""
@@ -337,53 +333,56 @@ class OnlineLearner(Publishing):
         logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         return token_kl(before, response_log_dists(logits, batch), batch.action_mask)
 
-    # -- publishing ------------------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
-        """Where this learner stands: its version, cursor, counters, pause and last metrics."""
-        s = self.state
-        busy, idle = self.busy_seconds, self.idle_seconds
-        status = {
-            "version": s.version,
-            "cursor": s.cursor,
-            "pending_cursor": s.pending_cursor,
-            "step": s.step,
-            "samples": s.samples,
-            "skipped_steps": s.skipped_steps,
-            "paused": self.paused,
-            "idle_fraction": idle / (busy + idle) if busy + idle else 1.0,
-            "busy_seconds": busy,
-            "idle_seconds": idle,
-            "metrics": s.last_metrics,
-        }
-        return status | ({"segment": self.segment} if self.segment is not None else {})
+    # -- publishing (what VersionPublisher needs: learner/publishing.py `Trainee`) ----------------------
+    def publish(self) -> int | None:
+        """Publish what was trained since the last version (`VersionPublisher.publish`)."""
+        return self.publishing.publish()
 
-    # -- loop ------------------------------------------------------------------------------------
-    def run(self, should_stop, max_steps: int | None = None) -> None:
-        """Train until `should_stop()`; publishes what is pending before returning (unless paused:
-        then the unpublished ratings are trained again after the next start)."""
-        while not should_stop() and (max_steps is None or self.state.step < max_steps):
-            if self.sync_with_store():
-                time.sleep(self.config.poll_seconds)
-                continue
-            if not self.step():
-                if self.due():
-                    self.publish()
-                else:
-                    t = time.perf_counter()
-                    time.sleep(self.config.poll_seconds)
-                    self.idle_seconds += time.perf_counter() - t
-            elif self.due():
-                self.publish()
-        if self.state.steps_since_publish and not self.paused:
-            self.publish()
-        self.wait_durable()
-        self.release_memory()
+    def full_policy(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        return self.policy_opt.full_parameters()
 
-    def release_memory(self) -> None:
-        """At a clean stop, with every durable checkpoint written: free the memory this learner's versions
-        still hold (a server that has not swapped them in yet reads their checkpoints instead)."""
-        if self.sender is None:
+    def host_states(self) -> tuple[HostState, HostState | None]:
+        """CPU copies of the policy's and the critic's weights (what a durable checkpoint is written from)."""
+        def copy(module: torch.nn.Module) -> HostState:
+            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+
+        with self.policy_opt.full_parameters() as policy:
+            policy_state = copy(policy)
+        critic_state = None
+        if self.critic is not None:
+            with self.critic.optimizer.full_parameters() as critic:
+                critic_state = copy(critic)
+        return policy_state, critic_state
+
+    def save_policy(self, directory: Path, state: HostState | None = None) -> None:
+        if self.adapters is not None:  # a lane's adapter (lanes never publish in memory: no host copy)
+            self.adapters.save(self.segment, directory)
             return
-        for version in self._in_memory:
-            self.sender.release(version)
-        self._in_memory.clear()
+        with self.policy_opt.full_parameters() as policy:
+            policy.save_pretrained(str(directory), state_dict=state)
+
+    def save_critic(self, directory: Path, state: HostState | None = None) -> None:
+        if state is not None:
+            self.critic.model.save_pretrained(str(directory), state_dict=state)
+        elif self.critic is not None:
+            self.critic.save(str(directory))
+
+    # -- status and loop -------------------------------------------------------------------------
+    def lane_status(self) -> LaneStatus:
+        """Where this learner (or lane) stands: its version, cursor, counters, pause and last metrics."""
+        s = self.state
+        return LaneStatus(
+            segment=self.segment, version=s.version, cursor=s.cursor, pending_cursor=s.pending_cursor, step=s.step,
+            samples=s.samples, skipped_steps=s.skipped_steps, paused=self.paused, busy_seconds=self.busy_seconds,
+            idle_seconds=self.idle_seconds, metrics=dict(s.last_metrics),
+        )
+
+    def status(self) -> LearnerStatus:
+        """This learner as a learner of one lane."""
+        return LearnerStatus("none" if self.segment is None else self.config.adapters, (self.lane_status(),))
+
+    def run(self, should_stop: Callable[[], bool], max_steps: int | None = None) -> None:
+        """Train until `should_stop()` (or until `state.step` reaches `max_steps`); publishes what is
+        pending before returning (unless paused: then the unpublished ratings are trained again after
+        the next start). The loop is learner/loop.py's, with this learner as its one lane."""
+        run_lanes([self], should_stop, max_steps, self.config.poll_seconds)

@@ -1,23 +1,33 @@
-"""How the online learner publishes a version (a mixin of `OnlineLearner`, learner/online.py): from
-finite weights only; through the weight transport when there is one (the store accepts or refuses the
-number the memory is named by, the row names the handle's nonce and digest, the durable checkpoint is
-written after on a background thread and fsynced before its digest is recorded), else as a checkpoint
-saved under a staging name that the store's inserting transaction moves to checkpoint_dir/vNNNNNN; a
-full disk pauses learning through the store; retention after each version. A stale lineage (a rollback
-or an operator's publish moved the cursor) reloads instead of publishing.
+"""How a learner publishes a version: `VersionPublisher`, which `OnlineLearner` (learner/online.py)
+composes as `learner.publishing`. From finite weights only; through the weight transport when there is
+one (the store accepts or refuses the number the memory is named by, the row names the handle's nonce
+and digest, the durable checkpoint is written after on a background thread and fsynced before its
+digest is recorded), else as a checkpoint saved under a staging name that the store's inserting
+transaction moves to checkpoint_dir/vNNNNNN; a full disk pauses learning through the store; retention
+after each version. A stale lineage (a rollback or an operator's publish moved the cursor) reloads
+instead of publishing.
+
+What it needs from the learner is `Trainee`: the position it advances (`state`), the weights and critic
+as they are now (saved, copied to the host, or gathered whole across ranks), `reload()` for a stale
+lineage and the `paused` flag a full disk sets. The learner replaces its state, weights and critic on a
+reload, so the publisher asks for them each time and keeps none. What it gives: `due()`, `publish()`,
+`wait_durable()` and `release_memory()`; it owns the transport's sender, the durable-checkpoint thread
+and the list of versions handed over in memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import torch
 
@@ -25,30 +35,63 @@ from liveloop.checkpoint import checkpoint_digest, checkpoint_root, delete_check
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.position import LearnerState
 from liveloop.learner.retention import in_checkpoint_dir, is_disk_full, versions_to_prune
-from liveloop.store import StaleLineage, Store, VersionRecord, VersionTaken
-from liveloop.transport import TransportFailed, WeightHandle
+from liveloop.store import StaleLineage, Store, VersionRecord, VersionStatus, VersionTaken
+from liveloop.transport import TransportConfig, TransportFailed, WeightHandle, make_sender
 
 log = logging.getLogger(__name__)
 
+HostState = dict[str, torch.Tensor]
 
-class Publishing:
-    """The publishing half of `OnlineLearner`; the attributes below are the learner's."""
 
-    store: Store
-    config: LearnerConfig
-    state: LearnerState
-    cursor_name: str
-    segment: str | None
-    adapters: Any
-    critic: Any
-    policy_opt: Any
-    sender: Any
-    paused: bool
-    publish_status: Any
-    _durable: ThreadPoolExecutor
-    _durable_writes: Any
-    _in_memory: Any
-    reload: Callable[[], None]
+class Trainee(Protocol):
+    """What publishing needs from the learner (`OnlineLearner` is one)."""
+
+    state: LearnerState  # the position: what was trained since the last version, advanced by a publish
+    paused: bool  # a full disk sets it
+
+    def reload(self) -> None:
+        """Drop what was trained since the last version and load the version the store's cursor names."""
+
+    def full_policy(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        """The policy's full weights (gathered across ranks under ZeRO-3) while the context is open."""
+
+    def host_states(self) -> tuple[HostState, HostState | None]:
+        """CPU copies of the policy's and the critic's (None: no critic) weights now."""
+
+    def save_policy(self, directory: Path, state: HostState | None = None) -> None:
+        """Write the policy (a lane: its adapter) to `directory`: its weights now, or `state`."""
+
+    def save_critic(self, directory: Path, state: HostState | None = None) -> None:
+        """Write the critic to `directory` (its weights now, or `state`); nothing when there is none."""
+
+
+class VersionPublisher:
+    def __init__(
+        self,
+        learner: Trainee,
+        store: Store,
+        config: LearnerConfig,
+        cursor_name: str,
+        segment: str | None = None,
+        status: VersionStatus = VersionStatus.PUBLISHED,
+        transport: TransportConfig | None = None,
+        base_model_dir: Path | None = None,
+    ):
+        self.learner, self.store, self.config = learner, store, config
+        self.cursor_name, self.segment, self.status = cursor_name, segment, status
+        # versions travel to the engine in memory (the durable checkpoint follows) when the transport says
+        # so; a lane's adapters stay on checkpoint directories (what engines load adapters from)
+        self.sender = None
+        self._durable = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durable-checkpoint")
+        self._durable_writes: deque[Future] = deque()
+        self._in_memory: list[int] = []  # versions handed over in memory (freed at a clean stop)
+        if transport is not None and transport.in_memory and segment is None:
+            self.sender = make_sender(transport, base_model=base_model_dir)
+            self.sender.init()
+
+    @property
+    def state(self) -> LearnerState:
+        return self.learner.state
 
     def due(self) -> bool:
         s = self.state
@@ -58,7 +101,7 @@ class Publishing:
         """Save the weights and record version v+1 with the cursor; returns the version or None.
         If every step since the last version was skipped, only the cursor moves (no new version)."""
         s = self.state
-        with self.policy_opt.full_parameters() as policy:
+        with self.learner.full_policy() as policy:
             finite = all(torch.isfinite(p).all() for p in policy.parameters())
         if not finite:
             log.error("not publishing: the policy has non-finite weights")
@@ -68,7 +111,7 @@ class Publishing:
             try:
                 self.store.advance_cursor(self.cursor_name, s.pending_cursor, s.version)
             except StaleLineage:
-                self.reload()
+                self.learner.reload()
                 return None
             s.cursor = s.pending_cursor
             s.steps_since_publish = s.samples_since_publish = 0
@@ -95,7 +138,7 @@ class Publishing:
         except StaleLineage as exc:
             log.warning("not publishing: %s", exc)
             self._discard(staging, *placed)
-            self.reload()
+            self.learner.reload()
             return None
         except Exception as exc:  # the store's database on a full disk
             self._discard(staging, *placed)
@@ -134,7 +177,7 @@ class Publishing:
         A crash before the durable checkpoint exists is recovered at resume (`position.recover_durable`)."""
         s = self.state
         try:
-            with self.policy_opt.full_parameters() as policy:
+            with self.learner.full_policy() as policy:
                 self.sender.start_update(version)
                 self.sender.send(policy.state_dict())
                 handle = self.sender.finish()
@@ -150,7 +193,7 @@ class Publishing:
         except StaleLineage as exc:
             log.warning("not publishing version %d: %s", version, exc)
             self.sender.release(version)
-            self.reload()
+            self.learner.reload()
             return None
         except Exception as exc:
             self.sender.release(version)
@@ -163,27 +206,14 @@ class Publishing:
         # while the learner trains on; at most two writes outstanding (each holds a copy of the weights)
         while len(self._durable_writes) >= 2:
             self._durable_writes.popleft().result()
-        states = self._host_states()
+        states = self.learner.host_states()
         self._durable_writes.append(self._durable.submit(self._write_durable, version, parent, root, *states))
         self._in_memory.append(version)
         log.info("published version %d in memory (step %d, cursor %d)", version, s.step, s.cursor)
         return version
 
-    def _host_states(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-        """CPU copies of the policy's and the critic's weights (what a durable checkpoint is written from)."""
-        def copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-
-        with self.policy_opt.full_parameters() as policy:
-            policy_state = copy(policy)
-        critic_state = None
-        if self.critic is not None:
-            with self.critic.optimizer.full_parameters() as critic:
-                critic_state = copy(critic)
-        return policy_state, critic_state
-
     def _write_durable(
-        self, version: int, parent: int, root: Path, policy_state: dict[str, torch.Tensor], critic_state: dict[str, torch.Tensor] | None
+        self, version: int, parent: int, root: Path, policy_state: HostState, critic_state: HostState | None
     ) -> None:
         """The background half of an in-memory publish: the checkpoint directory, its digest, retention.
         A full disk pauses learning (the memory stays: the transport keeps it until the server holds a
@@ -203,6 +233,15 @@ class Publishing:
         """Block until every durable checkpoint of an in-memory publish is written."""
         while self._durable_writes:
             self._durable_writes.popleft().result()
+
+    def release_memory(self) -> None:
+        """At a clean stop, with every durable checkpoint written: free the memory this learner's versions
+        still hold (a server that has not swapped them in yet reads their checkpoints instead)."""
+        if self.sender is None:
+            return
+        for version in self._in_memory:
+            self.sender.release(version)
+        self._in_memory.clear()
 
     def _advance_to(self, version: int) -> int:
         """The learner now descends from `version`, just published with the pending cursor; returns
@@ -234,28 +273,21 @@ class Publishing:
             metrics=metrics,
             cursor_name=self.cursor_name,
             last_feedback_id=s.pending_cursor,
-            status=self.publish_status,
+            status=self.status,
             segment=self.segment,
             weights_nonce=handle.nonce if handle is not None else None,
             weights_digest=handle.digest if handle is not None else None,
         )
 
     def _write_checkpoint(
-        self, tmp: Path, policy_state: dict[str, torch.Tensor] | None = None, critic_state: dict[str, torch.Tensor] | None = None
+        self, tmp: Path, policy_state: HostState | None = None, critic_state: HostState | None = None
     ) -> None:
         """Write policy and critic into `tmp`: their weights now, or the given states (host copies an
         in-memory publish took); a failed write removes what it had written (a full disk must not stay
         full of half a checkpoint)."""
         try:
-            if self.adapters is not None:
-                self.adapters.save(self.segment, tmp / "policy")
-            else:
-                with self.policy_opt.full_parameters() as policy:
-                    policy.save_pretrained(str(tmp / "policy"), state_dict=policy_state)
-            if critic_state is not None:
-                self.critic.model.save_pretrained(str(tmp / "critic"), state_dict=critic_state)
-            elif self.critic is not None:
-                self.critic.save(str(tmp / "critic"))
+            self.learner.save_policy(tmp / "policy", policy_state)
+            self.learner.save_critic(tmp / "critic", critic_state)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -269,7 +301,7 @@ class Publishing:
         what = "the next version" if version is None else f"version {version}"
         reason = f"disk full: could not save {what} under {root.parent}: {exc}"
         log.error("pausing learning: %s", reason)
-        self.paused = True
+        self.learner.paused = True
         detail = {
             "learner": self.cursor_name,
             "path": str(root.parent),

@@ -96,7 +96,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         learner.run(stop.is_set, args.max_steps)
     except KeyboardInterrupt:
         learner.publish()
-    status = learner.status()
+    status = learner.status().as_dict()
     print(json.dumps({k: status[k] for k in ("version", "step", "cursor", "segments") if k in status}, default=str))
     return 0
 

@@ -39,9 +39,12 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from liveloop.config import Config
+
+if TYPE_CHECKING:
+    from liveloop.learner.status import LearnerStatus
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,8 @@ class LearnerHost:
     def health(self) -> Any:
         return self.learner.health()
 
-    def status(self, timeout: float = 10) -> dict[str, Any]:
+    def status(self, timeout: float = 10) -> LearnerStatus:
+        """The learner's typed status, as the supervisor returns it."""
         return self.learner.status(timeout)
 
     def close(self) -> None:
@@ -119,7 +123,8 @@ class RemoteLearner:
     def health(self) -> Any:
         return self._health
 
-    def status(self, timeout: float = 10) -> dict[str, Any]:
+    def status(self, timeout: float = 10) -> LearnerStatus:
+        """The learner's typed status, asked of the `LearnerHost`."""
         import ray
 
         from liveloop.learner.actor import LearnerUnavailable

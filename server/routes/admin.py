@@ -189,7 +189,7 @@ async def _learner_status(request: Request) -> dict:
         status = await asyncio.to_thread(learner.status)
     except Exception as exc:  # busy, or it died since: say so rather than fail the page
         return {"running": False, **health, "error": str(exc)[:200]}
-    return {"running": True, **health, **status}
+    return {"running": True, **health, **status.as_dict()}
 
 
 # -- versions: pinning against checkpoint retention ---------------------------------------------------

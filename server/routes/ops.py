@@ -124,9 +124,11 @@ async def metrics(request: Request) -> Response:
             status = await asyncio.to_thread(state.learner.status)
         except Exception:  # the learner is busy or gone: serve the other metrics anyway
             status = None
-        if status:
-            for key in ("version", "cursor", "step", "samples", "skipped_steps", "idle_fraction"):
-                m.set(f"learner/{key}", float(status[key]))
-            for key, value in status["metrics"].items():
+        if status is not None:  # any learner's totals; a plain learner's version, cursor and last metrics too
+            one = status.single
+            keys = ("version", "cursor") if one is not None else ()
+            for key in (*keys, "step", "samples", "skipped_steps", "idle_fraction"):
+                m.set(f"learner/{key}", float(getattr(status, key)))
+            for key, value in (one.metrics if one is not None else {}).items():
                 m.set(key, float(value))
     return Response(m.render(), media_type=CONTENT_TYPE)

@@ -44,6 +44,9 @@ def test_one_adapter_serves_and_learns_for_everyone(tmp_path, model_dir):
                 return serving if lane["cursor"] >= last and serving == lane["version"] else None
 
             version = wait_until(settled, 120, "the shared adapter's last version activated")
+            metrics = http.get("/metrics", headers=ADMIN)  # a learner of lanes: its totals, no one version
+            assert metrics.status_code == 200 and "liveloop_learner_step " in metrics.text
+            assert "liveloop_learner_version " not in metrics.text
             served = [ask(100 + i, segment)["policy_version"] for i, segment in enumerate(("cozy", "night", None))]
             assert served == [version] * 3
         store = open_store(server)

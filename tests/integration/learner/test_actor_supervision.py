@@ -84,7 +84,7 @@ def test_killed_actor_is_restarted_and_resumes_exactly_once(tmp_path, store_conf
     try:
         assert learner.health() == LearnerHealth("running", 0, None)
         # v1 (ratings 1-2), v2 (3-4); rating 5 trained but not published when the worker dies
-        wait_until(lambda: learner.status()["pending_cursor"] == 5, 240, "rating 5 to be trained", interval=0.05)
+        wait_until(lambda: learner.status().pending_cursor == 5, 240, "rating 5 to be trained", interval=0.05)
         assert store.get_cursor("sao") == 4 and store.cursor_version("sao") == 2
         old_pid = _kill(learner)
         last = _rate(store, 5, 3)  # ratings 6-8 arrive while it is dead
@@ -93,7 +93,7 @@ def test_killed_actor_is_restarted_and_resumes_exactly_once(tmp_path, store_conf
         assert "ActorDied" in health.last_error or "RayActorError" in health.last_error
         wait_until(lambda: store.get_cursor("sao") == last, 240, "the new actor to train the ratings added after the kill", interval=0.05)
         status = learner.status()
-        assert status["cursor"] == last and ray.get(learner.actor.pid.remote()) != old_pid
+        assert status.cursor == last and ray.get(learner.actor.pid.remote()) != old_pid
         # the fresh actor resumed at v2 / cursor 4: rating 5 was trained again (its first training was
         # never published), and every rating is in exactly one version of one unbroken lineage
         assert _learned(store) == [(1, 0, 2), (2, 1, 2), (3, 2, 2), (4, 3, 2)]

@@ -37,7 +37,7 @@ def test_publish_hands_over_in_memory_then_writes_the_durable_checkpoint(store, 
     rate(store, 2)
     learner = _learner(store, tmp_path, model_dir, transport)
     assert learner.step() and learner.step()  # publishes version 1 after 2 steps
-    learner.wait_durable()  # the durable checkpoint is written in the background
+    learner.publishing.wait_durable()  # the durable checkpoint is written in the background
     record = store.get_version(1)
     assert record.status == VersionStatus.PUBLISHED and store.get_cursor("sao") == 2
     assert is_checkpoint(record.checkpoint_path) and record.checkpoint_sha256
@@ -53,7 +53,7 @@ def test_resume_recovers_the_durable_checkpoint_from_memory(store, tmp_path, mod
     rate(store, 2)
     learner = _learner(store, tmp_path, model_dir, transport)
     learner.step(), learner.step()
-    learner.wait_durable()
+    learner.publishing.wait_durable()
     trained = {k: v.clone() for k, v in learner.policy.state_dict().items()}
     record = store.get_version(1)
     shutil.rmtree(Path(record.checkpoint_path).parent)  # as if it died before writing it
@@ -68,7 +68,7 @@ def test_resume_gives_up_a_version_whose_memory_and_checkpoint_are_gone(store, t
     learner = _learner(store, tmp_path, model_dir, transport)
     for _ in range(4):  # versions 1 (ratings 1-2) and 2 (ratings 3-4)
         learner.step()
-    learner.wait_durable()
+    learner.publishing.wait_durable()
     record = store.get_version(2)
     shutil.rmtree(Path(record.checkpoint_path).parent)
     remove_version(transport.namespace, 2)  # the machine rebooted: the memory is gone as well
@@ -97,7 +97,7 @@ def test_a_learner_publishing_deltas_records_the_bytes_each_version_shipped(stor
     learner = _learner(store, tmp_path, model_dir, delta)
     for _ in range(4):  # versions 1 and 2
         learner.step()
-    learner.wait_durable()
+    learner.publishing.wait_durable()
     first, second = store.get_version(1).metrics, store.get_version(2).metrics
     assert first["transport/bytes"] >= first["transport/full_bytes"] > 0  # no parent yet: a full copy
     assert 0 < second["transport/bytes"] < second["transport/full_bytes"] == first["transport/full_bytes"]

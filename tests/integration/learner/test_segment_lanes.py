@@ -135,3 +135,20 @@ def test_targets_the_engines_cannot_serve_are_refused_at_start(store, tmp_path):
         config = _config(tmp_path, lora=LoraSettings(rank=4, alpha=8, target_modules=targets))
         with pytest.raises(UnadaptableTargets, match=message):
             SegmentLanes(store, config, CriticConfig(), model_dir)
+
+
+def test_one_loop_runs_the_lanes_a_paused_one_is_skipped_and_the_status_is_typed(store, tmp_path):
+    """The loop a plain learner runs (learner/loop.py) offers every lane a step in turn: a paused lane
+    neither trains nor publishes while the others do, and the status has a lane per segment."""
+    _rate(store, "cozy", 2, 0)
+    _rate(store, "night", 2, 100)
+    store.set_learning_paused("sao:night", True)
+    learner = SegmentLanes(store, _config(tmp_path), CriticConfig(), store.get_version(0).checkpoint_path)
+    learner.run(lambda: False, max_steps=2)
+    status = learner.status()
+    assert [lane.segment for lane in status.lanes] == list(learner.lanes)
+    cozy, night = status.lane("cozy"), status.lane("night")
+    assert (cozy.step, cozy.samples, cozy.paused) == (2, 2, False) and (night.step, night.paused) == (0, True)
+    assert status.step == 2 and not status.paused and status.version is None
+    assert cozy.version == store.cursor_version("sao:cozy") > 0 and night.version == 0  # cozy published at its 2nd step
+    assert status.as_dict()["segments"]["cozy"]["pending_cursor"] == cozy.pending_cursor == store.get_cursor("sao:cozy")
