@@ -224,3 +224,27 @@ async def test_a_second_replica_mirrors_the_candidate_and_follows_its_promotion(
         await second.close()
     finally:
         await other.close()
+
+
+async def test_the_next_candidate_waits_for_the_responses_still_running_on_its_engine(canary_engine, checkpoints):
+    """After a promotion the old live engine is the next candidate's: a response a user outside the
+    canary started there before the promotion keeps it busy, and no candidate is loaded into it until
+    that response ends, so none of its tokens ever comes from a candidate."""
+    from liveloop.server.engines.canary import CandidateBusy
+    from liveloop.transport.weights import CheckpointDir
+
+    await canary_engine.load_candidate(CheckpointDir(checkpoints[0]), 1)
+    request = GenerationRequest(uuid.uuid4().hex, (1, 2, 3), SamplingParams(max_tokens=64, seed=1))  # not a canary user
+    admitted = canary_engine.generate(request)
+    gen = await admitted.__aenter__()
+    assert gen.version == 0
+    canary_engine.promote()  # version 1 serves everyone; the response above goes on on the old engine
+    canary_engine.idle_seconds = 0.5
+    with pytest.raises(CandidateBusy):
+        await canary_engine.load_candidate(CheckpointDir(checkpoints[1]), 2)
+    assert canary_engine.candidate_version is None
+    versions = {delta.version for delta in [d async for d in gen]}
+    await admitted.__aexit__(None, None, None)
+    assert versions <= {None, 0}  # every token of it from version 0
+    await canary_engine.load_candidate(CheckpointDir(checkpoints[1]), 2)
+    assert canary_engine.candidate_version == 2 and canary_engine.version == 1
