@@ -592,7 +592,7 @@ class Publisher:
         """Load `record` into the engine's candidate slot (users reach it only as the gate routes them),
         its weights found and verified exactly as an activation's (`_open`: memory, then the durable
         checkpoint): unverified weights mark it FAILED (`_reject`), missing ones are waited for
-        (`_wait_for_weights`), a load that fails marks it FAILED. True once it is the loaded candidate
+        (`_wait_for_weights`), a load that fails marks a candidate FAILED. True once it is the loaded candidate
         (at once when it is already); False otherwise (also when the candidate engine is still busy:
         tried again at the next pass). Changes no status."""
         async with self._lock:
@@ -618,7 +618,8 @@ class Publisher:
                     return False
                 except Exception:
                     log.exception("could not load version %d as the candidate", record.version)
-                    await self._fail(record.version)
+                    if record.status in (VersionStatus.CANARY, VersionStatus.PUBLISHED):  # never a version that serves
+                        await self._fail(record.version)
                     self.metrics.inc("server/swap_failures")
                     return False
         self.metrics.observe("server/candidate_load_seconds", seconds, transport=via)
