@@ -209,6 +209,9 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     if gated:  # a second engine of the same backend holds the candidate, started at the first one
         engine = CanaryEngine(engine, functools.partial(create_engine, engine_config, model_dir), engine_config.drain_deadline_seconds)
     await engine.start(version=point.start_version, weights_path=point.weights_path)
+    if gated and engine_config.backend == "vllm":
+        assert isinstance(engine, CanaryEngine)
+        await engine.prepare()  # vLLM's start blocks the event loop: before serving, not at the first candidate
     # 4. writer
     writer = BatchWriter(store).start()
     metrics = Metrics()
@@ -248,7 +251,7 @@ async def start_components(config: Config, model_dir: Path) -> Components:
 
 def wants_gate(config: Config) -> bool:
     """Whether this server runs the release gate (and so a candidate engine): a canary or gated mode, or
-    immediate mode with the evaluation on. Refuses a gated mode on the other backends (sglang's engine is
+    immediate mode with the evaluation on (hf only: on vLLM immediate mode does not evaluate). Refuses a gated mode on the other backends (sglang's engine is
     a client of one SGLang server: a second one would share its weights; a diffusion model is not a
     causal LM the evaluation can score)."""
     if config.engine.backend not in GATED_BACKENDS:
@@ -258,6 +261,8 @@ def wants_gate(config: Config) -> bool:
                 f"evaluate: backends {', '.join(GATED_BACKENDS)}, not {config.engine.backend}"
             )
         return False
+    if config.engine.backend == "vllm":  # a second vLLM engine per server only where it gates something
+        return config.release.mode != "immediate"
     return config.release.mode != "immediate" or config.release.evaluation.enabled
 
 

@@ -27,6 +27,10 @@ found and verified as for every activation); the gate decides (release/decision.
   (newest first: versions replaced before the gate was free are skipped), on the candidate engine so
   the evaluation neither runs on nor is disturbed by the swaps of the engine users are on. Gates nothing.
 
+On vLLM the candidate engine starts with the server (its start blocks the event loop: server/app.py),
+and immediate mode does not evaluate (a second vLLM engine per server for an evaluation that gates
+nothing); on hf it starts, off the loop, at the first candidate.
+
 Segment adapter lineages are released immediately whatever `[release] segments` says (the candidate
 engine holds base weights only); a non-immediate mode for a segment is logged at start.
 """
@@ -145,6 +149,7 @@ class ReleaseGate:
             canary = await self._start_next()
             if canary is None:
                 return None
+        await self.engine.prepare()  # outside the publisher's lock: an engine's start holds back no activation
         if not await self.publisher.load_candidate(canary):
             return None
         live = await asyncio.to_thread(self.store.get_version, self.engine.version)
@@ -266,6 +271,7 @@ class ReleaseGate:
         if await asyncio.to_thread(self.store.evaluation, version) is not None:
             self._evaluated.add(version)
             return
+        await self.engine.prepare()
         if not await self.publisher.load_candidate(record):
             return
         self._evaluated.add(version)

@@ -7,8 +7,9 @@ candidate engine while a candidate is loaded there. A response records the versi
 served it, so a canary user's response names the candidate.
 
 - `load_candidate(weights, version)` loads a version into the second engine (created and started at the
-  first candidate: with the tiny model a second copy is cheap; with vLLM it doubles the GPU memory the
-  engines take, `gpu_memory_utilization` each). Before loading it stops routing to the old candidate and
+  first candidate, or by `prepare`: with the tiny model a second copy is cheap; with vLLM it doubles the
+  GPU memory the engines take, `gpu_memory_utilization` each, and its start blocks the event loop, so the
+  server prepares it before it serves: server/app.py). Before loading it stops routing to the old candidate and
   waits until no generation runs on that engine any more (a canary user's response from the previous
   candidate, or a response the old live engine was still finishing after a promotion), so a swap there
   never continues anyone's response under the new candidate's weights: a user outside the canary never
@@ -141,6 +142,15 @@ class CanaryEngine:
         """Generations running on `engine` that came through this wrapper."""
         return self._running.get(id(engine), 0)
 
+    async def prepare(self) -> None:
+        """Create and start the candidate engine if it is not yet (the gate calls it before it takes the
+        publisher's lock, so activations never wait for an engine's start)."""
+        async with self._loading:
+            if self._spare is None:
+                spare = self._make_engine()
+                await spare.start(version=self._live.version)
+                self._spare = spare
+
     async def load_candidate(self, weights: str | Path | WeightSource, version: int) -> float:
         """Serve `version` to canary requests from the candidate engine (see the module docstring);
         returns the load's seconds. Raises CandidateBusy (nothing loaded) or the engine's load error
@@ -150,8 +160,9 @@ class CanaryEngine:
             loop = asyncio.get_running_loop()
             start = loop.time()
             if self._spare is None:
-                self._spare = self._make_engine()
-                await self._spare.start(version=version)
+                spare = self._make_engine()
+                await spare.start(version=version)
+                self._spare = spare
             else:
                 await self._wait_idle(self._spare)
             await self._spare.update_weights(weights, version)

@@ -75,14 +75,17 @@ def test_canary_serves_its_users_the_candidate_then_promotes_it(server, tmp_path
         wait_until(lambda: admin.get("/admin/release").json()["candidate"]["loaded"], 60, "the candidate loaded")
 
         seen: dict[str, set[int]] = {u: set() for u in USERS}
+        on_candidate = []
         for _ in range(2):
             for u in USERS:
                 rid, version = _chat(oai, u)
                 seen[u].add(version)
                 if version == v1:
-                    assert user.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
+                    on_candidate.append(rid)
         assert {u for u, vs in seen.items() if vs == {v1}} == canary_users  # the canary users, only they
         assert all(vs == {0} for u, vs in seen.items() if u not in canary_users)
+        for rid in on_candidate:  # its users like it: it is promoted once evaluated
+            assert user.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
 
         v2 = _publish(store, v1, perturbed_checkpoint(server.model_dir, tmp_path / "c2", seed=2))  # trained on from the candidate
         wait_until(lambda: store.get_version(v1).status == VersionStatus.SERVING, 120, f"version {v1} promoted")
