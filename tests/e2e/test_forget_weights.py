@@ -36,8 +36,9 @@ PLANTED_TOPICS, OTHER_TOPICS = TOPICS[::2], TOPICS[1::2]
 MEASURE_KEY = USER_KEYS[2]  # measures only: never rates
 N = 48  # samples per rate measurement
 ROUND = 8  # requests per key per round, generated together
-# the tuned preset (alpha 0.05, k3 anchor) on a critic pre-trained for the planted phrase, as test_online_learning
-LEARNER = ""
+# the tuned preset (alpha 0.05, k3 anchor) on a critic pre-trained for either phrase (as test_online_learning does for
+# one); retention keeps every version here, so the forget goes back to the version the others' phase ended on
+LEARNER = "keep_last_versions = 10000\n"
 ENOUGH = 0.45  # a phase ends once its key's last 32 rewards average this much
 
 
@@ -112,6 +113,7 @@ async def _scenario(base_url: str, store) -> dict:
             seed += ROUND
             await _keep_up(store)
         out["phase1_events"] = len(rewards)
+        out["other_phase1"] = await _rate_of(client, OTHER_PHRASE, OTHER_TOPICS, 2_000)
         print("phase 1:", out, sum(rewards[-32:]) / 32, flush=True)
         # 2. the planted key joins with its phrase; the others keep rating
         planted: list[int] = []
@@ -176,8 +178,9 @@ def _pretrain_critic(workdir, model_dir) -> None:
     store.migrate()
     store.ensure_base_version(str(model_dir.resolve()))
     critic = CriticConfig(pretrain_reward=f"contains:{PLANTED_PHRASE}", pretrain_rollouts=128, pretrain_ev_threshold=0.5)
+    planted, other = make_reward(f"contains:{PLANTED_PHRASE}"), make_reward(f"contains:{OTHER_PHRASE}")
     pretrain_for_learner(store, LearnerConfig(checkpoint_dir=str(workdir / "versions")), critic, model_dir, prompt=corpus_prompt,
-                         reward=make_reward(critic.pretrain_reward), progress=False)
+                         reward=lambda text: max(planted(text), other(text)), progress=False)
     store.close()
 
 
@@ -196,7 +199,6 @@ def test_forget_with_weights_unlearns_the_planted_phrase(tmp_path, model_dir):
         stop_server(server)
     print(result)
     assert result["planted_learned"] > _upper(result["planted_base"]), f"the planted phrase was not learned: {result}"
-    assert result["other_learned"] > _upper(result["other_base"]), f"the others' phrase was not learned: {result}"
     assert result["planted_after"] <= _upper(result["planted_base"]), f"the planted phrase outlived the forget: {result}"
     assert result["other_after"] > _upper(result["other_base"]), f"the others' learning was lost: {result}"
     assert result["planted_status"] == 403  # the forgotten key is refused from then on
