@@ -44,6 +44,7 @@ mode = "{mode}"
 canary_fraction = {FRACTION}
 min_ratings = {min_ratings}
 [release.evaluation]
+immediate = true  # immediate mode evaluates each version after it serves (the figure it reports)
 max_tokens = 16
 [[release.evaluation.bounds]]
 check = "kl_to_live"

@@ -3,8 +3,10 @@
 
     mode = "immediate" | "canary" | "gated"
 
-- `immediate`: a learner's version serves every user as soon as it is activated (the evaluation still
-  runs on it, off the serving path, and is stored; it gates nothing).
+- `immediate`: a learner's version serves every user as soon as it is activated. With
+  `[release.evaluation] immediate = true` the evaluation still runs on each new serving version, off
+  the serving path, and is stored; it gates nothing (off by default: it costs a second engine and the
+  suite's compute per version, and a learner publishes every few seconds).
 - `canary`: the newest candidate serves `canary_fraction` of users (chosen by a hash of the user's key,
   so a user sees one version consistently) while everyone else stays on the live version; it is
   promoted once it has `min_ratings` ratings, its rated reward is not significantly worse than the live
@@ -71,6 +73,10 @@ class EvaluationConfig:
     """`[release.evaluation]`: the suite every candidate is evaluated on, off the serving path."""
 
     enabled: bool = field(default=True, metadata={"help": "evaluate every candidate (gated and canary need it to promote)"})
+    immediate: bool = field(
+        default=False,
+        metadata={"help": "in immediate mode, also evaluate each new serving version (stored, gating nothing): a second engine and the suite's CPU/GPU time per version"},
+    )
     suite: str = field(
         default="evaluation_default",
         metadata={"help": "the prompt set: a preset name (configs/<name>.toml) or a path; prompts, false-claim probes, reference texts"},

@@ -5,8 +5,9 @@
 start); 2. find the serving version (the newest "serving" row, else version 0 = the configured model);
 3. start the engine on that version's weights; 4. start the group-commit writer; 5. watch for versions
 learners publish (every `[server] watch_seconds`) and the feedback stream for drift (`Operations`);
-6. apply `[store] retain_days` periodically; 7. with `[release] mode` canary or gated, or the evaluation
-on (`wants_gate`), run the release gate (server/gate.py) over a `CanaryEngine` (a second engine of the
+6. apply `[store] retain_days` periodically, and judge the live stream for reward hacking
+(`[release.alarms]`, `Operations.watch_alarms`); 7. with `[release] mode` canary or gated, or
+`[release.evaluation] immediate` on (`wants_gate`), run the release gate (server/gate.py) over a `CanaryEngine` (a second engine of the
 same backend holds the candidate). On exit it reverses it: every queued row is flushed before
 the process exits. `attach` puts the components (and the learner the wiring started, or None) on
 `app.state`, where the routes find them; `create_app` builds the routes around the wiring's lifespan.
@@ -67,7 +68,7 @@ from liveloop.server.hosts import HostAllowList, allowed_hosts
 from liveloop.server.operations import Operations
 from liveloop.server.publisher import Publisher
 from liveloop.server.startup import finish_start, start_point, sweep_shared_memory
-from liveloop.server.routes import admin, dashboard, feedback, openai, ops, release
+from liveloop.server.routes import admin, alarms, dashboard, feedback, openai, ops, release
 from liveloop.server.serving import Serving
 from liveloop.server.weights_import import WeightImports
 from liveloop.store import BatchWriter, Store
@@ -235,7 +236,7 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     if segments:
         await publisher.restore_adapters()
     imports = WeightImports(config.learner.checkpoint_dir, model_dir, config.server.max_import_bytes)
-    operations = Operations(config.monitor, store, publisher, metrics, imports)
+    operations = Operations(config.monitor, store, publisher, metrics, imports, alarms=config.release.alarms, tokenizer=tokenizer)
     registry = ReplicaRegistry(store)
     gate = None
     if gated:
@@ -251,19 +252,19 @@ async def start_components(config: Config, model_dir: Path) -> Components:
 
 def wants_gate(config: Config) -> bool:
     """Whether this server runs the release gate (and so a candidate engine): a canary or gated mode, or
-    immediate mode with the evaluation on (hf only: on vLLM immediate mode does not evaluate). Refuses a gated mode on the other backends (sglang's engine is
-    a client of one SGLang server: a second one would share its weights; a diffusion model is not a
-    causal LM the evaluation can score)."""
+    immediate mode with `[release.evaluation] immediate` on (each new serving version evaluated, gating
+    nothing). Refuses a gated mode on the other backends (sglang's engine is a client of one SGLang
+    server: a second one would share its weights; a diffusion model is not a causal LM the evaluation
+    can score)."""
+    evaluates_immediate = config.release.evaluation.enabled and config.release.evaluation.immediate
     if config.engine.backend not in GATED_BACKENDS:
-        if config.release.mode != "immediate":
+        if config.release.mode != "immediate" or evaluates_immediate:
             raise ValueError(
-                f"[release] mode = {config.release.mode!r} needs a second engine for the candidate and a causal LM to "
-                f"evaluate: backends {', '.join(GATED_BACKENDS)}, not {config.engine.backend}"
+                f"[release] mode = {config.release.mode!r} (or an evaluation in immediate mode) needs a second engine for the "
+                f"candidate and a causal LM to evaluate: backends {', '.join(GATED_BACKENDS)}, not {config.engine.backend}"
             )
         return False
-    if config.engine.backend == "vllm":  # a second vLLM engine per server only where it gates something
-        return config.release.mode != "immediate"
-    return config.release.mode != "immediate" or config.release.evaluation.enabled
+    return config.release.mode != "immediate" or evaluates_immediate
 
 
 def evaluator(config: Config, tokenizer: Any, model_dir: Path, stop_token_ids: tuple[int, ...], store: Store) -> Any:
@@ -295,6 +296,7 @@ async def running(config: Config, model_dir: Path) -> AsyncIterator[Components]:
     beats = asyncio.create_task(heartbeat(c, config))
     forgotten = asyncio.create_task(watch_forgotten(c.store))
     monitor = asyncio.create_task(c.operations.run()) if config.monitor.enabled else None
+    alarms = asyncio.create_task(c.operations.watch_alarms())  # returns at once with [release.alarms] off
     gate = asyncio.create_task(c.gate.run(max(config.server.watch_seconds, GATE_SECONDS))) if c.gate is not None else None
     retention = None
     if config.store.retain_days > 0:
@@ -303,7 +305,7 @@ async def running(config: Config, model_dir: Path) -> AsyncIterator[Components]:
     try:
         yield c
     finally:
-        for task in (watcher, gate, beats, forgotten, monitor, retention):
+        for task in (watcher, gate, beats, forgotten, monitor, alarms, retention):
             if task is not None:
                 task.cancel()
         try:
@@ -338,6 +340,7 @@ def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.Ab
     app.include_router(admin.router)
     app.include_router(dashboard.router)
     app.include_router(release.router)
+    app.include_router(alarms.router)
     app.add_middleware(BodyDeadline, seconds=server.body_timeout_seconds)
     app.add_middleware(BodyLimit, max_bytes=server.max_body_bytes)
     app.add_middleware(ReplicaHeader, app_state=app.state)

@@ -120,7 +120,7 @@ async def finish_start(publisher: Publisher, point: StartPoint) -> None:
 
 
 # the statuses whose memory may still be swapped in (or serves now)
-_MEMORY_KEPT = frozenset({VersionStatus.PUBLISHED, VersionStatus.LOADING, VersionStatus.SERVING})
+_MEMORY_KEPT = frozenset({VersionStatus.PUBLISHED, VersionStatus.LOADING, VersionStatus.SERVING, VersionStatus.CANARY})
 
 
 def sweep_shared_memory(store: Store, transport: TransportConfig, metrics: Metrics) -> None:

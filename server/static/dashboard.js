@@ -254,7 +254,7 @@ function drawEvaluation() {
   const live = e.live_version === null ? "no live version" : `against live v${e.live_version}`;
   summary.textContent = `v${e.version} ${live}: ${e.passed ? "passed" : "failed (" + e.failed.join(", ") + ")"}; ` +
     `${e.seconds.toFixed(1)} s, ${e.engine_seconds.toFixed(1)} s on the engines; ${when(e.created)}`;
-  const rows = e.checks.map((c) => el("tr", { class: c.passed ? "passed" : "failed", "data-check": c.name },
+  const rows = e.checks.map((c) => el("tr", { class: c.passed ? "check-pass" : "check-fail", "data-check": c.name },
     el("td", {}, c.name), el("td", {}, num(c.value)), el("td", {}, num(c.live)), el("td", {}, num(c.base)),
     el("td", {}, c.bound || "–"), el("td", { class: c.passed ? "better" : "worse" }, c.passed ? "pass" : "FAIL")));
   document.querySelector("#evaluation tbody").replaceChildren(...rows);

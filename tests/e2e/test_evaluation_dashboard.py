@@ -40,6 +40,7 @@ enabled = false
 mode = "immediate"
 [release.evaluation]
 suite = "{work / 'suite.toml'}"
+immediate = true
 max_tokens = 8
 """
     server = start_server(work / "srv", model_dir, "hf", extra=extra)

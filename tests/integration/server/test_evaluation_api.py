@@ -39,6 +39,7 @@ enabled = false
 mode = "immediate"
 [release.evaluation]
 suite = "{work / 'suite.toml'}"
+immediate = true
 max_tokens = 8
 """
     port = free_port()
