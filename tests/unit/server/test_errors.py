@@ -16,6 +16,7 @@ from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotSer
 from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
 from liveloop.server.weights_import import ImportFailed, ImportRefused, ImportTooLarge
 from liveloop.store import RollbackRefused, ServingChanged, StaleLineage, TransitionRefused, VersionNotFound, WriterDown, WriterFull
+from liveloop.store.rights import KeyNotFound
 
 # exception -> (status, type, code, param, message, Retry-After)
 EXPECTED = {
@@ -42,6 +43,7 @@ EXPECTED = {
     ImportFailed: (ImportFailed("could not write /v/.staging-1-import-a/policy/model.safetensors: No space left on device"), 503,
                    "server_error", "import_failed", None, "could not write /v/.staging-1-import-a/policy/model.safetensors: No space left on device", "5"),
     VersionNotFound: (VersionNotFound("no policy version 9"), 404, "not_found_error", None, "version", "no policy version 9", None),
+    KeyNotFound: (KeyNotFound("no API key k-unknown"), 404, "not_found_error", "key_not_found", "key_id", "no API key k-unknown", None),
     NotServable: (NotServable("version 3 cannot be served (status failed)"), 409, "conflict_error", None, "version",
                   "version 3 cannot be served (status failed)", None),
     AlreadyServing: (AlreadyServing("version 2 is already serving"), 409, "conflict_error", None, "version", "version 2 is already serving", None),
