@@ -23,13 +23,13 @@ found and verified as for every activation); the gate decides (release/decision.
 - In `canary` mode a request is served by the candidate when its user (the request's `user` field, else
   its API key; release/routing.py) falls in `canary_fraction` and the request has no segment; in
   `gated` mode no user is served by it.
-- `immediate`: the watcher activates as before; the gate evaluates the serving version when it is new
+- `immediate` with `[release.evaluation] immediate = true` (else no gate runs): the watcher activates
+  as before; the gate evaluates the serving version when it is new
   (newest first: versions replaced before the gate was free are skipped), on the candidate engine so
   the evaluation neither runs on nor is disturbed by the swaps of the engine users are on. Gates nothing.
 
-On vLLM the candidate engine starts with the server (its start blocks the event loop: server/app.py),
-and immediate mode does not evaluate (a second vLLM engine per server for an evaluation that gates
-nothing); on hf it starts, off the loop, at the first candidate.
+On vLLM the candidate engine starts with the server (its start blocks the event loop: server/app.py);
+on hf it starts, off the loop, at the first candidate.
 
 Segment adapter lineages are released immediately whatever `[release] segments` says (the candidate
 engine holds base weights only); a non-immediate mode for a segment is logged at start.
