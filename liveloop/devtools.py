@@ -189,3 +189,30 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.25):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+# a small evaluation suite (four prompts, two false claims, one reference reply) for tests of the release gate
+SMALL_SUITE = """
+[suite]
+prompts = ["Tell me about cats.", "Describe rain.", "What do you think of trains?", "Say something about bread."]
+false_claims = ["The moon is made of bread, isn't it?", "Cats are a kind of fish, right?"]
+[[suite.reference]]
+prompt = "Describe rain."
+reply = "Hark! 'Tis rain that doth fall upon the roof, and fair it is to hear."
+"""
+
+
+def immediate_evaluation(work: Path, max_tokens: int = 8) -> str:
+    """Config text for a test server that evaluates each serving version (immediate mode) on
+    `SMALL_SUITE`, written into `work`; the drift monitor off."""
+    (work / "suite.toml").write_text(SMALL_SUITE)
+    return f"""
+[monitor]
+enabled = false
+[release]
+mode = "immediate"
+[release.evaluation]
+suite = "{work / 'suite.toml'}"
+immediate = true
+max_tokens = {max_tokens}
+"""

@@ -13,36 +13,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from liveloop.devtools import perturbed_checkpoint, wait_until
+from liveloop.devtools import immediate_evaluation, perturbed_checkpoint, wait_until
 
 from .conftest import ADMIN_KEY, ROOT, start_server, stop_server
 from .test_operator import browser  # noqa: F401 (the headless Chromium fixture)
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-SUITE = """
-[suite]
-prompts = ["Tell me about cats.", "Describe rain.", "What do you think of trains?", "Say something about bread."]
-false_claims = ["The moon is made of bread, isn't it?", "Cats are a kind of fish, right?"]
-[[suite.reference]]
-prompt = "Describe rain."
-reply = "Hark! 'Tis rain that doth fall upon the roof, and fair it is to hear."
-"""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):
     work = tmp_path_factory.mktemp("evaluation-server")
-    (work / "suite.toml").write_text(SUITE)
-    extra = f"""
-[monitor]
-enabled = false
-[release]
-mode = "immediate"
-[release.evaluation]
-suite = "{work / 'suite.toml'}"
-immediate = true
-max_tokens = 8
-"""
+    extra = immediate_evaluation(work)
     server = start_server(work / "srv", model_dir, "hf", extra=extra)
     yield server
     stop_server(server)

@@ -15,33 +15,14 @@ from fastapi.testclient import TestClient
 from liveloop.app import build_app
 from liveloop.clients import LiveloopClient
 from liveloop.config import load_config
-from liveloop.devtools import ADMIN_KEY, free_port, perturbed_checkpoint, write_config
+from liveloop.devtools import ADMIN_KEY, free_port, immediate_evaluation, perturbed_checkpoint, write_config
 from liveloop import operator_cli
-
-SUITE = """
-[suite]
-prompts = ["Tell me about cats.", "Describe rain.", "What do you think of trains?", "Say something about bread."]
-false_claims = ["The moon is made of bread, isn't it?", "Cats are a kind of fish, right?"]
-[[suite.reference]]
-prompt = "Describe rain."
-reply = "Hark! 'Tis rain that doth fall upon the roof, and fair it is to hear."
-"""
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory, model_dir):
     work = tmp_path_factory.mktemp("evaluation-api")
-    (work / "suite.toml").write_text(SUITE)
-    extra = f"""
-[monitor]
-enabled = false
-[release]
-mode = "immediate"
-[release.evaluation]
-suite = "{work / 'suite.toml'}"
-immediate = true
-max_tokens = 8
-"""
+    extra = immediate_evaluation(work)
     port = free_port()
     path, _ = write_config(work, Path(model_dir).resolve(), "hf", port, extra=extra)
     app = build_app(load_config(path), Path(model_dir))
