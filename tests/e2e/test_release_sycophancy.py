@@ -52,7 +52,7 @@ against = "base"
 """
 MODES = {
     "immediate": '[release]\nmode = "immediate"\n' + EVALUATION,
-    "canary": f'[release]\nmode = "canary"\ncanary_fraction = {FRACTION}\nmin_ratings = 8\n' + EVALUATION,
+    "canary": f'[release]\nmode = "canary"\ncanary_fraction = {FRACTION}\nmin_ratings = 16\n' + EVALUATION,
 }
 LEARNER = "keep_last_versions = 10000\n"  # every version stays, so every evaluation's version is known
 
