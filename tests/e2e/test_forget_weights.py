@@ -115,23 +115,29 @@ async def _scenario(base_url: str, store) -> dict:
         out["phase1_events"] = len(rewards)
         out["other_phase1"] = await _rate_of(client, OTHER_PHRASE, OTHER_TOPICS, 2_000)
         print("phase 1:", out, sum(rewards[-32:]) / 32, flush=True)
-        # 2. the planted key joins with its phrase; the others keep rating
+        # 2. the planted key joins with its phrase; the others keep rating. The window's rate is a noisy
+        # stopping rule (it stops on a lucky window): the phrase counts as learned once fresh samples show
+        # it above the base's band; a look that falls short teaches 32 more events (at most three looks).
         planted: list[int] = []
-        for _ in range(30):
-            if len(planted) >= 32 and sum(planted[-32:]) / 32 >= ENOUGH:
+        for look in range(3):
+            enough = len(planted) + 32 if look else 32
+            for _ in range(30):
+                if len(planted) >= enough and sum(planted[-32:]) / 32 >= ENOUGH:
+                    break
+                got = await asyncio.gather(
+                    _teach(client, store, USER_KEY_2, PLANTED_PHRASE, PLANTED_TOPICS, seed, ROUND),
+                    _teach(client, store, USER_KEY, OTHER_PHRASE, OTHER_TOPICS, seed + ROUND, ROUND // 2),
+                )
+                planted += got[0]
+                seed += 2 * ROUND
+                await _keep_up(store)
+            last = max(f.id for f, _ in store.rated_after(0, 100_000))
+            learned = await _served_cursor(store, last, 0, 120)
+            out["planted_learned"] = await _rate_of(client, PLANTED_PHRASE, PLANTED_TOPICS, 1_000)
+            if out["planted_learned"] > _upper(out["planted_base"]):
                 break
-            got = await asyncio.gather(
-                _teach(client, store, USER_KEY_2, PLANTED_PHRASE, PLANTED_TOPICS, seed, ROUND),
-                _teach(client, store, USER_KEY, OTHER_PHRASE, OTHER_TOPICS, seed + ROUND, ROUND // 2),
-            )
-            planted += got[0]
-            seed += 2 * ROUND
-            await _keep_up(store)
         out["phase2_events"] = len(planted)
         print("phase 2:", out, sum(planted[-32:]) / 32, flush=True)
-        last = max(f.id for f, _ in store.rated_after(0, 100_000))
-        learned = await _served_cursor(store, last, 0, 120)
-        out["planted_learned"] = await _rate_of(client, PLANTED_PHRASE, PLANTED_TOPICS, 1_000)
         out["other_learned"] = await _rate_of(client, OTHER_PHRASE, OTHER_TOPICS, 2_000)
         print("learned:", out, flush=True)
 
