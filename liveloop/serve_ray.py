@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import shutil
 import signal
 import threading
@@ -231,7 +232,7 @@ class Fleet:
         self._learner: Any = None
         try:
             host, port = http_bind(config)
-            serve.start(http_options={"host": host, "port": port})
+            serve.start(http_options={"host": host, "port": port, "keep_alive_timeout_s": math.ceil(config.server.keep_alive_seconds)})
             name = learner_name(deployment) if config.learner.enabled else None
             options = {
                 "num_replicas": config.ray.replicas,

@@ -371,8 +371,11 @@ class ReplicaHeader:
 
 class HeaderDeadline(H11Protocol):
     """uvicorn's h11 protocol, closing a connection whose request headers are not complete within
-    `header_timeout` seconds of its opening or of its previous response (an idle keep-alive connection
-    is closed sooner by uvicorn's own `timeout_keep_alive`)."""
+    `header_timeout` seconds of its opening, or of the first byte of a later request on it. Between
+    requests an idle connection is uvicorn's: `timeout_keep_alive` (`[server] keep_alive_seconds`) closes
+    it. That idle limit sits well above the clients' own pool expiry (httpx's 5 s): a server that closes
+    an idle connection at the instant a client reuses it drops that client's request (the client sees a
+    read error, and a POST is not retried), so the client must always be the one to give up first."""
 
     header_timeout = 10.0
     _header_timer: asyncio.TimerHandle | None = None
@@ -385,10 +388,13 @@ class HeaderDeadline(H11Protocol):
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:  # a request's headers are in
             self._cancel_header_timer()
+        elif self._header_timer is None and not self.transport.is_closing():  # a later request has begun
+            self._arm_header_timer()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # may start a pipelined request at once
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+        pipelined = bool(self.conn.trailing_data[0])  # part of the next request came with the last one
+        if pipelined and not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
             self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -413,4 +419,4 @@ class HeaderDeadline(H11Protocol):
 def uvicorn_options(server: ServerConfig) -> dict[str, Any]:
     """What `uvicorn.run` needs besides the app, host and port to bound slow clients."""
     protocol = type("HeaderDeadline", (HeaderDeadline,), {"header_timeout": server.header_timeout_seconds})
-    return {"http": protocol, "log_level": server.log_level}
+    return {"http": protocol, "timeout_keep_alive": server.keep_alive_seconds, "log_level": server.log_level}

@@ -42,7 +42,13 @@ class ServerConfig:
     header_timeout_seconds: float = field(
         default=10.0,
         metadata={"help": "a connection must send a request's complete headers within this many seconds of opening "
-                  "(or of its previous response), else it is closed"},
+                  "(or of the first byte of a later request on it), else it is closed"},
+    )
+    keep_alive_seconds: float = field(
+        default=75.0,
+        metadata={"help": "an idle keep-alive connection is closed after this many seconds; keep it above every client's "
+                  "and proxy's own idle expiry (httpx and the openai/anthropic clients: 5 s), or a client may send a "
+                  "request on a connection the server is closing at that instant and see it dropped"},
     )
     body_timeout_seconds: float = field(
         default=30.0,
@@ -89,8 +95,8 @@ class ServerConfig:
             raise ValueError("max_concurrent_per_key, max_concurrent_total and retry_after_seconds must be >= 1")
         if self.max_prompt_chars < 0:
             raise ValueError("max_prompt_chars must be >= 0 (0: derived from engine.max_model_len)")
-        if self.header_timeout_seconds <= 0 or self.body_timeout_seconds <= 0:
-            raise ValueError("header_timeout_seconds and body_timeout_seconds must be > 0")
+        if self.header_timeout_seconds <= 0 or self.body_timeout_seconds <= 0 or self.keep_alive_seconds <= 0:
+            raise ValueError("header_timeout_seconds, body_timeout_seconds and keep_alive_seconds must be > 0")
         if self.max_import_bytes < 1:
             raise ValueError("max_import_bytes must be >= 1")
         if self.default_max_tokens < 1 or self.max_tokens_limit < 1:

@@ -1,8 +1,11 @@
-"""Half-sent requests cannot hold connections: uvicorn run with `uvicorn_options` (server/app.py) closes a
-connection whose request headers are not complete within `[server] header_timeout_seconds` of its
-opening or of its previous response (uvicorn's own h11 protocol keeps it for ever), while a normal
-client is served throughout. A real uvicorn server on 127.0.0.1 with a trivial app: the guard is the
-HTTP protocol's, not the app's."""
+"""Half-sent requests cannot hold connections, and idle keep-alive connections outlive the clients'
+pools: uvicorn run with `uvicorn_options` (server/app.py) closes a connection whose request headers are
+not complete within `[server] header_timeout_seconds` of its opening or of a later request's first byte
+(uvicorn's own h11 protocol keeps it for ever), while a normal client is served throughout; an idle
+connection between requests stays open for `[server] keep_alive_seconds`, longer than httpx's (and so
+the openai and anthropic clients') pool expiry, so the client always drops it first and never sends a
+request into a connection the server is closing. A real uvicorn server on 127.0.0.1 with a trivial
+app: the guard is the HTTP protocol's, not the app's."""
 
 from __future__ import annotations
 
@@ -29,10 +32,11 @@ async def _app(scope, receive, send):
 
 
 @pytest.fixture
-def server():
+def server(request):
     port = free_port()
-    config = uvicorn.Config(_app, host="127.0.0.1", port=port, lifespan="off",
-                            **uvicorn_options(ServerConfig(header_timeout_seconds=TIMEOUT, log_level="warning")))
+    keep_alive = getattr(request, "param", ServerConfig().keep_alive_seconds)
+    options = uvicorn_options(ServerConfig(header_timeout_seconds=TIMEOUT, keep_alive_seconds=keep_alive, log_level="warning"))
+    config = uvicorn.Config(_app, host="127.0.0.1", port=port, lifespan="off", **options)
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
@@ -79,4 +83,32 @@ def test_a_keep_alive_connection_that_starts_a_request_and_stalls_is_closed(serv
     assert sock.recv(1024).startswith(b"HTTP/1.1 200")
     sock.sendall(b"GET /b HTTP/1.1\r\nHost: x\r\n")  # the next request's headers, never finished
     assert _closed(sock, TIMEOUT + 5)
+    sock.close()
+
+
+def _get(sock: socket.socket, path: str) -> bytes:
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    return sock.recv(1024)
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_pool_expiry(server):
+    """The race this closes: with the server's idle limit equal to the client's pool expiry (uvicorn's and
+    httpx's defaults are both 5 s), a request sent on a pooled connection as the server times it out is
+    dropped (httpx.ReadError on a POST, which nobody retries)."""
+    _, port = server
+    client_expiry = httpx.Limits().keepalive_expiry
+    assert ServerConfig().keep_alive_seconds > 2 * client_expiry
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    assert _get(sock, "/a").startswith(b"HTTP/1.1 200")
+    time.sleep(client_expiry + 1)  # idle past the moment an httpx pool would have dropped it
+    assert _get(sock, "/b").startswith(b"HTTP/1.1 200")  # still the server's: served, not closed
+    sock.close()
+
+
+@pytest.mark.parametrize("server", [1.0], indirect=True)
+def test_an_idle_keep_alive_connection_is_closed_after_keep_alive_seconds(server):
+    _, port = server
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    assert _get(sock, "/a").startswith(b"HTTP/1.1 200")
+    assert _closed(sock, 1.0 + 5)
     sock.close()
