@@ -13,6 +13,11 @@ Every serving process, Serve replica or a plain `liveloop serve`, registers in t
 registry (store/replicas.py) under `replica_id` ("auto": host-pid; a Serve replica: its Serve replica
 id) and heartbeats it: at once when what it serves changes (checked every `[server] watch_seconds`),
 else every `heartbeat_seconds`. A row silent for `down_after_seconds` is shown "down".
+
+One serving process leads the fleet (server/leader.py): it holds the store's "leader" lease, renewed
+every third of `leader_lease_seconds`, and alone runs the control loops that decide and write (the
+release gate's decisions and evaluations, the alarms, guard, quarantine and retention); every process
+routes. A leader that dies is replaced within about `leader_lease_seconds` and a third.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ class RayConfig:
     replica_id: str = field(default="auto", metadata={"help": "this process's name in the replica registry (auto: host-pid, or the Serve replica id)"})
     heartbeat_seconds: float = field(default=1.0, metadata={"help": "the registry row is rewritten at least this often (at once when the served version changes)"})
     down_after_seconds: float = field(default=5.0, metadata={"help": "a replica whose heartbeat is older than this is shown down"})
+    leader_lease_seconds: float = field(
+        default=10.0,
+        metadata={"help": "the fleet's leader lease (server/leader.py): renewed every third of it; a leader killed is replaced within about 1.3x it"},
+    )
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -53,3 +62,5 @@ class RayConfig:
             raise ValueError("replica_id: 1 to 128 characters")
         if self.heartbeat_seconds <= 0 or self.down_after_seconds <= self.heartbeat_seconds:
             raise ValueError("heartbeat_seconds must be > 0 and down_after_seconds larger than it")
+        if not 0.3 <= self.leader_lease_seconds <= 3600:
+            raise ValueError(f"leader_lease_seconds: must be in [0.3, 3600], got {self.leader_lease_seconds}")

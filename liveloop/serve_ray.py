@@ -24,6 +24,15 @@ store (PostgreSQL: several processes write at once).
   any replica, reaches all of them.
 - The learner's health and status reach every replica through `RemoteLearner`, a view of the named
   `LearnerHost` actor polled off the event loop (`health()` never blocks a request).
+- One replica leads (server/leader.py: the store's "leader" lease, `[ray] leader_lease_seconds`): its
+  release gate alone starts candidates, evaluates and promotes or holds them, and its operations alone
+  record alarms (drift and reward hacking), roll back (guard), quarantine and apply retention. Every
+  replica routes: under `[release] mode` canary or gated each builds its own `CanaryEngine`, and its
+  gate's pass loads the store's CANARY version into that replica's candidate engine (and drops one the
+  store no longer names), so every replica sends the same canary users to the same candidate; a
+  promotion reaches the others through the publisher's follower rule (the candidate they hold becomes
+  their live engine, no load). A leader killed with `kill -9` (Serve restarts it as a new holder) is
+  replaced by another replica within the lease and a third; one stopped cleanly releases the lease.
 
 Serve's own HTTP proxy answers instead of uvicorn in the driver, so `[server] header_timeout_seconds`
 (a uvicorn protocol of ours) does not apply there; every route, the Host allow-list, body limits and

@@ -21,6 +21,9 @@ evaluation suite, or only in the live ratings?) and the `monitor/reward_hacking`
 `auto_hold` it also holds a CANARY candidate (`Store.hold_version`: the gate's next pass drops it from
 the candidate engine) and pauses the lineage's learning (the serving version is the guard's and the
 operator's to roll back). The latest judgement of each version is kept for `GET /admin/alarms`.
+
+In a fleet only the leader judges (server/operations.py `watch_alarms`; server/leader.py): the other
+replicas' `GET /admin/alarms` show the recorded events but no judgements of their own.
 """
 
 from __future__ import annotations
@@ -109,6 +112,12 @@ class RewardHackingAlarms:
         self._seen: dict[int, tuple] = {}  # version -> the ratings counts it was last judged on
         self._alarmed: set[tuple[int, str]] | None = None  # (version, trait) already recorded (read back at the first check)
         self._looked: tuple | None = None  # the newest rating and the versions of the last pass
+
+    def reset(self) -> None:
+        """Forget what was judged and recorded: the next check re-reads the recorded alarms from the store
+        (a replica that becomes the fleet's leader: its predecessor recorded alarms meanwhile)."""
+        self._alarmed, self._looked = None, None
+        self._seen.clear()
 
     # -- one pass -------------------------------------------------------------------------------
     def check(self) -> list[HackingVerdict]:

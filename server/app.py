@@ -17,7 +17,10 @@ replicas with `[ray] enabled`, liveloop/serve_ray.py): `running` registers it in
 registry (store/replicas.py) under `replica_id(config)` and `heartbeat` rewrites its row (serving
 versions, generations running, health) at once when what it serves changes, checked every
 `[server] watch_seconds`, else every `[ray] heartbeat_seconds`; a clean stop removes it. Every
-response names its replica in `x-liveloop-replica` (`ReplicaHeader`).
+response names its replica in `x-liveloop-replica` (`ReplicaHeader`). One replica leads the fleet
+(`Leadership`, server/leader.py: the store's leader lease, taken before the loops start and renewed by
+its own task; released at a clean stop): the release gate's decisions and evaluations, the alarms, the
+guard, the quarantine and retention write from the leader alone; every replica routes.
 
 Requests reach the routes only with a Host header `[server] allowed_hosts` allows (`HostAllowList`,
 server/hosts.py: DNS rebinding). The forgotten keys the edge refuses (or serves unstored) are re-read
@@ -65,6 +68,7 @@ from liveloop.server.engines.canary import CanaryEngine
 from liveloop.server.errors import install_handlers
 from liveloop.server.gate import ReleaseGate
 from liveloop.server.hosts import HostAllowList, allowed_hosts
+from liveloop.server.leader import Leadership
 from liveloop.server.operations import Operations
 from liveloop.server.publisher import Publisher
 from liveloop.server.startup import finish_start, start_point, sweep_shared_memory
@@ -100,10 +104,14 @@ def check_bind(config: Config) -> None:
         )
 
 
-async def apply_retention(store: Store, retain_days: float, interval: float) -> None:
-    """Delete responses and ratings older than `retain_days`, every `interval` seconds, until cancelled."""
+async def apply_retention(store: Store, retain_days: float, interval: float, leader: Callable[[], bool] = lambda: True) -> None:
+    """Delete responses and ratings older than `retain_days`, every `interval` seconds while this replica
+    leads (`leader`), until cancelled."""
     while True:
         try:
+            if not leader():
+                await asyncio.sleep(interval)
+                continue
             cutoff = datetime.now(timezone.utc) - timedelta(days=retain_days)
             deleted = await asyncio.to_thread(store.delete_before, cutoff)
             if deleted.responses:
@@ -172,6 +180,7 @@ class Components:
     replica_id: str
     down_after_seconds: float
     gate: ReleaseGate | None = None  # the release gate (None: immediate mode without evaluation)
+    leadership: Leadership | None = None  # this replica's hold on the fleet's leader lease (server/leader.py)
 
     def beat(self) -> Beat:
         """What this replica reports: its serving versions, generations running and health."""
@@ -236,17 +245,20 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     if segments:
         await publisher.restore_adapters()
     imports = WeightImports(config.learner.checkpoint_dir, model_dir, config.server.max_import_bytes)
-    operations = Operations(config.monitor, store, publisher, metrics, imports, alarms=config.release.alarms, tokenizer=tokenizer)
+    leadership = Leadership(store, replica_id(config), config.ray.leader_lease_seconds, metrics)
+    operations = Operations(
+        config.monitor, store, publisher, metrics, imports, alarms=config.release.alarms, tokenizer=tokenizer, leader=leadership.held_term,
+    )
     registry = ReplicaRegistry(store)
     gate = None
     if gated:
         assert isinstance(engine, CanaryEngine)
         evaluate = evaluator(config, tokenizer, model_dir, serving.stop_token_ids, store)
-        gate = ReleaseGate(config.release, publisher, engine, store, metrics, evaluate)
+        gate = ReleaseGate(config.release, publisher, engine, store, metrics, evaluate, leader=leadership.leading)
         serving.canary = gate.routes_to_candidate
     return Components(
         store, writer, engine, tokenizer, metrics, keys, serving, publisher, operations, registry, replica_id(config),
-        config.ray.down_after_seconds, gate,
+        config.ray.down_after_seconds, gate, leadership,
     )
 
 
@@ -292,6 +304,12 @@ async def running(config: Config, model_dir: Path) -> AsyncIterator[Components]:
     """The serving components, started, with their background tasks (the version watcher, operations,
     retention); on exit the tasks are cancelled and the components stopped, every queued row flushed."""
     c = await start_components(config, model_dir)
+    assert c.leadership is not None
+    try:  # lead at once if nobody does (a lone server): the loops below start as the leader
+        await asyncio.to_thread(c.leadership.renew)
+    except Exception:
+        log.exception("leader lease")
+    leader = asyncio.create_task(c.leadership.run())
     watcher = asyncio.create_task(c.publisher.watch(config.server.watch_seconds))
     beats = asyncio.create_task(heartbeat(c, config))
     forgotten = asyncio.create_task(watch_forgotten(c.store))
@@ -300,14 +318,20 @@ async def running(config: Config, model_dir: Path) -> AsyncIterator[Components]:
     gate = asyncio.create_task(c.gate.run(max(config.server.watch_seconds, GATE_SECONDS))) if c.gate is not None else None
     retention = None
     if config.store.retain_days > 0:
-        retention = asyncio.create_task(apply_retention(c.store, config.store.retain_days, config.store.retention_interval_seconds))
+        retention = asyncio.create_task(apply_retention(
+            c.store, config.store.retain_days, config.store.retention_interval_seconds, c.leadership.leading,
+        ))
     log.info("serving %s version %d on %s", config.engine.served_model_name, c.engine.version, c.engine.name)
     try:
         yield c
     finally:
-        for task in (watcher, gate, beats, forgotten, monitor, alarms, retention):
+        for task in (watcher, gate, beats, forgotten, monitor, alarms, retention, leader):
             if task is not None:
                 task.cancel()
+        try:
+            await asyncio.to_thread(c.leadership.release)  # the next replica leads at its next try
+        except Exception:
+            log.exception("releasing the leader lease")
         try:
             await asyncio.to_thread(c.registry.remove, c.replica_id)  # a clean stop leaves the fleet
         except Exception:

@@ -20,6 +20,11 @@ found and verified as for every activation); the gate decides (release/decision.
   `release_held` and the `server/release_held` metric), or wait. A pause also holds back promotion.
   While one candidate is tried the learner trains on from it and publishes; those versions wait, and
   when the candidate is decided the newest of those descending from the (new) serving version is next.
+- In a fleet (several replicas on one store) every replica's gate does (1), so each routes the same
+  users to the same candidate, but only the leader (`leader`, server/leader.py) starts candidates,
+  evaluates and decides (and evaluates in immediate mode): one evaluation per candidate, one decision;
+  the others follow a promotion (the publisher's follower rule) and a hold (the candidate the store no
+  longer names is dropped).
 - In `canary` mode a request is served by the candidate when its user (the request's `user` field, else
   its API key; release/routing.py) falls in `canary_fraction` and the request has no segment; in
   `gated` mode no user is served by it.
@@ -86,9 +91,10 @@ class ReleaseState:
 class ReleaseGate:
     def __init__(
         self, config: ReleaseConfig, publisher: Publisher, engine: CanaryEngine, store: Store, metrics: Metrics,
-        evaluate: Evaluate | None = None,
+        evaluate: Evaluate | None = None, leader: Callable[[], bool] | None = None,
     ):
         self.config = config
+        self.leader = leader or (lambda: True)  # whether this replica leads the fleet (server/leader.py)
         self.publisher = publisher
         self.engine = engine
         self.store = store
@@ -144,13 +150,16 @@ class ReleaseGate:
             if self.engine.candidate_version is not None:
                 await self.publisher.drop_candidate()
             self._cancel_evaluation()
-            if paused:
+            if paused or not self.leader():
                 return None
             canary = await self._start_next()
             if canary is None:
                 return None
         await self.engine.prepare()  # outside the publisher's lock: an engine's start holds back no activation
         if not await self.publisher.load_candidate(canary):
+            return None
+        if not self.leader():  # a follower routes to the store's candidate; the leader evaluates and decides
+            self._cancel_evaluation()
             return None
         live = await asyncio.to_thread(self.store.get_version, self.engine.version)
         if live is None:
@@ -258,7 +267,9 @@ class ReleaseGate:
     async def _evaluate_serving(self) -> None:
         """Immediate mode: evaluate the serving version if it is new, on the candidate engine (no user is
         routed to it in this mode), against itself as the live version (nothing is gated: the bounds
-        against the base say how far it moved)."""
+        against the base say how far it moved). The leader's alone."""
+        if not self.leader():
+            return
         if self.evaluate is None or (self._task is not None and not self._task.done()):
             return
         version = self.engine.version

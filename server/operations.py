@@ -14,6 +14,13 @@ import that does not end up serving leaves nothing behind.
 The reward-hacking alarms (`[release.alarms]`, server/alarms.py) run in their own loop,
 `watch_alarms`, every `check_seconds`, when the wiring gives `alarms` and the tokenizer.
 
+In a fleet every replica runs these loops, but only the leader (`leader`: the term of the store's
+leader lease this replica holds, None when it does not; server/leader.py) writes: the drift alarms'
+events and counters, the guard's rollbacks, the automatic quarantine and the reward-hacking alarms
+are the leader's; the other replicas still read the ratings and export the figures (each replica's
+`/metrics`). A replica that becomes the leader re-reads which alarms are recorded already (the one
+before it may have recorded some), so an alarm is recorded once per version and trait.
+
 Results are typed (`LearningState`, `WeightsImported`, the publisher's `RollbackResult`, the monitor's
 `VersionRow`, `KeyRow`, the alarms' `HackingVerdict`); the admin routes turn them into JSON."""
 
@@ -23,6 +30,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,9 +82,13 @@ class KeyRow:
 class Operations:
     def __init__(
         self, config: MonitorConfig, store: Store, publisher: Publisher, metrics: Metrics, imports: WeightImports | None = None,
-        alarms: AlarmConfig | None = None, tokenizer: Any = None,
+        alarms: AlarmConfig | None = None, tokenizer: Any = None, leader: Callable[[], int | None] | None = None,
     ):
         self.config = config
+        # the leader lease's term this replica holds now, None when another replica leads (server/leader.py);
+        # without one (a lone Operations) it always leads
+        self.leader: Callable[[], int | None] = leader or (lambda: 0)
+        self._alarms_term: int | None = None  # the term the alarms last ran in
         self.store = store
         self.publisher = publisher
         self.metrics = metrics
@@ -200,6 +212,8 @@ class Operations:
         self._replayed = True
         if replay:
             raised = []  # alarms of replayed ratings were recorded when they were first seen
+        if self.leader() is None:
+            raised = []  # the leader records them
         for alarm in raised:
             self.store.record_event("alarm", alarm.policy_version, alarm.as_dict())
             self.metrics.inc("monitor/alarms", segment=alarm.segment, direction=alarm.alarm.direction)
@@ -268,13 +282,18 @@ class Operations:
         return await asyncio.to_thread(self.alarms.check)
 
     async def watch_alarms(self) -> None:
-        """Judge the live stream every `[release.alarms] check_seconds` until cancelled (returns at once
-        when the alarms are off)."""
+        """Judge the live stream every `[release.alarms] check_seconds` while this replica leads, until
+        cancelled (returns at once when the alarms are off)."""
         if self.alarms is None:
             return
         while True:
             try:
-                await self.check_alarms()
+                term = self.leader()
+                if term is not None:
+                    if term != self._alarms_term:  # newly the leader: what the one before recorded counts
+                        self.alarms.reset()
+                    await self.check_alarms()
+                self._alarms_term = term
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -295,9 +314,10 @@ class Operations:
                     exported_at, exported_id = now, self.monitor.last_id
                     rows = await self.versions()
                     self.export_versions(rows)
-                    if self.config.guard:
+                    leading = self.leader() is not None
+                    if self.config.guard and leading:
                         await self.guard(rows)
-                    if self.config.quarantine_z > 0:
+                    if self.config.quarantine_z > 0 and leading:
                         await asyncio.to_thread(self.quarantine_suspects)
             except asyncio.CancelledError:
                 raise

@@ -6,13 +6,15 @@ SQLAlchemy 2.0 models (`models`), the query API every other component uses (`sto
 batched group-commit writer the server logs through (`writer.BatchWriter`), the policy-version statuses
 and their legal transitions (`status`), the one owner of version state (`lifecycle`: every status
 change and version number, each in one locked transaction), the release gate's evaluations and the
-rated replies its alarms judge (`evaluations`), and Alembic migrations.
+rated replies its alarms judge (`evaluations`), the leases that name the fleet's leader (`lease`), and
+Alembic migrations.
 SQLite (WAL) by default, PostgreSQL by URL. Knows nothing of HTTP or torch.
 """
 
 from liveloop.store.checkpoints import VersionNotFound
 from liveloop.store.config import StoreConfig
 from liveloop.store.evaluations import InvalidEvaluation
+from liveloop.store.lease import Leases, LeaseState
 from liveloop.store.lifecycle import RollbackRefused, ServingChanged, StaleLineage, VersionTaken
 from liveloop.store.records import (
     EvaluationRecord,
@@ -32,6 +34,8 @@ __all__ = [
     "FeedbackRecord",
     "InvalidEvaluation",
     "InvalidVersionSpans",
+    "Leases",
+    "LeaseState",
     "ResponseNotFound",
     "RatingEvent",
     "ResponseRecord",
