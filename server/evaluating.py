@@ -2,7 +2,8 @@
 into the `Sampler` the evaluator (liveloop.release.evaluation) draws replies with, so the release
 component never imports the server; `engine_evaluation(evaluator, stop_token_ids)` is the gate's
 `evaluate(candidate_engine, candidate, live_engine, live)` over it. The requests are ordinary generations of the engine (the hf
-engine batches them with live traffic); they are not logged to the store and rate nothing."""
+engine batches them with live traffic); they are not logged to the store and rate nothing. A segment's
+candidate adapter is reached through its slot (a canary request of the segment on the live engine)."""
 
 from __future__ import annotations
 
@@ -44,11 +45,15 @@ def engine_sampler(engine: Engine, stop_token_ids: Sequence[int] = (), segment: 
 
 def engine_evaluation(evaluator: Evaluator, stop_token_ids: Sequence[int] = ()) -> EngineEvaluate:
     """The gate's `evaluate(candidate_engine, candidate, live_engine, live)`: the evaluator sampling each
-    version through its engine (the version's segment names the engine's adapter slot)."""
+    version through its engine. The candidate's requests are marked `canary`: a segment candidate's
+    engine is the live `CanaryEngine`, which serves a canary request of the segment from the segment's
+    candidate adapter slot (server/engines/canary.py); a base candidate's engine is the candidate engine
+    itself, which reads no mark. The live version's requests name its segment (its live adapter; None:
+    the base weights)."""
 
     async def evaluate(candidate_engine: Engine, candidate: VersionRecord, live_engine: Engine, live: VersionRecord) -> Evaluation:
         return await evaluator.evaluate(
-            engine_sampler(candidate_engine, stop_token_ids, candidate.segment), candidate,
+            engine_sampler(candidate_engine, stop_token_ids, candidate.segment, canary=True), candidate,
             engine_sampler(live_engine, stop_token_ids, live.segment), live,
         )
 

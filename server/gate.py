@@ -2,8 +2,9 @@
 
 `ReleaseGate.run` is a loop beside the publisher's watcher (server/app.py), every `[server]
 watch_seconds`. The store owns the statuses (`start_canary`, `activate_version`, `hold_version`); the
-publisher owns the engine (`load_candidate`, `promote_candidate`, `drop_candidate`, with the weights
-found and verified as for every activation); the gate decides (release/decision.py) and evaluates.
+candidates' engine side is server/candidates.py (`load`, `promote`, `drop`, under the publisher's lock,
+with the weights found and verified as for every activation); the gate decides (release/decision.py)
+and evaluates.
 
 - `canary` / `gated` (the base weights' lineage): the publisher's watcher activates nothing of the
   lineage (`Publisher.gate_base`). Each pass the gate (1) mirrors the store's CANARY version into the
@@ -28,7 +29,7 @@ found and verified as for every activation); the gate decides (release/decision.
 - In `canary` mode a request is served by the candidate when its user (the request's `user` field, else
   its API key; release/routing.py) falls in `canary_fraction` and the request has no segment; in
   `gated` mode no user is served by it.
-- `immediate` with `[release.evaluation] immediate = true` (else no gate runs): the watcher activates
+- `immediate` with `[release.evaluation] immediate = true`: the watcher activates
   as before; the gate evaluates the serving version when it is new
   (newest first: versions replaced before the gate was free are skipped), on the candidate engine so
   the evaluation neither runs on nor is disturbed by the swaps of the engine users are on. Gates nothing.
@@ -36,8 +37,21 @@ found and verified as for every activation); the gate decides (release/decision.
 On vLLM the candidate engine starts with the server (its start blocks the event loop: server/app.py);
 on hf it starts, off the loop, at the first candidate.
 
-Segment adapter lineages are released immediately whatever `[release] segments` says (the candidate
-engine holds base weights only); a non-immediate mode for a segment is logged at start.
+Segment adapter lineages (`[release] segments`, each segment taking `mode` unless overridden): each
+segment whose mode is not `immediate` is a lineage of its own, run by the same pass with the same
+decision (release/decision.py) and the same store calls (one CANARY per lineage; `hold_version` moves
+that lane's learner cursor, `sao:<segment>`, back to the segment's live adapter, or the base version
+when the segment has none yet). Its candidate is not a second engine but a second adapter slot of the
+live engine (`<segment>@candidate`, server/engines/canary.py): a canary request of the segment whose
+user falls in `canary_fraction` is served by the slot (its response records the candidate's version),
+everyone else of the segment by its adapter, other segments and base requests never by it. Promotion
+repoints the slot's adapter to the segment (no load); a hold unloads it. The evaluation samples the
+slot against the segment's live adapter (or the base weights when none serves it yet), on the live
+engine. A segment candidate's ratings are compared with its live adapter's (with the base version's
+when the segment has none: the base version's ratings then include every base request's). The
+publisher activates nothing of a gated segment (`Publisher.gate_segments`, set by the gate). Adapter
+slots are built on the hf engine's adapters; on vLLM a non-immediate segment mode is refused at start
+(`gated_segments`: a ConfigError) until its LoRA slots are verified on a GPU.
 """
 
 from __future__ import annotations
@@ -46,32 +60,55 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from liveloop.config import ConfigError
 from liveloop.metrics import Metrics
 from liveloop.release.config import Mode, ReleaseConfig
 from liveloop.release.decision import Decision, decide
 from liveloop.release.routing import in_canary
+from liveloop.server.candidates import Candidates
 from liveloop.server.engines.base import Engine
-from liveloop.server.engines.canary import CanaryEngine
+from liveloop.server.engines.canary import SLOT_SUFFIX, CanaryEngine
 from liveloop.server.publisher import Publisher
 from liveloop.store import Store, TransitionRefused, VersionRecord, VersionStatus
 from liveloop.store.records import VersionTraffic
 
 log = logging.getLogger(__name__)
 
-# evaluate(candidate engine, candidate, live engine, live) -> an Evaluation (release/evaluation.py)
+# evaluate(candidate engine, candidate, live engine, live) -> an Evaluation (release/evaluation.py); a
+# segment candidate's engine is the live one, its adapter slot reached by a canary request of its segment
 Evaluate = Callable[[Engine, VersionRecord, Engine, VersionRecord], Awaitable[Any]]
+SLOT_BACKENDS = ("hf",)  # the backends whose adapter slots a segment candidate is served from
+
+
+def gated_segments(config: ReleaseConfig, segments: tuple[str, ...], backend: str) -> tuple[str, ...]:
+    """The segment lineages the gate tries candidates of (a mode other than `immediate`, a segment's
+    override or `[release] mode`). Raises ConfigError when the backend has no verified adapter slots
+    (vLLM: not yet verified on a GPU) or a segment's name holds the slot marker."""
+    gated = tuple(s for s in segments if config.mode_of(s) != "immediate")
+    odd = [s for s in gated if SLOT_SUFFIX in s]
+    if odd:
+        raise ConfigError(f"[learner] segments {odd}: a gated segment's name may not contain {SLOT_SUFFIX!r}")
+    if gated and backend not in SLOT_BACKENDS:
+        modes = ", ".join(f"{s} = {config.mode_of(s)!r}" for s in gated)
+        immediate = ", ".join(f'{s} = "immediate"' for s in gated)
+        raise ConfigError(
+            f"[release] segment lineages {modes}: a segment candidate is served from a second adapter slot of the live "
+            f"engine, built on the {', '.join(SLOT_BACKENDS)} engine only (engine.backend = {backend!r}); set "
+            f"[release] segments = {{ {immediate} }} to release them immediately"
+        )
+    return gated
 
 
 @dataclass(frozen=True)
 class CandidateState:
-    """The base lineage's candidate as the gate sees it now (GET /admin/release)."""
+    """A lineage's candidate as the gate sees it now (GET /admin/release)."""
 
     version: int
     status: VersionStatus
-    loaded: bool  # in this replica's candidate engine
+    loaded: bool  # in this replica's candidate engine (a segment's: its candidate adapter slot)
     traffic: VersionTraffic
     live_traffic: VersionTraffic
     evaluation: str  # "running" | "passed" | "failed" | "none"
@@ -79,13 +116,38 @@ class CandidateState:
 
 
 @dataclass(frozen=True)
+class LineageState:
+    """A segment's adapter lineage under the gate: its mode, the version serving it (None: the base
+    weights), its candidate."""
+
+    segment: str
+    mode: Mode
+    serving: int | None
+    candidate: CandidateState | None
+
+
+@dataclass(frozen=True)
 class ReleaseState:
     mode: Mode
-    segment_modes: dict[str, Mode]  # as configured (released immediately: see the module docstring)
+    segment_modes: dict[str, Mode]  # the mode each segment lineage is released in
     canary_fraction: float
     serving: int
     candidate: CandidateState | None
-    evaluating: int | None  # the version whose evaluation runs now
+    evaluating: int | None  # the version whose evaluation runs now (the base lineage's, else a segment's)
+    lineages: tuple[LineageState, ...] = ()  # the gated segments' lineages
+
+
+@dataclass
+class _Lineage:
+    """The gate's own state of one lineage: its mode and its running evaluation."""
+
+    segment: str | None
+    mode: Mode
+    task: asyncio.Task | None = field(default=None, repr=False)
+    task_version: int | None = None
+
+    def running(self) -> int | None:
+        return self.task_version if self.task is not None and not self.task.done() else None
 
 
 class ReleaseGate:
@@ -97,22 +159,38 @@ class ReleaseGate:
         self.leader = leader or (lambda: True)  # whether this replica leads the fleet (server/leader.py)
         self.publisher = publisher
         self.engine = engine
+        self.candidates = Candidates(publisher, engine)
         self.store = store
         self.metrics = metrics
         self.evaluate = evaluate if config.evaluation.enabled else None
         self.mode: Mode = config.mode_of(None)
         self.decisions: dict[int, Decision] = {}  # version -> the last verdict on it
-        self._task: asyncio.Task | None = None
-        self._task_version: int | None = None
         self._evaluated: set[int] = set()  # versions whose evaluation this gate started (or found stored)
-        for segment, mode in config.segments.items():
-            if mode != "immediate":
-                log.warning("[release] segments.%s = %r: segment adapters are released immediately (the gate tries base versions only)", segment, mode)
+        self._base = _Lineage(None, self.mode)
+        gated = tuple(s for s in publisher.segments if config.mode_of(s) != "immediate")
+        self._segments = {s: _Lineage(s, config.mode_of(s)) for s in gated}
+        publisher.gate_segments = frozenset(gated)  # the watcher activates nothing of these lineages
+        for segment in config.segments:
+            if segment not in publisher.segments:
+                log.warning("[release] segments.%s: no such segment lineage here (segments: %s)", segment, ", ".join(publisher.segments) or "none")
+
+    @property
+    def _task(self) -> asyncio.Task | None:  # the base lineage's evaluation (tests and state read it)
+        return self._base.task
+
+    @property
+    def _task_version(self) -> int | None:
+        return self._base.task_version
 
     def routes_to_candidate(self, user: str, segment: str | None) -> bool:
-        """Whether a request of `user` (release/routing.py `user_key`) is served by the candidate now."""
+        """Whether a request of `user` (release/routing.py `user_key`) is served by its lineage's
+        candidate now: the base candidate for a request without a segment, the segment's candidate
+        adapter for one of a gated segment."""
+        if segment is None:
+            return self.mode == "canary" and self.engine.candidate_version is not None and in_canary(user, self.config.canary_fraction)
+        lineage = self._segments.get(segment)
         return (
-            self.mode == "canary" and segment is None and self.engine.candidate_version is not None
+            lineage is not None and lineage.mode == "canary" and self.engine.candidate_adapter_version(segment) is not None
             and in_canary(user, self.config.canary_fraction)
         )
 
@@ -132,119 +210,155 @@ class ReleaseGate:
             await self.close()
 
     async def close(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            try:
-                await self._task
-            except BaseException:
-                pass
+        for lineage in (self._base, *self._segments.values()):
+            if lineage.task is not None and not lineage.task.done():
+                lineage.task.cancel()
+                try:
+                    await lineage.task
+                except BaseException:
+                    pass
 
     async def step(self) -> Decision | None:
-        """One pass (see the module docstring); the decision taken on the candidate, if any."""
+        """One pass over every lineage (see the module docstring): the base lineage's, then each gated
+        segment's (one lineage's failure is logged and leaves the others' passes). Returns the decision
+        taken on the base lineage's candidate, if any (every verdict is in `decisions`)."""
+        decision = None
         if self.mode == "immediate":
-            await self._evaluate_serving()
-            return None
-        canary = await asyncio.to_thread(self.store.canary_version)
-        paused = await asyncio.to_thread(self.store.learning_paused, self.publisher.learner_name)
-        if canary is None:
-            if self.engine.candidate_version is not None:
-                await self.publisher.drop_candidate()
-            self._cancel_evaluation()
-            if paused or not self.leader():
-                return None
-            canary = await self._start_next()
-            if canary is None:
-                return None
-        await self.engine.prepare()  # outside the publisher's lock: an engine's start holds back no activation
-        if not await self.publisher.load_candidate(canary):
-            return None
-        if not self.leader():  # a follower routes to the store's candidate; the leader evaluates and decides
-            self._cancel_evaluation()
-            return None
-        live = await asyncio.to_thread(self.store.get_version, self.engine.version)
-        if live is None:
-            return None
-        self._ensure_evaluation(canary, live)
-        decision = await self._decide(canary, live)
-        self.decisions[canary.version] = decision
-        if decision.action == "promote" and not paused:
-            await self._promote(canary, decision)
-        elif decision.action == "hold":
-            await self._hold(canary, decision)
+            if self.config.evaluation.immediate:
+                await self._evaluate_serving()
+        else:
+            decision = await self._step(self._base)
+        for lineage in self._segments.values():
+            try:
+                await self._step(lineage)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("release gate: segment %s", lineage.segment)
         return decision
 
-    async def _start_next(self) -> VersionRecord | None:
+    async def step_segment(self, segment: str) -> Decision | None:
+        """One pass over `segment`'s lineage alone; the decision taken on its candidate, if any."""
+        return await self._step(self._segments[segment])
+
+    async def _step(self, lineage: _Lineage) -> Decision | None:
+        segment = lineage.segment
+        canary = await asyncio.to_thread(self.store.canary_version, segment)
+        paused = await asyncio.to_thread(self.store.learning_paused, self.publisher.lane(segment))
+        if canary is None:
+            if self.candidates.loaded(segment) is not None:
+                await self.candidates.drop(segment)
+            self._cancel_evaluation(lineage)
+            if paused or not self.leader():
+                return None
+            canary = await self._start_next(lineage)
+            if canary is None:
+                return None
+        if segment is None:
+            await self.engine.prepare()  # outside the publisher's lock: an engine's start holds back no activation
+        if not await self.candidates.load(canary):
+            return None
+        if not self.leader():  # a follower routes to the store's candidate; the leader evaluates and decides
+            self._cancel_evaluation(lineage)
+            return None
+        live = await asyncio.to_thread(self.store.get_version, self._live_version(segment))
+        if live is None:
+            return None
+        self._ensure_evaluation(lineage, canary, live)
+        decision = await self._decide(lineage, canary, live)
+        self.decisions[canary.version] = decision
+        if decision.action == "promote" and not paused:
+            await self._promote(lineage, canary, decision)
+        elif decision.action == "hold":
+            await self._hold(lineage, canary, decision)
+        return decision
+
+    def _live_version(self, segment: str | None) -> int:
+        """What serves the lineage's users now: the base version, or the segment's adapter (the base
+        version when it has none)."""
+        if segment is None:
+            return self.engine.version
+        adapter = self.engine.adapter_version(segment)
+        return self.engine.version if adapter is None else adapter
+
+    async def _start_next(self, lineage: _Lineage) -> VersionRecord | None:
         """The newest PUBLISHED version past the serving one that the store accepts as the candidate."""
-        published = await asyncio.to_thread(self.store.versions_with_status, VersionStatus.PUBLISHED, self.engine.version)
+        segment = lineage.segment
+        after = self.engine.version if segment is None else (self.engine.adapter_version(segment) or -1)
+        published = await asyncio.to_thread(self.store.versions_with_status, VersionStatus.PUBLISHED, after, segment)
         for record in reversed(published):
             try:
                 canary = await asyncio.to_thread(self.store.start_canary, record.version)
             except TransitionRefused as exc:  # off the serving line, or another replica started one first
                 log.debug("version %d not the candidate: %s", record.version, exc)
-                other = await asyncio.to_thread(self.store.canary_version)
+                other = await asyncio.to_thread(self.store.canary_version, segment)
                 if other is not None:
                     return other
                 continue
             self.metrics.inc("server/release_candidates")
-            log.info("version %d is the candidate (%s mode)", canary.version, self.mode)
+            where = "" if segment is None else f" of segment {segment}"
+            log.info("version %d is the candidate%s (%s mode)", canary.version, where, lineage.mode)
             return canary
         return None
 
-    async def _decide(self, canary: VersionRecord, live: VersionRecord) -> Decision:
-        traffic = await asyncio.to_thread(self.store.version_traffic, True)
+    async def _decide(self, lineage: _Lineage, canary: VersionRecord, live: VersionRecord) -> Decision:
+        traffic = await asyncio.to_thread(self.store.version_traffic, True, (canary.version, live.version))
         evaluation = await asyncio.to_thread(self.store.evaluation, canary.version)
         return decide(
             traffic.get(canary.version) or VersionTraffic(canary.version, 0, 0, 0),
             traffic.get(live.version) or VersionTraffic(live.version, 0, 0, 0),
             None if evaluation is None else evaluation.passed,
-            self.mode,
+            lineage.mode,
             self.config,
         )
 
-    async def _promote(self, canary: VersionRecord, decision: Decision) -> None:
-        result = await self.publisher.promote_candidate(canary)
+    async def _promote(self, lineage: _Lineage, canary: VersionRecord, decision: Decision) -> None:
+        result = await self.candidates.promote(canary)
         if result is None:
             return
-        self._cancel_evaluation()
+        self._cancel_evaluation(lineage)
         self.metrics.inc("server/release_promotions")
-        log.info("candidate %d promoted over %d: %s", canary.version, result.parent, decision.reason)
+        where = "" if lineage.segment is None else f" (segment {lineage.segment})"
+        log.info("candidate %d promoted over %d%s: %s", canary.version, result.parent, where, decision.reason)
 
-    async def _hold(self, canary: VersionRecord, decision: Decision) -> None:
-        detail = {"mode": self.mode, "p_worse": decision.p_worse, "live": self.engine.version}
+    async def _hold(self, lineage: _Lineage, canary: VersionRecord, decision: Decision) -> None:
+        segment = lineage.segment
+        detail = {"mode": lineage.mode, "p_worse": decision.p_worse, "live": self._live_version(segment)}
         try:
-            await asyncio.to_thread(self.store.hold_version, canary.version, decision.reason, self.publisher.lane(None), detail)
+            await asyncio.to_thread(self.store.hold_version, canary.version, decision.reason, self.publisher.lane(segment), detail)
         except TransitionRefused as exc:  # rolled back, or another replica decided first
             log.info("candidate %d not held here: %s", canary.version, exc)
-        await self.publisher.drop_candidate()
-        self._cancel_evaluation()
+        await self.candidates.drop(segment)
+        self._cancel_evaluation(lineage)
         self.metrics.inc("server/release_held")
-        log.warning("candidate %d held: %s (version %d keeps serving)", canary.version, decision.reason, self.engine.version)
+        log.warning("candidate %d held: %s (version %d keeps serving)", canary.version, decision.reason, self._live_version(segment))
 
     # -- evaluation ----------------------------------------------------------------------------------
-    def _ensure_evaluation(self, canary: VersionRecord, live: VersionRecord) -> None:
+    def _ensure_evaluation(self, lineage: _Lineage, canary: VersionRecord, live: VersionRecord) -> None:
         if self.evaluate is None or canary.version in self._evaluated:
             return
-        if self._task is not None and not self._task.done():
-            if self._task_version == canary.version:
+        if lineage.task is not None and not lineage.task.done():
+            if lineage.task_version == canary.version:
                 return
-            self._task.cancel()
+            lineage.task.cancel()
         self._evaluated.add(canary.version)
-        self._task_version = canary.version
-        self._task = asyncio.create_task(self._evaluation(canary, live, self.engine.live), name=f"evaluation-{canary.version}")
+        lineage.task_version = canary.version
+        live_engine = self.engine.live if lineage.segment is None else self.engine
+        lineage.task = asyncio.create_task(self._evaluation(lineage, canary, live, live_engine), name=f"evaluation-{canary.version}")
 
-    def _cancel_evaluation(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+    def _cancel_evaluation(self, lineage: _Lineage) -> None:
+        if lineage.task is not None and not lineage.task.done():
+            lineage.task.cancel()
 
-    async def _evaluation(self, canary: VersionRecord, live: VersionRecord, live_engine: Engine | None) -> None:
+    async def _evaluation(self, lineage: _Lineage, canary: VersionRecord, live: VersionRecord, live_engine: Engine | None) -> None:
         """Evaluate the loaded candidate against `live` on `live_engine` (None: the candidate engine
         itself) and store the result; an evaluation that raises is stored as failed, with the error as
-        its one check."""
+        its one check. A segment's candidate is sampled on the live engine, through its adapter slot."""
         assert self.evaluate is not None
         if await asyncio.to_thread(self.store.evaluation, canary.version) is not None:
             return  # another replica (or an earlier run of this server) evaluated it
-        candidate_engine = self.engine.candidate
-        if candidate_engine is None or self.engine.candidate_version != canary.version:
+        candidate_engine = self.engine.candidate if lineage.segment is None else self.engine
+        if candidate_engine is None or self.candidates.loaded(lineage.segment) != canary.version:
             self._evaluated.discard(canary.version)
             return
         start = time.perf_counter()
@@ -270,7 +384,8 @@ class ReleaseGate:
         against the base say how far it moved). The leader's alone."""
         if not self.leader():
             return
-        if self.evaluate is None or (self._task is not None and not self._task.done()):
+        base = self._base
+        if self.evaluate is None or base.running() is not None:
             return
         version = self.engine.version
         if version in self._evaluated:
@@ -283,33 +398,44 @@ class ReleaseGate:
             self._evaluated.add(version)
             return
         await self.engine.prepare()
-        if not await self.publisher.load_candidate(record):
+        if not await self.candidates.load(record):
             return
         self._evaluated.add(version)
-        self._task_version = version
-        self._task = asyncio.create_task(self._evaluation(record, record, None), name=f"evaluation-{version}")
+        base.task_version = version
+        base.task = asyncio.create_task(self._evaluation(base, record, record, None), name=f"evaluation-{version}")
 
     # -- what operators see --------------------------------------------------------------------------
     def state(self) -> ReleaseState:
-        """The mode, the base lineage's candidate with its traffic against the live version's, its
+        """The mode, each lineage's candidate with its traffic against the live version's, its
         evaluation state and the last verdict (blocking: run it off the event loop)."""
         serving = self.engine.version
-        canary = self.store.canary_version() if self.mode != "immediate" else None
-        candidate = None
-        if canary is not None:
-            traffic = self.store.version_traffic(True)
-            evaluation = self.store.evaluation(canary.version)
-            if evaluation is not None:
-                state = "passed" if evaluation.passed else "failed"
-            elif self._task_version == canary.version and self._task is not None and not self._task.done():
-                state = "running"
-            else:
-                state = "none"
-            candidate = CandidateState(
-                canary.version, canary.status, self.engine.candidate_version == canary.version,
-                traffic.get(canary.version) or VersionTraffic(canary.version, 0, 0, 0),
-                traffic.get(serving) or VersionTraffic(serving, 0, 0, 0),
-                state, self.decisions.get(canary.version),
-            )
-        evaluating = self._task_version if self._task is not None and not self._task.done() else None
-        return ReleaseState(self.mode, dict(self.config.segments), self.config.canary_fraction, serving, candidate, evaluating)
+        traffic = self.store.version_traffic(True)
+        candidate = self._candidate_state(self._base, serving, traffic) if self.mode != "immediate" else None
+        lineages = tuple(
+            LineageState(s, lineage.mode, self.engine.adapter_version(s), self._candidate_state(lineage, self._live_version(s), traffic))
+            for s, lineage in self._segments.items()
+        )
+        evaluating = self._base.running()
+        if evaluating is None:
+            evaluating = next((v for v in (lineage.running() for lineage in self._segments.values()) if v is not None), None)
+        modes = {s: self.config.mode_of(s) for s in self.publisher.segments}
+        modes.update({s: m for s, m in self.config.segments.items() if s not in modes})
+        return ReleaseState(self.mode, modes, self.config.canary_fraction, serving, candidate, evaluating, lineages)
+
+    def _candidate_state(self, lineage: _Lineage, live: int, traffic: dict[int, VersionTraffic]) -> CandidateState | None:
+        canary = self.store.canary_version(lineage.segment)
+        if canary is None:
+            return None
+        evaluation = self.store.evaluation(canary.version)
+        if evaluation is not None:
+            state = "passed" if evaluation.passed else "failed"
+        elif lineage.running() == canary.version:
+            state = "running"
+        else:
+            state = "none"
+        return CandidateState(
+            canary.version, canary.status, self.candidates.loaded(lineage.segment) == canary.version,
+            traffic.get(canary.version) or VersionTraffic(canary.version, 0, 0, 0),
+            traffic.get(live) or VersionTraffic(live, 0, 0, 0),
+            state, self.decisions.get(canary.version),
+        )

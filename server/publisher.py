@@ -57,12 +57,11 @@ replica's `loaded` keeps the serving version's own memory for the replicas still
 next version's `loaded` (or the sender's `keep_versions`) frees it.
 
 Under a release gate (`[release] mode` canary or gated; server/gate.py decides, the engine is a
-`CanaryEngine`) `watch` activates nothing of the base lineage (`gate_base`): the gate has the publisher
-load its candidate into the candidate engine (`load_candidate`: the same weights path and verification
-as an activation, no status change), promote it (`promote_candidate`: the store asked first, the
-candidate engine becomes the live one at once, then `activate_version`; refused there, the engines
-swap back) or drop it (`drop_candidate`). A follower whose candidate engine already holds the version
-another replica promoted promotes it locally instead of loading it again.
+`CanaryEngine`) `watch` activates nothing of a gated lineage: the base's (`gate_base`) nor the gated
+segments' (`gate_segments`). The gate's candidates are loaded, promoted and dropped by
+server/candidates.py, under this publisher's lock and with its weights path and verification. A
+follower whose candidate engine (or a segment's candidate slot) already holds the version another
+replica promoted promotes it locally instead of loading it again.
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ from pathlib import Path
 
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import Engine
-from liveloop.server.engines.canary import CandidateBusy, CanaryEngine
+from liveloop.server.engines.canary import CanaryEngine
 from liveloop.transport.weights import CheckpointDir, WeightSource
 from liveloop.server.weights_import import StagedCheckpoint
 from liveloop.store import ServingChanged, Store, TransitionRefused, VersionNotFound, VersionRecord, VersionStatus
@@ -149,6 +148,7 @@ class Publisher:
         durable_wait_seconds: float = 60.0,
         keep_serving_memory: bool = False,
         gate_base: bool = False,
+        gate_segments: tuple[str, ...] = (),
     ):
         self.engine = engine
         self.store = store
@@ -163,6 +163,7 @@ class Publisher:
         self._unfollowable: set[int] = set()  # serving versions whose weights failed verification here
         # the release gate (server/gate.py) decides what of the base lineage serves: `watch` activates none of it
         self.gate_base = gate_base
+        self.gate_segments = frozenset(gate_segments)  # and of these segments' adapter lineages
         self._lock = asyncio.Lock()
 
     def lane(self, segment: str | None) -> str:
@@ -494,7 +495,7 @@ class Publisher:
     async def _watch_adapters(self) -> None:
         """One pass of `watch` over the segments: each unpaused one gets its newest published adapter."""
         for segment in self.segments:
-            if await asyncio.to_thread(self.store.learning_paused, self.lane(segment)):
+            if segment in self.gate_segments or await asyncio.to_thread(self.store.learning_paused, self.lane(segment)):
                 continue
             current = self.engine.adapter_version(segment)
             published = await asyncio.to_thread(self.store.versions_with_status, VersionStatus.PUBLISHED, current or -1, segment)
@@ -567,6 +568,12 @@ class Publisher:
                 continue
             if record.version == current or record.version in self._unfollowable or not record.checkpoint_path:
                 continue
+            if isinstance(self.engine, CanaryEngine) and self.engine.candidate_adapter_version(segment) == record.version:
+                await self.engine.promote_adapter(segment)  # another replica promoted the candidate this one holds
+                done.append(SwapResult(record.version, current if current is not None else self.engine.version, 0.0, 0.0))
+                self.metrics.inc("server/follows")
+                log.info("segment %s: followed the store to adapter version %d: the candidate here, promoted", segment, record.version)
+                continue
             try:
                 await asyncio.to_thread(verify_checkpoint, record.checkpoint_path, record.checkpoint_sha256, record.version)
             except WeightsUnverified as exc:
@@ -581,89 +588,6 @@ class Publisher:
             self.metrics.inc("server/follows")
             log.info("segment %s: followed the store to adapter version %d", segment, record.version)
         return done
-
-    # -- the release gate's candidate (server/gate.py; the engine is a CanaryEngine) ------------------
-    def _canary(self) -> CanaryEngine:
-        if not isinstance(self.engine, CanaryEngine):
-            raise TypeError("the release gate needs a CanaryEngine (server/engines/canary.py)")
-        return self.engine
-
-    async def load_candidate(self, record: VersionRecord) -> bool:
-        """Load `record` into the engine's candidate slot (users reach it only as the gate routes them),
-        its weights found and verified exactly as an activation's (`_open`: memory, then the durable
-        checkpoint): unverified weights mark it FAILED (`_reject`), missing ones are waited for
-        (`_wait_for_weights`), a load that fails marks a candidate FAILED. True once it is the loaded candidate
-        (at once when it is already); False otherwise (also when the candidate engine is still busy:
-        tried again at the next pass). Changes no status."""
-        async with self._lock:
-            engine = self._canary()
-            if engine.candidate_version == record.version:
-                return True
-            with contextlib.ExitStack() as stack:
-                try:
-                    source, via, _ = await asyncio.to_thread(self._open, record, stack)
-                    if source is None and record.version == 0 and record.checkpoint_path:  # the base model's directory
-                        source, via = CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir"
-                except WeightsUnverified as exc:
-                    await self._reject(record, exc)
-                    return False
-                if source is None:
-                    await self._wait_for_weights(record)
-                    return False
-                self._waiting.pop(record.version, None)
-                try:
-                    seconds = await engine.load_candidate(source, record.version)
-                except CandidateBusy as exc:
-                    log.info("candidate %d not loaded yet: %s", record.version, exc)
-                    return False
-                except Exception:
-                    log.exception("could not load version %d as the candidate", record.version)
-                    if record.status in (VersionStatus.CANARY, VersionStatus.PUBLISHED):  # never a version that serves
-                        await self._fail(record.version)
-                    self.metrics.inc("server/swap_failures")
-                    return False
-        self.metrics.observe("server/candidate_load_seconds", seconds, transport=via)
-        log.info("version %d loaded as the candidate in %.0f ms via %s", record.version, seconds * 1000, via)
-        return True
-
-    async def promote_candidate(self, record: VersionRecord) -> SwapResult | None:
-        """The gate promotes the loaded candidate `record`: the store is asked first (`check_activation`),
-        the candidate engine becomes the live one at once (`CanaryEngine.promote`, no load), then one
-        store transaction makes it SERVING (`activate_version`); refused there, the engines swap back
-        and the activation is dropped, unless another replica promoted it first. None when it was not
-        promoted."""
-        async with self._lock:
-            engine = self._canary()
-            if engine.candidate_version != record.version:
-                return None
-            try:
-                await asyncio.to_thread(self.store.check_activation, record.version)
-            except TransitionRefused as exc:
-                if not await self._serves_now(record.version):
-                    await self._drop(record.version, str(exc))
-                    engine.drop_candidate()
-                return None
-            start = time.perf_counter()
-            previous = engine.version
-            engine.promote()
-            try:
-                await asyncio.to_thread(self.store.activate_version, record.version)
-            except TransitionRefused as exc:
-                if not await self._serves_now(record.version):
-                    engine.demote(record.version)
-                    engine.drop_candidate()
-                    await self._drop(record.version, str(exc))
-                    return None
-            swap_s = time.perf_counter() - start
-            self.metrics.inc("server/swaps")
-            self.last_swap_via = "promotion"
-            await self._loaded(record, None)
-            return SwapResult(record.version, previous, swap_s * 1000, 0.0)
-
-    async def drop_candidate(self) -> int | None:
-        """No user is served the candidate any more (held, rolled back, replaced); returns its version."""
-        async with self._lock:
-            return self._canary().drop_candidate()
 
     async def watch(self, poll_seconds: float) -> None:
         """Each pass: follow the store's serving versions (`follow`: what another replica activated or

@@ -9,7 +9,9 @@ a running generation continue on another adapter than the one it was admitted wi
 
 A segment's new adapter is loaded before its table entry is repointed, so a failed load leaves the
 old one serving. The old adapter stays loaded while generations admitted with it run; it is unloaded
-when the last of them ends (`release`), or at once if none runs (`point`).
+when the last of them ends (`release`), or at once if none runs (`point`). A table key is a segment or
+a segment's candidate slot (the release gate's, server/engines/canary.py); `move` repoints a slot's
+adapter to another key without loading anything.
 """
 
 from __future__ import annotations
@@ -92,6 +94,15 @@ class AdapterTable:
                 f"engine.max_adapters = {self.capacity} (each segment's adapter, plus old ones still "
                 "finishing a response); raise max_adapters or retry once those responses end"
             )
+
+    def move(self, source: str, target: str) -> str | None:
+        """Serve `target`'s new requests with the adapter `source` holds now (no load: a candidate slot's
+        adapter becomes its segment's), `source` then holds none; returns the name of `target`'s old
+        adapter if that is to be unloaded now. Raises LookupError if `source` holds none."""
+        lease = self._current.pop(source, None)
+        if lease is None:
+            raise LookupError(f"no adapter is loaded under {source!r}")
+        return self.point(target, lease)
 
     def point(self, segment: str, lease: Lease | None) -> str | None:
         """Serve `segment`'s new requests with `lease` (None: the base weights); returns the name of

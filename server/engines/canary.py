@@ -20,25 +20,42 @@ served it, so a canary user's response names the candidate.
 - `drop_candidate()` stops routing to the candidate (its running responses finish).
 - `candidate` is the candidate engine (for the evaluation), `live` the live one.
 
-Segment adapters are served by the live engine only: a canary request of a segment goes to the live
-engine, and the gate runs adapter lineages in immediate mode (documented there).
+Segment adapters are served by the live engine only, and so are their candidates: a segment lineage
+under the gate gets a second adapter slot in the live engine, `candidate_slot(segment)`
+(`<segment>@candidate`: the hf engine's peft adapters and vLLM's LoRA ids are per loaded adapter, so
+no second engine is needed). A canary request of a segment whose slot holds an adapter is served by
+that slot (its response records the candidate adapter's version); every other request of the segment
+by its own adapter. `load_candidate_adapter` / `drop_candidate_adapter` fill and empty the slot
+(`update_adapter` on the slot's key: running generations keep the adapter they started with), and
+`promote_adapter` makes the slot's adapter the segment's, with no load (`GatedEngine.move_adapter`).
+The slots live in the live engine: a base promotion (the engines trade places) leaves the new live
+engine with the slots it held before, and the gate reloads what the store names (server/gate.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from liveloop.server.engines.base import Engine, Generation, GenerationRequest
+from liveloop.server.engines.base import AdaptersUnsupported, Engine, Generation, GenerationRequest
 
 if TYPE_CHECKING:
     from liveloop.transport.weights import CheckpointDir, WeightSource
 
 log = logging.getLogger(__name__)
+
+
+SLOT_SUFFIX = "@candidate"
+
+
+def candidate_slot(segment: str) -> str:
+    """The adapter-table key of `segment`'s candidate adapter in the live engine."""
+    return segment + SLOT_SUFFIX
 
 
 class NoCandidate(RuntimeError):
@@ -107,7 +124,7 @@ class CanaryEngine:
     @contextlib.asynccontextmanager
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Generation]:
         # routed and counted before the first await: a load that starts later waits for this generation
-        engine = self._route(request)
+        engine, request = self._route(request)
         key = id(engine)
         self._running[key] = self._running.get(key, 0) + 1
         try:
@@ -118,11 +135,16 @@ class CanaryEngine:
             async with self._idle:
                 self._idle.notify_all()
 
-    def _route(self, request: GenerationRequest) -> Engine:
+    def _route(self, request: GenerationRequest) -> tuple[Engine, GenerationRequest]:
+        if request.segment is not None:
+            slot = candidate_slot(request.segment)
+            if request.canary and self._live.supports_adapters and self._live.adapter_version(slot) is not None:
+                return self._live, dataclasses.replace(request, segment=slot)
+            return self._live, request
         spare = self._spare
-        if request.canary and request.segment is None and self._candidate_version is not None and spare is not None and spare.healthy():
-            return spare
-        return self._live
+        if request.canary and self._candidate_version is not None and spare is not None and spare.healthy():
+            return spare, request
+        return self._live, request
 
     # -- the candidate -------------------------------------------------------------------------------
     @property
@@ -199,3 +221,39 @@ class CanaryEngine:
         and `version` is the candidate once more."""
         self._live, self._spare = self._spare, self._live
         self._candidate_version = version
+
+    # -- segment candidates: adapter slots in the live engine ----------------------------------------
+    def candidate_adapter_version(self, segment: str) -> int | None:
+        """The version in `segment`'s candidate slot (None: empty)."""
+        if not self._live.supports_adapters:
+            return None
+        return self._live.adapter_version(candidate_slot(segment))
+
+    async def load_candidate_adapter(self, segment: str, adapter: CheckpointDir, version: int) -> float:
+        """Load `adapter` into `segment`'s candidate slot of the live engine; returns the load's seconds.
+        Raises the engine's AdapterUnusable / AdaptersUnsupported (the slot keeps what it held)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await self._live.update_adapter(candidate_slot(segment), adapter, version)
+        return loop.time() - start
+
+    async def drop_candidate_adapter(self, segment: str) -> int | None:
+        """Empty `segment`'s candidate slot (running responses on it finish); returns its version."""
+        version = self.candidate_adapter_version(segment)
+        if version is not None:
+            await self._live.update_adapter(candidate_slot(segment), None, self._live.version)
+        return version
+
+    async def promote_adapter(self, segment: str) -> int:
+        """`segment`'s candidate adapter serves every request of the segment, at once, with no load (the
+        slot is then empty; the segment's old adapter is unloaded once no response runs on it). Returns
+        its version. Raises NoCandidate."""
+        move = getattr(self._live, "move_adapter", None)
+        if move is None:
+            raise AdaptersUnsupported(f"{self._live.name} engine: no adapter slots to promote from")
+        try:
+            version = await move(candidate_slot(segment), segment)
+        except LookupError as exc:
+            raise NoCandidate(str(exc)) from None
+        log.info("segment %s: candidate adapter version %d promoted: it serves every user of the segment", segment, version)
+        return version

@@ -17,6 +17,8 @@ adapter)`, and supplies `_load_adapter` (load a checked directory under a new na
 AdapterUnusable and leave the others untouched if it cannot) and `_unload_adapter`. An adapter swap
 goes around the gate: nothing drains; the segment's entry is repointed once the new adapter is loaded,
 and each generation keeps the adapter it was admitted with (counted in the table) until it ends.
+`move_adapter` hands one key's loaded adapter to another key (the release gate promoting a segment's
+candidate adapter: no second load).
 
 Keep swaps (`engine.swap_mode = "keep"`): a backend that can continue running generations under new
 weights (recomputing their KV, naming the sampling version on each delta) sets `keeps_generations`
@@ -126,6 +128,18 @@ class GatedEngine:
             self._unload_if(self._adapters.point(segment, Lease(version, name)))
         # the segment's new requests were never held: the old adapter served them until the repoint
         return 0.0
+
+    async def move_adapter(self, source: str, target: str) -> int:
+        """Serve `target`'s new requests with the adapter loaded under `source` (a candidate slot), with
+        no load: `source` then names none, running generations keep the adapter they started with, and
+        `target`'s old adapter is unloaded once none runs on it. Returns the moved adapter's version.
+        Raises LookupError (nothing changed) if `source` holds no adapter."""
+        async with self._adapter_updates:
+            lease = self._adapters.current(source)
+            if lease is None:
+                raise LookupError(f"{self.name} engine: no adapter is loaded under {source!r}")
+            self._unload_if(self._adapters.move(source, target))
+            return lease.version
 
     def _release(self, lease: Lease) -> None:
         if self._adapters.release(lease):

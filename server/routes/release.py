@@ -1,6 +1,7 @@
 """The release gate's admin API: `GET /admin/release` (the mode of each lineage, the base lineage's
 candidate with its rated traffic against the live version's, its evaluation state and the gate's
-verdict now); `GET /admin/versions/{v}/evaluation` (a version's latest evaluation: each check's value
+verdict now, and under `lineages` the same for each gated segment's adapter lineage, with the adapter
+version serving it); `GET /admin/versions/{v}/evaluation` (a version's latest evaluation: each check's value
 against the live version's and the base model's, its bounds, pass or fail) and `GET /admin/evaluations`
 (the latest evaluation of each recent version, for the dashboard). Admin keys or the dashboard's
 session."""
@@ -13,7 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from liveloop.server.auth import Principal, require_admin
 from liveloop.server.errors import APIError
-from liveloop.server.gate import ReleaseState
+from liveloop.server.gate import CandidateState, ReleaseState
 from liveloop.store.records import EvaluationRecord, VersionTraffic
 
 router = APIRouter(prefix="/admin")
@@ -26,21 +27,30 @@ def _traffic(t: VersionTraffic) -> dict:
     }
 
 
+def _candidate(c: CandidateState | None) -> dict | None:
+    if c is None:
+        return None
+    return {
+        "version": c.version, "status": str(c.status), "loaded": c.loaded, "traffic": _traffic(c.traffic),
+        "live": _traffic(c.live_traffic), "evaluation": c.evaluation,
+        "decision": None if c.decision is None else {"action": c.decision.action, "reason": c.decision.reason, "p_worse": c.decision.p_worse},
+    }
+
+
 def release_json(state: ReleaseState | None, serving: int) -> dict:
     if state is None:  # no gate: immediate mode with the evaluation off
-        return {"object": "release", "mode": "immediate", "segments": {}, "serving": serving, "candidate": None, "evaluating": None, "gate": False}
-    candidate = None
-    if state.candidate is not None:
-        c = state.candidate
-        candidate = {
-            "version": c.version, "status": str(c.status), "loaded": c.loaded, "traffic": _traffic(c.traffic),
-            "live": _traffic(c.live_traffic), "evaluation": c.evaluation,
-            "decision": None if c.decision is None else {"action": c.decision.action, "reason": c.decision.reason, "p_worse": c.decision.p_worse},
+        return {
+            "object": "release", "mode": "immediate", "segments": {}, "serving": serving, "candidate": None, "evaluating": None,
+            "lineages": {}, "gate": False,
         }
+    lineages = {
+        lineage.segment: {"mode": lineage.mode, "serving": lineage.serving, "candidate": _candidate(lineage.candidate)}
+        for lineage in state.lineages
+    }
     return {
-        "object": "release", "mode": state.mode, "segments": {s: "immediate" for s in state.segment_modes},
+        "object": "release", "mode": state.mode, "segments": dict(state.segment_modes),
         "configured_segments": state.segment_modes, "canary_fraction": state.canary_fraction, "serving": state.serving,
-        "candidate": candidate, "evaluating": state.evaluating, "gate": True,
+        "candidate": _candidate(state.candidate), "evaluating": state.evaluating, "lineages": lineages, "gate": True,
     }
 
 

@@ -216,7 +216,7 @@ async def test_a_second_replica_mirrors_the_candidate_and_follows_its_promotion(
         await second.step()
         assert canary_engine.candidate_version == other.candidate_version == v1
         assert [await _serve(first, canary_engine, u) for u in USERS] == [await _serve(second, other, u) for u in USERS]
-        assert await first.publisher.promote_candidate(store.get_version(v1)) is not None
+        assert await first.candidates.promote(store.get_version(v1)) is not None
         followed = await second.publisher.follow()
         assert [r.version for r in followed] == [v1] and other.version == v1 and other.candidate_version is None
         assert {await _serve(second, other, u) for u in USERS} == {v1}
