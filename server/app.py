@@ -66,7 +66,7 @@ from liveloop.server.config import ServerConfig
 from liveloop.server.engines.base import Engine, create_engine
 from liveloop.server.engines.canary import CanaryEngine
 from liveloop.server.errors import install_handlers
-from liveloop.server.gate import ReleaseGate
+from liveloop.server.gate import ReleaseGate, gated_segments
 from liveloop.server.hosts import HostAllowList, allowed_hosts
 from liveloop.server.leader import Leadership
 from liveloop.server.operations import Operations
@@ -208,11 +208,13 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     transport = config.transport_for_store()
     receiver = make_receiver(transport) if transport.in_memory else None
     point = await start_point(store, latest, receiver, transport.durable_wait_seconds)
-    # 3. engine (with room for every segment's adapter, and as many old ones finishing a response)
+    # 3. engine (with room for every segment's adapter, and as many old ones finishing a response; a
+    # gated segment's candidate slot too, and its old one finishing)
     segments = lanes(config.learner)
     engine_config = config.engine
-    if segments and engine_config.max_adapters < 2 * len(segments):
-        engine_config = replace(engine_config, max_adapters=2 * len(segments))
+    room = 2 * len(segments) + 2 * len(gated_segments(config.release, segments, config.engine.backend))
+    if segments and engine_config.max_adapters < room:
+        engine_config = replace(engine_config, max_adapters=room)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     engine = create_engine(engine_config, model_dir)
     gated = wants_gate(config)
@@ -265,9 +267,10 @@ async def start_components(config: Config, model_dir: Path) -> Components:
 def wants_gate(config: Config) -> bool:
     """Whether this server runs the release gate (and so a candidate engine): a canary or gated mode, or
     immediate mode with `[release.evaluation] immediate` on (each new serving version evaluated, gating
-    nothing). Refuses a gated mode on the other backends (sglang's engine is a client of one SGLang
-    server: a second one would share its weights; a diffusion model is not a causal LM the evaluation
-    can score)."""
+    nothing), or a segment adapter lineage in a canary or gated mode. Refuses a gated mode on the other
+    backends (sglang's engine is a client of one SGLang server: a second one would share its weights; a
+    diffusion model is not a causal LM the evaluation can score), and a gated segment on a backend
+    without adapter slots (server/gate.py `gated_segments`: a ConfigError)."""
     evaluates_immediate = config.release.evaluation.enabled and config.release.evaluation.immediate
     if config.engine.backend not in GATED_BACKENDS:
         if config.release.mode != "immediate" or evaluates_immediate:
@@ -275,8 +278,10 @@ def wants_gate(config: Config) -> bool:
                 f"[release] mode = {config.release.mode!r} (or an evaluation in immediate mode) needs a second engine for the "
                 f"candidate and a causal LM to evaluate: backends {', '.join(GATED_BACKENDS)}, not {config.engine.backend}"
             )
+        gated_segments(config.release, lanes(config.learner), config.engine.backend)  # raises for a gated segment
         return False
-    return config.release.mode != "immediate" or evaluates_immediate
+    segments = gated_segments(config.release, lanes(config.learner), config.engine.backend)
+    return config.release.mode != "immediate" or evaluates_immediate or bool(segments)
 
 
 def evaluator(config: Config, tokenizer: Any, model_dir: Path, stop_token_ids: tuple[int, ...], store: Store) -> Any:
