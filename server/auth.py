@@ -126,10 +126,14 @@ def _split(value: str) -> set[str]:
 
 
 def _bearer(request: Request) -> str:
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
+    """The request's key: `Authorization: Bearer <key>` (OpenAI's clients), else `x-api-key: <key>`
+    (Anthropic's)."""
+    header = request.headers.get("authorization")
+    if header is None and (key := request.headers.get("x-api-key", "").strip()):
+        return key
+    scheme, _, key = (header or "").partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        raise APIError(401, "missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
+        raise APIError(401, "missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`", code="invalid_api_key")
     return key.strip()
 
 
@@ -163,7 +167,7 @@ def session_principal(request: Request) -> Principal | None:
 
 
 def require_admin(request: Request) -> Principal:
-    if "authorization" not in request.headers:
+    if "authorization" not in request.headers and "x-api-key" not in request.headers:
         principal = session_principal(request)
         if principal is not None:
             if request.method not in ("GET", "HEAD") and request.headers.get(CSRF_HEADER) != "1":

@@ -3,7 +3,11 @@ with the right status. Handlers turn validation and parsing failures into 400s, 
 domain exceptions (back-pressure, rate limits, a store that is down, a version that cannot be served)
 are mapped to HTTP here, in one table (`domain_table`), with `Retry-After` where waiting helps. Code
 below the routes raises those domain exceptions and never an HTTP status; an exception the table does
-not name is a bug: a 500."""
+not name is a bug: a 500.
+
+Anthropic's endpoint (`ANTHROPIC_PATHS`, POST /v1/messages) answers the same statuses in Anthropic's
+shape, `{"type": "error", "error": {"type", "message"}}`, its types by status (`_ANTHROPIC_TYPES`);
+every other route keeps OpenAI's."""
 
 from __future__ import annotations
 
@@ -33,6 +37,19 @@ _TYPES = {
     500: "server_error",
     503: "server_error",
 }
+
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)
 
 
 class APIError(Exception):
@@ -126,12 +143,25 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
 
 
+def anthropic_error_body(status: int, message: str) -> dict:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 def error_response(
-    status: int, message: str, param: str | None = None, code: str | None = None, retry_after: int | None = None
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    retry_after: int | None = None,
+    request: Request | None = None,
 ) -> JSONResponse:
+    """The error in the shape of the route `request` asked (Anthropic's for `ANTHROPIC_PATHS`, else OpenAI's)."""
     headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
     if status == 408:  # the rest of the request may still be on its way: this connection is done
         headers["connection"] = "close"
+    if request is not None and request.url.path in ANTHROPIC_PATHS:
+        return JSONResponse(anthropic_error_body(status, message), status_code=status, headers=headers)
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
@@ -149,32 +179,32 @@ def validation_message(exc: ValidationError | RequestValidationError) -> tuple[s
 
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code, exc.retry_after)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.retry_after, request)
 
-    async def _domain(_: Request, exc: Exception) -> JSONResponse:
+    async def _domain(request: Request, exc: Exception) -> JSONResponse:
         mapped = domain_error(exc)
         assert mapped is not None
-        return error_response(mapped.status, mapped.message, mapped.param, mapped.code, mapped.retry_after)
+        return error_response(mapped.status, mapped.message, mapped.param, mapped.code, mapped.retry_after, request)
 
     for cls, _ in domain_table():  # handled as answers, not as server errors (which close the connection)
         app.add_exception_handler(cls, _domain)
 
     @app.exception_handler(ValidationError)
-    async def _validation(_: Request, exc: ValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: ValidationError) -> JSONResponse:
         message, param = validation_message(exc)
-        return error_response(400, message, param, "invalid_value")
+        return error_response(400, message, param, "invalid_value", request=request)
 
     @app.exception_handler(RequestValidationError)
-    async def _request_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = validation_message(exc)
-        return error_response(400, message, param, "invalid_value")
+        return error_response(400, message, param, "invalid_value", request=request)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), request=request)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return error_response(500, "internal server error")
+        return error_response(500, "internal server error", request=request)

@@ -45,7 +45,7 @@ from liveloop.server.admission import Admission
 from liveloop.server.auth import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams, TokenDelta
-from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest
+from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest, MessagesRequest
 from liveloop.server.text import TextStream
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
 from liveloop.store.writer import WriterSlow
@@ -91,7 +91,7 @@ class LogFailed(RuntimeError):
 @dataclass(frozen=True)
 class Prepared:
     response_id: str
-    endpoint: str  # "chat" | "completion"
+    endpoint: str  # "chat" | "completion" | "messages"
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
     stops: list[str]
@@ -169,6 +169,7 @@ class Run:
     first_token_at: float | None = None
     ended: float | None = None
     committed: bool = False
+    stop_sequence: str | None = None  # the stop string that ended it (finish_reason "stop")
     spans: VersionSpans = field(init=False)
 
     def __post_init__(self) -> None:
@@ -226,19 +227,26 @@ class Serving:
         if model != self.model_name:
             raise UnknownModel(model)
 
-    async def prepare(self, req: ChatCompletionRequest | CompletionRequest, principal: Principal) -> Prepared:
+    async def prepare(self, req: ChatCompletionRequest | CompletionRequest | MessagesRequest, principal: Principal) -> Prepared:
         """`prepare_chat` / `prepare_completion` with the text's length checked here, before anything is
         rendered, and the rendering and tokenizing on the prompt thread: the event loop never does either."""
         self._check_model(req.model)
         self.check_chars(req)
-        work = self.prepare_chat if isinstance(req, ChatCompletionRequest) else self.prepare_completion
+        if isinstance(req, ChatCompletionRequest):
+            work = self.prepare_chat
+        elif isinstance(req, MessagesRequest):
+            work = self.prepare_messages
+        else:
+            work = self.prepare_completion
         return await asyncio.get_running_loop().run_in_executor(self._prompts, work, req, principal)
 
-    def check_chars(self, req: ChatCompletionRequest | CompletionRequest) -> None:
+    def check_chars(self, req: ChatCompletionRequest | CompletionRequest | MessagesRequest) -> None:
         """Refuse a text longer than `max_prompt_chars` (a cheap bound: the context holds fewer tokens
         than that), before the chat template or the tokenizer sees it."""
         if isinstance(req, ChatCompletionRequest):
             n, param = sum(len(m.text()) for m in req.messages), "messages"
+        elif isinstance(req, MessagesRequest):
+            n, param = len(req.system_text()) + sum(len(m.text()) for m in req.messages), "messages"
         elif isinstance(req.prompt, str):
             n, param = len(req.prompt), "prompt"
         else:
@@ -256,14 +264,31 @@ class Serving:
 
     def prepare_chat(self, req: ChatCompletionRequest, principal: Principal) -> Prepared:
         self._check_model(req.model)
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise InvalidRequest("this model has no chat template: use /v1/completions", "messages")
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        prompt_ids = self._chat_prompt(messages)
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else 0
-        return self._prepared("chat", "chatcmpl", prompt_ids, max_tokens, top, req, principal)
+        return self._prepared("chat", "chatcmpl", prompt_ids, max_tokens, top, req, principal, req.metadata, req.user)
+
+    def prepare_messages(self, req: MessagesRequest, principal: Principal) -> Prepared:
+        """Anthropic messages: the system prompt first, then the turns, through the same chat template;
+        `metadata.user_id` is who the canary routes by (as chat's `user`), and no segment tags."""
+        self._check_model(req.model)
+        system = req.system_text()
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": m.role, "content": m.text()} for m in req.messages
+        ]
+        prompt_ids = self._chat_prompt(messages)
+        return self._prepared("messages", "msg", prompt_ids, req.max_tokens, 0, req, principal, None, req.user())
+
+    def _chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise InvalidRequest("this model has no chat template: use /v1/completions", "messages")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # the template refuses this conversation (its roles' order, say): the request's fault
+            raise InvalidRequest(f"messages: the model's chat template refused them: {str(exc)[:200]}", "messages") from exc
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def prepare_completion(self, req: CompletionRequest, principal: Principal) -> Prepared:
         self._check_model(req.model)
@@ -273,16 +298,16 @@ class Serving:
             prompt_ids = list(req.prompt)
             if max(prompt_ids) >= self.vocab_size:
                 raise InvalidRequest(f"prompt: token ids must be < {self.vocab_size}", "prompt")
-        return self._prepared("completion", "cmpl", prompt_ids, req.max_tokens, req.logprobs or 0, req, principal)
+        return self._prepared("completion", "cmpl", prompt_ids, req.max_tokens, req.logprobs or 0, req, principal, req.metadata, req.user)
 
-    def _prepared(self, endpoint, prefix, prompt_ids, max_tokens, top, req, principal) -> Prepared:
+    def _prepared(self, endpoint, prefix, prompt_ids, max_tokens, top, req, principal, meta, user) -> Prepared:
         n_prompt = len(prompt_ids)
         if n_prompt == 0:
             raise InvalidRequest("the prompt is empty", "prompt")
         if n_prompt >= self.max_model_len:
             raise InvalidRequest(
                 f"this model's maximum context length is {self.max_model_len} tokens; the prompt has {n_prompt}",
-                "messages" if endpoint == "chat" else "prompt",
+                "prompt" if endpoint == "completion" else "messages",
                 code="context_length_exceeded",
             )
         room = self.max_model_len - n_prompt
@@ -307,17 +332,17 @@ class Serving:
             stop_token_ids=self.stop_token_ids,
         )
         return Prepared(
-            response_id=f"{prefix}-{uuid.uuid4().hex}",
+            response_id=f"{prefix}_{uuid.uuid4().hex}" if prefix == "msg" else f"{prefix}-{uuid.uuid4().hex}",
             endpoint=endpoint,
             prompt_ids=tuple(prompt_ids),
             sampling=sampling,
             stops=req.stops(),
             principal=principal,
-            meta=dict(req.metadata) if req.metadata else None,
+            meta=dict(meta) if meta else None,
             created=int(time.time()),
             store=req.store,
-            segment=self.route(req.metadata),
-            user=user_key(req.user, principal.key_id),
+            segment=self.route(meta),
+            user=user_key(user, principal.key_id),
         )
 
     # -- 2. admitted generation -> pieces ------------------------------------------------------------
@@ -369,6 +394,7 @@ class Serving:
             chunk = text.add(delta.token_ids)
             if text.stopped:
                 run.finish_reason = "stop"
+                run.stop_sequence = text.stop_sequence
             elif delta.finish_reason:
                 run.finish_reason = delta.finish_reason
                 chunk += text.finish()

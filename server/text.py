@@ -55,6 +55,7 @@ class TextStream:
         self.text = ""  # everything decoded so far, cut at a stop string
         self.emitted = 0  # characters of self.text already handed out
         self.stopped = False
+        self.stop_sequence: str | None = None  # the stop string the text was cut at
         self._prefix = 0  # ids[_prefix:_read] decode to the context the next window is read after
         self._read = 0  # ids before this are in self.text
 
@@ -93,6 +94,7 @@ class TextStream:
             if idx != -1:
                 self.text = self.text[:idx]
                 self.stopped = True
+                self.stop_sequence = s  # a later stop found in the shortened text cut earlier: it wins
 
     def _emit(self, upto: int) -> str:
         upto = max(upto, self.emitted)

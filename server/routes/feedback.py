@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from liveloop.server.auth import Principal, require_user
 from liveloop.server.body import parse_body
 from liveloop.server.errors import APIError
-from liveloop.server.schemas import FeedbackRequest
+from liveloop.server.protocol_feedback import FeedbackRequest
 from liveloop.server.serving import LogFailed
 from liveloop.store import FeedbackRecord, ResponseNotFound
 from liveloop.store.replicas import serving_by_version

@@ -494,12 +494,17 @@ AUTH_HEADERS = st.lists(
 
 
 def presented_key(headers: list[tuple[str, Any]]) -> str | None:
-    """The key the server should take from these headers: the first Authorization header, Bearer scheme."""
+    """The key the server should take from these headers: the first Authorization header, Bearer scheme;
+    without one, the first `x-api-key` header (Anthropic's clients)."""
     for name, value in headers:
         if name.lower() == "authorization":
             text = value.decode("latin-1") if isinstance(value, bytes) else value
             scheme, _, key = text.strip(" \t").partition(" ")
             return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+    for name, value in headers:
+        if name.lower() == "x-api-key":
+            text = value.decode("latin-1") if isinstance(value, bytes) else value
+            return text.strip() or None
     return None
 
 

@@ -97,7 +97,7 @@ def test_domain_exception_answers_its_status_and_openai_body(client, cls):
     assert r.status_code == status
     assert r.json() == {"error": {"message": message, "type": kind, "param": param, "code": code}}
     assert r.headers.get("retry-after") == retry_after
-    mapped = domain_error(exc)  # the same answer for a stream's error event (routes/openai.py)
+    mapped = domain_error(exc)  # the same answer for a stream's error event (server/streaming.py)
     assert (mapped.status, mapped.message, mapped.code, mapped.param) == (status, message, code, param)
 
 

@@ -1,4 +1,4 @@
-"""How a stream groups its pieces into writes (`routes.openai._gathered`): the first piece at once,
+"""How a stream groups its pieces into writes (`streaming._gathered`): the first piece at once,
 later ones together at most once per interval, the end at once, a failure after what came before
 it, and a reader that stops taking pieces while the client does not read."""
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from liveloop.server.routes.openai import MAX_UNSENT, _gathered
+from liveloop.server.streaming import MAX_UNSENT, _gathered
 from liveloop.server.serving import Piece
 
 

@@ -1,0 +1,26 @@
+"""liveloop's feedback request (POST /v1/feedback): a thumbs up or down for a response id from any
+generating endpoint (chat, completions, Anthropic messages)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+
+from liveloop.server.protocol_base import Text, _Strict
+
+
+class FeedbackRequest(_Strict):
+    response_id: Annotated[Text, Field(min_length=1, max_length=64)]
+    reward: int | str
+    comment: Annotated[Text, Field(max_length=4096)] | None = None
+
+    @field_validator("reward")
+    @classmethod
+    def _reward(cls, v: int | str) -> int:
+        if isinstance(v, bool):
+            raise ValueError("reward must be 0, 1, 'up' or 'down'")
+        table = {0: 0, 1: 1, "up": 1, "down": 0, "0": 0, "1": 1}
+        if v not in table:
+            raise ValueError("reward must be 0, 1, 'up' or 'down'")
+        return table[v]

@@ -1,0 +1,77 @@
+"""OpenAI completions (POST /v1/completions): the response and its stream's chunks (`text_completion`),
+logprobs in the legacy form (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`). A stream's
+`text_offset`s are offsets into the whole completion, continuing across its chunks, exactly the ones
+the whole response carries (`echo` is not served, so the prompt never counts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from liveloop.server.protocol_completions import CompletionRequest
+from liveloop.server.serving import Piece, Prepared, Run
+from liveloop.server.serving_openai import OpenAIFormat, usage
+from liveloop.server.streaming import EndpointServing, spans
+
+
+class CompletionFormat(OpenAIFormat):
+    object_name = "text_completion"
+    chunk_name = "text_completion"
+
+    def _logprobs_on(self) -> bool:
+        return self.req.logprobs is not None
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._offset = 0  # where the next streamed chunk's first token starts in the whole completion
+
+    def _logprobs(self, ids: list[int], lps: list[float], top: list | None, offset: int) -> tuple[dict | None, int]:
+        """The logprobs of these tokens, their `text_offset`s starting at `offset`; and the offset after them."""
+        if self.req.logprobs is None:
+            return None, offset
+        tok = self.serving.tokenizer
+        tokens = [tok.decode([t]) for t in ids]
+        offsets, pos = [], offset
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        tops = None
+        if self.req.logprobs:
+            tops = [{tok.decode([a]): alp for a, alp in (top[i] if top and i < len(top) else [])} for i in range(len(ids))]
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}, pos
+
+    def whole(self, run: Run) -> dict:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": run.text,
+            "logprobs": self._logprobs(run.token_ids, run.logprobs, run.top_logprobs, 0)[0],
+            "finish_reason": run.finish_reason,
+        }
+        body = {**self._head(run, self.object_name), "version_spans": spans(run), "choices": [choice], "usage": usage(run)}
+        if self.req.return_token_ids:
+            choice["token_ids"] = run.token_ids
+            body["prompt_token_ids"] = list(self.prepared.prompt_ids)
+        return body
+
+    def chunk(self, run: Run, piece: Piece) -> dict:
+        """One piece's chunk; called once per piece, in order (its offsets continue the previous chunk's)."""
+        logprobs, self._offset = self._logprobs(piece.token_ids, piece.logprobs, piece.top_logprobs, self._offset)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": piece.text,
+            "logprobs": logprobs,
+            "finish_reason": None,
+        }
+        if self.req.return_token_ids:
+            choice["token_ids"] = piece.token_ids
+        return {**self._head(run, self.chunk_name), "choices": [choice]}
+
+    def final_chunk(self, run: Run) -> dict:
+        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": run.finish_reason}
+        return {**self._head(run, self.chunk_name), "version_spans": spans(run), "choices": [choice]}
+
+
+class ServingCompletions(EndpointServing):
+    request_model = CompletionRequest
+
+    def format(self, req: CompletionRequest, prepared: Prepared) -> CompletionFormat:
+        return CompletionFormat(self.serving, req, prepared)

@@ -1,0 +1,291 @@
+"""The lifetime of one generating request, shared by every generating endpoint (OpenAI chat and
+completions, Anthropic messages): `EndpointServing.handle` parses, prepares and admits the request,
+then answers it whole or as a server-sent-event stream, in the endpoint's own format (a `Format`: the
+whole body, a stream's opening, text groups, error event and closing). The routes only dispatch.
+
+Every response carries its `id` (the key for feedback) and the policy version it was admitted at, in
+the body and in the header `x-liveloop-policy-version` (the header goes out before the first token,
+so it can only ever name the admitted version). A response (or the last event of a stream) is sent
+only after the response is durably logged.
+
+While a response is generated its id and key are in `Generating` (`app.state.generating`), so that
+DELETE /v1/responses/{id} can answer for a response whose row has not landed yet (its tombstone keeps
+the row out, store/rights.py). A forgotten key served under `[auth] forgotten_keys = "unstored"`
+(`Principal.unstored`) is served as if it had sent `store: false`.
+
+Streaming costs a write (a system call, a wake-up of the client) per event: a stream writes the first
+token at once, then what arrived since its last write at most every `Serving.stream_interval` seconds;
+the opening events go out with the first token, the last events in one write. A client that
+disconnects stops the generation (whole responses watch the connection; a stream's write fails), and
+the admitted generation is released however the response ends (`_ReleasingStream`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, ClassVar
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from liveloop.server.auth import Principal
+from liveloop.server.body import parse_body
+from liveloop.server.errors import domain_error
+from liveloop.server.serving import Piece, Prepared, Run, Serving
+
+log = logging.getLogger(__name__)
+VERSION_HEADER = "x-liveloop-policy-version"
+MAX_UNSENT = 16  # pieces a stream reads ahead of its client (see `_gathered`)
+
+
+class Generating:
+    """The responses this process is generating: id -> the key it is for (event-loop only)."""
+
+    def __init__(self) -> None:
+        self._owners: dict[str, str] = {}
+
+    @contextlib.contextmanager
+    def holding(self, response_id: str, key_id: str) -> Iterator[None]:
+        self._owners[response_id] = key_id
+        try:
+            yield
+        finally:
+            self._owners.pop(response_id, None)
+
+    def owner(self, response_id: str) -> str | None:
+        return self._owners.get(response_id)
+
+
+def json_text(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def spans(run: Run) -> list[dict[str, int]]:
+    """The response's `version_spans` as the API shows them."""
+    return [{"start": a, "end": b, "version": v} for a, b, v in run.spans.all()]
+
+
+class Format:
+    """The bodies of one endpoint for one request: `whole` (a complete response), and a stream's bytes:
+    `opening` (sent with the first text), `group` (the text pieces of one write; b"" sends nothing),
+    `error` (a failure after the status went out) and `closing` (after the response is logged)."""
+
+    wants_tokens = False  # a group needs the pieces' tokens, not only their text
+
+    def whole(self, run: Run) -> dict:
+        raise NotImplementedError
+
+    def opening(self, run: Run) -> bytes:
+        return b""
+
+    def group(self, run: Run, pieces: list[Piece]) -> bytes:
+        raise NotImplementedError
+
+    def error(self, status: int, message: str, code: str | None) -> bytes:
+        raise NotImplementedError
+
+    def closing(self, run: Run) -> bytes:
+        raise NotImplementedError
+
+
+class EndpointServing:
+    """One generating endpoint: its request model, its rate bucket and its `Format`."""
+
+    request_model: ClassVar[type]
+    rate_bucket: ClassVar[str] = "chat"
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.serving: Serving = request.app.state.serving
+        self.generating: Generating = request.app.state.generating
+
+    def format(self, req: Any, prepared: Prepared) -> Format:
+        raise NotImplementedError
+
+    async def handle(self, principal: Principal) -> Response:
+        serving = self.serving
+        serving.admission.check_rate(self.rate_bucket, principal.key_id)  # raises RateLimited (429)
+        req = await parse_body(self.request, self.request_model)
+        prepared = await serving.prepare(req, principal)  # length-checked on the loop, rendered and tokenized off it
+        if principal.unstored:  # a forgotten key under `forgotten_keys = "unstored"`: nothing of it is logged
+            prepared = dataclasses.replace(prepared, store=False)
+        fmt = self.format(req, prepared)
+        if req.stream:
+            return await self._stream(prepared, fmt)
+        with self.generating.holding(prepared.response_id, principal.key_id):
+            return await self._complete(prepared, fmt)
+
+    async def _complete(self, prepared: Prepared, fmt: Format) -> Response:
+        """A whole response. A client that disconnects meanwhile stops the generation (as a stream's does):
+        leaving `run` aborts the engine request and logs what was generated, finish_reason "abort"."""
+        async with self.serving.run(prepared) as run:
+            if not await _unless_disconnected(self.request, _drain(run)):
+                log.info("client of %s went away: generation stopped", prepared.response_id)
+                return Response(status_code=499)  # nobody reads it
+            await self.serving.commit(run)
+            return JSONResponse(fmt.whole(run), headers={VERSION_HEADER: str(run.version)})
+
+    async def _stream(self, prepared: Prepared, fmt: Format) -> StreamingResponse:
+        serving = self.serving
+        held = self.generating.holding(prepared.response_id, prepared.principal.key_id)
+        held.__enter__()
+        ctx = serving.run(prepared)
+        try:
+            run = await ctx.__aenter__()  # admitted now: the version goes out in the header
+        except BaseException:
+            held.__exit__(None, None, None)
+            raise
+        closed = False
+
+        async def release() -> None:
+            nonlocal closed
+            if not closed:
+                closed = True
+                try:
+                    with anyio.CancelScope(shield=True):  # a vanished client's cancellation must not cut the clean-up short
+                        await ctx.__aexit__(None, None, None)
+                finally:
+                    held.__exit__(None, None, None)
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                opening = fmt.opening(run)  # rides with the first write that has more (the headers went out)
+                try:
+                    # closed here, not by the garbage collector: its reader must stop before `release`
+                    async with contextlib.aclosing(_gathered(run, serving.stream_interval)) as groups:
+                        async for pieces in groups:
+                            if out := fmt.group(run, pieces):
+                                yield opening + out
+                                opening = b""
+                except Exception:  # the engine failed mid-stream: the status is sent, so say it in the stream
+                    log.exception("generation %s failed", prepared.response_id)
+                    yield opening + fmt.error(500, "the generation failed", "generation_failed")
+                    return
+                try:
+                    await serving.commit(run)
+                except Exception as exc:  # the store refused or is full: say so in the stream (the status is sent)
+                    mapped = domain_error(exc)
+                    if mapped is None:
+                        raise
+                    yield opening + fmt.error(mapped.status, mapped.message, mapped.code)
+                    return
+                yield opening + fmt.closing(run)
+            finally:
+                await release()
+
+        return _ReleasingStream(
+            events(),
+            release,
+            media_type="text/event-stream",
+            headers={VERSION_HEADER: str(run.version), "cache-control": "no-cache"},
+        )
+
+
+async def _drain(run: Run) -> None:
+    async for _ in run:
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Any) -> bool:
+    """Run `work` (a coroutine) while watching the connection: True when it finished; False when the
+    client disconnected first (then `work` is cancelled). Its failure is raised."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watcher):
+            t.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled():
+        return False
+    task.result()  # raises the generation's failure
+    return True
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body was read already: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _gathered(pieces: AsyncIterator[Piece], interval: float) -> AsyncIterator[list[Piece]]:
+    """The pieces of a generation in groups, each group one write to the client: the first piece at
+    once (the time to first token does not change), then whatever arrived since the last write, no
+    sooner than `interval` seconds after it, and the end at once. Every write is a system call and a
+    wake-up of the client, per token without grouping; 0 writes each piece as it comes.
+
+    A client that stops reading still holds the generation back: with `MAX_UNSENT` pieces waiting the
+    reader stops taking more, as a blocked write did before (a swap's drain deadline then ends it)."""
+    if interval <= 0:
+        async for piece in pieces:
+            yield [piece]
+        return
+    buffer: list[Piece] = []
+    arrived, finished, room = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    failure: list[Exception] = []  # reading the pieces failed: raised after the pieces read before it
+
+    async def pump() -> None:
+        try:
+            async for piece in pieces:
+                buffer.append(piece)
+                arrived.set()
+                while len(buffer) >= MAX_UNSENT:
+                    room.clear()
+                    await room.wait()
+        except Exception as exc:
+            failure.append(exc)
+        except asyncio.CancelledError:  # by the writer's clean-up, or else a failure of the generation
+            failure.append(RuntimeError("reading the generation was cancelled"))
+            raise
+        finally:  # the writer never waits for a reader that is gone
+            finished.set()
+            arrived.set()
+
+    reader = asyncio.get_running_loop().create_task(pump())
+    try:
+        while True:
+            await arrived.wait()
+            arrived.clear()
+            if buffer:
+                group, buffer[:] = list(buffer), []
+                room.set()
+                yield group
+            if finished.is_set() and not buffer:
+                if failure:
+                    raise failure[0]
+                return
+            with contextlib.suppress(TimeoutError):  # the interval passes, or the generation ends first
+                async with asyncio.timeout(interval):
+                    await finished.wait()
+    finally:
+        if not reader.done():
+            reader.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(reader, return_exceptions=True)
+
+
+class _ReleasingStream(StreamingResponse):
+    """Releases the admitted generation however the response ends, even if the client disconnects
+    before the body starts (then the body generator never runs its own `finally`). A body left
+    suspended at a write is closed first, so the reader of its pieces stops before the release
+    closes them."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Any, **kw: Any):
+        super().__init__(content, **kw)
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
+            await self._release()
