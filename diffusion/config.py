@@ -1,6 +1,8 @@
 """The BGPO job's configuration (`configs/bgpo.toml`): `[bgpo]` (the job), `[sampler]` (rollouts),
 `[store]` (where prompts, ratings, versions and rollouts live) and `[build]` (the tiny default, built when
 `bgpo.model_dir` names its missing directory). Unknown sections or keys fail at load, naming the key.
+The sampler's and the build's settings live here, not beside their torch code (sampler.py, sft.py
+import them from here), so that loading the job's config imports no torch.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from liveloop.config import check_literals, load_sections
-from liveloop.diffusion.sampler import SamplerConfig
-from liveloop.diffusion.sft import DiffusionBuildConfig
 from liveloop.diffusion.tasks import TASKS
 from liveloop.store.config import StoreConfig
 
@@ -25,6 +25,59 @@ Task = Literal[TASKS]  # the task names of diffusion/tasks.py
 
 def _f(default, help: str):
     return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    gen_length: int = _f(32, "Response positions generated (fixed; unused positions end as EOS).")
+    block_length: int = _f(8, "Positions per semi-autoregressive block (gen_length must be a multiple).")
+    steps: int = _f(32, "Denoising steps in all; a multiple of the number of blocks.")
+    temperature: float = _f(1.0, "Gumbel-max sampling temperature; 0 = greedy.")
+
+    def __post_init__(self) -> None:
+        if self.gen_length < 1 or self.block_length < 1 or self.steps < 1:
+            raise ValueError("gen_length, block_length and steps must be >= 1")
+        if self.gen_length % self.block_length:
+            raise ValueError(f"gen_length ({self.gen_length}) must be a multiple of block_length "
+                             f"({self.block_length})")
+        blocks = self.gen_length // self.block_length
+        if self.steps % blocks:
+            raise ValueError(f"steps ({self.steps}) must be a multiple of the number of blocks ({blocks})")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+
+
+@dataclass(frozen=True)
+class DiffusionBuildConfig:
+    out_dir: str = _f("models/liveloop-diffusion-tiny", "Directory the built model and tokenizer go to.")
+    seed: int = _f(0, "Seed of the data, the initial weights, the masks and the batch order.")
+    tasks: tuple[str, ...] = _f(("countdown", "sudoku"), "Tasks trained on (interleaved).")
+    num_examples: int = _f(20000, "Training problems generated.")
+    gen_length: int = _f(32, "Response length trained on (answer + EOS padding); the sampler's gen_length.")
+    hidden_size: int = _f(64, "Width of the residual stream.")
+    num_layers: int = _f(3, "Transformer layers (all global, bidirectional attention).")
+    num_heads: int = _f(4, "Attention heads.")
+    intermediate_size: int = _f(128, "MLP hidden size.")
+    train_steps: int = _f(1200, "Optimizer steps.")
+    batch_size: int = _f(32, "Sequences per optimizer step.")
+    learning_rate: float = _f(5e-3, "Peak AdamW learning rate (linear warmup, cosine decay to 10%).")
+    eval_problems: int = _f(32, "Held-out problems whose greedy reward is recorded after the build.")
+
+    def __post_init__(self) -> None:
+        for name in ("num_examples", "gen_length", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                     "train_steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DiffusionBuildConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.learning_rate <= 0:
+            raise ValueError("DiffusionBuildConfig.learning_rate must be > 0")
+        for t in self.tasks:
+            if t not in TASKS:
+                raise ValueError(f"DiffusionBuildConfig.tasks: unknown task {t!r} (known: {', '.join(TASKS)})")
+
+    def sampler(self) -> SamplerConfig:
+        """The sampler setting the build evaluates with (one token per step, blocks of 8)."""
+        return SamplerConfig(gen_length=self.gen_length, block_length=min(8, self.gen_length),
+                             steps=self.gen_length, temperature=0.0)
 
 
 @dataclass(frozen=True)

@@ -14,36 +14,13 @@ committed token's logprob at commit time is recorded (a decode-time score, not a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from liveloop.diffusion.config import SamplerConfig  # the setting lives in the torch-free config module
 from liveloop.diffusion.model import MaskedDiffusionLM
-
-
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass(frozen=True)
-class SamplerConfig:
-    gen_length: int = _f(32, "Response positions generated (fixed; unused positions end as EOS).")
-    block_length: int = _f(8, "Positions per semi-autoregressive block (gen_length must be a multiple).")
-    steps: int = _f(32, "Denoising steps in all; a multiple of the number of blocks.")
-    temperature: float = _f(1.0, "Gumbel-max sampling temperature; 0 = greedy.")
-
-    def __post_init__(self) -> None:
-        if self.gen_length < 1 or self.block_length < 1 or self.steps < 1:
-            raise ValueError("gen_length, block_length and steps must be >= 1")
-        if self.gen_length % self.block_length:
-            raise ValueError(f"gen_length ({self.gen_length}) must be a multiple of block_length "
-                             f"({self.block_length})")
-        blocks = self.gen_length // self.block_length
-        if self.steps % blocks:
-            raise ValueError(f"steps ({self.steps}) must be a multiple of the number of blocks ({blocks})")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,49 +24,13 @@ from tqdm.auto import tqdm
 
 from liveloop.checkpoint import save_atomically
 from liveloop.diffusion import tasks
+from liveloop.diffusion.config import DiffusionBuildConfig, SamplerConfig  # torch-free settings
 from liveloop.diffusion.model import MaskedDiffusionLM, TinyModelConfig, tiny_model
-from liveloop.diffusion.sampler import SamplerConfig, generate
+from liveloop.diffusion.sampler import generate
 from liveloop.diffusion.tokenizer import build_tokenizer
 
 BUILD_RECORD = "liveloop_diffusion_build.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", BUILD_RECORD)
-
-
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass(frozen=True)
-class DiffusionBuildConfig:
-    out_dir: str = _f("models/liveloop-diffusion-tiny", "Directory the built model and tokenizer go to.")
-    seed: int = _f(0, "Seed of the data, the initial weights, the masks and the batch order.")
-    tasks: tuple[str, ...] = _f(("countdown", "sudoku"), "Tasks trained on (interleaved).")
-    num_examples: int = _f(20000, "Training problems generated.")
-    gen_length: int = _f(32, "Response length trained on (answer + EOS padding); the sampler's gen_length.")
-    hidden_size: int = _f(64, "Width of the residual stream.")
-    num_layers: int = _f(3, "Transformer layers (all global, bidirectional attention).")
-    num_heads: int = _f(4, "Attention heads.")
-    intermediate_size: int = _f(128, "MLP hidden size.")
-    train_steps: int = _f(1200, "Optimizer steps.")
-    batch_size: int = _f(32, "Sequences per optimizer step.")
-    learning_rate: float = _f(5e-3, "Peak AdamW learning rate (linear warmup, cosine decay to 10%).")
-    eval_problems: int = _f(32, "Held-out problems whose greedy reward is recorded after the build.")
-
-    def __post_init__(self) -> None:
-        for name in ("num_examples", "gen_length", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                     "train_steps", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"DiffusionBuildConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.learning_rate <= 0:
-            raise ValueError("DiffusionBuildConfig.learning_rate must be > 0")
-        for t in self.tasks:
-            if t not in tasks.TASKS:
-                raise ValueError(f"DiffusionBuildConfig.tasks: unknown task {t!r} (known: {', '.join(tasks.TASKS)})")
-
-    def sampler(self) -> SamplerConfig:
-        """The sampler setting the build evaluates with (one token per step, blocks of 8)."""
-        return SamplerConfig(gen_length=self.gen_length, block_length=min(8, self.gen_length),
-                             steps=self.gen_length, temperature=0.0)
 
 
 def ensure_diffusion_model(cfg: DiffusionBuildConfig, out_dir: str | Path | None = None,

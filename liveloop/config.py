@@ -13,16 +13,23 @@ component defines its own dataclass next to its code and receives only that sect
 - Presets: `resolve_config(x)` takes a preset name or a path. A name (no "/", no ".toml") is
   `configs/<name>.toml` of this repository, found from any working directory (`default`, `production`,
   `bgpo`, `drift`, `drift_experiment`, `tuned_learner`, ...); anything else is a path. The CLI's
-  `--config` accepts both.
+  `--config` accepts both. configs/ installs as the package data of `liveloop.configs`, and
+  `CONFIG_DIR` is found with importlib.resources: the same names work from a checkout, an editable
+  install and an installed wheel.
+- Weight: loading a config imports no torch (nor any engine or trainer): the section dataclasses live
+  in torch-free modules (tests/unit/test_config.py checks every preset in a fresh interpreter).
 - `extends`: a file may start with `extends = "NAME"` (or a path, relative to the file): that file is
   read first and this file's own values are merged over it, table by table (arrays are replaced whole).
   So a preset lives in one file and is referred to by name, never copied (`configs/tuned_learner.toml`).
-  Relative paths inside a config (models/, data/) stay relative to the directory liveloop runs in.
+  Relative paths inside a config (data/) stay relative to the directory liveloop runs in; a model path
+  (`[engine] model`, `[model] out_dir`) is read by `liveloop.home.model_path` (outside a checkout the
+  default model lives in the user's cache, `$LIVELOOP_HOME` or ~/.cache/liveloop).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import tomllib
 import types
 import typing
@@ -43,8 +50,14 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# the repository's configs/ folder (liveloop/ sits next to it)
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+def _preset_dir() -> Path:
+    """The presets' folder: the package `liveloop.configs` (the repository's configs/ in a checkout or an
+    editable install; site-packages/liveloop/configs from a wheel)."""
+    return Path(str(importlib.resources.files("liveloop.configs")))
+
+
+CONFIG_DIR = _preset_dir()
 
 
 class ConfigError(ValueError):
@@ -54,7 +67,7 @@ class ConfigError(ValueError):
 # -- presets and files -----------------------------------------------------------------------------
 
 def presets() -> list[str]:
-    """The preset names: every configs/<name>.toml of the repository."""
+    """The preset names: every configs/<name>.toml (the package data of `liveloop.configs`)."""
     return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 
 

@@ -213,3 +213,65 @@ def test_server_watch_interval_is_its_own_setting():
     assert load_config(text="").server.watch_seconds == 0.1
     with pytest.raises(ConfigError, match="server: watch_seconds must be > 0"):
         load_config(text="[server]\nwatch_seconds = 0\n")
+
+
+# -- weight: loading a config imports no torch -----------------------------------------------------
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+_LOADERS = {  # the loader of every kind of preset (test_every_preset_loads_with_its_loader names them per preset)
+    "liveloop.config:load_config": ("default", "production", "tuned_learner", "step_control", "segment_adapters", "live_swaps", "ray"),
+    "liveloop.diffusion.config:load_bgpo_config": ("bgpo",),
+    "liveloop.clients.scenario:load_scenario": ("drift", "sycophancy"),
+    "liveloop.experiments.drift:load_experiment": ("drift_experiment", "stability_experiment", "drift_long", "stability_adapters"),
+    "liveloop.release.suite:load_suite": ("evaluation_default",),
+}
+
+_NO_TORCH = """
+import importlib, sys
+loaders = {loaders!r}
+for where, names in loaders.items():
+    module, name = where.split(":")
+    load = getattr(importlib.import_module(module), name)
+    for preset in names:
+        assert load(preset) is not None, preset
+heavy = sorted(m for m in ("torch", "transformers", "vllm", "ray", "peft", "deepspeed") if m in sys.modules)
+assert not heavy, heavy
+"""
+
+
+def test_loading_any_preset_imports_no_torch(tmp_path):
+    """Every preset by name, with its loader, in a fresh interpreter (from another directory): no torch,
+    no transformers, no engine. A CLI's --help and a config check must not pay for them."""
+    assert {p for names in _LOADERS.values() for p in names} == set(presets()), "a new preset: add its loader here"
+    code = _NO_TORCH.format(loaders=_LOADERS)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_cli_help_and_config_check_import_no_torch(tmp_path):
+    code = """
+import contextlib, io, sys
+from liveloop.cli import main
+for argv in (["--help"], ["serve", "--help"], ["model", "init", "--help"]):
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            main(argv)
+        except SystemExit as exc:
+            assert exc.code == 0, (argv, exc.code)
+    assert "usage: liveloop" in out.getvalue(), argv
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    assert main(["config", "--config", "production"]) == 0
+assert '"engine"' in out.getvalue()
+assert "torch" not in sys.modules and "transformers" not in sys.modules
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_config_dir_is_package_data_of_liveloop_configs():
+    import importlib.resources
+
+    assert CONFIG_DIR == Path(str(importlib.resources.files("liveloop.configs")))
+    assert {p.name for p in CONFIG_DIR.glob("*.toml")} == {f"{name}.toml" for name in presets()}
