@@ -1,6 +1,6 @@
 """The `liveloop` command line: serving, the model, the store, learning, and operating.
 
-Commands: serve, model init, store migrate/stats, learn, critic pretrain, chat, and the operator's
+Commands: serve, config, model init, store migrate/stats, learn, critic pretrain, chat, and the operator's
 versions, rollback, learning pause/resume, adapters and report drift (`operator_cli`); bgpo build/train
 (`liveloop.diffusion.cli`); simulate and experiment drift/stability (`liveloop.experiments.cli`).
 
@@ -25,6 +25,7 @@ from liveloop import operator_cli
 from liveloop.diffusion import cli as bgpo_cli
 from liveloop.experiments import cli as experiments_cli
 from liveloop.config import Config, ConfigError, load_config
+from liveloop.home import model_path
 from liveloop.store.store import SchemaNotReady
 
 DEFAULT_CONFIG = "default"  # the preset configs/default.toml
@@ -36,16 +37,18 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _model_dir(config: Config, build: bool = True) -> Path:
-    """The engine's checkpoint directory; the embedded default is built when missing."""
+    """The engine's checkpoint directory (read by `liveloop.home.model_path`, as `model init` reads
+    model.out_dir); the embedded default is built when missing."""
     from liveloop.model.build import ensure_model
 
-    path = Path(config.engine.model)
+    path = model_path(config.engine.model)
     if (path / "config.json").exists():
         return path
-    if build and path == Path(config.model.out_dir):
+    if build and path == model_path(config.model.out_dir):
         print(f"[liveloop] building the default model into {path} (once; a few minutes)", file=sys.stderr)
         return ensure_model(config.model, path)
-    raise ConfigError(f"engine.model: {path} is not a Hugging Face checkpoint directory (no config.json)")
+    where = "" if str(path) == config.engine.model else f" (looked in {path})"
+    raise ConfigError(f"engine.model: {config.engine.model} is not a Hugging Face checkpoint directory (no config.json){where}")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -121,12 +124,26 @@ def cmd_critic_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    """Check a deployment config (every section typed, as `serve` loads it; no torch, no model) and print
+    it as liveloop reads it (`extends` merged), or list the presets."""
+    from liveloop.config import CONFIG_DIR, presets, read_toml, resolve_config
+
+    if args.presets:
+        print(json.dumps({"dir": str(CONFIG_DIR), "presets": presets()}, indent=2))
+        return 0
+    config = _config(args)
+    print(json.dumps({"config": str(resolve_config(args.config)), "model": str(model_path(config.engine.model)),
+                      "sections": read_toml(args.config)}, indent=2, default=str))
+    return 0
+
+
 def cmd_model_init(args: argparse.Namespace) -> int:
     from liveloop.model.build import build_model, ensure_model
 
     config = _config(args)
     model = config.model if args.seed is None else dataclasses.replace(config.model, seed=args.seed)
-    out = Path(args.out or config.model.out_dir)
+    out = Path(args.out) if args.out else model_path(config.model.out_dir)  # where serve looks for it
     path = build_model(model, out) if args.force else ensure_model(model, out)
     print(path)
     return 0
@@ -210,10 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-store", action="store_true", help="fit on rated responses already in the store")
     p.set_defaults(func=cmd_critic_pretrain)
 
+    p = sub.add_parser("config", help="check a deployment config and print it as read (extends merged), or list the presets")
+    config_option(p)
+    p.add_argument("--presets", action="store_true", help="list the preset names (and where they are) instead")
+    p.set_defaults(func=cmd_config)
+
     model = sub.add_parser("model", help="the embedded default model").add_subparsers(dest="model_cmd", required=True)
     p = model.add_parser("init", help="build the tiny default model (tokenizer + MoE + brief training)")
     config_option(p)
-    p.add_argument("--out", help="output directory (default: model.out_dir)")
+    p.add_argument("--out", help="output directory (default: model.out_dir; outside a checkout under $LIVELOOP_HOME or ~/.cache/liveloop)")
     p.add_argument("--force", action="store_true", help="rebuild even if it exists")
     p.add_argument("--seed", type=int, help="another build of the same model (default: model.seed)")
     p.set_defaults(func=cmd_model_init)
