@@ -1,4 +1,4 @@
-"""Forget that reaches the weights, planned and run against real SQLite and PostgreSQL, a real hf
+"""server/forgetting.py: forget that reaches the weights, planned and run against real SQLite and PostgreSQL, a real hf
 engine (models/liveloop-tiny) and the real publisher: the plan finds the first version that trained the
 key's first rating, rolls back to the newest servable version before it (passing over one whose
 checkpoint retention deleted), counts everyone else's ratings to train again; a dry run changes
@@ -17,20 +17,11 @@ from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
 from liveloop.server.forgetting import Forgetting, plan_forget
 from liveloop.server.publisher import Publisher
-from liveloop.store import FeedbackRecord, ResponseRecord, StaleLineage, Store, StoreConfig, VersionStatus
+from liveloop.store import FeedbackRecord, ResponseRecord, StaleLineage, Store, VersionStatus
 from liveloop.store.rights import KeyNotFound
 
 S = VersionStatus
 PLANTED, OTHER = "a" * 16, "b" * 16
-
-
-@pytest.fixture
-def store(store_url, model_dir):
-    s = Store(StoreConfig(url=store_url))
-    s.migrate()
-    s.ensure_base_version(str(Path(model_dir).resolve()))
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")
