@@ -41,3 +41,19 @@ def test_liveloop_home_wins_for_relative_paths_and_absolute_paths_stay(tmp_path,
     assert model_path(DEFAULT) == tmp_path / "home" / DEFAULT
     assert model_path(tmp_path / "m") == tmp_path / "m"
     assert model_path("~/m") == Path.home() / "m"
+
+
+def test_the_bgpo_job_reads_its_model_paths_the_same_way(tmp_path, monkeypatch):
+    from liveloop.diffusion.cli import with_model_paths
+    from liveloop.diffusion.config import load_bgpo_config
+
+    monkeypatch.delenv(HOME_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    job = load_bgpo_config("bgpo")
+    monkeypatch.chdir(ROOT)
+    assert with_model_paths(job) == job  # in the checkout: as written
+    monkeypatch.chdir(tmp_path)
+    moved = with_model_paths(job)
+    cached = str(tmp_path / "cache" / "liveloop" / "models" / "liveloop-diffusion-tiny")
+    assert moved.bgpo.model_dir == moved.build.out_dir == cached  # built where the job then loads it
+    assert moved.bgpo.out_dir == job.bgpo.out_dir  # the job's own data stays in the working directory
