@@ -1,6 +1,6 @@
 """The `liveloop` command line: serving, the model, the store, learning, and operating.
 
-Commands: serve, config, model init, store migrate/stats, learn, critic pretrain, chat, and the operator's
+Commands: serve, config, model init, store migrate/stats/export, offline kto, learn, critic pretrain, chat, and the operator's
 versions, rollback, learning pause/resume, adapters and report drift (`operator_cli`); bgpo build/train
 (`liveloop.diffusion.cli`); simulate and experiment drift/stability (`liveloop.experiments.cli`).
 
@@ -172,6 +172,36 @@ def cmd_store_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_store_export(args: argparse.Namespace) -> int:
+    """The versioned feedback as a dataset (liveloop/store/export.py): streamed, written atomically."""
+    from liveloop.store import Store
+    from liveloop.store.export import export, to_filter
+    from liveloop.store.export_text import TokenText
+
+    config = _config(args)
+    filt = to_filter(args.since, args.until, args.versions, args.segments, args.keys)  # bad filters: exit 2 before any work
+    text = None if args.shape == "raw" else TokenText(args.model or _model_dir(config, build=False))
+    store = Store(dataclasses.replace(config.store, url=args.url) if args.url else config.store)
+    try:
+        store.require_schema()
+        result = export(store, args.out, args.format, args.shape, filt, text=text, prompt_form=args.prompt)
+    finally:
+        store.close()
+    print(json.dumps(result.as_dict()))
+    return 0
+
+
+def cmd_offline_kto(args: argparse.Namespace) -> int:
+    """TRL's KTOTrainer on an export, saving a checkpoint POST /admin/weights takes (liveloop/offline.py)."""
+    from liveloop.offline import OfflineKTO, train_kto
+
+    model = args.model or str(_model_dir(_config(args), build=False))
+    job = OfflineKTO(data=args.data, model=model, out=args.out, lora=args.lora, steps=args.steps, lr=args.lr,
+                     beta=args.beta, batch_size=args.batch_size, seed=args.seed, device=args.device)
+    print(json.dumps(train_kto(job).as_dict()))
+    return 0
+
+
 def _client(args: argparse.Namespace):
     from liveloop.clients import LiveloopClient
 
@@ -249,6 +279,39 @@ def build_parser() -> argparse.ArgumentParser:
     config_option(p)
     p.add_argument("--url", help="override store.url")
     p.set_defaults(func=cmd_store_stats)
+    p = store.add_parser("export", help="the rated responses as a dataset (Parquet or JSONL) for offline trainers")
+    config_option(p)
+    p.add_argument("--url", help="override store.url")
+    p.add_argument("--format", choices=["parquet", "jsonl"], default="parquet", help="file format (default: %(default)s)")
+    p.add_argument("--shape", choices=["kto", "preference", "sft", "raw"], default="kto",
+                   help="kto: prompt, completion, label; preference: prompt, chosen, rejected; sft: up-rated messages; "
+                        "raw: token ids, behaviour logprobs, versions, spans (default: %(default)s)")
+    p.add_argument("--out", required=True, help="output file (written under a temporary name, renamed when complete)")
+    p.add_argument("--since", help="ratings given at or after this ISO 8601 time (UTC unless it says)")
+    p.add_argument("--until", help="ratings given before this ISO 8601 time")
+    p.add_argument("--versions", help="responses served by these policy versions: 3,5-9")
+    p.add_argument("--segments", help="responses served by these adapter segments: a,b")
+    p.add_argument("--keys", help="ratings given by these key ids (digests, as the admin API shows them): id,...")
+    p.add_argument("--prompt", choices=["messages", "text"], default="messages",
+                   help="messages: chat messages (rows whose prompt is not a chat prompt are left out); "
+                        "text: the templated prompt text the model saw, every row (default: %(default)s)")
+    p.add_argument("--model", help="the served model's directory, to decode token ids (default: engine.model)")
+    p.set_defaults(func=cmd_store_export)
+
+    offline = sub.add_parser("offline", help="offline training on an export").add_subparsers(dest="offline_cmd", required=True)
+    p = offline.add_parser("kto", help="TRL's KTOTrainer on a kto export; writes a checkpoint POST /admin/weights takes")
+    config_option(p)
+    p.add_argument("--data", required=True, help="a `store export --shape kto` file (.parquet or .jsonl)")
+    p.add_argument("--model", help="the model to start from: the served model's directory (default: engine.model)")
+    p.add_argument("--out", required=True, help="the checkpoint directory to write (must not exist or be empty)")
+    p.add_argument("--lora", action="store_true", help="train a LoRA adapter, merged into full weights before saving")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=5e-6, help="learning rate (default: %(default)s; LoRA wants ~1e-4)")
+    p.add_argument("--beta", type=float, default=0.1, help="KTO's beta (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=4, help="examples per step (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda where present (default: %(default)s)")
+    p.set_defaults(func=cmd_offline_kto)
 
     p = sub.add_parser("chat", help="chat interactively and rate replies")
     config_option(p)
@@ -275,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.command in ("serve", "model", "learn", "critic", "bgpo"):
+    if args.command in ("serve", "model", "learn", "critic", "bgpo", "offline"):
         import torch
 
         torch.set_num_threads(1)  # two threads under contention are 10-30x slower on these machines

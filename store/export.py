@@ -1,0 +1,423 @@
+"""The versioned feedback as a dataset offline trainers read directly (`liveloop store export`).
+
+One row per trainable rating: a rating (`feedback`) joined to the response it rates. What is never
+exported, whatever the filters say: ratings given by, or on responses served to, a quarantined or
+forgotten key (`api_keys`), and responses with a deletion tombstone (`deleted_responses`). Deleted and
+forgotten data is otherwise already gone from the tables (store/rights.py), and a `store: false`
+request is never logged (server/serving.py `commit`), so neither can appear.
+
+Shapes (`SHAPES`), each with metadata columns a trainer ignores (response_id, policy_version, rated_at):
+  - `kto`: TRL's unpaired preference format, `prompt`, `completion`, `label` (True: thumbs up).
+  - `preference`: `prompt`, `chosen`, `rejected` where one prompt (the same prompt token ids on the same
+    endpoint) has both an up- and a down-rated response: each down-rated response, in rating order, is
+    paired with the prompt's up-rated responses in rating order, cycling (down k with up k mod #ups).
+    (A response has one rating, its own key's, so a pair never holds one response twice.)
+  - `sft`: `messages` (the prompt and the up-rated reply) of up-rated responses only.
+  - `raw`: everything the learner reads: token ids, behaviour logprobs, policy version, version spans,
+    segment, the rater's key id (the digest, never the key), reward, timestamps.
+The trainer shapes need text: the store keeps token ids, so they are decoded with the served model's
+tokenizer (`export_text.TokenText`). `prompt_form="messages"` (TRL's conversational format) reads a chat
+prompt back into its messages and leaves out rows whose prompt does not read back (/v1/completions
+rows), counting them in `ExportResult.skipped`; `"text"` (TRL's standard format) exports every row's
+prompt as the exact templated text the model saw.
+
+Streamed in constant memory: ratings are read in pages by feedback id (keyset pagination, one short
+read transaction a page), `preference` in one streamed query ordered by prompt (only one prompt's
+ratings are held at a time); Parquet goes out in row groups of `row_group` rows through
+`pyarrow.parquet.ParquetWriter`, JSONL line by line. The file is written under a temporary name in the
+output's directory and renamed at the end, so a failed export leaves no file and never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from sqlalchemy import and_, exists, func, not_, or_, select
+from sqlalchemy.orm import aliased
+
+from liveloop.store.codec import decode_floats, decode_ids
+from liveloop.store.models import ApiKey, DeletedResponse, Feedback, Response
+
+Shape = Literal["kto", "preference", "sft", "raw"]
+Format = Literal["parquet", "jsonl"]
+PromptForm = Literal["messages", "text"]
+SHAPES: tuple[str, ...] = ("kto", "preference", "sft", "raw")
+FORMATS: tuple[str, ...] = ("parquet", "jsonl")
+PROMPT_FORMS: tuple[str, ...] = ("messages", "text")
+PAGE = 1000  # ratings read per keyset page
+
+
+class ExportError(ValueError):
+    """An export that cannot run as asked (a bad filter, an output path that cannot be written)."""
+
+
+@dataclass(frozen=True)
+class ExportFilter:
+    """Which ratings to export; None: no bound. Times bound when the rating was last given (rated_at),
+    inclusive since, exclusive until. `keys`: the raters' key ids (digests). `segments`: the adapter
+    segments that served the responses."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    versions: frozenset[int] | None = None
+    segments: frozenset[str] | None = None
+    keys: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class RatedRow:
+    """One trainable rating with the response it rates, as the export reads them."""
+
+    feedback_id: int
+    response_id: str
+    key_id: str
+    reward: int
+    rated_at: datetime
+    created_at: datetime
+    policy_version: int
+    version_spans: tuple[tuple[int, int, int], ...] | None
+    segment: str | None
+    endpoint: str
+    finish_reason: str
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    behavior_logprobs: np.ndarray
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: str
+    format: str
+    shape: str
+    rows: int
+    ratings_read: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "format": self.format, "shape": self.shape, "rows": self.rows,
+                "ratings_read": self.ratings_read, "skipped": dict(self.skipped), "seconds": round(self.seconds, 3)}
+
+
+# -- reading ------------------------------------------------------------------------------------------
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _select(filt: ExportFilter) -> Any:
+    rater, owner = aliased(ApiKey), aliased(ApiKey)
+    rated_at = func.coalesce(Feedback.updated_at, Feedback.created_at)
+    allowed = lambda key: or_(key.key_id.is_(None), and_(key.quarantined.is_(False), key.forgotten_at.is_(None)))  # noqa: E731
+    q = (
+        select(
+            Feedback.id, Feedback.response_id, Feedback.api_key_id, Feedback.reward, Feedback.created_at, Feedback.updated_at,
+            Response.created_at, Response.policy_version, Response.version_spans, Response.segment, Response.endpoint,
+            Response.finish_reason, Response.prompt_ids, Response.response_ids, Response.behavior_logprobs,
+        )
+        .join(Response, Response.id == Feedback.response_id)
+        .outerjoin(rater, rater.key_id == Feedback.api_key_id)
+        .outerjoin(owner, owner.key_id == Response.api_key_id)
+        .where(allowed(rater), allowed(owner))
+        .where(not_(exists().where(DeletedResponse.response_id == Response.id)))
+    )
+    if filt.since is not None:
+        q = q.where(rated_at >= _utc(filt.since))
+    if filt.until is not None:
+        q = q.where(rated_at < _utc(filt.until))
+    if filt.versions is not None:
+        q = q.where(Response.policy_version.in_(sorted(filt.versions)))
+    if filt.segments is not None:
+        q = q.where(Response.segment.in_(sorted(filt.segments)))
+    if filt.keys is not None:
+        q = q.where(Feedback.api_key_id.in_(sorted(filt.keys)))
+    return q
+
+
+def _row(r: Any) -> RatedRow:
+    spans = tuple((int(a), int(b), int(v)) for a, b, v in r[8]) if r[8] else None
+    return RatedRow(
+        feedback_id=r[0], response_id=r[1], key_id=r[2], reward=int(r[3]), rated_at=_utc(r[5] or r[4]), created_at=_utc(r[6]),
+        policy_version=r[7], version_spans=spans, segment=r[9], endpoint=r[10], finish_reason=r[11],
+        prompt_ids=decode_ids(r[12]), response_ids=decode_ids(r[13]), behavior_logprobs=decode_floats(r[14]),
+    )
+
+
+def rated_rows(store: Any, filt: ExportFilter = ExportFilter(), page: int = PAGE) -> Iterator[RatedRow]:
+    """Every exportable rating in feedback-id order, `page` at a time (keyset on the id)."""
+    base, after = _select(filt), 0
+    while True:
+        with store._session() as s:
+            rows = s.execute(base.where(Feedback.id > after).order_by(Feedback.id).limit(page)).all()
+        if not rows:
+            return
+        for r in rows:
+            yield _row(r)
+        after = rows[-1][0]
+
+
+def rated_rows_by_prompt(store: Any, filt: ExportFilter = ExportFilter(), page: int = PAGE) -> Iterator[RatedRow]:
+    """Every exportable rating ordered by (endpoint, prompt token ids, feedback id): one prompt's ratings
+    are contiguous. One streamed query (a server-side cursor on PostgreSQL), `page` rows a fetch."""
+    q = _select(filt).order_by(Response.endpoint, Response.prompt_ids, Feedback.id).execution_options(yield_per=page)
+    with store._session() as s:
+        for r in s.execute(q):
+            yield _row(r)
+
+
+# -- shapes -------------------------------------------------------------------------------------------
+class Skips(dict):
+    def add(self, reason: str) -> None:
+        self[reason] = self.get(reason, 0) + 1
+
+
+class Shaper:
+    """Rated rows -> the output rows of one shape (dicts named by the schema's columns)."""
+
+    def __init__(self, shape: str, text: Any, prompt_form: str):
+        if shape != "raw" and text is None:
+            raise ExportError(f"shape {shape!r} needs the served model's tokenizer to decode token ids")
+        self.shape, self.text, self.form = shape, text, prompt_form
+        self.skipped = Skips()
+
+    def rows(self, rated: Iterable[RatedRow]) -> Iterator[dict[str, Any]]:
+        if self.shape == "raw":
+            return (_raw(r) for r in rated)
+        if self.shape == "preference":
+            return self._pairs(rated)
+        return self._single(rated)
+
+    def _prompt(self, r: RatedRow) -> Any:
+        text = self.text.text(r.prompt_ids)
+        if self.form == "text":
+            return text
+        messages = self.text.messages(text) if r.endpoint == "chat" else None
+        if messages is None:
+            self.skipped.add("prompt_not_chat_messages")
+        return messages
+
+    def _reply(self, r: RatedRow) -> Any:
+        if self.form == "text":
+            return self.text.text(r.response_ids)
+        return [{"role": "assistant", "content": self.text.completion(r.response_ids)}]
+
+    def _single(self, rated: Iterable[RatedRow]) -> Iterator[dict[str, Any]]:
+        for r in rated:
+            if self.shape == "sft" and r.reward != 1:
+                continue
+            prompt = self._prompt(r)
+            if prompt is None:
+                continue
+            meta = {"response_id": r.response_id, "policy_version": r.policy_version, "rated_at": r.rated_at}
+            if self.shape == "kto":
+                yield {"prompt": prompt, "completion": self._reply(r), "label": r.reward == 1, **meta}
+            elif self.form == "messages":
+                yield {"messages": prompt + self._reply(r), **meta}
+            else:  # TRL's prompt-completion form of SFT data
+                yield {"prompt": prompt, "completion": self._reply(r), **meta}
+
+    def _pairs(self, rated: Iterable[RatedRow]) -> Iterator[dict[str, Any]]:
+        group: list[RatedRow] = []
+        for r in rated:
+            if group and (r.endpoint != group[0].endpoint or not np.array_equal(r.prompt_ids, group[0].prompt_ids)):
+                yield from self._pair(group)
+                group = []
+            group.append(r)
+        yield from self._pair(group)
+
+    def _pair(self, group: list[RatedRow]) -> Iterator[dict[str, Any]]:
+        ups = [r for r in group if r.reward == 1]
+        downs = [r for r in group if r.reward != 1]
+        if not ups or not downs:
+            return
+        prompt = self._prompt(group[0])
+        if prompt is None:
+            return
+        for k, down in enumerate(downs):
+            up = ups[k % len(ups)]
+            yield {
+                "prompt": prompt, "chosen": self._reply(up), "rejected": self._reply(down),
+                "chosen_response_id": up.response_id, "rejected_response_id": down.response_id,
+                "chosen_policy_version": up.policy_version, "rejected_policy_version": down.policy_version,
+                "rated_at": max(up.rated_at, down.rated_at),
+            }
+
+
+def _raw(r: RatedRow) -> dict[str, Any]:
+    return {
+        "feedback_id": r.feedback_id, "response_id": r.response_id, "key_id": r.key_id, "reward": r.reward,
+        "label": r.reward == 1, "policy_version": r.policy_version,
+        "version_spans": [list(s) for s in r.version_spans] if r.version_spans else None,
+        "segment": r.segment, "endpoint": r.endpoint, "finish_reason": r.finish_reason,
+        "prompt_ids": r.prompt_ids, "response_ids": r.response_ids, "behavior_logprobs": r.behavior_logprobs,
+        "created_at": r.created_at, "rated_at": r.rated_at,
+    }
+
+
+def schema(shape: str, prompt_form: str) -> Any:
+    """The Parquet (Arrow) schema of a shape."""
+    import pyarrow as pa
+
+    ts = pa.timestamp("us", tz="UTC")
+    if prompt_form == "messages":
+        text = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    else:
+        text = pa.string()
+    meta = [("response_id", pa.string()), ("policy_version", pa.int64()), ("rated_at", ts)]
+    if shape == "kto":
+        return pa.schema([("prompt", text), ("completion", text), ("label", pa.bool_()), *meta])
+    if shape == "sft":
+        if prompt_form == "messages":
+            return pa.schema([("messages", text), *meta])
+        return pa.schema([("prompt", text), ("completion", text), *meta])
+    if shape == "preference":
+        return pa.schema([
+            ("prompt", text), ("chosen", text), ("rejected", text), ("chosen_response_id", pa.string()),
+            ("rejected_response_id", pa.string()), ("chosen_policy_version", pa.int64()),
+            ("rejected_policy_version", pa.int64()), ("rated_at", ts),
+        ])
+    return pa.schema([
+        ("feedback_id", pa.int64()), ("response_id", pa.string()), ("key_id", pa.string()), ("reward", pa.int8()),
+        ("label", pa.bool_()), ("policy_version", pa.int64()), ("version_spans", pa.list_(pa.list_(pa.int64()))),
+        ("segment", pa.string()), ("endpoint", pa.string()), ("finish_reason", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())), ("response_ids", pa.list_(pa.int32())),
+        ("behavior_logprobs", pa.list_(pa.float32())), ("created_at", ts), ("rated_at", ts),
+    ])
+
+
+# -- writing ------------------------------------------------------------------------------------------
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _write_jsonl(rows: Iterable[dict[str, Any]], f: Any, _schema: Any, _row_group: int) -> int:
+    n = 0
+    for row in rows:
+        f.write(json.dumps(row, default=_json_default, ensure_ascii=False).encode())
+        f.write(b"\n")
+        n += 1
+    return n
+
+
+def _write_parquet(rows: Iterable[dict[str, Any]], f: Any, arrow_schema: Any, row_group: int) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n, batch = 0, []
+    with pq.ParquetWriter(f, arrow_schema, compression="zstd") as writer:
+        for row in rows:
+            batch.append(row)
+            if len(batch) >= row_group:
+                writer.write_table(pa.Table.from_pylist(batch, schema=arrow_schema), row_group_size=row_group)
+                n, batch = n + len(batch), []
+        if batch:  # an empty export: a schema and no row group
+            writer.write_table(pa.Table.from_pylist(batch, schema=arrow_schema), row_group_size=row_group)
+            n += len(batch)
+    return n
+
+
+WRITERS: dict[str, Callable[[Iterable[dict[str, Any]], Any, Any, int], int]] = {"jsonl": _write_jsonl, "parquet": _write_parquet}
+
+
+def export(
+    store: Any, out: str | Path, fmt: str, shape: str, filt: ExportFilter = ExportFilter(), text: Any = None,
+    prompt_form: str = "messages", row_group: int = 4096, page: int = PAGE,
+) -> ExportResult:
+    """Write the exportable ratings as `shape` rows in `fmt` to `out` (atomically: a temporary name in
+    the same directory, renamed when complete). `text`: an `export_text.TokenText` (the trainer shapes)."""
+    if fmt not in FORMATS:
+        raise ExportError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if shape not in SHAPES:
+        raise ExportError(f"shape must be one of {', '.join(SHAPES)}, not {shape!r}")
+    if prompt_form not in PROMPT_FORMS:
+        raise ExportError(f"prompt form must be one of {', '.join(PROMPT_FORMS)}, not {prompt_form!r}")
+    if row_group < 1 or page < 1:
+        raise ExportError("row_group and page must be >= 1")
+    out = Path(out)
+    if out.is_dir():
+        raise ExportError(f"--out: {out} is a directory (give a file name)")
+    if not out.parent.is_dir():
+        raise ExportError(f"--out: the directory {out.parent} does not exist")
+    shaper = Shaper(shape, text, prompt_form)
+    counted = _Counted(rated_rows_by_prompt(store, filt, page) if shape == "preference" else rated_rows(store, filt, page))
+    started = time.perf_counter()
+    tmp = out.parent / f".{out.name}.{os.getpid()}.partial"
+    try:
+        with open(tmp, "wb") as f:
+            n = WRITERS[fmt](shaper.rows(counted), f, schema(shape, prompt_form), row_group)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return ExportResult(str(out), fmt, shape, n, counted.n, dict(shaper.skipped), time.perf_counter() - started)
+
+
+class _Counted:
+    def __init__(self, rows: Iterator[RatedRow]):
+        self._rows, self.n = rows, 0
+
+    def __iter__(self) -> Iterator[RatedRow]:
+        for r in self._rows:
+            self.n += 1
+            yield r
+
+
+# -- arguments (the CLI's) --------------------------------------------------------------------------
+def parse_versions(spec: str) -> frozenset[int]:
+    """"3,5-9" -> {3, 5, 6, 7, 8, 9}."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if lo < 0 or hi < lo or hi - lo > 1_000_000:
+                    raise ValueError
+                out.update(range(lo, hi + 1))
+            else:
+                v = int(part)
+                if v < 0:
+                    raise ValueError
+                out.add(v)
+        except ValueError:
+            raise ExportError(f"--versions: {part!r} is not a version or a range like 5-9 (in {spec!r})") from None
+    return frozenset(out)
+
+
+def parse_time(spec: str, name: str) -> datetime:
+    try:
+        return _utc(datetime.fromisoformat(spec))
+    except ValueError:
+        raise ExportError(f"{name}: {spec!r} is not an ISO 8601 time (e.g. 2026-12-01 or 2026-12-01T08:00:00+00:00)") from None
+
+
+def parse_names(spec: str, name: str) -> frozenset[str]:
+    names = frozenset(p.strip() for p in spec.split(",") if p.strip())
+    if not names:
+        raise ExportError(f"{name}: no names in {spec!r}")
+    return names
+
+
+def to_filter(since: str | None = None, until: str | None = None, versions: str | None = None,
+              segments: str | None = None, keys: str | None = None) -> ExportFilter:
+    filt = ExportFilter(
+        since=parse_time(since, "--since") if since else None, until=parse_time(until, "--until") if until else None,
+        versions=parse_versions(versions) if versions else None,
+        segments=parse_names(segments, "--segments") if segments else None, keys=parse_names(keys, "--keys") if keys else None,
+    )
+    if filt.since and filt.until and filt.until <= filt.since:
+        raise ExportError("--until must be after --since")
+    return filt
