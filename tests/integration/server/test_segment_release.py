@@ -29,6 +29,7 @@ from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.server.evaluating import engine_evaluation
 from liveloop.server.gate import ReleaseGate
 from liveloop.server.publisher import Publisher
+from liveloop.server.routes.release import release_json
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, VersionStatus
 
 S = VersionStatus
@@ -143,6 +144,9 @@ async def test_a_segment_candidate_serves_its_canary_users_only_and_promotion_ma
     cozy = next(lineage for lineage in state.lineages if lineage.segment == "cozy")
     assert state.segment_modes == {"cozy": "canary", "night": "immediate"} and cozy.serving == v1 and cozy.candidate.version == v2
     assert cozy.candidate.loaded and state.candidate is None
+    body = release_json(state, engine.version)  # GET /admin/release
+    assert body["segments"] == {"cozy": "canary", "night": "immediate"} and body["lineages"]["cozy"]["serving"] == v1
+    assert body["lineages"]["cozy"]["candidate"]["version"] == v2 and body["lineages"]["cozy"]["candidate"]["loaded"]
 
     _rate(store, v1, [1, 0] * 10)
     _rate(store, v2, [1, 0] * 4)
