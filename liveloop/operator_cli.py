@@ -108,7 +108,8 @@ def cmd_forget(args: argparse.Namespace) -> int:
             print(f"  {name}: never trained on the key; nothing to roll back")
             continue
         affected = ", ".join(f"v{v}" for v in p["affected"]) or "none"
-        print(f"  {name}: {verb} roll back to v{p['target']} (rated after #{p['target_cursor']} retrained); versions {affected}; {p['replay']} ratings")
+        why = " (no version trained the key; the learner may hold it unpublished)" if p.get("in_memory") else ""
+        print(f"  {name}: {verb} roll back to v{p['target']} (rated after #{p['target_cursor']} retrained){why}; versions {affected}; {p['replay']} ratings")
     return 0
 
 

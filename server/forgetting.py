@@ -31,10 +31,15 @@ the key's (deleted), as a new lineage of versions from the target, and each goes
 gate of the lineage's mode like any other version. If the rollback fails the cursor is put back. An
 operator event `forget_weights` records the plan and what was done.
 
-Not covered: ratings of the key the learner has trained but not yet published when the forget comes
-(at most `[learner] publish_every_steps` steps, in its memory): the lineage's head is then not
-affected in the store, and the next version carries them. A lineage the key never trained is left
-alone.
+Ratings the learner may have trained but not yet published: when the key's first rating comes after
+the head's feedback position, no version trained it, but the learner may hold it in steps it has not
+published (at most `[learner] publish_every_steps`; whether it read it yet is the learner's to know,
+and a separate `liveloop learn` process cannot be asked). The plan is then made as if the head had
+trained it (`in_memory`): the target is the newest servable version before the head, so the cursor's
+version changes and the learner reloads, dropping its unpublished steps; the head's own ratings are
+everyone else's and are trained again. The one case left: a lineage whose head is still its root (it
+never published), where no older version exists to move to; its first version may carry those steps.
+A lineage the key never rated is left alone.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ class LineagePlan:
     replay: int = 0  # everyone else's ratings trained again
     samples_per_second: float | None = None  # the rate the lineage's recent versions consumed ratings
     estimate_seconds: float | None = None  # replay / samples_per_second
+    in_memory: bool = False  # no version trained the key yet, but the learner may have in unpublished steps
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,10 @@ def plan_lineage(store: Store, key_id: str, lane: str, segment: str | None, vers
         running = max(running, own) if own is not None else running
         cursors.append(running)
     trained = next((i for i, c in enumerate(cursors) if c >= first and chain[i].version != 0), None)
-    if trained is None:
+    in_memory = trained is None and first > head_cursor and len(chain) > 1
+    if in_memory:  # the learner may hold it in steps it has not published: reloading drops them
+        trained = len(chain) - 1
+    elif trained is None:
         return nothing
     skipped: list[int] = []
     target, target_cursor = None, 0
@@ -185,8 +194,8 @@ def plan_lineage(store: Store, key_id: str, lane: str, segment: str | None, vers
     replay = store.replay_count(target_cursor, head_cursor, segment, excluding=key_id)
     rate = _throughput(lineage)
     return LineagePlan(
-        lane, segment, first, chain[trained].version, head, head_cursor, target, target_cursor, affected, tuple(skipped),
-        replay, rate, replay / rate if rate else None,
+        lane, segment, first, None if in_memory else chain[trained].version, head, head_cursor, target, target_cursor, affected,
+        tuple(skipped), replay, rate, replay / rate if rate else None, in_memory,
     )
 
 

@@ -4,7 +4,9 @@ key's first rating, rolls back to the newest servable version before it (passing
 checkpoint retention deleted), counts everyone else's ratings to train again; a dry run changes
 nothing; the forget deletes the key's rows, serves the target, marks the later versions rolled back and
 moves the learner's cursor back to the target's feedback position, and a publish on the old lineage is
-refused. A key the lineage never trained moves nothing; a segment's adapters are planned on their own."""
+refused. A key rated after the last version moves the lineage back one version (the learner may hold
+it in unpublished steps); a key that never rated moves nothing; a segment's adapters are planned on
+their own."""
 
 from __future__ import annotations
 
@@ -117,14 +119,35 @@ async def test_a_forget_when_the_target_serves_already_rolls_back_the_rest(engin
     assert store.get_cursor("sao") == store.get_version(v1).metrics["learner/cursor"]
 
 
-async def test_a_key_the_learner_never_trained_moves_nothing(engine, store, checkpoints):
+async def test_a_key_rated_after_the_last_version_drops_the_learners_unpublished_steps(engine, store, checkpoints):
+    """No version trained the late key's ratings, but the learner may hold them in steps it has not
+    published: the lineage moves back one version (the cursor's version changes, so the learner reloads
+    and drops them) and everyone else's ratings since are trained again."""
     publisher = Publisher(engine, store, Metrics())
     v1, v2, v3, _ = _history(store, checkpoints)
+    await publisher.activate(store.get_version(v3))
     late = "c" * 16
-    _rate(store, 2, late)  # after v3's cursor: not trained yet
+    _rate(store, 2, late)  # after v3's cursor
     result = await Forgetting(store, publisher).forget(late, dry_run=False)
     (plan,) = result.plan.lineages
-    assert plan.target is None and result.done == () and result.deleted.ratings == 2
+    assert plan.in_memory and plan.first_trained is None and (plan.target, plan.affected) == (v2, (v3,))
+    assert plan.replay == 4  # v3's ratings 9-12; the late key's are deleted
+    assert result.deleted.ratings == 2 and result.done[0].rolled_back == (v3,)
+    assert store.cursor_version("sao") == v2 and store.get_cursor("sao") == plan.target_cursor
+    assert store.get_version(v3).status == S.ROLLED_BACK and engine.version == v2
+
+
+async def test_a_key_that_never_rated_moves_nothing(engine, store, checkpoints):
+    publisher = Publisher(engine, store, Metrics())
+    v1, v2, v3, _ = _history(store, checkpoints)
+    silent = "c" * 16
+    store.insert_responses([ResponseRecord(
+        id="silent", api_key_id=silent, model="m", policy_version=v3, endpoint="chat", prompt_ids=(1, 2, 3), response_ids=(4, 5),
+        behavior_logprobs=(-0.5, -0.25), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
+    )])
+    result = await Forgetting(store, publisher).forget(silent, dry_run=False)
+    (plan,) = result.plan.lineages
+    assert plan.target is None and not plan.in_memory and result.done == () and result.deleted.responses == 1
     assert store.cursor_version("sao") == v3 and store.get_version(v3).status == S.PUBLISHED
     with pytest.raises(KeyNotFound):
         await Forgetting(store, publisher).forget("d" * 16, dry_run=True)
