@@ -74,7 +74,7 @@ class OfflineKTO:
 
 @dataclass(frozen=True)
 class OfflineResult:
-    out: str
+    out: str  # absolute: what POST /admin/weights takes as `path`
     rows: int
     desirable: int
     undesirable: int
@@ -126,12 +126,13 @@ def load_kto(path: str | Path) -> Any:
 
 def train_kto(job: OfflineKTO) -> OfflineResult:
     job.check()
+    started = time.perf_counter()
+    data = load_kto(job.data)  # a wrong file fails here, before trl loads
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import KTOConfig, KTOTrainer
 
-    started = time.perf_counter()
-    data = load_kto(job.data)
     meta = {c: data[c] for c in ("policy_version",) if c in data.column_names}
     kto = data.select_columns(list(KTO_COLUMNS))
     labels = kto["label"]
@@ -193,7 +194,7 @@ def train_kto(job: OfflineKTO) -> OfflineResult:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     note = _note(lineage)
-    return OfflineResult(str(out), len(kto), desirable, len(kto) - desirable, job.steps, trained.training_loss, device,
+    return OfflineResult(str(out.resolve()), len(kto), desirable, len(kto) - desirable, job.steps, trained.training_loss, device,
                          time.perf_counter() - started, note)
 
 
