@@ -30,6 +30,30 @@ def open_store(server: ServerProcess) -> Store:
     return Store(StoreConfig(url=server.store_url))
 
 
+CANARY_FRACTION = 0.3
+# canary mode for the release tests: a candidate is judged after 4 ratings of its own, on a short evaluation
+# whose only bound (KL to the live version) every perturbed checkpoint passes
+CANARY_RELEASE = f"""
+[release]
+mode = "canary"
+canary_fraction = {CANARY_FRACTION}
+min_ratings = 4
+[release.evaluation]
+max_tokens = 8
+[[release.evaluation.bounds]]
+check = "kl_to_live"
+max_rise = 100.0
+"""
+
+
+def publish_version(store: Store, parent: int, checkpoint: Path) -> int:
+    """Publish `checkpoint` into the store the way a learner in another process does (`liveloop learn`)."""
+    return store.publish_version(
+        parent=parent, checkpoint_path=str(checkpoint), checkpoint_sha256=None, learner_step=1, samples_used=1,
+        metrics={}, cursor_name="sao", last_feedback_id=0,
+    ).version
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory, model_dir) -> ServerProcess:
     server = start_server(tmp_path_factory.mktemp("vllm-server"), model_dir, "vllm")

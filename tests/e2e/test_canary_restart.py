@@ -18,24 +18,11 @@ from liveloop.devtools import perturbed_checkpoint, wait_until
 from liveloop.release.routing import in_canary, user_key
 from liveloop.store import VersionStatus
 
-from .conftest import ADMIN_KEY, USER_KEY, open_store, start_server, stop_server
+from .conftest import ADMIN_KEY, CANARY_FRACTION, CANARY_RELEASE, USER_KEY, open_store, publish_version, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 MODEL = "liveloop-tiny"
 USERS = [f"person-{i}" for i in range(16)]
-FRACTION = 0.3
-# the candidate is rated only after the restart: until then it stays in canary
-RELEASE = f"""
-[release]
-mode = "canary"
-canary_fraction = {FRACTION}
-min_ratings = 4
-[release.evaluation]
-max_tokens = 8
-[[release.evaluation.bounds]]
-check = "kl_to_live"
-max_rise = 100.0
-"""
 
 
 def _ask(oai: openai.OpenAI) -> dict[str, tuple[str, int]]:
@@ -58,15 +45,12 @@ def _candidate_loaded(admin: httpx.Client, version: int) -> bool:
 
 def test_a_killed_server_comes_back_with_the_stores_candidate(tmp_path, model_dir):
     workdir = tmp_path / "srv"
-    canary_users = {u for u in USERS if in_canary(user_key(u, ""), FRACTION)}
+    canary_users = {u for u in USERS if in_canary(user_key(u, ""), CANARY_FRACTION)}
     assert 0 < len(canary_users) < len(USERS)
-    server = start_server(workdir, model_dir, "hf", extra=RELEASE)
+    server = start_server(workdir, model_dir, "hf", extra=CANARY_RELEASE)
     store = open_store(server)
     try:
-        candidate = store.publish_version(
-            parent=0, checkpoint_path=str(perturbed_checkpoint(model_dir, tmp_path / "c1", seed=1)), checkpoint_sha256=None,
-            learner_step=1, samples_used=1, metrics={}, cursor_name="sao", last_feedback_id=0,
-        ).version
+        candidate = publish_version(store, 0, perturbed_checkpoint(model_dir, tmp_path / "c1", seed=1))  # rated only after the restart
         with httpx.Client(base_url=server.base_url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=30) as admin:
             wait_until(lambda: _candidate_loaded(admin, candidate), 90, "the candidate loaded")
         before = _versions(_ask(openai.OpenAI(base_url=server.base_url + "/v1", api_key=USER_KEY, max_retries=0)))
@@ -75,7 +59,7 @@ def test_a_killed_server_comes_back_with_the_stores_candidate(tmp_path, model_di
         server.proc.wait(30)
         assert store.get_version(candidate).status == VersionStatus.CANARY
 
-        server = start_server(workdir, model_dir, "hf", extra=RELEASE)
+        server = start_server(workdir, model_dir, "hf", extra=CANARY_RELEASE)
         with httpx.Client(base_url=server.base_url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=30) as admin:
             wait_until(lambda: _candidate_loaded(admin, candidate), 90, "the candidate loaded again")
             release = admin.get("/admin/release").json()

@@ -17,28 +17,16 @@ from liveloop.devtools import perturbed_checkpoint, wait_until
 from liveloop.release.routing import in_canary, user_key
 from liveloop.store import VersionStatus
 
-from .conftest import ADMIN_KEY, USER_KEY, open_store, start_server, stop_server
+from .conftest import ADMIN_KEY, CANARY_FRACTION, CANARY_RELEASE, USER_KEY, open_store, publish_version, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 MODEL = "liveloop-tiny"
 USERS = [f"person-{i}" for i in range(24)]
-FRACTION = 0.3
-RELEASE = f"""
-[release]
-mode = "canary"
-canary_fraction = {FRACTION}
-min_ratings = 4
-[release.evaluation]
-max_tokens = 8
-[[release.evaluation.bounds]]
-check = "kl_to_live"
-max_rise = 100.0
-"""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):
-    s = start_server(tmp_path_factory.mktemp("release-canary"), model_dir, "hf", extra=RELEASE)
+    s = start_server(tmp_path_factory.mktemp("release-canary"), model_dir, "hf", extra=CANARY_RELEASE)
     yield s
     stop_server(s)
 
@@ -48,27 +36,20 @@ def _chat(oai: openai.OpenAI, user: str) -> tuple[str, int]:
     return resp.id, resp.model_extra["policy_version"]
 
 
-def _publish(store, parent: int, checkpoint) -> int:
-    return store.publish_version(
-        parent=parent, checkpoint_path=str(checkpoint), checkpoint_sha256=None, learner_step=1, samples_used=1,
-        metrics={}, cursor_name="sao", last_feedback_id=0,
-    ).version
-
-
 def test_canary_serves_its_users_the_candidate_then_promotes_it(server, tmp_path):
     oai = openai.OpenAI(base_url=server.base_url + "/v1", api_key=USER_KEY, max_retries=0)
     admin = httpx.Client(base_url=server.base_url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
     user = httpx.Client(base_url=server.base_url, headers={"authorization": f"Bearer {USER_KEY}"}, timeout=30)
     store = open_store(server)
     try:
-        canary_users = {u for u in USERS if in_canary(user_key(u, ""), FRACTION)}
+        canary_users = {u for u in USERS if in_canary(user_key(u, ""), CANARY_FRACTION)}
         assert 0 < len(canary_users) < len(USERS)
         for u in USERS[:8]:  # the live version's ratings
             rid, version = _chat(oai, u)
             assert version == 0
             assert user.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
 
-        v1 = _publish(store, 0, perturbed_checkpoint(server.model_dir, tmp_path / "c1", seed=1))
+        v1 = publish_version(store, 0, perturbed_checkpoint(server.model_dir, tmp_path / "c1", seed=1))
         wait_until(lambda: admin.get("/admin/release").json()["candidate"] is not None, 60, "a candidate")
         body = admin.get("/admin/release").json()
         assert body["mode"] == "canary" and body["candidate"]["version"] == v1 and body["serving"] == 0
@@ -87,7 +68,7 @@ def test_canary_serves_its_users_the_candidate_then_promotes_it(server, tmp_path
         for rid in on_candidate:  # its users like it: it is promoted once evaluated
             assert user.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
 
-        v2 = _publish(store, v1, perturbed_checkpoint(server.model_dir, tmp_path / "c2", seed=2))  # trained on from the candidate
+        v2 = publish_version(store, v1, perturbed_checkpoint(server.model_dir, tmp_path / "c2", seed=2))  # trained on from the candidate
         wait_until(lambda: store.get_version(v1).status == VersionStatus.SERVING, 120, f"version {v1} promoted")
         assert store.evaluation(v1) is not None and store.evaluation(v1).passed
         assert {_chat(oai, u)[1] for u in USERS if u not in canary_users} == {v1}
