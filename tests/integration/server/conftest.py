@@ -1,12 +1,16 @@
 """Fixtures the publisher tests share: a migrated store on each backend whose version 0 is the tiny
-model (rollbacks to it load it)."""
+model (rollbacks to it load it), and checkpoint reads taking turns for tests that run two hf engines in
+one process (replicas, leaders)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import threading
+
 import pytest
 
+from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.store import Store, StoreConfig
 
 
@@ -17,3 +21,19 @@ def store(store_url, model_dir):
     s.ensure_base_version(str(Path(model_dir).resolve()))
     yield s
     s.close()
+
+
+@pytest.fixture
+def one_checkpoint_read_at_a_time(monkeypatch):
+    """Replicas are processes; here two engines share one process, and transformers' from_pretrained
+    (how the hf engine reads a checkpoint directory) is not thread-safe within a process (its meta-device
+    initialisation is process-wide: two reads at once gave meta tensors). Reads take turns here; nothing
+    else changes."""
+    lock = threading.Lock()
+    read = HFEngine._read_checkpoint
+
+    def one_at_a_time(self, path):
+        with lock:
+            return read(self, path)
+
+    monkeypatch.setattr(HFEngine, "_read_checkpoint", one_at_a_time)

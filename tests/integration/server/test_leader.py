@@ -70,18 +70,7 @@ check_seconds = 0.2
 """
 
 
-@pytest.fixture(autouse=True)
-def one_checkpoint_read_at_a_time(monkeypatch):
-    """Two replicas share this process, and transformers' from_pretrained is not thread-safe within a
-    process (tests/integration/server/test_replicas.py): reads take turns; nothing else changes."""
-    lock = threading.Lock()
-    read = HFEngine._read_checkpoint
-
-    def one_at_a_time(self, path):
-        with lock:
-            return read(self, path)
-
-    monkeypatch.setattr(HFEngine, "_read_checkpoint", one_at_a_time)
+pytestmark = pytest.mark.usefixtures("one_checkpoint_read_at_a_time")  # two replicas in one process (conftest)
 
 
 @pytest.fixture(scope="module")

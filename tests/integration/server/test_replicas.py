@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from pathlib import Path
 
@@ -42,20 +41,7 @@ down_after_seconds = 2.0
 CHAT = {"model": "liveloop-tiny", "messages": [{"role": "user", "content": "Tell me about cats."}], "max_tokens": 4}
 
 
-@pytest.fixture(autouse=True)
-def one_checkpoint_read_at_a_time(monkeypatch):
-    """Replicas are processes; here two engines share one process, and transformers' from_pretrained
-    (how the hf engine reads a checkpoint directory) is not thread-safe within a process (its meta-device
-    initialisation is process-wide: two reads at once gave meta tensors). Reads take turns here; nothing
-    else changes."""
-    lock = threading.Lock()
-    read = HFEngine._read_checkpoint
-
-    def one_at_a_time(self, path):
-        with lock:
-            return read(self, path)
-
-    monkeypatch.setattr(HFEngine, "_read_checkpoint", one_at_a_time)
+pytestmark = pytest.mark.usefixtures("one_checkpoint_read_at_a_time")  # two engines in one process (conftest)
 
 
 @pytest.fixture(scope="module")
