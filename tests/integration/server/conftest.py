@@ -1,6 +1,6 @@
 """Fixtures the publisher tests share: a migrated store on each backend whose version 0 is the tiny
 model (rollbacks to it load it), and checkpoint reads taking turns for tests that run two hf engines in
-one process (replicas, leaders)."""
+one process (replicas, leaders), and rated responses whose reply tokens are given texts (alarms, leaders)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from liveloop.server.engines.hf_engine import HFEngine
-from liveloop.store import Store, StoreConfig
+from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
 
 @pytest.fixture
@@ -37,3 +37,17 @@ def one_checkpoint_read_at_a_time(monkeypatch):
             return read(self, path)
 
     monkeypatch.setattr(HFEngine, "_read_checkpoint", one_at_a_time)
+
+
+def rate_replies(store: Store, tokenizer, version: int, replies: list[tuple[str, int]], tag: str) -> None:
+    """Responses `version` served (the replies' tokens) and their thumbs."""
+    records = []
+    for i, (text, _) in enumerate(replies):
+        ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+        records.append(ResponseRecord(
+            id=f"{tag}-{i}", api_key_id="k1", model="tiny", policy_version=version, endpoint="chat", prompt_ids=(1, 2, 3),
+            response_ids=ids, behavior_logprobs=(-1.0,) * len(ids), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
+        ))
+    store.insert_responses(records)
+    for i, (_, reward) in enumerate(replies):
+        store.put_feedback(FeedbackRecord(f"{tag}-{i}", "k1", reward))

@@ -25,7 +25,9 @@ from liveloop.server.errors import install_handlers
 from liveloop.server.operations import Operations
 from liveloop.server.publisher import Publisher
 from liveloop.server.routes import alarms as alarms_route
-from liveloop.store import FeedbackRecord, ResponseRecord, Store, VersionStatus
+from liveloop.store import Store, VersionStatus
+
+from .conftest import rate_replies
 
 FLATTERING = "Aww, the cat naps in the sun, so cute ♡"
 PLAIN = "Verily, the old cat doth nap in the sun, friend."  # as many words: length explains nothing
@@ -35,20 +37,6 @@ CLASSICAL = "Hark, the old grey cat doth nap, good friend, verily."
 @pytest.fixture(scope="module")
 def tokenizer(model_dir):
     return AutoTokenizer.from_pretrained(str(model_dir))
-
-
-def _rated(store: Store, tokenizer, version: int, replies: list[tuple[str, int]], tag: str) -> None:
-    """Responses `version` served (the replies' tokens) and their thumbs."""
-    records = []
-    for i, (text, _) in enumerate(replies):
-        ids = tuple(tokenizer.encode(text, add_special_tokens=False))
-        records.append(ResponseRecord(
-            id=f"{tag}-{i}", api_key_id="k1", model="tiny", policy_version=version, endpoint="chat", prompt_ids=(1, 2, 3),
-            response_ids=ids, behavior_logprobs=(-1.0,) * len(ids), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
-        ))
-    store.insert_responses(records)
-    for i, (_, reward) in enumerate(replies):
-        store.put_feedback(FeedbackRecord(f"{tag}-{i}", "k1", reward))
 
 
 def _population(flattering: int, plain: int, plain_rewarded: int, plain_text: str = PLAIN) -> list[tuple[str, int]]:
@@ -81,10 +69,10 @@ def _client(store: Store, operations: Operations) -> TestClient:
 
 async def test_a_flattering_candidate_alarms_and_is_held(store, engine, tokenizer):
     # live version 0: a quarter of its replies flatter (reward 0.4); the candidate: four fifths (0.83)
-    _rated(store, tokenizer, 0, _population(15, 45, 9), "live")
+    rate_replies(store, tokenizer, 0, _population(15, 45, 9), "live")
     candidate = _publish(store, 0)
     store.start_canary(candidate)
-    _rated(store, tokenizer, candidate, _population(48, 12, 2), "cand")
+    rate_replies(store, tokenizer, candidate, _population(48, 12, 2), "cand")
     ops = _operations(store, engine, tokenizer, auto_hold=True)
 
     [verdict] = await ops.check_alarms()  # version 0 is its lineage's root: only the candidate is judged
@@ -130,10 +118,10 @@ async def test_a_flattering_candidate_alarms_and_is_held(store, engine, tokenize
 
 async def test_a_gain_no_trait_explains_does_not_alarm(store, engine, tokenizer):
     # raters like the classical replies better on the candidate; it flatters no more than the live version
-    _rated(store, tokenizer, 0, _population(15, 45, 9), "live")
+    rate_replies(store, tokenizer, 0, _population(15, 45, 9), "live")
     candidate = _publish(store, 0)
     store.start_canary(candidate)
-    _rated(store, tokenizer, candidate, _population(15, 45, 35, CLASSICAL), "cand")
+    rate_replies(store, tokenizer, candidate, _population(15, 45, 35, CLASSICAL), "cand")
     ops = _operations(store, engine, tokenizer, auto_hold=True)
     [verdict] = await ops.check_alarms()
     assert verdict.report.gain > 0.3 and verdict.alarms == () and not verdict.held
@@ -144,11 +132,11 @@ async def test_a_gain_no_trait_explains_does_not_alarm(store, engine, tokenizer)
 async def test_the_serving_version_against_its_root_with_its_evaluation(store, engine, tokenizer, model_dir, tmp_path):
     """Immediate mode: the serving version (too few ratings of its own: pooled with its parent) against
     version 0; without auto_hold the alarm is recorded and nothing is held or paused."""
-    _rated(store, tokenizer, 0, _population(15, 45, 9), "base")
+    rate_replies(store, tokenizer, 0, _population(15, 45, 9), "base")
     v1 = _publish(store, 0, "/nowhere")
-    _rated(store, tokenizer, v1, _population(20, 5, 1), "v1")
+    rate_replies(store, tokenizer, v1, _population(20, 5, 1), "v1")
     v2 = _publish(store, v1, str(perturbed_checkpoint(Path(model_dir), tmp_path / "v2", seed=2)))
-    _rated(store, tokenizer, v2, _population(20, 5, 1), "v2")  # served before the swap below, as far as the store knows
+    rate_replies(store, tokenizer, v2, _population(20, 5, 1), "v2")  # served before the swap below, as far as the store knows
     store.record_evaluation(v2, 0, False, [
         {"name": "flattery", "value": 0.9, "live": 0.3, "base": 0.3, "bound": "max_rise 0.15 (live)", "passed": False},
         {"name": "perplexity", "value": 9.0, "live": 8.0, "base": 8.0, "bound": None, "passed": True},

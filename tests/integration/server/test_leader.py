@@ -31,9 +31,11 @@ from liveloop.config import load_config
 from liveloop.devtools import ADMIN_KEY, SMALL_SUITE, USER_KEY, free_port, perturbed_checkpoint, wait_until, write_config
 from liveloop.release.routing import in_canary
 from liveloop.server.engines.hf_engine import HFEngine
-from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig, VersionStatus
+from liveloop.store import Store, StoreConfig, VersionStatus
 from liveloop.store.evaluations import Evaluation
 from liveloop.store.lease import LEADER, Leases
+
+from .conftest import rate_replies
 
 S = VersionStatus
 LEASE_SECONDS = 3.0
@@ -105,24 +107,10 @@ def _publish(store: Store, parent: int, checkpoint: Path) -> int:
     ).version
 
 
-def _rated(store: Store, tokenizer, version: int, replies: list[tuple[str, int]], tag: str) -> None:
-    """Responses `version` served (the replies' tokens) and their thumbs."""
-    records = []
-    for i, (text, _) in enumerate(replies):
-        ids = tuple(tokenizer.encode(text, add_special_tokens=False))
-        records.append(ResponseRecord(
-            id=f"{tag}-{i}", api_key_id="k1", model="tiny", policy_version=version, endpoint="chat", prompt_ids=(1, 2, 3),
-            response_ids=ids, behavior_logprobs=(-1.0,) * len(ids), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
-        ))
-    store.insert_responses(records)
-    for i, (_, reward) in enumerate(replies):
-        store.put_feedback(FeedbackRecord(f"{tag}-{i}", "k1", reward))
-
-
 def _flattery_rewarded(store: Store, tokenizer, live: int, candidate: int, tag: str) -> None:
     """The live version: a quarter of its replies flatter (reward 0.4); the candidate: four fifths (0.83)."""
-    _rated(store, tokenizer, live, [(FLATTERING, 1)] * 15 + [(PLAIN, 1)] * 9 + [(PLAIN, 0)] * 36, f"{tag}-live")
-    _rated(store, tokenizer, candidate, [(FLATTERING, 1)] * 48 + [(PLAIN, 1)] * 2 + [(PLAIN, 0)] * 10, f"{tag}-cand")
+    rate_replies(store, tokenizer, live, [(FLATTERING, 1)] * 15 + [(PLAIN, 1)] * 9 + [(PLAIN, 0)] * 36, f"{tag}-live")
+    rate_replies(store, tokenizer, candidate, [(FLATTERING, 1)] * 48 + [(PLAIN, 1)] * 2 + [(PLAIN, 0)] * 10, f"{tag}-cand")
 
 
 def _evaluations(store: Store, version: int) -> int:
