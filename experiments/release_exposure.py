@@ -27,9 +27,7 @@ The critic's pre-training depends on the seed alone, so `pretrain_critic` can ru
 from __future__ import annotations
 
 import asyncio
-import math
 import shutil
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,6 +41,7 @@ from liveloop.clients.scenario import Scenario, load_scenario, user_ids
 from liveloop.clients.simulator import Event, Simulator, exposure
 from liveloop.critic.config import CriticConfig
 from liveloop.devtools import USER_KEY, start_server
+from liveloop.experiments.intervals import Interval, mean_ci
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.position import critic_dir_for
 from liveloop.store import Store, StoreConfig, VersionStatus
@@ -127,46 +126,6 @@ class ExposureRun:
         out["exposed"], out["users"] = len(self.exposed), len(self.users)
         out["flattery"] = {str(v): f for v, f in self.flattery.items()}
         return out
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A mean over seeds with its two-sided 95% t-interval (None with fewer than two values)."""
-
-    mean: float
-    low: float | None
-    high: float | None
-    n: int
-
-    def __str__(self) -> str:
-        if self.low is None or self.high is None:
-            return f"{self.mean:.3f}"
-        return f"{self.mean:.3f} [{self.low:.3f}, {self.high:.3f}]"
-
-
-# two-sided 95% quantiles of Student's t by degrees of freedom (scipy is not a dependency); beyond 30
-# the normal's 1.96
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-       20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
-       29: 2.045, 30: 2.042}
-
-
-def t95(df: int) -> float:
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    return T95.get(df, 1.96)
-
-
-def mean_ci(values: list[float]) -> Interval:
-    """Mean and 95% t-interval: mean +- t(n-1) * sd / sqrt(n), sd the sample standard deviation."""
-    if not values:
-        raise ValueError("no values")
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return Interval(mean, None, None, len(values))
-    half = t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return Interval(mean, mean - half, mean + half, len(values))
 
 
 SUMMARY_FIELDS = ("exposure", "bad", "held", "reward_first", "reward_last", "seconds")
