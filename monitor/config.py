@@ -5,6 +5,7 @@ from typing import Literal, get_args
 
 from liveloop.config import check_literals
 from liveloop.monitor.poisoning import Similarity
+from liveloop.rewards import make_reward
 
 Detector = Literal["page-hinkley", "cusum"]
 DETECTORS: tuple[str, ...] = get_args(Detector)
@@ -55,6 +56,13 @@ class MonitorConfig:
     guard: bool = field(default=False, metadata={"help": "roll back a version significantly worse than its parent"})
     guard_min_ratings: int = field(default=100, metadata={"help": "ratings a version needs before the guard judges it"})
     guard_p_value: float = field(default=0.01, metadata={"help": "one-sided p-value that counts as significantly worse"})
+    behaviours: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "trained behaviours whose served rate the dashboard's learning panel shows per segment and version: "
+            "rule specs as the simulated users' rewards take them (contains:WORD, style:NAME, max_words:N)"
+        },
+    )
 
     def __post_init__(self) -> None:
         check_literals(self)
@@ -70,6 +78,11 @@ class MonitorConfig:
             raise ValueError("quarantine_corroborating_keys must be >= 1, similar_reply_jaccard in (0, 1], similar_reply_shingle >= 1")
         if self.guard_min_ratings < 1 or self.replay_events < 0:
             raise ValueError("guard_min_ratings must be >= 1 and replay_events >= 0")
+        for spec in self.behaviours:
+            try:
+                make_reward(spec)
+            except ValueError as exc:
+                raise ValueError(f"behaviours: {spec!r} is not a rule: {exc}") from None
 
     @property
     def similarity(self) -> Similarity:

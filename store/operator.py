@@ -15,7 +15,8 @@ from sqlalchemy import Integer, cast, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from liveloop.store.models import ApiKey, Feedback, LearnerControl, OperatorEvent, PolicyVersion, Response, utcnow
-from liveloop.store.records import OperatorEventRecord, RatingEvent, VersionTraffic
+from liveloop.store import codec
+from liveloop.store.records import OperatorEventRecord, RatingEvent, ServedReply, VersionTraffic
 
 
 def json_safe(value: Any) -> Any:
@@ -135,6 +136,28 @@ class OperatorQueries:
             for v, n, pos in rated:
                 out[v] = VersionTraffic(v, served.get(v, 0), n, int(pos or 0))
             return out
+
+    def served_replies(self, segment: str | None, limit: int, trusted: bool = True) -> list[ServedReply]:
+        """The newest `limit` responses served to adapter segment `segment` (None: responses recorded with
+        no segment), newest first, each with its ratings in arrival order; `trusted` (default): without the
+        ratings of quarantined keys (the learning view on the dashboard reads these)."""
+        with self._session() as s:
+            where = Response.segment.is_(None) if segment is None else Response.segment == segment
+            q = select(Response.id, Response.policy_version, Response.response_ids).where(where)
+            rows = s.execute(q.order_by(Response.created_at.desc(), Response.id.desc()).limit(max(0, int(limit)))).all()
+            ratings: dict[str, list[tuple[int, int]]] = {}
+            ids = [r[0] for r in rows]
+            for start in range(0, len(ids), 500):
+                rated = _only_trusted(
+                    select(Feedback.response_id, Feedback.id, Feedback.reward).where(Feedback.response_id.in_(ids[start : start + 500])),
+                    trusted,
+                )
+                for rid, fid, reward in s.execute(rated).all():
+                    ratings.setdefault(rid, []).append((int(fid), int(reward)))
+            return [
+                ServedReply(rid, int(v), tuple(codec.decode_ids(blob).tolist()), tuple(sorted(ratings.get(rid, ()))))
+                for rid, v, blob in rows
+            ]
 
     def responses_per_bucket(self, since: datetime, width_seconds: float) -> dict[int, int]:
         """Responses served per time bucket since `since`: {bucket start (unix seconds): count}."""

@@ -154,6 +154,17 @@ class RatingEvent:
 
 
 @dataclass(frozen=True)
+class ServedReply:
+    """One response a segment was served, as the learning view reads it: the version that served it,
+    its reply tokens and its ratings (feedback id, reward) in arrival order."""
+
+    response_id: str
+    policy_version: int
+    response_ids: tuple[int, ...]
+    ratings: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
 class VersionTraffic:
     version: int
     responses: int
