@@ -3,7 +3,9 @@ checkpoint in (`POST /admin/weights`: copied into managed storage and checked fi
 pause/resume, rollback, the drift monitor's state, server statistics, the operator event log and the
 learner's status; the fleet of replicas (`GET /admin/replicas`); pinning versions against checkpoint retention; API keys: their state and
 disagreement score, quarantine (ratings kept, never trained or replayed) and forget (every response and
-rating of the key deleted); the version statuses (what the dashboard knows of them).
+rating of the key deleted); the version statuses (what the dashboard knows of them); the learning view
+(`GET /admin/learning`: per segment and version, reward, moving reward and the served rate of the
+declared behaviours, monitor/learning.py).
 
 Per-segment adapters (`[learner] adapters`): `GET /admin/versions?segment=` lists one lineage (a
 segment's adapters, or `base`), `GET /admin/adapters` each configured segment's serving adapter, pause
@@ -25,6 +27,7 @@ from liveloop.server.auth import Principal, require_admin
 from liveloop.server.body import parse_body
 from liveloop.server.errors import APIError
 from liveloop.segments import SHARED
+from liveloop.monitor.learning import DEFAULT_WINDOW, MAX_REPLIES, MAX_WINDOW, read_segment
 from liveloop.monitor.versions import BASE, lineage
 from liveloop.server.routes import admin_json
 from liveloop.server.forgetting import Forgetting, ForgetResult
@@ -141,6 +144,45 @@ async def drift(
     monitor = request.app.state.operations.monitor
     state, series = await asyncio.to_thread(lambda: (monitor.state(), monitor.series(since)))
     return {"object": "drift", "window_seconds": monitor.config.window_seconds, **state, "series": [admin_json.bucket(b) for b in series]}
+
+
+@router.get("/learning")
+async def learning(
+    request: Request,
+    segment: str | None = Query(None, min_length=1, max_length=256, description=f"one segment (`{BASE}`: responses without one)"),
+    window: int = Query(DEFAULT_WINDOW, ge=1, le=MAX_WINDOW, description="ratings in the moving reward"),
+    _: Principal = Depends(require_admin),
+) -> dict:
+    """Per segment (the configured adapter segments, and `base` where responses were recorded without
+    one) and per version that served it: ratings, reward with its interval, the moving reward over the
+    last `window` ratings and the served rate of each `[monitor] behaviours` rule, over the segment's
+    newest responses (at most MAX_REPLIES). An unknown segment is a 404."""
+    state = request.app.state
+    names: list[str | None]
+    if segment is None:
+        names = [None, *state.publisher.segments]
+    elif segment == BASE:
+        names = [None]
+    else:
+        state.publisher.lane(segment)  # UnknownSegment: 404
+        names = [segment]
+    behaviours = state.operations.config.behaviours
+    confidence = state.operations.config.confidence
+
+    def decode(ids: list[list[int]]) -> list[str]:
+        return state.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    def read() -> list:
+        views = [read_segment(state.store, decode, name, behaviours, window, confidence, MAX_REPLIES) for name in names]
+        # with adapters every new response has a segment: the base row only where older ones have none
+        keep = [name is not None or segment == BASE or not state.publisher.segments or v.responses for v, name in zip(views, names)]
+        return [v for v, k in zip(views, keep) if k]
+
+    views = await asyncio.to_thread(read)
+    return {
+        "object": "learning", "window": window, "max_responses": MAX_REPLIES, "behaviours": list(behaviours),
+        "data": [admin_json.segment_learning(v) for v in views],
+    }
 
 
 @router.get("/stats")

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from liveloop.monitor.drift import Bucket
+from liveloop.monitor.learning import SegmentLearning
 from liveloop.monitor.versions import VersionRow
 from liveloop.server.operations import KeyRow, LearningState, WeightsImported
 from liveloop.server.publisher import RollbackResult, SwapResult
@@ -108,6 +109,21 @@ def version(row: VersionRow) -> dict[str, Any]:
         "rating_rate": row.rating_rate,
         "reward": row.reward.as_dict(),
         "vs_parent": None if row.vs_parent is None else dataclasses.asdict(row.vs_parent),
+    }
+
+
+def segment_learning(view: SegmentLearning) -> dict[str, Any]:
+    """One segment of `GET /admin/learning` (the dashboard's learning panel)."""
+    return {
+        "segment": view.segment, "window": view.window, "responses": view.responses, "ratings": view.ratings,
+        "versions": [
+            {
+                "version": v.version, "responses": v.responses, "reward": v.reward.as_dict(),
+                "behaviours": {b.behaviour: b.served.as_dict() for b in v.behaviours},
+            }
+            for v in view.versions
+        ],
+        "moving": [{"index": p.index, "version": p.version, "reward": p.reward} for p in view.moving],
     }
 
 

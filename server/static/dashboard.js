@@ -3,11 +3,13 @@
 "use strict";
 
 const REFRESH_MS = 2000;
+const LEARNING_MS = 10000; // the learning view decodes up to 2,000 replies per segment: read it less often
 // statuses: the version statuses as the server defines them (GET /admin/statuses), by name
 // adapters: GET /admin/adapters (per-segment LoRA adapters; "none": the panel stays hidden)
 // fleet: GET /admin/replicas (every serving process: what it serves, its load, its health)
 // evaluations: GET /admin/evaluations (the release gate's latest evaluation of each recent version)
-const state = { versions: [], drift: null, stats: null, events: [], markers: [], statuses: null, adapters: null, fleet: null, evaluations: [] };
+// learning: GET /admin/learning (per segment and version: reward, moving reward, behaviours served)
+const state = { versions: [], drift: null, stats: null, events: [], markers: [], statuses: null, adapters: null, fleet: null, evaluations: [], learning: null };
 window.dashboard = state; // for people (and tests) poking at the page
 
 function el(tag, attrs = {}, ...children) {
@@ -307,6 +309,110 @@ function drawEvents() {
   document.getElementById("events").replaceChildren(...items);
 }
 
+// -- learning per segment -------------------------------------------------------------------------
+const learningCharts = new Map(); // segment -> its uPlot moving-reward chart
+
+function versionChangePlugin(points) {
+  // dashed vertical lines where the version that served the rated responses changes
+  return {
+    hooks: {
+      draw: [(u) => {
+        const { ctx } = u;
+        const { left, top, width, height } = u.bbox;
+        ctx.save();
+        ctx.strokeStyle = "#5566aa";
+        ctx.fillStyle = "#5566aa";
+        ctx.setLineDash([5, 4]);
+        ctx.font = `${11 * devicePixelRatio}px system-ui`;
+        for (let i = 0; i < points.current.length; i++) {
+          const p = points.current[i];
+          if (i > 0 && p.version === points.current[i - 1].version) continue;
+          const x = u.valToPos(p.index, "x", true);
+          if (x < left || x > left + width) continue;
+          ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
+          ctx.fillText(`v${p.version}`, x + 3, top + 12 * devicePixelRatio);
+        }
+        ctx.restore();
+      }],
+    },
+  };
+}
+
+function learningTable(seg, behaviours) {
+  const head = el("tr", {}, el("th", {}, "version"), el("th", {}, "responses"), el("th", {}, "ratings"), el("th", {}, "reward [95% CI]"),
+    ...behaviours.map((b) => el("th", {}, b)));
+  const rows = [...seg.versions].reverse().map((v) => {
+    const r = v.reward;
+    return el("tr", { "data-version": v.version },
+      el("td", {}, `v${v.version}`), el("td", {}, v.responses), el("td", {}, r.n),
+      el("td", {}, r.n ? `${pct(r.rate)} [${pct(r.low)}, ${pct(r.high)}]` : "–"),
+      ...behaviours.map((b) => {
+        const x = v.behaviours[b];
+        return el("td", { "data-behaviour": b }, x && x.n ? `${pct(x.rate)} [${pct(x.low)}, ${pct(x.high)}]` : "–");
+      }));
+  });
+  return el("table", { class: "learning-versions" }, el("thead", {}, head), el("tbody", {}, ...rows));
+}
+
+function drawLearning() {
+  const l = state.learning;
+  if (!l) return;
+  document.getElementById("learning-summary").textContent =
+    `(newest ${l.max_responses} responses per segment; behaviours: ${l.behaviours.length ? l.behaviours.join(", ") : "none declared"})`;
+  const box = document.getElementById("learning-segments");
+  const seen = new Set();
+  for (const seg of l.data) {
+    seen.add(seg.segment);
+    let block = box.querySelector(`.learning-segment[data-segment="${CSS.escape(seg.segment)}"]`);
+    if (!block) {
+      block = el("div", { class: "learning-segment", "data-segment": seg.segment },
+        el("h3", {}, ""), el("div", { class: "chart" }), el("div", { class: "table" }));
+      box.append(block);
+    }
+    block.querySelector("h3").textContent = `${seg.segment} (${seg.responses} responses, ${seg.ratings} ratings)`;
+    block.querySelector(".table").replaceChildren(learningTable(seg, l.behaviours));
+    const data = [seg.moving.map((p) => p.index), seg.moving.map((p) => p.reward)];
+    let chart = learningCharts.get(seg.segment);
+    if (!chart) {
+      const points = { current: seg.moving };
+      const target = block.querySelector(".chart");
+      const plot = new uPlot({
+        width: Math.max(300, target.clientWidth || box.clientWidth), height: 160,
+        scales: { x: { time: false }, y: { range: [0, 1] } },
+        axes: [{ label: "rating" }, { label: "moving reward" }],
+        series: [{ label: "rating" }, { label: `last ${seg.window} ratings`, stroke: "#1f5fd6", width: 2 }],
+        plugins: [versionChangePlugin(points)],
+      }, data, target);
+      chart = { plot, points };
+      learningCharts.set(seg.segment, chart);
+    } else {
+      chart.points.current = seg.moving;
+      chart.plot.setData(data);
+    }
+  }
+  for (const block of box.querySelectorAll(".learning-segment")) {
+    if (!seen.has(block.dataset.segment)) {
+      const chart = learningCharts.get(block.dataset.segment);
+      if (chart) chart.plot.destroy();
+      learningCharts.delete(block.dataset.segment);
+      block.remove();
+    }
+  }
+}
+
+async function refreshLearning() {
+  try {
+    const input = document.getElementById("learning-window");
+    const window_ = Math.max(1, Math.min(10000, parseInt(input.value, 10) || 50));
+    state.learning = await api(`/admin/learning?window=${window_}`);
+    drawLearning();
+  } catch (err) {
+    showError(err);
+  }
+}
+
+document.getElementById("learning-window").addEventListener("change", refreshLearning);
+
 // -- actions -----------------------------------------------------------------------------------
 async function act(path, body) {
   try {
@@ -367,7 +473,10 @@ async function refresh() {
 
 refresh();
 setInterval(refresh, REFRESH_MS);
+refreshLearning();
+setInterval(refreshLearning, LEARNING_MS);
 window.addEventListener("resize", () => {
   if (rewardChart) rewardChart.setSize({ width: chartWidth("reward-chart"), height: 260 });
   if (volumeChart) volumeChart.setSize({ width: chartWidth("volume-chart"), height: 160 });
+  for (const c of learningCharts.values()) c.plot.setSize({ width: Math.max(300, c.plot.root.parentElement.clientWidth), height: 160 });
 });
