@@ -4,7 +4,16 @@ two cannot drift apart. Imports no component.
 
 - `make_reward(spec)`: `contains:WORD` (the reply contains WORD, case-insensitive), `style:NAME` (the
   reply uses a marker of that writing style from the default model's corpus) and `max_words:N` (a
-  format: the reply has at most N words; the corpus never asks for brevity).
+  format: the reply has at most N words; the corpus never asks for brevity); and
+  - `max_sentences:N` (a structure: the reply has 1 to N sentences, `sentences(text)`);
+  - `tone:excited` (at least two "!") and `tone:calm` (no "!"): a tone by punctuation, not a style in
+    disguise: every style of the corpus has templates with and without "!" ("~" is a marker of the cute
+    style, so calm does not forbid it);
+  - `avoid:WORD` (the reply never says the word or word sequence WORD, case-insensitive, whole words;
+    `avoid:and` is not broken by "sand"). It stands in for a refusal pattern: the default model's
+    corpus holds no refusals, so a tiny model trained on it cannot learn to decline; the nearest
+    learnable behaviour is a negative constraint, leaving something out.
+  Every rule but `contains` and `style` scores an empty reply 0: saying nothing is no answer.
 - `words(text)` and `repetitive(words, ...)`: a reply loops when one 3-word sequence occurs more than
   `max_ngram_repeats` times or its distinct words are under `min_distinct_ratio` of its words
   (clients/judge.py's QualityGate and the evaluation's `repetition` check)."""
@@ -21,6 +30,14 @@ MAX_NGRAM_REPEATS = 3  # the same 3-word sequence at most this many times
 MIN_DISTINCT_RATIO = 0.35  # distinct words / words
 
 
+TONES = ("excited", "calm")
+
+# A sentence ends at ".", "!", "?", "~" or "♡" (the cute style ends sentences with the last two, "Hehe~
+# Look at ...") followed by whitespace and then anything but a lowercase letter: "Kukuku... The abyss"
+# is two sentences, "the train rolls past... a sign" one.
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?~♡])\s+(?=[^a-z])")
+
+
 def make_reward(spec: str) -> Callable[[str], float]:
     kind, _, arg = spec.partition(":")
     if kind == "contains" and arg:
@@ -32,7 +49,31 @@ def make_reward(spec: str) -> Callable[[str], float]:
     if kind == "max_words" and arg.isdigit() and int(arg) > 0:
         limit = int(arg)
         return lambda text: float(0 < len(text.split()) <= limit)
-    raise ValueError(f"reward {spec!r}: expected contains:WORD, style:{'|'.join(STYLE_MARKERS)} or max_words:N")
+    if kind == "max_sentences" and arg.isdecimal() and int(arg) > 0:
+        most = int(arg)
+        return lambda text: float(0 < len(sentences(text)) <= most)
+    if kind == "tone" and arg == "excited":
+        return lambda text: float(bool(words(text)) and text.count("!") >= 2)
+    if kind == "tone" and arg == "calm":
+        return lambda text: float(bool(words(text)) and "!" not in text)
+    if kind == "avoid" and words(arg):
+        banned = tuple(words(arg))
+        return lambda text: float(bool(words(text)) and not _says(words(text), banned))
+    raise ValueError(
+        f"reward {spec!r}: expected contains:WORD, style:{'|'.join(STYLE_MARKERS)}, max_words:N, "
+        f"max_sentences:N, tone:{'|'.join(TONES)} or avoid:WORD (N a whole number above 0)"
+    )
+
+
+def sentences(text: str) -> list[str]:
+    """The reply's sentences, as the corpus writes them (see `_SENTENCE_BREAK`); a piece without a
+    letter or digit ("♡") is none, an unfinished last one counts."""
+    return [s for s in _SENTENCE_BREAK.split(text.strip()) if re.search(r"\w", s)]
+
+
+def _says(tokens: Sequence[str], phrase: tuple[str, ...]) -> bool:
+    n = len(phrase)
+    return any(tuple(tokens[i : i + n]) == phrase for i in range(len(tokens) - n + 1))
 
 
 def words(text: str) -> list[str]:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from liveloop.clients.rewards import corpus_prompt, make_reward
+from liveloop.clients.rewards import SIX_OBJECTIVES, corpus_prompt, make_reward
 from liveloop.model.corpus import TOPICS
 
 
@@ -26,3 +26,9 @@ def test_corpus_prompts_take_the_topics_in_turn():
     rng = random.Random(0)
     prompts = [corpus_prompt(i, rng) for i in range(len(TOPICS) + 1)]
     assert all(TOPICS[i % len(TOPICS)] in p for i, p in enumerate(prompts))
+
+
+def test_six_objectives_are_one_of_each_kind():
+    kinds = [spec.partition(":")[0] for spec in SIX_OBJECTIVES]
+    assert kinds == ["contains", "style", "max_words", "max_sentences", "tone", "avoid"]
+    assert all(callable(make_reward(spec)) for spec in SIX_OBJECTIVES)
