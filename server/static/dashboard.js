@@ -371,6 +371,7 @@ function drawLearning() {
     }
     block.querySelector("h3").textContent = `${seg.segment} (${seg.responses} responses, ${seg.ratings} ratings)`;
     block.querySelector(".table").replaceChildren(learningTable(seg, l.behaviours));
+    block.querySelector(".chart").hidden = !seg.moving.length; // no ratings yet: the table says so
     const data = [seg.moving.map((p) => p.index), seg.moving.map((p) => p.reward)];
     let chart = learningCharts.get(seg.segment);
     if (!chart) {
@@ -379,8 +380,9 @@ function drawLearning() {
       const plot = new uPlot({
         width: Math.max(300, target.clientWidth || box.clientWidth), height: 160,
         scales: { x: { time: false }, y: { range: [0, 1] } },
-        axes: [{ label: "rating" }, { label: "moving reward" }],
-        series: [{ label: "rating" }, { label: `last ${seg.window} ratings`, stroke: "#1f5fd6", width: 2 }],
+        axes: [{ label: "rating", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, { label: "moving reward" }],
+        legend: { show: false },
+        series: [{ label: "rating" }, { label: "moving reward", stroke: "#1f5fd6", width: 2 }],
         plugins: [versionChangePlugin(points)],
       }, data, target);
       chart = { plot, points };
