@@ -60,7 +60,7 @@ class MonitorConfig:
         default=(),
         metadata={
             "help": "trained behaviours whose served rate the dashboard's learning panel shows per segment and version: "
-            "rule specs as the simulated users' rewards take them (contains:WORD, style:NAME, max_words:N)"
+            "rule specs as the simulated users' rewards take them (liveloop/rewards.py: contains:WORD, style:NAME, max_words:N, ...)"
         },
     )
 
