@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 import shutil
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,7 @@ class UptakeSpec:
     critic: tuple[str, ...] = ()  # extra [critic] lines
     lora: tuple[str, ...] = ()  # extra [learner.lora] lines
     pretrain_rollouts: int = 128
+    stop_at_effect: bool = True  # False: rate all max_ratings (a fixed budget: the lever sweep's measure)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -130,6 +132,25 @@ def pretrained_critic(workdir: Path, model_dir: Path, spec: UptakeSpec) -> float
     return result.get("critic/explained_variance")
 
 
+def cached_critic(root: Path, model_dir: Path, spec: UptakeSpec) -> tuple[Path, float | None]:
+    """`pretrained_critic` for the spec's objective, seed and rollout count under `root`, fitted once and
+    reused (the fit does not depend on the learner's knobs; a `critic` lever gets its own entry)."""
+    import hashlib
+    import json
+
+    key = hashlib.sha256(json.dumps([spec.objective, spec.seed, spec.pretrain_rollouts, spec.critic]).encode()).hexdigest()[:12]
+    done = Path(root) / f"{spec.objective.replace(':', '_')}-s{spec.seed}-{key}"
+    if not (done / "ev.json").exists():
+        staging = done.with_name(done.name + f".tmp{uuid.uuid4().hex[:6]}")
+        ev = pretrained_critic(staging, model_dir, spec)
+        (staging / "ev.json").write_text(json.dumps({"explained_variance": ev}))
+        try:
+            staging.rename(done)
+        except OSError:  # another process got there first: use theirs
+            shutil.rmtree(staging, ignore_errors=True)
+    return done, json.loads((done / "ev.json").read_text())["explained_variance"]
+
+
 def _with_checkpoints(cfg: Config, workdir: Path) -> Config:
     return cfg.with_section("learner", checkpoint_dir=str(workdir / "versions"))
 
@@ -151,7 +172,7 @@ def uptake(workdir: Path, model_dir: Path, spec: UptakeSpec, critic_from: Path |
         before, other_before = rig.probe(SEGMENT, probes, reward), rig.probe(OTHER, probes, reward)
         goal = min(1.0, before + spec.lift)
         rng, rewards, reached, started = random.Random(spec.seed), [], None, time.monotonic()
-        while reached is None and len(rewards) < spec.max_ratings:
+        while (reached is None or not spec.stop_at_effect) and len(rewards) < spec.max_ratings:
             asks = [Ask(SEGMENT, corpus_prompt(len(rewards) + i, rng)) for i in range(spec.lag)]
             replies = rig.sample(asks)
             scores = [reward(r.text) for r in replies]

@@ -1,0 +1,83 @@
+"""The learning rig (experiments/rig.py) on the real model, store and learner: what it samples is what
+the serving weights would give, what it stores is what the learner trains on, and a segment's training
+never reaches another segment."""
+
+from __future__ import annotations
+
+import torch
+
+from liveloop.clients.rewards import make_reward
+from liveloop.config import load_config
+from liveloop.experiments.rig import Ask, LearningRig
+
+ADAPTERS = 'extends = ["tuned_learner", "step_control"]\n[learner]\nadapters = "segment"\nsegments = ["cozy", "night"]\n'
+
+
+def _rig(tmp_path, model_dir, text: str) -> LearningRig:
+    cfg = load_config(text=text)
+    learner = cfg.learner.__class__(**{**cfg.learner.__dict__, "checkpoint_dir": str(tmp_path / "versions")})
+    return LearningRig(tmp_path, model_dir, learner, cfg.critic, seed=3)
+
+
+def test_batched_replies_carry_the_logprobs_a_full_forward_gives(tmp_path, model_dir):
+    rig = _rig(tmp_path, model_dir, ADAPTERS)
+    try:
+        replies = rig.sample([Ask("cozy", "Tell me about cats."), Ask("cozy", "Describe the moon, please, in a few words.")])
+        with rig.serving("cozy") as (model, lane, version):
+            assert (lane, version) == ("cozy", 0)
+            model.eval()
+            for reply in replies:  # different prompt lengths: the shorter one was left-padded
+                r = reply.rollout
+                with torch.no_grad():
+                    logits = model(input_ids=torch.tensor([r.prompt_ids + r.response_ids])).logits[0].float()
+                lp = torch.log_softmax(logits, -1)
+                start = len(r.prompt_ids) - 1
+                expected = [float(lp[start + i, t]) for i, t in enumerate(r.response_ids)]
+                assert max(abs(a - b) for a, b in zip(expected, r.logprobs)) < 1e-4
+                assert r.text == rig.tokenizer.decode(r.response_ids, skip_special_tokens=True)
+    finally:
+        rig.close()
+
+
+def test_every_rating_is_trained_once_by_its_segments_lane_and_the_other_lane_stays_the_base(tmp_path, model_dir):
+    rig = _rig(tmp_path, model_dir, ADAPTERS)
+    reward = make_reward("contains:behold")
+    prompts = ["Tell me about cats.", "Say something about bread."] * 4
+    try:
+        night_before = rig.probe("night", prompts, reward, seed=7)
+        rated = 0
+        for _ in range(3):
+            replies = rig.sample([Ask("cozy", p) for p in prompts[:4]])
+            assert {r.lane for r in replies} == {"cozy"}
+            rig.rate(replies, [reward(r.text) for r in replies])
+            rated += len(replies)
+            assert rig.train() == len(replies)  # batch size 1: one step per rating, none left behind
+        cozy = rig.learner.lanes["cozy"]
+        assert (cozy.state.samples, cozy.state.step) == (rated, rated)
+        assert rig.learner.lanes["night"].state.samples == 0
+        stored = rig.store.rated_after(0, 100, segment="cozy")
+        assert len(stored) == rated and all(r.segment == "cozy" and r.request_meta == {"segment": "cozy"} for _, r in stored)
+        assert rig.store.rated_after(0, 100, segment="night") == []
+        # cozy's adapter moved; night's is still the base: the same prompts and sampling seed give the same replies
+        lora_b = {n: p for n, p in rig.learner.adapters.model.named_parameters() if "lora_B" in n}
+        assert any(p.abs().sum() > 0 for n, p in lora_b.items() if ".cozy." in n)  # a fresh adapter's B is 0
+        assert all(p.abs().sum() == 0 for n, p in lora_b.items() if ".night." in n)
+        assert rig.probe("night", prompts, reward, seed=7) == night_before
+        with rig.serving(None) as (_, lane, _version):
+            assert lane == "overflow"  # no segment: the shared overflow lane, as the server routes it
+    finally:
+        rig.close()
+
+
+def test_the_whole_policy_serves_every_segment(tmp_path, model_dir):
+    rig = _rig(tmp_path, model_dir, 'extends = ["tuned_learner", "step_control"]\n')
+    try:
+        with rig.serving("cozy") as (model, lane, _):
+            assert lane is None and model is rig.learner.policy
+        replies = rig.sample([Ask("night", "Tell me about rain.")])
+        rig.rate(replies, [1.0])
+        assert rig.train() == 1 and rig.learner.state.samples == 1
+        (feedback, response), = rig.store.rated_after(0, 10)
+        assert response.segment is None and feedback.reward == 1 and response.policy_version == 0
+    finally:
+        rig.close()
