@@ -149,6 +149,25 @@ class LearnerConfig:
     )
     segment_key: str = field(default="segment", metadata={"help": "the request metadata key that names a segment"})
     lora: LoraSettings = field(default_factory=LoraSettings, metadata={"help": "[learner.lora]: the adapters' shape"})
+    advantage_norm: Literal["none", "running"] = field(
+        default="none",
+        metadata={"help": "sao only: running = divide each sample's advantages by the running RMS of recent action-token "
+                  "advantages (rl/advantages.py normalize_by_running_rms; per learner or lane; off pending the sweep)"},
+    )
+    advantage_norm_horizon: int = field(
+        default=100, metadata={"help": "advantage_norm running: samples the RMS averages over (plain mean up to this many, then an EMA)"}
+    )
+    advantage_norm_floor: float = field(
+        default=0.05, metadata={"help": "advantage_norm running: the scale never goes below this (at most 1/floor amplification)"}
+    )
+    baseline: Literal["critic", "running_mean"] = field(
+        default="critic",
+        metadata={"help": "sao only: what GAE subtracts. critic: its values; running_mean: every token's value is the "
+                  "running mean of this learner's (lane's) earlier rewards, the critic still trains (off pending the sweep)"},
+    )
+    baseline_horizon: int = field(
+        default=100, metadata={"help": "baseline running_mean: rewards it averages over (plain mean up to this many, then an EMA)"}
+    )
 
     @property
     def largest_batch(self) -> int:
@@ -189,3 +208,10 @@ class LearnerConfig:
             raise ValueError("max_per_key_per_batch must be >= 1, max_per_key_per_window >= 0, influence_window_seconds > 0")
         if not (0 < self.eps_low < 1) or self.eps_high <= 0:
             raise ValueError("eps_low must be in (0, 1) and eps_high > 0")
+        if self.method != "sao" and (self.advantage_norm != "none" or self.baseline != "critic"):
+            raise ValueError(
+                f"advantage_norm and baseline are SAO's levers; method {self.method!r} needs advantage_norm 'none' "
+                "and baseline 'critic' (the baselines keep their published advantages)"
+            )
+        if self.advantage_norm_horizon < 1 or self.baseline_horizon < 1 or self.advantage_norm_floor <= 0:
+            raise ValueError("advantage_norm_horizon and baseline_horizon must be >= 1, advantage_norm_floor > 0")

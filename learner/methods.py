@@ -15,6 +15,13 @@ A method decides three things and nothing else (the loop, publishing and rollbac
 | grpo            | a complete group of G       | (r - mean_G) / std_G            | PPO clip (eps)   | no     |
 | grpo_dis        | a complete group of G       | (r - mean_G) / std_G            | two-sided mask   | no     |
 
+SAO's advantage levers (`[learner] baseline`, `advantage_norm`; off by default, SAO only: the config
+refuses them for the baselines): `baseline = "running_mean"` gives every token the value "running mean of
+this learner's earlier rewards" in GAE instead of the critic's (which still trains on the same targets),
+`advantage_norm = "running"` divides each sample's advantages by the running RMS of recent ones. Their
+state lives in this object, so each learner (each lane) has its own; a rollback's reload and a restart
+start it afresh. Metrics: `learner/baseline`, `learner/advantage_scale` (the last batch's mean).
+
 The math lives in the RL core (`rl/advantages.py`, `rl/losses.py`); GRPO's group normalisation is the
 one BGPO uses too (unbiased std, an all-equal group gets A = 0).
 
@@ -47,7 +54,8 @@ from torch import Tensor
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.influence import InfluenceCaps, InfluenceLimits, KeyedRating
 from liveloop.rl.advantages import (
-    gae_skip_observations, group_normalized_advantages, length_adaptive_lambda, sliding_window_advantage,
+    RunningMean, constant_baseline_gae, gae_skip_observations, group_normalized_advantages, length_adaptive_lambda,
+    normalize_by_running_rms, running_mean_baselines, sliding_window_advantage,
 )
 from liveloop.rl.batch import Sample, TokenBatch
 from liveloop.rl.losses import ppo_clip_loss, sao_policy_loss, staleness_metrics
@@ -86,6 +94,13 @@ class SAO:
         self.config = config
         self.caps = InfluenceCaps(InfluenceLimits.from_config(config))
         self._skipped: tuple[int, int] | None = None  # (after_id, through): all capped and counted
+        self._reset_levers()
+
+    def _reset_levers(self) -> None:
+        """The advantage levers' running state (`baseline` running_mean, `advantage_norm` running): fresh."""
+        self.reward_mean = RunningMean()  # baseline running_mean: this learner's (lane's) rewards
+        self.advantage_ms = RunningMean()  # advantage_norm running: mean squared action-token advantage
+        self.levers: dict[str, float] = {}  # the last batch's learner/baseline and learner/advantage_scale
 
     def next_batch(self, store: Any, after_id: int) -> tuple[list[Sample], int] | None:
         """The next ratings in arrival order that are within the influence caps: at least B of them,
@@ -118,15 +133,31 @@ class SAO:
         return None
 
     def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """GAE per sample against the critic's values (`baseline` critic) or the running mean of earlier
+        rewards (`baseline` running_mean; the critic's value targets are the same either way, so it keeps
+        training), then with `advantage_norm` running divided by the running RMS scale."""
         c = self.config
         assert values is not None, "SAO needs the critic's values"
         advantages = torch.zeros_like(values)
         returns = torch.zeros_like(values)
+        rewards = [float(r) for r in batch.rewards.tolist()]
+        baselines = None
+        if c.baseline == "running_mean":
+            baselines, self.reward_mean = running_mean_baselines(rewards, self.reward_mean, c.baseline_horizon)
+            self.levers["learner/baseline"] = sum(baselines) / len(baselines)
         for b in range(values.shape[0]):
-            mask, reward = batch.action_mask[b], float(batch.rewards[b])
+            mask, reward = batch.action_mask[b], rewards[b]
             lam = length_adaptive_lambda(int(mask.sum()), c.lambda_alpha)
-            advantages[b], _ = gae_skip_observations(values[b], reward, mask, c.gamma, lam)
+            if baselines is None:
+                advantages[b], _ = gae_skip_observations(values[b], reward, mask, c.gamma, lam)
+            else:
+                advantages[b] = constant_baseline_gae(baselines[b], reward, mask, c.gamma, lam)
             _, returns[b] = gae_skip_observations(values[b], reward, mask, c.gamma, c.lambda_value)
+        if c.advantage_norm == "running":
+            advantages, scales, self.advantage_ms = normalize_by_running_rms(
+                advantages, batch.action_mask, self.advantage_ms, c.advantage_norm_horizon, c.advantage_norm_floor
+            )
+            self.levers["learner/advantage_scale"] = sum(scales) / len(scales)
         return advantages, returns
 
     def policy_loss(self, logprobs: Tensor, batch: TokenBatch, advantages: Tensor, staleness: Tensor) -> tuple[Tensor, dict[str, float]]:
@@ -135,9 +166,10 @@ class SAO:
 
     def reset(self) -> None:
         self._skipped = None
+        self._reset_levers()
 
     def stats(self) -> dict[str, float]:
-        return self.caps.stats()
+        return self.caps.stats() | self.levers
 
 
 class SlidingWindow(SAO):

@@ -1,6 +1,6 @@
-"""Hand-computed GAE over a multi-turn trace with observation tokens in the middle, the baselines, and
-the one group-normalisation convention (unbiased std, rows are groups, no signal -> 0) that the learner's
-GRPO baselines and BGPO share."""
+"""Hand-computed GAE over a multi-turn trace with observation tokens in the middle, the baselines, the
+one group-normalisation convention (unbiased std, rows are groups, no signal -> 0) that the learner's
+GRPO baselines and BGPO share, and SAO's levers: the running-mean baseline and running-RMS normalisation."""
 
 import math
 
@@ -9,9 +9,13 @@ import pytest
 import torch
 
 from liveloop.rl.advantages import (
+    RunningMean,
+    constant_baseline_gae,
     gae_skip_observations,
     group_normalized_advantages,
     length_adaptive_lambda,
+    normalize_by_running_rms,
+    running_mean_baselines,
     sliding_window_advantage,
 )
 
@@ -104,3 +108,60 @@ def test_learner_grpo_and_bgpo_use_the_one_group_normalisation():
     adv, _ = methods.GRPO(LearnerConfig(method="grpo", grpo=GRPOConfig(group_size=4))).advantages(make_batch(samples), None)
     assert adv[:, 0].tolist() == pytest.approx([0.86603, -0.86603, -0.86603, 0.86603], abs=1e-5)
     assert torch.equal(adv[:, 0], adv[:, 1])
+
+
+def test_running_mean_is_the_plain_mean_up_to_the_horizon_then_an_ema():
+    m = RunningMean()
+    for x in (1.0, 0.0, 1.0):
+        m = m.add(x, horizon=3)
+    assert (m.value, m.count) == (pytest.approx(2 / 3), 3)  # plain mean of 1, 0, 1
+    m = m.add(0.0, horizon=3)  # weight 1/3 from here: 2/3 + (0 - 2/3) / 3 = 4/9
+    assert m.value == pytest.approx(4 / 9)
+    h2 = RunningMean().add(1.0, 2).add(0.0, 2).add(1.0, 2).add(0.0, 2)
+    # 1 -> (1 + 0) / 2 = 0.5 -> 0.5 + (1 - 0.5) / 2 = 0.75 -> 0.75 + (0 - 0.75) / 2 = 0.375
+    assert h2.value == pytest.approx(0.375)
+    assert RunningMean().value == 0.0 and RunningMean().add(5.0, 100).value == 5.0  # immutable, first = itself
+
+
+def test_running_mean_baselines_use_only_earlier_rewards():
+    baselines, state = running_mean_baselines([1.0, 0.0, 1.0], RunningMean(), horizon=2)
+    assert baselines == pytest.approx([0.0, 1.0, 0.5])  # none yet -> 0; then 1; then (1 + 0) / 2
+    assert (state.value, state.count) == (pytest.approx(0.75), 3)  # 0.5 + (1 - 0.5) / 2
+    more, _ = running_mean_baselines([0.0], state, horizon=2)
+    assert more == pytest.approx([0.75])  # the state carries over between batches
+
+
+def test_constant_baseline_gae_is_r_minus_baseline_at_lambda_1():
+    adv = constant_baseline_gae(0.25, 1.0, MASK, gamma=1.0, lam=1.0)
+    # a4: 1 - 0.25 = 0.75; a1 (next = a4): 0 + 0.25 - 0.25 + 0.75 = 0.75; a0 likewise; obs 0
+    assert adv.tolist() == pytest.approx([0.75, 0.75, 0.0, 0.0, 0.75])
+    half = constant_baseline_gae(0.25, 1.0, MASK, gamma=1.0, lam=0.5)
+    # a4: 0.75; a1: 0 + 0.5 * 0.75 = 0.375; a0: 0.5 * 0.375 = 0.1875
+    assert half.tolist() == pytest.approx([0.1875, 0.375, 0.0, 0.0, 0.75])
+    low = constant_baseline_gae(0.02, 0.0, torch.tensor([1, 1]), gamma=1.0, lam=1.0)
+    assert low.tolist() == pytest.approx([-0.02, -0.02])  # a miss at a 2% base rate
+
+
+def test_running_rms_normalisation_hand_computed():
+    adv = torch.tensor([[2.0, 2.0, 0.0], [1.0, -1.0, 9.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [0, 0, 0]])
+    out, scales, state = normalize_by_running_rms(adv, mask, RunningMean(), horizon=2, floor=0.05)
+    # sample 0: mean square of (2, 2) = 4, the state 4 (the first sample's own scale), scale 2 -> (1, 1)
+    # sample 1: mean square of (1, -1) = 1 (the 9 is not an action token), state (4 + 1) / 2 = 2.5,
+    #           scale sqrt(2.5) = 1.58114 -> (0.63246, -0.63246, 9 / 1.58114 = 5.69210)
+    # sample 2: no action tokens: left as it is, scale 1, the state unchanged
+    assert scales == pytest.approx([2.0, math.sqrt(2.5), 1.0])
+    assert out[0].tolist() == pytest.approx([1.0, 1.0, 0.0])
+    assert out[1, :2].tolist() == pytest.approx([0.63246, -0.63246], abs=1e-5)
+    assert out[2].tolist() == [0.0, 0.0, 0.0]
+    assert (state.value, state.count) == (pytest.approx(2.5), 2)
+    assert adv[0].tolist() == [2.0, 2.0, 0.0]  # the input is not modified
+
+
+def test_running_rms_scale_is_floored():
+    out, scales, state = normalize_by_running_rms(
+        torch.tensor([[0.001, -0.001]]), torch.tensor([[1, 1]]), RunningMean(), horizon=100, floor=0.05
+    )
+    # RMS 0.001 < floor 0.05: divided by 0.05, not by 0.001 (x20, not x1000)
+    assert scales == [0.05] and out[0].tolist() == pytest.approx([0.02, -0.02])
+    assert state.value == pytest.approx(1e-6)
