@@ -9,6 +9,11 @@
 Only the active adapter's parameters take gradients (peft's `set_adapter` marks them); each segment's
 optimizer holds its own adapter's parameters (`parameters`), so a step for one segment never moves
 another's adapter or the base.
+
+Targets (`[learner.lora]`): `target_modules` name Linear layers (the attention projections, `lm_head`);
+`target_parameters` name raw parameters peft wraps with its ParamWrapper (a MoE model's fused experts,
+`mlp.experts.gate_up_proj` of shape experts x out x in). `check_targets` refuses at start what the
+engines could not serve, so the learner never trains an adapter the server then refuses.
 """
 
 from __future__ import annotations
@@ -30,19 +35,23 @@ def lora_config(settings: LoraSettings):  # noqa: ANN201 (a peft LoraConfig)
     from peft import LoraConfig
 
     return LoraConfig(
-        r=settings.rank, lora_alpha=settings.alpha, target_modules=list(settings.target_modules), lora_dropout=0.0,
-        bias="none", task_type="CAUSAL_LM",
+        r=settings.rank, lora_alpha=settings.alpha, target_modules=list(settings.target_modules),
+        target_parameters=list(settings.target_parameters) or None, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
     )
 
 
 class UnadaptableTargets(ValueError):
-    """`[learner.lora] target_modules` names modules the model lacks or that LoRA cannot adapt here."""
+    """`[learner.lora] target_modules` or `target_parameters` name modules or parameters the model
+    lacks, or that LoRA cannot adapt here."""
 
 
-def check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
-    """Every target names at least one module of `model`, and each is a Linear layer (what the
-    engines serve adapters on: the hf engine and vLLM refuse others, e.g. a MoE router or the fused
-    experts), so the learner never trains an adapter the server cannot load."""
+def check_targets(model: nn.Module, targets: tuple[str, ...], parameters: tuple[str, ...] = ()) -> None:
+    """Every target module names at least one module of `model`, and each is a Linear layer (what the
+    engines serve adapters on as modules: the hf engine and vLLM refuse others, e.g. a MoE router or
+    the fused experts); every target parameter names at least one 2-D or 3-D parameter held directly
+    by a module that is not a Linear or Embedding layer (those are targeted as modules), matched as
+    peft matches it (`<module>.<parameter>`, a suffix of the full name). So the learner never trains
+    an adapter the server cannot load."""
     modules = dict(model.named_modules())
     absent, odd = [], set()
     for target in targets:
@@ -50,11 +59,33 @@ def check_targets(model: nn.Module, targets: tuple[str, ...]) -> None:
         if not matched:
             absent.append(target)
         odd.update(type(m).__name__ for m in matched if not isinstance(m, nn.Linear))
-    if absent or odd:
-        raise UnadaptableTargets(
-            f"learner.lora.target_modules: {f'{absent} are not modules of the model' if absent else ''}"
-            f"{'; ' if absent and odd else ''}{f'{sorted(odd)} are not Linear layers' if odd else ''}"
-        )
+    problems = []
+    if absent:
+        problems.append(f"target_modules {absent} are not modules of the model")
+    if odd:
+        problems.append(f"target_modules name {sorted(odd)} modules, which are not Linear layers "
+                        "(a MoE model's fused experts are targeted through target_parameters)")
+    problems += _parameter_problems(modules, parameters)
+    if problems:
+        raise UnadaptableTargets(f"learner.lora: {'; '.join(problems)}")
+
+
+def _parameter_problems(modules: dict[str, nn.Module], parameters: tuple[str, ...]) -> list[str]:
+    owned = {  # "<module>.<parameter>" -> (its module, the parameter), parameters held directly
+        f"{n}.{p}" if n else p: (m, t) for n, m in modules.items() for p, t in m.named_parameters(recurse=False)
+    }
+    absent, odd = [], []
+    for target in parameters:
+        matched = [(k, m, t) for k, (m, t) in owned.items() if k == target or k.endswith("." + target)]
+        if not matched:
+            absent.append(target)
+        for key, module, tensor in matched:
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                odd.append(f"{key} is a {type(module).__name__}'s weight (target the module in target_modules)")
+            elif tensor.dim() not in (2, 3):
+                odd.append(f"{key} is {tensor.dim()}-D (LoRA adapts 2-D or 3-D parameters)")
+    problems = [f"target_parameters {absent} are not parameters of the model"] if absent else []
+    return problems + sorted(set(odd))
 
 
 class AdapterPolicy:
@@ -62,7 +93,7 @@ class AdapterPolicy:
         self.settings = settings
         self.place = place or Placement(torch.device("cpu"), torch.float32)
         self.base_model = self.place.load_causal_lm(base_model_dir)
-        check_targets(self.base_model, settings.target_modules)
+        check_targets(self.base_model, settings.target_modules, settings.target_parameters)
         for p in self.base_model.parameters():
             p.requires_grad_(False)
         self.model: nn.Module | None = None  # the PeftModel, once the first adapter is added
@@ -102,9 +133,10 @@ class AdapterPolicy:
             set_peft_model_state_dict(self.model, load_peft_weights(str(adapter_dir)), adapter_name=name)
 
     def parameters(self, name: str) -> list[nn.Parameter]:
-        """Adapter `name`'s parameters (what its optimizer steps)."""
-        marker = f".{name}."
-        return [p for n, p in self.model.named_parameters() if marker in n and "lora_" in n]
+        """Adapter `name`'s parameters (what its optimizer steps): `...lora_A.<name>.weight` and the
+        like, in Linear layers and ParamWrappers alike (the name must follow a `lora_` part: a segment
+        named like a module, `mlp` or `experts`, must not pick up other adapters' matrices)."""
+        return [p for n, p in self.model.named_parameters() if _adapter_of(n) == name]
 
     def _use(self, name: str) -> None:
         if self._active != name:
@@ -128,6 +160,14 @@ class AdapterPolicy:
         directory = Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory.parent) as tmp:
-            self.model.save_pretrained(tmp, selected_adapters=[name])
+            # save_embedding_layers: peft would add the whole (tied) lm_head weight once lm_head is a target;
+            # an adapter holds its LoRA matrices only (the engines refuse anything else)
+            self.model.save_pretrained(tmp, selected_adapters=[name], save_embedding_layers=False)
             saved = Path(tmp) / name if (Path(tmp) / name).is_dir() else Path(tmp)  # peft nests non-"default" names
             shutil.move(str(saved), str(directory))
+
+
+def _adapter_of(parameter_name: str) -> str | None:
+    """The adapter a peft parameter belongs to (`...lora_B.cozy.weight` -> "cozy"), None for the base's."""
+    parts = parameter_name.split(".")
+    return next((parts[i + 1] for i in range(len(parts) - 1) if parts[i].startswith("lora_")), None)

@@ -37,12 +37,27 @@ class LoraSettings:
     alpha: float = field(default=16.0, metadata={"help": "LoRA alpha (the update is scaled by alpha / r)"})
     target_modules: tuple[str, ...] = field(
         default=("q_proj", "k_proj", "v_proj", "o_proj"),
-        metadata={"help": "module names the adapter wraps (attention projections: what vLLM's LoRA serves too)"},
+        metadata={"help": "module names the adapter wraps: Linear layers (the attention projections: what vLLM's "
+                  "LoRA serves too; lm_head the hf engine serves, vLLM not)"},
+    )
+    target_parameters: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "parameter names the adapter wraps through peft's target_parameters, e.g. "
+                  "\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\" (a MoE model's fused experts: 2-D or 3-D "
+                  "parameters, not Linear layers); the hf engine serves them, vLLM refuses them"},
     )
 
     def __post_init__(self) -> None:
-        if self.rank < 1 or self.alpha <= 0 or not self.target_modules:
-            raise ValueError("lora rank must be >= 1, alpha > 0, and target_modules non-empty")
+        if self.rank < 1 or self.alpha <= 0 or not (self.target_modules or self.target_parameters):
+            raise ValueError("lora rank must be >= 1, alpha > 0, and target_modules or target_parameters non-empty")
+        names = [*self.target_modules, *self.target_parameters]
+        if not all(isinstance(n, str) and n.strip() == n and n for n in names) or len(set(names)) != len(names):
+            raise ValueError(f"lora target_modules and target_parameters must be distinct non-empty names: {names}")
+        if any("." not in n for n in self.target_parameters):
+            raise ValueError(
+                f"lora target_parameters {list(self.target_parameters)} must each be <module>.<parameter> "
+                "(e.g. \"mlp.experts.gate_up_proj\")"
+            )
 
 
 @dataclass(frozen=True)

