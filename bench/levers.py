@@ -3,7 +3,7 @@
 
 A lever is a set of TOML lines over the shipped learner (`[learner]`, `[learner.lora]`, `[critic]`). Every
 lever runs on the learning rig (experiments/uptake.py) for each objective, mode and seed with a fixed
-budget of ratings (default 120; the run does not stop at the effect), paired with the baseline on the
+budget of ratings (default 80, the issue's target; the run does not stop at the effect), paired with the baseline on the
 same seed (same prompts, same sampling seed, same pre-trained critic). Measures per run:
   - `mean_reward`: the mean reward over the budget (the area under the learning curve: what the users
     who rated saw);
@@ -15,7 +15,7 @@ its 95% t-interval over seeds (experiments/intervals.py). An effect whose interv
     .venv/bin/python bench/levers.py [--levers baseline step_target lr_ceiling ...] [--objectives ...]
         [--modes shared adapter] [--seeds 0 1 2 3 4] [--budget 120] [--jobs 2] [--out levers]
 
-`--list` prints the levers. Pre-trained critics are cached under --critic-cache (one per objective and
+`--list` prints the levers; `--summarize LOG...` tables the rows a sweep printed (an interrupted one too). Pre-trained critics are cached under --critic-cache (one per objective and
 seed), so a later sweep or bench/new_objectives.py reuses them.
 """
 
@@ -122,13 +122,20 @@ def main() -> None:
     parser.add_argument("--levers", nargs="+", default=["baseline", "lr_ceiling", "step_target", "kl_loose"])
     parser.add_argument("--objectives", nargs="+", default=["contains:behold", "max_words:16"])
     parser.add_argument("--modes", nargs="+", default=["shared", "adapter"], choices=["shared", "adapter"])
+    parser.add_argument("--shared-objectives", nargs="*", default=None, help="the whole policy's objectives (default: --objectives)")
+    parser.add_argument("--adapter-objectives", nargs="*", default=None, help="the adapter's objectives (default: --objectives)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
-    parser.add_argument("--budget", type=int, default=120, help="ratings per run")
+    parser.add_argument("--budget", type=int, default=80, help="ratings per run")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--critic-cache", default=str(Path(tempfile.gettempdir()) / "liveloop-critics"))
     parser.add_argument("--out", default="levers")
     parser.add_argument("--list", action="store_true", help="print the levers and exit")
+    parser.add_argument("--summarize", nargs="*", metavar="LOG", help="only summarize the JSON rows these sweep logs printed")
     args = parser.parse_args()
+    if args.summarize:
+        rows = [json.loads(line) for path in args.summarize for line in Path(path).read_text().splitlines() if line.startswith('{"lever"')]
+        print(table(summarize(rows)))
+        return
     if args.list:
         for name, (modes, knobs) in LEVERS.items():
             print(f"{name:14s} {'/'.join(modes):15s} {knobs}")
@@ -137,8 +144,10 @@ def main() -> None:
         parser.error(f"unknown levers {sorted(unknown)}; --list shows them")
     model_dir = str(default_model())
     # seed-major order: the pairs of a seed finish together, so an interrupted sweep still pairs
+    objectives = {"adapter": args.objectives if args.adapter_objectives is None else args.adapter_objectives,
+                  "shared": args.objectives if args.shared_objectives is None else args.shared_objectives}
     jobs = [(model_dir, args.critic_cache, lever, o, mode, s, args.budget) for s in args.seeds for o in args.objectives
-            for lever in args.levers for mode in args.modes if mode in LEVERS[lever][0]]
+            for lever in args.levers for mode in args.modes if mode in LEVERS[lever][0] and o in objectives[mode]]
     with ProcessPoolExecutor(args.jobs) as pool:
         critics = {(_critic_key(j[2]), j[3], j[5]): j for j in jobs}  # one fit per critic the runs share
         list(pool.map(_warm, *zip(*[(m, c, lever, o, s) for (m, c, lever, o, _, s, _) in critics.values()])))
