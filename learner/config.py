@@ -46,6 +46,11 @@ class LoraSettings:
                   "\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\" (a MoE model's fused experts: 2-D or 3-D "
                   "parameters, not Linear layers); the hf engine serves them, vLLM refuses them"},
     )
+    max_learning_rate: float = field(
+        default=0.0,
+        metadata={"help": "an adapter's own ceiling for the adaptive learning rate (0: [learner] max_learning_rate): "
+                  "a fresh adapter (B = 0) moves the policy far less per unit of rate than the whole policy does"},
+    )
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.alpha <= 0 or not (self.target_modules or self.target_parameters):
@@ -53,6 +58,8 @@ class LoraSettings:
         names = [*self.target_modules, *self.target_parameters]
         if not all(isinstance(n, str) and n.strip() == n and n for n in names) or len(set(names)) != len(names):
             raise ValueError(f"lora target_modules and target_parameters must be distinct non-empty names: {names}")
+        if self.max_learning_rate < 0:
+            raise ValueError("lora max_learning_rate must be >= 0 (0: the learner's)")
         if any("." not in n for n in self.target_parameters):
             raise ValueError(
                 f"lora target_parameters {list(self.target_parameters)} must each be <module>.<parameter> "
@@ -185,6 +192,11 @@ class LearnerConfig:
     )
 
     @property
+    def adapter_max_learning_rate(self) -> float:
+        """The adaptive learning rate's ceiling for an adapter's lane (`[learner.lora]`'s, else the learner's)."""
+        return self.lora.max_learning_rate or self.max_learning_rate
+
+    @property
     def largest_batch(self) -> int:
         """The most ratings one step takes (`max_batch_size`, or B when adaptive batching is off)."""
         return self.max_batch_size or self.batch_size
@@ -203,6 +215,8 @@ class LearnerConfig:
             raise ValueError("max_step_kl must be >= 0, and the trust region needs zero_stage 0 (whole parameters in this process)")
         if not (0 < self.min_learning_rate <= self.learning_rate <= self.max_learning_rate):
             raise ValueError("need 0 < min_learning_rate <= learning_rate <= max_learning_rate")
+        if 0 < self.lora.max_learning_rate < self.learning_rate:
+            raise ValueError("lora.max_learning_rate must be 0 (the learner's) or >= learning_rate")
         if self.batch_size < 1 or self.publish_every_steps < 1:
             raise ValueError("batch_size and publish_every_steps must be >= 1")
         if self.max_batch_size and self.max_batch_size < self.batch_size:

@@ -115,7 +115,8 @@ class OnlineLearner:
         self.place: Placement = adapters.place if adapters is not None else placement(config)
         self.method = make_method(config)
         self.step_size = (
-            StepSizeControl(config.learning_rate, config.target_step_kl, config.min_learning_rate, config.max_learning_rate)
+            StepSizeControl(config.learning_rate, config.target_step_kl, config.min_learning_rate,
+                            config.adapter_max_learning_rate if adapters is not None else config.max_learning_rate)
             if config.target_step_kl > 0 else None
         )
         self.kl_control = (

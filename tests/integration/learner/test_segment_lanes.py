@@ -152,3 +152,19 @@ def test_one_loop_runs_the_lanes_a_paused_one_is_skipped_and_the_status_is_typed
     assert status.step == 2 and not status.paused and status.version is None
     assert cozy.version == store.cursor_version("sao:cozy") > 0 and night.version == 0  # cozy published at its 2nd step
     assert status.as_dict()["segments"]["cozy"]["pending_cursor"] == cozy.pending_cursor == store.get_cursor("sao:cozy")
+
+
+def test_an_adapters_rate_ceiling_is_its_own_and_the_whole_policy_keeps_the_learners(store, tmp_path):
+    model_dir = store.get_version(0).checkpoint_path
+    steps = dict(target_step_kl=0.005, min_learning_rate=1e-5, max_learning_rate=2e-3)
+    lanes = SegmentLanes(store, _config(tmp_path, lora=LoraSettings(rank=4, alpha=8, max_learning_rate=2e-2), **steps),
+                         CriticConfig(), model_dir)
+    assert {lane.step_size.max_lr for lane in lanes.lanes.values()} == {2e-2}
+    whole = build_learner(store, _config(tmp_path, adapters="none", lora=LoraSettings(max_learning_rate=2e-2), **steps),
+                          CriticConfig(), model_dir)
+    assert whole.step_size.max_lr == 2e-3
+    assert _config(tmp_path, **steps).adapter_max_learning_rate == 2e-3  # unset: the learner's
+    with pytest.raises(ValueError, match="lora.max_learning_rate"):
+        _config(tmp_path, lora=LoraSettings(max_learning_rate=1e-4), **steps)
+    with pytest.raises(ValueError, match="lora max_learning_rate"):
+        LoraSettings(max_learning_rate=-1.0)
