@@ -3,7 +3,8 @@
 For each objective (rule rewards, liveloop/rewards.py), each seed and each way of learning (`shared`:
 the whole policy; `adapter`: the cozy segment's LoRA adapter), one run of the learning rig
 (experiments/uptake.py: the real store and learner in one process, users rating every reply, the
-learner up to 4 ratings behind; a critic pre-trained on the objective, shared by both modes of a seed):
+learner up to 4 ratings behind; a critic pre-trained on the objective, shared by both modes of a seed; the
+whole policy is the shipped learner, the adapter that plus configs/adapter_learning.toml, as shipped):
 ratings until the reward's 40-rating moving average reaches the base rate + 0.25, the probe rate
 before/after on 48 fixed prompts, and the other segment's change (the leak; it must be 0 for an adapter).
 The served version of this benchmark, through the real server and engine, is bench/new_objectives_served.py.
@@ -30,19 +31,20 @@ from common import default_model, save  # noqa: E402
 
 from liveloop.clients.rewards import SIX_OBJECTIVES
 
+ADAPTER_PRESET = ("adapter_learning",)  # how the shipped adapter presets learn (configs/adapter_learning.toml)
 RUN_FIELDS = ("objective", "mode", "seed", "before", "after", "other_before", "other_after", "leak", "ratings_to_effect",
               "ratings", "critic_ev", "seconds")
 
 
-def _seed_runs(model_dir: str, objective: str, seed: int, modes: list[str], knobs: dict) -> list[dict]:
+def _seed_runs(model_dir: str, cache: str, objective: str, seed: int, modes: list[str], knobs: dict) -> list[dict]:
     """Both modes of one (objective, seed), sharing one pre-trained critic (one worker process)."""
-    from liveloop.experiments.uptake import UptakeSpec, pretrained_critic, uptake
+    from liveloop.experiments.uptake import SHIPPED, UptakeSpec, cached_critic, uptake
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        specs = [UptakeSpec(objective, mode, seed=seed, **knobs) for mode in modes]
-        critic_dir = Path(tmp) / "critic"
-        ev = pretrained_critic(critic_dir, Path(model_dir), specs[0])
+        specs = [UptakeSpec(objective, mode, seed=seed, extends=SHIPPED + ADAPTER_PRESET * (mode == "adapter"), **knobs)
+                 for mode in modes]
+        critic_dir, ev = cached_critic(Path(cache), Path(model_dir), specs[0])
         for spec in specs:
             run = uptake(Path(tmp) / spec.mode, Path(model_dir), spec, critic_from=critic_dir, critic_ev=ev)
             row = run.row() | {"rewards": run.rewards}
@@ -90,10 +92,12 @@ def main() -> None:
     parser.add_argument("--critic", nargs="*", default=[], help="extra [critic] lines")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (this machine: 2 cores)")
     parser.add_argument("--out", default="new_objectives", help="result name under bench/results/")
+    parser.add_argument("--critic-cache", default=str(Path(tempfile.gettempdir()) / "liveloop-critics"),
+                        help="pre-trained critics, one per objective and seed (bench/levers.py fills the same cache)")
     args = parser.parse_args()
     model_dir = str(default_model())
     knobs = {"max_ratings": args.max_ratings, "learner": tuple(args.learner), "lora": tuple(args.lora), "critic": tuple(args.critic)}
-    jobs = [(model_dir, o, s, args.modes, knobs) for o in args.objectives for s in args.seeds]
+    jobs = [(model_dir, args.critic_cache, o, s, args.modes, knobs) for o in args.objectives for s in args.seeds]
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = [row for rows in pool.map(_seed_runs, *zip(*jobs)) for row in rows]
     summary = summarize(rows)

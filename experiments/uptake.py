@@ -19,6 +19,7 @@ deployment that knows its objective would; `pretrained_critic` shares one fit be
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -34,7 +35,7 @@ from liveloop.experiments.rig import Ask, LearningRig, sample_batch
 
 SEGMENT, OTHER = "cozy", "night"
 PROBES = 48
-SHIPPED = ["tuned_learner", "step_control"]
+SHIPPED = ("tuned_learner", "step_control")  # the shipped learner the served benchmarks and experiments run
 MODES = {"shared": "", "adapter": f'adapters = "segment"\nsegments = ["{SEGMENT}", "{OTHER}"]'}
 
 
@@ -51,6 +52,7 @@ class UptakeSpec:
     critic: tuple[str, ...] = ()  # extra [critic] lines
     lora: tuple[str, ...] = ()  # extra [learner.lora] lines
     pretrain_rollouts: int = 128
+    extends: tuple[str, ...] = SHIPPED  # the presets under the spec's lines (adapters: + "adapter_learning")
     stop_at_effect: bool = True  # False: rate all max_ratings (a fixed budget: the lever sweep's measure)
 
     def __post_init__(self) -> None:
@@ -84,8 +86,9 @@ class UptakeRun:
 
 
 def config_for(spec: UptakeSpec) -> Config:
-    """The shipped learner (tuned preset + step-size control) with the mode's and the spec's lines."""
-    lines = [f"extends = {SHIPPED!r}".replace("'", '"'), "[learner]", f"seed = {spec.seed}", MODES[spec.mode], *spec.learner,
+    """The spec's presets (the shipped learner: tuned preset + step-size control) with the mode's and the
+    spec's lines."""
+    lines = [f"extends = {json.dumps(list(spec.extends))}", "[learner]", f"seed = {spec.seed}", MODES[spec.mode], *spec.learner,
              "[learner.lora]", *spec.lora, "[critic]", f'pretrain_reward = "{spec.objective}"',
              f"pretrain_rollouts = {spec.pretrain_rollouts}", "pretrain_ev_threshold = 0.5", *spec.critic]
     return load_config(text="\n".join(lines) + "\n")
@@ -136,7 +139,6 @@ def cached_critic(root: Path, model_dir: Path, spec: UptakeSpec) -> tuple[Path, 
     """`pretrained_critic` for the spec's objective, seed and rollout count under `root`, fitted once and
     reused (the fit does not depend on the learner's knobs; a `critic` lever gets its own entry)."""
     import hashlib
-    import json
 
     key = hashlib.sha256(json.dumps([spec.objective, spec.seed, spec.pretrain_rollouts, spec.critic]).encode()).hexdigest()[:12]
     done = Path(root) / f"{spec.objective.replace(':', '_')}-s{spec.seed}-{key}"

@@ -189,7 +189,7 @@ def test_every_preset_loads_with_its_loader():
         "default": load_config, "production": load_config, "tuned_learner": load_config, "bgpo": load_bgpo_config,
         "drift": load_scenario, "drift_experiment": load_experiment, "stability_experiment": load_experiment, "step_control": load_config,
         "drift_long": load_experiment, "segment_adapters": load_config, "stability_adapters": load_experiment,
-        "live_swaps": load_config, "ray": load_config, "evaluation_default": load_suite, "sycophancy": load_scenario,
+        "live_swaps": load_config, "ray": load_config, "adapter_learning": load_config, "evaluation_default": load_suite, "sycophancy": load_scenario,
     }
     assert set(presets()) == set(loaders), "a new preset in configs/: add its loader here"
     for name, load in loaders.items():
@@ -221,7 +221,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 _LOADERS = {  # the loader of every kind of preset (test_every_preset_loads_with_its_loader names them per preset)
-    "liveloop.config:load_config": ("default", "production", "tuned_learner", "step_control", "segment_adapters", "live_swaps", "ray"),
+    "liveloop.config:load_config": ("default", "production", "tuned_learner", "step_control", "segment_adapters", "live_swaps", "ray", "adapter_learning"),
     "liveloop.diffusion.config:load_bgpo_config": ("bgpo",),
     "liveloop.clients.scenario:load_scenario": ("drift", "sycophancy"),
     "liveloop.experiments.drift:load_experiment": ("drift_experiment", "stability_experiment", "drift_long", "stability_adapters"),
