@@ -45,6 +45,8 @@ LEVERS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
     "rank32": (("adapter",), {"lora": ("rank = 32", "alpha = 64.0")}),
     "alpha64": (("adapter",), {"lora": ("alpha = 64.0",)}),
     "lm_head": (("adapter",), {"lora": ('target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"]',)}),
+    "lm_head_lr": (("adapter",), {"lora": ('target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"]',
+                                            "max_learning_rate = 2e-2")}),
     "experts": (("adapter",), {"lora": ('target_parameters = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]',)}),
     # the critic's cold start: 4x the pre-training rollouts
     "critic_512": (("shared", "adapter"), {"critic": ("pretrain_rollouts_override",)}),
@@ -88,6 +90,17 @@ def _warm(model_dir: str, cache: str, lever: str, objective: str, seed: int) -> 
     cached_critic(Path(cache), Path(model_dir), UptakeSpec(objective, "shared", seed=seed, **_spec_knobs(lever)))
 
 
+def _logged(paths: list[str]) -> list[dict]:
+    """The run rows sweep logs printed (one per lever, objective, mode and seed: the last one wins)."""
+    rows = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith('{"lever"'):
+                row = json.loads(line)
+                rows[(row["lever"], row["objective"], row["mode"], row["seed"])] = row
+    return list(rows.values())
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     """Per (lever, objective, mode): means, and the paired difference to the baseline's run on the same
     seed with a 95% t-interval (seeds where either is missing are left out)."""
@@ -120,6 +133,9 @@ def table(summary: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levers", nargs="+", default=["baseline", "lr_ceiling", "step_target", "kl_loose"])
+    parser.add_argument("--shared-levers", nargs="*", default=None, help="the whole policy's levers (default: --levers)")
+    parser.add_argument("--adapter-levers", nargs="*", default=None, help="the adapter's levers (default: --levers)")
+    parser.add_argument("--done", nargs="*", default=[], metavar="LOG", help="skip runs these sweep logs already printed")
     parser.add_argument("--objectives", nargs="+", default=["contains:behold", "max_words:16"])
     parser.add_argument("--modes", nargs="+", default=["shared", "adapter"], choices=["shared", "adapter"])
     parser.add_argument("--shared-objectives", nargs="*", default=None, help="the whole policy's objectives (default: --objectives)")
@@ -133,21 +149,24 @@ def main() -> None:
     parser.add_argument("--summarize", nargs="*", metavar="LOG", help="only summarize the JSON rows these sweep logs printed")
     args = parser.parse_args()
     if args.summarize:
-        rows = [json.loads(line) for path in args.summarize for line in Path(path).read_text().splitlines() if line.startswith('{"lever"')]
-        print(table(summarize(rows)))
+        print(table(summarize(_logged(args.summarize))))
         return
     if args.list:
         for name, (modes, knobs) in LEVERS.items():
             print(f"{name:14s} {'/'.join(modes):15s} {knobs}")
         return
-    if unknown := set(args.levers) - set(LEVERS):
+    levers = {"shared": args.levers if args.shared_levers is None else args.shared_levers,
+              "adapter": args.levers if args.adapter_levers is None else args.adapter_levers}
+    if unknown := (set(levers["shared"]) | set(levers["adapter"])) - set(LEVERS):
         parser.error(f"unknown levers {sorted(unknown)}; --list shows them")
     model_dir = str(default_model())
     # seed-major order: the pairs of a seed finish together, so an interrupted sweep still pairs
     objectives = {"adapter": args.objectives if args.adapter_objectives is None else args.adapter_objectives,
                   "shared": args.objectives if args.shared_objectives is None else args.shared_objectives}
+    done = {(r["lever"], r["objective"], r["mode"], r["seed"]) for r in _logged(args.done)}
     jobs = [(model_dir, args.critic_cache, lever, o, mode, s, args.budget) for s in args.seeds for o in args.objectives
-            for lever in args.levers for mode in args.modes if mode in LEVERS[lever][0] and o in objectives[mode]]
+            for mode in args.modes for lever in levers[mode]
+            if mode in LEVERS[lever][0] and o in objectives[mode] and (lever, o, mode, s) not in done]
     with ProcessPoolExecutor(args.jobs) as pool:
         critics = {(_critic_key(j[2]), j[3], j[5]): j for j in jobs}  # one fit per critic the runs share
         list(pool.map(_warm, *zip(*[(m, c, lever, o, s) for (m, c, lever, o, _, s, _) in critics.values()])))
