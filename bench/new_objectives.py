@@ -94,7 +94,18 @@ def main() -> None:
     parser.add_argument("--out", default="new_objectives", help="result name under bench/results/")
     parser.add_argument("--critic-cache", default=str(Path(tempfile.gettempdir()) / "liveloop-critics"),
                         help="pre-trained critics, one per objective and seed (bench/levers.py fills the same cache)")
+    parser.add_argument("--summarize", nargs="*", metavar="LOG", help="only table the JSON rows these runs' logs printed")
     args = parser.parse_args()
+    if args.summarize:
+        rows = {}
+        for path in args.summarize:
+            for line in Path(path).read_text().splitlines():
+                if line.startswith('{"objective"'):
+                    row = json.loads(line)
+                    rows[(row["objective"], row["mode"], row["seed"])] = row
+        print(table(summarize(sorted(rows.values(), key=lambda r: (args.objectives.index(r["objective"])
+                                                                       if r["objective"] in args.objectives else 99, r["mode"] != "shared")))))
+        return
     model_dir = str(default_model())
     knobs = {"max_ratings": args.max_ratings, "learner": tuple(args.learner), "lora": tuple(args.lora), "critic": tuple(args.critic)}
     jobs = [(model_dir, args.critic_cache, o, s, args.modes, knobs) for o in args.objectives for s in args.seeds]
