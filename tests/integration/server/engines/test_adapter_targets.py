@@ -8,8 +8,6 @@ unload back to the plain model see through the nested wrappers; vLLM refuses suc
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,8 @@ from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.server.engines.vllm_engine import adapter_refusal
 from liveloop.transport.weights import CheckpointDir
 
+from .test_adapters import _edited
+
 PROMPT = (5, 6, 7, 8)
 EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
@@ -36,13 +36,6 @@ def _random_adapter(model_dir: Path, out: Path, seed: int, modules: tuple[str, .
     config = LoraConfig(r=4, lora_alpha=8, target_modules=list(modules), target_parameters=list(parameters) or None,
                         init_lora_weights=False)
     get_peft_model(base, config).save_pretrained(str(out), save_embedding_layers=False)
-    return out
-
-
-def _edited(src: Path, out: Path, **config: object) -> Path:
-    shutil.copytree(src, out)
-    saved = json.loads((out / "adapter_config.json").read_text())
-    (out / "adapter_config.json").write_text(json.dumps(saved | config))
     return out
 
 
