@@ -53,6 +53,17 @@ def _seed_runs(model_dir: str, cache: str, objective: str, seed: int, modes: lis
     return rows
 
 
+def _logged(paths: list[str]) -> list[dict]:
+    """The run rows these logs printed (per objective, mode and seed, the last one wins)."""
+    rows = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith('{"objective"'):
+                row = json.loads(line)
+                rows[(row["objective"], row["mode"], row["seed"])] = row
+    return list(rows.values())
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     """Per (objective, mode): the median ratings to effect with its interval, seeds that got there, probe
     rates before/after with t-intervals, and the largest absolute leak."""
@@ -95,20 +106,19 @@ def main() -> None:
     parser.add_argument("--critic-cache", default=str(Path(tempfile.gettempdir()) / "liveloop-critics"),
                         help="pre-trained critics, one per objective and seed (bench/levers.py fills the same cache)")
     parser.add_argument("--summarize", nargs="*", metavar="LOG", help="only table the JSON rows these runs' logs printed")
+    parser.add_argument("--done", nargs="*", default=[], metavar="LOG", help="skip (objective, seed, mode) runs these logs printed")
     args = parser.parse_args()
     if args.summarize:
-        rows = {}
-        for path in args.summarize:
-            for line in Path(path).read_text().splitlines():
-                if line.startswith('{"objective"'):
-                    row = json.loads(line)
-                    rows[(row["objective"], row["mode"], row["seed"])] = row
-        print(table(summarize(sorted(rows.values(), key=lambda r: (args.objectives.index(r["objective"])
-                                                                       if r["objective"] in args.objectives else 99, r["mode"] != "shared")))))
+        rows = _logged(args.summarize)
+        print(table(summarize(sorted(rows, key=lambda r: (args.objectives.index(r["objective"])
+                                                          if r["objective"] in args.objectives else 99, r["mode"] != "shared")))))
         return
     model_dir = str(default_model())
     knobs = {"max_ratings": args.max_ratings, "learner": tuple(args.learner), "lora": tuple(args.lora), "critic": tuple(args.critic)}
-    jobs = [(model_dir, args.critic_cache, o, s, args.modes, knobs) for o in args.objectives for s in args.seeds]
+    done = {(r["objective"], r["seed"], r["mode"]) for r in _logged(args.done)}
+    jobs = [(model_dir, args.critic_cache, o, s, [m for m in args.modes if (o, s, m) not in done], knobs)
+            for o in args.objectives for s in args.seeds]
+    jobs = [job for job in jobs if job[4]]
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = [row for rows in pool.map(_seed_runs, *zip(*jobs)) for row in rows]
     summary = summarize(rows)
