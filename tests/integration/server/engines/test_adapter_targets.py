@@ -23,9 +23,8 @@ from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.server.engines.vllm_engine import adapter_refusal
 from liveloop.transport.weights import CheckpointDir
 
-from .test_adapters import _edited
+from .test_adapters import PROMPT, _edited, _reference
 
-PROMPT = (5, 6, 7, 8)
 EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
@@ -72,16 +71,6 @@ async def _collect(engine, request: GenerationRequest) -> tuple[list[int], list[
             ids += delta.token_ids
             lps += delta.logprobs
     return ids, lps, gen.adapter
-
-
-@torch.no_grad()
-def _reference(model_dir: Path, adapter: Path | None, ids: list[int], base: Path | None = None) -> torch.Tensor:
-    model = AutoModelForCausalLM.from_pretrained(str(base or model_dir), dtype=torch.float32).eval()
-    if adapter is not None:
-        model = PeftModel.from_pretrained(model, str(adapter)).eval()
-    full = torch.tensor([list(PROMPT) + ids])
-    lp = torch.log_softmax(model(input_ids=full).logits[0, len(PROMPT) - 1 : -1].float(), -1)
-    return lp.gather(1, torch.tensor(ids)[:, None])[:, 0]
 
 
 def _matches(served, model_dir: Path, adapter: Path | None, base: Path | None = None) -> bool:
