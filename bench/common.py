@@ -72,3 +72,18 @@ def rated_samples(model_dir: Path, n: int, target: str = "behold", max_tokens: i
         r = sample_reply(model, tok, chat_prompt_ids(tok, chat_messages(i)[0]["content"]), max_tokens, torch.Generator().manual_seed(seed + i))
         out.append(Sample.from_rollout(r, float(target in r.text.lower())))
     return out
+
+
+def logged_rows(paths: list[str], keys: tuple[str, ...]) -> list[dict]:
+    """The JSON rows a benchmark printed one per line (each starting with `{"<keys[0]>"`) in these logs,
+    one per value of `keys`: a later row replaces an earlier one (a rerun of the same run)."""
+    import json
+
+    rows = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(f'{{"{keys[0]}"'):
+                row = json.loads(line)
+                rows[tuple(row[k] for k in keys)] = row
+    return list(rows.values())
+

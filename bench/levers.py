@@ -27,7 +27,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from common import default_model, save  # noqa: E402
+from common import default_model, logged_rows, save  # noqa: E402
 
 # name -> (modes it applies to, {"learner": [...], "lora": [...], "critic": [...]})
 LEVERS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
@@ -91,14 +91,7 @@ def _warm(model_dir: str, cache: str, lever: str, objective: str, seed: int) -> 
 
 
 def _logged(paths: list[str]) -> list[dict]:
-    """The run rows sweep logs printed (one per lever, objective, mode and seed: the last one wins)."""
-    rows = {}
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith('{"lever"'):
-                row = json.loads(line)
-                rows[(row["lever"], row["objective"], row["mode"], row["seed"])] = row
-    return list(rows.values())
+    return logged_rows(paths, ("lever", "objective", "mode", "seed"))
 
 
 def summarize(rows: list[dict]) -> list[dict]:

@@ -27,7 +27,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from common import default_model, save  # noqa: E402
+from common import default_model, logged_rows, save  # noqa: E402
 
 from liveloop.clients.rewards import SIX_OBJECTIVES
 
@@ -54,14 +54,7 @@ def _seed_runs(model_dir: str, cache: str, objective: str, seed: int, modes: lis
 
 
 def _logged(paths: list[str]) -> list[dict]:
-    """The run rows these logs printed (per objective, mode and seed, the last one wins)."""
-    rows = {}
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith('{"objective"'):
-                row = json.loads(line)
-                rows[(row["objective"], row["mode"], row["seed"])] = row
-    return list(rows.values())
+    return logged_rows(paths, ("objective", "mode", "seed"))
 
 
 def summarize(rows: list[dict]) -> list[dict]:
