@@ -1,5 +1,6 @@
 """The drift experiment on the learning rig, short: every rating recorded with its segment's phase at its
-own rating count, the segments as the scenario draws them, and GRPO stepping on whole groups."""
+own rating count, the segments as the scenario draws them, and GRPO stepping on whole groups, a group
+behind the users."""
 
 from __future__ import annotations
 
@@ -63,3 +64,8 @@ def test_sao_and_grpo_on_the_rig(tmp_path, model_dir, experiment):
     assert grpo.final_metrics["policy/learner/groups"] == RATINGS // G
     assert grpo.final_metrics["policy/learner/batch_size"] == G
     assert grpo.final_metrics["policy/learner/groups_pending"] == 0
+    # a group behind: group k was sampled after k - 1 steps (the learner had taken groups 0..k-2), so each
+    # step after the first trains on a group that the previous step's weights did not sample
+    steps_at = {g: {r.steps for r in grpo.ratings if r.group == g} for g in groups}
+    assert [steps_at[g] for g in dict.fromkeys(r.group for r in grpo.ratings)] == [{max(0, k - 1)} for k in range(RATINGS // G)]
+    assert [r.steps for r in sao.ratings] == [k // 4 * 4 for k in range(RATINGS)]  # SAO: 4 sampled, then 4 steps
