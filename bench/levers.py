@@ -47,6 +47,8 @@ LEVERS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
     "lm_head": (("adapter",), {"lora": ('target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"]',)}),
     "lm_head_lr": (("adapter",), {"lora": ('target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"]',
                                             "max_learning_rate = 2e-2")}),
+    "lm_head_lr5": (("adapter",), {"lora": ('target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"]',
+                                             "max_learning_rate = 5e-3")}),
     "experts": (("adapter",), {"lora": ('target_parameters = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]',)}),
     # the critic's cold start: 4x the pre-training rollouts
     "critic_512": (("shared", "adapter"), {"critic": ("pretrain_rollouts_override",)}),
