@@ -52,6 +52,14 @@ class LoraSettings:
                   "a fresh adapter (B = 0) moves the policy far less per unit of rate than the whole policy does"},
     )
 
+    restart_window: int = field(
+        default=0,
+        metadata={"help": "start a lane's adapter over (back to the base) when the mean reward of its last "
+                  "restart_window trained ratings falls restart_drop below the best such mean since it started "
+                  "(0: never): its users moved away from what it learned (learner/restart.py)"},
+    )
+    restart_drop: float = field(default=0.5, metadata={"help": "the fall in that mean reward that starts the adapter over"})
+
     def __post_init__(self) -> None:
         if self.rank < 1 or self.alpha <= 0 or not (self.target_modules or self.target_parameters):
             raise ValueError("lora rank must be >= 1, alpha > 0, and target_modules or target_parameters non-empty")
@@ -60,6 +68,8 @@ class LoraSettings:
             raise ValueError(f"lora target_modules and target_parameters must be distinct non-empty names: {names}")
         if self.max_learning_rate < 0:
             raise ValueError("lora max_learning_rate must be >= 0 (0: the learner's)")
+        if self.restart_window < 0 or not 0 < self.restart_drop <= 1:
+            raise ValueError("lora restart_window must be >= 0 (0: off) and restart_drop in (0, 1]")
         if any("." not in n for n in self.target_parameters):
             raise ValueError(
                 f"lora target_parameters {list(self.target_parameters)} must each be <module>.<parameter> "

@@ -62,6 +62,7 @@ from liveloop.learner.placement import Placement, placement
 from liveloop.learner.position import LearnerState, stored_position
 from liveloop.learner.publishing import HostState, VersionPublisher
 from liveloop.learner.ranks import RankGroup
+from liveloop.learner.restart import RestartOnDrop
 from liveloop.learner.status import LaneStatus, LearnerStatus
 from liveloop.segments import lane_cursor
 from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists
@@ -114,14 +115,10 @@ class OnlineLearner:
         self.critic_config = critic_config
         self.place: Placement = adapters.place if adapters is not None else placement(config)
         self.method = make_method(config)
-        self.step_size = (
-            StepSizeControl(config.learning_rate, config.target_step_kl, config.min_learning_rate,
-                            config.adapter_max_learning_rate if adapters is not None else config.max_learning_rate)
-            if config.target_step_kl > 0 else None
-        )
-        self.kl_control = (
-            AdaptiveKLCoef(config.kl_coef, config.target_kl_to_base, config.kl_horizon)
-            if config.target_kl_to_base > 0 and config.kl_coef > 0 else None
+        self.step_size, self.kl_control = self._controllers()
+        self.restart = (
+            RestartOnDrop(config.lora.restart_window, config.lora.restart_drop)
+            if adapters is not None and config.lora.restart_window > 0 else None
         )
         self.window = StabilityWindow(config.diagnostics_window)
         self._load(policy_dir, critic_dir)
@@ -145,13 +142,7 @@ class OnlineLearner:
             self.policy = self.adapters.add(self.segment, policy_dir)  # only this adapter takes gradients now
         else:
             self.policy = self.place.load_causal_lm(policy_dir)
-        if c.ranks > 1:  # the policy step across ranks (learner/ranks.py); one group for the process's life
-            self.rank_group = getattr(self, "rank_group", None) or RankGroup.start(c)
-            self.policy_opt = self.rank_group.optimizer(self.policy, policy_dir, self.learning_rate, c)
-        else:
-            self.policy_opt = make_optimizer(
-                self.policy, self.learning_rate, c.max_grad_norm, c.zero_stage, c.batch_size, c.master_weights
-            )
+        self.policy_opt = self._optimizer(policy_dir)
         backbone = critic_dir or (policy_dir if self.adapters is None else str(self.base_model_dir))
         self.critic = (
             Critic(
@@ -160,6 +151,35 @@ class OnlineLearner:
             )
             if self.method.uses_critic else None
         )
+
+    def _controllers(self) -> tuple[StepSizeControl | None, AdaptiveKLCoef | None]:
+        """The step-size and KL-anchor controllers at their configured start (None where off)."""
+        c = self.config
+        step_size = (
+            StepSizeControl(c.learning_rate, c.target_step_kl, c.min_learning_rate,
+                            c.adapter_max_learning_rate if self.adapters is not None else c.max_learning_rate)
+            if c.target_step_kl > 0 else None
+        )
+        kl_control = AdaptiveKLCoef(c.kl_coef, c.target_kl_to_base, c.kl_horizon) if c.target_kl_to_base > 0 and c.kl_coef > 0 else None
+        return step_size, kl_control
+
+    def _optimizer(self, policy_dir: str | None):
+        c = self.config
+        if c.ranks > 1:  # the policy step across ranks (learner/ranks.py); one group for the process's life
+            self.rank_group = getattr(self, "rank_group", None) or RankGroup.start(c)
+            return self.rank_group.optimizer(self.policy, policy_dir, self.learning_rate, c)
+        return make_optimizer(self.policy, self.learning_rate, c.max_grad_norm, c.zero_stage, c.batch_size, c.master_weights)
+
+    def _start_over(self) -> None:
+        """A lane's adapter back to a fresh one (it serves what the base serves), with a fresh optimizer and
+        controllers (learner/restart.py says when). The critic, the cursor and the counters carry on; the
+        fresh adapter is published like any other update."""
+        log.warning("learner %s: the mean reward fell %.2f below its best: the adapter starts over",
+                    self.cursor_name, self.restart.drop)
+        self.policy = self.adapters.add(self.segment, None)
+        self.step_size, self.kl_control = self._controllers()
+        self.policy_opt = self._optimizer(None)
+        self.method.reset()
 
     @contextlib.contextmanager
     def _policy_on(self) -> Iterator[None]:
@@ -250,6 +270,11 @@ class OnlineLearner:
         # 5. one policy step
         metrics |= self._policy_step(batch, advantages)
         metrics |= self.method.stats() | self.window.add(host, values.cpu() if values is not None else None, advantages.cpu())
+        if self.restart is not None:
+            started_over = self.restart.add(host.rewards.tolist())
+            metrics |= self.restart.stats()
+            if started_over:
+                self._start_over()
         s.pending_cursor = last_id
         s.step += 1
         s.samples += len(samples)

@@ -81,3 +81,38 @@ def test_the_whole_policy_serves_every_segment(tmp_path, model_dir):
         assert response.segment is None and feedback.reward == 1 and response.policy_version == 0
     finally:
         rig.close()
+
+
+
+def test_a_lane_whose_ratings_collapse_starts_over_from_the_base_and_the_other_lane_keeps_its_adapter(tmp_path, model_dir):
+    rig = _rig(tmp_path, model_dir, ADAPTERS + "[learner.lora]\nrestart_window = 4\nrestart_drop = 0.5\n")
+    prompts = ["Tell me about cats.", "Say something about bread.", "Tell me about rain.", "Describe the moon."]
+
+    def b_of(segment):
+        return [p for n, p in rig.learner.adapters.model.named_parameters() if "lora_B" in n and f".{segment}." in n]
+
+    def texts(segment):
+        return [r.text for r in rig.sample([Ask(segment, p) for p in prompts], torch.Generator().manual_seed(7))]
+
+    try:
+        cozy, night = rig.learner.lanes["cozy"], rig.learner.lanes["night"]
+        # one step per rating: cozy's 4-rating mean goes 1.0 (best), 0.75, then 0.5 at its last rating
+        for segment, rewards in (("night", [1, 1, 1, 1]), ("cozy", [1, 1, 1, 1]), ("cozy", [1, 1, 0, 0])):
+            rig.rate(rig.sample([Ask(segment, p) for p in prompts]), rewards)
+            assert rig.train() == 4
+            if segment == "cozy" and cozy.restart.restarts == 0:
+                assert any(p.abs().sum() > 0 for p in b_of("cozy"))  # learned before it fell
+        assert (cozy.restart.restarts, night.restart.restarts) == (1, 0)
+        assert cozy.state.last_metrics["learner/restarts"] == 1.0
+        # started over: B = 0 again, so cozy serves exactly what the base (a lane never trained) serves;
+        # its rate starts again; night keeps what it learned
+        assert all(p.abs().sum() == 0 for p in b_of("cozy"))
+        assert texts("cozy") == texts(None)
+        assert cozy.learning_rate == cozy.config.learning_rate
+        assert any(p.abs().sum() > 0 for p in b_of("night")) and texts("night") != texts(None)
+        # and the fresh adapter learns: the optimizer holds its parameters
+        rig.rate(rig.sample([Ask("cozy", prompts[0])]), [1])
+        assert rig.train() == 1 and any(p.abs().sum() > 0 for p in b_of("cozy"))
+        assert cozy.state.samples == 9 and cozy.restart.restarts == 1
+    finally:
+        rig.close()
