@@ -148,18 +148,28 @@ docs/design.md, "The drift experiment on five seeds".
     path.write_text(text)
 
 
-def redo_tables(saved: Path, doc: str) -> None:
-    """The tables of a saved result (a run stopped before its end saves the runs that ended)."""
+def redo_tables(saved: list[Path], doc: str) -> None:
+    """The tables of saved results (a run stopped before its end saves the runs that ended). Several: their
+    rows merged, a later file's run of a (method, seed) replacing an earlier one's (a method rerun on a
+    newer config); the doc gives every file's command."""
     from liveloop.experiments.drift import load_experiment
 
-    result = json.loads(saved.read_text())
-    rows, config = result["rows"], result["config"]
-    methods = [m.name for m in load_experiment(config["config"], only=config["methods"]).methods]
-    summary, complete = summarize(rows, methods)
+    results = [json.loads(p.read_text()) for p in saved]
+    rows: dict[tuple, dict] = {}
+    methods: list[str] = []
+    for result in results:
+        rows |= {(r["method"], r["seed"]): r for r in result["rows"]}
+        config = result["config"]
+        methods += [m.name for m in load_experiment(config["config"], only=config["methods"]).methods if m.name not in methods]
+    methods.sort(key=lambda m: ORDER.index(m) if m in ORDER else len(ORDER))
+    merged = list(rows.values())
+    summary, complete = summarize(merged, methods)
     print(tables(summary))
     if doc:
-        started = datetime.fromtimestamp(saved.stat().st_mtime - result["wall_seconds"], timezone.utc)
-        write_doc(ROOT / doc, config["command"], started, result["wall_seconds"], complete, rows, summary, saved.resolve())
+        wall = sum(r["wall_seconds"] for r in results)
+        started = datetime.fromtimestamp(saved[0].stat().st_mtime - results[0]["wall_seconds"], timezone.utc)
+        command = "\n    ".join(r["config"]["command"] for r in results)
+        write_doc(ROOT / doc, command, started, wall, complete, merged, summary, saved[-1].resolve())
         print(f"wrote {doc}")
 
 
@@ -175,12 +185,14 @@ def main() -> None:
     parser.add_argument("--start-by", type=float, default=None, help="minutes: no seed starts after this")
     parser.add_argument("--out", default="drift_seeds", help="result name under bench/results/")
     parser.add_argument("--doc", default="docs/results/drift_rig.md", help="where the tables go ('' = nowhere)")
-    parser.add_argument("--tables-from", default=None, help="a saved result: print its tables (and write --doc), run nothing")
+    parser.add_argument("--tables-from", nargs="+", type=Path, default=None,
+                        help="saved results: print their tables (and write --doc), run nothing; a later file's run of a "
+                        "(method, seed) replaces an earlier one's")
     args = parser.parse_args()
     if args.tables_from:
-        redo_tables(Path(args.tables_from), args.doc)
+        redo_tables(args.tables_from, args.doc)
         return
-    command = "nice -n 10 .venv/bin/python bench/drift_seeds.py " + shlex.join(sys.argv[1:])
+    command = ".venv/bin/python bench/drift_seeds.py " + shlex.join(sys.argv[1:])
     cfg = load_experiment(args.config, only=args.methods)
     methods = [m.name for m in cfg.methods]
     uses_critic = {m.name: m.uses_critic for m in cfg.methods}
