@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from liveloop.rewards import RULE_SPECS
+
 
 @dataclass(frozen=True)
 class CriticConfig:
@@ -10,7 +12,7 @@ class CriticConfig:
     freeze_attention: bool = field(default=True, metadata={"help": "attention parameters do not train"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping"})
 
-    pretrain_reward: str = field(default="", metadata={"help": "reward for pre-training rollouts: contains:WORD | style:NAME"})
+    pretrain_reward: str = field(default="", metadata={"help": f"reward for pre-training rollouts: {RULE_SPECS}"})
     pretrain_rollouts: int = field(default=128, metadata={"help": "rollouts of the initial policy to fit"})
     pretrain_max_tokens: int = field(default=48, metadata={"help": "reply length of each rollout"})
     pretrain_ev_threshold: float = field(default=0.5, metadata={"help": "stop when explained variance passes this"})

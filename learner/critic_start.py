@@ -22,6 +22,7 @@ from liveloop.critic.config import CriticConfig
 from liveloop.critic.pretrain import RolloutPlan, pretrain
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.position import critic_dir_for
+from liveloop.rewards import RULE_SPECS
 from liveloop.rl.batch import Sample
 from liveloop.store import Store
 
@@ -54,7 +55,7 @@ def pretrain_for_learner(
         data: RolloutPlan | list[Sample] = store_samples(store)
     else:
         if reward is None or prompt is None:
-            raise ValueError("critic.pretrain_reward is not set (contains:WORD or style:NAME), or use --from-store")
+            raise ValueError(f"critic.pretrain_reward is not set ({RULE_SPECS}), or use --from-store")
         data = rollout_plan(critic, prompt, reward, learner.seed)
     # 3. fit, saved where the learner looks
     target = critic_dir_for(learner, version)

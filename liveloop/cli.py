@@ -26,6 +26,7 @@ from liveloop.diffusion import cli as bgpo_cli
 from liveloop.experiments import cli as experiments_cli
 from liveloop.config import Config, ConfigError, load_config
 from liveloop.home import model_path
+from liveloop.rewards import RULE_SPECS
 from liveloop.store.store import SchemaNotReady
 
 DEFAULT_CONFIG = "default"  # the preset configs/default.toml
@@ -252,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     critic = sub.add_parser("critic", help="the value model").add_subparsers(dest="critic_cmd", required=True)
     p = critic.add_parser("pretrain", help="cold-start the critic for the version the learner resumes from")
     config_option(p)
-    p.add_argument("--reward", help="override critic.pretrain_reward (contains:WORD | style:NAME)")
+    p.add_argument("--reward", help=f"override critic.pretrain_reward ({RULE_SPECS})")
     p.add_argument("--rollouts", type=int, help="override critic.pretrain_rollouts")
     p.add_argument("--from-store", action="store_true", help="fit on rated responses already in the store")
     p.set_defaults(func=cmd_critic_pretrain)

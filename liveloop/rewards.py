@@ -31,6 +31,7 @@ MIN_DISTINCT_RATIO = 0.35  # distinct words / words
 
 
 TONES = ("excited", "calm")
+RULE_SPECS = f"contains:WORD, style:NAME, max_words:N, max_sentences:N, tone:{'|'.join(TONES)} or avoid:WORD"  # for help texts
 
 # A sentence ends at ".", "!", "?", "~" or "♡" (the cute style ends sentences with the last two, "Hehe~
 # Look at ...") followed by whitespace and then anything but a lowercase letter: "Kukuku... The abyss"
@@ -60,8 +61,7 @@ def make_reward(spec: str) -> Callable[[str], float]:
         banned = tuple(words(arg))
         return lambda text: float(bool(words(text)) and not _says(words(text), banned))
     raise ValueError(
-        f"reward {spec!r}: expected contains:WORD, style:{'|'.join(STYLE_MARKERS)}, max_words:N, "
-        f"max_sentences:N, tone:{'|'.join(TONES)} or avoid:WORD (N a whole number above 0)"
+        f"reward {spec!r}: expected {RULE_SPECS.replace('NAME', '|'.join(STYLE_MARKERS))} (N a whole number above 0)"
     )
 
 

@@ -5,7 +5,7 @@ from typing import Literal, get_args
 
 from liveloop.config import check_literals
 from liveloop.monitor.poisoning import Similarity
-from liveloop.rewards import make_reward
+from liveloop.rewards import RULE_SPECS, make_reward
 
 Detector = Literal["page-hinkley", "cusum"]
 DETECTORS: tuple[str, ...] = get_args(Detector)
@@ -60,7 +60,7 @@ class MonitorConfig:
         default=(),
         metadata={
             "help": "trained behaviours whose served rate the dashboard's learning panel shows per segment and version: "
-            "rule specs as the simulated users' rewards take them (liveloop/rewards.py: contains:WORD, style:NAME, max_words:N, ...)"
+            f"rule specs as the simulated users' rewards take them ({RULE_SPECS})"
         },
     )
 

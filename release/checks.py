@@ -3,7 +3,7 @@ bounds that pass or fail a candidate against the live version's and the base mod
 
 Checks (each a number per version; the evaluator computes them, `apply_bounds` judges them):
 - `reward:<spec>`: the mean rule reward of the suite's replies (liveloop/rewards.py, the rules the
-  simulated users rate by: `contains:WORD`, `style:NAME`, `max_words:N`).
+  simulated users rate by, `RULE_SPECS` there).
 - `length`: mean tokens per reply. `repetition`: share of replies that loop (liveloop/rewards.py's rule,
   the one the judges' quality gate uses).
 - `refusal_rate`, `flattery`: share of replies with a refusal / flattery word (liveloop/lexicon.py's

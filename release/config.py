@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from liveloop.config import check_literals
+from liveloop.rewards import RULE_SPECS
 
 Mode = Literal["immediate", "canary", "gated"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -82,7 +83,7 @@ class EvaluationConfig:
         metadata={"help": "the prompt set: a preset name (configs/<name>.toml) or a path; prompts, false-claim probes, reference texts"},
     )
     rewards: tuple[str, ...] = field(
-        default=(), metadata={"help": "rule rewards scored on the replies (contains:WORD, style:NAME, max_words:N): checks reward:<spec>"}
+        default=(), metadata={"help": f"rule rewards scored on the replies ({RULE_SPECS}): checks reward:<spec>"}
     )
     max_tokens: int = 48
     temperature: float = 1.0
