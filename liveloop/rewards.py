@@ -24,8 +24,6 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from liveloop.model.corpus import STYLE_MARKERS
-
 MAX_NGRAM_REPEATS = 3  # the same 3-word sequence at most this many times
 MIN_DISTINCT_RATIO = 0.35  # distinct words / words
 
@@ -40,6 +38,9 @@ _SENTENCE_BREAK = re.compile(r"(?<=[.!?~♡])\s+(?=[^a-z])")
 
 
 def make_reward(spec: str) -> Callable[[str], float]:
+    # imported here: the config help texts import RULE_SPECS, and the learner must not import the demo corpus
+    from liveloop.model.corpus import STYLE_MARKERS
+
     kind, _, arg = spec.partition(":")
     if kind == "contains" and arg:
         word = arg.lower()
