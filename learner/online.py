@@ -227,6 +227,8 @@ class OnlineLearner:
         state.step, state.samples, state.skipped_steps = self.state.step, self.state.samples, self.state.skipped_steps
         self._load(policy_dir, critic_dir)
         self.method.reset()
+        if self.restart is not None:
+            self.restart.forget()
         self.state = state
 
     def sync_with_store(self) -> bool:

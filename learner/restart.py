@@ -42,11 +42,15 @@ class RestartOnDrop:
             mean = sum(self.rewards) / self.window
             self.best = mean if self.best is None else max(self.best, mean)
             if self.best - mean >= self.drop:
-                self.rewards.clear()
-                self.best = None
+                self.forget()
                 self.restarts += 1
                 return True
         return False
+
+    def forget(self) -> None:
+        """Judge afresh (the lane now serves another adapter: an operator's rollback or publish)."""
+        self.rewards.clear()
+        self.best = None
 
     def stats(self) -> dict[str, float]:
         out = {"learner/restarts": float(self.restarts)}

@@ -21,6 +21,13 @@ def test_a_fall_from_the_best_window_starts_over_once_and_the_window_starts_empt
     assert r.restarts == 1
 
 
+def test_forgetting_judges_afresh():
+    r = RestartOnDrop(window=2, drop=0.5)
+    assert not r.add([1, 1])
+    r.forget()  # a rollback: the best of the adapter that served before says nothing of this one
+    assert not r.add([0, 0]) and r.stats() == {"learner/restarts": 0.0, "learner/restart_window_mean": 0.0, "learner/restart_best": 0.0}
+
+
 def test_a_window_that_was_never_high_does_not_fire():
     r = RestartOnDrop(window=3, drop=0.4)
     assert not any(r.add([x]) for x in [0, 0, 1, 0, 0, 1, 0, 0, 0])  # best 1/3, never 0.4 above the low
