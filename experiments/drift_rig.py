@@ -14,7 +14,7 @@ One run, for one method and one seed:
      of its topics and a prompt about it; `lag` requests are sampled at a time from the segment's live
      weights (GRPO methods: one prompt asked G times, tagged as one group, per batch); the scenario's
      judge rates every reply against the style the segment prefers at its own rating count; the
-     learner then catches up. GRPO methods are a group behind instead (`group_behind`): the next group is
+     learner then catches up. GRPO methods are a group behind instead: the next group is
      sampled before the learner takes the last rated one, as on a server, where users keep asking while
      a group trains. So a group is trained by weights one step past those that sampled it, and the
      importance-sampling methods differ (with every group on-policy, GRPO and GRPO+DIS take identical
@@ -138,7 +138,7 @@ def pretrain_critic(cfg: ExperimentConfig, model_dir: Path, seed: int, out_dir: 
 
 def drift_run(
     workdir: Path, model_dir: Path, cfg: ExperimentConfig, method: MethodSpec, seed: int, *, lag: int = 4,
-    group_behind: bool = True, critic_dir: Path | None = None, critic: dict[str, float] | None = None, scenario: Scenario | None = None,
+    critic_dir: Path | None = None, critic: dict[str, float] | None = None, scenario: Scenario | None = None,
 ) -> DriftRun:
     """One method on one seed (the module docstring). `critic_dir`: the seed's pre-trained critic
     (`pretrain_critic`); None for a method with a critic: pre-trained here. `scenario`: another scenario
@@ -171,7 +171,7 @@ def drift_run(
                 batch = [(next(users), f"r{len(ratings) + i}") for i in range(min(lag, sc.max_events - len(ratings)))]
             steps = rig.steps
             replies = rig.sample([Ask(a.segment.name, a.prompt, g if method.grouped else None) for a, g in batch])
-            if method.grouped and group_behind:
+            if method.grouped:
                 rig.train()  # the group rated before this one was sampled
             rewards = []
             for (a, group), reply in zip(batch, replies):
@@ -183,9 +183,9 @@ def drift_run(
                 ratings.append(Rating(len(ratings), a.segment.name, phase, preferred, verdict.style, verdict.reward, group,
                                       reply.lane, reply.version, time.monotonic() - started, steps=steps))
             rig.rate(replies, rewards)
-            if not (method.grouped and group_behind):
+            if not method.grouped:
                 rig.train()
-        rig.train()  # the last group, when behind
+        rig.train()  # the last group (GRPO methods are a group behind)
         seconds = time.monotonic() - started
         final = {seg or "policy": rig.metrics(seg) for seg in _lanes(rig)}
     finally:
