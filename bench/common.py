@@ -86,4 +86,3 @@ def logged_rows(paths: list[str], keys: tuple[str, ...]) -> list[dict]:
                 row = json.loads(line)
                 rows[tuple(row[k] for k in keys)] = row
     return list(rows.values())
-

@@ -163,7 +163,7 @@ class OnlineLearner:
         kl_control = AdaptiveKLCoef(c.kl_coef, c.target_kl_to_base, c.kl_horizon) if c.target_kl_to_base > 0 and c.kl_coef > 0 else None
         return step_size, kl_control
 
-    def _optimizer(self, policy_dir: str | None):
+    def _optimizer(self, policy_dir: str | None) -> Any:
         c = self.config
         if c.ranks > 1:  # the policy step across ranks (learner/ranks.py); one group for the process's life
             self.rank_group = getattr(self, "rank_group", None) or RankGroup.start(c)

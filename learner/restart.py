@@ -37,15 +37,20 @@ class RestartOnDrop:
         empty: the next verdict needs `window` new ratings)."""
         for r in rewards:
             self.rewards.append(float(r))
-            if len(self.rewards) < self.window:
+            mean = self.window_mean
+            if mean is None:
                 continue
-            mean = sum(self.rewards) / self.window
             self.best = mean if self.best is None else max(self.best, mean)
             if self.best - mean >= self.drop:
                 self.forget()
                 self.restarts += 1
                 return True
         return False
+
+    @property
+    def window_mean(self) -> float | None:
+        """The mean reward of the last `window` ratings; None until the window is full."""
+        return sum(self.rewards) / self.window if len(self.rewards) == self.window else None
 
     def forget(self) -> None:
         """Judge afresh (the lane now serves another adapter: an operator's rollback or publish)."""
@@ -54,8 +59,8 @@ class RestartOnDrop:
 
     def stats(self) -> dict[str, float]:
         out = {"learner/restarts": float(self.restarts)}
-        if len(self.rewards) == self.window:
-            out["learner/restart_window_mean"] = sum(self.rewards) / self.window
+        if self.window_mean is not None:
+            out["learner/restart_window_mean"] = self.window_mean
         if self.best is not None:
             out["learner/restart_best"] = self.best
         return out

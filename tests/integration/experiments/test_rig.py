@@ -83,7 +83,6 @@ def test_the_whole_policy_serves_every_segment(tmp_path, model_dir):
         rig.close()
 
 
-
 def test_a_lane_whose_ratings_collapse_starts_over_from_the_base_and_the_other_lane_keeps_its_adapter(tmp_path, model_dir):
     rig = _rig(tmp_path, model_dir, ADAPTERS + "[learner.lora]\nrestart_window = 4\nrestart_drop = 0.5\n")
     prompts = ["Tell me about cats.", "Say something about bread.", "Tell me about rain.", "Describe the moon."]
