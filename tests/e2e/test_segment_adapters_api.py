@@ -103,6 +103,13 @@ def _statuses(http: httpx.Client) -> dict[int, str]:
     return {v["version"]: v["status"] for v in http.get("/admin/versions", headers=ADMIN).json()["data"]}
 
 
+def _wait_activated(http: httpx.Client, segment: str, version: int, what: str) -> None:
+    """Until `version` serves `segment` in the engine and the store's activation has committed: the
+    engine swaps an adapter in first and the store records it right after (server/publisher.py), so the
+    engine's view alone can run a moment ahead of the statuses."""
+    wait_until(lambda: _serving(http)[segment] == version and _statuses(http)[version] == "serving", 30, what)
+
+
 def _recorded(store, reply: dict) -> tuple[str | None, int]:
     row = wait_until(lambda: store.get_response(reply["id"]), 10, "the response to be logged")
     return row.segment, row.policy_version
@@ -119,7 +126,7 @@ def test_segments_start_on_the_base(http):
 
 def test_requests_are_routed_by_their_segment(http, store, adapter_dirs):
     cozy1 = _publish(store, adapter_dirs["cozy1"], "cozy", parent=0)
-    wait_until(lambda: _serving(http)["cozy"] == cozy1, 30, "the watcher to activate cozy's adapter")
+    _wait_activated(http, "cozy", cozy1, "the watcher to activate cozy's adapter")
     assert _serving(http) == {"cozy": cozy1, "night": None, "overflow": None}
 
     cozy, night, other, untagged = _chat(http, "cozy"), _chat(http, "night"), _chat(http, "somebody-else"), _chat(http, None)
@@ -152,7 +159,7 @@ def test_a_segments_pause_holds_back_only_its_own_activation(http, store, adapte
 
     cozy2 = _publish(store, adapter_dirs["cozy2"], "cozy", parent=cozy1)
     night1 = _publish(store, adapter_dirs["night1"], "night", parent=0)
-    wait_until(lambda: _serving(http)["night"] == night1, 30, "the watcher to activate night's adapter")
+    _wait_activated(http, "night", night1, "the watcher to activate night's adapter")
     time.sleep(1.0)  # ten watcher passes: an unpaused cozy would have moved by now
     assert _serving(http) == {"cozy": cozy1, "night": night1, "overflow": None}
     assert _statuses(http)[cozy2] == "published"
@@ -163,7 +170,7 @@ def test_a_segments_pause_holds_back_only_its_own_activation(http, store, adapte
 
     r = http.post("/admin/learning/resume", headers=ADMIN, json={"segment": "cozy"})
     assert r.json() == {"object": "learning", "learner": "sao:cozy", "paused": False, "changed": True, "segment": "cozy"}
-    wait_until(lambda: _serving(http)["cozy"] == cozy2, 30, "the watcher to activate cozy's newer adapter after resume")
+    _wait_activated(http, "cozy", cozy2, "the watcher to activate cozy's newer adapter after resume")
     statuses = _statuses(http)
     assert (statuses[cozy1], statuses[cozy2], statuses[night1], statuses[0]) == ("retired", "serving", "serving", "serving")
     assert _chat(http, "cozy")["policy_version"] == cozy2
@@ -267,7 +274,7 @@ def test_dashboard_adapters_panel(http, server, store, browser, adapter_dirs):
     from selenium.webdriver.support.ui import WebDriverWait
 
     night2 = _publish(store, adapter_dirs["night1"], "night", parent=0)  # night's lane goes on from the base
-    wait_until(lambda: _serving(http)["night"] == night2, 30, "the watcher to activate night's new adapter")
+    _wait_activated(http, "night", night2, "the watcher to activate night's new adapter")
     # the page re-renders every 2 s: an element found a moment ago may be replaced
     wait = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
     browser.get(server.base_url + "/dashboard")
