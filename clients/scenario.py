@@ -110,6 +110,12 @@ class ScenarioSettings:
     max_events: int = 600  # feedback events (ratings sent), then the run stops
     arrival_rate: float = 4.0  # prompts per second (Poisson); each prompt is asked group_size times
     max_in_flight: int = 8  # requests waiting for a reply at once
+    # 0: users arrive on their own clock, however far the learner falls behind (a server's reality);
+    # N > 0: the next user waits while more than N ratings decided are not yet taken by the
+    # learner, so what a run learns depends on its ratings, not on this machine's speed (needs an admin
+    # key; see clients/simulator.py)
+    max_learner_lag: int = 0
+    learner_wait_seconds: float = 120.0  # with max_learner_lag: a learner taking nothing this long fails the run
     rating_probability: float = 0.9  # a user rates a reply with this probability (a GRPO group: all or none)
     group_size: int = 1  # G: the same prompt asked G times (GRPO methods)
     max_tokens: int = 48
@@ -128,6 +134,8 @@ class ScenarioSettings:
             raise ValueError("styles must not be empty")
         if self.max_events <= 0 or self.arrival_rate <= 0 or self.max_in_flight <= 0:
             raise ValueError("max_events, arrival_rate and max_in_flight must be > 0")
+        if self.max_learner_lag < 0 or self.learner_wait_seconds <= 0:
+            raise ValueError("max_learner_lag must be >= 0 and learner_wait_seconds > 0")
         if not 0 < self.rating_probability <= 1:
             raise ValueError(f"rating_probability must be in (0, 1], got {self.rating_probability}")
         if self.group_size < 1 or self.max_tokens < 1:

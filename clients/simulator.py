@@ -14,7 +14,10 @@
 4. the run stops once `max_events` ratings are decided, after the pending ones are sent.
 Every reply becomes an `Event` (time, user, segment, preferred style, reply style, reward, version, ...);
 a progress line shows events, each segment's current preference, the reward moving average and the
-version being served. Knows nothing of the learner: only HTTP.
+version being served. Talks only HTTP. Users arrive on their own clock; with `max_learner_lag` N > 0
+the next arrival waits while more than N of the ratings its users decided to send are past the learner's position (`GET /admin/learner`: its `pending_cursor`, or the rating's segment lane's), so a run learns
+the same from its ratings on a fast machine and a slow one. A learner that takes none of them for
+`learner_wait_seconds` fails the run (`LearnerStalled`).
 """
 
 from __future__ import annotations
@@ -75,13 +78,20 @@ def read_events(path: Path) -> list[Event]:
     return [Event(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+class LearnerStalled(RuntimeError):
+    """`max_learner_lag` is on and the learner took none of the waiting ratings for `learner_wait_seconds`."""
+
+
 class Simulator:
     def __init__(
         self, scenario: Scenario, base_url: str, api_key: str, judge: Judge | None = None,
         progress: TextIO | None = sys.stderr, progress_every: float = 1.0, request_timeout: float = 300.0,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: httpx.AsyncBaseTransport | None = None, admin_key: str | None = None,
     ):
+        if scenario.max_learner_lag and not admin_key:
+            raise ValueError("max_learner_lag reads the learner's position (GET /admin/learner): it needs an admin key")
         self.scenario = scenario
+        self.admin_key = admin_key
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.judge = judge or make_judge(scenario.judge, flattery_words=scenario.flattery_words)
@@ -93,6 +103,8 @@ class Simulator:
         self.errors: list[str] = []
         self._feedback_counts = {s.name: 0 for s in scenario.segments}
         self._recent: deque[int] = deque(maxlen=50)
+        self._acknowledged: list[tuple[int, str]] = []  # (feedback id, segment) of each rating the server took
+        self._undelivered = 0  # ratings decided and not acknowledged yet (asked, in the user's delay, or sent)
         self._served = 0
         self._rated = 0
         self._start = 0.0
@@ -116,6 +128,7 @@ class Simulator:
             users, pick_user = user_ids(sc.users), random.Random(sc.seed * 7919 + 1)
             try:
                 while decided < sc.max_events:
+                    await self._wait_for_learner(http)
                     # 1. the next arrival: segment, topic, prompt; whether (and when) it will be rated
                     await asyncio.sleep(rng.expovariate(sc.arrival_rate))
                     segment = rng.choices(sc.segments, weights)[0]
@@ -126,6 +139,7 @@ class Simulator:
                     delays = [sc.feedback_delay.sample(rng) for _ in range(sc.group_size)]
                     if rated:
                         decided += sc.group_size
+                        self._undelivered += sc.group_size
                     await in_flight.acquire()
                     tasks.append(asyncio.create_task(self._serve(http, model, in_flight, request, segment, topic, prompt, rated, delays, user)))
                     request += 1
@@ -161,6 +175,8 @@ class Simulator:
             replies = await asyncio.gather(*[_post(http, "/v1/chat/completions", b) for b in bodies])
         except Exception as exc:  # counted; the run fails if too many
             self.errors.append(f"chat: {exc!r}"[:300])
+            if rated:  # never rated now
+                self._undelivered -= sc.group_size
             return
         finally:
             in_flight.release()
@@ -198,10 +214,46 @@ class Simulator:
     async def _feedback(self, http: httpx.AsyncClient, event: Event) -> None:
         await asyncio.sleep(event.delay)
         try:
-            await _post(http, "/v1/feedback", {"response_id": event.response_id, "reward": event.reward})
+            stored = await _post(http, "/v1/feedback", {"response_id": event.response_id, "reward": event.reward})
             event.t_feedback = self._now()
+            self._acknowledged.append((stored["id"], event.segment))
         except Exception as exc:
             self.errors.append(f"feedback: {exc!r}"[:300])
+        finally:
+            self._undelivered -= 1
+
+    # -- pacing to the learner -------------------------------------------------------------------
+    async def _wait_for_learner(self, http: httpx.AsyncClient) -> None:
+        """With `max_learner_lag` N: until at most N of the ratings decided are past the learner's position
+        (each arrival adds at most G, so no more than N + G are ever waiting for the learner)."""
+        sc = self.scenario
+        if not sc.max_learner_lag:
+            return
+        headers = {"Authorization": f"Bearer {self.admin_key}"}
+        lag, last_lag, since = None, None, time.monotonic()
+        while True:
+            lag = self._lag(_check(await http.get("/admin/learner", headers=headers)))
+            if lag <= sc.max_learner_lag:
+                return
+            if last_lag is None or lag < last_lag:  # it took some: the clock starts again
+                since = time.monotonic()
+            elif time.monotonic() - since > sc.learner_wait_seconds:
+                raise LearnerStalled(f"the learner took none of {lag} waiting ratings in {sc.learner_wait_seconds:g} s")
+            last_lag = lag
+            await asyncio.sleep(0.05)
+
+    def _lag(self, learner: dict) -> int:
+        """Ratings past the learner's position: those decided and not acknowledged yet (their ids are not
+        known), and the acknowledged ones past a plain learner's `pending_cursor` or, with a lane per
+        segment, past their lane's (a segment without a lane has no learner to wait for). A learner not
+        running has taken nothing."""
+        if not learner.get("running"):
+            return self._undelivered + len(self._acknowledged)
+        lanes = learner.get("segments")
+        if lanes is None:
+            return self._undelivered + sum(1 for fid, _ in self._acknowledged if fid > learner["pending_cursor"])
+        past = sum(1 for fid, segment in self._acknowledged if segment in lanes and fid > lanes[segment]["pending_cursor"])
+        return self._undelivered + past
 
     # -- reporting -------------------------------------------------------------------------------
     def _now(self) -> float:

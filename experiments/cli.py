@@ -1,6 +1,6 @@
 """Command-line entry points for simulated users and experiments, registered into `liveloop`'s parser:
 
-    liveloop simulate --scenario drift [--base-url URL] [--api-key KEY] [--events N] [--out FILE]
+    liveloop simulate --scenario drift [--base-url URL] [--api-key KEY] [--admin-key KEY] [--events N] [--out FILE]
     liveloop experiment drift [--config drift_experiment] [--out DIR] [--methods sao grpo ...]
     liveloop experiment stability [--config stability_experiment] [--out DIR] [--events N]
 
@@ -32,7 +32,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         scenario = scenario.with_sizes(max_events=args.events)
     if args.group_size:
         scenario = scenario.with_sizes(group_size=args.group_size)
-    sim = Simulator(scenario, args.base_url, args.api_key)
+    try:
+        sim = Simulator(scenario, args.base_url, args.api_key, admin_key=args.admin_key)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         events = asyncio.run(sim.run())
     except KeyboardInterrupt:
@@ -92,6 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--scenario", required=True, help="scenario: a preset name (drift = configs/drift.toml) or a TOML path")
     sim.add_argument("--base-url", default="http://127.0.0.1:8000", help="the liveloop server (default: %(default)s)")
     sim.add_argument("--api-key", default="sk-dev-user-1", help="a user key of that server")
+    sim.add_argument("--admin-key", default=None, help="an admin key of that server: the scenario's max_learner_lag reads the learner's position")
     sim.add_argument("--events", type=int, default=None, help="override scenario.max_events")
     sim.add_argument("--group-size", type=int, default=None, help="ask each prompt G times (GRPO learners)")
     sim.add_argument("--out", default=None, help="write every event as JSON lines here")

@@ -248,7 +248,9 @@ def run_method(cfg: ExperimentConfig, method: MethodSpec, workdir: Path, model_d
     started = time.monotonic() - t0
     admin = {"Authorization": f"Bearer {devtools.ADMIN_KEY}"}
     try:
-        sim = Simulator(cfg.scenario_for(method), server.base_url, devtools.USER_KEY, progress=sys.stderr if progress else None)
+        sim = Simulator(
+            cfg.scenario_for(method), server.base_url, devtools.USER_KEY, progress=sys.stderr if progress else None, admin_key=devtools.ADMIN_KEY,
+        )
         t1 = time.monotonic()
         error = None
         try:

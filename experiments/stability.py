@@ -117,7 +117,7 @@ def run_stability(cfg: ExperimentConfig, out_root: Path, progress: bool = True, 
         extra="[critic]\n" + toml_table(method.critic),
     )
     try:
-        sim = Simulator(cfg.scenario, server.base_url, devtools.USER_KEY, progress=sys.stderr if progress else None)
+        sim = Simulator(cfg.scenario, server.base_url, devtools.USER_KEY, progress=sys.stderr if progress else None, admin_key=devtools.ADMIN_KEY)
         trace = asyncio.run(_simulate_and_trace(sim, server.base_url, devtools.ADMIN_KEY))
         status = httpx.get(server.base_url + "/admin/learner", headers={"Authorization": f"Bearer {devtools.ADMIN_KEY}"}, timeout=30).json()
     finally:

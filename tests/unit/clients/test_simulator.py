@@ -1,6 +1,7 @@
 """Simulated users against an in-memory OpenAI-compatible server (httpx.MockTransport): arrivals,
 groups of G, the judge's verdict sent as the thumbs after the delay, rating probability, the switch by
-the segment's own feedback count, the event log."""
+the segment's own feedback count, the event log, and pacing the users to a learner's position
+(`max_learner_lag`; the server here answers `GET /admin/learner` for a learner it moves itself)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import json
 import random
 
 import httpx
+import pytest
 
 from liveloop.clients.scenario import parse_scenario
-from liveloop.clients.simulator import Simulator, exposure, read_events, summarize, write_events
+from liveloop.clients.simulator import LearnerStalled, Simulator, exposure, read_events, summarize, write_events
+from liveloop.config import ConfigError
 from liveloop.model.corpus import make_reply
 
 
@@ -132,3 +135,79 @@ def test_no_population_no_user_field():
     _, events, _ = _run(_scenario(max_events=5), server)
     assert all("user" not in c for c in server.chats) and all(e.user == "" for e in events)
     assert "users" not in summarize(events)
+
+
+class LearnerServer(FakeServer):
+    """FakeServer with a learner behind it: each `GET /admin/learner` finds it one rating further (at most
+    to the newest acknowledged one; `stuck`: never). `lanes`: a lane per segment named there, each
+    following its own segment's ratings; otherwise one plain learner over all of them. `waiting` is
+    how many recorded ratings its learner had not taken, after each rating arrived."""
+
+    def __init__(self, lanes: tuple[str, ...] = (), stuck: bool = False):
+        super().__init__("cute")
+        self.lanes, self.stuck = lanes, stuck
+        self.segment_of: dict[int, str] = {}  # feedback id -> the rated reply's segment
+        self.taken: dict[str | None, int] = {}  # lane -> its position (last feedback id taken)
+        self.polls = 0
+        self.waiting: list[int] = []
+
+    def _lane(self, segment: str) -> str | None:
+        return segment if self.lanes else None
+
+    def _waiting(self, lane: str | None) -> list[int]:
+        return sorted(f for f, seg in self.segment_of.items() if self._lane(seg) == lane and f > self.taken.get(lane, 0))
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        lanes = self.lanes or (None,)
+        if request.url.path == "/admin/learner":
+            assert request.headers["authorization"] == "Bearer admin"
+            self.polls += 1
+            for lane in lanes if not self.stuck else ():  # each lane takes its next waiting rating
+                if waiting := self._waiting(lane):
+                    self.taken[lane] = waiting[0]
+            if self.lanes:
+                return httpx.Response(200, json={"running": True, "segments": {s: {"pending_cursor": self.taken.get(s, 0)} for s in self.lanes}})
+            return httpx.Response(200, json={"running": True, "pending_cursor": self.taken.get(None, 0)})
+        response = super().handler(request)
+        if request.url.path == "/v1/feedback":
+            reply = int(json.loads(request.content)["response_id"][1:])
+            self.segment_of[len(self.feedback)] = self.chats[reply - 1]["metadata"]["segment"]
+            self.waiting.append(sum(len(self._waiting(lane)) for lane in lanes))
+        return response
+
+
+def _run_paced(scenario, server):
+    sim = Simulator(scenario, "http://sim", "k", progress=None, transport=httpx.MockTransport(server.handler), admin_key="admin")
+    return asyncio.run(sim.run())
+
+
+def test_paced_users_wait_for_the_learner():
+    """With `max_learner_lag` N and groups of G, no more than N + G ratings ever wait for the learner,
+    with users far faster than it (they waited: more polls than requests). Without it the simulator never
+    asks the learner and the ratings pile up."""
+    for group_size in (1, 3):
+        server = LearnerServer()
+        events = _run_paced(_scenario(max_learner_lag=2, max_in_flight=2, group_size=group_size, max_events=42), server)
+        assert sum(e.rated for e in events) == 42 and len(server.feedback) == 42
+        assert max(server.waiting) <= 2 + group_size and server.polls > len(server.chats) // group_size
+    unpaced = LearnerServer()
+    _run(_scenario(), unpaced)
+    assert unpaced.polls == 0 and max(unpaced.waiting) > 10
+
+
+def test_paced_users_follow_each_segments_lane():
+    """A lane per segment: a rating waits on its own segment's lane; a segment without a lane (here b)
+    has no learner to wait for and never holds the users back."""
+    server = LearnerServer(lanes=("a",))
+    events = _run_paced(_scenario(max_learner_lag=1, max_in_flight=2), server)
+    assert sum(e.rated for e in events) == 40 and any(e.segment == "b" for e in events)
+    assert max(server.waiting) <= 2
+
+
+def test_a_stalled_learner_fails_the_run_and_pacing_needs_an_admin_key():
+    with pytest.raises(LearnerStalled, match="took none"):
+        _run_paced(_scenario(max_learner_lag=2, learner_wait_seconds=0.3), LearnerServer(stuck=True))
+    with pytest.raises(ValueError, match="admin key"):
+        Simulator(_scenario(max_learner_lag=2), "http://sim", "k")
+    with pytest.raises(ConfigError, match="max_learner_lag"):
+        _scenario(max_learner_lag=-1)
