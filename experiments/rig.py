@@ -166,22 +166,23 @@ class LearningRig:
             replies += self.sample([Ask(segment, p) for p in prompts[start:start + 16]], generator)
         return sum(reward(r.text) for r in replies) / len(replies)
 
-    def rate(self, replies: Sequence[Reply], rewards: Sequence[float]) -> None:
-        """Store the replies as served responses and each user's thumbs (reward 0 or 1)."""
+    def rate(self, replies: Sequence[Reply], rewards: Sequence[float], user: str | None = None) -> None:
+        """Store the replies as served responses and each user's thumbs (reward 0 or 1): users in turn,
+        or all from `user` (one API key: what the influence caps hold back)."""
         records, ratings = [], []
         for reply, reward in zip(replies, rewards):
-            user, rid = next(self._users), f"rig-{uuid.uuid4().hex}"
+            user_id, rid = user or next(self._users), f"rig-{uuid.uuid4().hex}"
             r = reply.rollout
             finish = "stop" if r.response_ids and r.response_ids[-1] == self.tokenizer.eos_token_id else "length"
             meta = {"segment": reply.ask.segment} if reply.ask.segment is not None else {}
             if reply.ask.group is not None:
                 meta["group"] = reply.ask.group
             records.append(ResponseRecord(
-                id=rid, api_key_id=user, model="rig", policy_version=reply.version, endpoint="chat",
+                id=rid, api_key_id=user_id, model="rig", policy_version=reply.version, endpoint="chat",
                 prompt_ids=tuple(r.prompt_ids), response_ids=tuple(r.response_ids), behavior_logprobs=tuple(r.logprobs),
                 finish_reason=finish, temperature=1.0, top_p=1.0, latency_ms=0.0, request_meta=meta, segment=reply.lane,
             ))
-            ratings.append(FeedbackRecord(rid, user, int(reward)))
+            ratings.append(FeedbackRecord(rid, user_id, int(reward)))
         self.store.insert_responses(records)
         for rating in ratings:
             self.store.put_feedback(rating)

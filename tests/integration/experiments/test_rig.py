@@ -115,3 +115,24 @@ def test_a_lane_whose_ratings_collapse_starts_over_from_the_base_and_the_other_l
         assert cozy.state.samples == 9 and cozy.restart.restarts == 1
     finally:
         rig.close()
+
+
+def test_one_keys_flood_of_down_votes_cannot_start_an_adapter_over(tmp_path, model_dir):
+    """The restart reads the ratings its lane trained on, after the influence caps: one key's flood of
+    down-votes (8, with one trained per key in the window) leaves cozy's learned adapter in place; the
+    same 8 down-votes from 8 different users start it over."""
+    caps = "max_per_key_per_window = 1\ninfluence_window_seconds = 3600.0\n"
+    rig = _rig(tmp_path, model_dir, ADAPTERS + caps + "[learner.lora]\nrestart_window = 4\nrestart_drop = 0.5\n")
+    prompts = ["Tell me about cats.", "Say something about bread.", "Tell me about rain.", "Describe the moon."]
+    try:
+        cozy = rig.learner.lanes["cozy"]
+        rig.rate(rig.sample([Ask("cozy", p) for p in prompts]), [1, 1, 1, 1])  # 4 users: the best window, 1.0
+        assert rig.train() == 4
+        rig.rate(rig.sample([Ask("cozy", p) for p in prompts * 2]), [0] * 8, user="mallory")
+        rig.train()
+        assert (cozy.state.samples, cozy.restart.restarts, cozy.restart.window_mean) == (5, 0, 0.75)
+        rig.rate(rig.sample([Ask("cozy", p) for p in prompts * 2]), [0] * 8)  # 8 users in turn
+        rig.train()
+        assert cozy.restart.restarts == 1
+    finally:
+        rig.close()
