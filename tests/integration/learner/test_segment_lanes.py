@@ -103,6 +103,25 @@ def test_a_lane_resumes_from_its_adapter_and_follows_its_own_rollback(store, tmp
     assert all(float(p.abs().max()) == 0.0 for n, p in fresh.items() if "lora_B" in n)  # B = 0: the base exactly
 
 
+def test_a_rollback_makes_the_restart_rule_judge_afresh(store, tmp_path):
+    """With restart on, an operator's rollback of a lane clears its restart window: the ratings the rolled
+    back adapter earned say nothing about the adapter serving now. Without that, cozy's best window (1, 1)
+    and one down-vote after the rollback (1, 0) would read as a 0.5 drop and start the adapter over."""
+    model_dir = store.get_version(0).checkpoint_path
+    config = _config(tmp_path, publish_every_steps=1, lora=LoraSettings(rank=4, alpha=8, restart_window=2, restart_drop=0.5))
+    lanes = SegmentLanes(store, config, CriticConfig(), model_dir)
+    cozy = lanes.lanes["cozy"]
+    _rate(store, "cozy", 2, 0, reward=1)
+    lanes.run(lambda: False, max_steps=2)
+    assert (cozy.restart.best, cozy.restart.window_mean, cozy.state.samples) == (1.0, 1.0, 2)
+    store.rollback_to(0, "sao:cozy", segment="cozy")
+    cozy.sync_with_store()
+    assert cozy.state.version == 0 and (cozy.restart.best, cozy.restart.window_mean) == (None, None)
+    _rate(store, "cozy", 1, 10, reward=0)
+    lanes.run(lambda: False, max_steps=3)  # steps in all, counted from the start
+    assert cozy.state.samples == 3 and cozy.restart.restarts == 0
+
+
 def test_kl_reference_is_the_base_without_adapters(store, tmp_path):
     _rate(store, "cozy", 2, 0, reward=1)
     model_dir = store.get_version(0).checkpoint_path
