@@ -48,23 +48,24 @@ function showError(err) {
 }
 
 // -- charts ------------------------------------------------------------------------------------
-function markerPlugin() {
-  // dashed vertical lines where versions went live, red ones at alarms
+function marksPlugin(marks) {
+  // vertical lines at marks() = [{x, label, kind}]: dashed ones (a version went live, or the version that
+  // served the rated responses changed), solid red ones at alarms (kind "alarm")
   return {
     hooks: {
       draw: [(u) => {
         const { ctx } = u;
         const { left, top, width, height } = u.bbox;
         ctx.save();
-        for (const m of state.markers) {
-          const x = u.valToPos(m.t, "x", true);
+        ctx.font = `${11 * devicePixelRatio}px system-ui`;
+        for (const m of marks()) {
+          const x = u.valToPos(m.x, "x", true);
           if (x < left || x > left + width) continue;
-          ctx.strokeStyle = m.kind === "alarm" ? "#d33" : "#5566aa";
-          ctx.setLineDash(m.kind === "alarm" ? [] : [5, 4]);
-          ctx.lineWidth = m.kind === "alarm" ? 2 : 1;
+          const alarm = m.kind === "alarm";
+          ctx.strokeStyle = ctx.fillStyle = alarm ? "#d33" : "#5566aa";
+          ctx.setLineDash(alarm ? [] : [5, 4]);
+          ctx.lineWidth = alarm ? 2 : 1;
           ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
-          ctx.fillStyle = ctx.strokeStyle;
-          ctx.font = `${11 * devicePixelRatio}px system-ui`;
           ctx.fillText(m.label, x + 3, top + 12 * devicePixelRatio);
         }
         ctx.restore();
@@ -72,6 +73,9 @@ function markerPlugin() {
     },
   };
 }
+
+// versions going live and alarms, on the time axis
+const timeMarks = () => state.markers.map((m) => ({ x: m.t, label: m.label, kind: m.kind }));
 
 let rewardChart = null;
 
@@ -104,13 +108,13 @@ function drawCharts() {
         { label: "low", stroke: "#1f5fd633" },
       ],
       bands: [{ series: [2, 3], fill: "#1f5fd61a" }],
-      plugins: [markerPlugin()],
+      plugins: [marksPlugin(timeMarks)],
     }, reward, document.getElementById("reward-chart"));
     volumeChart = new uPlot({
       width: chartWidth("volume-chart"), height: 160,
       scales: { x: { time: true, range: () => xRange() }, y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
       series: [{}, { label: "ratings", stroke: "#555", fill: "#5553", paths: uPlot.paths.bars({ size: [0.8] }) }],
-      plugins: [markerPlugin()],
+      plugins: [marksPlugin(timeMarks)],
     }, volume, document.getElementById("volume-chart"));
   } else {
     rewardChart.setData(reward);
@@ -312,30 +316,9 @@ function drawEvents() {
 // -- learning per segment -------------------------------------------------------------------------
 const learningCharts = new Map(); // segment -> its uPlot moving-reward chart
 
-function versionChangePlugin(points) {
-  // dashed vertical lines where the version that served the rated responses changes
-  return {
-    hooks: {
-      draw: [(u) => {
-        const { ctx } = u;
-        const { left, top, width, height } = u.bbox;
-        ctx.save();
-        ctx.strokeStyle = "#5566aa";
-        ctx.fillStyle = "#5566aa";
-        ctx.setLineDash([5, 4]);
-        ctx.font = `${11 * devicePixelRatio}px system-ui`;
-        for (let i = 0; i < points.current.length; i++) {
-          const p = points.current[i];
-          if (i > 0 && p.version === points.current[i - 1].version) continue;
-          const x = u.valToPos(p.index, "x", true);
-          if (x < left || x > left + width) continue;
-          ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
-          ctx.fillText(`v${p.version}`, x + 3, top + 12 * devicePixelRatio);
-        }
-        ctx.restore();
-      }],
-    },
-  };
+function versionChanges(points) {
+  // on the rating axis: where the version that served the rated responses changes
+  return points.filter((p, i) => i === 0 || p.version !== points[i - 1].version).map((p) => ({ x: p.index, label: `v${p.version}` }));
 }
 
 function learningTable(seg, behaviours) {
@@ -383,7 +366,7 @@ function drawLearning() {
         axes: [{ label: "rating", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, { label: "moving reward" }],
         legend: { show: false },
         series: [{ label: "rating" }, { label: "moving reward", stroke: "#1f5fd6", width: 2 }],
-        plugins: [versionChangePlugin(points)],
+        plugins: [marksPlugin(() => versionChanges(points.current))],
       }, data, target);
       chart = { plot, points };
       learningCharts.set(seg.segment, chart);
