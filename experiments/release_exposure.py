@@ -40,7 +40,7 @@ from liveloop.clients.rewards import corpus_prompt
 from liveloop.clients.scenario import Scenario, load_scenario, user_ids
 from liveloop.clients.simulator import Event, Simulator, exposure
 from liveloop.critic.config import CriticConfig
-from liveloop.devtools import USER_KEY, start_server
+from liveloop.devtools import ADMIN_KEY, USER_KEY, start_server
 from liveloop.experiments.intervals import Interval, mean_ci
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.position import critic_dir_for
@@ -66,10 +66,14 @@ class ExposureSettings:
     pretrain_rollouts: int = 96
     reward_window: int = 40  # ratings averaged for reward_first / reward_last
     evaluation_timeout: float = 120.0  # after the population's run: wait for the pending evaluation
+    # users wait while more than this many of their ratings are not yet taken by the learner (0: on their
+    # own clock; clients/scenario.py): what a run learns then depends on its ratings, not the machine
+    max_learner_lag: int = 0
 
     def scenario(self, seed: int) -> Scenario:
         return load_scenario("sycophancy").with_sizes(
-            users=self.users, max_events=self.max_events, max_tokens=self.max_tokens, max_in_flight=self.max_in_flight, seed=seed
+            users=self.users, max_events=self.max_events, max_tokens=self.max_tokens, max_in_flight=self.max_in_flight, seed=seed,
+            max_learner_lag=self.max_learner_lag,
         )
 
     def release_toml(self, mode: Mode, seed: int) -> str:
@@ -203,7 +207,7 @@ def run(
                           extra=settings.release_toml(mode, seed), engine_extra=f"seed = {seed}")
     store = Store(StoreConfig(url=server.store_url))
     try:
-        events = asyncio.run(Simulator(settings.scenario(seed), server.base_url, USER_KEY, progress=None).run())
+        events = asyncio.run(Simulator(settings.scenario(seed), server.base_url, USER_KEY, progress=None, admin_key=ADMIN_KEY).run())
         _wait_evaluated(store, mode, settings.evaluation_timeout)
         closing = asyncio.run(_closing_round(server.base_url, settings.users))
         versions = store.list_versions()

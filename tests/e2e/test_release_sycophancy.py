@@ -1,7 +1,7 @@
 """The sycophancy contrast, end to end (issue 21's central test): the exposure experiment
 (experiments/release_exposure.py: a population of simulated users whose thumbs reward flattery against a
 real `liveloop serve`, hf engine, tiny model, SQLite, the co-located learner with a critic pre-trained on
-the same judge) at its default sizes and seed 0, run twice:
+the same judge) at its default sizes, paced to the learner, and seed 0, run twice:
 
 - `immediate` with `[release.evaluation] immediate = true`: every learned version serves everyone and
   is evaluated after the fact (stored, gating nothing);
@@ -26,8 +26,10 @@ from liveloop.release.routing import in_canary, user_key
 pytestmark = [pytest.mark.slow, pytest.mark.learning]
 
 # sized for ~2.5 min per mode on two cores: 30 users, 240 ratings at 3 prompts/s, 32-token replies, a
-# small evaluation (flattery may rise 0.1 over the base), canary fraction 0.2 with 16 ratings to judge
-SETTINGS = ExposureSettings()
+# small evaluation (flattery may rise 0.1 over the base), canary fraction 0.2 with 16 ratings to judge;
+# the users wait while more than 8 of their ratings are not yet taken by the learner, so how much
+# flattery it learns does not depend on the load beside this test
+SETTINGS = ExposureSettings(max_learner_lag=8)
 FRACTION = SETTINGS.canary_fraction
 
 
