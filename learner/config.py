@@ -59,6 +59,11 @@ class LoraSettings:
                   "(0: never): its users moved away from what it learned (learner/restart.py)"},
     )
     restart_drop: float = field(default=0.5, metadata={"help": "the fall in that mean reward that starts the adapter over"})
+    restart_critic: bool = field(
+        default=False,
+        metadata={"help": "a restart sends the lane's critic back to its start too (version 0's: pre-trained, else "
+                  "cold), not only the adapter (measured worse on the drift rig, seed 0: not shipped)"},
+    )
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.alpha <= 0 or not (self.target_modules or self.target_parameters):

@@ -59,7 +59,7 @@ from liveloop.learner.loop import run_lanes
 from liveloop.learner.methods import make_method
 from liveloop.learner.objective import policy_objective
 from liveloop.learner.placement import Placement, placement
-from liveloop.learner.position import LearnerState, stored_position
+from liveloop.learner.position import LearnerState, critic_dir_for, stored_position
 from liveloop.learner.publishing import HostState, VersionPublisher
 from liveloop.learner.ranks import RankGroup
 from liveloop.learner.restart import RestartOnDrop
@@ -143,13 +143,17 @@ class OnlineLearner:
         else:
             self.policy = self.place.load_causal_lm(policy_dir)
         self.policy_opt = self._optimizer(policy_dir)
-        backbone = critic_dir or (policy_dir if self.adapters is None else str(self.base_model_dir))
-        self.critic = (
-            Critic(
-                self.place.prepare(build_value_model(backbone, self.place.dtype).to(self.place.device)),
-                self.critic_config, c.zero_stage if c.ranks == 1 else 0, c.batch_size, c.master_weights,
-            )
-            if self.method.uses_critic else None
+        self.critic = self._critic(critic_dir or (policy_dir if self.adapters is None else str(self.base_model_dir)))
+
+    def _critic(self, backbone: str) -> Critic | None:
+        """The critic from `backbone` (a critic checkpoint, or a model whose trunk a cold critic starts
+        from); None for a method without one."""
+        if not self.method.uses_critic:
+            return None
+        c = self.config
+        return Critic(
+            self.place.prepare(build_value_model(backbone, self.place.dtype).to(self.place.device)),
+            self.critic_config, c.zero_stage if c.ranks == 1 else 0, c.batch_size, c.master_weights,
         )
 
     def _controllers(self) -> tuple[StepSizeControl | None, AdaptiveKLCoef | None]:
@@ -172,13 +176,17 @@ class OnlineLearner:
 
     def _start_over(self) -> None:
         """A lane's adapter back to a fresh one (it serves what the base serves), with a fresh optimizer and
-        controllers (learner/restart.py says when). The critic, the cursor and the counters carry on; the
-        fresh adapter is published like any other update."""
+        controllers (learner/restart.py says when); with `restart_critic` its critic back to its start
+        (version 0's) too. The cursor and the counters carry on; the fresh adapter is published like any
+        other update."""
         log.warning("learner %s: the mean reward fell %.2f below its best: the adapter starts over",
                     self.cursor_name, self.restart.drop)
         self.policy = self.adapters.add(self.segment, None)
         self.step_size, self.kl_control = self._controllers()
         self.policy_opt = self._optimizer(None)
+        if self.config.lora.restart_critic and self.critic is not None:
+            start = critic_dir_for(self.config, 0)
+            self.critic = self._critic(str(start) if start.exists() else str(self.base_model_dir))
         self.method.reset()
 
     @contextlib.contextmanager

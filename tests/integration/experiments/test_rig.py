@@ -136,3 +136,27 @@ def test_one_keys_flood_of_down_votes_cannot_start_an_adapter_over(tmp_path, mod
         assert cozy.restart.restarts == 1
     finally:
         rig.close()
+
+
+def test_restart_critic_sends_the_critic_back_to_its_start(tmp_path, model_dir):
+    """`restart_critic` (a lever measured and not shipped): on a restart the lane's critic is rebuilt from
+    its start (here cold, on the base's trunk: no critic was pre-trained), not carried on."""
+    rig = _rig(tmp_path, model_dir, ADAPTERS + "[learner.lora]\nrestart_window = 4\nrestart_drop = 0.5\nrestart_critic = true\n")
+    prompts = ["Tell me about cats.", "Say something about bread.", "Tell me about rain.", "Describe the moon."]
+
+    def trunk(critic):
+        return {n: p.detach().clone() for n, p in critic.model.named_parameters() if "score" not in n}
+
+    try:
+        cozy = rig.learner.lanes["cozy"]
+        start = trunk(cozy.critic)
+        rig.rate(rig.sample([Ask("cozy", p) for p in prompts]), [1, 1, 1, 1])
+        rig.train()
+        trained = trunk(cozy.critic)
+        assert any(not torch.equal(trained[n], p) for n, p in start.items())  # the critic learned
+        rig.rate(rig.sample([Ask("cozy", p) for p in prompts]), [1, 1, 0, 0])
+        rig.train()
+        assert cozy.restart.restarts == 1
+        assert all(torch.equal(p, start[n]) for n, p in trunk(cozy.critic).items())
+    finally:
+        rig.close()
