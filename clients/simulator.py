@@ -15,9 +15,10 @@
 Every reply becomes an `Event` (time, user, segment, preferred style, reply style, reward, version, ...);
 a progress line shows events, each segment's current preference, the reward moving average and the
 version being served. Talks only HTTP. Users arrive on their own clock; with `max_learner_lag` N > 0
-the next arrival waits while more than N of the ratings its users decided to send are past the learner's position (`GET /admin/learner`: its `pending_cursor`, or the rating's segment lane's), so a run learns
-the same from its ratings on a fast machine and a slow one. A learner that takes none of them for
-`learner_wait_seconds` fails the run (`LearnerStalled`).
+the next arrival waits while more than N of the ratings its users decided to send are past the
+learner's position (`GET /admin/learner`: its `pending_cursor`, or the rating's segment lane's), so a
+run learns the same from its ratings on a fast machine and a slow one. A learner that takes none of
+them for `learner_wait_seconds` fails the run (`LearnerStalled`).
 """
 
 from __future__ import annotations
@@ -230,7 +231,7 @@ class Simulator:
         if not sc.max_learner_lag:
             return
         headers = {"Authorization": f"Bearer {self.admin_key}"}
-        lag, last_lag, since = None, None, time.monotonic()
+        last_lag, since = None, time.monotonic()
         while True:
             lag = self._lag(_check(await http.get("/admin/learner", headers=headers)))
             if lag <= sc.max_learner_lag:
