@@ -126,7 +126,7 @@ async def _scenario(base_url: str, store) -> dict:
                     break
                 got = await asyncio.gather(
                     _teach(client, store, USER_KEY_2, PLANTED_PHRASE, PLANTED_TOPICS, seed, ROUND),
-                    _teach(client, store, USER_KEY, OTHER_PHRASE, OTHER_TOPICS, seed + ROUND, ROUND // 2),
+                    _teach(client, store, USER_KEY, OTHER_PHRASE, OTHER_TOPICS, seed + ROUND, ROUND),  # as many as the planted key: a long phase 2 once wore the others' phrase down to 0.10 before any forget
                 )
                 planted += got[0]
                 seed += 2 * ROUND
