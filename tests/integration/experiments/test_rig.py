@@ -11,6 +11,8 @@ from liveloop.config import load_config
 from liveloop.experiments.rig import Ask, LearningRig
 
 ADAPTERS = 'extends = ["tuned_learner", "step_control"]\n[learner]\nadapters = "segment"\nsegments = ["cozy", "night"]\n'
+RESTART = "[learner.lora]\nrestart_window = 4\nrestart_drop = 0.5\n"  # a lane starts over when its 4-rating mean falls 0.5
+PROMPTS = ["Tell me about cats.", "Say something about bread.", "Tell me about rain.", "Describe the moon."]
 
 
 def _rig(tmp_path, model_dir, text: str) -> LearningRig:
@@ -84,20 +86,19 @@ def test_the_whole_policy_serves_every_segment(tmp_path, model_dir):
 
 
 def test_a_lane_whose_ratings_collapse_starts_over_from_the_base_and_the_other_lane_keeps_its_adapter(tmp_path, model_dir):
-    rig = _rig(tmp_path, model_dir, ADAPTERS + "[learner.lora]\nrestart_window = 4\nrestart_drop = 0.5\n")
-    prompts = ["Tell me about cats.", "Say something about bread.", "Tell me about rain.", "Describe the moon."]
+    rig = _rig(tmp_path, model_dir, ADAPTERS + RESTART)
 
     def b_of(segment):
         return [p for n, p in rig.learner.adapters.model.named_parameters() if "lora_B" in n and f".{segment}." in n]
 
     def texts(segment):
-        return [r.text for r in rig.sample([Ask(segment, p) for p in prompts], torch.Generator().manual_seed(7))]
+        return [r.text for r in rig.sample([Ask(segment, p) for p in PROMPTS], torch.Generator().manual_seed(7))]
 
     try:
         cozy, night = rig.learner.lanes["cozy"], rig.learner.lanes["night"]
         # one step per rating: cozy's 4-rating mean goes 1.0 (best), 0.75, then 0.5 at its last rating
         for segment, rewards in (("night", [1, 1, 1, 1]), ("cozy", [1, 1, 1, 1]), ("cozy", [1, 1, 0, 0])):
-            rig.rate(rig.sample([Ask(segment, p) for p in prompts]), rewards)
+            rig.rate(rig.sample([Ask(segment, p) for p in PROMPTS]), rewards)
             assert rig.train() == 4
             if segment == "cozy" and cozy.restart.restarts == 0:
                 assert any(p.abs().sum() > 0 for p in b_of("cozy"))  # learned before it fell
@@ -110,7 +111,7 @@ def test_a_lane_whose_ratings_collapse_starts_over_from_the_base_and_the_other_l
         assert cozy.learning_rate == cozy.config.learning_rate
         assert any(p.abs().sum() > 0 for p in b_of("night")) and texts("night") != texts(None)
         # and the fresh adapter learns: the optimizer holds its parameters
-        rig.rate(rig.sample([Ask("cozy", prompts[0])]), [1])
+        rig.rate(rig.sample([Ask("cozy", PROMPTS[0])]), [1])
         assert rig.train() == 1 and any(p.abs().sum() > 0 for p in b_of("cozy"))
         assert cozy.state.samples == 9 and cozy.restart.restarts == 1
     finally:
@@ -122,16 +123,15 @@ def test_one_keys_flood_of_down_votes_cannot_start_an_adapter_over(tmp_path, mod
     down-votes (8, with one trained per key in the window) leaves cozy's learned adapter in place; the
     same 8 down-votes from 8 different users start it over."""
     caps = "max_per_key_per_window = 1\ninfluence_window_seconds = 3600.0\n"
-    rig = _rig(tmp_path, model_dir, ADAPTERS + caps + "[learner.lora]\nrestart_window = 4\nrestart_drop = 0.5\n")
-    prompts = ["Tell me about cats.", "Say something about bread.", "Tell me about rain.", "Describe the moon."]
+    rig = _rig(tmp_path, model_dir, ADAPTERS + caps + RESTART)
     try:
         cozy = rig.learner.lanes["cozy"]
-        rig.rate(rig.sample([Ask("cozy", p) for p in prompts]), [1, 1, 1, 1])  # 4 users: the best window, 1.0
+        rig.rate(rig.sample([Ask("cozy", p) for p in PROMPTS]), [1, 1, 1, 1])  # 4 users: the best window, 1.0
         assert rig.train() == 4
-        rig.rate(rig.sample([Ask("cozy", p) for p in prompts * 2]), [0] * 8, user="mallory")
+        rig.rate(rig.sample([Ask("cozy", p) for p in PROMPTS * 2]), [0] * 8, user="mallory")
         rig.train()
         assert (cozy.state.samples, cozy.restart.restarts, cozy.restart.window_mean) == (5, 0, 0.75)
-        rig.rate(rig.sample([Ask("cozy", p) for p in prompts * 2]), [0] * 8)  # 8 users in turn
+        rig.rate(rig.sample([Ask("cozy", p) for p in PROMPTS * 2]), [0] * 8)  # 8 users in turn
         rig.train()
         assert cozy.restart.restarts == 1
     finally:
@@ -141,8 +141,7 @@ def test_one_keys_flood_of_down_votes_cannot_start_an_adapter_over(tmp_path, mod
 def test_restart_critic_sends_the_critic_back_to_its_start(tmp_path, model_dir):
     """`restart_critic` (a lever measured and not shipped): on a restart the lane's critic is rebuilt from
     its start (here cold, on the base's trunk: no critic was pre-trained), not carried on."""
-    rig = _rig(tmp_path, model_dir, ADAPTERS + "[learner.lora]\nrestart_window = 4\nrestart_drop = 0.5\nrestart_critic = true\n")
-    prompts = ["Tell me about cats.", "Say something about bread.", "Tell me about rain.", "Describe the moon."]
+    rig = _rig(tmp_path, model_dir, ADAPTERS + RESTART + "restart_critic = true\n")
 
     def trunk(critic):
         return {n: p.detach().clone() for n, p in critic.model.named_parameters() if "score" not in n}
@@ -150,11 +149,11 @@ def test_restart_critic_sends_the_critic_back_to_its_start(tmp_path, model_dir):
     try:
         cozy = rig.learner.lanes["cozy"]
         start = trunk(cozy.critic)
-        rig.rate(rig.sample([Ask("cozy", p) for p in prompts]), [1, 1, 1, 1])
+        rig.rate(rig.sample([Ask("cozy", p) for p in PROMPTS]), [1, 1, 1, 1])
         rig.train()
         trained = trunk(cozy.critic)
         assert any(not torch.equal(trained[n], p) for n, p in start.items())  # the critic learned
-        rig.rate(rig.sample([Ask("cozy", p) for p in prompts]), [1, 1, 0, 0])
+        rig.rate(rig.sample([Ask("cozy", p) for p in PROMPTS]), [1, 1, 0, 0])
         rig.train()
         assert cozy.restart.restarts == 1
         assert all(torch.equal(p, start[n]) for n, p in trunk(cozy.critic).items())
