@@ -142,15 +142,16 @@ class Candidates:
                 return None
             start = time.perf_counter()
             previous = engine.version
-            engine.promote()
-            try:
-                await asyncio.to_thread(p.store.activate_version, record.version)
-            except TransitionRefused as exc:
-                if not await p._serves_now(record.version):
-                    engine.demote(record.version)
-                    engine.drop_candidate()
-                    await p._drop(record.version, str(exc))
-                    return None
+            with p.changes.changing():
+                engine.promote()
+                try:
+                    await asyncio.to_thread(p.store.activate_version, record.version)
+                except TransitionRefused as exc:
+                    if not await p._serves_now(record.version):
+                        engine.demote(record.version)
+                        engine.drop_candidate()
+                        await p._drop(record.version, str(exc))
+                        return None
             swap_s = time.perf_counter() - start
             p.metrics.inc("server/swaps")
             p.last_swap_via = "promotion"
@@ -167,14 +168,15 @@ class Candidates:
                 return None
             previous = self.engine.adapter_version(segment)
             start = time.perf_counter()
-            try:
-                await asyncio.to_thread(p.store.activate_version, record.version)
-            except TransitionRefused as exc:
-                if not await p._serves_now(record.version):  # rolled back or replaced: never serves
-                    await p._drop(record.version, str(exc))
-                    await self.engine.drop_candidate_adapter(segment)
-                    return None
-            await self.engine.promote_adapter(segment)
+            with p.changes.changing():
+                try:
+                    await asyncio.to_thread(p.store.activate_version, record.version)
+                except TransitionRefused as exc:
+                    if not await p._serves_now(record.version):  # rolled back or replaced: never serves
+                        await p._drop(record.version, str(exc))
+                        await self.engine.drop_candidate_adapter(segment)
+                        return None
+                await self.engine.promote_adapter(segment)
             p.metrics.inc("server/adapter_swaps", segment=segment)
             log.info("segment %s: candidate adapter %d promoted over %s", segment, record.version, previous)
             parent = previous if previous is not None else self.engine.version

@@ -162,9 +162,14 @@ class Operations:
 
     # -- views ---------------------------------------------------------------------------------
     async def versions(self) -> list[VersionRow]:
-        versions = await asyncio.to_thread(self.store.list_versions)
-        traffic = await asyncio.to_thread(self.store.version_traffic, True)  # quarantined keys left out
-        return version_table(versions, traffic, self.publisher.serving_version, self.config.confidence, self.publisher.serving_adapters())
+        """The version table: the store's rows and the engine's serving versions, read between two
+        changes of what serves (server/settled.py), so the two agree."""
+        async def read() -> list[VersionRow]:
+            versions = await asyncio.to_thread(self.store.list_versions)
+            traffic = await asyncio.to_thread(self.store.version_traffic, True)  # quarantined keys left out
+            return version_table(versions, traffic, self.publisher.serving_version, self.config.confidence, self.publisher.serving_adapters())
+
+        return await self.publisher.changes.settled(read)
 
     # -- keys -----------------------------------------------------------------------------------
     def _scores(self) -> tuple[list[KeyState], dict[str, Disagreement], list[Suspect]]:
@@ -263,10 +268,8 @@ class Operations:
         self._guarded.add(verdict.version)
         where = f"segment {segment}'s" if segment is not None else "the base"
         log.warning("guard: %s version %d is significantly worse than %d: rolling back", where, verdict.version, verdict.parent)
-        done = await self.publisher.rollback(verdict.parent, None, f"guard: {verdict.as_dict()}", segment)
         detail = verdict.as_dict() | ({"segment": segment} if segment is not None else {})
-        await asyncio.to_thread(self.store.record_event, "guard_rollback", verdict.parent, detail)
-        return done
+        return await self.publisher.rollback(verdict.parent, None, f"guard: {verdict.as_dict()}", segment, event=("guard_rollback", detail))
 
     # -- reward-hacking alarms ------------------------------------------------------------------
     def hacking(self) -> list[HackingVerdict]:

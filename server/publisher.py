@@ -76,6 +76,7 @@ from pathlib import Path
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import Engine
 from liveloop.server.engines.canary import CanaryEngine
+from liveloop.server.settled import Changes
 from liveloop.transport.weights import CheckpointDir, WeightSource
 from liveloop.server.weights_import import StagedCheckpoint
 from liveloop.store import ServingChanged, Store, TransitionRefused, VersionNotFound, VersionRecord, VersionStatus
@@ -165,6 +166,7 @@ class Publisher:
         self.gate_base = gate_base
         self.gate_segments = frozenset(gate_segments)  # and of these segments' adapter lineages
         self._lock = asyncio.Lock()
+        self.changes = Changes()  # the swap-to-record windows; admin views read between them
 
     def lane(self, segment: str | None) -> str:
         """The learner_cursor / learner_control name of a lineage (`sao`, or `sao:cozy`)."""
@@ -235,41 +237,43 @@ class Publisher:
         current = self._serving_in(record.segment)
         if not operator and current is not None and version <= current:
             return None
-        with contextlib.ExitStack() as stack:
-            try:  # the weights are verified against the row (nonce, digest) before anything serves
-                if operator or record.segment is not None:
-                    await asyncio.to_thread(verify_checkpoint, record.checkpoint_path, record.checkpoint_sha256, version)
-                    source, via, handle = CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir", None
-                else:
-                    source, via, handle = await asyncio.to_thread(self._open, record, stack)
-            except WeightsUnverified as exc:
-                await self._reject(record, exc)
-                if operator:
-                    raise SwapFailed(version, f"version {version}'s weights failed verification") from exc
-                return None
-            if source is None:
-                await self._wait_for_weights(record)
-                return None
-            self._waiting.pop(version, None)
+        with contextlib.ExitStack() as window:  # from the swap to the store's word on it (server/settled.py)
+            with contextlib.ExitStack() as stack:
+                try:  # the weights are verified against the row (nonce, digest) before anything serves
+                    if operator or record.segment is not None:
+                        await asyncio.to_thread(verify_checkpoint, record.checkpoint_path, record.checkpoint_sha256, version)
+                        source, via, handle = CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir", None
+                    else:
+                        source, via, handle = await asyncio.to_thread(self._open, record, stack)
+                except WeightsUnverified as exc:
+                    await self._reject(record, exc)
+                    if operator:
+                        raise SwapFailed(version, f"version {version}'s weights failed verification") from exc
+                    return None
+                if source is None:
+                    await self._wait_for_weights(record)
+                    return None
+                self._waiting.pop(version, None)
+                window.enter_context(self.changes.changing())
+                try:
+                    result = await self._swap(record, source, via)
+                except SwapFailed:
+                    if operator:
+                        raise
+                    log.exception("could not activate version %d", version)
+                    return None
             try:
-                result = await self._swap(record, source, via)
-            except SwapFailed:
+                activation = await asyncio.to_thread(self.store.activate_version, version, self.lane(record.segment) if operator else None)
+            except TransitionRefused as exc:  # lost a race after the swap (a writer outside this lock): undo it
+                if not operator and await self._serves_now(version):  # another replica activated it first: it serves
+                    await self._loaded(record, handle)
+                    return result
+                await self._swap_back(record, current)
                 if operator:
+                    await self._fail(version)
                     raise
-                log.exception("could not activate version %d", version)
+                await self._drop(version, str(exc))
                 return None
-        try:
-            activation = await asyncio.to_thread(self.store.activate_version, version, self.lane(record.segment) if operator else None)
-        except TransitionRefused as exc:  # lost a race after the swap (a writer outside this lock): undo it
-            if not operator and await self._serves_now(version):  # another replica activated it first: it serves
-                await self._loaded(record, handle)
-                return result
-            await self._swap_back(record, current)
-            if operator:
-                await self._fail(version)
-                raise
-            await self._drop(version, str(exc))
-            return None
         if activation.superseded:
             log.info("version %d superseded %s", version, activation.superseded)
         if not operator:
@@ -398,7 +402,7 @@ class Publisher:
 
     async def rollback(
         self, version: int, api_key_id: str | None = None, reason: str | None = None, segment: str | None = None,
-        expect_serving: int | None = None,
+        expect_serving: int | None = None, event: tuple[str, dict] | None = None,
     ) -> RollbackResult:
         """Serve stored `version` again: the engine swaps atomically (drained, like any swap), then one
         store transaction marks the later versions rolled back and points the learner at `version`.
@@ -407,13 +411,14 @@ class Publisher:
         segment the base weights again. With `expect_serving` (the version the operator saw serving that
         lineage) it is refused, before anything swaps and again in the store's transaction, when another
         serves now (ServingChanged). Raises VersionNotFound, NotServable, AlreadyServing, SwapFailed,
-        UnknownSegment or the store's RollbackRefused."""
+        UnknownSegment or the store's RollbackRefused. `event` (kind, detail): an operator event recorded
+        in the rollback's own transaction (the guard's verdict)."""
         async with self._lock:
             record = await asyncio.to_thread(self.store.get_version, version)
             if record is None:
                 raise VersionNotFound(f"no policy version {version}")
             if record.segment is not None or segment is not None:
-                return await self._rollback_adapter(record, segment or record.segment, api_key_id, reason, expect_serving)
+                return await self._rollback_adapter(record, segment or record.segment, api_key_id, reason, expect_serving, event)
             if expect_serving is not None and expect_serving != self.engine.version:
                 raise ServingChanged(f"version {expect_serving} no longer serves (now: v{self.engine.version})")
             if not record.status.servable or not record.checkpoint_path:
@@ -435,17 +440,18 @@ class Publisher:
                 raise NotServable(f"version {version}'s checkpoint is not the one its row names: {exc}") from exc
             old = await asyncio.to_thread(self.store.get_version, previous)
             start = time.perf_counter()
-            try:
-                held = await self.engine.update_weights(record.checkpoint_path, version)
-            except Exception as exc:
-                self.metrics.inc("server/swap_failures")
-                raise SwapFailed(version, f"could not load version {version}: {exc}") from exc
-            try:
-                rolled = await asyncio.to_thread(self.store.rollback_to, version, self.learner_name, api_key_id, reason, None, expect_serving)
-            except Exception:
-                log.exception("rollback to %d not recorded: swapping version %d back in", version, previous)
-                await self.engine.update_weights(old.checkpoint_path, previous)
-                raise
+            with self.changes.changing():
+                try:
+                    held = await self.engine.update_weights(record.checkpoint_path, version)
+                except Exception as exc:
+                    self.metrics.inc("server/swap_failures")
+                    raise SwapFailed(version, f"could not load version {version}: {exc}") from exc
+                try:
+                    rolled = await asyncio.to_thread(self.store.rollback_to, version, self.learner_name, api_key_id, reason, None, expect_serving, event)
+                except Exception:
+                    log.exception("rollback to %d not recorded: swapping version %d back in", version, previous)
+                    await self.engine.update_weights(old.checkpoint_path, previous)
+                    raise
             swap_s = time.perf_counter() - start
             self.metrics.inc("server/rollbacks")
             self.metrics.observe("server/swap_hold_seconds", held)
@@ -453,7 +459,8 @@ class Publisher:
             return RollbackResult(version, previous, rolled, swap_s * 1000, held * 1000)
 
     async def _rollback_adapter(
-        self, record: VersionRecord, segment: str, api_key_id: str | None, reason: str | None, expect_serving: int | None
+        self, record: VersionRecord, segment: str, api_key_id: str | None, reason: str | None, expect_serving: int | None,
+        event: tuple[str, dict] | None,
     ) -> RollbackResult:
         """With the lock held: serve `segment` the adapter `record` (or, for a base version, no adapter)."""
         lane = self.lane(segment)
@@ -473,18 +480,19 @@ class Publisher:
         old = await asyncio.to_thread(self.store.get_version, previous) if previous is not None else None
         adapter = CheckpointDir(Path(record.checkpoint_path)) if record.segment is not None else None
         start = time.perf_counter()
-        try:
-            held = await self.engine.update_adapter(segment, adapter, record.version)
-        except Exception as exc:
-            self.metrics.inc("server/swap_failures")
-            raise SwapFailed(record.version, f"could not load version {record.version}: {exc}") from exc
-        try:
-            rolled = await asyncio.to_thread(self.store.rollback_to, record.version, lane, api_key_id, reason, segment, expect_serving)
-        except Exception:
-            log.exception("rollback of segment %s to %d not recorded: restoring its adapter", segment, record.version)
-            back = CheckpointDir(Path(old.checkpoint_path)) if old is not None and old.checkpoint_path else None
-            await self.engine.update_adapter(segment, back, previous if previous is not None else self.engine.version)
-            raise
+        with self.changes.changing():
+            try:
+                held = await self.engine.update_adapter(segment, adapter, record.version)
+            except Exception as exc:
+                self.metrics.inc("server/swap_failures")
+                raise SwapFailed(record.version, f"could not load version {record.version}: {exc}") from exc
+            try:
+                rolled = await asyncio.to_thread(self.store.rollback_to, record.version, lane, api_key_id, reason, segment, expect_serving, event)
+            except Exception:
+                log.exception("rollback of segment %s to %d not recorded: restoring its adapter", segment, record.version)
+                back = CheckpointDir(Path(old.checkpoint_path)) if old is not None and old.checkpoint_path else None
+                await self.engine.update_adapter(segment, back, previous if previous is not None else self.engine.version)
+                raise
         self.metrics.inc("server/rollbacks")
         log.warning("segment %s rolled back from version %s to %d (rolled back: %s)", segment, previous, record.version, rolled)
         return RollbackResult(

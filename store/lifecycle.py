@@ -450,6 +450,7 @@ class VersionLifecycle:
         reason: str | None = None,
         segment: str | None = None,
         expect_serving: int | None = None,
+        event: tuple[str, dict[str, Any]] | None = None,
     ) -> list[int]:
         """Make `version` the serving one in the store, in one transaction: every later version of the
         same lineage that served or was waiting becomes "rolled_back", any other serving row of it
@@ -463,7 +464,10 @@ class VersionLifecycle:
 
         `expect_serving`: the version the caller saw serving that lineage; if another serves it now, the
         rollback is refused (ServingChanged) and nothing changes, so two operators acting on the same
-        view cannot undo each other's rollback unknowingly."""
+        view cannot undo each other's rollback unknowingly.
+
+        `event` (kind, detail): one more operator event about `version`, recorded in the same transaction
+        (the guard's verdict), so no reader sees the rollback without its reason."""
         with self._write() as s:
             target = s.get(PolicyVersion, version, with_for_update=True)
             if target is None or target.status in UNSERVABLE:
@@ -496,6 +500,8 @@ class VersionLifecycle:
             if lineage is not None:
                 detail["segment"] = lineage
             self._add_event(s, "rollback", version, detail, api_key_id)
+            if event is not None:
+                self._add_event(s, event[0], version, event[1], api_key_id)
         return rolled
 
     def _point_cursor(self, s: Session, cursor_name: str, version: int) -> None:

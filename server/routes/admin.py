@@ -45,15 +45,19 @@ async def versions(
     """Every version with its parent, lineage (`segment`), status, traffic, reward rate (Wilson
     interval) and the test against its parent; `segment` keeps one lineage."""
     state = request.app.state
-    rows = await state.operations.versions()
-    body = {"object": "list", "serving": state.engine.version}
-    if segment is not None:
-        rows = lineage(rows, segment)
-        if segment != BASE:
-            if not rows:  # a configured segment may have no versions yet; any other name: 404
-                state.publisher.lane(segment)
-            body |= {"segment": segment, "adapter": state.publisher.serving_adapters().get(segment)}
-    return body | {"data": [admin_json.version(r) for r in rows]}
+
+    async def read() -> dict:
+        rows = await state.operations.versions()
+        body = {"object": "list", "serving": state.engine.version}
+        if segment is not None:
+            rows = lineage(rows, segment)
+            if segment != BASE:
+                if not rows:  # a configured segment may have no versions yet; any other name: 404
+                    state.publisher.lane(segment)
+                body |= {"segment": segment, "adapter": state.publisher.serving_adapters().get(segment)}
+        return body | {"data": [admin_json.version(r) for r in rows]}
+
+    return await state.publisher.changes.settled(read)
 
 
 def adapter_mode(segments: tuple[str, ...]) -> str:
@@ -71,22 +75,26 @@ async def adapters(request: Request, _: Principal = Depends(require_admin)) -> d
     publisher = state.publisher
     if not publisher.segments:
         return admin_json.adapters("none", state.engine.version, [])
-    rows = await state.operations.versions()
-    serving = publisher.serving_adapters()
-    segments = []
-    for name in publisher.segments:
-        adapter = serving.get(name)
-        segments.append(
-            admin_json.SegmentState(
-                segment=name,
-                learner=publisher.lane(name),
-                serving=adapter,
-                policy_version=state.engine.version if adapter is None else adapter,
-                paused=await state.operations.paused(name),
-                versions=lineage(rows, name),
+
+    async def read() -> dict:
+        rows = await state.operations.versions()
+        serving = publisher.serving_adapters()
+        segments = []
+        for name in publisher.segments:
+            adapter = serving.get(name)
+            segments.append(
+                admin_json.SegmentState(
+                    segment=name,
+                    learner=publisher.lane(name),
+                    serving=adapter,
+                    policy_version=state.engine.version if adapter is None else adapter,
+                    paused=await state.operations.paused(name),
+                    versions=lineage(rows, name),
+                )
             )
-        )
-    return admin_json.adapters(adapter_mode(publisher.segments), state.engine.version, segments)
+        return admin_json.adapters(adapter_mode(publisher.segments), state.engine.version, segments)
+
+    return await publisher.changes.settled(read)
 
 
 @router.get("/replicas")
@@ -189,6 +197,7 @@ async def learning(
 async def stats(request: Request, _: Principal = Depends(require_admin)) -> dict:
     state = request.app.state
     counts = await asyncio.to_thread(state.store.counts)
+    await state.publisher.changes.idle()  # "serving" below is read with no await between: settled
     return {
         "object": "stats",
         "serving": state.engine.version,

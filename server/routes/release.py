@@ -59,8 +59,12 @@ async def release(request: Request, _: Principal = Depends(require_admin)) -> di
     """How versions reach users now: the mode, the candidate (traffic vs live, evaluation, verdict)."""
     state = request.app.state
     gate = getattr(state, "gate", None)
-    snapshot = await asyncio.to_thread(gate.state) if gate is not None else None
-    return release_json(snapshot, state.engine.version)
+
+    async def read() -> dict:
+        snapshot = await asyncio.to_thread(gate.state) if gate is not None else None
+        return release_json(snapshot, state.engine.version)
+
+    return await state.publisher.changes.settled(read)
 
 
 # -- evaluations (the evaluation suite's results, release/evaluation.py) -----------------------------

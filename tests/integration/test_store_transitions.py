@@ -360,3 +360,16 @@ def test_a_segment_without_an_adapter_is_expected_to_serve_the_base(store):
         store.rollback_to(night, "sao:night", segment="night", expect_serving=night)
     assert store.rollback_to(night, "sao:night", segment="night", expect_serving=0) == []
     assert {s: r.version for s, r in store.serving_adapters().items()} == {"night": night}
+
+
+def test_a_rollbacks_reason_is_recorded_with_it_or_not_at_all(store):
+    """The guard's verdict event rides in the rollback's transaction: a refused rollback leaves neither."""
+    v1 = _publish(store, 0)
+    store.activate_version(v1)
+    verdict = ("guard_rollback", {"version": v1, "parent": 0})
+    with pytest.raises(ServingChanged):
+        store.rollback_to(0, "sao", expect_serving=0, event=verdict)
+    assert [e.kind for e in store.events(None, 50) if e.kind in ("rollback", "guard_rollback")] == []
+    assert store.rollback_to(0, "sao", expect_serving=v1, event=verdict) == [v1]
+    done = [(e.kind, e.version) for e in store.events(None, 50) if e.kind in ("rollback", "guard_rollback")]
+    assert sorted(done) == [("guard_rollback", 0), ("rollback", 0)]

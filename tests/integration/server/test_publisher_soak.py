@@ -10,7 +10,9 @@ PostgreSQL), while traffic generates throughout. Whatever the order:
 - every version a generation ran on is one the store made serving (its final status is serving,
   retired or rolled back: never published, superseded, failed or loading);
 - numbers never collide: the only errors are the domain refusals of a lost race;
-- when it settles, the engine serves the store's one serving version.
+- when it settles, the engine serves the store's one serving version;
+- an operator's version table, read throughout (`Operations.versions`, what /admin/versions shows),
+  never contradicts itself: the version the engine serves is the one the store's rows say serves.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import pytest
 
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
+from liveloop.monitor.config import MonitorConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
+from liveloop.server.operations import Operations
 from liveloop.server.publisher import AlreadyServing, NotServable, Publisher
 from liveloop.server.weights_import import WeightImports
 from liveloop.store import RollbackRefused, StaleLineage, Store, TransitionRefused, VersionStatus
@@ -53,6 +57,7 @@ class Soak:
         self.served: list[tuple[float, int]] = []  # (start, version) of every generation
         self.done: dict[str, int] = {}  # operation -> how many the store and the publisher carried out
         self.refused: dict[str, int] = {}
+        self.tables: list[tuple[list[int], list[int]]] = []  # (engine's serving, store's SERVING) per table read
 
     def _count(self, table: dict[str, int], op: str) -> None:
         table[op] = table.get(op, 0) + 1
@@ -124,6 +129,16 @@ class Soak:
             self.served.append((start, gen.version))
             await asyncio.sleep(0)
 
+    async def views(self, stop: asyncio.Event, operations: Operations) -> None:
+        """An operator reading the version table throughout: the engine's serving version and the
+        store's SERVING row, both in every table, must be the same one."""
+        while not stop.is_set():
+            rows = [r for r in await operations.versions() if r.segment is None]
+            engine_says = [r.version for r in rows if r.serving]
+            store_says = [r.version for r in rows if r.status == S.SERVING]
+            self.tables.append((engine_says, store_says))
+            await asyncio.sleep(0)
+
 
 async def test_rollbacks_swaps_and_publishes_interleaved(engine, store, checkpoints, store_url, model_dir, tmp_path):
     total = int(os.environ.get("LIVELOOP_SOAK_OPS", "1000" if store_url.startswith("sqlite") else "200"))
@@ -132,6 +147,7 @@ async def test_rollbacks_swaps_and_publishes_interleaved(engine, store, checkpoi
     ops = soak.rng.choices(["learn", "activate", "rollback", "operator"], weights=[4, 4, 2, 1], k=total)
     stop = asyncio.Event()
     traffic = asyncio.create_task(soak.traffic(stop))
+    views = asyncio.create_task(soak.views(stop, Operations(MonitorConfig(), store, soak.publisher, Metrics())))
     in_flight: set[asyncio.Task] = set()
     try:
         for op in ops:
@@ -149,6 +165,7 @@ async def test_rollbacks_swaps_and_publishes_interleaved(engine, store, checkpoi
             task.cancel()
         stop.set()
         await traffic
+        await views
 
     # the interleaving did what it says: each kind of operation was carried out many times
     for op, least in {"learn": total // 10, "activate": total // 40, "rollback": total // 50, "operator": total // 50}.items():
@@ -165,3 +182,6 @@ async def test_rollbacks_swaps_and_publishes_interleaved(engine, store, checkpoi
     serving = [v for v, s in statuses.items() if s == S.SERVING]
     assert serving == [store.latest_version().version] == [engine.version]
     assert len(soak.served) > total // 10
+    # every version table read during it agreed with itself
+    torn = [t for t in soak.tables if t[0] != t[1] or len(t[0]) != 1]
+    assert not torn and len(soak.tables) > total // 10, (len(torn), len(soak.tables), torn[:5])
