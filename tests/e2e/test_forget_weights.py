@@ -75,13 +75,17 @@ async def _teach(client: httpx.AsyncClient, store, key: str, phrase: str, topics
     return rewards
 
 
-async def _keep_up(store, lag: int = 8, timeout: float = 60) -> None:
-    """Users here rate far faster than real ones: wait until the learner is at most `lag` ratings behind."""
+async def _keep_up(store, lag: int = 8, timeout: float = 180) -> None:
+    """Users here rate far faster than real ones: wait until the learner is at most `lag` ratings behind
+    (a learner that does not get there within `timeout` fails the test: it stalled)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         last = max((f.id for f, _ in store.rated_after(max(store.get_cursor("sao") - 1, 0), 10_000)), default=0)
-        if last - store.get_cursor("sao") <= lag:
+        behind = last - store.get_cursor("sao")
+        if behind <= lag:
             return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the learner stalled: still {behind} ratings behind after {timeout:.0f} s")
         await asyncio.sleep(0.2)
 
 
