@@ -5,7 +5,8 @@ error, restarts), where bench/drift_seeds.py keeps only the re-adaptation counts
     .venv/bin/python bench/drift_trace.py --seed 0 --out bench/results/drift_trace_s0.json
     .venv/bin/python bench/drift_trace.py --seed 0 --lora restart_critic=true --out ...
 
-`--lora KEY=JSON ...` overrides `[learner.lora]` keys of the method (a lever). The output holds the run's
+`--lora KEY=JSON ...` overrides `[learner.lora]` keys of the method (a lever), `--learner KEY=JSON ...`
+`[learner]` keys (every lane's). The output holds the run's
 row (as bench/drift_seeds.py writes it), the trace (one entry per lane step) and every rating.
 """
 
@@ -34,6 +35,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--config", default="drift_long")
     parser.add_argument("--lora", nargs="*", default=[], help="KEY=JSON overrides of [learner.lora]")
+    parser.add_argument("--learner", nargs="*", default=[], help="KEY=JSON overrides of [learner]")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/liveloop-drift-trace"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -55,9 +57,11 @@ def main() -> None:
     if args.lora:
         lora = dict(method.learner.get("lora", {})) | {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.lora)}
         method = dataclasses.replace(method, learner=dict(method.learner) | {"lora": lora})
+    if args.learner:
+        method = dataclasses.replace(method, learner=dict(method.learner) | {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.learner)})
     started = time.monotonic()
     run = drift_run(args.workdir / f"s{args.seed}", default_model(), cfg, method, args.seed, lag=4)
-    row = run.row() | {"lora_overrides": args.lora, "wall_seconds": round(time.monotonic() - started, 1)}
+    row = run.row() | {"lora_overrides": args.lora, "learner_overrides": args.learner, "wall_seconds": round(time.monotonic() - started, 1)}
     print(json.dumps(row))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"row": row, "trace": trace, "ratings": [dataclasses.asdict(r) for r in run.ratings]}))
