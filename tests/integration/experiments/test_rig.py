@@ -100,6 +100,8 @@ def test_a_lane_whose_ratings_collapse_starts_over_from_the_base_and_the_other_l
         for segment, rewards in (("night", [1, 1, 1, 1]), ("cozy", [1, 1, 1, 1]), ("cozy", [1, 1, 0, 0])):
             rig.rate(rig.sample([Ask(segment, p) for p in PROMPTS]), rewards)
             assert rig.train() == 4
+            if segment == "night":
+                night_learned = [p.detach().clone() for p in b_of("night")]
             if segment == "cozy" and cozy.restart.restarts == 0:
                 assert any(p.abs().sum() > 0 for p in b_of("cozy"))  # learned before it fell
         assert (cozy.restart.restarts, night.restart.restarts) == (1, 0)
@@ -109,7 +111,10 @@ def test_a_lane_whose_ratings_collapse_starts_over_from_the_base_and_the_other_l
         assert all(p.abs().sum() == 0 for p in b_of("cozy"))
         assert texts("cozy") == texts(None)
         assert cozy.learning_rate == cozy.config.learning_rate
-        assert any(p.abs().sum() > 0 for p in b_of("night")) and texts("night") != texts(None)
+        # night's adapter is exactly what its own 4 ratings made it (whether 4 small steps change a sampled
+        # token is chance; the weights are not)
+        assert any(p.abs().sum() > 0 for p in night_learned)
+        assert all(torch.equal(a, b) for a, b in zip(b_of("night"), night_learned, strict=True))
         # and the fresh adapter learns: the optimizer holds its parameters
         rig.rate(rig.sample([Ask("cozy", PROMPTS[0])]), [1])
         assert rig.train() == 1 and any(p.abs().sum() > 0 for p in b_of("cozy"))
