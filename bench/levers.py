@@ -39,8 +39,9 @@ LEVERS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
     # the KL anchor's target (nats per token from the base)
     "kl_loose": (("shared", "adapter"), {"learner": ("target_kl_to_base = 2.0",)}),
     "kl_off": (("shared", "adapter"), {"learner": ("kl_coef = 0.0",)}),
-    # advantages: near-Monte-Carlo lambda instead of the length-adaptive 0.05
+    # advantages: near-Monte-Carlo lambda (shipped since the second sweep) or the spec's length-adaptive 0.05
     "lambda_mc": (("shared", "adapter"), {"learner": ("lambda_alpha = 1.0",)}),
+    "lambda_spec": (("shared", "adapter"), {"learner": ("lambda_alpha = 0.05",)}),
     # the adapter's shape
     "rank32": (("adapter",), {"lora": ("rank = 32", "alpha = 64.0")}),
     "alpha64": (("adapter",), {"lora": ("alpha = 64.0",)}),
