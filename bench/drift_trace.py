@@ -26,6 +26,11 @@ KEYS = ("learner/reward_mean", "learner/lr", "learner/kl", "learner/step_kl", "l
         "learner/restart_window_mean", "learner/advantage_scale")
 
 
+def _overrides(pairs: list[str]) -> dict:
+    """KEY=JSON arguments as a dict (`restart_window=0` -> {"restart_window": 0})."""
+    return {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in pairs)}
+
+
 def main() -> None:
     from liveloop.experiments.drift import load_experiment
     from liveloop.experiments.drift_rig import drift_run
@@ -55,10 +60,10 @@ def main() -> None:
     cfg = load_experiment(args.config, only=["sao_adapters"])
     method = cfg.methods[0]
     if args.lora:
-        lora = dict(method.learner.get("lora", {})) | {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.lora)}
+        lora = dict(method.learner.get("lora", {})) | _overrides(args.lora)
         method = dataclasses.replace(method, learner=dict(method.learner) | {"lora": lora})
     if args.learner:
-        method = dataclasses.replace(method, learner=dict(method.learner) | {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.learner)})
+        method = dataclasses.replace(method, learner=dict(method.learner) | _overrides(args.learner))
     started = time.monotonic()
     run = drift_run(args.workdir / f"s{args.seed}", default_model(), cfg, method, args.seed, lag=4)
     row = run.row() | {"lora_overrides": args.lora, "learner_overrides": args.learner, "wall_seconds": round(time.monotonic() - started, 1)}
