@@ -3,7 +3,16 @@ response), `TokenBatch`, `make_batch` and `response_logprobs`.
 
 A response a `keep` swap continued under new weights was sampled by more than one version: its
 `version_spans` say which, and `TokenBatch.versions` carries that per token ([B, W], like the
-behaviour logprobs, which stay exactly those of the version that sampled each token)."""
+behaviour logprobs, which stay exactly those of the version that sampled each token).
+
+A response sampled under a constraint (a forced tool call, a JSON response format: its `grammar`)
+was drawn from the model's distribution restricted to the tokens the grammar allowed at each
+position, and its behaviour logprobs are of that restricted distribution. So the policy is scored the
+same way: `make_batch` replays the grammar over the response (liveloop.grammar) into the packed masks
+of the allowed tokens (`TokenBatch.allowed`), and `response_log_dists` masks the logits with them
+before the log-softmax. The ratio pi/mu of a constrained token is then that of two distributions over
+the same allowed set (exactly 1 on-policy), and a token the grammar forced (the only one allowed) has
+logprob 0 under both: no ratio, no gradient, as it should be (the model had no choice)."""
 
 from __future__ import annotations
 
@@ -14,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+
+from liveloop.grammar import mask_logits
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,7 @@ class Sample:
     api_key_id: str = ""  # the key that rated it ("" for in-process rollouts)
     # (start, end, version) over response token indexes [start, end); None: every token by policy_version
     version_spans: tuple[tuple[int, int, int], ...] | None = None
+    grammar: str | None = None  # the constraint its tokens were sampled under (None: free sampling)
 
     @classmethod
     def from_rated(cls, feedback: Any, response: Any) -> "Sample":
@@ -37,6 +49,7 @@ class Sample:
             response.prompt_ids, response.response_ids, response.behavior_logprobs, response.action_mask,
             float(feedback.reward), response.policy_version, feedback.api_key_id,
             getattr(response, "version_spans", None),  # a row without spans: all of it by policy_version
+            getattr(response, "grammar", None),
         )
 
     @classmethod
@@ -76,13 +89,26 @@ class TokenBatch:
     # [B, W] the version that sampled each token; past a response's end its last token's version (so
     # `learner version - versions` stays a plain staleness there; the action mask drops it anyway)
     versions: Tensor
+    # per sample: the packed masks [n, words] of the tokens its grammar allowed at each of its n tokens
+    # (None: free sampling); a sample's grammar not replayed (`make_batch` without grammars) is UNMASKED
+    allowed: tuple[Tensor | None, ...] = ()
 
     @property
     def width(self) -> int:
         return self.response_ids.shape[1]
 
 
-def make_batch(samples: Sequence[Sample], pad_id: int = 0) -> TokenBatch:
+class UnmaskedConstraint(ValueError):
+    """A constrained response was to be scored without its grammar's masks (make_batch got no grammars)."""
+
+
+UNMASKED = torch.empty(0, dtype=torch.int32)  # `TokenBatch.allowed` of a constrained sample whose grammar was not replayed
+
+
+def make_batch(samples: Sequence[Sample], pad_id: int = 0, grammars: Any = None) -> TokenBatch:
+    """The samples as padded tensors; `grammars` (liveloop.grammar.Grammars of the policy's tokenizer)
+    replays each constrained sample's grammar into its masks (without it such a sample can be valued,
+    not scored: `response_log_dists` refuses it)."""
     width = max(len(s.response_ids) for s in samples)
     length = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     B = len(samples)
@@ -103,6 +129,7 @@ def make_batch(samples: Sequence[Sample], pad_id: int = 0) -> TokenBatch:
         per_token = s.token_versions()
         versions[b, :n] = torch.from_numpy(per_token)
         versions[b, n:] = int(per_token[-1]) if n else s.policy_version
+    allowed = tuple(_allowed(s, grammars) for s in samples)
     return TokenBatch(
         input_ids=input_ids,
         attention_mask=attn,
@@ -112,15 +139,32 @@ def make_batch(samples: Sequence[Sample], pad_id: int = 0) -> TokenBatch:
         action_mask=mask,
         rewards=torch.tensor([float(s.reward) for s in samples]),
         versions=versions,
+        allowed=allowed if any(a is not None for a in allowed) else (),
     )
+
+
+def _allowed(sample: Sample, grammars: Any) -> Tensor | None:
+    if sample.grammar is None:
+        return None
+    if grammars is None:
+        return UNMASKED
+    return grammars.allowed(sample.grammar, sample.response_ids)
 
 
 def response_log_dists(logits: Tensor, batch: TokenBatch) -> Tensor:
     """log pi(. | context) at each response position, [B, W, V] (float32), from the full-sequence logits
-    [B, L, V]; positions past a response's end are zeros (the action mask drops them)."""
+    [B, L, V], restricted to what a constrained response's grammar allowed there (`batch.allowed`);
+    positions past a response's end are zeros (the action mask drops them)."""
     rows = []
     for b, p in enumerate(batch.prompt_lengths):
-        lp = torch.log_softmax(logits[b, p - 1 : p - 1 + batch.width].float(), dim=-1)
+        row = logits[b, p - 1 : p - 1 + batch.width].float()
+        allowed = batch.allowed[b] if batch.allowed else None
+        if allowed is UNMASKED:
+            raise UnmaskedConstraint("a response sampled under a grammar must be scored under it: make_batch(..., grammars=...)")
+        if allowed is not None:  # the grammar's masks over the response's own tokens (padding past it stays)
+            n = allowed.shape[0]
+            row = torch.cat([mask_logits(row[:n], allowed), row[n:]])
+        lp = torch.log_softmax(row, dim=-1)
         if lp.shape[0] < batch.width:
             lp = torch.cat([lp, lp.new_zeros(batch.width - lp.shape[0], lp.shape[1])])
         rows.append(lp)

@@ -59,18 +59,19 @@ class Admission:
         raise RateLimited(f"rate limit: at most {item.amount} {kind} requests per minute for this API key", wait)
 
     @contextlib.contextmanager
-    def generation(self, key_id: str) -> Iterator[None]:
-        """Hold one generation slot for `key_id` (the event loop is single-threaded: no lock needed)."""
-        if self.total >= self.config.max_concurrent_total:
+    def generation(self, key_id: str, n: int = 1) -> Iterator[None]:
+        """Hold `n` generation slots for `key_id`, all or none (a request's n choices start together
+        or not at all; the event loop is single-threaded: no lock needed)."""
+        if self.total + n > self.config.max_concurrent_total:
             raise Busy(f"the server is running its maximum of {self.config.max_concurrent_total} generations")
-        if self._running[key_id] >= self.config.max_concurrent_per_key:
+        if self._running[key_id] + n > self.config.max_concurrent_per_key:
             raise Busy(f"at most {self.config.max_concurrent_per_key} generations at once per API key")
-        self._running[key_id] += 1
-        self.total += 1
+        self._running[key_id] += n
+        self.total += n
         try:
             yield
         finally:
-            self.total -= 1
-            self._running[key_id] -= 1
+            self.total -= n
+            self._running[key_id] -= n
             if self._running[key_id] <= 0:
                 del self._running[key_id]

@@ -72,7 +72,7 @@ from liveloop.server.leader import Leadership
 from liveloop.server.operations import Operations
 from liveloop.server.publisher import Publisher
 from liveloop.server.startup import finish_start, start_point, sweep_shared_memory
-from liveloop.server.routes import admin, alarms, anthropic, dashboard, feedback, openai, ops, release
+from liveloop.server.routes import admin, alarms, anthropic, dashboard, feedback, openai, ops, release, responses, stored, tokens
 from liveloop.server.serving import Serving
 from liveloop.server.weights_import import WeightImports
 from liveloop.store import BatchWriter, Store
@@ -364,7 +364,10 @@ def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.Ab
     app.state.ops_open_on_loopback = server.ops_open_on_loopback
     app.state.generating = openai.Generating()
     app.include_router(openai.router)
+    app.include_router(stored.router)
     app.include_router(anthropic.router)
+    app.include_router(responses.router)
+    app.include_router(tokens.router)
     app.include_router(feedback.router)
     app.include_router(ops.router)
     app.include_router(admin.router)

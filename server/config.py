@@ -186,6 +186,19 @@ class EngineConfig:
         metadata={"help": "diffusion: denoising steps per block; unset: the model's build record, else 8"},
     )
 
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "none"] = field(
+        default="auto",
+        metadata={"help": "how tool calls are written by this model family (server/tool_parsers.py): hermes (Hermes, "
+                  "Qwen2.5/3, liveloop-tiny), llama3_json (Llama 3.1/3.2); auto: read from the chat template; none: "
+                  "requests with tools are refused"},
+    )
+    constrained_json: Literal["canonical", "compact", "free"] = field(
+        default="canonical",
+        metadata={"help": "how constrained decoding (forced tool calls, response_format) lays out JSON: canonical (', ' "
+                  "and ': ' between tokens, nothing else: what json.dumps and chat templates write, so a call sent back "
+                  "renders as it was sampled), compact (no whitespace), free (any whitespace: a small model may pad "
+                  "without end)"},
+    )
     max_adapters: int = field(
         default=0,
         metadata={

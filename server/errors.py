@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -49,7 +50,7 @@ _ANTHROPIC_TYPES = {
     500: "api_error",
     503: "overloaded_error",
 }
-ANTHROPIC_PATHS = ("/v1/messages",)
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 class APIError(Exception):
@@ -91,6 +92,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
     from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
     from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
     from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
+    from liveloop.server.tools import ToolsRefused
     from liveloop.server.weights_import import ImportFailed, ImportRefused
     from liveloop.store import RollbackRefused, ServingChanged, TransitionRefused, VersionNotFound, WriterDown, WriterFull
     from liveloop.store.rights import KeyNotFound
@@ -109,6 +111,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
         # a request the model cannot serve as asked (the exception names its param and code)
         (UnknownModel, Answer(404, "model_not_found", param="model")),
         (InvalidRequest, Answer(400)),
+        (ToolsRefused, Answer(400)),  # tools, tool choice, response format: its param and code say which
         # policy versions: publishing, rollback, pinning
         (ImportRefused, Answer(400, param="path")),  # its code says why (not_a_regular_file, checkpoint_too_large, ...)
         (ImportFailed, Answer(503, "import_failed", retry_after=5)),  # the server could not write the copy
@@ -165,9 +168,27 @@ def error_response(
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
+def _union_branch(part: Any) -> bool:
+    """A location part pydantic adds for a branch of a union (`str`, `function-after[...]`, `list[...]`)."""
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "dict", "list", "none"))
+
+
+def _error(exc: ValidationError | RequestValidationError) -> dict:
+    """The error to report: the first, or where it is one branch of a union (a value given as a list
+    where text is also allowed, say), the error of the branch the value went furthest into."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = list(first.get("loc", ()))
+    cut = next((i for i, part in enumerate(loc) if _union_branch(part)), None)
+    if cut is None:
+        return first
+    same = [e for e in errors if list(e.get("loc", ()))[:cut] == loc[:cut]]
+    return max(same, key=lambda e: len(e.get("loc", ())))
+
+
 def validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
-    err = exc.errors()[0]
-    loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+    err = _error(exc)
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body",) and not _union_branch(p)]
     param = ".".join(loc) or None
     msg = err.get("msg", "invalid value")
     if err.get("type") == "extra_forbidden":

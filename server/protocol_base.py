@@ -47,7 +47,23 @@ class StreamOptions(_Strict):
 
 
 
-class _Sampling(_Strict):
+MAX_N = 16  # choices one request may ask for (each its own generation, response id and rating)
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
+class SamplingExtensions(_Strict):
+    """vLLM's sampling extensions, which clients written for vLLM send (its benchmark client sends
+    `ignore_eos` on every request): the same names and meanings on every endpoint that takes them."""
+
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = Field(default=None, description="extension: sample among the k likeliest tokens (-1 or 0: all)")
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(default=None, description="extension: drop tokens below min_p times the likeliest")
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = Field(default=None, description="extension: vLLM's repetition penalty (1: off)")
+    min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = Field(default=None, description="extension: no stop token before this many tokens")
+    ignore_eos: bool = Field(default=False, description="extension: the model's end-of-sequence token does not end the reply")
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = Field(default=None, description="extension: more token ids that end the reply")
+
+
+class _Sampling(SamplingExtensions):
     model: str
     max_tokens: Annotated[int, Field(gt=0, le=INT32_MAX)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
@@ -56,7 +72,7 @@ class _Sampling(_Strict):
     seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     user: Annotated[str, Field(max_length=256)] | None = None
     metadata: dict[Text, Text] | None = Field(default=None, description="tags stored with the response")
     presence_penalty: Literal[0, 0.0] = 0.0

@@ -1,13 +1,19 @@
-"""OpenAI chat completions' request (POST /v1/chat/completions); the response bodies are made by
-server/serving_chat.py."""
+"""OpenAI chat completions' request (POST /v1/chat/completions), with tool calling (`tools`,
+`tool_choice`, `parallel_tool_calls`; assistant turns with `tool_calls`, `tool` turns answering them)
+and structured outputs (`response_format`: `json_object`, `json_schema`); the response bodies are made
+by server/serving_chat.py. A message an SDK echoes back from a response (`refusal`, `annotations`,
+`audio` and `function_call` empty) is taken as it is."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from liveloop.server.protocol_base import INT32_MAX, MAX_MESSAGES, _Sampling, _Strict
+from liveloop.server.protocol_base import INT32_MAX, MAX_MESSAGES, Text, _Sampling, _Strict
+
+ToolName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule for function names
+MAX_TOOLS = 128
 
 
 class TextPart(_Strict):
@@ -15,15 +21,103 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionDef(_Strict):
+    name: ToolName
+    description: Annotated[Text, Field(max_length=8192)] | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Strict):
+    name: ToolName
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class CalledFunction(_Strict):
+    name: ToolName
+    arguments: Text
+
+
+class ToolCallPart(_Strict):
+    id: Annotated[Text, Field(min_length=1, max_length=64)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: Annotated[str, Field(max_length=64)] | None = None
+    tool_calls: Annotated[list[ToolCallPart], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: Annotated[Text, Field(min_length=1, max_length=64)] | None = None
+    # what the SDK writes back when a client appends a response's message as it is
+    refusal: None = None
+    annotations: list[Any] | None = None
+    audio: None = None
+    function_call: None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ChatMessage":
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a `tool` message needs `tool_call_id` (the id of the call it answers)")
+        if self.role != "tool" and self.tool_call_id is not None:
+            raise ValueError("only a `tool` message has `tool_call_id`")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an `assistant` message has `tool_calls`")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("`content` is required (it may be null only in an assistant message with `tool_calls`)")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+    def stored(self) -> dict[str, Any]:
+        """The message in the stored (OpenAI chat) shape the template reads: text content, calls with
+        their arguments as text; `developer` is a system turn."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["content"] = self.text() or None
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+    def chars(self) -> int:
+        return len(self.text()) + sum(len(c.function.arguments) + len(c.function.name) for c in self.tool_calls or ())
+
+
+class JSONSchemaFormat(_Strict):
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: Annotated[Text, Field(max_length=8192)] | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self) -> "ResponseFormat":
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError("`json_schema` with a `schema` is required for type json_schema")
+        return self
 
 
 class ChatCompletionRequest(_Sampling):
@@ -31,6 +125,10 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Annotated[int, Field(gt=0, le=INT32_MAX)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
 
     @field_validator("messages")
     @classmethod

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -45,8 +46,11 @@ from liveloop.server.admission import Admission
 from liveloop.server.auth import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams, TokenDelta
+from liveloop.server.prompting import Prompter
 from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest, MessagesRequest
 from liveloop.server.text import TextStream
+from liveloop.server.tool_parsers import Parsed
+from liveloop.server.tools import Tool, ToolChoice, ToolsRefused, ToolUse, check_tool_results, output_message
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
 from liveloop.store.writer import WriterSlow
 
@@ -101,6 +105,33 @@ class Prepared:
     store: bool = True  # False: serve, never log (OpenAI's `store: false`)
     segment: str | None = None  # the adapter segment that serves it (None: adapters are off)
     user: str = ""  # who it is routed by for a canary: its `user` field, else its API key (release/routing.py)
+    messages: tuple[dict[str, Any], ...] | None = None  # the conversation asked (stored shape); None: a completion
+    tool_use: ToolUse | None = None  # the tools offered and how they may be used
+    requested_max_tokens: int | None = None  # what the client asked, where it was clamped to fit the context
+    previous_response_id: str | None = None  # the Responses API: the turn this one continues
+    options: dict[str, Any] | None = None  # what a later read of the response echoes (instructions, tool_choice, ...)
+    group_id: str | None = None  # n > 1: the first choice's id, on every choice of the request
+    choice_index: int = 0
+
+    @property
+    def clamped(self) -> bool:
+        return self.requested_max_tokens is not None and self.requested_max_tokens != self.sampling.max_tokens
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a request asks beyond its prompt, as `Serving._prepared` takes it."""
+
+    max_tokens: int | None
+    top_logprobs: int = 0
+    meta: Mapping[str, str] | None = None
+    user: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    tool_use: ToolUse | None = None
+    constraint: str | None = None
+    clamp: bool = False  # a max_tokens past the context shrinks to fit (Anthropic's clients send 32k and more)
+    previous_response_id: str | None = None
+    options: dict[str, Any] | None = None
 
 
 Span = tuple[int, int, int]  # (start, end, version) over response token indexes [start, end)
@@ -170,6 +201,7 @@ class Run:
     ended: float | None = None
     committed: bool = False
     stop_sequence: str | None = None  # the stop string that ended it (finish_reason "stop")
+    parsed: Parsed | None = None  # the reply read as a message (text and tool calls), once it ended
     spans: VersionSpans = field(init=False)
 
     def __post_init__(self) -> None:
@@ -177,6 +209,42 @@ class Run:
 
     def __aiter__(self) -> AsyncIterator[Piece]:
         return self.stream
+
+    def message(self) -> Parsed:
+        """The reply as a message: its text, and the tool calls in it when the request offered tools
+        (read once the generation ended; a stream's format sets what it streamed)."""
+        if self.parsed is None:
+            use = self.prepared.tool_use
+            self.parsed = use.parse(self.text) if use is not None else Parsed(self.text or None, ())
+        return self.parsed
+
+    @property
+    def calls_tools(self) -> bool:
+        return bool(self.message().calls)
+
+
+_NO_PARAMETERS = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    prompt_ids: list[int]
+    ask: Ask
+
+
+def openai_choice(choice: Any, has_tools: bool) -> ToolChoice:
+    """OpenAI's `tool_choice` (chat and the Responses API): unset means auto with tools, none without."""
+    if choice is None:
+        return ToolChoice("auto" if has_tools else "none")
+    if isinstance(choice, str):
+        return ToolChoice(choice)
+    name = choice.function.name if hasattr(choice, "function") else choice.name
+    return ToolChoice("named", name)
+
+
+def _wrap_seed(seed: int) -> int:
+    """A seed kept in the signed 64-bit range the store holds."""
+    return (seed + 2**63) % 2**64 - 2**63
 
 
 def _stop_ids(tokenizer: Any, model_dir: Path) -> tuple[int, ...]:
@@ -221,36 +289,39 @@ class Serving:
         # templating and tokenizing, off the loop: one thread, so no two encodes of the tokenizer run at once
         self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liveloop-prompts")
         self.stream_interval = server.stream_interval_ms / 1000  # seconds between a stream's writes (0: a write per delta)
+        self.prompter = Prompter(tokenizer, model_dir, engine_config.tool_call_parser, engine_config.constrained_json, engine)
 
     # -- 1. request -> prompt ids + sampling --------------------------------------------------------
     def _check_model(self, model: str) -> None:
         if model != self.model_name:
             raise UnknownModel(model)
 
-    async def prepare(self, req: ChatCompletionRequest | CompletionRequest | MessagesRequest, principal: Principal) -> Prepared:
-        """`prepare_chat` / `prepare_completion` with the text's length checked here, before anything is
-        rendered, and the rendering and tokenizing on the prompt thread: the event loop never does either."""
+    async def prepare(self, req: Any, principal: Principal, work: Callable[[Any, Principal], Prepared] | None = None) -> Prepared:
+        """`work(req, principal)` (by default `prepare_chat` / `prepare_messages` / `prepare_completion`
+        by the request's type) with the text's length checked here, before anything is rendered, and
+        the rendering and tokenizing on the prompt thread: the event loop never does either."""
         self._check_model(req.model)
         self.check_chars(req)
+        return await asyncio.get_running_loop().run_in_executor(self._prompts, work or self.prepare_by_type, req, principal)
+
+    def prepare_by_type(self, req: Any, principal: Principal) -> Prepared:
         if isinstance(req, ChatCompletionRequest):
-            work = self.prepare_chat
-        elif isinstance(req, MessagesRequest):
-            work = self.prepare_messages
-        else:
-            work = self.prepare_completion
-        return await asyncio.get_running_loop().run_in_executor(self._prompts, work, req, principal)
+            return self.prepare_chat(req, principal)
+        if isinstance(req, MessagesRequest):
+            return self.prepare_messages(req, principal)
+        return self.prepare_completion(req, principal)
 
     def check_chars(self, req: ChatCompletionRequest | CompletionRequest | MessagesRequest) -> None:
         """Refuse a text longer than `max_prompt_chars` (a cheap bound: the context holds fewer tokens
         than that), before the chat template or the tokenizer sees it."""
         if isinstance(req, ChatCompletionRequest):
-            n, param = sum(len(m.text()) for m in req.messages), "messages"
-        elif isinstance(req, MessagesRequest):
-            n, param = len(req.system_text()) + sum(len(m.text()) for m in req.messages), "messages"
-        elif isinstance(req.prompt, str):
+            n, param = sum(m.chars() for m in req.messages), "messages"
+        elif isinstance(req, CompletionRequest):
+            if not isinstance(req.prompt, str):
+                return
             n, param = len(req.prompt), "prompt"
-        else:
-            return
+        else:  # Anthropic messages, the Responses API: each counts its own text
+            n, param = req.chars(), req.chars_param
         if n > self.max_prompt_chars:
             raise InvalidRequest(
                 f"this model's maximum context length is {self.max_model_len} tokens; the text has {n} characters "
@@ -264,31 +335,78 @@ class Serving:
 
     def prepare_chat(self, req: ChatCompletionRequest, principal: Principal) -> Prepared:
         self._check_model(req.model)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-        prompt_ids = self._chat_prompt(messages)
-        max_tokens = req.max_completion_tokens or req.max_tokens
+        messages = [m.stored() for m in req.messages]
+        tools = [Tool(t.function.name, t.function.description, t.function.parameters or _NO_PARAMETERS, bool(t.function.strict))
+                 for t in req.tools or ()]
+        choice = openai_choice(req.tool_choice, bool(tools))
+        json_format = None
+        if req.response_format is not None and req.response_format.type != "text":
+            json_format = (True, req.response_format.json_schema.schema_ if req.response_format.type == "json_schema" else None)
         top = (req.top_logprobs or 0) if req.logprobs else 0
-        return self._prepared("chat", "chatcmpl", prompt_ids, max_tokens, top, req, principal, req.metadata, req.user)
+        ask = self.conversation(messages, tools, choice, req.parallel_tool_calls, json_format, "response_format.json_schema.schema",
+                                max_tokens=req.max_completion_tokens or req.max_tokens, top_logprobs=top, meta=req.metadata, user=req.user)
+        return self.prepared("chat", "chatcmpl", ask.prompt_ids, ask.ask, req, principal)
+
+    def conversation(self, messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice, parallel: bool,
+                     json_format: tuple[bool, dict | None] | None, format_param: str,
+                     stored: list[dict[str, Any]] | None = None, **ask: Any) -> Rendered:
+        """A chat-shaped request's prompt and what it asks: every tool result answers an earlier call,
+        the tools and the constraint are checked (server/prompting.py), the conversation is rendered.
+        `stored`: the part of `messages` the store keeps (default all of it). Raises ToolsRefused (a 400)."""
+        check_tool_results(messages)
+        tool_use = self.prompter.tool_use(tools, choice, parallel)
+        constraint = self.prompter.constraint(tool_use, json_format, format_param)
+        prompt_ids, _ = self.prompter.render(messages, tool_use)
+        kept = tuple(messages if stored is None else stored)
+        return Rendered(prompt_ids, Ask(messages=kept, tool_use=tool_use, constraint=constraint, **ask))
+
+    async def count_tokens(self, req: Any) -> int:
+        """The prompt tokens of an Anthropic conversation (its tools rendered with it), as
+        `prepare_messages` would make them, on the prompt thread."""
+        self._check_model(req.model)
+        self.check_chars(req)
+
+        def work() -> int:
+            tools, choice, parallel = req.tool_setup()
+            messages = req.conversation()
+            check_tool_results(messages)
+            prompt_ids, _ = self.prompter.render(messages, self.prompter.tool_use(tools, choice, parallel))
+            return len(prompt_ids)
+
+        return await asyncio.get_running_loop().run_in_executor(self._prompts, work)
+
+    async def tokenize(self, req: Any) -> list[int]:
+        """vLLM's /tokenize: a prompt's ids as /v1/completions makes them, or chat messages' (tools
+        included) as /v1/chat/completions renders them; on the prompt thread."""
+        if req.model is not None:
+            self._check_model(req.model)
+        self.check_chars(req)
+
+        def work() -> list[int]:
+            if req.prompt is not None:
+                return self.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens)["input_ids"]
+            messages = [m.stored() for m in req.messages]
+            tools = [Tool(t.function.name, t.function.description, t.function.parameters or _NO_PARAMETERS) for t in req.tools or ()]
+            tool_use = self.prompter.tool_use(tools, ToolChoice("auto" if tools else "none"), True)
+            return self.prompter.render(messages, tool_use, req.add_generation_prompt)[0]
+
+        return await asyncio.get_running_loop().run_in_executor(self._prompts, work)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        if any(t >= self.vocab_size for t in token_ids):
+            raise InvalidRequest(f"tokens: token ids must be < {self.vocab_size}", "tokens")
+        return self.tokenizer.decode(token_ids)
 
     def prepare_messages(self, req: MessagesRequest, principal: Principal) -> Prepared:
-        """Anthropic messages: the system prompt first, then the turns, through the same chat template;
-        `metadata.user_id` is who the canary routes by (as chat's `user`), and no segment tags."""
+        """Anthropic messages: the system prompt first, then the turns (tool uses as assistant calls,
+        tool results as tool turns), through the same chat template; `metadata.user_id` is who the
+        canary routes by (as chat's `user`), and no segment tags. A max_tokens past the context is
+        clamped to what fits (the response says so)."""
         self._check_model(req.model)
-        system = req.system_text()
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": m.role, "content": m.text()} for m in req.messages
-        ]
-        prompt_ids = self._chat_prompt(messages)
-        return self._prepared("messages", "msg", prompt_ids, req.max_tokens, 0, req, principal, None, req.user())
-
-    def _chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise InvalidRequest("this model has no chat template: use /v1/completions", "messages")
-        try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as exc:  # the template refuses this conversation (its roles' order, say): the request's fault
-            raise InvalidRequest(f"messages: the model's chat template refused them: {str(exc)[:200]}", "messages") from exc
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        tools, choice, parallel = req.tool_setup()
+        ask = self.conversation(req.conversation(), tools, choice, parallel, None, "tools",
+                                max_tokens=req.max_tokens, user=req.user(), clamp=True)
+        return self.prepared("messages", "msg", ask.prompt_ids, ask.ask, req, principal)
 
     def prepare_completion(self, req: CompletionRequest, principal: Principal) -> Prepared:
         self._check_model(req.model)
@@ -298,9 +416,12 @@ class Serving:
             prompt_ids = list(req.prompt)
             if max(prompt_ids) >= self.vocab_size:
                 raise InvalidRequest(f"prompt: token ids must be < {self.vocab_size}", "prompt")
-        return self._prepared("completion", "cmpl", prompt_ids, req.max_tokens, req.logprobs or 0, req, principal, req.metadata, req.user)
+        ask = Ask(max_tokens=req.max_tokens, top_logprobs=req.logprobs or 0, meta=req.metadata, user=req.user)
+        return self.prepared("completion", "cmpl", prompt_ids, ask, req, principal)
 
-    def _prepared(self, endpoint, prefix, prompt_ids, max_tokens, top, req, principal, meta, user) -> Prepared:
+    def prepared(self, endpoint: str, prefix: str, prompt_ids: list[int], ask: Ask, req: Any, principal: Principal) -> Prepared:
+        """The request's Prepared: its length and max_tokens checked against the context, its sampling."""
+        max_tokens, meta = ask.max_tokens, ask.meta
         n_prompt = len(prompt_ids)
         if n_prompt == 0:
             raise InvalidRequest("the prompt is empty", "prompt")
@@ -311,8 +432,11 @@ class Serving:
                 code="context_length_exceeded",
             )
         room = self.max_model_len - n_prompt
+        requested = None
         if max_tokens is None:
             max_tokens = min(self.server.default_max_tokens, room)
+        elif ask.clamp and max_tokens > min(room, self.server.max_tokens_limit):
+            requested, max_tokens = max_tokens, min(room, self.server.max_tokens_limit)
         elif max_tokens > self.server.max_tokens_limit:
             raise InvalidRequest(f"max_tokens: at most {self.server.max_tokens_limit}", "max_tokens")
         elif max_tokens > room:
@@ -322,17 +446,24 @@ class Serving:
                 "max_tokens",
                 code="context_length_exceeded",
             )
+        temperature = 1.0 if req.temperature is None else req.temperature  # the Responses API's may be null
         sampling = SamplingParams(
             max_tokens=max_tokens,
             # below vLLM's sampling epsilon a temperature is greedy on every engine (logits / 1e-300 overflow)
-            temperature=0.0 if req.temperature < GREEDY_BELOW else req.temperature,
-            top_p=req.top_p,
+            temperature=0.0 if temperature < GREEDY_BELOW else temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed,
-            top_logprobs=top,
-            stop_token_ids=self.stop_token_ids,
+            top_logprobs=ask.top_logprobs,
+            stop_token_ids=self._stop_tokens(req),
+            top_k=max(0, getattr(req, "top_k", None) or 0),
+            min_p=getattr(req, "min_p", None) or 0.0,
+            repetition_penalty=getattr(req, "repetition_penalty", None) or 1.0,
+            min_tokens=getattr(req, "min_tokens", None) or 0,
+            constraint=ask.constraint,
         )
+        self._check_sampling(sampling, req)
         return Prepared(
-            response_id=f"{prefix}_{uuid.uuid4().hex}" if prefix == "msg" else f"{prefix}-{uuid.uuid4().hex}",
+            response_id=f"{prefix}_{uuid.uuid4().hex}" if prefix in ("msg", "resp") else f"{prefix}-{uuid.uuid4().hex}",
             endpoint=endpoint,
             prompt_ids=tuple(prompt_ids),
             sampling=sampling,
@@ -340,15 +471,59 @@ class Serving:
             principal=principal,
             meta=dict(meta) if meta else None,
             created=int(time.time()),
-            store=req.store,
+            store=req.store is not False,  # the Responses API's may be null: stored, as everywhere
             segment=self.route(meta),
-            user=user_key(user, principal.key_id),
+            user=user_key(ask.user, principal.key_id),
+            messages=ask.messages,
+            tool_use=ask.tool_use,
+            requested_max_tokens=requested,
+            previous_response_id=ask.previous_response_id,
+            options=ask.options,
         )
+
+    def _stop_tokens(self, req: Any) -> tuple[int, ...]:
+        """The token ids that end the reply: the model's end-of-sequence ids (unless `ignore_eos`) and
+        the request's `stop_token_ids`."""
+        extra = getattr(req, "stop_token_ids", None) or []
+        if any(t >= self.vocab_size for t in extra):
+            raise InvalidRequest(f"stop_token_ids: token ids must be < {self.vocab_size}", "stop_token_ids")
+        model = () if getattr(req, "ignore_eos", False) else self.stop_token_ids
+        return tuple(sorted(set(model) | set(extra)))
+
+    def _check_sampling(self, s: SamplingParams, req: Any) -> None:
+        """Refuse sampling options the engine does not honour, and ones a constraint cannot meet."""
+        for name in s.extensions():
+            if name not in self.engine.sampling_extensions:
+                raise InvalidRequest(f"{name}: the {self.engine.name} engine does not serve it", name, code="unsupported_by_engine")
+        if s.constraint is not None:
+            if getattr(req, "ignore_eos", False):
+                raise InvalidRequest("ignore_eos: a constrained reply (forced tool call, JSON output) ends where its grammar does", "ignore_eos")
+            if s.min_tokens:
+                raise InvalidRequest("min_tokens: a constrained reply (forced tool call, JSON output) ends where its grammar does", "min_tokens")
+
+    def choices(self, prepared: Prepared, n: int) -> list[Prepared]:
+        """The `n` generations a request asks for (n > 1: each its own response id, rateable and
+        trained as its own sample, all with the group id of the first; a seed s gives choice i the
+        seed s + i, so they differ and each is reproducible)."""
+        if n == 1:
+            return [prepared]
+        out = []
+        for i in range(n):
+            rid = prepared.response_id if i == 0 else f"{prepared.response_id}-{i}"
+            seed = None if prepared.sampling.seed is None else _wrap_seed(prepared.sampling.seed + i)
+            out.append(dataclasses.replace(
+                prepared, response_id=rid, sampling=dataclasses.replace(prepared.sampling, seed=seed),
+                group_id=prepared.response_id, choice_index=i,
+            ))
+        return out
 
     # -- 2. admitted generation -> pieces ------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def run(self, prepared: Prepared) -> AsyncIterator[Run]:
-        with self.admission.generation(prepared.principal.key_id):  # raises Busy: nothing started
+    async def run(self, prepared: Prepared, admitted: bool = False) -> AsyncIterator[Run]:
+        """One generation, admitted (its slot; `admitted`: the caller holds it already, e.g. for all
+        of a request's choices at once)."""
+        slot = contextlib.nullcontext() if admitted else self.admission.generation(prepared.principal.key_id)
+        with slot:  # raises Busy: nothing started
             canary = self.canary(prepared.user, prepared.segment)  # decided at admission: the candidate may change
             request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling, prepared.segment, canary)
             admitted = self.engine.generate(request)
@@ -428,6 +603,14 @@ class Serving:
             request_meta=p.meta,
             segment=run.segment,
             version_spans=run.spans.record(),
+            messages=None if p.messages is None else list(p.messages),
+            tools=None if p.tool_use is None else p.tool_use.definitions(),
+            output=output_message(run.message()) if p.messages is not None else None,
+            grammar=p.sampling.constraint,
+            previous_response_id=p.previous_response_id,
+            options=p.options,
+            group_id=p.group_id,
+            choice_index=p.choice_index,
         )
 
     async def commit(self, run: Run) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 from liveloop.server.protocol_completions import CompletionRequest
 from liveloop.server.serving import Piece, Prepared, Run
-from liveloop.server.serving_openai import OpenAIFormat, usage
-from liveloop.server.streaming import EndpointServing, spans
+from liveloop.server.serving_openai import OpenAIFormat
+from liveloop.server.streaming import EndpointServing
 
 
 class CompletionFormat(OpenAIFormat):
@@ -22,7 +22,7 @@ class CompletionFormat(OpenAIFormat):
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._offset = 0  # where the next streamed chunk's first token starts in the whole completion
+        self._offsets: dict[int, int] = {}  # per choice: where its next streamed chunk's first token starts
 
     def _logprobs(self, ids: list[int], lps: list[float], top: list | None, offset: int) -> tuple[dict | None, int]:
         """The logprobs of these tokens, their `text_offset`s starting at `offset`; and the offset after them."""
@@ -39,24 +39,23 @@ class CompletionFormat(OpenAIFormat):
             tops = [{tok.decode([a]): alp for a, alp in (top[i] if top and i < len(top) else [])} for i in range(len(ids))]
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}, pos
 
-    def whole(self, run: Run) -> dict:
+    def choice(self, run: Run) -> dict:
         choice: dict[str, Any] = {
-            "index": 0,
+            "index": run.prepared.choice_index,
             "text": run.text,
             "logprobs": self._logprobs(run.token_ids, run.logprobs, run.top_logprobs, 0)[0],
             "finish_reason": run.finish_reason,
         }
-        body = {**self._head(run, self.object_name), "version_spans": spans(run), "choices": [choice], "usage": usage(run)}
         if self.req.return_token_ids:
             choice["token_ids"] = run.token_ids
-            body["prompt_token_ids"] = list(self.prepared.prompt_ids)
-        return body
+        return choice
 
     def chunk(self, run: Run, piece: Piece) -> dict:
         """One piece's chunk; called once per piece, in order (its offsets continue the previous chunk's)."""
-        logprobs, self._offset = self._logprobs(piece.token_ids, piece.logprobs, piece.top_logprobs, self._offset)
+        index = run.prepared.choice_index
+        logprobs, self._offsets[index] = self._logprobs(piece.token_ids, piece.logprobs, piece.top_logprobs, self._offsets.get(index, 0))
         choice: dict[str, Any] = {
-            "index": 0,
+            "index": index,
             "text": piece.text,
             "logprobs": logprobs,
             "finish_reason": None,
@@ -65,9 +64,8 @@ class CompletionFormat(OpenAIFormat):
             choice["token_ids"] = piece.token_ids
         return {**self._head(run, self.chunk_name), "choices": [choice]}
 
-    def final_chunk(self, run: Run) -> dict:
-        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": run.finish_reason}
-        return {**self._head(run, self.chunk_name), "version_spans": spans(run), "choices": [choice]}
+    def final_choice(self, run: Run) -> dict:
+        return {"index": run.prepared.choice_index, "text": "", "logprobs": None, "finish_reason": run.finish_reason}
 
 
 class ServingCompletions(EndpointServing):

@@ -1,34 +1,62 @@
 """Anthropic messages (POST /v1/messages): the `message` object and its stream of named events, as
-the official `anthropic` client reads them.
+the official `anthropic` client reads them; and the token count of POST /v1/messages/count_tokens.
 
 A whole response: `{"id": "msg_...", "type": "message", "role": "assistant", "content": [{"type":
-"text", "text": ...}], "model", "stop_reason", "stop_sequence", "usage": {"input_tokens",
-"output_tokens"}}` plus liveloop's `policy_version`, `version_spans` (as on chat completions) and
-`finish_reason` (liveloop's own: "abort" has no Anthropic stop reason and reads "end_turn"). The id is
-the response id `/v1/feedback` rates. `stop_reason`: "end_turn" (the model ended it), "max_tokens",
-"stop_sequence" (with the one in `stop_sequence`).
+"text", "text": ...}, {"type": "tool_use", "id": "toolu_...", "name": ..., "input": {...}}, ...],
+"model", "stop_reason", "stop_sequence", "usage": {"input_tokens", "output_tokens"}}` plus liveloop's
+`policy_version`, `version_spans` (as on chat completions) and `finish_reason` (liveloop's own: "abort"
+has no Anthropic stop reason and reads "end_turn"). The id is the response id `/v1/feedback` rates.
+`stop_reason`: "end_turn" (the model ended it), "tool_use" (it ended with tool calls), "max_tokens",
+"stop_sequence" (with the one in `stop_sequence`). A `max_tokens` past what the context has room for
+is served as the room there is, and the response says so: `max_tokens_clamped` `{"requested", "to"}`
+(Anthropic's clients send 32k and more; the model's context is what it is).
 
-A stream: `message_start` (the message with empty content and the admitted version),
-`content_block_start`, `ping`, one `content_block_delta` (`text_delta`) per write, `content_block_stop`,
-`message_delta` (stop reason, output tokens, `version_spans`), `message_stop`; the last four only once
-the response is logged. A failure after the status went out is an `error` event in Anthropic's error
-shape (server/errors.py)."""
+A stream: `message_start` (the message with empty content and the admitted version), `ping`, then
+each content block as `content_block_start`, its deltas (`text_delta`; a tool use's arguments as
+`input_json_delta` fragments adding up to its input's JSON), `content_block_stop`; then `message_delta`
+(stop reason, output tokens, `version_spans`), `message_stop`; the last two only once the response is
+logged. Without tools the text block opens at once (before `ping`, as Anthropic sends it); with tools a
+block opens when its first text or call arrives, so a reply that only calls a tool has no empty text
+block. A failure after the status went out is an `error` event in Anthropic's error shape
+(server/errors.py)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from liveloop.server.errors import anthropic_error_body
-from liveloop.server.protocol_messages import MessagesRequest
+from liveloop.server.protocol_messages import CountTokensRequest, MessagesRequest
 from liveloop.server.serving import Piece, Prepared, Run, Serving
 from liveloop.server.streaming import EndpointServing, Format, json_text, spans
+from liveloop.server.tool_parsers import StreamDelta, ToolStream
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
-_HOLE = "\u0000"  # stands for the text in the delta template
 
 
 def event(name: str, data: dict) -> bytes:
     return f"event: {name}\ndata: {json_text(data)}\n\n".encode()
+
+
+def tool_use_id(call_id: str) -> str:
+    """A call's id as Anthropic names tool uses (`toolu_...`): the same random part as its `call_` id."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def text_delta(index: int, text: str) -> bytes:
+    """The `content_block_delta` event of text (what `event` writes, with one JSON encoding of the text)."""
+    return (f'event: content_block_delta\ndata: {{"type":"content_block_delta","index":{index},'
+            f'"delta":{{"type":"text_delta","text":{json.dumps(text)}}}}}\n\n').encode()
+
+
+def _input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as Anthropic's `input` object; a JSON value that is not an object goes as
+    {"value": ...} (a whole reply's calls always hold valid JSON; a streamed one cut short, none)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {"value": value}
 
 
 class MessagesFormat(Format):
@@ -36,47 +64,112 @@ class MessagesFormat(Format):
         self.serving = serving
         self.req = req
         self.prepared = prepared
-        before, after = event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": _HOLE}}).decode().split(json.dumps(_HOLE))
-        self._delta_head, self._delta_tail = before.encode(), after.encode()
+        use = prepared.tool_use
+        self._tools: ToolStream | None = use.stream() if use is not None else None
+        self._block: str | None = None  # the kind of the open content block ("text", "tool_use")
+        self._index = -1  # the open (or last) block's index
 
     def _stop(self, run: Run) -> tuple[str, str | None]:
         if run.finish_reason == "stop" and run.stop_sequence is not None:
             return "stop_sequence", run.stop_sequence
+        if run.finish_reason == "stop" and run.calls_tools:
+            return "tool_use", None
         return STOP_REASONS.get(run.finish_reason or "", "end_turn"), None
 
-    def _message(self, run: Run, text: str | None, stop_reason: str | None, stop_sequence: str | None, output_tokens: int) -> dict:
-        return {
+    def _message(self, run: Run, content: list[dict], stop_reason: str | None, stop_sequence: str | None, output_tokens: int) -> dict:
+        body = {
             "id": self.prepared.response_id,
             "type": "message",
             "role": "assistant",
-            "content": [] if text is None else [{"type": "text", "text": text}],
+            "content": content,
             "model": self.serving.model_name,
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
             "usage": {"input_tokens": len(self.prepared.prompt_ids), "output_tokens": output_tokens},
             "policy_version": run.version,
         }
+        if self.prepared.clamped:
+            body["max_tokens_clamped"] = {"requested": self.prepared.requested_max_tokens, "to": self.prepared.sampling.max_tokens}
+        return body
 
-    def whole(self, run: Run) -> dict:
+    def _content(self, run: Run) -> list[dict]:
+        if self.prepared.tool_use is None:
+            return [{"type": "text", "text": run.text}]
+        parsed = run.message()
+        blocks: list[dict] = [{"type": "text", "text": parsed.content}] if parsed.content else []
+        blocks += [{"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": _input(c.arguments)} for c in parsed.calls]
+        return blocks
+
+    def whole(self, runs: list[Run]) -> dict:
+        run = runs[0]
         reason, sequence = self._stop(run)
-        body = self._message(run, run.text, reason, sequence, len(run.token_ids))
+        body = self._message(run, self._content(run), reason, sequence, len(run.token_ids))
         return {**body, "version_spans": spans(run), "finish_reason": run.finish_reason}
 
-    def opening(self, run: Run) -> bytes:
+    def headers(self, runs: list[Run]) -> dict[str, str]:
+        out = super().headers(runs)
+        if self.prepared.clamped:
+            out["x-liveloop-max-tokens"] = str(self.prepared.sampling.max_tokens)
+        return out
+
+    # -- the stream -----------------------------------------------------------------------------------
+    def opening(self, runs: list[Run]) -> bytes:
+        start = event("message_start", {"type": "message_start", "message": self._message(runs[0], [], None, None, 0)})
+        if self._tools is not None:
+            return start + event("ping", {"type": "ping"})
+        self._block, self._index = "text", 0
         return (
-            event("message_start", {"type": "message_start", "message": self._message(run, None, None, None, 0)})
+            start
             + event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
             + event("ping", {"type": "ping"})
         )
 
     def group(self, run: Run, pieces: list[Piece]) -> bytes:
         text = "".join(piece.text for piece in pieces)
-        return self._delta_head + json.dumps(text).encode() + self._delta_tail if text else b""
+        if self._tools is None:
+            return self._text(text)
+        return b"".join(self._delta(self._tools.feed(piece.text)) for piece in pieces)
+
+    def settle(self, run: Run) -> bytes:
+        if self._tools is None:
+            run.message()
+            return b""
+        out = self._delta(self._tools.finish())
+        run.parsed = self._tools.result
+        return out
+
+    def _text(self, text: str) -> bytes:
+        if not text:
+            return b""
+        out = self._open("text", {"type": "text", "text": ""}) if self._block != "text" else b""
+        return out + text_delta(self._index, text)
+
+    def _delta(self, delta: StreamDelta) -> bytes:
+        out = self._text(delta.text)
+        for c in delta.calls:
+            if c.id is not None:
+                out += self._open("tool_use", {"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": {}})
+            if c.arguments:
+                out += event("content_block_delta", {"type": "content_block_delta", "index": self._index,
+                                                     "delta": {"type": "input_json_delta", "partial_json": c.arguments}})
+        return out
+
+    def _open(self, kind: str, block: dict) -> bytes:
+        out = self._close()
+        self._block, self._index = kind, self._index + 1
+        return out + event("content_block_start", {"type": "content_block_start", "index": self._index, "content_block": block})
+
+    def _close(self) -> bytes:
+        if self._block is None:
+            return b""
+        self._block = None
+        return event("content_block_stop", {"type": "content_block_stop", "index": self._index})
 
     def error(self, status: int, message: str, code: str | None) -> bytes:
         return event("error", anthropic_error_body(status, message))
 
-    def closing(self, run: Run) -> bytes:
+    def closing(self, runs: list[Run]) -> bytes:
+        run = runs[0]
         reason, sequence = self._stop(run)
         delta = {
             "type": "message_delta",
@@ -86,11 +179,7 @@ class MessagesFormat(Format):
             "version_spans": spans(run),
             "finish_reason": run.finish_reason,
         }
-        return (
-            event("content_block_stop", {"type": "content_block_stop", "index": 0})
-            + event("message_delta", delta)
-            + event("message_stop", {"type": "message_stop"})
-        )
+        return self._close() + event("message_delta", delta) + event("message_stop", {"type": "message_stop"})
 
 
 class ServingMessages(EndpointServing):
@@ -98,3 +187,9 @@ class ServingMessages(EndpointServing):
 
     def format(self, req: MessagesRequest, prepared: Prepared) -> MessagesFormat:
         return MessagesFormat(self.serving, req, prepared)
+
+
+async def count_tokens(serving: Serving, req: CountTokensRequest) -> dict[str, int]:
+    """POST /v1/messages/count_tokens: the prompt's tokens as /v1/messages would render it (tools
+    included), on the prompt thread."""
+    return {"input_tokens": await serving.count_tokens(req)}

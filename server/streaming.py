@@ -72,30 +72,40 @@ def spans(run: Run) -> list[dict[str, int]]:
 
 
 class Format:
-    """The bodies of one endpoint for one request: `whole` (a complete response), and a stream's bytes:
-    `opening` (sent with the first text), `group` (the text pieces of one write; b"" sends nothing),
-    `error` (a failure after the status went out) and `closing` (after the response is logged)."""
+    """The bodies of one endpoint for one request (all its choices): `whole` (the complete response of
+    every run), and a stream's bytes: `opening` (sent with the first text), `group` (one run's text
+    pieces of one write; b"" sends nothing), `settle` (a run's generation ended: what it held back,
+    and its reply read as a message, `Run.parsed`), `error` (a failure after the status went out) and
+    `closing` (after every run is logged)."""
 
     wants_tokens = False  # a group needs the pieces' tokens, not only their text
 
-    def whole(self, run: Run) -> dict:
+    def whole(self, runs: list[Run]) -> dict:
         raise NotImplementedError
 
-    def opening(self, run: Run) -> bytes:
+    def opening(self, runs: list[Run]) -> bytes:
         return b""
 
     def group(self, run: Run, pieces: list[Piece]) -> bytes:
         raise NotImplementedError
 
+    def settle(self, run: Run) -> bytes:
+        run.message()
+        return b""
+
     def error(self, status: int, message: str, code: str | None) -> bytes:
         raise NotImplementedError
 
-    def closing(self, run: Run) -> bytes:
+    def closing(self, runs: list[Run]) -> bytes:
         raise NotImplementedError
+
+    def headers(self, runs: list[Run]) -> dict[str, str]:
+        return {VERSION_HEADER: str(runs[0].version)}
 
 
 class EndpointServing:
-    """One generating endpoint: its request model, its rate bucket and its `Format`."""
+    """One generating endpoint: its request model, its rate bucket, how its request is prepared
+    (`prepare`: a `Serving` method, None: by the request's type) and its `Format`."""
 
     request_model: ClassVar[type]
     rate_bucket: ClassVar[str] = "chat"
@@ -108,38 +118,56 @@ class EndpointServing:
     def format(self, req: Any, prepared: Prepared) -> Format:
         raise NotImplementedError
 
+    async def load(self, req: Any, principal: Principal) -> None:
+        """What `prepare` needs from elsewhere, read on the event loop's terms (an endpoint that reads
+        the store reads it here, off the prompt thread)."""
+
+    def prepare(self, req: Any, principal: Principal) -> Prepared:
+        """On the prompt thread: the request rendered and checked."""
+        return self.serving.prepare_by_type(req, principal)
+
     async def handle(self, principal: Principal) -> Response:
         serving = self.serving
         serving.admission.check_rate(self.rate_bucket, principal.key_id)  # raises RateLimited (429)
         req = await parse_body(self.request, self.request_model)
-        prepared = await serving.prepare(req, principal)  # length-checked on the loop, rendered and tokenized off it
+        await self.load(req, principal)
+        prepared = await serving.prepare(req, principal, self.prepare)  # length-checked on the loop, rendered and tokenized off it
         if principal.unstored:  # a forgotten key under `forgotten_keys = "unstored"`: nothing of it is logged
             prepared = dataclasses.replace(prepared, store=False)
+        choices = serving.choices(prepared, getattr(req, "n", 1))
         fmt = self.format(req, prepared)
         if req.stream:
-            return await self._stream(prepared, fmt)
-        with self.generating.holding(prepared.response_id, principal.key_id):
-            return await self._complete(prepared, fmt)
+            return await self._stream(choices, fmt)
+        with contextlib.ExitStack() as held:
+            for p in choices:
+                held.enter_context(self.generating.holding(p.response_id, principal.key_id))
+            return await self._complete(choices, fmt)
 
-    async def _complete(self, prepared: Prepared, fmt: Format) -> Response:
-        """A whole response. A client that disconnects meanwhile stops the generation (as a stream's does):
-        leaving `run` aborts the engine request and logs what was generated, finish_reason "abort"."""
-        async with self.serving.run(prepared) as run:
-            if not await _unless_disconnected(self.request, _drain(run)):
-                log.info("client of %s went away: generation stopped", prepared.response_id)
+    async def _complete(self, choices: list[Prepared], fmt: Format) -> Response:
+        """A whole response. A client that disconnects meanwhile stops the generations (as a stream's does):
+        leaving each run aborts its engine request and logs what was generated, finish_reason "abort"."""
+        key = choices[0].principal.key_id
+        async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(self.serving.admission.generation(key, len(choices)))  # all or none: raises Busy
+            runs = [await stack.enter_async_context(self.serving.run(p, admitted=True)) for p in choices]
+            if not await _unless_disconnected(self.request, _drain(runs)):
+                log.info("client of %s went away: generation stopped", choices[0].response_id)
                 return Response(status_code=499)  # nobody reads it
-            await self.serving.commit(run)
-            return JSONResponse(fmt.whole(run), headers={VERSION_HEADER: str(run.version)})
+            await _commit(self.serving, runs)
+            return JSONResponse(fmt.whole(runs), headers=fmt.headers(runs))
 
-    async def _stream(self, prepared: Prepared, fmt: Format) -> StreamingResponse:
+    async def _stream(self, choices: list[Prepared], fmt: Format) -> StreamingResponse:
         serving = self.serving
-        held = self.generating.holding(prepared.response_id, prepared.principal.key_id)
-        held.__enter__()
-        ctx = serving.run(prepared)
+        key = choices[0].principal.key_id
+        stack = contextlib.AsyncExitStack()
         try:
-            run = await ctx.__aenter__()  # admitted now: the version goes out in the header
+            for p in choices:
+                stack.enter_context(self.generating.holding(p.response_id, key))
+            stack.enter_context(serving.admission.generation(key, len(choices)))  # all or none: raises Busy
+            runs = [await stack.enter_async_context(serving.run(p, admitted=True)) for p in choices]  # admitted: the version goes out in the header
         except BaseException:
-            held.__exit__(None, None, None)
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
             raise
         closed = False
 
@@ -147,35 +175,33 @@ class EndpointServing:
             nonlocal closed
             if not closed:
                 closed = True
-                try:
-                    with anyio.CancelScope(shield=True):  # a vanished client's cancellation must not cut the clean-up short
-                        await ctx.__aexit__(None, None, None)
-                finally:
-                    held.__exit__(None, None, None)
+                with anyio.CancelScope(shield=True):  # a vanished client's cancellation must not cut the clean-up short
+                    await stack.aclose()
 
         async def events() -> AsyncIterator[bytes]:
             try:
-                opening = fmt.opening(run)  # rides with the first write that has more (the headers went out)
+                opening = fmt.opening(runs)  # rides with the first write that has more (the headers went out)
                 try:
-                    # closed here, not by the garbage collector: its reader must stop before `release`
-                    async with contextlib.aclosing(_gathered(run, serving.stream_interval)) as groups:
-                        async for pieces in groups:
-                            if out := fmt.group(run, pieces):
+                    # closed here, not by the garbage collector: its readers must stop before `release`
+                    async with contextlib.aclosing(_merged(runs, serving.stream_interval)) as groups:
+                        async for run, pieces in groups:
+                            out = fmt.group(run, pieces) if pieces is not None else fmt.settle(run)
+                            if out:
                                 yield opening + out
                                 opening = b""
                 except Exception:  # the engine failed mid-stream: the status is sent, so say it in the stream
-                    log.exception("generation %s failed", prepared.response_id)
+                    log.exception("generation %s failed", choices[0].response_id)
                     yield opening + fmt.error(500, "the generation failed", "generation_failed")
                     return
                 try:
-                    await serving.commit(run)
+                    await _commit(serving, runs)
                 except Exception as exc:  # the store refused or is full: say so in the stream (the status is sent)
                     mapped = domain_error(exc)
                     if mapped is None:
                         raise
                     yield opening + fmt.error(mapped.status, mapped.message, mapped.code)
                     return
-                yield opening + fmt.closing(run)
+                yield opening + fmt.closing(runs)
             finally:
                 await release()
 
@@ -183,13 +209,67 @@ class EndpointServing:
             events(),
             release,
             media_type="text/event-stream",
-            headers={VERSION_HEADER: str(run.version), "cache-control": "no-cache"},
+            headers={**fmt.headers(runs), "cache-control": "no-cache"},
         )
 
 
-async def _drain(run: Run) -> None:
-    async for _ in run:
-        pass
+async def _commit(serving: Serving, runs: list[Run]) -> None:
+    """Log every run durably (one commit for one run; the choices of one request together)."""
+    if len(runs) == 1:
+        await serving.commit(runs[0])
+    else:
+        await asyncio.gather(*(serving.commit(r) for r in runs))
+
+
+async def _merged(runs: list[Run], interval: float) -> AsyncIterator[tuple[Run, list[Piece] | None]]:
+    """Every run's pieces in groups as `_gathered` makes them, interleaved as they come, each run's
+    end marked by (run, None). One run: its groups directly."""
+    if len(runs) == 1:
+        async with contextlib.aclosing(_gathered(runs[0], interval)) as groups:
+            async for group in groups:
+                yield runs[0], group
+        yield runs[0], None
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(run: Run) -> None:
+        try:
+            async with contextlib.aclosing(_gathered(run, interval)) as groups:
+                async for group in groups:
+                    await queue.put((run, group))
+            await queue.put((run, None))
+        except Exception as exc:
+            await queue.put((run, exc))
+
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(pump(r)) for r in runs]
+    try:
+        ended = 0
+        while ended < len(runs):
+            run, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                ended += 1
+            yield run, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _drain(runs: list[Run]) -> None:
+    """Generate every run to its end (the choices of one request side by side)."""
+
+    async def one(run: Run) -> None:
+        async for _ in run:
+            pass
+
+    if len(runs) == 1:
+        await one(runs[0])
+    else:
+        await asyncio.gather(*(one(r) for r in runs))
 
 
 async def _unless_disconnected(request: Request, work: Any) -> bool:

@@ -13,6 +13,7 @@ SQLite (WAL) by default, PostgreSQL by URL. Knows nothing of HTTP or torch.
 
 from liveloop.store.checkpoints import VersionNotFound
 from liveloop.store.config import StoreConfig
+from liveloop.store.conversations import MAX_CHAIN, ChainTooLong
 from liveloop.store.evaluations import InvalidEvaluation
 from liveloop.store.lease import Leases, LeaseState
 from liveloop.store.lifecycle import RollbackRefused, ServingChanged, StaleLineage, VersionTaken
@@ -22,6 +23,7 @@ from liveloop.store.records import (
     InvalidVersionSpans,
     RatingEvent,
     ResponseRecord,
+    StoredConversation,
     VersionRecord,
 )
 from liveloop.store.status import TransitionRefused, VersionStatus
@@ -29,7 +31,9 @@ from liveloop.store.store import ResponseNotFound, SchemaNotReady, Store
 from liveloop.store.writer import BatchWriter, WriterDown, WriterFull, WriterHealth
 
 __all__ = [
+    "MAX_CHAIN",
     "BatchWriter",
+    "ChainTooLong",
     "EvaluationRecord",
     "FeedbackRecord",
     "InvalidEvaluation",
@@ -45,6 +49,7 @@ __all__ = [
     "Store",
     "StaleLineage",
     "StoreConfig",
+    "StoredConversation",
     "TransitionRefused",
     "VersionNotFound",
     "VersionRecord",

@@ -96,6 +96,16 @@ class Response(Base):
     # [[start, end, version], ...] over the response's token indexes (see ResponseRecord.version_spans);
     # SQL NULL, not JSON null, when all of it came from policy_version
     version_spans: Mapped[list[list[int]] | None] = mapped_column(JSON(none_as_null=True))
+    # a chat-shaped response's conversation (migration 0012): read by the API and the exports, never by
+    # the learner, so loaded only when asked for (deferred)
+    messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True), deferred=True)
+    tools: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True), deferred=True)
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), deferred=True)
+    options: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), deferred=True)
+    grammar: Mapped[str | None] = mapped_column(Text)  # the constraint its tokens were sampled under (the learner replays it)
+    previous_response_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    group_id: Mapped[str | None] = mapped_column(String(64), index=True)  # n > 1: the request's first choice's id
+    choice_index: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class Feedback(Base):

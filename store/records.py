@@ -60,6 +60,15 @@ class ResponseRecord:
     # in order and covering the response; None: all of it by `policy_version` (a drain swap, or no swap).
     # A `keep` swap continues a running response under new weights, so one response can have several.
     version_spans: VersionSpans | None = None
+    # a chat-shaped request (chat, Anthropic messages, the Responses API), in OpenAI chat's message shape:
+    messages: list[dict[str, Any]] | None = None  # the conversation asked (a Responses turn: its own input only)
+    tools: list[dict[str, Any]] | None = None  # the tool definitions offered
+    output: dict[str, Any] | None = None  # the reply as a message: content and tool_calls
+    options: dict[str, Any] | None = None  # what a read echoes: instructions, tool_choice, response_format, ...
+    grammar: str | None = None  # the constraint (xgrammar structural tag) its tokens were sampled under
+    previous_response_id: str | None = None  # the Responses API: the turn it continues
+    group_id: str | None = None  # n > 1: the request's first choice's id
+    choice_index: int = 0
 
     def __post_init__(self) -> None:
         assert len(self.response_ids) == len(self.behavior_logprobs), "one logprob per response token"
@@ -108,6 +117,32 @@ class StoredResponse:
     created_at: datetime
     segment: str | None = None
     version_spans: VersionSpans | None = None  # as in ResponseRecord: None = all of it by policy_version
+    grammar: str | None = None  # the constraint its tokens were sampled under (None: free sampling)
+    group_id: str | None = None
+    choice_index: int = 0
+
+
+@dataclass(frozen=True)
+class StoredConversation:
+    """What a chat-shaped response was asked and answered, as the API's reads return it (OpenAI chat
+    message shape throughout)."""
+
+    id: str
+    api_key_id: str
+    model: str
+    endpoint: str
+    policy_version: int
+    created_at: datetime
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    request_meta: dict[str, Any] | None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    output: dict[str, Any] | None
+    options: dict[str, Any] | None
+    previous_response_id: str | None
+    version_spans: VersionSpans | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ so that one bad row never loses the others.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -22,6 +23,7 @@ from liveloop.store.bulk import insert_rows
 from liveloop.store.db import immediate, make_engine
 from liveloop.store.models import ApiKey, Feedback, LearnerCursor, PolicyVersion, Response, utcnow
 from liveloop.store.checkpoints import CheckpointQueries
+from liveloop.store.conversations import ConversationQueries
 from liveloop.store.evaluations import ReleaseQueries
 from liveloop.store.keys import KeyQueries
 from liveloop.store.lifecycle import VersionLifecycle, VersionTaken, in_lineage, version_record
@@ -102,6 +104,14 @@ def response_row(rec: ResponseRecord, now: datetime | None = None) -> dict[str, 
         "created_at": rec.created_at or now,
         "segment": rec.segment,
         "version_spans": None if rec.version_spans is None else [list(span) for span in rec.version_spans],
+        "messages": rec.messages,
+        "tools": rec.tools,
+        "output": rec.output,
+        "options": rec.options,
+        "grammar": rec.grammar,
+        "previous_response_id": rec.previous_response_id,
+        "group_id": rec.group_id,
+        "choice_index": rec.choice_index,
     }
 
 
@@ -173,6 +183,9 @@ def _stored_response(row: Response) -> StoredResponse:
         created_at=_aware(row.created_at),
         segment=row.segment,
         version_spans=None if row.version_spans is None else tuple((a, b, v) for a, b, v in row.version_spans),
+        grammar=row.grammar,
+        group_id=row.group_id,
+        choice_index=row.choice_index or 0,
     )
 
 
@@ -202,6 +215,11 @@ class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, Ri
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
+
+    @functools.cached_property
+    def conversations(self) -> ConversationQueries:
+        """What chat-shaped responses were asked and answered, for the API's reads (store/conversations.py)."""
+        return ConversationQueries(self._session)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -3,6 +3,15 @@
 Owns the special tokens and the chat format:
     <|user|>\\n{prompt}<|end|>\\n<|assistant|>\\n{reply}<|end|>\\n
 "<|end|>" closes every turn and is the eos token; "<|endoftext|>" pads. Knows nothing about models.
+
+Tools use the Hermes / Qwen format, so the server's `hermes` tool-call parser reads this model too:
+the offered functions go in the system turn, one JSON object a line inside <tools>...</tools>; an
+assistant turn calls them as `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>` (after
+its text, if any, and a newline; several calls one a line), its arguments written exactly as given
+when they are a string (what the model sampled, as a client sends it back), else as JSON; the results
+of a turn's calls come back as one user turn of `<tool_response>\\n...\\n</tool_response>` blocks. A
+conversation without tools renders exactly as before (the build's corpus has none: the model learns
+tool use from its own rated trajectories).
 """
 
 from __future__ import annotations
@@ -18,10 +27,34 @@ ROLE_TOKENS = ("<|user|>", "<|assistant|>", "<|system|>")
 SPECIAL_TOKENS = (PAD_TOKEN, *ROLE_TOKENS, EOS_TOKEN)
 
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+    "{%- if tools %}"
+    "{{- '<|system|>\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{- '<tools>\n' }}"
+    "{%- for tool in tools %}{{- (tool.function if tool.function is defined else tool) | tojson }}{{- '\n' }}{%- endfor %}"
+    "{{- '</tools><|end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|user|>\n' }}{%- else %}{{- '\n' }}{%- endif %}"
+    "{{- '<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|end|>\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message.tool_calls %}"
+    "{{- '<|assistant|>\n' + (message['content'] or '') }}"
+    "{%- for call in message.tool_calls %}"
+    "{%- set f = call.function if call.function is defined else call %}"
+    "{%- if message['content'] or not loop.first %}{{- '\n' }}{%- endif %}"
+    "{{- '<tool_call>\n{\"name\": \"' + f.name + '\", \"arguments\": ' }}"
+    "{%- if f.arguments is string %}{{- f.arguments }}{%- else %}{{- f.arguments | tojson }}{%- endif %}"
+    "{{- '}\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>\n' }}{%- endif %}"
 )
 
 

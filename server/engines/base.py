@@ -50,12 +50,30 @@ Preempt = Callable[[], Awaitable[None]]
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How one request samples. The behaviour logprob an engine records for a token is always that of
+    the raw model distribution at temperature 1 (no top-p, top-k, min-p, penalties or min-tokens),
+    restricted to the tokens `constraint` allows at that position when there is one (renormalised over
+    them): what the learner recomputes for the same tokens (docs/design.md, "Constrained decoding and
+    the ratio")."""
+
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     top_logprobs: int = 0  # alternatives per position, besides the sampled token's own logprob
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # a sampled one ends the generation ("stop")
+    top_k: int = 0  # sample among the k most likely tokens only (0: all)
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one
+    repetition_penalty: float = 1.0  # vLLM's: logits of tokens in the prompt or output / (or *) this
+    min_tokens: int = 0  # stop tokens cannot be sampled before this many tokens
+    # an xgrammar structural tag (JSON text, liveloop.grammar) every sampled token must follow; its
+    # grammar ends with a stop token. None: unconstrained
+    constraint: str | None = None
+
+    def extensions(self) -> dict[str, object]:
+        """The sampling options beyond temperature / top-p / seed that this request sets."""
+        defaults = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0}
+        return {k: getattr(self, k) for k, d in defaults.items() if getattr(self, k) != d}
 
 
 @dataclass(frozen=True)
@@ -140,6 +158,8 @@ class Engine(Protocol):
         ...
 
     supports_adapters: bool  # whether update_adapter can serve LoRA adapters (config.max_adapters > 0)
+    supports_constraints: bool  # whether it samples under `SamplingParams.constraint` (constrained decoding)
+    sampling_extensions: frozenset[str]  # the `SamplingParams.extensions()` it honours
 
     def adapter_version(self, segment: str) -> int | None:
         """The adapter version new requests of `segment` are served with; None: the base weights."""

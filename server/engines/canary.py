@@ -91,6 +91,14 @@ class CanaryEngine:
         return self._live.supports_adapters
 
     @property
+    def supports_constraints(self) -> bool:
+        return self._live.supports_constraints
+
+    @property
+    def sampling_extensions(self) -> frozenset[str]:
+        return self._live.sampling_extensions
+
+    @property
     def version(self) -> int:
         return self._live.version
 

@@ -59,6 +59,8 @@ class GatedEngine:
     name: str
     supports_adapters: bool = False  # a backend that serves adapters sets it from config.max_adapters
     keeps_generations: bool = False  # a backend whose running generations survive a swap (swap_mode keep)
+    supports_constraints: bool = False  # a backend that samples under a grammar (SamplingParams.constraint)
+    sampling_extensions: frozenset[str] = frozenset()  # the SamplingParams.extensions() it honours
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         self.config = config

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from liveloop.grammar import Walk
 from liveloop.server.engines.base import GenerationRequest
 from liveloop.server.engines.threaded import Emit
 
@@ -40,6 +41,7 @@ class Row:
     cancelled: threading.Event
     adapter: str | None = None  # the loaded adapter that serves it (None: the base weights)
     tokens: list[int] = field(default_factory=list)
+    walk: Walk | None = None  # its way through its grammar (a constrained request), made at its first draw
 
     @property
     def length(self) -> int:

@@ -8,6 +8,15 @@ rows that finished or were cancelled leave the batch. At most `engine.max_num_se
 wait in arrival order. Sampling happens on the CPU with each request's own seeded generator;
 behavior logprobs are the raw log-softmax of the model's logits for the sampled token.
 
+Sampling follows vLLM's order: the behaviour logprobs first (raw logits at temperature 1, under the
+request's grammar when it has one), then what shapes only the draw (stop tokens banned before
+`min_tokens`, the repetition penalty over prompt and output, temperature, min-p, top-k, top-p).
+Constrained decoding (`SamplingParams.constraint`): each constrained row walks its grammar
+(liveloop.grammar, xgrammar): before its token is drawn the logits of the tokens the grammar forbids
+are set to -inf, so the draw and the logprob are those of the allowed tokens, as vLLM's structured
+outputs do; the grammar is compiled on the worker thread when the row first samples (the serving edge
+compiled it already while checking the request, so this is the process-wide cache's).
+
 Swaps (`engine.swap_mode`): in `drain` mode the gate drains, then the worker drops every job it still
 holds (the stragglers the swap ended: "abort" deltas) and copies the new state into the model. In
 `keep` mode the gate does not drain: at the next token boundary the worker loads the new weights and
@@ -40,7 +49,7 @@ import torch
 
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.adapters import AdapterSpec
-from liveloop.server.engines.base import AdapterUnusable, GenerationRequest, TokenDelta, aborted
+from liveloop.server.engines.base import AdapterUnusable, GenerationRequest, SamplingParams, TokenDelta, aborted
 from liveloop.server.engines.hf_batch import Batch, Row, decode, merge, prefill
 from liveloop.server.engines.lora import BaseWeights, LoraSlots
 from liveloop.server.engines.threaded import (
@@ -54,6 +63,7 @@ from liveloop.server.engines.threaded import (
     ThreadedEngine,
 )
 from liveloop.checkpoint import PRETRAINED_LOCK
+from liveloop.grammar import Grammars, Walk, grammars_for
 from liveloop.transport.weights import load_state
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,6 +80,8 @@ class HFEngine(ThreadedEngine):
     name = "hf"
     thread_name = "liveloop-hf-engine"
     keeps_generations = True
+    supports_constraints = True
+    sampling_extensions = frozenset({"top_k", "min_p", "repetition_penalty", "min_tokens"})
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         super().__init__(config, model_path)
@@ -80,6 +92,7 @@ class HFEngine(ThreadedEngine):
         # the worker thread's: running batches by adapter (None: base), and rows waiting for a prefill
         self._batches: dict[str | None, Batch] = {}
         self._waiting: list[Row] = []
+        self._grammars: Grammars | None = None  # the model's tokenizer's, made at the first constrained row
 
     async def start(self, version: int = 0, weights_path: str | Path | None = None) -> None:
         from transformers import AutoModelForCausalLM
@@ -232,11 +245,16 @@ class HFEngine(ThreadedEngine):
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> list[bool]:
         """Sample each row's next token (on the CPU, with its own generator), emit it; which finished."""
         logits = logits.float().cpu()
+        for i, r in enumerate(rows):
+            if r.request.sampling.constraint is not None:
+                self._walk(r).mask(logits[i])
         logprobs = torch.log_softmax(logits, dim=-1)
         finished = []
         for i, r in enumerate(rows):
             s = r.request.sampling
-            token = _sample(logits[i], s.temperature, s.top_p, r.generator)
+            token = _sample(_shaped(logits[i], r), s, r.generator)
+            if r.walk is not None and not r.walk.accept(token):
+                raise RuntimeError(f"hf engine: token {token} was drawn outside the request's grammar")
             r.tokens.append(token)
             top = None
             if s.top_logprobs:
@@ -253,10 +271,44 @@ class HFEngine(ThreadedEngine):
         return finished
 
 
-def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+    def _walk(self, row: Row) -> Walk:
+        if row.walk is None:
+            if self._grammars is None:
+                self._grammars = grammars_for(self.model_path, self.model.config.vocab_size)
+            row.walk = self._grammars.walk(row.request.sampling.constraint)
+        return row.walk
+
+
+def _shaped(logits: torch.Tensor, row: Row) -> torch.Tensor:
+    """The logits the draw uses: stop tokens banned before `min_tokens`, the repetition penalty over
+    the prompt and the output so far (vLLM's: a positive logit divided by it, a negative one times it)."""
+    s = row.request.sampling
+    if len(row.tokens) >= s.min_tokens and s.repetition_penalty == 1.0:
+        return logits
+    out = logits.clone()
+    if len(row.tokens) < s.min_tokens and s.stop_token_ids:
+        out[list(s.stop_token_ids)] = float("-inf")
+    if s.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(row.request.prompt_ids) | set(row.tokens)), dtype=torch.long)
+        v = out[seen]
+        out[seen] = torch.where(v > 0, v / s.repetition_penalty, v * s.repetition_penalty)
+    return out
+
+
+def _sample(logits: torch.Tensor, s: SamplingParams, generator: torch.Generator) -> int:
+    """Draw a token: greedy at temperature 0, else from softmax(logits / temperature) cut by min-p,
+    top-k and top-p (vLLM's order)."""
+    temperature, top_p = s.temperature, s.top_p
     if temperature <= 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits / temperature, dim=-1)
+    if s.min_p > 0:
+        probs = torch.where(probs < s.min_p * probs.max(), 0.0, probs)
+    if 0 < s.top_k < probs.shape[0]:
+        kth = torch.topk(probs, s.top_k).values[-1]
+        probs = torch.where(probs < kth, 0.0, probs)
+    if s.min_p > 0 or s.top_k > 0:
+        probs = probs / probs.sum()
     if top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p

@@ -111,6 +111,14 @@ def generate_body(request: GenerationRequest, rid: str, adapter: str | None = No
         sampling["stop_token_ids"] = list(s.stop_token_ids)
     if s.seed is not None:
         sampling["sampling_seed"] = s.seed
+    if s.top_k:
+        sampling["top_k"] = s.top_k
+    if s.min_p:
+        sampling["min_p"] = s.min_p
+    if s.repetition_penalty != 1.0:
+        sampling["repetition_penalty"] = s.repetition_penalty
+    if s.min_tokens:
+        sampling["min_new_tokens"] = s.min_tokens
     body: dict[str, Any] = {
         "input_ids": list(request.prompt_ids),
         "sampling_params": sampling,
@@ -187,6 +195,10 @@ class _Handle:
 class SGLangEngine(GatedEngine):
     name = "sglang"
     keeps_generations = True  # pause_generation(mode="retract"): see the module docstring
+    # SGLang's sampling parameters of the same names (min_tokens is its min_new_tokens). Constrained
+    # decoding is not offered: what SGLang reports as a token's logprob under its grammar has not been
+    # checked against a forward pass here (no SGLang runs on this machine), so it stays refused
+    sampling_extensions = frozenset({"top_k", "min_p", "repetition_penalty", "min_tokens"})
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         super().__init__(config, model_path)

@@ -73,7 +73,7 @@ from typing import Any
 
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.adapters import AdapterSpec
-from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, GenerationRequest, Preempt, TokenDelta, aborted
+from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, GenerationRequest, Preempt, SamplingParams, TokenDelta, aborted
 from liveloop.transport.weights import CheckpointDir, NamedTensors, WeightSource, weight_source  # the weight seam
 from liveloop.server.engines.gated import GatedEngine
 from liveloop.server.engines.vllm_worker import WORKER_EXTENSION, SharedWeights, pack_checkpoint, pack_shared
@@ -166,6 +166,8 @@ class _Handle:
 class VLLMEngine(GatedEngine):
     name = "vllm"
     keeps_generations = True  # pause_generation(mode="keep", clear_cache=True): see the module docstring
+    supports_constraints = True  # vLLM's structured outputs (xgrammar): see the module docstring
+    sampling_extensions = frozenset({"top_k", "min_p", "repetition_penalty", "min_tokens"})
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         super().__init__(config, model_path)
@@ -258,21 +260,10 @@ class VLLMEngine(GatedEngine):
             return
         if self._broken is not None:
             raise RuntimeError(f"vllm engine: not serving: {self._broken}")
-        from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
 
         s = request.sampling
-        params = VSamplingParams(
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            seed=s.seed,
-            logprobs=max(1, s.top_logprobs),
-            stop_token_ids=list(s.stop_token_ids),
-            detokenize=False,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        params = sampling_params(s)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
         handle.starting = asyncio.Event()
         gen = self._llm.generate(prompt, params, request_id=request.request_id, lora_request=lora)
@@ -388,6 +379,33 @@ class VLLMEngine(GatedEngine):
             raise
         self._serving = durable
         await self._llm.update_weight_version(str(version))
+
+
+def sampling_params(s: SamplingParams) -> Any:
+    """vLLM's SamplingParams for liveloop's: logprobs of the sampled token always (raw, vLLM's default
+    logprobs mode: before penalties, temperature and the top-k/top-p/min-p cuts, after the grammar's
+    mask); a constraint as a structural tag for vLLM's structured outputs (xgrammar). The stop tokens
+    are all liveloop's (`ignore_eos` at the edge leaves the model's eos out of them), so vLLM's own
+    eos check stays off."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    return VSamplingParams(
+        max_tokens=s.max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k or -1,
+        min_p=s.min_p,
+        repetition_penalty=s.repetition_penalty,
+        min_tokens=s.min_tokens,
+        seed=s.seed,
+        logprobs=max(1, s.top_logprobs),
+        stop_token_ids=list(s.stop_token_ids),
+        ignore_eos=True,
+        structured_outputs=None if s.constraint is None else StructuredOutputsParams(structural_tag=s.constraint),
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
 
 
 def _pieces(starts: list[tuple[str, int]] | None, first: int, count: int) -> list[tuple[int | None, int, int]]:

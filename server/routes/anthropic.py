@@ -1,5 +1,5 @@
 """Anthropic-compatible generation: POST /v1/messages, for chat applications built on the Anthropic
-SDK. The key comes as `x-api-key` (or Bearer); `anthropic-version` is accepted and not read. Errors of
+SDK, and POST /v1/messages/count_tokens (what its clients send before each turn). The key comes as `x-api-key` (or Bearer); `anthropic-version` is accepted and not read. Errors of
 this route leave in Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`,
 server/errors.py). The request model is server/protocol_messages.py, the bodies and the stream
 server/serving_messages.py."""
@@ -9,8 +9,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 
 from liveloop.server.auth import Principal
+from liveloop.server.body import parse_body
+from liveloop.server.protocol_messages import CountTokensRequest
 from liveloop.server.routes.openai import user
-from liveloop.server.serving_messages import ServingMessages
+from liveloop.server.serving_messages import ServingMessages, count_tokens
 
 router = APIRouter(prefix="/v1")
 
@@ -18,3 +20,10 @@ router = APIRouter(prefix="/v1")
 @router.post("/messages")
 async def messages(request: Request, principal: Principal = Depends(user)):
     return await ServingMessages(request).handle(principal)
+
+
+@router.post("/messages/count_tokens")
+async def messages_count_tokens(request: Request, principal: Principal = Depends(user)) -> dict:
+    serving = request.app.state.serving
+    serving.admission.check_rate("chat", principal.key_id)
+    return await count_tokens(serving, await parse_body(request, CountTokensRequest))

@@ -57,18 +57,28 @@ async def feedback(request: Request, principal: Principal = Depends(require_user
     }
 
 
-@router.delete("/responses/{response_id}")
-async def delete_response(response_id: str, request: Request, principal: Principal = Depends(require_user)) -> dict:
-    """Delete a response this key received, and its ratings: no later training or replay reads it."""
+async def delete_owned(request: Request, response_id: str, principal: Principal, param: str) -> int:
+    """THE deletion rule, for every route that deletes a response (any endpoint's id): the key that
+    received it deletes it with its ratings, also while it is still being generated (a tombstone keeps
+    its row out); any other key, or an id that does not exist, gets the same 404. Returns the ratings
+    deleted."""
     request.app.state.serving.admission.check_rate("feedback", principal.key_id)
     if not 0 < len(response_id) <= 64 or "\x00" in response_id:
-        raise APIError(400, "response_id: 1 to 64 characters, no NUL", param="response_id")
+        raise APIError(400, f"{param}: 1 to 64 characters, no NUL", param=param)
     # looked at first: a generation that ends meanwhile lands after the tombstone, which drops it
     generating = request.app.state.generating.owner(response_id) == principal.key_id
     deleted = await asyncio.to_thread(request.app.state.store.delete_response, response_id, principal.key_id)
     if not deleted.responses and not generating:
-        raise APIError(404, f"no response `{response_id}` for this API key", param="response_id")
-    return {"id": response_id, "object": "response.deleted", "deleted": True, "ratings_deleted": deleted.ratings}
+        raise APIError(404, f"no response `{response_id}` for this API key", param=param)
+    return deleted.ratings
+
+
+@router.delete("/responses/{response_id}")
+async def delete_response(response_id: str, request: Request, principal: Principal = Depends(require_user)) -> dict:
+    """Delete a response this key received (from any endpoint: chat, completions, messages, the
+    Responses API), and its ratings: no later training or replay reads it."""
+    ratings = await delete_owned(request, response_id, principal, "response_id")
+    return {"id": response_id, "object": "response.deleted", "deleted": True, "ratings_deleted": ratings}
 
 
 @router.get("/versions")

@@ -14,6 +14,7 @@ from liveloop.server.errors import APIError, domain_error, domain_table, install
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
 from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
 from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
+from liveloop.server.tools import ToolsRefused
 from liveloop.server.weights_import import ImportFailed, ImportRefused, ImportTooLarge
 from liveloop.store import RollbackRefused, ServingChanged, StaleLineage, TransitionRefused, VersionNotFound, WriterDown, WriterFull
 from liveloop.store.rights import KeyNotFound
@@ -35,6 +36,8 @@ EXPECTED = {
     UnknownModel: (UnknownModel("gpt-9"), 404, "not_found_error", "model_not_found", "model", "the model `gpt-9` does not exist", None),
     InvalidRequest: (InvalidRequest("the prompt is empty", "prompt", code="context_length_exceeded"), 400, "invalid_request_error",
                      "context_length_exceeded", "prompt", "the prompt is empty", None),
+    ToolsRefused: (ToolsRefused("tool_choice: `f` is not one of the tools offered", "tool_choice"), 400, "invalid_request_error",
+                   "invalid_value", "tool_choice", "tool_choice: `f` is not one of the tools offered", None),
     CheckpointUnusable: (CheckpointUnusable("/x", "path: /x is not a checkpoint directory with *.safetensors"), 400, "invalid_request_error",
                          None, "path", "path: /x is not a checkpoint directory with *.safetensors", None),
     ImportRefused: (ImportRefused("/x", "path: /x/config.json is a FIFO; a checkpoint directory to import holds regular files only",

@@ -20,7 +20,9 @@ def test_bad_rewards(value):
 def test_chat_rejects_unknown_fields_and_bad_values():
     ok = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     ChatCompletionRequest.model_validate_json(__import__("json").dumps(ok))
-    for bad in ({"messages": []}, {"temperature": -0.1}, {"max_tokens": 0}, {"n": 2}, {"tools": []}, {"top_p": 0}):
+    bad_tool = [{"type": "function", "function": {"name": "not a name"}}]
+    for bad in ({"messages": []}, {"temperature": -0.1}, {"max_tokens": 0}, {"n": 0}, {"n": 17}, {"tools": bad_tool}, {"top_p": 0},
+                {"tool_choice": "sometimes"}, {"response_format": {"type": "json_schema"}}, {"top_k": -2}, {"stop_token_ids": [-1]}):
         with pytest.raises(ValidationError):
             ChatCompletionRequest.model_validate({**ok, **bad})
 

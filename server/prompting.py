@@ -1,0 +1,122 @@
+"""A chat-shaped request -> what the engine is asked: the conversation rendered by the model's chat
+template with the tools it offers, the constraint its reply samples under (tool choice `required` or
+named, or a JSON response format), checked to compile and to be something the engine can do, and
+vLLM's sampling extensions checked against what the engine honours. The endpoints (OpenAI chat,
+Anthropic messages, the Responses API) each turn their own request into the stored message shape
+(server/tools.py) and a `ToolChoice`; everything after that is here, once.
+
+Templating and compiling run on the serving pipeline's prompt thread, never on the event loop."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from liveloop.grammar import Grammars, grammars_for
+from liveloop.server.tool_parsers import PARSERS, detect_parser
+from liveloop.server.tools import (
+    JSONLayout,
+    Tool,
+    ToolChoice,
+    ToolsRefused,
+    ToolUse,
+    check_schema,
+    json_constraint,
+    takes_text_arguments,
+    template_messages,
+)
+
+
+def model_vocab_size(model_dir: Path, tokenizer: Any) -> int:
+    """The width of the model's logits (its config's vocab_size; a checkpoint may pad it past the
+    tokenizer's), what a grammar's token masks cover."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+        return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or len(tokenizer))
+    except (OSError, ValueError, TypeError):
+        return len(tokenizer)
+
+
+class Prompter:
+    def __init__(self, tokenizer: Any, model_dir: Path, parser: str, json_layout: JSONLayout, engine: Any):
+        self.tokenizer = tokenizer
+        self.model_dir = model_dir
+        self.template: str | None = getattr(tokenizer, "chat_template", None)
+        self.parser_name = detect_parser(self.template) if parser == "auto" else (None if parser == "none" else parser)
+        self.json_layout = json_layout
+        self.engine = engine  # what it can do: supports_constraints, sampling_extensions
+        self.text_arguments = takes_text_arguments(self.template)
+        self._grammars: Grammars | None = None
+
+    @property
+    def grammars(self) -> Grammars:
+        if self._grammars is None:
+            vocab = model_vocab_size(self.model_dir, self.tokenizer)
+            self._grammars = grammars_for(str(self.model_dir), vocab, self.tokenizer)
+        return self._grammars
+
+    # -- tools --------------------------------------------------------------------------------------
+    def tool_use(self, tools: list[Tool], choice: ToolChoice, parallel: bool, param: str = "tools") -> ToolUse | None:
+        """The request's tools as this model family writes them; None when it offers none (then only
+        `auto` or `none` may be asked). Raises ToolsRefused."""
+        if not tools:
+            if choice.mode in ("required", "named"):
+                raise ToolsRefused(f"tool_choice `{choice.name or choice.mode}` needs `{param}`", "tool_choice")
+            return None
+        if self.parser_name is None:
+            raise ToolsRefused(
+                "this model has no tool-call format: its chat template shows none, and [engine] tool_call_parser is "
+                "not set (hermes, llama3_json)", param, code="tools_unsupported",
+            )
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise ToolsRefused(f"{param}: function names must be unique", param)
+        if choice.mode == "named" and choice.name not in names:
+            raise ToolsRefused(f"tool_choice: `{choice.name}` is not one of the tools offered", "tool_choice")
+        for i, t in enumerate(tools):
+            check_schema(t.parameters, f"{param}.{i}.parameters")
+        return ToolUse(tuple(tools), choice, parallel, PARSERS[self.parser_name](names))
+
+    def constraint(self, tool_use: ToolUse | None, json_format: tuple[bool, dict | None] | None, param: str) -> str | None:
+        """The one constraint the reply samples under: the forced call of `required` / a named tool
+        choice, or the JSON of a response format (`(True, schema)`; schema None: any object), checked
+        to compile; None: free sampling. Raises ToolsRefused."""
+        param = "tools" if json_format is None else param
+        try:
+            forced = tool_use.constraint(self.json_layout) if tool_use is not None else None
+            if forced is not None and json_format is not None:
+                raise ToolsRefused("a forced tool call (tool_choice required or named) and a JSON response format cannot both hold", "tool_choice")
+            if json_format is not None:
+                schema = json_format[1]
+                if schema is not None:
+                    check_schema(schema, param)
+                forced = json_constraint(schema, self.json_layout)
+            if forced is None:
+                return None
+            self.grammars.compile(forced)
+        except ToolsRefused:
+            raise
+        except Exception as exc:  # xgrammar refuses a schema it cannot turn into a grammar
+            raise ToolsRefused(f"{param}: constrained decoding cannot follow this schema: {str(exc)[:300]}", param) from None
+        if not self.engine.supports_constraints:
+            raise ToolsRefused(
+                f"the {self.engine.name} engine does not serve constrained decoding (forced tool calls, JSON output)",
+                "tool_choice" if json_format is None else param, code="unsupported_by_engine",
+            )
+        return forced
+
+    # -- the prompt ---------------------------------------------------------------------------------
+    def render(self, messages: list[dict[str, Any]], tool_use: ToolUse | None, generation_prompt: bool = True) -> tuple[list[int], str]:
+        """The prompt's token ids and text: `messages` (stored shape) through the chat template, the
+        offered tools with them. Raises ToolsRefused when the template refuses the conversation."""
+        if self.template is None:
+            raise ToolsRefused("this model has no chat template: use /v1/completions", "messages")
+        kwargs: dict[str, Any] = {"add_generation_prompt": generation_prompt, "tokenize": False}
+        if tool_use is not None:
+            kwargs["tools"] = tool_use.definitions()
+        try:
+            text = self.tokenizer.apply_chat_template(template_messages(messages, self.text_arguments), **kwargs)
+        except Exception as exc:  # the template refuses this conversation (its roles' order, say): the request's fault
+            raise ToolsRefused(f"messages: the model's chat template refused them: {str(exc)[:200]}", "messages") from exc
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"], text

@@ -1,0 +1,61 @@
+"""The Responses API: POST /v1/responses (server/serving_responses.py), GET /v1/responses/{id} and
+GET /v1/responses/{id}/input_items for the key that got the response. Its DELETE is
+server/routes/feedback.py's one rule for every response id: the key that got it deletes it with its
+ratings."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from liveloop.server.auth import Principal
+from liveloop.server.errors import APIError
+from liveloop.server.routes.openai import user
+from liveloop.server.serving_responses import ENDPOINTS, ServingResponses, input_items, stored_body
+
+router = APIRouter(prefix="/v1")
+PAGE = 20
+PAGE_MAX = 100
+
+
+@router.post("/responses")
+async def create(request: Request, principal: Principal = Depends(user)):
+    return await ServingResponses(request).handle(principal)
+
+
+async def _stored(request: Request, response_id: str, principal: Principal):
+    if not 0 < len(response_id) <= 64 or "\x00" in response_id:
+        raise APIError(400, "response_id: 1 to 64 characters, no NUL", param="response_id")
+    found = await asyncio.to_thread(request.app.state.store.conversations.get, response_id, principal.key_id, ENDPOINTS)
+    if found is None:
+        raise APIError(404, f"no response `{response_id}` for this API key", param="response_id", code="response_not_found")
+    return found
+
+
+@router.get("/responses/{response_id}")
+async def retrieve(response_id: str, request: Request, principal: Principal = Depends(user)) -> dict:
+    return stored_body(await _stored(request, response_id, principal))
+
+
+@router.get("/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    principal: Principal = Depends(user),
+    limit: int = Query(PAGE, ge=1, le=PAGE_MAX),
+    after: str | None = Query(None, max_length=64),
+    order: str = Query("desc", pattern="^(asc|desc)$"),
+) -> dict:
+    """This turn's own input (the turns before it are their own responses' input items)."""
+    items = input_items((await _stored(request, response_id, principal)).messages)
+    if order == "desc":
+        items = items[::-1]
+    if after is not None:
+        ids = [i["id"] for i in items]
+        if after not in ids:
+            raise APIError(400, f"after: no input item `{after}` in this response", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}

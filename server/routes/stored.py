@@ -1,0 +1,111 @@
+"""OpenAI's stored chat completions, for the key that made them: GET /v1/chat/completions (a page,
+by creation time, filtered by `model` and `metadata[key]=value`), GET /v1/chat/completions/{id}, GET
+/v1/chat/completions/{id}/messages (the conversation it was asked), DELETE /v1/chat/completions/{id}
+(the one deletion rule: the response and its ratings, server/routes/feedback.py). liveloop stores
+every response (`store: false` opts out), so every chat completion is readable here by its key."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from liveloop.server.auth import Principal
+from liveloop.server.errors import APIError
+from liveloop.server.routes.feedback import delete_owned
+from liveloop.server.routes.openai import user
+from liveloop.store import StoredConversation
+
+router = APIRouter(prefix="/v1")
+ENDPOINTS = ("chat",)
+PAGE = 20
+PAGE_MAX = 100
+MAX_FILTERS = 16
+
+
+def completion_body(c: StoredConversation) -> dict[str, Any]:
+    message = dict(c.output or {"role": "assistant", "content": ""})
+    finish = "tool_calls" if c.finish_reason == "stop" and message.get("tool_calls") else c.finish_reason
+    return {
+        "id": c.id,
+        "object": "chat.completion",
+        "created": int(c.created_at.timestamp()),
+        "model": c.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                  "total_tokens": c.prompt_tokens + c.completion_tokens},
+        "metadata": c.request_meta or {},
+        "policy_version": c.policy_version,
+    }
+
+
+def _check_id(response_id: str) -> None:
+    if not 0 < len(response_id) <= 64 or "\x00" in response_id:
+        raise APIError(400, "completion_id: 1 to 64 characters, no NUL", param="completion_id")
+
+
+async def _one(request: Request, response_id: str, principal: Principal) -> StoredConversation:
+    _check_id(response_id)
+    found = await asyncio.to_thread(request.app.state.store.conversations.get, response_id, principal.key_id, ENDPOINTS)
+    if found is None:
+        raise APIError(404, f"no chat completion `{response_id}` for this API key", param="completion_id")
+    return found
+
+
+def _page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    page = rows[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(rows) > limit}
+
+
+@router.get("/chat/completions")
+async def list_completions(
+    request: Request,
+    principal: Principal = Depends(user),
+    limit: int = Query(PAGE, ge=1, le=PAGE_MAX),
+    after: str | None = Query(None, max_length=64),
+    order: Literal["asc", "desc"] = Query("asc"),
+    model: str | None = Query(None, max_length=128),
+) -> dict:
+    metadata = {k[len("metadata["):-1]: v for k, v in request.query_params.items() if k.startswith("metadata[") and k.endswith("]")}
+    if len(metadata) > MAX_FILTERS or any(not k or len(k) > 64 or len(v) > 512 for k, v in metadata.items()):
+        raise APIError(400, f"metadata: at most {MAX_FILTERS} filters, keys 1-64 and values <= 512 characters", param="metadata")
+    rows = await asyncio.to_thread(
+        request.app.state.store.conversations.page, principal.key_id, ENDPOINTS, limit + 1, after, order == "desc", model, metadata,
+    )
+    if rows is None:
+        raise APIError(400, f"after: no chat completion `{after}` for this API key", param="after")
+    return _page([completion_body(c) for c in rows], limit)
+
+
+@router.get("/chat/completions/{completion_id}")
+async def retrieve(completion_id: str, request: Request, principal: Principal = Depends(user)) -> dict:
+    return completion_body(await _one(request, completion_id, principal))
+
+
+@router.get("/chat/completions/{completion_id}/messages")
+async def messages(
+    completion_id: str,
+    request: Request,
+    principal: Principal = Depends(user),
+    limit: int = Query(PAGE, ge=1, le=PAGE_MAX),
+    after: str | None = Query(None, max_length=64),
+    order: Literal["asc", "desc"] = Query("asc"),
+) -> dict:
+    found = await _one(request, completion_id, principal)
+    rows = [{"id": f"{completion_id}-{i}", **m} for i, m in enumerate(found.messages)]
+    if order == "desc":
+        rows = rows[::-1]
+    if after is not None:
+        ids = [r["id"] for r in rows]
+        if after not in ids:
+            raise APIError(400, f"after: no message `{after}` in this chat completion", param="after")
+        rows = rows[ids.index(after) + 1:]
+    return _page(rows, limit)
+
+
+@router.delete("/chat/completions/{completion_id}")
+async def delete(completion_id: str, request: Request, principal: Principal = Depends(user)) -> dict:
+    deleted = await delete_owned(request, completion_id, principal, "completion_id")
+    return {"id": completion_id, "object": "chat.completion.deleted", "deleted": True, "ratings_deleted": deleted}

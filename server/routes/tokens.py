@@ -1,0 +1,32 @@
+"""vLLM's tokenizer routes, which clients written for vLLM call: POST /tokenize (a prompt, or chat
+messages rendered by the chat template with their tools) and POST /detokenize, for user keys."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from liveloop.server.auth import Principal
+from liveloop.server.body import parse_body
+from liveloop.server.protocol_tokens import DetokenizeRequest, TokenizeRequest
+from liveloop.server.routes.openai import user
+from liveloop.server.serving import UnknownModel
+
+router = APIRouter()
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request, principal: Principal = Depends(user)) -> dict:
+    serving = request.app.state.serving
+    serving.admission.check_rate("chat", principal.key_id)
+    tokens = await serving.tokenize(await parse_body(request, TokenizeRequest))
+    return {"count": len(tokens), "max_model_len": serving.max_model_len, "tokens": tokens}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request, principal: Principal = Depends(user)) -> dict:
+    serving = request.app.state.serving
+    serving.admission.check_rate("chat", principal.key_id)
+    req = await parse_body(request, DetokenizeRequest)
+    if req.model is not None and req.model != serving.model_name:
+        raise UnknownModel(req.model)
+    return {"prompt": serving.detokenize(req.tokens)}

@@ -1,0 +1,291 @@
+"""The Responses API (POST /v1/responses, GET and DELETE /v1/responses/{id}, GET
+/v1/responses/{id}/input_items): the `response` object and its stream of typed events, as the official
+`openai` client reads them.
+
+A response: `{"id": "resp_...", "object": "response", "status": "completed" | "incomplete", "output":
+[message item, function_call items...], "usage", ...}` echoing what was asked (`instructions`,
+`tools`, `tool_choice`, `parallel_tool_calls`, `temperature`, `top_p`, `max_output_tokens`,
+`previous_response_id`, `metadata`, `text.format`), plus liveloop's `policy_version` and
+`version_spans`. A message item (`msg_...`) holds the text as one `output_text` part; each call is a
+`function_call` item (`fc_...`, its `call_id` the `call_...` id a `function_call_output` answers,
+`arguments` the JSON text the model wrote). A reply cut by `max_output_tokens` is "incomplete" with
+`incomplete_details.reason` "max_output_tokens". The id is a response id like any other: rateable with
+/v1/feedback, deleted with its ratings by DELETE (server/routes/feedback.py's rule, one route for both).
+
+`previous_response_id` continues a conversation server-side: the turns before are read from the
+store (the key's own, one lookup a turn), each its own input and its output, then this turn's input;
+`instructions` are this turn's alone (a system turn first), as OpenAI has them. What the store keeps
+for a turn is its own input, so a 300-turn conversation is not stored 300 times over.
+
+A stream, each event with its `sequence_number`: `response.created`, `response.in_progress` (the
+response so far: status "in_progress", no output), then per output item `response.output_item.added`;
+for the message `response.content_part.added`, `response.output_text.delta`s, `response.output_text.done`,
+`response.content_part.done`; for a call `response.function_call_arguments.delta`s (fragments adding up
+to its arguments) and `.done`; then `response.output_item.done`; last, once the response is logged,
+`response.completed` (or `response.incomplete`) with the whole response. A failure after the status
+went out is an `error` event."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from liveloop.server.auth import Principal
+from liveloop.server.protocol_responses import ResponsesRequest
+from liveloop.server.serving import InvalidRequest, Piece, Prepared, Run, Serving, openai_choice
+from liveloop.server.serving_openai import sse
+from liveloop.server.streaming import EndpointServing, Format, spans
+from liveloop.server.tool_parsers import StreamDelta, ToolStream
+from liveloop.server.tools import output_message
+from liveloop.store import ChainTooLong, StoredConversation
+
+ENDPOINTS = ("responses",)
+
+
+def message_item_id(response_id: str) -> str:
+    return "msg_" + response_id.removeprefix("resp_")
+
+
+def call_item_id(call_id: str) -> str:
+    return "fc_" + call_id.removeprefix("call_")
+
+
+def output_items(response_id: str, message: dict[str, Any] | None, status: str = "completed") -> list[dict[str, Any]]:
+    """A stored reply message as Responses output items: the text (if any), then each call."""
+    if message is None:
+        return []
+    items: list[dict[str, Any]] = []
+    if message.get("content"):
+        items.append(_message_item(response_id, message["content"], status))
+    for call in message.get("tool_calls") or ():
+        items.append(_call_item(call["id"], call["function"]["name"], call["function"]["arguments"], status))
+    return items
+
+
+def _message_item(response_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "in_progress" else []
+    return {"id": message_item_id(response_id), "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {"id": call_item_id(call_id), "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+
+
+def input_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A turn's stored input as Responses input items (GET /v1/responses/{id}/input_items)."""
+    items: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        if m["role"] == "tool":
+            items.append({"id": f"fco_{i}", "type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"], "status": "completed"})
+            continue
+        if m.get("content"):
+            kind = "output_text" if m["role"] == "assistant" else "input_text"
+            items.append({"id": f"msg_in_{i}", "type": "message", "role": m["role"], "status": "completed",
+                          "content": [{"type": kind, "text": m["content"]}]})
+        for call in m.get("tool_calls") or ():
+            items.append(_call_item(call["id"], call["function"]["name"], call["function"]["arguments"], "completed"))
+    return items
+
+
+def response_body(
+    *, response_id: str, created: int, model: str, options: dict[str, Any], tools: list[dict[str, Any]] | None,
+    metadata: dict[str, Any] | None, previous_response_id: str | None, status: str, output: list[dict[str, Any]],
+    input_tokens: int, output_tokens: int, version: int, version_spans: list[dict[str, int]] | None,
+) -> dict[str, Any]:
+    """The `response` object (a whole response, the stream's snapshots, a read of a stored one)."""
+    text_format = options.get("text_format") or {"type": "text"}
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": options.get("instructions"),
+        "max_output_tokens": options.get("max_output_tokens"),
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": options.get("parallel_tool_calls", True),
+        "previous_response_id": previous_response_id,
+        "temperature": options.get("temperature", 1.0),
+        "top_p": options.get("top_p", 1.0),
+        "text": {"format": text_format},
+        "tool_choice": options.get("tool_choice", "auto"),
+        "tools": [{"type": "function", **t["function"]} for t in tools or ()],
+        "truncation": "disabled",
+        "store": options.get("store", True),
+        "user": options.get("user"),
+        "metadata": metadata or {},
+        "usage": None if status == "in_progress" else {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens,
+        },
+        "policy_version": version,
+        "version_spans": version_spans,
+    }
+
+
+def stored_body(c: StoredConversation) -> dict[str, Any]:
+    """A stored response as GET /v1/responses/{id} returns it."""
+    status = "incomplete" if c.finish_reason == "length" else "completed"
+    version_spans = [{"start": a, "end": b, "version": v} for a, b, v in c.version_spans] if c.version_spans else (
+        [{"start": 0, "end": c.completion_tokens, "version": c.policy_version}] if c.completion_tokens else [])
+    return response_body(
+        response_id=c.id, created=int(c.created_at.timestamp()), model=c.model, options=c.options or {}, tools=c.tools,
+        metadata=c.request_meta, previous_response_id=c.previous_response_id, status=status,
+        output=output_items(c.id, c.output, status), input_tokens=c.prompt_tokens, output_tokens=c.completion_tokens,
+        version=c.policy_version, version_spans=version_spans,
+    )
+
+
+class ResponsesFormat(Format):
+    def __init__(self, serving: Serving, req: ResponsesRequest, prepared: Prepared):
+        self.serving = serving
+        self.req = req
+        self.prepared = prepared
+        use = prepared.tool_use
+        self._tools: ToolStream | None = use.stream() if use is not None else None
+        self._seq = 0
+        self._items: list[dict[str, Any]] = []  # the output items opened so far (completed as they close)
+        self._open: dict[str, Any] | None = None  # the item being streamed
+        self._text = ""  # the open message item's text so far
+
+    def _status(self, run: Run) -> str:
+        return "incomplete" if run.finish_reason == "length" else "completed"
+
+    def _body(self, run: Run, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+        p = self.prepared
+        return response_body(
+            response_id=p.response_id, created=p.created, model=self.serving.model_name, options=p.options or {},
+            tools=None if p.tool_use is None else p.tool_use.definitions(), metadata=p.meta,
+            previous_response_id=p.previous_response_id, status=status, output=output,
+            input_tokens=len(p.prompt_ids), output_tokens=len(run.token_ids), version=run.version,
+            version_spans=None if status == "in_progress" else spans(run),
+        )
+
+    def _message(self, run: Run) -> dict[str, Any]:
+        return output_message(run.message())
+
+    def whole(self, runs: list[Run]) -> dict:
+        run = runs[0]
+        status = self._status(run)
+        return self._body(run, status, output_items(self.prepared.response_id, self._message(run), status))
+
+    # -- the stream -----------------------------------------------------------------------------------
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        out = sse({"type": kind, "sequence_number": self._seq, **fields})
+        self._seq += 1
+        return out
+
+    def opening(self, runs: list[Run]) -> bytes:
+        body = self._body(runs[0], "in_progress", [])
+        return self._event("response.created", response=body) + self._event("response.in_progress", response=body)
+
+    def group(self, run: Run, pieces: list[Piece]) -> bytes:
+        if self._tools is None:
+            return self._write_text("".join(piece.text for piece in pieces))
+        return b"".join(self._write(self._tools.feed(piece.text)) for piece in pieces)
+
+    def settle(self, run: Run) -> bytes:
+        if self._tools is None:
+            run.message()
+            return self._close()
+        out = self._write(self._tools.finish())
+        run.parsed = self._tools.result
+        return out + self._close()
+
+    def _write(self, delta: StreamDelta) -> bytes:
+        out = self._write_text(delta.text)
+        for c in delta.calls:
+            if c.id is not None:
+                out += self._close()
+                item = _call_item(c.id, c.name, "", "in_progress")
+                out += self._event("response.output_item.added", output_index=len(self._items), item=item)
+                self._items.append(item)
+                self._open = item
+            if c.arguments:
+                self._open["arguments"] += c.arguments
+                out += self._event("response.function_call_arguments.delta", item_id=self._open["id"],
+                                   output_index=len(self._items) - 1, delta=c.arguments)
+        return out
+
+    def _write_text(self, text: str) -> bytes:
+        if not text:
+            return b""
+        out = b""
+        if self._open is None or self._open["type"] != "message":
+            out += self._close()
+            item = _message_item(self.prepared.response_id, "", "in_progress")
+            index = len(self._items)
+            out += self._event("response.output_item.added", output_index=index, item=item)
+            out += self._event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
+                               part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+            self._items.append(item)
+            self._open, self._text = item, ""
+        self._text += text
+        return out + self._event("response.output_text.delta", item_id=self._open["id"], output_index=len(self._items) - 1,
+                                 content_index=0, delta=text, logprobs=[])
+
+    def _close(self) -> bytes:
+        """End the open item's events; it is completed in the output list."""
+        item, self._open = self._open, None
+        if item is None:
+            return b""
+        index = len(self._items) - 1
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": self._text, "annotations": [], "logprobs": []}
+            done = _message_item(self.prepared.response_id, self._text, "completed")
+            out = (self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=self._text, logprobs=[])
+                   + self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part))
+        else:
+            done = {**item, "status": "completed"}
+            out = self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                              name=item["name"], arguments=item["arguments"])
+        self._items[index] = done
+        return out + self._event("response.output_item.done", output_index=index, item=done)
+
+    def error(self, status: int, message: str, code: str | None) -> bytes:
+        return self._event("error", code=code, message=message, param=None)
+
+    def closing(self, runs: list[Run]) -> bytes:
+        run = runs[0]
+        status = self._status(run)
+        body = self._body(run, status, output_items(self.prepared.response_id, self._message(run), status))
+        return self._event("response.completed" if status == "completed" else "response.incomplete", response=body)
+
+
+class ServingResponses(EndpointServing):
+    request_model = ResponsesRequest
+
+    def format(self, req: ResponsesRequest, prepared: Prepared) -> ResponsesFormat:
+        return ResponsesFormat(self.serving, req, prepared)
+
+    async def load(self, req: ResponsesRequest, principal: Principal) -> None:
+        """The turns before this one (off the event loop), for `prepare`."""
+        self._history: list[dict[str, Any]] = []
+        if req.previous_response_id is None:
+            return
+        store = self.request.app.state.store
+        try:
+            turns = await asyncio.to_thread(store.conversations.chain, req.previous_response_id, principal.key_id, ENDPOINTS)
+        except ChainTooLong as exc:
+            raise InvalidRequest(str(exc), "previous_response_id", code="conversation_too_long") from None
+        if turns is None:
+            raise InvalidRequest(f"previous_response_id: no response `{req.previous_response_id}` for this API key",
+                                 "previous_response_id", code="previous_response_not_found")
+        for turn in turns:
+            self._history += turn.messages + ([turn.output] if turn.output is not None else [])
+
+    def prepare(self, req: ResponsesRequest, principal: Principal) -> Prepared:
+        own = req.conversation()
+        system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+        tools, choice, parallel = req.tool_setup()
+        rendered = self.serving.conversation(
+            system + self._history + own, tools, openai_choice(choice, bool(tools)), parallel, req.json_schema(), "text.format.schema",
+            stored=own, max_tokens=req.max_output_tokens, meta=req.metadata, user=req.user, clamp=True,
+            previous_response_id=req.previous_response_id, options=req.options(),
+        )
+        return self.serving.prepared("responses", "resp", rendered.prompt_ids, rendered.ask, req, principal)
