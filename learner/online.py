@@ -64,8 +64,9 @@ from liveloop.learner.publishing import HostState, VersionPublisher
 from liveloop.learner.ranks import RankGroup
 from liveloop.learner.restart import RestartOnDrop
 from liveloop.learner.status import LaneStatus, LearnerStatus
+from liveloop.grammar import Grammars, grammars_for
 from liveloop.segments import lane_cursor
-from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists
+from liveloop.rl.batch import Sample, TokenBatch, make_batch, response_log_dists
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.optim import make_optimizer
@@ -134,6 +135,13 @@ class OnlineLearner:
         self.publishing = VersionPublisher(
             self, store, config, self.cursor_name, segment, publish_status, transport, self.base_model_dir
         )
+
+    def _grammars(self, samples: list[Sample]) -> Grammars | None:
+        """The policy's tokenizer's grammars when a sample was sampled under one (forced tool calls,
+        JSON output): its tokens are scored under the same masks (rl/batch.py)."""
+        if all(s.grammar is None for s in samples):
+            return None
+        return grammars_for(str(self.base_model_dir), self.policy.config.vocab_size)
 
     def _load(self, policy_dir: str | None, critic_dir: str | None) -> None:
         """Load the policy (a lane: its adapter from `policy_dir`, or a fresh one when None) and the critic."""
@@ -266,7 +274,7 @@ class OnlineLearner:
             return False
         samples, last_id = taken
         started = time.perf_counter()
-        host = make_batch(samples)
+        host = make_batch(samples, grammars=self._grammars(samples))
         batch = self.place.batch(host)
         # 2. values of the states the tokens were chosen in
         values = self.critic.values(batch).float() if self.critic is not None else None
