@@ -13,6 +13,13 @@ Shapes (`SHAPES`), each with metadata columns a trainer ignores (response_id, po
     paired with the prompt's up-rated responses in rating order, cycling (down k with up k mod #ups).
     (A response has one rating, its own key's, so a pair never holds one response twice.)
   - `sft`: `messages` (the prompt and the up-rated reply) of up-rated responses only.
+  Tool use (TRL's tool-calling shape): a chat-shaped response keeps its conversation (chat, Anthropic
+  messages, the Responses API with its `previous_response_id` turns before it), so its prompt is that
+  conversation (assistant turns with `tool_calls`, `tool` turns with `tool_call_id`) and its reply the
+  assistant message it answered with (content and `tool_calls`, arguments as the JSON text the model
+  wrote), and the row has `tools` (the tool definitions offered, as JSON text: TRL's trainers load it).
+  An export holding any tool data uses that message type (`role`, `content`, `tool_calls`,
+  `tool_call_id`, `name`) and the `tools` column throughout; one without keeps `role` and `content`.
   - `raw`: everything the learner reads: token ids, behaviour logprobs, policy version, version spans,
     segment, the rater's key id (the digest, never the key), reward, timestamps.
 The trainer shapes need text: the store keeps token ids, so they are decoded with the served model's
@@ -30,6 +37,7 @@ output's directory and renamed at the end, so a failed export leaves no file and
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -90,6 +98,12 @@ class RatedRow:
     prompt_ids: np.ndarray
     response_ids: np.ndarray
     behavior_logprobs: np.ndarray
+    messages: list[dict[str, Any]] | None = None  # a chat-shaped response's conversation (its own turn's input)
+    tools: list[dict[str, Any]] | None = None
+    output: dict[str, Any] | None = None
+    previous_response_id: str | None = None
+    options: dict[str, Any] | None = None
+    owner: str = ""  # the key that got the response (whose chain `previous_response_id` names)
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,7 @@ def _select(filt: ExportFilter) -> Any:
             Feedback.id, Feedback.response_id, Feedback.api_key_id, Feedback.reward, Feedback.created_at, Feedback.updated_at,
             Response.created_at, Response.policy_version, Response.version_spans, Response.segment, Response.endpoint,
             Response.finish_reason, Response.prompt_ids, Response.response_ids, Response.behavior_logprobs,
+            Response.messages, Response.tools, Response.output, Response.previous_response_id, Response.options, Response.api_key_id,
         )
         .join(Response, Response.id == Feedback.response_id)
         .outerjoin(rater, rater.key_id == Feedback.api_key_id)
@@ -147,7 +162,14 @@ def _row(r: Any) -> RatedRow:
         feedback_id=r[0], response_id=r[1], key_id=r[2], reward=int(r[3]), rated_at=_utc(r[5] or r[4]), created_at=_utc(r[6]),
         policy_version=r[7], version_spans=spans, segment=r[9], endpoint=r[10], finish_reason=r[11],
         prompt_ids=decode_ids(r[12]), response_ids=decode_ids(r[13]), behavior_logprobs=decode_floats(r[14]),
+        messages=r[15], tools=r[16], output=r[17], previous_response_id=r[18], options=r[19], owner=r[20],
     )
+
+
+def has_tools(store: Any, filt: ExportFilter = ExportFilter()) -> bool:
+    """Whether any exportable rating rates a response that was offered tools (a call needs them)."""
+    with store._session() as s:
+        return s.execute(_select(filt).where(Response.tools.is_not(None)).limit(1)).first() is not None
 
 
 def rated_rows(store: Any, filt: ExportFilter = ExportFilter(), page: int = PAGE) -> Iterator[RatedRow]:
@@ -181,10 +203,13 @@ class Skips(dict):
 class Shaper:
     """Rated rows -> the output rows of one shape (dicts named by the schema's columns)."""
 
-    def __init__(self, shape: str, text: Any, prompt_form: str):
+    def __init__(self, shape: str, text: Any, prompt_form: str, history: Callable[[RatedRow], list[dict[str, Any]] | None] | None = None,
+                 tools: bool = False):
         if shape != "raw" and text is None:
             raise ExportError(f"shape {shape!r} needs the served model's tokenizer to decode token ids")
         self.shape, self.text, self.form = shape, text, prompt_form
+        self.history = history or (lambda r: [])  # a Responses turn's conversation before it (its chain)
+        self.tools = tools and prompt_form == "messages"  # the tool-calling shape: rich messages and a `tools` column
         self.skipped = Skips()
 
     def rows(self, rated: Iterable[RatedRow]) -> Iterator[dict[str, Any]]:
@@ -195,10 +220,16 @@ class Shaper:
         return self._single(rated)
 
     def _prompt(self, r: RatedRow) -> Any:
-        text = self.text.text(r.prompt_ids)
         if self.form == "text":
-            return text
-        messages = self.text.messages(text) if r.endpoint == "chat" else None
+            return self.text.text(r.prompt_ids)
+        if r.messages is not None:  # the conversation as asked (tools, calls and results in it)
+            before = self.history(r)
+            if before is None:
+                self.skipped.add("conversation_turn_deleted")
+                return None
+            instructions = (r.options or {}).get("instructions") if r.endpoint == "responses" else None
+            return [self._message(m) for m in ([{"role": "system", "content": instructions}] if instructions else []) + before + r.messages]
+        messages = self.text.messages(self.text.text(r.prompt_ids)) if r.endpoint == "chat" else None
         if messages is None:
             self.skipped.add("prompt_not_chat_messages")
         return messages
@@ -206,7 +237,23 @@ class Shaper:
     def _reply(self, r: RatedRow) -> Any:
         if self.form == "text":
             return self.text.text(r.response_ids)
-        return [{"role": "assistant", "content": self.text.completion(r.response_ids)}]
+        if r.output is not None and r.output.get("tool_calls"):
+            return [self._message(r.output)]
+        return [self._message({"role": "assistant", "content": self.text.completion(r.response_ids)})]
+
+    def _message(self, m: dict[str, Any]) -> dict[str, Any]:
+        """A message in the export's message type: role and content; with tools, the call fields too."""
+        if not self.tools:
+            return {"role": m["role"], "content": m.get("content") or ""}
+        calls = m.get("tool_calls")
+        return {
+            "role": m["role"], "content": m.get("content"),
+            "tool_calls": [{"id": c["id"], "type": "function", "function": dict(c["function"])} for c in calls] if calls else None,
+            "tool_call_id": m.get("tool_call_id"), "name": m.get("name"),
+        }
+
+    def _tools(self, r: RatedRow) -> dict[str, Any]:
+        return {"tools": json.dumps(r.tools) if r.tools else None} if self.tools else {}
 
     def _single(self, rated: Iterable[RatedRow]) -> Iterator[dict[str, Any]]:
         for r in rated:
@@ -215,7 +262,7 @@ class Shaper:
             prompt = self._prompt(r)
             if prompt is None:
                 continue
-            meta = {"response_id": r.response_id, "policy_version": r.policy_version, "rated_at": r.rated_at}
+            meta = {"response_id": r.response_id, "policy_version": r.policy_version, "rated_at": r.rated_at, **self._tools(r)}
             if self.shape == "kto":
                 yield {"prompt": prompt, "completion": self._reply(r), "label": r.reward == 1, **meta}
             elif self.form == "messages":
@@ -246,7 +293,7 @@ class Shaper:
                 "prompt": prompt, "chosen": self._reply(up), "rejected": self._reply(down),
                 "chosen_response_id": up.response_id, "rejected_response_id": down.response_id,
                 "chosen_policy_version": up.policy_version, "rejected_policy_version": down.policy_version,
-                "rated_at": max(up.rated_at, down.rated_at),
+                "rated_at": max(up.rated_at, down.rated_at), **self._tools(group[0]),
             }
 
 
@@ -261,16 +308,22 @@ def _raw(r: RatedRow) -> dict[str, Any]:
     }
 
 
-def schema(shape: str, prompt_form: str) -> Any:
-    """The Parquet (Arrow) schema of a shape."""
+def schema(shape: str, prompt_form: str, tools: bool = False) -> Any:
+    """The Parquet (Arrow) schema of a shape (`tools`: the tool-calling message type and column)."""
     import pyarrow as pa
 
     ts = pa.timestamp("us", tz="UTC")
-    if prompt_form == "messages":
+    tools = tools and prompt_form == "messages"
+    if tools:
+        call = pa.struct([("id", pa.string()), ("type", pa.string()),
+                          ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
+        text = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.list_(call)),
+                                   ("tool_call_id", pa.string()), ("name", pa.string())]))
+    elif prompt_form == "messages":
         text = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
     else:
         text = pa.string()
-    meta = [("response_id", pa.string()), ("policy_version", pa.int64()), ("rated_at", ts)]
+    meta = [("response_id", pa.string()), ("policy_version", pa.int64()), ("rated_at", ts)] + ([("tools", pa.string())] if tools else [])
     if shape == "kto":
         return pa.schema([("prompt", text), ("completion", text), ("label", pa.bool_()), *meta])
     if shape == "sft":
@@ -281,7 +334,7 @@ def schema(shape: str, prompt_form: str) -> Any:
         return pa.schema([
             ("prompt", text), ("chosen", text), ("rejected", text), ("chosen_response_id", pa.string()),
             ("rejected_response_id", pa.string()), ("chosen_policy_version", pa.int64()),
-            ("rejected_policy_version", pa.int64()), ("rated_at", ts),
+            ("rejected_policy_version", pa.int64()), ("rated_at", ts), *([("tools", pa.string())] if tools else []),
         ])
     return pa.schema([
         ("feedback_id", pa.int64()), ("response_id", pa.string()), ("key_id", pa.string()), ("reward", pa.int8()),
@@ -349,13 +402,14 @@ def export(
         raise ExportError(f"--out: {out} is a directory (give a file name)")
     if not out.parent.is_dir():
         raise ExportError(f"--out: the directory {out.parent} does not exist")
-    shaper = Shaper(shape, text, prompt_form)
+    with_tools = shape != "raw" and prompt_form == "messages" and has_tools(store, filt)
+    shaper = Shaper(shape, text, prompt_form, functools.partial(_before, store), with_tools)
     counted = _Counted(rated_rows_by_prompt(store, filt, page) if shape == "preference" else rated_rows(store, filt, page))
     started = time.perf_counter()
     tmp = out.parent / f".{out.name}.{os.getpid()}.partial"
     try:
         with open(tmp, "wb") as f:
-            n = WRITERS[fmt](shaper.rows(counted), f, schema(shape, prompt_form), row_group)
+            n = WRITERS[fmt](shaper.rows(counted), f, schema(shape, prompt_form, with_tools), row_group)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out)
@@ -363,6 +417,17 @@ def export(
         tmp.unlink(missing_ok=True)
         raise
     return ExportResult(str(out), fmt, shape, n, counted.n, dict(shaper.skipped), time.perf_counter() - started)
+
+
+def _before(store: Any, r: RatedRow) -> list[dict[str, Any]] | None:
+    """The conversation before a Responses turn: every earlier turn's input and output, read along its
+    `previous_response_id` chain (None: a turn of it was deleted)."""
+    if r.previous_response_id is None:
+        return []
+    turns = store.conversations.chain(r.previous_response_id, r.owner, (r.endpoint,))
+    if turns is None:
+        return None
+    return [m for t in turns for m in t.messages + ([t.output] if t.output is not None else [])]
 
 
 class _Counted:

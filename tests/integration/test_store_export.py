@@ -210,3 +210,55 @@ def test_cli_exports_and_says_what_it_wrote(store_url, store, tok, model_dir, tm
     said = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert said["rows"] == 3 and said["path"] == str(out)
     assert sorted(pq.read_table(out).column("response_id").to_pylist()) == ["a-up2", "b-down", "s-up"]
+
+
+TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Add.", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "calc", "arguments": '{"a": 2}'}}
+
+
+def _turn(tok, rid, endpoint, messages, output, previous=None, options=None, tools=TOOLS) -> ResponseRecord:
+    reply = _ids(tok, "x") + (4,)
+    return ResponseRecord(
+        id=rid, api_key_id="key-a", model="m", policy_version=0, endpoint=endpoint, prompt_ids=_ids(tok, "p"), response_ids=reply,
+        behavior_logprobs=(-0.5,) * len(reply), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
+        messages=messages, tools=tools, output=output, previous_response_id=previous, options=options,
+    )
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_tool_conversations_export_in_trls_tool_calling_shape(store, tok, text, tmp_path, fmt, model_dir):
+    ask = [{"role": "user", "content": "2 + 2?"}]
+    called = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    answer = {"role": "tool", "tool_call_id": "call_1", "content": "4", "name": "calc"}
+    store.write_batch([
+        _turn(tok, "chat-call", "chat", ask, called),
+        _turn(tok, "chat-after", "chat", ask + [called, answer], {"role": "assistant", "content": "It is 4."}),
+        _turn(tok, "resp-1", "responses", ask, called, options={"instructions": "Be brief."}),
+        _turn(tok, "resp-2", "responses", [answer], {"role": "assistant", "content": "4."}, previous="resp-1", options={"instructions": "Short."}),
+        _turn(tok, "msg-1", "messages", ask, called),
+    ])
+    store.write_batch([FeedbackRecord(r, "key-a", 1) for r in ("chat-call", "chat-after", "resp-2", "msg-1")])
+    result = export(store, tmp_path / f"sft.{fmt}", fmt, "sft", text=text)
+    assert result.rows == 4 and result.skipped == {}
+    rows = {r["response_id"]: r for r in _load(tmp_path / f"sft.{fmt}", fmt)}
+
+    def plain(messages):  # the optional fields a message type holds, dropped where empty
+        return [{k: v for k, v in m.items() if v is not None} for m in messages]
+
+    assert plain(rows["chat-call"]["messages"]) == plain(ask + [called])
+    assert json.loads(rows["chat-call"]["tools"]) == TOOLS
+    assert plain(rows["chat-after"]["messages"]) == plain(ask + [called, answer, {"role": "assistant", "content": "x"}])
+    # a Responses turn: its instructions, the turns before it (the chain), its own input, its reply
+    assert plain(rows["resp-2"]["messages"]) == plain([{"role": "system", "content": "Short."}] + ask + [called, answer, {"role": "assistant", "content": "x"}])
+    assert plain(rows["msg-1"]["messages"]) == plain(ask + [called])  # an Anthropic conversation exports too
+    # TRL renders it through the model's template, tools and all
+    from transformers import AutoTokenizer
+    from trl.data_utils import apply_chat_template
+
+    rendered = apply_chat_template({"messages": plain(rows["chat-after"]["messages"])}, AutoTokenizer.from_pretrained(str(model_dir)),
+                                   tools=json.loads(rows["chat-after"]["tools"]))["text"]
+    assert '<tool_call>\n{"name": "calc", "arguments": {"a": 2}}\n</tool_call>' in rendered and "<tools>" in rendered
+    # a deleted earlier turn: the later one cannot be exported without it, and says so
+    store.delete_response("resp-1", "key-a")
+    again = export(store, tmp_path / f"again.{fmt}", fmt, "sft", text=text)
+    assert again.rows == 3 and again.skipped == {"conversation_turn_deleted": 1}
