@@ -29,6 +29,13 @@ class ChatReply:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's shape: id, type, function {name, arguments}
+
+    def message(self) -> dict[str, Any]:
+        """The reply as the assistant message the next request's history holds."""
+        if self.tool_calls:
+            return {"role": "assistant", "content": self.text or None, "tool_calls": self.tool_calls}
+        return {"role": "assistant", "content": self.text}
 
 
 class LiveloopClient:
@@ -68,12 +75,13 @@ class LiveloopClient:
         choice = body["choices"][0]
         return ChatReply(
             id=body["id"],
-            text=choice["message"]["content"],
+            text=choice["message"]["content"] or "",
             policy_version=body["policy_version"],
             finish_reason=choice["finish_reason"],
             token_ids=choice.get("token_ids", []),
             logprobs=[e["logprob"] for e in (choice.get("logprobs") or {}).get("content", [])],
             usage=body.get("usage", {}),
+            tool_calls=choice["message"].get("tool_calls") or [],
         )
 
     def stream_chat(self, messages: list[dict[str, str]], **params: Any) -> Iterator[str | ChatReply]:
@@ -98,7 +106,9 @@ class LiveloopClient:
                     reply.token_ids += choice.get("token_ids", [])
                     reply.logprobs += [e["logprob"] for e in (choice.get("logprobs") or {}).get("content", [])]
                     reply.finish_reason = choice.get("finish_reason") or reply.finish_reason
-                    piece = choice.get("delta", {}).get("content")
+                    delta = choice.get("delta", {})
+                    _add_calls(reply.tool_calls, delta.get("tool_calls") or [])
+                    piece = delta.get("content")
                     if piece:
                         reply.text += piece
                         yield piece
@@ -156,3 +166,12 @@ class LiveloopClient:
 
     def health(self) -> dict[str, Any]:
         return self._check(self.http.get("/healthz"))
+
+
+def _add_calls(calls: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> None:
+    """Streamed tool-call deltas into whole calls: a call's first delta (its index, id and name), then
+    fragments of its arguments."""
+    for d in deltas:
+        if d.get("id"):
+            calls.append({"id": d["id"], "type": "function", "function": {"name": d["function"]["name"], "arguments": ""}})
+        calls[d["index"]]["function"]["arguments"] += (d.get("function") or {}).get("arguments") or ""

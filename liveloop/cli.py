@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 from pathlib import Path
 
 from liveloop import operator_cli
@@ -214,10 +215,14 @@ def _client(args: argparse.Namespace):
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from liveloop.clients.chat_cli import chat_loop
+    from liveloop.clients.chat_cli import chat_loop, load_tools
 
+    tools = load_tools(args.tools) if args.tools else None
+    choice: Any = args.tool_choice
+    if choice not in (None, "auto", "none", "required"):
+        choice = {"type": "function", "function": {"name": choice}}
     with _client(args) as client:
-        return chat_loop(client, max_tokens=args.max_tokens)
+        return chat_loop(client, max_tokens=args.max_tokens, tools=tools, tool_choice=choice)
 
 
 def config_option(p: argparse.ArgumentParser) -> None:
@@ -319,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the liveloop server (default: %(default)s)")
     p.add_argument("--api-key", help="API key (default: $LIVELOOP_API_KEY, else the config's first dev key)")
     p.add_argument("--max-tokens", type=int, default=96, help="longest reply, in tokens (default: %(default)s)")
+    p.add_argument("--tools", help="a JSON file of OpenAI function tools to offer; you type each call's result")
+    p.add_argument("--tool-choice", help="auto, none, required, or a function's name (the first reply only)")
     p.set_defaults(func=cmd_chat)
     operator_cli.register(sub)
     bgpo_cli.register(sub)

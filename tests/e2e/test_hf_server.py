@@ -56,6 +56,25 @@ def test_chat_cli_rates_replies(hf_server):
     store.close()
 
 
+def test_chat_cli_shows_tool_calls_and_takes_their_results(hf_server):
+    calc = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": calc}}]
+    # the reply calls calc (forced, once); the user types its result; the model answers with it in view
+    stdin = io.StringIO("What is 2 + 2?\nu\n4\n\n/quit\n")
+    stdout = io.StringIO()
+    with LiveloopClient(hf_server.base_url, USER_KEY) as client:
+        assert chat_loop(client, stdin=stdin, stdout=stdout, max_tokens=120, tools=tools, tool_choice={"type": "function", "function": {"name": "calc"}}) == 0
+    out = stdout.getvalue()
+    assert out.count("bot> ") == 2 and "[tool call call_" in out and "result of calc [call_" in out
+    ids = [line.split("[", 1)[1].split(" ", 1)[0] for line in out.splitlines() if "· version" in line]
+    store = open_store(hf_server)
+    call_id = out.split("[tool call ", 1)[1].split("]", 1)[0]
+    answer = store.conversations.get(ids[1], store.get_response(ids[1]).api_key_id, ("chat",))
+    assert answer.messages[-1] == {"role": "tool", "tool_call_id": call_id, "content": "4", "name": "calc"}
+    assert store.get_feedback(ids[0])[0].reward == 1
+    store.close()
+
+
 def test_cli_versions_command(hf_server):
     out = subprocess.run(
         [sys.executable, "-m", "liveloop.cli", "versions", "--base-url", hf_server.base_url, "--api-key", USER_KEY],
