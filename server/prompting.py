@@ -17,6 +17,7 @@ from liveloop.grammar import Grammars, grammars_for
 from liveloop.server.tool_parsers import PARSERS, detect_parser
 from liveloop.server.tools import (
     JSONLayout,
+    JSONReply,
     Tool,
     ToolChoice,
     ToolsRefused,
@@ -78,20 +79,19 @@ class Prompter:
             check_schema(t.parameters, f"{param}.{i}.parameters")
         return ToolUse(tuple(tools), choice, parallel, PARSERS[self.parser_name](names))
 
-    def constraint(self, tool_use: ToolUse | None, json_format: tuple[bool, dict | None] | None, param: str) -> str | None:
+    def constraint(self, tool_use: ToolUse | None, json_reply: JSONReply | None, param: str) -> str | None:
         """The one constraint the reply samples under: the forced call of `required` / a named tool
-        choice, or the JSON of a response format (`(True, schema)`; schema None: any object), checked
+        choice, or the JSON of a response format (`json_reply`), checked
         to compile; None: free sampling. Raises ToolsRefused."""
-        param = "tools" if json_format is None else param
+        param = "tools" if json_reply is None else param
         try:
             forced = tool_use.constraint(self.json_layout) if tool_use is not None else None
-            if forced is not None and json_format is not None:
+            if forced is not None and json_reply is not None:
                 raise ToolsRefused("a forced tool call (tool_choice required or named) and a JSON response format cannot both hold", "tool_choice")
-            if json_format is not None:
-                schema = json_format[1]
-                if schema is not None:
-                    check_schema(schema, param)
-                forced = json_constraint(schema, self.json_layout)
+            if json_reply is not None:
+                if json_reply.schema is not None:
+                    check_schema(json_reply.schema, param)
+                forced = json_constraint(json_reply.schema, self.json_layout)
             if forced is None:
                 return None
             self.grammars.compile(forced)
@@ -102,7 +102,7 @@ class Prompter:
         if not self.engine.supports_constraints:
             raise ToolsRefused(
                 f"the {self.engine.name} engine does not serve constrained decoding (forced tool calls, JSON output)",
-                "tool_choice" if json_format is None else param, code="unsupported_by_engine",
+                "tool_choice" if json_reply is None else param, code="unsupported_by_engine",
             )
         return forced
 

@@ -18,7 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from liveloop.server.protocol_base import MAX_MESSAGES, INT32_MAX, SamplingExtensions, Seed, Text, _Strict
 from liveloop.server.protocol_chat import MAX_TOOLS, ToolName
-from liveloop.server.tools import Tool
+from liveloop.server.tools import JSONReply, Tool, ToolChoice, openai_choice
 
 _ITEM_TYPES = ("message", "function_call", "function_call_output")
 _PART_TYPES = ("input_text", "output_text", "text")
@@ -221,15 +221,17 @@ class ResponsesRequest(SamplingExtensions):
                 out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
         return out
 
-    def tool_setup(self) -> tuple[list[Tool], Any, bool]:
+    def tool_setup(self) -> tuple[list[Tool], ToolChoice, bool]:
+        """The tools offered, the choice (OpenAI's rule) and whether several calls may come at once."""
         tools = [Tool(t.name, t.description, t.parameters or {"type": "object", "properties": {}}, bool(t.strict)) for t in self.tools or ()]
-        return tools, self.tool_choice, True if self.parallel_tool_calls is None else self.parallel_tool_calls
+        parallel = True if self.parallel_tool_calls is None else self.parallel_tool_calls
+        return tools, openai_choice(self.tool_choice, bool(tools)), parallel
 
-    def json_schema(self) -> tuple[bool, dict | None] | None:
+    def json_reply(self) -> JSONReply | None:
         fmt = self.text.format if self.text is not None else None
         if fmt is None or fmt.type == "text":
             return None
-        return True, fmt.schema_ if fmt.type == "json_schema" else None
+        return JSONReply(fmt.schema_ if fmt.type == "json_schema" else None)
 
     def options(self) -> dict[str, Any]:
         """What a read of the response echoes."""

@@ -50,7 +50,7 @@ from liveloop.server.prompting import Prompter
 from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest, MessagesRequest
 from liveloop.server.text import TextStream
 from liveloop.server.tool_parsers import Parsed
-from liveloop.server.tools import Tool, ToolChoice, ToolsRefused, ToolUse, check_tool_results, output_message
+from liveloop.server.tools import JSONReply, Tool, ToolChoice, ToolUse, check_tool_results, openai_choice, output_message
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
 from liveloop.store.writer import WriterSlow
 
@@ -232,16 +232,6 @@ class Rendered:
     ask: Ask
 
 
-def openai_choice(choice: Any, has_tools: bool) -> ToolChoice:
-    """OpenAI's `tool_choice` (chat and the Responses API): unset means auto with tools, none without."""
-    if choice is None:
-        return ToolChoice("auto" if has_tools else "none")
-    if isinstance(choice, str):
-        return ToolChoice(choice)
-    name = choice.function.name if hasattr(choice, "function") else choice.name
-    return ToolChoice("named", name)
-
-
 def _wrap_seed(seed: int) -> int:
     """A seed kept in the signed 64-bit range the store holds."""
     return (seed + 2**63) % 2**64 - 2**63
@@ -339,23 +329,23 @@ class Serving:
         tools = [Tool(t.function.name, t.function.description, t.function.parameters or _NO_PARAMETERS, bool(t.function.strict))
                  for t in req.tools or ()]
         choice = openai_choice(req.tool_choice, bool(tools))
-        json_format = None
+        json_reply = None
         if req.response_format is not None and req.response_format.type != "text":
-            json_format = (True, req.response_format.json_schema.schema_ if req.response_format.type == "json_schema" else None)
+            json_reply = JSONReply(req.response_format.json_schema.schema_ if req.response_format.type == "json_schema" else None)
         top = (req.top_logprobs or 0) if req.logprobs else 0
-        ask = self.conversation(messages, tools, choice, req.parallel_tool_calls, json_format, "response_format.json_schema.schema",
+        ask = self.conversation(messages, tools, choice, req.parallel_tool_calls, json_reply, "response_format.json_schema.schema",
                                 max_tokens=req.max_completion_tokens or req.max_tokens, top_logprobs=top, meta=req.metadata, user=req.user)
         return self.prepared("chat", "chatcmpl", ask.prompt_ids, ask.ask, req, principal)
 
     def conversation(self, messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice, parallel: bool,
-                     json_format: tuple[bool, dict | None] | None, format_param: str,
+                     json_reply: JSONReply | None, format_param: str,
                      stored: list[dict[str, Any]] | None = None, **ask: Any) -> Rendered:
         """A chat-shaped request's prompt and what it asks: every tool result answers an earlier call,
         the tools and the constraint are checked (server/prompting.py), the conversation is rendered.
         `stored`: the part of `messages` the store keeps (default all of it). Raises ToolsRefused (a 400)."""
         check_tool_results(messages)
         tool_use = self.prompter.tool_use(tools, choice, parallel)
-        constraint = self.prompter.constraint(tool_use, json_format, format_param)
+        constraint = self.prompter.constraint(tool_use, json_reply, format_param)
         prompt_ids, _ = self.prompter.render(messages, tool_use)
         kept = tuple(messages if stored is None else stored)
         return Rendered(prompt_ids, Ask(messages=kept, tool_use=tool_use, constraint=constraint, **ask))

@@ -32,7 +32,7 @@ from typing import Any
 
 from liveloop.server.auth import Principal
 from liveloop.server.protocol_responses import ResponsesRequest
-from liveloop.server.serving import InvalidRequest, Piece, Prepared, Run, Serving, openai_choice
+from liveloop.server.serving import InvalidRequest, Piece, Prepared, Run, Serving
 from liveloop.server.serving_openai import sse
 from liveloop.server.streaming import EndpointServing, Format, spans
 from liveloop.server.tool_parsers import StreamDelta, ToolStream
@@ -284,7 +284,7 @@ class ServingResponses(EndpointServing):
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         tools, choice, parallel = req.tool_setup()
         rendered = self.serving.conversation(
-            system + self._history + own, tools, openai_choice(choice, bool(tools)), parallel, req.json_schema(), "text.format.schema",
+            system + self._history + own, tools, choice, parallel, req.json_reply(), "text.format.schema",
             stored=own, max_tokens=req.max_output_tokens, meta=req.metadata, user=req.user, clamp=True,
             previous_response_id=req.previous_response_id, options=req.options(),
         )

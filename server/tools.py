@@ -108,6 +108,18 @@ class ToolUse:
         return [t.openai() for t in self.tools]
 
 
+def openai_choice(choice: Any, has_tools: bool) -> ToolChoice:
+    """OpenAI's `tool_choice` (chat's and the Responses API's request models): unset means auto with
+    tools, none without; a named choice is `{"type": "function", "function": {"name"}}` in chat and
+    `{"type": "function", "name"}` in the Responses API."""
+    if choice is None:
+        return ToolChoice("auto" if has_tools else "none")
+    if isinstance(choice, str):
+        return ToolChoice(choice)
+    name = choice.function.name if hasattr(choice, "function") else choice.name
+    return ToolChoice("named", name)
+
+
 def check_schema(schema: Any, param: str) -> dict[str, Any]:
     """`schema` if it is a JSON Schema (a dict that the 2020-12 meta-schema accepts, or whichever
     draft its `$schema` names) of bounded size; raises ToolsRefused otherwise. Whether constrained
@@ -130,6 +142,13 @@ def check_schema(schema: Any, param: str) -> dict[str, Any]:
     except Exception as exc:  # an unresolvable $ref, a recursion: still the schema's fault
         raise ToolsRefused(f"{param}: not a usable JSON Schema: {str(exc)[:200]}", param) from None
     return schema
+
+
+@dataclass(frozen=True)
+class JSONReply:
+    """A response format asking for JSON: one the schema accepts, or (None) any object (JSON mode)."""
+
+    schema: dict[str, Any] | None = None
 
 
 JSONLayout = Literal["canonical", "compact", "free"]
