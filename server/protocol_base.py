@@ -42,6 +42,13 @@ def check_stops(stops: list[str]) -> None:
         raise ValueError(f"stop sequences must be at most {MAX_STOP_CHARS} characters")
 
 
+def check_metadata(v: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's bounds on request metadata (the tags stored with a response)."""
+    if v is not None and (len(v) > 16 or any(len(k) > 64 or len(x) > 512 for k, x in v.items())):
+        raise ValueError("metadata: at most 16 keys, keys <= 64 and values <= 512 characters")
+    return v
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -86,12 +93,7 @@ class _Sampling(SamplingExtensions):
         check_stops([v] if isinstance(v, str) else (v or []))
         return v
 
-    @field_validator("metadata")
-    @classmethod
-    def _meta(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        if v is not None and (len(v) > 16 or any(len(k) > 64 or len(x) > 512 for k, x in v.items())):
-            raise ValueError("metadata: at most 16 keys, keys <= 64 and values <= 512 characters")
-        return v
+    _meta = field_validator("metadata")(lambda cls, v: check_metadata(v))
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from liveloop.server.protocol_base import MAX_MESSAGES, INT32_MAX, SamplingExtensions, Seed, Text, _Strict
+from liveloop.server.protocol_base import INT32_MAX, MAX_MESSAGES, SamplingExtensions, Seed, Text, _Strict, check_metadata
 from liveloop.server.protocol_chat import MAX_TOOLS, ToolName
 from liveloop.server.tools import JSONReply, Tool, ToolChoice, openai_choice
 
@@ -170,12 +170,7 @@ class ResponsesRequest(SamplingExtensions):
 
     _items = field_validator("input", mode="before")(lambda cls, v: _typed_items(v))
 
-    @field_validator("metadata")
-    @classmethod
-    def _meta(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        if v is not None and (len(v) > 16 or any(len(k) > 64 or len(x) > 512 for k, x in v.items())):
-            raise ValueError("metadata: at most 16 keys, keys <= 64 and values <= 512 characters")
-        return v
+    _meta = field_validator("metadata")(lambda cls, v: check_metadata(v))
 
     @model_validator(mode="after")
     def _text(self) -> "ResponsesRequest":

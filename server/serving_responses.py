@@ -278,6 +278,14 @@ class ServingResponses(EndpointServing):
                                  "previous_response_id", code="previous_response_not_found")
         for turn in turns:
             self._history += turn.messages + ([turn.output] if turn.output is not None else [])
+        chars = req.chars() + sum(len(m.get("content") or "") + sum(len(c["function"]["arguments"]) for c in m.get("tool_calls") or ())
+                                  for m in self._history)
+        if chars > self.serving.max_prompt_chars:  # bounded before the template renders it, as a request's own text is
+            raise InvalidRequest(
+                f"this model's maximum context length is {self.serving.max_model_len} tokens; the conversation so far has "
+                f"{chars} characters (at most {self.serving.max_prompt_chars} are taken)", "previous_response_id",
+                code="context_length_exceeded",
+            )
 
     def prepare(self, req: ResponsesRequest, principal: Principal) -> Prepared:
         own = req.conversation()

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from datetime import timezone
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, exists, func, or_, select
 
 from liveloop.store.models import Response
 from liveloop.store.records import StoredConversation
@@ -41,6 +41,15 @@ def _conversation(row: Any) -> StoredConversation:
         row.prompt_tokens, row.completion_tokens, row.request_meta, row.messages or [], row.tools, row.output,
         row.options, row.previous_response_id, spans,
     )
+
+
+def _tagged(dialect: str, key: str, value: str) -> Any:
+    """The response's metadata holds `key` = `value`, for any key text: PostgreSQL's `->>`; SQLite's
+    `json_each` (its JSON paths cannot name a key holding a double quote or a backslash)."""
+    if dialect == "sqlite":
+        each = func.json_each(Response.request_meta).table_valued("key", "value")
+        return exists(select(1).select_from(each).where(each.c.key == key, each.c.value == value))
+    return Response.request_meta[key].as_string() == value
 
 
 class ConversationQueries:
@@ -91,10 +100,9 @@ class ConversationQueries:
         where = [Response.api_key_id == api_key_id, Response.endpoint.in_(endpoints), Response.messages.is_not(None)]
         if model is not None:
             where.append(Response.model == model)
-        for key, value in (metadata or {}).items():
-            where.append(Response.request_meta[key].as_string() == value)
         order = (Response.created_at.desc(), Response.id.desc()) if descending else (Response.created_at, Response.id)
         with self._session() as s:
+            where += [_tagged(s.get_bind().dialect.name, key, value) for key, value in (metadata or {}).items()]
             if after is not None:
                 mark = s.execute(
                     select(Response.created_at, Response.id).where(Response.id == after, Response.api_key_id == api_key_id)

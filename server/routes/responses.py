@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from liveloop.server.auth import Principal
 from liveloop.server.errors import APIError
 from liveloop.server.routes.openai import user
+from liveloop.server.routes.stored import page_in
 from liveloop.server.serving_responses import ENDPOINTS, ServingResponses, input_items, stored_body
 
 router = APIRouter(prefix="/v1")
@@ -49,13 +50,4 @@ async def list_input_items(
 ) -> dict:
     """This turn's own input (the turns before it are their own responses' input items)."""
     items = input_items((await _stored(request, response_id, principal)).messages)
-    if order == "desc":
-        items = items[::-1]
-    if after is not None:
-        ids = [i["id"] for i in items]
-        if after not in ids:
-            raise APIError(400, f"after: no input item `{after}` in this response", param="after")
-        items = items[ids.index(after) + 1:]
-    page = items[:limit]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+    return page_in(items, limit, after, order, "input item")

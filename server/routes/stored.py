@@ -53,10 +53,24 @@ async def _one(request: Request, response_id: str, principal: Principal) -> Stor
     return found
 
 
-def _page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+def list_page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """OpenAI's list object of `rows` (one past `limit` read, to know there are more)."""
     page = rows[:limit]
     return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
             "last_id": page[-1]["id"] if page else None, "has_more": len(rows) > limit}
+
+
+def page_in(rows: list[dict[str, Any]], limit: int, after: str | None, order: str, what: str) -> dict[str, Any]:
+    """A page of one response's items held in memory (its messages, its input items): `order`, then
+    those after the item `after` (a 400 naming it when it is not one of them)."""
+    if order == "desc":
+        rows = rows[::-1]
+    if after is not None:
+        ids = [r["id"] for r in rows]
+        if after not in ids:
+            raise APIError(400, f"after: no {what} `{after}` in this response", param="after")
+        rows = rows[ids.index(after) + 1:]
+    return list_page(rows, limit)
 
 
 @router.get("/chat/completions")
@@ -76,7 +90,7 @@ async def list_completions(
     )
     if rows is None:
         raise APIError(400, f"after: no chat completion `{after}` for this API key", param="after")
-    return _page([completion_body(c) for c in rows], limit)
+    return list_page([completion_body(c) for c in rows], limit)
 
 
 @router.get("/chat/completions/{completion_id}")
@@ -94,15 +108,7 @@ async def messages(
     order: Literal["asc", "desc"] = Query("asc"),
 ) -> dict:
     found = await _one(request, completion_id, principal)
-    rows = [{"id": f"{completion_id}-{i}", **m} for i, m in enumerate(found.messages)]
-    if order == "desc":
-        rows = rows[::-1]
-    if after is not None:
-        ids = [r["id"] for r in rows]
-        if after not in ids:
-            raise APIError(400, f"after: no message `{after}` in this chat completion", param="after")
-        rows = rows[ids.index(after) + 1:]
-    return _page(rows, limit)
+    return page_in([{"id": f"{completion_id}-{i}", **m} for i, m in enumerate(found.messages)], limit, after, order, "message")
 
 
 @router.delete("/chat/completions/{completion_id}")

@@ -67,6 +67,12 @@ def test_stored_completions_page_by_time_with_filters(store):
     assert [c.id for c in store.conversations.page("k1", ("chat",), 9, metadata={"topic": "cats"})] == ["c1", "c3", "c5"]
     assert [c.id for c in store.conversations.page("k1", ("chat",), 9, model="m2", metadata={"topic": "dogs"})] == ["c4"]
     assert store.conversations.page("k1", ("chat",), 9, after="k2-only") is None  # another key's id is no cursor
+    # a key of any text filters exactly (SQLite's JSON paths cannot name some: json_each does)
+    odd = {"a.b": "1", 'q"k': "2", "x\\y": "3", "$[0]": "4"}
+    store.write_batch([_record("odd", meta=odd, at=t0)])
+    for key, value in odd.items():
+        assert [c.id for c in store.conversations.page("k1", ("chat",), 9, metadata={key: value})] == ["odd"]
+        assert store.conversations.page("k1", ("chat",), 9, metadata={key: value + "!"}) == []
     assert [c.id for c in store.conversations.page("k2", ("chat",), 9)] == ["k2-only"]
 
 
