@@ -106,6 +106,9 @@ def generate_body(request: GenerationRequest, rid: str, adapter: str | None = No
         "max_new_tokens": s.max_tokens,
         "temperature": s.temperature,  # 0: SGLang samples greedily (top_k = 1)
         "top_p": s.top_p,
+        # the stop tokens are all liveloop's (the model's eos among them unless the request ignores it),
+        # so SGLang's own eos check stays off, as on vLLM
+        "ignore_eos": True,
     }
     if s.stop_token_ids:
         sampling["stop_token_ids"] = list(s.stop_token_ids)

@@ -35,8 +35,9 @@ CASES = [
     ("max_tokens wrong type", "POST", CHAT, USER_KEY, chat(max_tokens="ten"), 400, "max_tokens"),
     ("temperature negative", "POST", CHAT, USER_KEY, chat(temperature=-0.5), 400, "temperature"),
     ("top_p out of range", "POST", CHAT, USER_KEY, chat(top_p=1.5), 400, "top_p"),
-    ("n > 1", "POST", CHAT, USER_KEY, chat(n=2), 400, "n"),
-    ("unknown field", "POST", CHAT, USER_KEY, chat(tools=[]), 400, "tools"),
+    ("n past 16", "POST", CHAT, USER_KEY, chat(n=17), 400, "n"),
+    ("unknown field", "POST", CHAT, USER_KEY, chat(functions=[]), 400, "functions"),
+    ("forced call without tools", "POST", CHAT, USER_KEY, chat(tool_choice="required"), 400, "tool_choice"),
     ("too many stops", "POST", CHAT, USER_KEY, chat(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     ("top_logprobs without logprobs", "POST", CHAT, USER_KEY, chat(top_logprobs=2), 400, None),
     ("completion token id out of vocab", "POST", "/v1/completions", USER_KEY, {"model": MODEL, "prompt": [10**7]}, 400, "prompt"),
@@ -54,7 +55,7 @@ CASES = [
     ("feedback bool reward", "POST", "/v1/feedback", USER_KEY, {"response_id": "x", "reward": True}, 400, "reward"),
     ("feedback missing id", "POST", "/v1/feedback", USER_KEY, {"reward": 1}, 400, "response_id"),
     ("unknown route", "GET", "/v1/nothing", USER_KEY, None, 404, None),
-    ("wrong method", "GET", CHAT, USER_KEY, None, 405, None),
+    ("wrong method", "PUT", CHAT, USER_KEY, None, 405, None),
 ]
 
 

@@ -111,15 +111,15 @@ def test_errors_reach_the_client_in_anthropics_shape(server, claude):
     for body, fragment in (
         ({"model": MODEL, "messages": ASK}, "max_tokens"),  # required, as on Anthropic's API
         ({"model": MODEL, "max_tokens": 8, "messages": ASK, "temperature": 1.5}, "temperature"),
-        ({"model": MODEL, "max_tokens": 8, "messages": ASK, "tools": []}, "tools"),
+        ({"model": MODEL, "max_tokens": 8, "messages": ASK, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
         ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, "messages"),
-        ({"model": MODEL, "max_tokens": 100_000, "messages": ASK}, "max_tokens"),
+        ({"model": MODEL, "max_tokens": 0, "messages": ASK}, "max_tokens"),  # (a max_tokens past the context is clamped)
     ):
         r = httpx.post(url, json=body, headers=headers, timeout=60)
         assert r.status_code == 400 and r.json()["type"] == "error", r.text
         assert r.json()["error"]["type"] == "invalid_request_error" and fragment in r.json()["error"]["message"]
     # the OpenAI endpoints keep OpenAI's shape, and take x-api-key too
-    r = httpx.post(server.base_url + "/v1/chat/completions", json={"model": MODEL, "messages": ASK, "n": 2}, headers=headers, timeout=60)
+    r = httpx.post(server.base_url + "/v1/chat/completions", json={"model": MODEL, "messages": ASK, "n": 17}, headers=headers, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
 
 

@@ -6,7 +6,8 @@ the native endpoints liveloop's `sglang` engine calls (python/sglang/srt/entrypo
 python/sglang/srt/managers/io_struct.py):
 
 - POST /generate: `input_ids`, `sampling_params` (`max_new_tokens`, `temperature`, `top_p`,
-  `stop_token_ids`, `sampling_seed`), `rid`, `return_logprob`, `logprob_start_len`, `top_logprobs_num`,
+  `stop_token_ids`, `ignore_eos` (the model's eos then stops nothing), `sampling_seed`; SGLang's
+  `top_k`, `min_p`, `repetition_penalty` and `min_new_tokens` are taken and not applied), `rid`, `return_logprob`, `logprob_start_len`, `top_logprobs_num`,
   `stream`, `lora_path`. Streamed as server-sent events `data: {...}` and `data: [DONE]`, one chunk per
   token, each `{"text", "output_ids", "meta_info"}` with `meta_info` {`id`, `finish_reason` (None or
   {"type": "stop", "matched": id} | {"type": "length", "length": n} | {"type": "abort", "message"}),
@@ -132,7 +133,7 @@ def build_app(state: StandIn) -> FastAPI:
         ids = list(body["input_ids"])
         prompt_tokens = len(ids)
         max_new = int(sp.get("max_new_tokens", 128))
-        stops = set(sp.get("stop_token_ids") or ()) | state.eos
+        stops = set(sp.get("stop_token_ids") or ()) | (set() if sp.get("ignore_eos") else state.eos)
         gen = torch.Generator().manual_seed(int(sp.get("sampling_seed") or 0))
         top_n = int(body.get("top_logprobs_num") or 0)
         out_ids: list[int] = []

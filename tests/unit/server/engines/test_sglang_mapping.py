@@ -25,13 +25,17 @@ def test_generate_body_names_sglangs_fields():
     body = generate_body(request, "r-1", adapter="cozy-3")
     assert body == {
         "input_ids": [1, 2, 3],
-        "sampling_params": {"max_new_tokens": 5, "temperature": 0.7, "top_p": 0.9, "stop_token_ids": [4, 9],
+        "sampling_params": {"max_new_tokens": 5, "temperature": 0.7, "top_p": 0.9, "ignore_eos": True, "stop_token_ids": [4, 9],
                             "sampling_seed": 7},
         "rid": "r-1", "return_logprob": True, "logprob_start_len": -1, "stream": True,
         "top_logprobs_num": 2, "lora_path": "cozy-3",
     }
+    extended = generate_body(GenerationRequest("r", (1,), SamplingParams(max_tokens=1, top_k=3, min_p=0.1, repetition_penalty=1.2, min_tokens=2)), "r-3")
+    assert {k: extended["sampling_params"][k] for k in ("top_k", "min_p", "repetition_penalty", "min_new_tokens")} == {
+        "top_k": 3, "min_p": 0.1, "repetition_penalty": 1.2, "min_new_tokens": 2}
     plain = generate_body(GenerationRequest("r", (1,), SamplingParams(max_tokens=1)), "r-2")
-    assert not {"top_logprobs_num", "lora_path"} & plain.keys() and not {"sampling_seed", "stop_token_ids"} & plain["sampling_params"].keys()
+    assert not {"top_logprobs_num", "lora_path"} & plain.keys()
+    assert not {"sampling_seed", "stop_token_ids", "top_k", "min_p", "repetition_penalty", "min_new_tokens"} & plain["sampling_params"].keys()
 
 
 def test_cumulative_and_incremental_chunks_give_the_same_deltas():
