@@ -280,3 +280,23 @@ def test_bad_input_is_a_4xx_in_each_apis_shape(oai, claude):
     with pytest.raises(anthropic.BadRequestError) as a:
         claude.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}])
     assert a.value.body["type"] == "error" and "image" in a.value.body["error"]["message"]
+
+
+@pytest.mark.vllm
+def test_vllms_own_benchmark_client_is_served(vllm_server, model_dir):
+    """vLLM's serving benchmark (`vllm.benchmarks.serve`, openai-chat backend) sends `ignore_eos` on
+    every request and its own fields besides: all of them are answered."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "openai-chat", "--base-url", vllm_server.base_url, "--endpoint", "/v1/chat/completions",
+        "--model", MODEL, "--tokenizer", str(model_dir), "--dataset-name", "random", "--random-input-len", "16",
+        "--random-output-len", "16", "--num-prompts", "8", "--max-concurrency", "4", "--ignore-eos",
+        "--header", f"Authorization=Bearer {USER_KEY}",
+    ])
+    result = main(args)
+    assert (result["completed"], result["failed"]) == (8, 0)
+    assert result["total_output_tokens"] == 8 * 16  # ignore_eos honoured: every reply is the length asked
