@@ -1,9 +1,8 @@
 """A chat-shaped request -> what the engine is asked: the conversation rendered by the model's chat
-template with the tools it offers, the constraint its reply samples under (tool choice `required` or
-named, or a JSON response format), checked to compile and to be something the engine can do, and
-vLLM's sampling extensions checked against what the engine honours. The endpoints (OpenAI chat,
-Anthropic messages, the Responses API) each turn their own request into the stored message shape
-(server/tools.py) and a `ToolChoice`; everything after that is here, once.
+template with the tools it offers, and the constraint its reply samples under (tool choice `required`
+or named, or a JSON response format), checked to compile and to be something the engine can do. The
+endpoints (OpenAI chat, Anthropic messages, the Responses API) each turn their own request into the
+stored message shape (server/tools.py) and a `ToolChoice`; everything after that is here, once.
 
 Templating and compiling run on the serving pipeline's prompt thread, never on the event loop."""
 
@@ -107,9 +106,9 @@ class Prompter:
         return forced
 
     # -- the prompt ---------------------------------------------------------------------------------
-    def render(self, messages: list[dict[str, Any]], tool_use: ToolUse | None, generation_prompt: bool = True) -> tuple[list[int], str]:
-        """The prompt's token ids and text: `messages` (stored shape) through the chat template, the
-        offered tools with them. Raises ToolsRefused when the template refuses the conversation."""
+    def render(self, messages: list[dict[str, Any]], tool_use: ToolUse | None, generation_prompt: bool = True) -> list[int]:
+        """The prompt's token ids: `messages` (stored shape) through the chat template, the offered
+        tools with them. Raises ToolsRefused when the template refuses the conversation."""
         if self.template is None:
             raise ToolsRefused("this model has no chat template: use /v1/completions", "messages")
         kwargs: dict[str, Any] = {"add_generation_prompt": generation_prompt, "tokenize": False}
@@ -119,4 +118,4 @@ class Prompter:
             text = self.tokenizer.apply_chat_template(template_messages(messages, self.text_arguments), **kwargs)
         except Exception as exc:  # the template refuses this conversation (its roles' order, say): the request's fault
             raise ToolsRefused(f"messages: the model's chat template refused them: {str(exc)[:200]}", "messages") from exc
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"], text
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -55,6 +55,9 @@ class StreamOptions(_Strict):
 
 
 MAX_N = 16  # choices one request may ask for (each its own generation, response id and rating)
+MAX_TOOLS = 128  # tools one request may offer, calls one message may hold
+# a function's (OpenAI) or tool's (Anthropic) name, and a response format's: both APIs' rule
+Name = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 

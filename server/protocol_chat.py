@@ -10,10 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from liveloop.server.protocol_base import INT32_MAX, MAX_MESSAGES, Text, _Sampling, _Strict
+from liveloop.server.protocol_base import INT32_MAX, MAX_MESSAGES, MAX_TOOLS, Name, Text, _Sampling, _Strict
+from liveloop.server.tools import JSONReply, Tool, ToolChoice, openai_choice
 
-ToolName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule for function names
-MAX_TOOLS = 128
 
 
 class TextPart(_Strict):
@@ -22,7 +21,7 @@ class TextPart(_Strict):
 
 
 class FunctionDef(_Strict):
-    name: ToolName
+    name: Name
     description: Annotated[Text, Field(max_length=8192)] | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -32,9 +31,13 @@ class ChatTool(_Strict):
     type: Literal["function"]
     function: FunctionDef
 
+    def tool(self) -> Tool:
+        f = self.function
+        return Tool.offered(f.name, f.description, f.parameters, f.strict)
+
 
 class FunctionName(_Strict):
-    name: ToolName
+    name: Name
 
 
 class NamedToolChoice(_Strict):
@@ -43,7 +46,7 @@ class NamedToolChoice(_Strict):
 
 
 class CalledFunction(_Strict):
-    name: ToolName
+    name: Name
     arguments: Text
 
 
@@ -103,7 +106,7 @@ class ChatMessage(_Strict):
 
 
 class JSONSchemaFormat(_Strict):
-    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    name: Name
     description: Annotated[Text, Field(max_length=8192)] | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
@@ -144,3 +147,14 @@ class ChatCompletionRequest(_Sampling):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true")
         return self
+
+    def tool_setup(self) -> tuple[list[Tool], ToolChoice, bool]:
+        """The tools offered, the choice (OpenAI's rule) and whether several calls may come at once."""
+        tools = [t.tool() for t in self.tools or ()]
+        return tools, openai_choice(self.tool_choice, bool(tools)), self.parallel_tool_calls
+
+    def json_reply(self) -> JSONReply | None:
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        return JSONReply(fmt.json_schema.schema_ if fmt.type == "json_schema" else None)

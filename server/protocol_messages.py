@@ -17,12 +17,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from liveloop.server.protocol_base import MAX_MESSAGES, Count, SamplingExtensions, Seed, Text, _Strict, check_stops
+from liveloop.server.protocol_base import MAX_MESSAGES, MAX_TOOLS, Count, Name, SamplingExtensions, Seed, Text, _Strict, check_stops
 from liveloop.server.tools import Tool, ToolChoice
 
-ToolName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # Anthropic's rule for tool names
 CacheControl = dict[str, Any] | None  # accepted and ignored: there is no prompt cache to steer
-MAX_TOOLS = 128
 
 
 class TextBlock(_Strict):
@@ -35,7 +33,7 @@ class TextBlock(_Strict):
 class ToolUseBlock(_Strict):
     type: Literal["tool_use"]
     id: Annotated[Text, Field(min_length=1, max_length=64)]
-    name: ToolName
+    name: Name
     input: dict[str, Any]
     cache_control: CacheControl = None
 
@@ -133,7 +131,7 @@ class AnthropicMessage(_Strict):
 
 
 class AnthropicTool(_Strict):
-    name: ToolName
+    name: Name
     description: Annotated[Text, Field(max_length=8192)] | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
@@ -150,7 +148,7 @@ class AnthropicTool(_Strict):
 
 class AnthropicToolChoice(_Strict):
     type: Literal["auto", "any", "tool", "none"]
-    name: ToolName | None = None
+    name: Name | None = None
     disable_parallel_tool_use: bool = False
 
     @model_validator(mode="after")
@@ -206,7 +204,7 @@ class _Conversation(_Strict):
     def tool_setup(self) -> tuple[list[Tool], ToolChoice, bool]:
         """The tools offered, the choice (auto, any -> required, tool -> named, none) and whether
         several calls may come in one reply."""
-        tools = [Tool(t.name, t.description, t.input_schema, bool(t.strict)) for t in self.tools or ()]
+        tools = [Tool.offered(t.name, t.description, t.input_schema, t.strict) for t in self.tools or ()]
         c = self.tool_choice
         if c is None:
             return tools, ToolChoice("auto" if tools else "none"), True

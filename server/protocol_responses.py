@@ -16,8 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from liveloop.server.protocol_base import INT32_MAX, MAX_MESSAGES, SamplingExtensions, Seed, Text, _Strict, check_metadata
-from liveloop.server.protocol_chat import MAX_TOOLS, ToolName
+from liveloop.server.protocol_base import INT32_MAX, MAX_MESSAGES, MAX_TOOLS, Name, SamplingExtensions, Seed, Text, _Strict, check_metadata
 from liveloop.server.tools import JSONReply, Tool, ToolChoice, openai_choice
 
 _ITEM_TYPES = ("message", "function_call", "function_call_output")
@@ -62,7 +61,7 @@ class MessageItem(_Strict):
 class FunctionCallItem(_Strict):
     type: Literal["function_call"]
     call_id: Annotated[Text, Field(min_length=1, max_length=64)]
-    name: ToolName
+    name: Name
     arguments: Text
     id: Annotated[str, Field(max_length=64)] | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
@@ -106,7 +105,7 @@ def _typed_items(v: Any) -> Any:
 
 class FunctionTool(_Strict):
     type: Literal["function"]
-    name: ToolName
+    name: Name
     description: Annotated[Text, Field(max_length=8192)] | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -121,12 +120,12 @@ class FunctionTool(_Strict):
 
 class NamedFunction(_Strict):
     type: Literal["function"]
-    name: ToolName
+    name: Name
 
 
 class TextFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
-    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")] | None = None
+    name: Name | None = None
     description: Annotated[Text, Field(max_length=8192)] | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
@@ -218,7 +217,7 @@ class ResponsesRequest(SamplingExtensions):
 
     def tool_setup(self) -> tuple[list[Tool], ToolChoice, bool]:
         """The tools offered, the choice (OpenAI's rule) and whether several calls may come at once."""
-        tools = [Tool(t.name, t.description, t.parameters or {"type": "object", "properties": {}}, bool(t.strict)) for t in self.tools or ()]
+        tools = [Tool.offered(t.name, t.description, t.parameters, t.strict) for t in self.tools or ()]
         parallel = True if self.parallel_tool_calls is None else self.parallel_tool_calls
         return tools, openai_choice(self.tool_choice, bool(tools)), parallel
 

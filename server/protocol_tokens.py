@@ -8,11 +8,8 @@ from typing import Annotated, ClassVar
 
 from pydantic import Field, model_validator
 
-from liveloop.server.protocol_base import INT32_MAX, MAX_MESSAGES, Text, _Strict
-from liveloop.server.protocol_chat import MAX_TOOLS, ChatMessage, ChatTool
-
-TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
-
+from liveloop.server.protocol_base import MAX_MESSAGES, MAX_TOOLS, Text, TokenId, _Strict
+from liveloop.server.protocol_chat import ChatMessage, ChatTool
 
 class TokenizeRequest(_Strict):
     model: str | None = None

@@ -3,9 +3,9 @@ sampling params (with every limit checked before anything runs), an admitted gen
 version is known before the first byte goes out, text and stop strings, and the durable log record.
 
     prepared = await serving.prepare(request, principal)     # raises InvalidRequest / UnknownModel on bad input
-    async with serving.run(prepared) as run:                  # admitted (a generation slot, the engine's gate): run.version
-        async for piece in run: ...                           # text + tokens as they arrive
-        await serving.commit(run)                             # durable in the store; then reply
+    async with serving.runs(serving.choices(prepared, n)) as runs:  # admitted (slots, the engine's gate): run.version
+        async for piece in runs[0]: ...                      # text + tokens as they arrive
+        await serving.commit(runs[0])                        # durable in the store; then reply
 
 Nothing a request sends can hold the event loop: its text is bounded in characters
 (`[server] max_prompt_chars`, by default 32 per token of the model's context) before the chat template
@@ -50,7 +50,7 @@ from liveloop.server.prompting import Prompter
 from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest, MessagesRequest
 from liveloop.server.text import TextStream
 from liveloop.server.tool_parsers import Parsed
-from liveloop.server.tools import JSONReply, Tool, ToolChoice, ToolUse, check_tool_results, openai_choice, output_message
+from liveloop.server.tools import JSONReply, Tool, ToolChoice, ToolUse, check_tool_results, output_message
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
 from liveloop.store.writer import WriterSlow
 
@@ -223,9 +223,6 @@ class Run:
         return bool(self.message().calls)
 
 
-_NO_PARAMETERS = {"type": "object", "properties": {}}
-
-
 @dataclass(frozen=True)
 class Rendered:
     prompt_ids: list[int]
@@ -325,30 +322,32 @@ class Serving:
 
     def prepare_chat(self, req: ChatCompletionRequest, principal: Principal) -> Prepared:
         self._check_model(req.model)
-        messages = [m.stored() for m in req.messages]
-        tools = [Tool(t.function.name, t.function.description, t.function.parameters or _NO_PARAMETERS, bool(t.function.strict))
-                 for t in req.tools or ()]
-        choice = openai_choice(req.tool_choice, bool(tools))
-        json_reply = None
-        if req.response_format is not None and req.response_format.type != "text":
-            json_reply = JSONReply(req.response_format.json_schema.schema_ if req.response_format.type == "json_schema" else None)
+        tools, choice, parallel = req.tool_setup()
         top = (req.top_logprobs or 0) if req.logprobs else 0
-        ask = self.conversation(messages, tools, choice, req.parallel_tool_calls, json_reply, "response_format.json_schema.schema",
-                                max_tokens=req.max_completion_tokens or req.max_tokens, top_logprobs=top, meta=req.metadata, user=req.user)
+        ask = self.conversation([m.stored() for m in req.messages], tools, choice, parallel, req.json_reply(),
+                                "response_format.json_schema.schema", max_tokens=req.max_completion_tokens or req.max_tokens,
+                                top_logprobs=top, meta=req.metadata, user=req.user)
         return self.prepared("chat", "chatcmpl", ask.prompt_ids, ask.ask, req, principal)
 
     def conversation(self, messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice, parallel: bool,
                      json_reply: JSONReply | None, format_param: str,
                      stored: list[dict[str, Any]] | None = None, **ask: Any) -> Rendered:
-        """A chat-shaped request's prompt and what it asks: every tool result answers an earlier call,
-        the tools and the constraint are checked (server/prompting.py), the conversation is rendered.
-        `stored`: the part of `messages` the store keeps (default all of it). Raises ToolsRefused (a 400)."""
-        check_tool_results(messages)
-        tool_use = self.prompter.tool_use(tools, choice, parallel)
+        """A chat-shaped request's prompt and what it asks: the conversation rendered (`render_chat`),
+        the constraint checked (server/prompting.py). `stored`: the part of `messages` the store keeps
+        (default all of it). Raises ToolsRefused (a 400)."""
+        tool_use, prompt_ids = self.render_chat(messages, tools, choice, parallel)
         constraint = self.prompter.constraint(tool_use, json_reply, format_param)
-        prompt_ids, _ = self.prompter.render(messages, tool_use)
         kept = tuple(messages if stored is None else stored)
         return Rendered(prompt_ids, Ask(messages=kept, tool_use=tool_use, constraint=constraint, **ask))
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice, parallel: bool,
+                    generation_prompt: bool = True) -> tuple[ToolUse | None, list[int]]:
+        """Every tool result answers an earlier call, the tools are checked, and the conversation goes
+        through the chat template with them: the one rendering a request, its token count and
+        /tokenize share. Raises ToolsRefused (a 400)."""
+        check_tool_results(messages)
+        tool_use = self.prompter.tool_use(tools, choice, parallel)
+        return tool_use, self.prompter.render(messages, tool_use, generation_prompt)
 
     async def count_tokens(self, req: Any) -> int:
         """The prompt tokens of an Anthropic conversation (its tools rendered with it), as
@@ -357,11 +356,7 @@ class Serving:
         self.check_chars(req)
 
         def work() -> int:
-            tools, choice, parallel = req.tool_setup()
-            messages = req.conversation()
-            check_tool_results(messages)
-            prompt_ids, _ = self.prompter.render(messages, self.prompter.tool_use(tools, choice, parallel))
-            return len(prompt_ids)
+            return len(self.render_chat(req.conversation(), *req.tool_setup())[1])
 
         return await asyncio.get_running_loop().run_in_executor(self._prompts, work)
 
@@ -375,10 +370,9 @@ class Serving:
         def work() -> list[int]:
             if req.prompt is not None:
                 return self.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens)["input_ids"]
-            messages = [m.stored() for m in req.messages]
-            tools = [Tool(t.function.name, t.function.description, t.function.parameters or _NO_PARAMETERS) for t in req.tools or ()]
-            tool_use = self.prompter.tool_use(tools, ToolChoice("auto" if tools else "none"), True)
-            return self.prompter.render(messages, tool_use, req.add_generation_prompt)[0]
+            tools = [t.tool() for t in req.tools or ()]
+            choice = ToolChoice("auto" if tools else "none")
+            return self.render_chat([m.stored() for m in req.messages], tools, choice, True, req.add_generation_prompt)[1]
 
         return await asyncio.get_running_loop().run_in_executor(self._prompts, work)
 
@@ -445,10 +439,10 @@ class Serving:
             seed=req.seed,
             top_logprobs=ask.top_logprobs,
             stop_token_ids=self._stop_tokens(req),
-            top_k=max(0, getattr(req, "top_k", None) or 0),
-            min_p=getattr(req, "min_p", None) or 0.0,
-            repetition_penalty=getattr(req, "repetition_penalty", None) or 1.0,
-            min_tokens=getattr(req, "min_tokens", None) or 0,
+            top_k=max(0, req.top_k or 0),  # every generating request takes vLLM's extensions (SamplingExtensions)
+            min_p=req.min_p or 0.0,
+            repetition_penalty=req.repetition_penalty or 1.0,
+            min_tokens=req.min_tokens or 0,
             constraint=ask.constraint,
         )
         self._check_sampling(sampling, req)
@@ -474,10 +468,10 @@ class Serving:
     def _stop_tokens(self, req: Any) -> tuple[int, ...]:
         """The token ids that end the reply: the model's end-of-sequence ids (unless `ignore_eos`) and
         the request's `stop_token_ids`."""
-        extra = getattr(req, "stop_token_ids", None) or []
+        extra = req.stop_token_ids or []
         if any(t >= self.vocab_size for t in extra):
             raise InvalidRequest(f"stop_token_ids: token ids must be < {self.vocab_size}", "stop_token_ids")
-        model = () if getattr(req, "ignore_eos", False) else self.stop_token_ids
+        model = () if req.ignore_eos else self.stop_token_ids
         return tuple(sorted(set(model) | set(extra)))
 
     def _check_sampling(self, s: SamplingParams, req: Any) -> None:
@@ -486,7 +480,7 @@ class Serving:
             if name not in self.engine.sampling_extensions:
                 raise InvalidRequest(f"{name}: the {self.engine.name} engine does not serve it", name, code="unsupported_by_engine")
         if s.constraint is not None:
-            if getattr(req, "ignore_eos", False):
+            if req.ignore_eos:
                 raise InvalidRequest("ignore_eos: a constrained reply (forced tool call, JSON output) ends where its grammar does", "ignore_eos")
             if s.min_tokens:
                 raise InvalidRequest("min_tokens: a constrained reply (forced tool call, JSON output) ends where its grammar does", "min_tokens")
@@ -507,29 +501,34 @@ class Serving:
             ))
         return out
 
-    # -- 2. admitted generation -> pieces ------------------------------------------------------------
+    # -- 2. admitted generations -> pieces -----------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def run(self, prepared: Prepared, admitted: bool = False) -> AsyncIterator[Run]:
-        """One generation, admitted (its slot; `admitted`: the caller holds it already, e.g. for all
-        of a request's choices at once)."""
-        slot = contextlib.nullcontext() if admitted else self.admission.generation(prepared.principal.key_id)
-        with slot:  # raises Busy: nothing started
-            canary = self.canary(prepared.user, prepared.segment)  # decided at admission: the candidate may change
-            request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling, prepared.segment, canary)
-            admitted = self.engine.generate(request)
-            gen = await admitted.__aenter__()
-            run = Run(prepared, gen.version, None, prepared.segment)  # type: ignore[arg-type]
-            run.stream = self._pieces(run, gen)
-            try:
-                yield run
-            finally:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await run.stream.aclose()
-                        await gen.stream.aclose()  # aborts the engine request if it is still running
-                    finally:
-                        self._log_abandoned(run)
-                        await admitted.__aexit__(None, None, None)
+    async def runs(self, choices: list[Prepared]) -> AsyncIterator[list[Run]]:
+        """A request's generations (its `choices`), admitted together: their slots all or none (raises
+        Busy with nothing started), then each through the engine's gate."""
+        async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(self.admission.generation(choices[0].principal.key_id, len(choices)))
+            yield [await stack.enter_async_context(self._run(p)) for p in choices]
+
+    @contextlib.asynccontextmanager
+    async def _run(self, prepared: Prepared) -> AsyncIterator[Run]:
+        """One generation, its slot held by `runs`."""
+        canary = self.canary(prepared.user, prepared.segment)  # decided at admission: the candidate may change
+        request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling, prepared.segment, canary)
+        admitted = self.engine.generate(request)
+        gen = await admitted.__aenter__()
+        run = Run(prepared, gen.version, None, prepared.segment)  # type: ignore[arg-type]
+        run.stream = self._pieces(run, gen)
+        try:
+            yield run
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await run.stream.aclose()
+                    await gen.stream.aclose()  # aborts the engine request if it is still running
+                finally:
+                    self._log_abandoned(run)
+                    await admitted.__aexit__(None, None, None)
 
     def _log_abandoned(self, run: Run) -> None:
         """The client went away before the commit: keep the record, nobody waits for it."""

@@ -21,6 +21,7 @@ from liveloop.server.serving_openai import OpenAIFormat, sse
 from liveloop.server.streaming import EndpointServing
 from liveloop.server.text import token_bytes
 from liveloop.server.tool_parsers import CallDelta, StreamDelta, ToolStream
+from liveloop.server.tools import output_message
 
 
 def finish_reason(run: Run) -> str | None:
@@ -77,13 +78,7 @@ class ChatFormat(OpenAIFormat):
     def _message(self, run: Run) -> dict[str, Any]:
         if self.prepared.tool_use is None:
             return {"role": "assistant", "content": run.text}
-        parsed = run.message()
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        if parsed.calls:
-            message["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.calls
-            ]
-        return message
+        return output_message(run.message())
 
     def choice(self, run: Run) -> dict:
         choice: dict[str, Any] = {

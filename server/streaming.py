@@ -51,12 +51,15 @@ class Generating:
         self._owners: dict[str, str] = {}
 
     @contextlib.contextmanager
-    def holding(self, response_id: str, key_id: str) -> Iterator[None]:
-        self._owners[response_id] = key_id
+    def holding(self, choices: list[Prepared]) -> Iterator[None]:
+        """Mark a request's responses as generating, for the key they are for, until the block ends."""
+        for p in choices:
+            self._owners[p.response_id] = p.principal.key_id
         try:
             yield
         finally:
-            self._owners.pop(response_id, None)
+            for p in choices:
+                self._owners.pop(p.response_id, None)
 
     def owner(self, response_id: str) -> str | None:
         return self._owners.get(response_id)
@@ -138,18 +141,13 @@ class EndpointServing:
         fmt = self.format(req, prepared)
         if req.stream:
             return await self._stream(choices, fmt)
-        with contextlib.ExitStack() as held:
-            for p in choices:
-                held.enter_context(self.generating.holding(p.response_id, principal.key_id))
+        with self.generating.holding(choices):
             return await self._complete(choices, fmt)
 
     async def _complete(self, choices: list[Prepared], fmt: Format) -> Response:
         """A whole response. A client that disconnects meanwhile stops the generations (as a stream's does):
         leaving each run aborts its engine request and logs what was generated, finish_reason "abort"."""
-        key = choices[0].principal.key_id
-        async with contextlib.AsyncExitStack() as stack:
-            stack.enter_context(self.serving.admission.generation(key, len(choices)))  # all or none: raises Busy
-            runs = [await stack.enter_async_context(self.serving.run(p, admitted=True)) for p in choices]
+        async with self.serving.runs(choices) as runs:  # raises Busy: nothing started
             if not await _unless_disconnected(self.request, _drain(runs)):
                 log.info("client of %s went away: generation stopped", choices[0].response_id)
                 return Response(status_code=499)  # nobody reads it
@@ -158,13 +156,10 @@ class EndpointServing:
 
     async def _stream(self, choices: list[Prepared], fmt: Format) -> StreamingResponse:
         serving = self.serving
-        key = choices[0].principal.key_id
         stack = contextlib.AsyncExitStack()
         try:
-            for p in choices:
-                stack.enter_context(self.generating.holding(p.response_id, key))
-            stack.enter_context(serving.admission.generation(key, len(choices)))  # all or none: raises Busy
-            runs = [await stack.enter_async_context(serving.run(p, admitted=True)) for p in choices]  # admitted: the version goes out in the header
+            stack.enter_context(self.generating.holding(choices))
+            runs = await stack.enter_async_context(serving.runs(choices))  # admitted: the version goes out in the header
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await stack.aclose()

@@ -12,7 +12,7 @@ model can only write a call that parses against the schema (a generation cut by 
 end inside one). `auto` samples freely and parses; what does not parse stays text. `none` renders the
 tools and parses nothing.
 
-Knows nothing about HTTP: bad input raises InvalidRequest (the edge answers 400 in its API's shape)."""
+Knows nothing about HTTP: bad input raises ToolsRefused (the edge answers 400 in its API's shape)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from typing import Any, Literal
 from liveloop.server.tool_parsers import Parsed, ToolParser, ToolStream
 
 ChoiceMode = Literal["auto", "none", "required", "named"]
-MAX_TOOLS = 128
 MAX_SCHEMA_BYTES = 64 << 10  # one tool's parameters or one response format's schema, as JSON
+NO_PARAMETERS = {"type": "object", "properties": {}}  # the arguments of a function that takes none
 
 
 class ToolsRefused(ValueError):
@@ -43,8 +43,13 @@ class Tool:
 
     name: str
     description: str | None = None
-    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    parameters: dict[str, Any] = field(default_factory=lambda: dict(NO_PARAMETERS))
     strict: bool = False
+
+    @classmethod
+    def offered(cls, name: str, description: str | None, parameters: dict[str, Any] | None, strict: bool | None) -> Tool:
+        """A tool as a request offers it: no `parameters` is a function of no arguments."""
+        return cls(name, description, dict(NO_PARAMETERS) if parameters is None else parameters, bool(strict))
 
     def openai(self) -> dict[str, Any]:
         """OpenAI's chat shape (`{"type": "function", "function": {...}}`): what templates, the store

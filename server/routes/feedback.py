@@ -57,14 +57,19 @@ async def feedback(request: Request, principal: Principal = Depends(require_user
     }
 
 
+def check_response_id(response_id: str, param: str) -> None:
+    """A response id as a path holds it: what the store's id column can (1 to 64 characters, no NUL)."""
+    if not 0 < len(response_id) <= 64 or "\x00" in response_id:
+        raise APIError(400, f"{param}: 1 to 64 characters, no NUL", param=param)
+
+
 async def delete_owned(request: Request, response_id: str, principal: Principal, param: str) -> int:
     """THE deletion rule, for every route that deletes a response (any endpoint's id): the key that
     received it deletes it with its ratings, also while it is still being generated (a tombstone keeps
     its row out); any other key, or an id that does not exist, gets the same 404. Returns the ratings
     deleted."""
     request.app.state.serving.admission.check_rate("feedback", principal.key_id)
-    if not 0 < len(response_id) <= 64 or "\x00" in response_id:
-        raise APIError(400, f"{param}: 1 to 64 characters, no NUL", param=param)
+    check_response_id(response_id, param)
     # looked at first: a generation that ends meanwhile lands after the tombstone, which drops it
     generating = request.app.state.generating.owner(response_id) == principal.key_id
     deleted = await asyncio.to_thread(request.app.state.store.delete_response, response_id, principal.key_id)

@@ -5,15 +5,13 @@ ratings."""
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Depends, Query, Request
 
 from liveloop.server.auth import Principal
-from liveloop.server.errors import APIError
 from liveloop.server.routes.openai import user
-from liveloop.server.routes.stored import page_in
+from liveloop.server.routes.stored import owned, page_in
 from liveloop.server.serving_responses import ENDPOINTS, ServingResponses, input_items, stored_body
+from liveloop.store import StoredConversation
 
 router = APIRouter(prefix="/v1")
 PAGE = 20
@@ -25,13 +23,8 @@ async def create(request: Request, principal: Principal = Depends(user)):
     return await ServingResponses(request).handle(principal)
 
 
-async def _stored(request: Request, response_id: str, principal: Principal):
-    if not 0 < len(response_id) <= 64 or "\x00" in response_id:
-        raise APIError(400, "response_id: 1 to 64 characters, no NUL", param="response_id")
-    found = await asyncio.to_thread(request.app.state.store.conversations.get, response_id, principal.key_id, ENDPOINTS)
-    if found is None:
-        raise APIError(404, f"no response `{response_id}` for this API key", param="response_id", code="response_not_found")
-    return found
+async def _stored(request: Request, response_id: str, principal: Principal) -> StoredConversation:
+    return await owned(request, response_id, principal, ENDPOINTS, "response_id", "response", code="response_not_found")
 
 
 @router.get("/responses/{response_id}")

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from liveloop.server.auth import Principal
 from liveloop.server.errors import APIError
-from liveloop.server.routes.feedback import delete_owned
+from liveloop.server.routes.feedback import check_response_id, delete_owned
 from liveloop.server.routes.openai import user
 from liveloop.store import StoredConversation
 
@@ -40,17 +40,19 @@ def completion_body(c: StoredConversation) -> dict[str, Any]:
     }
 
 
-def _check_id(response_id: str) -> None:
-    if not 0 < len(response_id) <= 64 or "\x00" in response_id:
-        raise APIError(400, "completion_id: 1 to 64 characters, no NUL", param="completion_id")
+async def owned(request: Request, response_id: str, principal: Principal, endpoints: tuple[str, ...], param: str,
+                what: str, code: str | None = None) -> StoredConversation:
+    """The stored conversation of a response of `endpoints` this key received (any other key, or no
+    such response, gets the same 404)."""
+    check_response_id(response_id, param)
+    found = await asyncio.to_thread(request.app.state.store.conversations.get, response_id, principal.key_id, endpoints)
+    if found is None:
+        raise APIError(404, f"no {what} `{response_id}` for this API key", param=param, code=code)
+    return found
 
 
 async def _one(request: Request, response_id: str, principal: Principal) -> StoredConversation:
-    _check_id(response_id)
-    found = await asyncio.to_thread(request.app.state.store.conversations.get, response_id, principal.key_id, ENDPOINTS)
-    if found is None:
-        raise APIError(404, f"no chat completion `{response_id}` for this API key", param="completion_id")
-    return found
+    return await owned(request, response_id, principal, ENDPOINTS, "completion_id", "chat completion")
 
 
 def list_page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:

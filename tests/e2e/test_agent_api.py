@@ -118,7 +118,8 @@ def test_a_named_tool_choice_always_parses_against_its_schema(oai, seed):
     r = oai.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=ROOM, seed=seed,
                                     tool_choice={"type": "function", "function": {"name": "calc"}}, temperature=1.5)
     (call,) = r.choices[0].message.tool_calls
-    jsonschema.validate(json.loads(call.function.arguments), CALC)
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "calc"
+    jsonschema.validate(json.loads(call.function.arguments), CALC)  # raises when the arguments break the schema
 
 
 def test_streamed_tool_calls_accumulate_in_the_sdk(oai):
