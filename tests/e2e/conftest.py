@@ -1,9 +1,16 @@
 """A real liveloop server process (uvicorn + the real engine + SQLite) on 127.0.0.1, started the way
-an operator starts it (`liveloop --config ... serve`), and helpers to read what it logged."""
+an operator starts it (`liveloop --config ... serve`), helpers to read what it logged, and raw clients
+that vanish mid-request."""
 
 from __future__ import annotations
 
+import json
+import re
+import socket
+import struct
 from pathlib import Path
+
+import httpx
 
 import pytest
 import torch
@@ -76,3 +83,38 @@ class Reference:
         n = len(prompt_ids)
         lp = torch.log_softmax(logits[n - 1 : -1], dim=-1)
         return lp.gather(1, torch.tensor(list(response_ids))[:, None])[:, 0]
+
+
+# -- raw clients: connections a test resets as a phone losing signal does -----------------------------
+def raw_request(base_url: str, path: str, body: dict, key: str) -> socket.socket:
+    host, port = base_url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\n"  # what the allow-list answers
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + data)
+    return sock
+
+
+def reset(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def read_events(sock: socket.socket, n: int) -> bytes:
+    """Read until `n` SSE `data:` events have arrived (or the stream ends)."""
+    buf = b""
+    while buf.count(b"data: ") < n:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def metric(base_url: str, name: str) -> float:
+    text = httpx.get(base_url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10).text
+    found = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+    return float(found.group(1)) if found else float("nan")

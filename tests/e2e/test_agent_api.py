@@ -20,7 +20,9 @@ import torch
 from liveloop.grammar import Grammars
 from liveloop.rl.batch import Sample, make_batch, response_log_dists, token_logprobs
 
-from .conftest import USER_KEY, USER_KEY_2, open_store, start_server, stop_server
+from liveloop.devtools import wait_until
+
+from .conftest import USER_KEY, USER_KEY_2, metric, open_store, raw_request, read_events, reset, start_server, stop_server
 
 MODEL = "liveloop-tiny"
 CALC = {
@@ -301,3 +303,28 @@ def test_vllms_own_benchmark_client_is_served(vllm_server, model_dir):
     result = main(args)
     assert (result["completed"], result["failed"]) == (8, 0)
     assert result["total_output_tokens"] == 8 * 16  # ignore_eos honoured: every reply is the length asked
+
+
+def test_a_client_vanishing_mid_stream_of_several_tool_calling_choices_loses_and_wedges_nothing(server, store):
+    """n = 3 streamed forced calls, the connection reset after the first chunks (as a phone losing
+    signal): every choice is stopped and logged (its grammar with it), and every slot comes back."""
+    import re
+
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "required", "n": 3, "max_tokens": ROOM, "stream": True}
+    ids = []
+    for _ in range(3):
+        sock = raw_request(server.base_url, "/v1/chat/completions", body, USER_KEY)
+        seen = read_events(sock, 5)
+        reset(sock)
+        ids.append(re.search(rb'"id":"(chatcmpl-[0-9a-f]+)"', seen).group(1).decode())
+    wait_until(lambda: metric(server.base_url, "liveloop_server_generations_running") == 0, 60, "generation slots to be released")
+    wait_until(lambda: all(store.get_response(f"{rid}{suffix}") is not None for rid in ids for suffix in ("", "-1", "-2")),
+               60, "every choice of a vanished client to be logged")
+    for rid in ids:
+        rows = [store.get_response(f"{rid}{suffix}") for suffix in ("", "-1", "-2")]
+        assert [(r.group_id, r.choice_index) for r in rows] == [(rid, 0), (rid, 1), (rid, 2)]
+        assert all(r.grammar is not None for r in rows)
+    # the server still answers the same request whole
+    oai = openai.OpenAI(base_url=server.base_url + "/v1", api_key=USER_KEY, max_retries=0)
+    r = oai.chat.completions.create(**{k: v for k, v in body.items() if k != "stream"}, parallel_tool_calls=False)
+    assert len(r.choices) == 3 and all(c.finish_reason in ("tool_calls", "length") for c in r.choices)

@@ -10,10 +10,7 @@ reset (SO_LINGER 0), as a phone that loses signal does.
 
 from __future__ import annotations
 
-import json
 import re
-import socket
-import struct
 import threading
 
 import httpx
@@ -22,38 +19,10 @@ import pytest
 from liveloop import devtools
 from liveloop.devtools import wait_until
 
-from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, open_store, start_server, stop_server
+from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, metric, open_store, raw_request, read_events, reset, start_server, stop_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 CHAT = "/v1/chat/completions"
-
-
-def _raw_request(base_url: str, path: str, body: dict, key: str) -> socket.socket:
-    host, port = base_url.removeprefix("http://").split(":")
-    data = json.dumps(body).encode()
-    sock = socket.create_connection((host, int(port)), timeout=30)
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\n"  # what the allow-list answers
-        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + data)
-    return sock
-
-
-def _reset(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
-
-
-def _read_events(sock: socket.socket, n: int) -> bytes:
-    """Read until `n` SSE `data:` events have arrived (or the stream ends)."""
-    buf = b""
-    while buf.count(b"data: ") < n:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-    return buf
 
 
 def _vanish(base_url: str, stage: str, i: int) -> str | None:
@@ -61,21 +30,15 @@ def _vanish(base_url: str, stage: str, i: int) -> str | None:
     stream = stage != "non_stream"
     body = {"model": "liveloop-tiny", "messages": [{"role": "user", "content": f"Tell me about storms ({i})."}],
             "max_tokens": 1 if stage == "after_token" else 8, "stream": stream}
-    sock = _raw_request(base_url, CHAT, body, USER_KEY)
+    sock = raw_request(base_url, CHAT, body, USER_KEY)
     if stage in ("before_first_byte", "non_stream"):
-        _reset(sock)
+        reset(sock)
         return None
-    seen = _read_events(sock, 1 if stage == "after_role_chunk" else 2)
-    _reset(sock)
+    seen = read_events(sock, 1 if stage == "after_role_chunk" else 2)
+    reset(sock)
     found = re.search(rb'"id":"(chatcmpl-[0-9a-f]+)"', seen)
     return found.group(1).decode() if found else None
 
-
-
-def _metric(base_url: str, name: str) -> float:
-    text = httpx.get(base_url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10).text
-    found = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
-    return float(found.group(1)) if found else float("nan")
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +85,8 @@ def test_vanishing_clients_lose_nothing_and_wedge_nothing(vllm_server, tmp_path)
     assert not user.is_alive()
     assert honest and all(code == 200 for code, _ in honest), [c for c in honest if c[0] != 200][:5]
     # nothing leaks: every generation slot comes back, the writer drains, the server is healthy
-    wait_until(lambda: _metric(base, "liveloop_server_generations_running") == 0, 60, "generation slots to be released")
-    wait_until(lambda: _metric(base, "liveloop_store_writer_queued") == 0, 60, "the writer to drain")
+    wait_until(lambda: metric(base, "liveloop_server_generations_running") == 0, 60, "generation slots to be released")
+    wait_until(lambda: metric(base, "liveloop_store_writer_queued") == 0, 60, "the writer to drain")
     health = httpx.get(base + "/healthz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
     assert health.status_code == 200 and health.json()["writer"]["ok"] and health.json()["store"]["ok"]
     # the engine's gate is free: a swap completes and new requests are served by the new version
