@@ -52,6 +52,7 @@ from liveloop.server.text import TextStream
 from liveloop.server.tool_parsers import Parsed
 from liveloop.server.tools import JSONReply, Tool, ToolChoice, ToolUse, check_tool_results, output_message
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
+from liveloop.store.linking import LinkKeys, episode_tag
 from liveloop.store.writer import WriterSlow
 
 log = logging.getLogger(__name__)
@@ -600,6 +601,8 @@ class Serving:
             options=p.options,
             group_id=p.group_id,
             choice_index=p.choice_index,
+            link=LinkKeys.of(p.prompt_ids, run.token_ids, self.stop_token_ids),
+            episode_tag=episode_tag(p.meta),
         )
 
     async def commit(self, run: Run) -> None:

@@ -106,6 +106,14 @@ class Response(Base):
     previous_response_id: Mapped[str | None] = mapped_column(String(64), index=True)
     group_id: Mapped[str | None] = mapped_column(String(64), index=True)  # n > 1: the request's first choice's id
     choice_index: Mapped[int] = mapped_column(Integer, default=0)
+    # the episode it is a turn of (migration 0013, store/episodes.py)
+    parent_id: Mapped[str | None] = mapped_column(String(64), index=True)  # the turn it continues
+    root_id: Mapped[str | None] = mapped_column(String(64), index=True)  # the episode's first turn
+    turn: Mapped[int] = mapped_column(Integer, default=0)
+    prefix_tokens: Mapped[int | None] = mapped_column(Integer)  # prompt tokens that are the parent's tokens
+    linked_by: Mapped[str | None] = mapped_column(String(24))
+    link_hash: Mapped[int | None] = mapped_column(BigInteger)
+    episode_tag: Mapped[str | None] = mapped_column(String(64))
 
 
 class Feedback(Base):

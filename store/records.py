@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from liveloop.store.linking import LinkKeys
 from liveloop.store.status import VersionStatus
 
 VersionSpans = tuple[tuple[int, int, int], ...]
@@ -69,6 +70,10 @@ class ResponseRecord:
     previous_response_id: str | None = None  # the Responses API: the turn it continues
     group_id: str | None = None  # n > 1: the request's first choice's id
     choice_index: int = 0
+    # how the store finds the turn this one continues (store/linking.py; None: it is never linked by
+    # its tokens) and the episode the client named (`metadata.episode_id`)
+    link: LinkKeys | None = None
+    episode_tag: str | None = None
 
     def __post_init__(self) -> None:
         assert len(self.response_ids) == len(self.behavior_logprobs), "one logprob per response token"
@@ -120,6 +125,12 @@ class StoredResponse:
     grammar: str | None = None  # the constraint its tokens were sampled under (None: free sampling)
     group_id: str | None = None
     choice_index: int = 0
+    # the episode it is a turn of (store/episodes.py): the turn it continues (None: a first turn), the
+    # first turn, its place, and how many of its prompt tokens are the parent's tokens (None: not exactly)
+    parent_id: str | None = None
+    root_id: str | None = None
+    turn: int = 0
+    prefix_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -231,3 +242,58 @@ class EvaluationRecord:
     seconds: float
     engine_seconds: float
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class EpisodeTurn:
+    """One turn of an episode as the learner reads it: its sampled tokens and how they sit in the
+    next turn's prompt (`prefix_tokens` of the NEXT turn says how many of them it carries)."""
+
+    id: str
+    api_key_id: str
+    parent_id: str | None
+    turn: int
+    policy_version: int
+    prompt_tokens: int
+    prefix_tokens: int | None  # how many of its prompt's tokens are the parent's (None: not exactly, or a first turn)
+    response_ids: np.ndarray
+    behavior_logprobs: np.ndarray
+    version_spans: VersionSpans | None
+    grammar: str | None
+    finish_reason: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Episode:
+    """The turns from an episode's first (or the oldest still stored) to the one asked for, and that
+    last turn's prompt tokens, which hold every earlier turn's tokens where they were linked exactly."""
+
+    turns: tuple[EpisodeTurn, ...]
+    prompt_ids: np.ndarray
+    complete: bool  # False: a turn before the first read is gone (deleted, or taken by retention)
+
+
+@dataclass(frozen=True)
+class TurnView:
+    id: str
+    turn: int
+    policy_version: int
+    prompt_tokens: int
+    completion_tokens: int
+    observation_tokens: int | None  # the tokens between the previous turn's and this one's (None: not linked exactly)
+    linked_by: str | None
+    finish_reason: str
+    tool_calls: tuple[str, ...]  # the names of the tools it called
+    reward: int | None  # its owner's rating (None: not rated)
+    other_branches: int  # continuations of this turn other than the one this episode takes
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class EpisodeView:
+    """An episode as an operator reads it (`GET /admin/episodes/{id}`)."""
+
+    api_key_id: str
+    turns: tuple[TurnView, ...]
+    complete: bool

@@ -1,7 +1,9 @@
 """The store's data-rights queries: a user deletes one of its responses, an operator forgets a key,
 retention deletes what is older than `[store] retain_days`. Mixed into `Store`.
 
-Deleting a response deletes its ratings in the same transaction, so no later training run, replay,
+Deleting a response (or retention's deleting it) deletes the later turns of its episodes too, whose
+prompts carry its text (store/episodes.py: an episode goes from the deleted turn on; the turns before
+it stay, and train as the shorter trajectory they were). Deleting a response deletes its ratings in the same transaction, so no later training run, replay,
 report or critic pre-training can read them (they all read through the store). Versions already
 trained on them stay as they are: their checkpoints are not retrained.
 
@@ -45,6 +47,7 @@ from sqlalchemy import Connection, delete, exists, func, or_, select, text, true
 from sqlalchemy.orm import Session
 
 from liveloop.store.db import busy_timeout
+from liveloop.store.episodes import descendants_cte
 from liveloop.store.models import ApiKey, DeletedResponse, Feedback, LearnerCursor, Response, utcnow
 
 log = logging.getLogger(__name__)
@@ -161,9 +164,10 @@ class RightsQueries:
                 if s.get(DeletedResponse, (response_id, api_key_id)) is None:
                     s.add(DeletedResponse(response_id=response_id, api_key_id=api_key_id, created_at=utcnow()))
                 return Deleted(0, 0)
-            ratings = s.execute(delete(Feedback).where(Feedback.response_id == response_id)).rowcount
-            s.execute(delete(Response).where(Response.id == response_id))
-            deleted = Deleted(1, ratings or 0)
+            ids = [response_id, *self._later_turns(s, [response_id])]
+            ratings = s.execute(delete(Feedback).where(Feedback.response_id.in_(ids))).rowcount
+            s.execute(delete(Response).where(Response.id.in_(ids)))
+            deleted = Deleted(len(ids), ratings or 0)
         self.scrub()
         return deleted
 
@@ -195,12 +199,20 @@ class RightsQueries:
                 ids = list(s.scalars(select(Response.id).where(Response.created_at < cutoff).limit(batch)))
                 if not ids:
                     break
+                ids += [i for i in self._later_turns(s, ids) if i not in set(ids)]
                 ratings = s.execute(delete(Feedback).where(Feedback.response_id.in_(ids))).rowcount or 0
                 s.execute(delete(Response).where(Response.id.in_(ids)))
             total = Deleted(total.responses + len(ids), total.ratings + ratings)
         if total.responses:
             self.scrub()
         return total
+
+    @staticmethod
+    def _later_turns(s: Session, ids: list[str]) -> list[str]:
+        """The turns that continue any of `ids`, however far (their prompts carry those turns' text, so
+        they go with them: an episode is deleted from the deleted turn on)."""
+        tree = descendants_cte(ids)
+        return list(s.scalars(select(tree.c.id).distinct()))
 
     def scrub(self) -> bool:
         """SQLite: checkpoint the WAL into the database and truncate it, so the pages that held deleted

@@ -24,6 +24,8 @@ from liveloop.store.db import immediate, make_engine
 from liveloop.store.models import ApiKey, Feedback, LearnerCursor, PolicyVersion, Response, utcnow
 from liveloop.store.checkpoints import CheckpointQueries
 from liveloop.store.conversations import ConversationQueries
+from liveloop.store.episode_links import link_turns
+from liveloop.store.episodes import EpisodeQueries
 from liveloop.store.evaluations import ReleaseQueries
 from liveloop.store.keys import KeyQueries
 from liveloop.store.lifecycle import VersionLifecycle, VersionTaken, in_lineage, version_record
@@ -112,6 +114,10 @@ def response_row(rec: ResponseRecord, now: datetime | None = None) -> dict[str, 
         "previous_response_id": rec.previous_response_id,
         "group_id": rec.group_id,
         "choice_index": rec.choice_index,
+        "link_hash": None if rec.link is None else rec.link.own,
+        "episode_tag": rec.episode_tag,
+        # the store links it in the inserting transaction (store/episodes.py `link_turns`)
+        "parent_id": None, "root_id": rec.id, "turn": 0, "prefix_tokens": None, "linked_by": None,
     }
 
 
@@ -186,6 +192,10 @@ def _stored_response(row: Response) -> StoredResponse:
         grammar=row.grammar,
         group_id=row.group_id,
         choice_index=row.choice_index or 0,
+        parent_id=row.parent_id,
+        root_id=row.root_id,
+        turn=row.turn or 0,
+        prefix_tokens=row.prefix_tokens,
     )
 
 
@@ -220,6 +230,11 @@ class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, Ri
     def conversations(self) -> ConversationQueries:
         """What chat-shaped responses were asked and answered, for the API's reads (store/conversations.py)."""
         return ConversationQueries(self._session)
+
+    @functools.cached_property
+    def episodes(self) -> EpisodeQueries:
+        """Agents' trajectories, turn by turn (store/episodes.py)."""
+        return EpisodeQueries(self._session)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -355,7 +370,9 @@ class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, Ri
         responses = [i for i, op in enumerate(ops) if isinstance(op, ResponseRecord)]
         kept = [i for i in responses if not marks.response(ops[i].id, ops[i].api_key_id)]
         if kept:
-            self._insert_responses(conn, [_stamped(ops[i], None if rows is None else rows[i], now) for i in kept])
+            inserted = [_stamped(ops[i], None if rows is None else rows[i], now) for i in kept]
+            link_turns(conn, [ops[i] for i in kept], inserted)
+            self._insert_responses(conn, inserted)
         for i in responses:
             results[i] = ops[i].id
         ratings = []
@@ -420,8 +437,10 @@ class Store(VersionLifecycle, OperatorQueries, CheckpointQueries, KeyQueries, Ri
 
     def insert_responses(self, records: Sequence[ResponseRecord]) -> None:
         now = utcnow()
-        with self.engine.begin() as conn:
-            self._insert_responses(conn, [response_row(r, now) for r in records])
+        with self.writing.begin() as conn:
+            rows = [response_row(r, now) for r in records]
+            link_turns(conn, records, rows)
+            self._insert_responses(conn, rows)
 
     def put_feedback(self, record: FeedbackRecord) -> StoredFeedback:
         (result,) = self.write_batch([record])

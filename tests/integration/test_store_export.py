@@ -258,7 +258,8 @@ def test_tool_conversations_export_in_trls_tool_calling_shape(store, tok, text, 
     rendered = apply_chat_template({"messages": plain(rows["chat-after"]["messages"])}, AutoTokenizer.from_pretrained(str(model_dir)),
                                    tools=json.loads(rows["chat-after"]["tools"]))["text"]
     assert '<tool_call>\n{"name": "calc", "arguments": {"a": 2}}\n</tool_call>' in rendered and "<tools>" in rendered
-    # a deleted earlier turn: the later one cannot be exported without it, and says so
+    # a deleted earlier turn takes the later one (its conversation carries it), rating and all
     store.delete_response("resp-1", "key-a")
+    assert store.get_response("resp-2") is None
     again = export(store, tmp_path / f"again.{fmt}", fmt, "sft", text=text)
-    assert again.rows == 3 and again.skipped == {"conversation_turn_deleted": 1}
+    assert again.rows == 3 and again.skipped == {}
