@@ -165,6 +165,10 @@ class LearnerConfig:
         default=0, metadata={"help": "influence cap: most trained ratings from one API key per window (0 = no cap)"}
     )
     influence_window_seconds: float = field(default=3600.0, metadata={"help": "the influence cap's window"})
+    max_episode_tokens: int = field(
+        default=16384, metadata={"help": "an episode (or a response) longer than this, prompt included, is not trained "
+                                 "(counted in learner/episodes_skipped_too_long); 0 = no bound"}
+    )
     zero_stage: int = field(
         default=0, metadata={"help": "0: plain torch AdamW; 1-3: DeepSpeed ZeRO for the policy and critic optimizers"}
     )
@@ -248,6 +252,8 @@ class LearnerConfig:
             raise ValueError("ranks > 1 needs device 'cpu' or 'auto' (gloo on the CPU) and batch_size >= ranks (a rating per rank)")
         if self.keep_last_versions < 1 or self.keep_parent_chain < 0:
             raise ValueError("keep_last_versions must be >= 1 and keep_parent_chain >= 0")
+        if self.max_episode_tokens < 0:
+            raise ValueError("max_episode_tokens must be >= 0 (0: no bound)")
         if self.max_per_key_per_batch < 1 or self.max_per_key_per_window < 0 or self.influence_window_seconds <= 0:
             raise ValueError("max_per_key_per_batch must be >= 1, max_per_key_per_window >= 0, influence_window_seconds > 0")
         if not (0 < self.eps_low < 1) or self.eps_high <= 0:

@@ -66,7 +66,8 @@ class Method(Protocol):
     uses_critic: bool
 
     def next_batch(self, store: Any, after_id: int) -> tuple[list[Sample], int] | None:
-        """The next samples and the last feedback id they consume through; None: not yet."""
+        """The next samples and the last feedback id they consume through; None: not yet. `store` reads
+        ratings (`rated_after`) and makes each one's sample (`sample`: learner/episodes.py)."""
 
     def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Token advantages [B, W] and value targets [B, W] (None without a critic)."""
@@ -119,8 +120,9 @@ class SAO:
                     cut = True
                     break
                 examined, through = examined + 1, f.id
-                if plan.offer(KeyedRating(f.id, f.api_key_id, f.created_at.timestamp())):
-                    taken.append(Sample.from_rated(f, r))
+                sample = store.sample(f, r)  # None: it trains nothing (a broken or too long episode: counted there)
+                if sample is not None and plan.offer(KeyedRating(f.id, f.api_key_id, f.created_at.timestamp())):
+                    taken.append(sample)
                     if len(taken) == M:
                         break
         if len(taken) >= B or (taken and (cut or not end)):  # enough, a step cut at a key's share, or the scan limit
@@ -228,8 +230,12 @@ class GRPO(SAO):
         while True:
             rated = store.rated_after(self.read_through, self.read_batch)
             for f, r in rated:
+                sample = store.sample(f, r)
+                if sample is None:
+                    self.read_through = f.id
+                    continue
                 key = self.group_key(r)
-                self.buffer.setdefault(key, []).append((Sample.from_rated(f, r), f.created_at.timestamp()))
+                self.buffer.setdefault(key, []).append((sample, f.created_at.timestamp()))
                 self.first_seen.setdefault(key, time.monotonic())
                 self.read_through = f.id
             if len(rated) < self.read_batch:

@@ -55,6 +55,7 @@ from liveloop.critic.value_model import build_value_model
 from liveloop.learner.adapters import AdapterPolicy
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.diagnostics import StabilityWindow
+from liveloop.learner.episodes import EpisodeSamples
 from liveloop.learner.loop import run_lanes
 from liveloop.learner.methods import make_method
 from liveloop.learner.objective import policy_objective
@@ -109,7 +110,7 @@ class OnlineLearner:
         self.segment = segment
         self.adapters = adapters
         self.cursor_name = lane_cursor(config, segment)
-        self.ratings: Any = SegmentRatings(store, segment) if segment is not None else store
+        self.ratings = EpisodeSamples(SegmentRatings(store, segment) if segment is not None else store, store, config.max_episode_tokens)
         self.config = config
         self.base_model_dir = Path(base_model_dir)
         self.state = state
@@ -287,7 +288,7 @@ class OnlineLearner:
         metrics = self.critic.update(batch, returns) if self.critic is not None else {}
         # 5. one policy step
         metrics |= self._policy_step(batch, advantages)
-        metrics |= self.method.stats() | self.window.add(host, values.cpu() if values is not None else None, advantages.cpu())
+        metrics |= self.method.stats() | self.ratings.stats() | self.window.add(host, values.cpu() if values is not None else None, advantages.cpu())
         if self.restart is not None:
             started_over = self.restart.add(host.rewards.tolist())
             metrics |= self.restart.stats()

@@ -41,6 +41,9 @@ class Sample:
     # (start, end, version) over response token indexes [start, end); None: every token by policy_version
     version_spans: tuple[tuple[int, int, int], ...] | None = None
     grammar: str | None = None  # the constraint its tokens were sampled under (None: free sampling)
+    # an episode's constrained turns (rl/episodes.py): (start, end, grammar) over response token indexes;
+    # the tokens outside them were free (or are observations)
+    grammar_spans: tuple[tuple[int, int, str], ...] = ()
 
     @classmethod
     def from_rated(cls, feedback: Any, response: Any) -> "Sample":
@@ -144,11 +147,18 @@ def make_batch(samples: Sequence[Sample], pad_id: int = 0, grammars: Any = None)
 
 
 def _allowed(sample: Sample, grammars: Any) -> Tensor | None:
-    if sample.grammar is None:
+    spans = sample.grammar_spans or (((0, len(sample.response_ids), sample.grammar),) if sample.grammar is not None else ())
+    if not spans:
         return None
     if grammars is None:
         return UNMASKED
-    return grammars.allowed(sample.grammar, sample.response_ids)
+    parts = [grammars.allowed(grammar, sample.response_ids[start:end]) for start, end, grammar in spans]
+    if len(spans) == 1 and spans[0][:2] == (0, len(sample.response_ids)):
+        return parts[0]
+    out = torch.full((len(sample.response_ids), parts[0].shape[1]), -1, dtype=torch.int32)  # every bit: all allowed
+    for (start, end, _), part in zip(spans, parts):
+        out[start:end] = part
+    return out
 
 
 def response_log_dists(logits: Tensor, batch: TokenBatch) -> Tensor:

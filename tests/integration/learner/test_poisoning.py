@@ -118,16 +118,19 @@ def test_window_capped_ratings_are_passed_once_and_counted_once(store):
     from liveloop.learner.config import LearnerConfig
     from liveloop.learner.methods import make_method
 
+    from liveloop.learner.episodes import EpisodeSamples
+
     sao = make_method(LearnerConfig(max_per_key_per_window=2))
     ids = [_rate(store, f"a{i}", "a") for i in range(4)]
-    first, last = sao.next_batch(store, 0)
+    ratings = EpisodeSamples(store, store, 0)
+    first, last = sao.next_batch(ratings, 0)
     assert [s.api_key_id for s in first] == ["a"] and last == ids[0]
-    assert sao.next_batch(store, last)[1] == ids[1]
-    assert sao.next_batch(store, ids[1]) is None  # a3, a4 are over a's window cap: nothing to train
-    assert sao.next_batch(store, ids[1]) is None  # ... and the next poll starts after them
+    assert sao.next_batch(ratings, last)[1] == ids[1]
+    assert sao.next_batch(ratings, ids[1]) is None  # a3, a4 are over a's window cap: nothing to train
+    assert sao.next_batch(ratings, ids[1]) is None  # ... and the next poll starts after them
     assert sao.stats()["learner/capped_ratings"] == 2.0
     b = _rate(store, "b0", "b")
-    samples, last = sao.next_batch(store, ids[1])
+    samples, last = sao.next_batch(ratings, ids[1])
     assert [s.api_key_id for s in samples] == ["b"] and last == b  # the cursor moves past a3, a4
     assert sao.stats()["learner/capped_ratings"] == 2.0
 
@@ -139,8 +142,11 @@ def test_one_sample_of_a_key_per_step_and_quarantined_keys_are_never_read(store)
     sw = make_method(LearnerConfig(method="sliding_window", batch_size=2, max_per_key_per_batch=1, max_per_key_per_window=0))
     ids = [_rate(store, rid, key) for rid, key in (("1", "a"), ("2", "a"), ("3", "q"), ("4", "b"))]
     store.set_quarantined("q", True, "test")
-    samples, last = sw.next_batch(store, 0)
+    from liveloop.learner.episodes import EpisodeSamples
+
+    ratings = EpisodeSamples(store, store, 0)
+    samples, last = sw.next_batch(ratings, 0)
     assert [s.api_key_id for s in samples] == ["a"] and last == ids[0]  # a's second opens the next step
-    samples, last = sw.next_batch(store, last)
+    samples, last = sw.next_batch(ratings, last)
     assert [s.api_key_id for s in samples] == ["a", "b"] and last == ids[3]  # q's is never read
     assert sw.stats()["learner/capped_ratings"] == 0.0  # deferred, not dropped

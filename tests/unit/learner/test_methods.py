@@ -13,6 +13,7 @@ import torch
 
 from liveloop.config import ConfigError, load_section
 from liveloop.learner.config import GRPOConfig, LearnerConfig, SlidingWindowConfig
+from liveloop.learner.episodes import EpisodeSamples
 from liveloop.learner.methods import GRPO, SAO, GRPODis, SlidingWindow, make_method
 from liveloop.rl.batch import make_batch
 
@@ -46,6 +47,9 @@ class _Store:
 
     def rated_after(self, after, n):
         return [row for row in self.rows if row[0].id > after][:n]
+
+    def sample(self, f, r):  # what the learner's reader makes of a lone response
+        return EpisodeSamples(self, None, 0).sample(f, r)
 
 
 def test_make_method_and_config_validation():

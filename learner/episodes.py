@@ -1,0 +1,74 @@
+"""What the learner's methods read: ratings in arrival order, and for each rating its sample, which for
+a turn of an agent's episode is the whole trajectory up to the rated turn (rl/episodes.py).
+
+    samples = EpisodeSamples(ratings, store, max_episode_tokens)
+    for f, r in samples.rated_after(cursor, n): sample = samples.sample(f, r)   # None: not trained (counted)
+
+What a rating means: it rates the trajectory up to and including the turn it was given for; its
+reward sits on that turn's last token, and every earlier turn's action tokens get their share through
+the GAE (the critic sees the whole trajectory). A rating of a middle turn is therefore the reward of the
+shorter trajectory that ended there, and a later rating of the same episode by the same rater credits
+only the turns after it (the earlier ones become context): each action token is trained once per
+rater, by the first rating at or after its turn. So influence caps, which count samples, count
+episodes.
+
+Not trained, counted in `stats()` (`learner/episodes_skipped_*`): an episode a turn of which is gone
+(`broken`: deleted under it, or a restore), one longer than `max_episode_tokens` (`too_long`; the
+prompt is the context every turn was sampled in, so it cannot be cut without changing what the
+behaviour logprobs are of), one whose turns do not sit where their links say (`mismatch`)."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from liveloop.rl.batch import Sample
+from liveloop.rl.episodes import EpisodeMismatch, episode_sample
+
+log = logging.getLogger(__name__)
+
+
+class EpisodeSamples:
+    def __init__(self, ratings: Any, store: Any, max_episode_tokens: int):
+        self.ratings, self.store, self.max_tokens = ratings, store, max_episode_tokens
+        self.skipped: Counter[str] = Counter()
+        self.episodes = 0  # multi-turn samples made
+        self.turns = 0  # turns they covered
+
+    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[Any, Any]]:
+        return self.ratings.rated_after(feedback_id, limit)
+
+    def sample(self, feedback: Any, response: Any) -> Sample | None:
+        """The sample a rating trains (None: it trains nothing; counted)."""
+        if getattr(response, "parent_id", None) is None:
+            return self._bounded(Sample.from_rated(feedback, response))
+        episode = self.store.episodes.episode(response.id)
+        if episode is None or not episode.complete:
+            return self._skip("broken")
+        turns = episode.turns
+        rated = self.store.episodes.rated_turns([t.id for t in turns[:-1]], feedback.api_key_id, feedback.id)
+        credited = max((k for k, t in enumerate(turns[:-1]) if t.id in rated), default=-1)
+        try:
+            sample = episode_sample(turns, episode.prompt_ids, float(feedback.reward), feedback.api_key_id, credited)
+        except EpisodeMismatch as exc:
+            log.error("episode ending at %s not trained: %s", response.id, exc)
+            return self._skip("mismatch")
+        sample = self._bounded(sample)
+        if sample is not None:
+            self.episodes += 1
+            self.turns += len(turns)
+        return sample
+
+    def _bounded(self, sample: Sample) -> Sample | None:
+        if self.max_tokens and len(sample.prompt_ids) + len(sample.response_ids) > self.max_tokens:
+            return self._skip("too_long")
+        return sample
+
+    def _skip(self, reason: str) -> None:
+        self.skipped[reason] += 1
+        return None
+
+    def stats(self) -> dict[str, float]:
+        out = {"learner/episodes": float(self.episodes), "learner/episode_turns": float(self.turns)}
+        return out | {f"learner/episodes_skipped_{reason}": float(n) for reason, n in self.skipped.items()}
