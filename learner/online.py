@@ -140,7 +140,7 @@ class OnlineLearner:
     def _grammars(self, samples: list[Sample]) -> Grammars | None:
         """The policy's tokenizer's grammars when a sample was sampled under one (forced tool calls,
         JSON output): its tokens are scored under the same masks (rl/batch.py)."""
-        if all(s.grammar is None for s in samples):
+        if all(s.grammar is None and not s.grammar_spans for s in samples):
             return None
         return grammars_for(str(self.base_model_dir), self.policy.config.vocab_size)
 

@@ -231,7 +231,8 @@ async def start_components(config: Config, model_dir: Path) -> Components:
         # restarts while the learner writes a version must not remove it as "unfinished" (liveloop/serve_ray.py)
         await asyncio.to_thread(sweep_shared_memory, store, transport, metrics)  # what this deployment left there
     route = functools.partial(segment_of, config=config.learner)
-    serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server), route)
+    serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server), route,
+                      carried=store.episodes.carried_turn)
     publisher = Publisher(
         engine, store, metrics, config.learner.cursor_name, segments,
         receiver=receiver, durable_wait_seconds=transport.durable_wait_seconds,

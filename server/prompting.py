@@ -106,9 +106,10 @@ class Prompter:
         return forced
 
     # -- the prompt ---------------------------------------------------------------------------------
-    def render(self, messages: list[dict[str, Any]], tool_use: ToolUse | None, generation_prompt: bool = True) -> list[int]:
-        """The prompt's token ids: `messages` (stored shape) through the chat template, the offered
-        tools with them. Raises ToolsRefused when the template refuses the conversation."""
+    def render(self, messages: list[dict[str, Any]], tool_use: ToolUse | None, generation_prompt: bool = True) -> str:
+        """The prompt's text: `messages` (stored shape) through the chat template, the offered tools
+        with them (server/splicing.py tokenizes it). Raises ToolsRefused when the template refuses the
+        conversation."""
         if self.template is None:
             raise ToolsRefused("this model has no chat template: use /v1/completions", "messages")
         kwargs: dict[str, Any] = {"add_generation_prompt": generation_prompt, "tokenize": False}
@@ -118,4 +119,4 @@ class Prompter:
             text = self.tokenizer.apply_chat_template(template_messages(messages, self.text_arguments), **kwargs)
         except Exception as exc:  # the template refuses this conversation (its roles' order, say): the request's fault
             raise ToolsRefused(f"messages: the model's chat template refused them: {str(exc)[:200]}", "messages") from exc
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return text

@@ -47,6 +47,7 @@ from liveloop.server.auth import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams, TokenDelta
 from liveloop.server.prompting import Prompter
+from liveloop.server.splicing import CarriedTurn, Splicer
 from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest, MessagesRequest
 from liveloop.server.text import TextStream
 from liveloop.server.tool_parsers import Parsed
@@ -113,6 +114,7 @@ class Prepared:
     options: dict[str, Any] | None = None  # what a later read of the response echoes (instructions, tool_choice, ...)
     group_id: str | None = None  # n > 1: the first choice's id, on every choice of the request
     choice_index: int = 0
+    prompt_text: str | None = None  # a chat-shaped request's rendered prompt (server/splicing.py)
 
     @property
     def clamped(self) -> bool:
@@ -228,6 +230,7 @@ class Run:
 class Rendered:
     prompt_ids: list[int]
     ask: Ask
+    text: str | None = None  # the prompt's text (a served turn's text hash is of it: server/splicing.py)
 
 
 def _wrap_seed(seed: int) -> int:
@@ -259,6 +262,7 @@ class Serving:
         admission: Admission | None = None,
         route: Callable[[Mapping[str, Any] | None], str | None] | None = None,
         canary: Callable[[str, str | None], bool] | None = None,
+        carried: CarriedTurn | None = None,
     ):
         self.engine = engine
         # (user, segment) -> whether a canary candidate serves the request (the release gate's rule; None: never)
@@ -278,6 +282,8 @@ class Serving:
         self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liveloop-prompts")
         self.stream_interval = server.stream_interval_ms / 1000  # seconds between a stream's writes (0: a write per delta)
         self.prompter = Prompter(tokenizer, model_dir, engine_config.tool_call_parser, engine_config.constrained_json, engine)
+        # a resent conversation's earlier turns as the tokens sampled (`carried`: the store's read of them)
+        self.splicer = Splicer(tokenizer, self.stop_token_ids, carried, metrics)
 
     # -- 1. request -> prompt ids + sampling --------------------------------------------------------
     def _check_model(self, model: str) -> None:
@@ -327,37 +333,39 @@ class Serving:
         top = (req.top_logprobs or 0) if req.logprobs else 0
         ask = self.conversation([m.stored() for m in req.messages], tools, choice, parallel, req.json_reply(),
                                 "response_format.json_schema.schema", max_tokens=req.max_completion_tokens or req.max_tokens,
-                                top_logprobs=top, meta=req.metadata, user=req.user)
-        return self.prepared("chat", "chatcmpl", ask.prompt_ids, ask.ask, req, principal)
+                                top_logprobs=top, meta=req.metadata, user=req.user, key_id=principal.key_id)
+        return self.prepared("chat", "chatcmpl", ask.prompt_ids, ask.ask, req, principal, ask.text)
 
     def conversation(self, messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice, parallel: bool,
                      json_reply: JSONReply | None, format_param: str,
-                     stored: list[dict[str, Any]] | None = None, **ask: Any) -> Rendered:
+                     stored: list[dict[str, Any]] | None = None, key_id: str | None = None, **ask: Any) -> Rendered:
         """A chat-shaped request's prompt and what it asks: the conversation rendered (`render_chat`),
         the constraint checked (server/prompting.py). `stored`: the part of `messages` the store keeps
-        (default all of it). Raises ToolsRefused (a 400)."""
-        tool_use, prompt_ids = self.render_chat(messages, tools, choice, parallel)
+        (default all of it); `key_id`: whose earlier turns its text may carry as their own tokens
+        (server/splicing.py). Raises ToolsRefused (a 400)."""
+        tool_use, prompt_ids, text = self.render_chat(messages, tools, choice, parallel, key_id=key_id)
         constraint = self.prompter.constraint(tool_use, json_reply, format_param)
         kept = tuple(messages if stored is None else stored)
-        return Rendered(prompt_ids, Ask(messages=kept, tool_use=tool_use, constraint=constraint, **ask))
+        return Rendered(prompt_ids, Ask(messages=kept, tool_use=tool_use, constraint=constraint, **ask), text)
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice, parallel: bool,
-                    generation_prompt: bool = True) -> tuple[ToolUse | None, list[int]]:
+                    generation_prompt: bool = True, key_id: str | None = None) -> tuple[ToolUse | None, list[int], str]:
         """Every tool result answers an earlier call, the tools are checked, and the conversation goes
         through the chat template with them: the one rendering a request, its token count and
         /tokenize share. Raises ToolsRefused (a 400)."""
         check_tool_results(messages)
         tool_use = self.prompter.tool_use(tools, choice, parallel)
-        return tool_use, self.prompter.render(messages, tool_use, generation_prompt)
+        text = self.prompter.render(messages, tool_use, generation_prompt)
+        return tool_use, self.splicer.prompt_ids(text, key_id), text
 
-    async def count_tokens(self, req: Any) -> int:
+    async def count_tokens(self, req: Any, key_id: str | None = None) -> int:
         """The prompt tokens of an Anthropic conversation (its tools rendered with it), as
-        `prepare_messages` would make them, on the prompt thread."""
+        `prepare_messages` would make them for `key_id`, on the prompt thread."""
         self._check_model(req.model)
         self.check_chars(req)
 
         def work() -> int:
-            return len(self.render_chat(req.conversation(), *req.tool_setup())[1])
+            return len(self.render_chat(req.conversation(), *req.tool_setup(), key_id=key_id)[1])
 
         return await asyncio.get_running_loop().run_in_executor(self._prompts, work)
 
@@ -390,8 +398,8 @@ class Serving:
         self._check_model(req.model)
         tools, choice, parallel = req.tool_setup()
         ask = self.conversation(req.conversation(), tools, choice, parallel, None, "tools",
-                                max_tokens=req.max_tokens, user=req.user(), clamp=True)
-        return self.prepared("messages", "msg", ask.prompt_ids, ask.ask, req, principal)
+                                max_tokens=req.max_tokens, user=req.user(), clamp=True, key_id=principal.key_id)
+        return self.prepared("messages", "msg", ask.prompt_ids, ask.ask, req, principal, ask.text)
 
     def prepare_completion(self, req: CompletionRequest, principal: Principal) -> Prepared:
         self._check_model(req.model)
@@ -404,8 +412,10 @@ class Serving:
         ask = Ask(max_tokens=req.max_tokens, top_logprobs=req.logprobs or 0, meta=req.metadata, user=req.user)
         return self.prepared("completion", "cmpl", prompt_ids, ask, req, principal)
 
-    def prepared(self, endpoint: str, prefix: str, prompt_ids: list[int], ask: Ask, req: Any, principal: Principal) -> Prepared:
-        """The request's Prepared: its length and max_tokens checked against the context, its sampling."""
+    def prepared(self, endpoint: str, prefix: str, prompt_ids: list[int], ask: Ask, req: Any, principal: Principal,
+                 text: str | None = None) -> Prepared:
+        """The request's Prepared: its length and max_tokens checked against the context, its sampling
+        (`text`: the prompt's, for a chat-shaped request)."""
         max_tokens, meta = ask.max_tokens, ask.meta
         n_prompt = len(prompt_ids)
         if n_prompt == 0:
@@ -464,6 +474,7 @@ class Serving:
             requested_max_tokens=requested,
             previous_response_id=ask.previous_response_id,
             options=ask.options,
+            prompt_text=text,
         )
 
     def _stop_tokens(self, req: Any) -> tuple[int, ...]:
@@ -601,7 +612,7 @@ class Serving:
             options=p.options,
             group_id=p.group_id,
             choice_index=p.choice_index,
-            link=LinkKeys.of(p.prompt_ids, run.token_ids, self.stop_token_ids),
+            link=LinkKeys.of(p.prompt_ids, run.token_ids, self.stop_token_ids, self.splicer.text_hash(p.prompt_text, run.token_ids)),
             episode_tag=episode_tag(p.meta),
         )
 

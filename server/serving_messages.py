@@ -189,7 +189,7 @@ class ServingMessages(EndpointServing):
         return MessagesFormat(self.serving, req, prepared)
 
 
-async def count_tokens(serving: Serving, req: CountTokensRequest) -> dict[str, int]:
-    """POST /v1/messages/count_tokens: the prompt's tokens as /v1/messages would render it (tools
-    included), on the prompt thread."""
-    return {"input_tokens": await serving.count_tokens(req)}
+async def count_tokens(serving: Serving, req: CountTokensRequest, key_id: str) -> dict[str, int]:
+    """POST /v1/messages/count_tokens: the prompt's tokens as /v1/messages would render it for this key
+    (tools included, its earlier turns' own tokens reused), on the prompt thread."""
+    return {"input_tokens": await serving.count_tokens(req, key_id)}

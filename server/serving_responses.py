@@ -294,6 +294,6 @@ class ServingResponses(EndpointServing):
         rendered = self.serving.conversation(
             system + self._history + own, tools, choice, parallel, req.json_reply(), "text.format.schema",
             stored=own, max_tokens=req.max_output_tokens, meta=req.metadata, user=req.user, clamp=True,
-            previous_response_id=req.previous_response_id, options=req.options(),
+            previous_response_id=req.previous_response_id, options=req.options(), key_id=principal.key_id,
         )
-        return self.serving.prepared("responses", "resp", rendered.prompt_ids, rendered.ask, req, principal)
+        return self.serving.prepared("responses", "resp", rendered.prompt_ids, rendered.ask, req, principal, rendered.text)

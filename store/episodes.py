@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from datetime import timezone
 from typing import Any
 
-from sqlalchemy import func, literal, select
+import numpy as np
+from sqlalchemy import ARRAY, BigInteger, any_, bindparam, func, literal, select
 
 from liveloop.store import codec
 from liveloop.store.models import Feedback, Response
@@ -37,6 +38,13 @@ def descendants_cte(ids: Sequence[str], limit: int = MAX_TURNS) -> Any:
     tree = start.cte("tree", recursive=True)
     down = select(Response.id, tree.c.depth + 1).join(tree, Response.parent_id == tree.c.id).where(tree.c.depth < limit)
     return tree.union_all(down)
+
+
+def _among(session: Any, column: Any, values: list[int]) -> Any:
+    """`column IN values`: PostgreSQL's `= ANY(array)` (one parameter however many), else an IN list."""
+    if session.get_bind().dialect.name == "postgresql":
+        return column == any_(bindparam("values", values, type_=ARRAY(BigInteger)))
+    return column.in_(values)
 
 
 def _aware(ts: Any) -> Any:
@@ -71,6 +79,26 @@ class EpisodeQueries:
             for r in rows
         )
         return Episode(turns, codec.decode_ids(prompt), complete=rows[0].up is None)
+
+    def carried_turn(self, api_key_id: str, hashes: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """The turn of `api_key_id` whose prompt and sampled text hash to the first of `hashes` (longest
+        prefix first) that any turn's does, the latest of equal ones: (that hash, its prompt ids, its
+        sampled ids). One indexed (api_key_id, text_hash) query, then one primary-key read."""
+        if not hashes:
+            return None
+        with self._session() as s:
+            found = s.execute(
+                select(Response.id, Response.text_hash, Response.created_at)
+                .where(Response.api_key_id == api_key_id, _among(s, Response.text_hash, list(hashes)))
+            ).all()
+            if not found:
+                return None
+            rank = {h: k for k, h in enumerate(hashes)}
+            best = min(found, key=lambda r: (rank[r.text_hash], -_aware(r.created_at).timestamp()))
+            row = s.execute(select(Response.prompt_ids, Response.response_ids).where(Response.id == best.id)).one_or_none()
+        if row is None:
+            return None
+        return best.text_hash, codec.decode_ids(row.prompt_ids), codec.decode_ids(row.response_ids)
 
     def rated_turns(self, turn_ids: Sequence[str], api_key_id: str, before_feedback_id: int) -> set[str]:
         """Which of `turn_ids` `api_key_id` rated with a rating older than `before_feedback_id`."""

@@ -16,6 +16,7 @@ Pure: tokens in, integers out (the server computes them while it builds the reco
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -48,9 +49,10 @@ def trimmed(response_ids: Sequence[int], stop_ids: Iterable[int]) -> int:
 class LinkKeys:
     own: int  # hash of prompt + sampled tokens (a final stop token left out)
     candidates: tuple[tuple[int, int], ...]  # (prefix length, hash of the prompt's first that many tokens)
+    text: int | None = None  # hash of the prompt's text + those sampled tokens' text (server/splicing.py)
 
     @classmethod
-    def of(cls, prompt_ids: Sequence[int], response_ids: Sequence[int], stop_ids: Iterable[int]) -> "LinkKeys":
+    def of(cls, prompt_ids: Sequence[int], response_ids: Sequence[int], stop_ids: Iterable[int], text: int | None = None) -> "LinkKeys":
         stops = {int(s) for s in stop_ids}
         prompt = np.asarray(prompt_ids, dtype="<i4")
         ends = [int(i) for i in np.flatnonzero(np.isin(prompt, list(stops))) if i > 0][-MAX_CANDIDATES:]
@@ -62,7 +64,7 @@ class LinkKeys:
             candidates.append((end, _signed(h.copy().digest())))
         h.update(prompt[at:].tobytes())
         h.update(_bytes(response_ids[: trimmed(response_ids, stops)]))
-        return cls(_signed(h.digest()), tuple(candidates))
+        return cls(_signed(h.digest()), tuple(candidates), text)
 
 
 
@@ -76,3 +78,21 @@ def episode_tag(metadata: dict | None) -> str | None:
     if not isinstance(value, str) or not value:
         return None
     return hashlib.blake2b(value.encode(), digest_size=16).hexdigest()
+
+
+def text_hash(text: str) -> int:
+    """The 64-bit hash of a text (its UTF-8 bytes), as `text_candidates` computes its prefixes'."""
+    return _signed(hashlib.blake2b(text.encode(), digest_size=8).digest())
+
+
+def text_candidates(text: str, markers: Iterable[str]) -> list[tuple[int, int]]:
+    """(position, hash of text[:position]) at every place a stop token's text starts in `text` (the
+    latest MAX_CANDIDATES), in order: where an earlier turn's text can have ended."""
+    ends = sorted({m.start() for marker in markers if marker for m in re.finditer(re.escape(marker), text)} - {0})[-MAX_CANDIDATES:]
+    h = hashlib.blake2b(digest_size=8)
+    at, out = 0, []
+    for end in ends:
+        h.update(text[at:end].encode())
+        at = end
+        out.append((end, _signed(h.copy().digest())))
+    return out

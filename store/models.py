@@ -113,6 +113,7 @@ class Response(Base):
     prefix_tokens: Mapped[int | None] = mapped_column(Integer)  # prompt tokens that are the parent's tokens
     linked_by: Mapped[str | None] = mapped_column(String(24))
     link_hash: Mapped[int | None] = mapped_column(BigInteger)
+    text_hash: Mapped[int | None] = mapped_column(BigInteger)
     episode_tag: Mapped[str | None] = mapped_column(String(64))
 
 

@@ -115,6 +115,7 @@ def response_row(rec: ResponseRecord, now: datetime | None = None) -> dict[str, 
         "group_id": rec.group_id,
         "choice_index": rec.choice_index,
         "link_hash": None if rec.link is None else rec.link.own,
+        "text_hash": None if rec.link is None else rec.link.text,
         "episode_tag": rec.episode_tag,
         # the store links it in the inserting transaction (store/episodes.py `link_turns`)
         "parent_id": None, "root_id": rec.id, "turn": 0, "prefix_tokens": None, "linked_by": None,

@@ -26,4 +26,4 @@ async def messages(request: Request, principal: Principal = Depends(user)):
 async def messages_count_tokens(request: Request, principal: Principal = Depends(user)) -> dict:
     serving = request.app.state.serving
     serving.admission.check_rate("chat", principal.key_id)
-    return await count_tokens(serving, await parse_body(request, CountTokensRequest))
+    return await count_tokens(serving, await parse_body(request, CountTokensRequest), principal.key_id)

@@ -11,7 +11,10 @@
   conversation), `episode_id` (the request's metadata said so)
 - `link_hash`: the hash of its prompt and sampled tokens (store/linking.py); index (api_key_id,
   link_hash): a resent conversation finds its parent with one indexed lookup per batch, never a scan
-- `episode_tag`: the request's `metadata.episode_id`; index (api_key_id, episode_tag)
+- `text_hash`: the hash of its prompt's text and its sampled tokens' text; index (api_key_id, text_hash):
+  the server finds the turn a resent conversation's text carries and reuses its tokens
+  (server/splicing.py), so the next prompt carries the sampled tokens themselves, not a re-tokenization
+- `episode_tag`: a digest of the request's `metadata.episode_id`; index (api_key_id, episode_tag)
 
 Revision ID: 0013
 Revises: 0012
@@ -34,15 +37,17 @@ def upgrade() -> None:
     op.add_column("responses", sa.Column("prefix_tokens", sa.Integer(), nullable=True))
     op.add_column("responses", sa.Column("linked_by", sa.String(24), nullable=True))
     op.add_column("responses", sa.Column("link_hash", sa.BigInteger(), nullable=True))
+    op.add_column("responses", sa.Column("text_hash", sa.BigInteger(), nullable=True))
     op.add_column("responses", sa.Column("episode_tag", sa.String(64), nullable=True))
     op.create_index("ix_responses_parent_id", "responses", ["parent_id"])
     op.create_index("ix_responses_root_id", "responses", ["root_id"])
     op.create_index("ix_responses_key_link_hash", "responses", ["api_key_id", "link_hash"])
+    op.create_index("ix_responses_key_text_hash", "responses", ["api_key_id", "text_hash"])
     op.create_index("ix_responses_key_episode_tag", "responses", ["api_key_id", "episode_tag"])
 
 
 def downgrade() -> None:
-    for name in ("ix_responses_key_episode_tag", "ix_responses_key_link_hash", "ix_responses_root_id", "ix_responses_parent_id"):
+    for name in ("ix_responses_key_episode_tag", "ix_responses_key_text_hash", "ix_responses_key_link_hash", "ix_responses_root_id", "ix_responses_parent_id"):
         op.drop_index(name, "responses")
-    for column in ("episode_tag", "link_hash", "linked_by", "prefix_tokens", "turn", "root_id", "parent_id"):
+    for column in ("episode_tag", "text_hash", "link_hash", "linked_by", "prefix_tokens", "turn", "root_id", "parent_id"):
         op.drop_column("responses", column)
