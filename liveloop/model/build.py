@@ -1,5 +1,9 @@
 """Builds the embedded default model: corpus -> tokenizer -> Qwen3-MoE -> training -> directory on disk.
 
+The corpus is the style examples (`corpus.py`) plus, opt-in (`ModelBuildConfig.tool_fraction`), that
+fraction of tool-use dialogues (`tool_corpus.py`), which train on their assistant turns only. With no
+tool dialogues the build is the style-only one, byte for byte.
+
 `build_model` runs the steps in order and writes a Hugging Face model directory atomically (model,
 tokenizer, generation config, and `liveloop_build.json` recording the config, losses and sample replies).
 Everything is seeded, so the same config, package versions and CPU kernel path give the same weights,
@@ -17,6 +21,8 @@ import os
 import random
 import shutil
 import time
+import warnings
+from itertools import chain
 from pathlib import Path
 
 import torch
@@ -28,6 +34,7 @@ from liveloop.checkpoint import checkpoint_digest
 from liveloop.model.config import ModelBuildConfig
 from liveloop.model.corpus import Example, generate_corpus
 from liveloop.model.tokenizer import PAD_TOKEN, train_tokenizer
+from liveloop.model.tool_corpus import ToolDialogue, dialogue_texts, generate_tool_corpus, tool_specs
 from liveloop.provenance import environment
 
 BUILD_RECORD = "liveloop_build.json"
@@ -51,15 +58,22 @@ def build_model(cfg: ModelBuildConfig, out_dir: Path | None = None, progress: bo
     """Build the model described by `cfg` into `out_dir` (default `cfg.out_dir`), replacing what is there."""
     start = time.monotonic()
     out = Path(out_dir if out_dir is not None else cfg.out_dir)
-    # 1. Corpus.
-    corpus = generate_corpus(cfg.corpus_size, cfg.seed)
+    # 1. Corpus: style examples and (opt-in) tool dialogues.
+    corpus, dialogues = build_corpus(cfg)
     # 2. Tokenizer.
-    tokenizer = train_tokenizer((text for ex in corpus for text in (ex.prompt, ex.reply)), cfg.vocab_size)
+    texts = chain((text for ex in corpus for text in (ex.prompt, ex.reply)),
+                  (text for d in dialogues for text in dialogue_texts(d)))
+    tokenizer = train_tokenizer(texts, cfg.vocab_size)
     # 3. Model.
     torch.manual_seed(cfg.seed)
     model = Qwen3MoeForCausalLM(_model_config(cfg, tokenizer))
     # 4. Training.
-    sequences = _tokenize_corpus(corpus, tokenizer, cfg)
+    dialogue_sequences = [_tokenize_dialogue(d, tokenizer) for d in dialogues]
+    if any(len(ids) > cfg.seq_len for ids, _ in dialogue_sequences):
+        warnings.warn(f"ModelBuildConfig.seq_len={cfg.seq_len} cuts tool dialogues of up to "
+                      f"{max(len(ids) for ids, _ in dialogue_sequences)} tokens (their answers are lost)", stacklevel=2)
+    sequences = _tokenize_corpus(corpus, tokenizer, cfg) + [(i[: cfg.seq_len], m[: cfg.seq_len])
+                                                            for i, m in dialogue_sequences]
     losses = _train(model, sequences, tokenizer.pad_token_id, cfg, progress)
     # 5. Samples and save.
     model.generation_config = GenerationConfig(
@@ -74,6 +88,7 @@ def build_model(cfg: ModelBuildConfig, out_dir: Path | None = None, progress: bo
         "final_loss": sum(tail) / len(tail),
         "loss_curve": losses[:: max(1, len(losses) // 20)],
         "num_parameters": sum(p.numel() for p in model.parameters()),
+        **({"tool_dialogues": _dialogue_stats(dialogues, dialogue_sequences, cfg)} if dialogues else {}),
         "build_seconds": round(time.monotonic() - start, 2),
         "samples": samples,
         # what the weights depend on besides the config: kernels (CPU capability), threads, versions
@@ -81,6 +96,13 @@ def build_model(cfg: ModelBuildConfig, out_dir: Path | None = None, progress: bo
     }
     _save_atomically(out, model, tokenizer, record)
     return out
+
+
+def build_corpus(cfg: ModelBuildConfig) -> tuple[list[Example], list[ToolDialogue]]:
+    """The style examples and tool dialogues of a build: `tool_fraction` of `corpus_size` (rounded) are
+    dialogues, the rest examples (all of them, as before tool dialogues existed, when the fraction is 0)."""
+    n_tool = round(cfg.tool_fraction * cfg.corpus_size)
+    return generate_corpus(cfg.corpus_size - n_tool, cfg.seed), generate_tool_corpus(n_tool, cfg.seed)
 
 
 def _model_config(cfg: ModelBuildConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3MoeConfig:
@@ -129,6 +151,42 @@ def _tokenize_corpus(corpus: list[Example], tokenizer: PreTrainedTokenizerFast,
             mask = [0] * len(prompt_ids) + [1] * len(reply_ids) + [0] * len(newline_ids)
         sequences.append((ids[: cfg.seq_len], mask[: cfg.seq_len]))
     return sequences
+
+
+def _tokenize_dialogue(dialogue: ToolDialogue, tokenizer: PreTrainedTokenizerFast) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of a tool dialogue rendered with its tools, not yet cut to seq_len: it
+    learns each assistant turn (tool call or answer) and its <|end|>, not the question, the tools or
+    the tool results."""
+    messages, tools = list(dialogue.messages), tool_specs()
+    eos, newline_ids = tokenizer.eos_token, tokenizer.encode("\n", add_special_tokens=False)
+    ids: list[int] = []
+    mask: list[int] = []
+    rendered = ""
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = tokenizer.apply_chat_template(messages[:k], tools=tools, tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(messages[: k + 1], tools=tools, tokenize=False)
+        reply = full[len(prompt):]
+        assert prompt.startswith(rendered) and full.startswith(prompt) and reply.endswith(eos + "\n"), reply
+        context_ids = tokenizer.encode(prompt[len(rendered):], add_special_tokens=False)
+        reply_ids = tokenizer.encode(reply[:-1], add_special_tokens=False)
+        ids += context_ids + reply_ids + newline_ids
+        mask += [0] * len(context_ids) + [1] * len(reply_ids) + [0] * len(newline_ids)
+        rendered = full
+    return ids, mask
+
+
+def _dialogue_stats(dialogues: list[ToolDialogue], sequences: list, cfg: ModelBuildConfig) -> dict:
+    """What the build record says of the tool dialogues: how many, their moves, their lengths."""
+    moves: dict[str, int] = {}
+    for d in dialogues:
+        moves[d.move.value] = moves.get(d.move.value, 0) + 1
+    lengths = sorted(len(ids) for ids, _ in sequences)
+    return {"count": len(dialogues), "moves": moves,
+            "correct_fraction": round(sum(d.correct for d in dialogues) / len(dialogues), 4),
+            "median_tokens": lengths[len(lengths) // 2], "max_tokens": lengths[-1],
+            "truncated": sum(n > cfg.seq_len for n in lengths)}
 
 
 def _batches(sequences: list, cfg: ModelBuildConfig, pad_id: int):

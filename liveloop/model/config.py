@@ -33,6 +33,8 @@ class ModelBuildConfig:
     seq_len: int = _f(128, "Longest training sequence in tokens; longer examples are truncated.")
     learning_rate: float = _f(3e-3, "Peak AdamW learning rate (linear warmup, cosine decay).")
     plain_text_fraction: float = _f(0.2, "Fraction of sequences that are bare reply text instead of chats.")
+    tool_fraction: float = _f(0.0, "Fraction of the corpus that is tool-use dialogues (liveloop.model.tool_corpus; "
+                                   "0 builds the style-only model, byte for byte as before).")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -41,6 +43,8 @@ class ModelBuildConfig:
                 raise ValueError(f"ModelBuildConfig.{f.name} must be positive, got {value}")
         if not 0.0 <= self.plain_text_fraction <= 1.0:
             raise ValueError(f"ModelBuildConfig.plain_text_fraction must be in [0, 1], got {self.plain_text_fraction}")
+        if not 0.0 <= self.tool_fraction <= 1.0:
+            raise ValueError(f"ModelBuildConfig.tool_fraction must be in [0, 1], got {self.tool_fraction}")
         if self.learning_rate <= 0:
             raise ValueError(f"ModelBuildConfig.learning_rate must be positive, got {self.learning_rate}")
         if self.num_heads % self.num_kv_heads:

@@ -10,8 +10,9 @@ assistant turn calls them as `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n
 its text, if any, and a newline; several calls one a line), its arguments written exactly as given
 when they are a string (what the model sampled, as a client sends it back), else as JSON; the results
 of a turn's calls come back as one user turn of `<tool_response>\\n...\\n</tool_response>` blocks. A
-conversation without tools renders exactly as before (the build's corpus has none: the model learns
-tool use from its own rated trajectories).
+conversation without tools renders exactly as before (the default build's corpus has none: the model
+learns tool use from its own rated trajectories; `ModelBuildConfig.tool_fraction` opts into tool
+dialogues, liveloop/model/tool_corpus.py).
 """
 
 from __future__ import annotations
