@@ -3,6 +3,7 @@
     liveloop simulate --scenario drift [--base-url URL] [--api-key KEY] [--admin-key KEY] [--events N] [--out FILE]
     liveloop experiment drift [--config drift_experiment] [--out DIR] [--methods sao grpo ...]
     liveloop experiment stability [--config stability_experiment] [--out DIR] [--events N]
+    liveloop experiment agent [--out DIR] [--methods sao ...] [--seeds N] [--episodes N]
 
 Each handler takes the parsed `args` and returns an exit code. `--scenario` and `experiment --config`
 (the experiment's own file, not the deployment config) take a preset name (configs/<name>.toml) or a
@@ -91,6 +92,22 @@ def cmd_experiment_stability(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_experiment_agent(args: argparse.Namespace) -> int:
+    from liveloop.experiments.agent import AgentExperiment, UnknownMethod, run_agent, with_overrides
+
+    try:
+        cfg = with_overrides(AgentExperiment(), methods=tuple(args.methods) if args.methods else None, seeds=args.seeds,
+                             episodes=args.episodes, probe=args.probe)
+    except UnknownMethod as exc:
+        print(exc)
+        return 2
+    out = Path(args.out)
+    run_agent(cfg, out, Path(args.model) if args.model else None)
+    print((out / "report.md").read_text())
+    print(f"results: {out}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("simulate", help="simulated users against a running server (a scenario file)")
     sim.add_argument("--scenario", required=True, help="scenario: a preset name (drift = configs/drift.toml) or a TOML path")
@@ -122,3 +139,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stab.add_argument("--out", default="results", help="parent of the results directory")
     stab.add_argument("--events", type=int, default=None, help="override scenario.max_events (e.g. 3000)")
     stab.set_defaults(func=cmd_experiment_stability)
+    agent = kinds.add_parser("agent", help="an agent learns its tools from ratings of whole episodes: SAO against its ablations and baselines")
+    agent.add_argument("--out", default="results/agent", help="results directory (default: %(default)s)")
+    agent.add_argument("--methods", nargs="+", default=None, help="run only these (sao, sao_obs_actions, sao_last_turn, sliding_window, grpo)")
+    agent.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5)")
+    agent.add_argument("--episodes", type=int, default=None, help="rated episodes per run (default 768)")
+    agent.add_argument("--probe", type=int, default=None, help="fixed tasks the accuracy is measured on (default 64)")
+    agent.add_argument("--model", default=None, help="the agent model (default: built into models/liveloop-tiny-agent when missing)")
+    agent.set_defaults(func=cmd_experiment_agent)

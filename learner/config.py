@@ -165,6 +165,12 @@ class LearnerConfig:
         default=0, metadata={"help": "influence cap: most trained ratings from one API key per window (0 = no cap)"}
     )
     influence_window_seconds: float = field(default=3600.0, metadata={"help": "the influence cap's window"})
+    episode_credit: Literal["all", "last"] = field(
+        default="all", metadata={"help": "all: a rating trains every turn of its episode (learner/episodes.py); last: the rated turn alone (an ablation)"}
+    )
+    episode_observations: Literal["skip", "actions"] = field(
+        default="skip", metadata={"help": "skip: observation tokens are out of the loss and the GAE (SAO); actions: trained as if sampled (an ablation)"}
+    )
     max_episode_tokens: int = field(
         default=16384, metadata={"help": "an episode (or a response) longer than this, prompt included, is not trained "
                                  "(counted in learner/episodes_skipped_too_long); 0 = no bound"}

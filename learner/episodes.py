@@ -12,6 +12,10 @@ only the turns after it (the earlier ones become context): each action token is 
 rater, by the first rating at or after its turn. So influence caps, which count samples, count
 episodes.
 
+Two ablations (`[learner] episode_credit = "last"`: only the rated turn's tokens train, as before
+episodes; `episode_observations = "actions"`: observation tokens train as if sampled) exist for the
+agent experiment (experiments/agent.py); the defaults are SAO's.
+
 Not trained, counted in `stats()` (`learner/episodes_skipped_*`): an episode a turn of which is gone
 (`broken`: deleted under it, or a restore), one longer than `max_episode_tokens` (`too_long`; the
 prompt is the context every turn was sampled in, so it cannot be cut without changing what the
@@ -30,8 +34,9 @@ log = logging.getLogger(__name__)
 
 
 class EpisodeSamples:
-    def __init__(self, ratings: Any, store: Any, max_episode_tokens: int):
+    def __init__(self, ratings: Any, store: Any, max_episode_tokens: int, credit: str = "all", observations: str = "skip"):
         self.ratings, self.store, self.max_tokens = ratings, store, max_episode_tokens
+        self.credit, self.observations = credit, observations  # `[learner] episode_credit`, `episode_observations`
         self.skipped: Counter[str] = Counter()
         self.episodes = 0  # multi-turn samples made
         self.turns = 0  # turns they covered
@@ -49,8 +54,11 @@ class EpisodeSamples:
         turns = episode.turns
         rated = self.store.episodes.rated_turns([t.id for t in turns[:-1]], feedback.api_key_id, feedback.id)
         credited = max((k for k, t in enumerate(turns[:-1]) if t.id in rated), default=-1)
+        if self.credit == "last":  # the ablation: the rated turn alone trains, the turns before are context
+            credited = len(turns) - 2
         try:
-            sample = episode_sample(turns, episode.prompt_ids, float(feedback.reward), feedback.api_key_id, credited)
+            sample = episode_sample(turns, episode.prompt_ids, float(feedback.reward), feedback.api_key_id, credited,
+                                    observations_as_actions=self.observations == "actions")
         except EpisodeMismatch as exc:
             log.error("episode ending at %s not trained: %s", response.id, exc)
             return self._skip("mismatch")

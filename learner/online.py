@@ -40,6 +40,7 @@ publish proposes the number its memory is named by, and the store refuses it if 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -110,7 +111,10 @@ class OnlineLearner:
         self.segment = segment
         self.adapters = adapters
         self.cursor_name = lane_cursor(config, segment)
-        self.ratings = EpisodeSamples(SegmentRatings(store, segment) if segment is not None else store, store, config.max_episode_tokens)
+        self.ratings = EpisodeSamples(
+            SegmentRatings(store, segment) if segment is not None else store, store, config.max_episode_tokens,
+            config.episode_credit, config.episode_observations,
+        )
         self.config = config
         self.base_model_dir = Path(base_model_dir)
         self.state = state
@@ -276,6 +280,8 @@ class OnlineLearner:
         samples, last_id = taken
         started = time.perf_counter()
         host = make_batch(samples, grammars=self._grammars(samples))
+        if c.episode_observations == "actions" and bool(torch.isnan(host.behavior_logprobs).any()):  # the ablation's observations
+            host = self._scored_on_policy(host)
         batch = self.place.batch(host)
         # 2. values of the states the tokens were chosen in
         values = self.critic.values(batch).float() if self.critic is not None else None
@@ -305,6 +311,16 @@ class OnlineLearner:
         if s.steps_since_publish >= c.publish_every_steps:
             self.publish()
         return True
+
+    @torch.no_grad()
+    def _scored_on_policy(self, host: TokenBatch) -> TokenBatch:
+        """`host` with every NaN behaviour logprob (a token nothing sampled: `episode_observations =
+        "actions"`) replaced by the policy's own logprob of it now (its ratio is 1: never masked)."""
+        batch = self.place.batch(host)
+        logits = self.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        own = response_log_dists(logits, batch).gather(2, batch.response_ids[:, :, None])[:, :, 0].cpu()
+        blp = host.behavior_logprobs
+        return dataclasses.replace(host, behavior_logprobs=torch.where(torch.isnan(blp), own, blp))
 
     def _policy_step(self, batch: TokenBatch, advantages: torch.Tensor) -> dict[str, float]:
         c = self.config

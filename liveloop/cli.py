@@ -289,9 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     config_option(p)
     p.add_argument("--url", help="override store.url")
     p.add_argument("--format", choices=["parquet", "jsonl"], default="parquet", help="file format (default: %(default)s)")
-    p.add_argument("--shape", choices=["kto", "preference", "sft", "raw"], default="kto",
+    p.add_argument("--shape", choices=["kto", "preference", "sft", "raw", "episode"], default="kto",
                    help="kto: prompt, completion, label; preference: prompt, chosen, rejected; sft: up-rated messages; "
-                        "raw: token ids, behaviour logprobs, versions, spans (default: %(default)s)")
+                        "raw: token ids, behaviour logprobs, versions, spans; episode: a rated trajectory's messages, tools, tokens "
+                        "and action mask (default: %(default)s)")
     p.add_argument("--out", required=True, help="output file (written under a temporary name, renamed when complete)")
     p.add_argument("--since", help="ratings given at or after this ISO 8601 time (UTC unless it says)")
     p.add_argument("--until", help="ratings given before this ISO 8601 time")

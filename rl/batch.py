@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from liveloop.episodes import token_versions
 from liveloop.grammar import mask_logits
 
 
@@ -67,17 +68,6 @@ class Sample:
     def token_versions(self) -> np.ndarray:
         """The version that sampled each response token, [n] int64."""
         return token_versions(len(self.response_ids), self.policy_version, self.version_spans)
-
-
-def token_versions(n: int, policy_version: int, spans: Sequence[tuple[int, int, int]] | None) -> np.ndarray:
-    """Per-token versions of an n-token response: `policy_version` everywhere, then each span's
-    version over its [start, end). Spans outside [0, n) are a corrupt record, not something to clip."""
-    out = np.full(n, policy_version, np.int64)
-    for start, end, version in spans or ():
-        if not 0 <= start <= end <= n:
-            raise ValueError(f"version span ({start}, {end}, {version}) outside a response of {n} tokens")
-        out[start:end] = version
-    return out
 
 
 @dataclass(frozen=True)

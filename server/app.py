@@ -72,7 +72,7 @@ from liveloop.server.leader import Leadership
 from liveloop.server.operations import Operations
 from liveloop.server.publisher import Publisher
 from liveloop.server.startup import finish_start, start_point, sweep_shared_memory
-from liveloop.server.routes import admin, alarms, anthropic, dashboard, feedback, openai, ops, release, responses, stored, tokens
+from liveloop.server.routes import admin, alarms, anthropic, dashboard, episodes, feedback, openai, ops, release, responses, stored, tokens
 from liveloop.server.serving import Serving
 from liveloop.server.weights_import import WeightImports
 from liveloop.store import BatchWriter, Store
@@ -372,6 +372,7 @@ def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.Ab
     app.include_router(feedback.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
+    app.include_router(episodes.router)
     app.include_router(dashboard.router)
     app.include_router(release.router)
     app.include_router(alarms.router)

@@ -46,7 +46,6 @@ class Splicer:
         candidates = text_candidates(text, self.markers)
         if not candidates:
             return whole()
-        at = {h: pos for pos, h in candidates}
         try:
             found = self.find(key_id, [h for _, h in reversed(candidates)])
         except Exception as exc:  # the store is down or slow: serve, tokenized as without this
@@ -57,13 +56,21 @@ class Splicer:
         if found is None:
             return whole()
         h, prompt, response = found
-        cut = at[h]
-        carried = [int(t) for t in prompt] + [int(t) for t in response[: trimmed(response, self.stop_ids)]]
-        if self.tokenizer.decode(carried, skip_special_tokens=False, clean_up_tokenization_spaces=False) != text[:cut]:
+        ids = self.continued(text, prompt, response)
+        if ids is None or len(ids) < len(prompt):
             return whole()  # a hash collision, or a tokenizer whose decoding does not give the text back
         if self.metrics is not None:
             self.metrics.inc("server/splices")
-        return carried + self.tokenizer(text[cut:], add_special_tokens=False)["input_ids"]
+        return ids
+
+    def continued(self, text: str, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[int] | None:
+        """`text`'s tokens as the continuation of a turn (its prompt and sampled tokens, a final stop token
+        left out) when `text` starts with what those tokens decode to; else None."""
+        carried = [int(t) for t in prompt_ids] + [int(t) for t in response_ids[: trimmed(response_ids, self.stop_ids)]]
+        head = self.tokenizer.decode(carried, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if not text.startswith(head):
+            return None
+        return carried + self.tokenizer(text[len(head):], add_special_tokens=False)["input_ids"]
 
     def text_hash(self, prompt_text: str | None, response_ids: Sequence[int]) -> int | None:
         """A served turn's text hash (None: a prompt without text, a completion's ids)."""

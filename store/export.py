@@ -20,6 +20,14 @@ Shapes (`SHAPES`), each with metadata columns a trainer ignores (response_id, po
   wrote), and the row has `tools` (the tool definitions offered, as JSON text: TRL's trainers load it).
   An export holding any tool data uses that message type (`role`, `content`, `tool_calls`,
   `tool_call_id`, `name`) and the `tools` column throughout; one without keeps `role` and `content`.
+  - `episode`: one row per rating with the whole trajectory up to the rated turn (an agent's turns,
+    linked by the store: store/episodes.py): `messages` (the multi-turn conversation and the rated
+    reply, tool calls and results in it, TRL's tool-calling format) and `tools`, and the tokens as the
+    learner lays them out (liveloop/episodes.py): `prompt_ids`, `completion_ids` (every turn's sampled
+    tokens and the observations between them), `action_mask` (1 on the sampled tokens: what TRL calls
+    a completion mask with the tool results masked), `behavior_logprobs` (0 on observations),
+    `versions`, `turns`, `episode_id` (its first turn's id), `reward`, `label`. An episode a turn of
+    which is gone is left out (`skipped["episode_turn_deleted"]`).
   - `raw`: everything the learner reads: token ids, behaviour logprobs, policy version, version spans,
     segment, the rater's key id (the digest, never the key), reward, timestamps.
 The trainer shapes need text: the store keeps token ids, so they are decoded with the served model's
@@ -51,13 +59,14 @@ import numpy as np
 from sqlalchemy import and_, exists, func, not_, or_, select
 from sqlalchemy.orm import aliased
 
+from liveloop.episodes import EpisodeMismatch, episode_layout
 from liveloop.store.codec import decode_floats, decode_ids
 from liveloop.store.models import ApiKey, DeletedResponse, Feedback, Response
 
-Shape = Literal["kto", "preference", "sft", "raw"]
+Shape = Literal["kto", "preference", "sft", "raw", "episode"]
 Format = Literal["parquet", "jsonl"]
 PromptForm = Literal["messages", "text"]
-SHAPES: tuple[str, ...] = ("kto", "preference", "sft", "raw")
+SHAPES: tuple[str, ...] = ("kto", "preference", "sft", "raw", "episode")
 FORMATS: tuple[str, ...] = ("parquet", "jsonl")
 PROMPT_FORMS: tuple[str, ...] = ("messages", "text")
 PAGE = 1000  # ratings read per keyset page
@@ -104,6 +113,7 @@ class RatedRow:
     previous_response_id: str | None = None
     options: dict[str, Any] | None = None
     owner: str = ""  # the key that got the response (whose chain `previous_response_id` names)
+    parent_id: str | None = None  # the turn it continues (store/episodes.py)
 
 
 @dataclass(frozen=True)
@@ -136,6 +146,7 @@ def _select(filt: ExportFilter) -> Any:
             Response.created_at, Response.policy_version, Response.version_spans, Response.segment, Response.endpoint,
             Response.finish_reason, Response.prompt_ids, Response.response_ids, Response.behavior_logprobs,
             Response.messages, Response.tools, Response.output, Response.previous_response_id, Response.options, Response.api_key_id,
+            Response.parent_id,
         )
         .join(Response, Response.id == Feedback.response_id)
         .outerjoin(rater, rater.key_id == Feedback.api_key_id)
@@ -162,7 +173,7 @@ def _row(r: Any) -> RatedRow:
         feedback_id=r[0], response_id=r[1], key_id=r[2], reward=int(r[3]), rated_at=_utc(r[5] or r[4]), created_at=_utc(r[6]),
         policy_version=r[7], version_spans=spans, segment=r[9], endpoint=r[10], finish_reason=r[11],
         prompt_ids=decode_ids(r[12]), response_ids=decode_ids(r[13]), behavior_logprobs=decode_floats(r[14]),
-        messages=r[15], tools=r[16], output=r[17], previous_response_id=r[18], options=r[19], owner=r[20],
+        messages=r[15], tools=r[16], output=r[17], previous_response_id=r[18], options=r[19], owner=r[20], parent_id=r[21],
     )
 
 
@@ -204,12 +215,13 @@ class Shaper:
     """Rated rows -> the output rows of one shape (dicts named by the schema's columns)."""
 
     def __init__(self, shape: str, text: Any, prompt_form: str, history: Callable[[RatedRow], list[dict[str, Any]] | None] | None = None,
-                 tools: bool = False):
+                 tools: bool = False, episode: Callable[[str], Any] | None = None):
         if shape != "raw" and text is None:
             raise ExportError(f"shape {shape!r} needs the served model's tokenizer to decode token ids")
         self.shape, self.text, self.form = shape, text, prompt_form
         self.history = history or (lambda r: [])  # a Responses turn's conversation before it (its chain)
         self.tools = tools and prompt_form == "messages"  # the tool-calling shape: rich messages and a `tools` column
+        self.episode = episode  # response id -> store.episodes.episode (the `episode` shape)
         self.skipped = Skips()
 
     def rows(self, rated: Iterable[RatedRow]) -> Iterator[dict[str, Any]]:
@@ -217,6 +229,8 @@ class Shaper:
             return (_raw(r) for r in rated)
         if self.shape == "preference":
             return self._pairs(rated)
+        if self.shape == "episode":
+            return self._episodes(rated)
         return self._single(rated)
 
     def _prompt(self, r: RatedRow) -> Any:
@@ -269,6 +283,28 @@ class Shaper:
                 yield {"messages": prompt + self._reply(r), **meta}
             else:  # TRL's prompt-completion form of SFT data
                 yield {"prompt": prompt, "completion": self._reply(r), **meta}
+
+    def _episodes(self, rated: Iterable[RatedRow]) -> Iterator[dict[str, Any]]:
+        for r in rated:
+            episode = self.episode(r.response_id)
+            if episode is None or not episode.complete:
+                self.skipped.add("episode_turn_deleted")
+                continue
+            prompt = self._prompt(r)
+            if prompt is None:
+                continue
+            try:
+                lay = episode_layout(episode.turns, episode.prompt_ids)
+            except EpisodeMismatch:
+                self.skipped.add("episode_mismatch")
+                continue
+            yield {
+                "messages": prompt + self._reply(r), "prompt_ids": lay.prompt_ids.astype(np.int32),
+                "completion_ids": lay.response_ids.astype(np.int32), "action_mask": lay.action_mask.astype(np.int8),
+                "behavior_logprobs": lay.behavior_logprobs, "versions": lay.versions, "turns": lay.turns,
+                "episode_id": episode.turns[0].id, "reward": r.reward, "label": r.reward == 1,
+                "response_id": r.response_id, "policy_version": r.policy_version, "rated_at": r.rated_at, **self._tools(r),
+            }
 
     def _pairs(self, rated: Iterable[RatedRow]) -> Iterator[dict[str, Any]]:
         group: list[RatedRow] = []
@@ -330,6 +366,12 @@ def schema(shape: str, prompt_form: str, tools: bool = False) -> Any:
         if prompt_form == "messages":
             return pa.schema([("messages", text), *meta])
         return pa.schema([("prompt", text), ("completion", text), *meta])
+    if shape == "episode":
+        return pa.schema([
+            ("messages", text), ("prompt_ids", pa.list_(pa.int32())), ("completion_ids", pa.list_(pa.int32())),
+            ("action_mask", pa.list_(pa.int8())), ("behavior_logprobs", pa.list_(pa.float32())), ("versions", pa.list_(pa.int64())),
+            ("turns", pa.int32()), ("episode_id", pa.string()), ("reward", pa.int8()), ("label", pa.bool_()), *meta,
+        ])
     if shape == "preference":
         return pa.schema([
             ("prompt", text), ("chosen", text), ("rejected", text), ("chosen_response_id", pa.string()),
@@ -403,7 +445,7 @@ def export(
     if not out.parent.is_dir():
         raise ExportError(f"--out: the directory {out.parent} does not exist")
     with_tools = shape != "raw" and prompt_form == "messages" and has_tools(store, filt)
-    shaper = Shaper(shape, text, prompt_form, functools.partial(_before, store), with_tools)
+    shaper = Shaper(shape, text, prompt_form, functools.partial(_before, store), with_tools, store.episodes.episode)
     counted = _Counted(rated_rows_by_prompt(store, filt, page) if shape == "preference" else rated_rows(store, filt, page))
     started = time.perf_counter()
     tmp = out.parent / f".{out.name}.{os.getpid()}.partial"

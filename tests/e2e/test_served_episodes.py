@@ -20,7 +20,7 @@ from liveloop.rl.batch import make_batch, response_log_dists, token_logprobs
 
 from liveloop.devtools import wait_until
 
-from .conftest import USER_KEY, USER_KEY_2, open_store, start_server, stop_server
+from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, open_store, start_server, stop_server
 
 MODEL = "liveloop-tiny"
 CALC = {
@@ -124,3 +124,20 @@ def test_a_rating_of_the_final_answer_trains_the_whole_episode(server, store):
     wait_until(lambda: max(v.version for v in store.list_versions()) > before, timeout=120, what="a version trained on the episode")
     trained = max(store.list_versions(), key=lambda v: v.version)
     assert trained.metrics.get("learner/episodes", 0) >= 1 and trained.metrics.get("learner/episode_turns", 0) >= 2
+
+
+def test_operators_see_an_episodes_turns_tool_calls_and_reward(server, store):
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=USER_KEY, max_retries=0)
+    first, second, _ = _tool_loop(client, seed=7)
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY}"}) as c:
+        assert c.post("/v1/feedback", json={"response_id": second, "reward": 0}).status_code == 200
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as admin:
+        view = admin.get(f"/admin/episodes/{second}").json()
+        assert (view["id"], view["turn_count"], view["reward"], view["complete"]) == (first, 2, 0, True)
+        assert view["turns"][0]["tool_calls"] == ["calc"] and view["turns"][1]["observation_tokens"] > 0
+        listed = admin.get("/admin/episodes", params={"limit": 50}).json()["data"]
+        assert second in [e["last_turn"] for e in listed]
+        assert admin.get("/admin/episodes/nope").status_code == 404
+        assert admin.get("/admin/episodes/" + "x" * 65).status_code == 400
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY}"}) as user:
+        assert user.get(f"/admin/episodes/{second}").status_code in (401, 403)  # operators only

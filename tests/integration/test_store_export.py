@@ -263,3 +263,35 @@ def test_tool_conversations_export_in_trls_tool_calling_shape(store, tok, text, 
     assert store.get_response("resp-2") is None
     again = export(store, tmp_path / f"again.{fmt}", fmt, "sft", text=text)
     assert again.rows == 3 and again.skipped == {}
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_an_episode_exports_whole_with_its_action_mask(store, tok, text, tmp_path, fmt):
+    from liveloop.store.linking import LinkKeys
+
+    ask = [{"role": "user", "content": "2 + 2?"}]
+    called = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    answer = {"role": "tool", "tool_call_id": "call_1", "content": "4", "name": "calc"}
+    end = 4  # <|end|>
+    p1, r1 = _ids(tok, "p"), _ids(tok, "call") + (end,)
+    p2, r2 = p1 + r1 + _ids(tok, "four"), _ids(tok, "It is 4.") + (end,)
+
+    def turn(rid, prompt, reply, messages, output):
+        return ResponseRecord(
+            id=rid, api_key_id="key-a", model="m", policy_version=0, endpoint="chat", prompt_ids=prompt, response_ids=reply,
+            behavior_logprobs=(-0.5,) * len(reply), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
+            messages=messages, tools=TOOLS, output=output, link=LinkKeys.of(prompt, reply, (end,)),
+        )
+
+    store.write_batch([turn("e1", p1, r1, ask, called)])
+    store.write_batch([turn("e2", p2, r2, ask + [called, answer], {"role": "assistant", "content": "It is 4."})])
+    store.write_batch([FeedbackRecord("e2", "key-a", 1)])
+    result = export(store, tmp_path / f"ep.{fmt}", fmt, "episode", text=text)
+    assert result.rows == 1 and result.skipped == {}
+    (row,) = _load(tmp_path / f"ep.{fmt}", fmt)
+    assert (row["turns"], row["episode_id"], row["response_id"], row["label"]) == (2, "e1", "e2", True)
+    assert list(row["prompt_ids"]) == list(p1) and list(row["completion_ids"]) == list(r1 + _ids(tok, "four") + r2)
+    observed = len(_ids(tok, "four"))
+    assert list(row["action_mask"]) == [1] * len(r1) + [0] * observed + [1] * len(r2)
+    assert [m["role"] for m in row["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert row["messages"][1]["tool_calls"][0]["function"]["name"] == "calc" and json.loads(row["tools"]) == TOOLS

@@ -35,7 +35,7 @@ ALLOWED = {
     "clients": set(),
 }
 # top-level modules both sides share: they import no component at run time
-SHARED = ("checkpoint.py", "segments.py", "metrics.py", "provenance.py", "grammar.py")
+SHARED = ("checkpoint.py", "segments.py", "metrics.py", "provenance.py", "grammar.py", "episodes.py")
 
 
 def _component(module: str) -> str | None:

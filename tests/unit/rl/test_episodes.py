@@ -85,3 +85,9 @@ def test_the_skip_observation_gae_of_a_two_turn_episode_by_hand():
     # t0: d = 0 + 0.25 - 0.5 = -0.25                       A = -0.25 + 0.5 * 0.40625 = -0.046875
     assert adv.tolist() == pytest.approx([-0.046875, 0.40625, -0.1875, 0.0, 0.0, 0.125, 0.75])
     assert ret.tolist() == pytest.approx([0.453125, 0.65625, 0.5625, 0.0, 0.0, 0.625, 1.0])
+
+
+def test_the_ablation_trains_the_observations_between_turns_unscored():
+    s = episode_sample([T1, T2], PROMPT2, 1.0, observations_as_actions=True)
+    assert s.action_mask.tolist() == [1] * 7
+    assert np.isnan(s.behavior_logprobs[3:5]).all() and s.behavior_logprobs[5] == -4

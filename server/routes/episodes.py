@@ -1,0 +1,51 @@
+"""Operators' view of agents' episodes (store/episodes.py): `GET /admin/episodes` lists the newest
+multi-turn episodes (their last turns), optionally of one version or one key; `GET
+/admin/episodes/{response_id}` shows the episode ending at that turn: per turn its version, prompt and
+reply lengths, the observation tokens before it, the tools it called, its owner's rating and how many
+other continuations branch off it. Admin keys only; key ids are the store's digests."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from liveloop.server.auth import Principal, require_admin
+from liveloop.server.errors import APIError
+
+router = APIRouter(prefix="/admin")
+
+
+def _view(response_id: str, view) -> dict:
+    turns = [dataclasses.asdict(t) | {"created_at": t.created_at.isoformat()} for t in view.turns]
+    rated = [t.reward for t in view.turns if t.reward is not None]
+    return {
+        "object": "episode", "id": view.turns[0].id, "last_turn": response_id, "key_id": view.api_key_id,
+        "complete": view.complete, "turns": turns, "turn_count": len(turns),
+        "tokens": sum(t.prompt_tokens for t in view.turns[:1]) + sum(t.completion_tokens + (t.observation_tokens or 0) for t in view.turns),
+        "tool_calls": sum(len(t.tool_calls) for t in view.turns), "reward": view.turns[-1].reward,
+        "ratings": len(rated), "versions": sorted({t.policy_version for t in view.turns}),
+        "branches": sum(t.other_branches for t in view.turns),
+    }
+
+
+@router.get("/episodes")
+async def episodes(
+    request: Request, limit: int = Query(50, ge=1, le=500), version: int | None = Query(None, ge=0, le=2**31 - 1),
+    key_id: str | None = Query(None, max_length=64), _: Principal = Depends(require_admin),
+) -> dict:
+    store = request.app.state.store
+    ids = await asyncio.to_thread(store.episodes.latest, limit, version, key_id)
+    views = await asyncio.to_thread(lambda: [(i, store.episodes.view(i)) for i in ids])
+    return {"object": "list", "data": [_view(i, v) for i, v in views if v is not None]}
+
+
+@router.get("/episodes/{response_id}")
+async def episode(response_id: str, request: Request, _: Principal = Depends(require_admin)) -> dict:
+    if len(response_id) > 64:
+        raise APIError(400, "response_id: at most 64 characters", param="response_id")
+    view = await asyncio.to_thread(request.app.state.store.episodes.view, response_id)
+    if view is None:
+        raise APIError(404, f"no response `{response_id}`", param="response_id", code="not_found")
+    return _view(response_id, view)
