@@ -1,6 +1,8 @@
 """`liveloop chat`: talk to a server in the terminal, rate each reply with a thumbs up or down. With
 tools (`--tools FILE`, OpenAI function definitions), a reply that calls them shows each call, asks you
-for its result (you are the tool), and the model answers with the results in its history."""
+for its result (you are the tool), and the model answers with the results in its history; the rating
+comes after that answer and rates the whole episode: the calls, the results you typed (observations,
+never trained) and the answer are one trajectory to the learner (the server links the turns)."""
 
 from __future__ import annotations
 
@@ -38,15 +40,18 @@ def chat_loop(client: LiveloopClient, stdin: TextIO = sys.stdin, stdout: TextIO 
             history.clear()
             continue
         history.append({"role": "user", "content": text})
+        turns = 0
         while True:  # a reply, and while it calls tools, the results and the next reply
             reply = _reply(client, history, params, stdout)
             if reply is None:
                 history.pop()
                 break
             history.append(reply.message())
-            _rate(client, reply, stdin, stdout)
-            if not reply.tool_calls:
+            turns += 1
+            if not reply.tool_calls:  # the episode's answer: its rating rates every turn of it
+                _rate(client, reply, stdin, stdout, turns)
                 break
+            stdout.write(f"\n[{reply.id} · version {reply.policy_version}]\n")
             if not _answer_calls(reply, history, stdin, stdout):
                 return 0
             params.pop("tool_choice", None)  # a forced call once: the model answers with its results next
@@ -74,8 +79,9 @@ def _reply(client: LiveloopClient, history: list[dict[str, Any]], params: dict[s
     return reply
 
 
-def _rate(client: LiveloopClient, reply: ChatReply, stdin: TextIO, stdout: TextIO) -> None:
-    stdout.write(f"\n[{reply.id} · version {reply.policy_version}] rate? [u/d/Enter] ")
+def _rate(client: LiveloopClient, reply: ChatReply, stdin: TextIO, stdout: TextIO, turns: int = 1) -> None:
+    what = "rate?" if turns == 1 else f"rate the episode ({turns} turns)?"
+    stdout.write(f"\n[{reply.id} · version {reply.policy_version}] {what} [u/d/Enter] ")
     stdout.flush()
     rating = stdin.readline().strip().lower()
     if rating in ("u", "up", "+", "1"):

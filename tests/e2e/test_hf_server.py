@@ -59,19 +59,22 @@ def test_chat_cli_rates_replies(hf_server):
 def test_chat_cli_shows_tool_calls_and_takes_their_results(hf_server):
     calc = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"], "additionalProperties": False}
     tools = [{"type": "function", "function": {"name": "calc", "parameters": calc}}]
-    # the reply calls calc (forced, once); the user types its result; the model answers with it in view
-    stdin = io.StringIO("What is 2 + 2?\nu\n4\n\n/quit\n")
+    # the reply calls calc (forced, once); the user types its result; the model answers with it in view,
+    # and the thumbs after the answer rates the episode (both turns, linked by the server)
+    stdin = io.StringIO("What is 2 + 2?\n4\nu\n/quit\n")
     stdout = io.StringIO()
     with LiveloopClient(hf_server.base_url, USER_KEY) as client:
         assert chat_loop(client, stdin=stdin, stdout=stdout, max_tokens=120, tools=tools, tool_choice={"type": "function", "function": {"name": "calc"}}) == 0
     out = stdout.getvalue()
     assert out.count("bot> ") == 2 and "[tool call call_" in out and "result of calc [call_" in out
+    assert out.count("rate") == 1 and "rate the episode (2 turns)?" in out
     ids = [line.split("[", 1)[1].split(" ", 1)[0] for line in out.splitlines() if "· version" in line]
     store = open_store(hf_server)
     call_id = out.split("[tool call ", 1)[1].split("]", 1)[0]
     answer = store.conversations.get(ids[1], store.get_response(ids[1]).api_key_id, ("chat",))
     assert answer.messages[-1] == {"role": "tool", "tool_call_id": call_id, "content": "4", "name": "calc"}
-    assert store.get_feedback(ids[0])[0].reward == 1
+    assert store.get_feedback(ids[0]) == [] and store.get_feedback(ids[1])[0].reward == 1
+    assert store.get_response(ids[1]).parent_id == ids[0]  # one episode
     store.close()
 
 
