@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, cast, func, or_, select, true, update
+from sqlalchemy import Integer, case, cast, distinct, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from liveloop.store.models import ApiKey, Feedback, LearnerControl, OperatorEvent, PolicyVersion, Response, utcnow
@@ -117,15 +117,22 @@ class OperatorQueries:
             return s.scalar(q) or 0
 
     def version_traffic(self, trusted: bool = False, versions: Iterable[int] | None = None) -> dict[int, VersionTraffic]:
-        """Responses, ratings and positive ratings per policy version (aggregated in the database);
+        """Responses, ratings and positive ratings per policy version (aggregated in the database), each
+        counted by episode: the turns of one agent trajectory a version served count as one response, its
+        ratings as one rating (positive when one of them is: store/episodes.py); a lone response is
+        an episode of one turn;
         `trusted`: counting only the ratings of keys that are not quarantined (what the guard reads);
         `versions`: only these (the release gate's candidate and live version), else all."""
         only = true() if versions is None else Response.policy_version.in_(sorted({int(v) for v in versions}))
+        episode = func.coalesce(Response.root_id, Response.id)  # an agent's turns count once, as their episode
+        positive = case((Feedback.reward > 0, episode), else_=None)
         with self._session() as s:
-            served = dict(s.execute(select(Response.policy_version, func.count()).where(only).group_by(Response.policy_version)).all())
+            served = dict(s.execute(
+                select(Response.policy_version, func.count(distinct(episode))).where(only).group_by(Response.policy_version)
+            ).all())
             rated = s.execute(
                 _only_trusted(
-                    select(Response.policy_version, func.count(Feedback.id), func.sum(cast(Feedback.reward, Integer)))
+                    select(Response.policy_version, func.count(distinct(episode)), func.count(distinct(positive)))
                     .join(Response, Response.id == Feedback.response_id)
                     .where(only)
                     .group_by(Response.policy_version),

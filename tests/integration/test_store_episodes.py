@@ -148,3 +148,13 @@ def test_the_link_lookup_is_an_index_search(store):
         plan = " ".join(str(r[-1]) for r in conn.exec_driver_sql(
             "EXPLAIN QUERY PLAN SELECT id FROM responses WHERE api_key_id IN ('k1') AND link_hash IN (1, 2, 3)"))
     assert "ix_responses_key_link_hash" in plan, plan
+
+
+def test_version_traffic_counts_episodes_not_turns(store):
+    from liveloop.store import FeedbackRecord
+
+    store.write_batch([turn("t1", P1, R1), turn("solo", (1, 2), (3, END))])
+    store.write_batch([turn("t2", P1 + R1 + OBS, R2)])
+    store.write_batch([FeedbackRecord("t1", "k1", 0), FeedbackRecord("t2", "k1", 1), FeedbackRecord("solo", "k1", 0)])
+    traffic = store.version_traffic()[0]
+    assert (traffic.responses, traffic.ratings, traffic.positive) == (2, 2, 1)  # the two-turn episode and the lone reply
