@@ -118,3 +118,29 @@ def metric(base_url: str, name: str) -> float:
     text = httpx.get(base_url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10).text
     found = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
     return float(found.group(1)) if found else float("nan")
+
+
+# the calculator tool the agent tests offer, and a question that wants it
+CALC = {
+    "type": "object",
+    "properties": {"op": {"enum": ["add", "mul"]}, "a": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["op", "a"],
+    "additionalProperties": False,
+}
+TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Add or multiply.", "parameters": CALC}}]
+ASK = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+def scored(model_dir: Path, sample) -> "np.ndarray":
+    """The learner's logprobs of a sample's response tokens (rl/batch.py, its grammars replayed) under
+    the weights in `model_dir`, from a transformers forward pass."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from liveloop.grammar import Grammars
+    from liveloop.rl.batch import make_batch, response_log_dists, token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    batch = make_batch([sample], grammars=Grammars(AutoTokenizer.from_pretrained(str(model_dir)), model.config.vocab_size))
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    return token_logprobs(response_log_dists(logits, batch), batch)[0, : len(sample.response_ids)].numpy()

@@ -15,24 +15,14 @@ import jsonschema
 import numpy as np
 import openai
 import pytest
-import torch
 
-from liveloop.grammar import Grammars
-from liveloop.rl.batch import Sample, make_batch, response_log_dists, token_logprobs
+from liveloop.rl.batch import Sample
 
 from liveloop.devtools import wait_until
 
-from .conftest import USER_KEY, USER_KEY_2, metric, open_store, raw_request, read_events, reset, start_server, stop_server
+from .conftest import ASK, CALC, TOOLS, USER_KEY, USER_KEY_2, metric, scored, open_store, raw_request, read_events, reset, start_server, stop_server
 
 MODEL = "liveloop-tiny"
-CALC = {
-    "type": "object",
-    "properties": {"op": {"enum": ["add", "mul"]}, "a": {"type": "integer", "minimum": 0, "maximum": 99}},
-    "required": ["op", "a"],
-    "additionalProperties": False,
-}
-TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Add or multiply.", "parameters": CALC}}]
-ASK = [{"role": "user", "content": "What is 2 + 3?"}]
 ROOM = 160  # tokens a forced call of CALC needs with this model's tokenizer, with some to spare
 
 
@@ -66,17 +56,9 @@ def store(server):
 
 
 def _scored(model_dir, row) -> np.ndarray:
-    """The learner's logprobs of a stored response's tokens (rl/batch.py, its grammar replayed), from
-    a transformers forward pass of the weights that served it."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    grammars = Grammars(AutoTokenizer.from_pretrained(str(model_dir)), model.config.vocab_size)
-    sample = Sample(row.prompt_ids, row.response_ids, row.behavior_logprobs, row.action_mask, 1.0, row.policy_version, grammar=row.grammar)
-    batch = make_batch([sample], grammars=grammars)
-    with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    return token_logprobs(response_log_dists(logits, batch), batch)[0, : len(row.response_ids)].numpy()
+    """The learner's logprobs of a stored response's tokens, its grammar replayed."""
+    return scored(model_dir, Sample(row.prompt_ids, row.response_ids, row.behavior_logprobs, row.action_mask, 1.0,
+                                    row.policy_version, grammar=row.grammar))
 
 
 def test_the_tool_loop_where_the_client_runs_the_tool(oai, store, model_dir):

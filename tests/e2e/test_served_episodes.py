@@ -12,25 +12,13 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import torch
 from transformers import AutoTokenizer
-
-from liveloop.grammar import Grammars
-from liveloop.rl.batch import make_batch, response_log_dists, token_logprobs
 
 from liveloop.devtools import wait_until
 
-from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, open_store, start_server, stop_server
+from .conftest import ADMIN_KEY, ASK, TOOLS, USER_KEY, USER_KEY_2, open_store, scored, start_server, stop_server
 
 MODEL = "liveloop-tiny"
-CALC = {
-    "type": "object",
-    "properties": {"op": {"enum": ["add", "mul"]}, "a": {"type": "integer", "minimum": 0, "maximum": 99}},
-    "required": ["op", "a"],
-    "additionalProperties": False,
-}
-TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Add or multiply.", "parameters": CALC}}]
-ASK = [{"role": "user", "content": "What is 2 + 3?"}]
 LEARNER = """
 publish_every_steps = 1
 publish_every_seconds = 1.0
@@ -51,17 +39,6 @@ def store(server):
     s = open_store(server)
     yield s
     s.close()
-
-
-def _scored(model_dir, sample) -> np.ndarray:
-    """The learner's logprobs of a sample's tokens (rl/batch.py, grammars replayed) under the base weights."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    batch = make_batch([sample], grammars=Grammars(AutoTokenizer.from_pretrained(str(model_dir)), model.config.vocab_size))
-    with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    return token_logprobs(response_log_dists(logits, batch), batch)[0].numpy()
 
 
 def _tool_loop(client: openai.OpenAI, seed: int) -> tuple[str, str, str]:
@@ -96,9 +73,9 @@ def test_a_tool_loop_is_one_episode_with_the_tool_result_as_observation(server, 
     assert '"name": "calc"' in tok.decode(sample.response_ids[:first_len])  # the call is the first turn's action
     # every turn's tokens sit in the context they were sampled in: the learner's scoring of the episode
     # (the first turn's grammar replayed over its span) gives back each action token's behaviour logprob
-    scored = _scored(model_dir, sample)
+    scored_now = scored(model_dir, sample)
     actions = sample.action_mask.astype(bool)
-    assert np.abs(scored[actions] - sample.behavior_logprobs[actions]).max() < 1e-3
+    assert np.abs(scored_now[actions] - sample.behavior_logprobs[actions]).max() < 1e-3
     # the same conversation resent by another key is that key's own first turn
     other = openai.OpenAI(base_url=server.base_url + "/v1", api_key=USER_KEY_2, max_retries=0)
     history = store.conversations.get(second, t2.api_key_id, ("chat",)).messages
