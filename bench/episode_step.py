@@ -10,7 +10,9 @@ and the interpreter are not counted. Linear growth means time / L and memory / L
 
 Linking: the writer's cost of linking, per response, for a batch of 64 turns each continuing a stored
 turn (the (api_key_id, link_hash) lookup, the parents' tokens read and compared), against inserting the
-same rows with linking skipped, side by side in one process, on a store holding `--stored` responses.
+same rows with linking skipped, side by side in one process, on a store holding `--stored` responses;
+and the server's read for a chat prompt (server/splicing.py: an earlier turn's tokens found by its
+text and reused) against tokenizing the prompt whole.
 
     .venv/bin/python bench/episode_step.py [--lengths 256 512 1024 2048 4096] [--repeats 3]
 
@@ -143,6 +145,50 @@ def linking(stored: int, batch: int = 64) -> dict:
             "linking_seconds_per_response": statistics.median(linked) - statistics.median(plain)}
 
 
+def splicing(model_dir: str, stored: int, rounds: int = 200) -> dict:
+    """Seconds per chat prompt for the server's token-in-token-out read (server/splicing.py: the text
+    hashes, one indexed store read, the decode check) against tokenizing the same text whole, alternated."""
+    from transformers import AutoTokenizer
+
+    from liveloop.server.splicing import Splicer
+    from liveloop.store import ResponseRecord, Store, StoreConfig
+    from liveloop.store.linking import LinkKeys
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    end = tok.eos_token_id
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(StoreConfig(url=f"sqlite:///{tmp}/s.db"))
+        store.migrate()
+        store.ensure_base_version(None)
+        splicer = Splicer(tok, [end], store.episodes.carried_turn)
+        texts = []
+        for start in range(0, stored, 500):
+            recs = []
+            for i in range(start, min(stored, start + 500)):
+                ask = [{"role": "user", "content": f"Tell me about the number {i}."}]
+                text = tok.apply_chat_template(ask, add_generation_prompt=True, tokenize=False)
+                prompt, reply = tok(text, add_special_tokens=False)["input_ids"], tok(f"It is {i}.", add_special_tokens=False)["input_ids"] + [end]
+                recs.append(ResponseRecord(f"p{i}", f"k{i % 30}", "m", 0, "chat", tuple(prompt), tuple(reply), (-1.0,) * len(reply), "stop",
+                                           1.0, 1.0, 1.0, link=LinkKeys.of(prompt, reply, [end], splicer.text_hash(text, reply))))
+                if i % (stored // rounds or 1) == 0:
+                    texts.append((f"k{i % 30}", tok.apply_chat_template(ask + [{"role": "assistant", "content": f"It is {i}."},
+                                                                               {"role": "user", "content": "And then?"}], add_generation_prompt=True, tokenize=False)))
+            store.write_batch(recs)
+        spliced, whole = [], []
+        for key, text in texts:
+            t = time.perf_counter()
+            ids = splicer.prompt_ids(text, key)
+            spliced.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            plain = tok(text, add_special_tokens=False)["input_ids"]
+            whole.append(time.perf_counter() - t)
+            assert len(ids) >= len(plain) - 8  # a real prompt came back (the reply's own tokens may differ in number)
+        store.close()
+    return {"stored": stored, "prompts": len(texts), "spliced_seconds_per_prompt": statistics.median(spliced),
+            "tokenized_seconds_per_prompt": statistics.median(whole),
+            "splice_seconds_per_prompt": statistics.median(spliced) - statistics.median(whole)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
@@ -164,9 +210,12 @@ def main() -> None:
               f"peak +{s['peak_rss_kib_over_setup'] / 1024:.0f} MiB ({s['peak_rss_kib_over_setup'] / length:.1f} KiB/token)", flush=True)
     link = linking(args.stored)
     print(json.dumps(link))
+    splice = splicing(model_dir, args.stored)
+    print(json.dumps(splice))
+    print("token in, token out: {:.0f} us per chat prompt over tokenizing it whole".format(splice["splice_seconds_per_prompt"] * 1e6))
     print("linking: {:.0f} us per response (a batch of {} continuing turns, {} stored)".format(
         link["linking_seconds_per_response"] * 1e6, link["batch"], link["stored"]))
-    save("episode_step", {"args": vars(args), "steps": steps, "linking": link})
+    save("episode_step", {"args": vars(args), "steps": steps, "linking": link, "splicing": splice})
 
 
 if __name__ == "__main__":
