@@ -242,6 +242,18 @@ function drawFleet() {
   document.querySelector("#fleet tbody").replaceChildren(...rows);
 }
 
+// the newest multi-turn episodes: one row each, its turns' tool calls and its rating
+function drawEpisodes() {
+  const rows = state.episodes.map((e) => {
+    const calls = e.turns.flatMap((t) => t.tool_calls);
+    return el("tr", { "data-episode": e.id, "data-last-turn": e.last_turn },
+      el("td", {}, e.last_turn), el("td", { class: "turns" }, e.turn_count), el("td", {}, e.tokens),
+      el("td", { class: "calls" }, calls.length ? calls.join(", ") : "–"), el("td", {}, e.versions.map((v) => "v" + v).join(", ")),
+      el("td", { class: "reward" }, e.reward === null ? "–" : e.reward ? "👍" : "👎"), el("td", {}, e.branches));
+  });
+  document.querySelector("#episodes tbody").replaceChildren(...rows);
+}
+
 const num = (x) => (x === null || x === undefined ? "–" : String(Number(Number(x).toPrecision(4))));
 
 // the newest evaluated version's checks: its value against the live version's and the base model's
@@ -442,12 +454,13 @@ async function loadStatuses() {
 async function refresh() {
   try {
     if (!state.statuses) await loadStatuses(); // once: they are fixed while the server runs
-    const [stats, drift, versions, events, adapters, fleet, evaluations] = await Promise.all([
+    const [stats, drift, versions, events, adapters, fleet, evaluations, episodes] = await Promise.all([
       api("/admin/stats"), api("/admin/drift"), api("/admin/versions"), api("/admin/events?limit=500"), api("/admin/adapters"),
-      api("/admin/replicas"), api("/admin/evaluations"),
+      api("/admin/replicas"), api("/admin/evaluations"), api("/admin/episodes?limit=20"),
     ]);
-    Object.assign(state, { stats, drift, versions: versions.data, events: events.data, adapters, fleet, evaluations: evaluations.data });
-    drawHeader(); drawLearner(); drawDetector(); drawFleet(); drawAdapters(); drawEvaluation(); drawVersions(); drawEvents();
+    Object.assign(state, { stats, drift, versions: versions.data, events: events.data, adapters, fleet, evaluations: evaluations.data,
+                           episodes: episodes.data });
+    drawHeader(); drawLearner(); drawDetector(); drawFleet(); drawAdapters(); drawEvaluation(); drawEpisodes(); drawVersions(); drawEvents();
     collectMarkers(); drawCharts();
     document.body.dataset.loaded = "true";
     showError(null);

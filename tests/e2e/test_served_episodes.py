@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 
 from liveloop.devtools import wait_until
 
+from .test_operator import browser  # noqa: F401 (the headless Chromium fixture)
 from .conftest import ADMIN_KEY, ASK, TOOLS, USER_KEY, USER_KEY_2, open_store, scored, start_server, stop_server
 
 MODEL = "liveloop-tiny"
@@ -118,3 +119,21 @@ def test_operators_see_an_episodes_turns_tool_calls_and_reward(server, store):
         assert admin.get("/admin/episodes/" + "x" * 65).status_code == 400
     with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY}"}) as user:
         assert user.get(f"/admin/episodes/{second}").status_code in (401, 403)  # operators only
+
+
+def test_the_dashboard_shows_the_episodes(server, store, browser):  # noqa: F811
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=USER_KEY, max_retries=0)
+    first, second, _ = _tool_loop(client, seed=11)
+    wait = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
+    browser.get(server.base_url + "/dashboard")
+    wait.until(EC.presence_of_element_located((By.ID, "key"))).send_keys(ADMIN_KEY)
+    browser.find_element(By.ID, "sign-in").click()
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded") == "true")
+    row = browser.find_element(By.CSS_SELECTOR, f'#episodes tbody tr[data-last-turn="{second}"]')
+    assert row.get_attribute("data-episode") == first
+    assert row.find_element(By.CSS_SELECTOR, "td.turns").text == "2" and "calc" in row.find_element(By.CSS_SELECTOR, "td.calls").text
