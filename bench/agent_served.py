@@ -26,9 +26,9 @@ MODEL = "liveloop-tiny"
 
 
 def learner_toml() -> str:
-    from liveloop.experiments.agent import AgentExperiment
+    from liveloop.experiments.agent_config import load_agent_experiment
 
-    values = AgentExperiment().learner | {"publish_every_steps": 4, "publish_every_seconds": 2.0, "poll_seconds": 0.05}
+    values = load_agent_experiment().learner_for("sao") | {"publish_every_steps": 4, "publish_every_seconds": 2.0, "poll_seconds": 0.05}
     return "\n".join(f"{k} = {json.dumps(v)}" for k, v in values.items())
 
 

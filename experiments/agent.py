@@ -1,5 +1,6 @@
 """`liveloop experiment agent`: an agent learns to use its tools from binary ratings of its final
-answers, each two-turn trajectory one episode (docs/design.md, "Episodes"; results: docs/results/agent.md).
+answers, each two-turn trajectory one episode (docs/design.md, "Episodes"; results: docs/results/agent.md;
+the settings and the methods' learner keys: configs/agent_experiment.toml).
 
 The task (liveloop/model/tool_corpus.py, clients/tool_env.py): a calculator or a city lookup question,
 the two tools offered. The model is the default build with tool dialogues in its corpus (AGENT_MODEL:
@@ -33,13 +34,15 @@ import dataclasses
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from liveloop.config import load_section
 from liveloop.critic.config import CriticConfig
+from liveloop.experiments.agent_config import AgentExperiment
 from liveloop.experiments.intervals import mean_ci, median_ci
 from liveloop.experiments.rig import USERS, LearningRig, sample_batch
 from liveloop.learner.config import LearnerConfig
@@ -47,35 +50,6 @@ from liveloop.model.config import ModelBuildConfig
 
 AGENT_MODEL = ModelBuildConfig(out_dir="models/liveloop-tiny-agent", tool_fraction=0.25, seq_len=256, train_steps=2000)
 PROBE_SEED, TASK_SEED = 2_000_000, 3_000_000  # the probe's tasks and each run's, apart from each other
-
-METHODS: dict[str, dict[str, Any]] = {
-    "sao": {},
-    "sao_obs_actions": {"episode_observations": "actions"},
-    "sao_last_turn": {"episode_credit": "last"},
-    "sliding_window": {"method": "sliding_window"},
-    "grpo": {"method": "grpo"},
-}
-
-
-@dataclass(frozen=True)
-class AgentExperiment:
-    methods: tuple[str, ...] = tuple(METHODS)
-    seeds: int = 5
-    episodes: int = 768  # rated episodes per run
-    batch: int = 8  # episodes served between the learner's catch-ups (how far behind it is)
-    group_size: int = 4  # GRPO: each task asked this many times in a batch
-    probe: int = 96  # fixed tasks the accuracy is measured on
-    probe_every: int = 192  # rated episodes between two measurements of it
-    window: int = 64  # the served episodes' accuracy reported: over the last this many
-    effect: float = 0.1  # ratings-to-effect: the first measurement at base + this
-    max_tokens: int = 48
-    # configs/tuned_learner.toml and step_control.toml's [learner], as the drift experiment runs them
-    learner: dict[str, Any] = field(default_factory=lambda: {
-        "batch_size": 1, "max_batch_size": 16, "learning_rate": 1e-3, "lambda_alpha": 1.0, "kl_coef": 0.1,
-        "kl_estimator": "exact", "target_kl_to_base": 0.5, "kl_horizon": 100, "target_step_kl": 0.005, "max_step_kl": 0.05,
-        "min_learning_rate": 1e-5, "max_learning_rate": 2e-3,
-    })
-
 
 @dataclass(frozen=True)
 class Episode:
@@ -96,8 +70,11 @@ class AgentRun:
         from liveloop.server.tool_parsers import PARSERS
 
         self.cfg, self.method, self.seed = cfg, method, seed
-        learner = LearnerConfig(**{**cfg.learner, **METHODS[method], "seed": seed, "checkpoint_dir": str(workdir / "versions")})
-        self.rig = LearningRig(workdir, model_dir, learner, CriticConfig(value_steps=2, freeze_attention=True), cfg.max_tokens, seed)
+        learner = load_section(LearnerConfig, cfg.learner_for(method) | {"seed": seed, "checkpoint_dir": str(workdir / "versions")},
+                               f"methods.{method}.learner")
+        self.grouped = learner.method == "grpo"
+        critic = load_section(CriticConfig, cfg.critic_for(method), f"methods.{method}.critic")
+        self.rig = LearningRig(workdir, model_dir, learner, critic, cfg.max_tokens, seed)
         self.tok = AutoTokenizer.from_pretrained(str(model_dir))
         self.parser = PARSERS["hermes"](TOOL_NAMES)
         self.stops = (self.tok.eos_token_id,)
@@ -183,7 +160,7 @@ class AgentRun:
         curve = [(0, base)]
         generator = torch.Generator().manual_seed(self.seed)
         rewards, calls, task_at, user = [], [], 0, 0
-        G = cfg.group_size if self.method == "grpo" else 1
+        G = cfg.group_size if self.grouped else 1
         while len(rewards) < cfg.episodes:
             tasks, groups = [], []
             for _ in range(max(1, cfg.batch // G)):
@@ -220,7 +197,7 @@ def run_agent(cfg: AgentExperiment, out: Path, model_dir: Path | None = None) ->
 
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
-    model_dir = model_dir or ensure_model(AGENT_MODEL, Path(AGENT_MODEL.out_dir))
+    model_dir = model_dir or ensure_model(dataclasses.replace(AGENT_MODEL, out_dir=cfg.model), Path(cfg.model))
     runs = []
     for method in cfg.methods:
         for seed in range(cfg.seeds):
@@ -262,16 +239,3 @@ def report(summary: dict[str, Any], cfg: AgentExperiment) -> str:
     for method, s in summary.items():
         lines.append(f"| {method} | {s['final_accuracy']} | {s['gain']} | {s['served_accuracy']} | {s['ratings_to_effect']} | {s['reached']}/{s['runs']} |")
     return "\n".join(lines) + "\n"
-
-
-class UnknownMethod(ValueError):
-    """A method name the experiment does not know."""
-
-
-def with_overrides(cfg: AgentExperiment, **kw: Any) -> AgentExperiment:
-    """`cfg` with the given fields replaced (None: kept); raises UnknownMethod for a method not in METHODS."""
-    out = dataclasses.replace(cfg, **{k: v for k, v in kw.items() if v is not None})
-    unknown = [m for m in out.methods if m not in METHODS]
-    if unknown:
-        raise UnknownMethod(f"--methods: unknown {unknown} (known: {', '.join(METHODS)})")
-    return out

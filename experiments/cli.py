@@ -3,7 +3,7 @@
     liveloop simulate --scenario drift [--base-url URL] [--api-key KEY] [--admin-key KEY] [--events N] [--out FILE]
     liveloop experiment drift [--config drift_experiment] [--out DIR] [--methods sao grpo ...]
     liveloop experiment stability [--config stability_experiment] [--out DIR] [--events N]
-    liveloop experiment agent [--out DIR] [--methods sao ...] [--seeds N] [--episodes N]
+    liveloop experiment agent [--config agent_experiment] [--out DIR] [--methods sao ...] [--seeds N] [--episodes N]
 
 Each handler takes the parsed `args` and returns an exit code. `--scenario` and `experiment --config`
 (the experiment's own file, not the deployment config) take a preset name (configs/<name>.toml) or a
@@ -93,14 +93,17 @@ def cmd_experiment_stability(args: argparse.Namespace) -> int:
 
 
 def cmd_experiment_agent(args: argparse.Namespace) -> int:
-    from liveloop.experiments.agent import AgentExperiment, UnknownMethod, run_agent, with_overrides
+    from liveloop.config import ConfigError
+    from liveloop.experiments.agent_config import load_agent_experiment, with_overrides
 
     try:
-        cfg = with_overrides(AgentExperiment(), methods=tuple(args.methods) if args.methods else None, seeds=args.seeds,
-                             episodes=args.episodes, probe=args.probe)
-    except UnknownMethod as exc:
-        print(exc)
+        cfg = with_overrides(load_agent_experiment(args.experiment_config), methods=tuple(args.methods) if args.methods else None,
+                             seeds=args.seeds, episodes=args.episodes, probe=args.probe)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
+    from liveloop.experiments.agent import run_agent
+
     out = Path(args.out)
     run_agent(cfg, out, Path(args.model) if args.model else None)
     print((out / "report.md").read_text())
@@ -140,10 +143,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stab.add_argument("--events", type=int, default=None, help="override scenario.max_events (e.g. 3000)")
     stab.set_defaults(func=cmd_experiment_stability)
     agent = kinds.add_parser("agent", help="an agent learns its tools from ratings of whole episodes: SAO against its ablations and baselines")
+    agent.add_argument(
+        "--config", dest="experiment_config", default="agent_experiment",
+        help="the experiment's TOML: a preset name or a path (default: %(default)s = configs/agent_experiment.toml)",
+    )
     agent.add_argument("--out", default="results/agent", help="results directory (default: %(default)s)")
     agent.add_argument("--methods", nargs="+", default=None, help="run only these (sao, sao_obs_actions, sao_last_turn, sliding_window, grpo)")
-    agent.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5)")
-    agent.add_argument("--episodes", type=int, default=None, help="rated episodes per run (default 768)")
-    agent.add_argument("--probe", type=int, default=None, help="fixed tasks the accuracy is measured on (default 64)")
-    agent.add_argument("--model", default=None, help="the agent model (default: built into models/liveloop-tiny-agent when missing)")
+    agent.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the config's, 5)")
+    agent.add_argument("--episodes", type=int, default=None, help="rated episodes per run (default: the config's, 768)")
+    agent.add_argument("--probe", type=int, default=None, help="fixed tasks the accuracy is measured on (default: the config's, 96)")
+    agent.add_argument("--model", default=None, help="the agent model (default: the config's experiment.model, built there when missing)")
     agent.set_defaults(func=cmd_experiment_agent)

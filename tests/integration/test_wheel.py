@@ -36,6 +36,7 @@ loaders = {"bgpo": "liveloop.diffusion.config:load_bgpo_config", "drift": "livel
            "sycophancy": "liveloop.clients.scenario:load_scenario", "evaluation_default": "liveloop.release.suite:load_suite"}
 experiments = ("drift_experiment", "stability_experiment", "drift_long", "stability_adapters")
 loaders.update({name: "liveloop.experiments.drift:load_experiment" for name in experiments})
+loaders["agent_experiment"] = "liveloop.experiments.agent_config:load_agent_experiment"
 for name in presets():
     module, fn = loaders.get(name, "liveloop.config:load_config").split(":")
     assert getattr(importlib.import_module(module), fn)(name) is not None, name

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from liveloop.experiments.agent import AgentExperiment, AgentRun, UnknownMethod, report, summarize, with_overrides
+from liveloop.experiments.agent import AgentRun, report, summarize
+from liveloop.experiments.agent_config import load_agent_experiment, with_overrides
 
-CFG = AgentExperiment(episodes=16, batch=8, probe=8, probe_every=8, max_tokens=24, group_size=4)
+CFG = with_overrides(load_agent_experiment(), episodes=16, batch=8, probe=8, probe_every=8, max_tokens=24, group_size=4)
 
 
 @pytest.mark.parametrize("method", ["sao", "sao_obs_actions", "grpo"])
@@ -28,8 +29,3 @@ def test_a_short_run_stores_linked_episodes_and_measures_them(method, tmp_path, 
     assert [n for n, _ in out["curve"]] == [0, 8, 16]
     text = report(summarize([out], CFG), CFG)
     assert f"| {method} |" in text
-
-
-def test_an_unknown_method_is_refused():
-    with pytest.raises(UnknownMethod, match="sao_typo"):
-        with_overrides(AgentExperiment(), methods=("sao", "sao_typo"))
