@@ -31,7 +31,6 @@ import dataclasses
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from liveloop.server.auth import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams, TokenDelta
 from liveloop.server.prompting import Prompter
+from liveloop.server.response_ids import new_response_id
 from liveloop.server.splicing import CarriedTurn, Splicer
 from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest, MessagesRequest
 from liveloop.server.text import TextStream
@@ -458,7 +458,7 @@ class Serving:
         )
         self._check_sampling(sampling, req)
         return Prepared(
-            response_id=f"{prefix}_{uuid.uuid4().hex}" if prefix in ("msg", "resp") else f"{prefix}-{uuid.uuid4().hex}",
+            response_id=new_response_id(prefix),
             endpoint=endpoint,
             prompt_ids=tuple(prompt_ids),
             sampling=sampling,

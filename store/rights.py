@@ -156,12 +156,13 @@ class RightsQueries:
         response is not stored if it is still on its way (being generated, or queued for the writer).
         Deleted(0, 0) when no such response is stored for that key (the caller answers 404 unless it
         knows the response is being generated: ids do not leak). A tombstone matches only this key's
-        response, so one for another key's id changes nothing."""
+        response, and is left only for an id nothing is stored under: another key's stored response
+        can never be this key's, so naming it writes nothing."""
         with self._deleting() as s:
             s.execute(delete(DeletedResponse).where(DeletedResponse.created_at < utcnow() - timedelta(days=TOMBSTONE_DAYS)))
             owner = s.scalar(select(Response.api_key_id).where(Response.id == response_id))
             if owner != api_key_id:
-                if s.get(DeletedResponse, (response_id, api_key_id)) is None:
+                if owner is None and s.get(DeletedResponse, (response_id, api_key_id)) is None:
                     s.add(DeletedResponse(response_id=response_id, api_key_id=api_key_id, created_at=utcnow()))
                 return Deleted(0, 0)
             ids = [response_id, *self._later_turns(s, [response_id])]

@@ -21,6 +21,7 @@ from liveloop.server.auth import Principal, require_user
 from liveloop.server.body import parse_body
 from liveloop.server.errors import APIError
 from liveloop.server.protocol_feedback import FeedbackRequest
+from liveloop.server.response_ids import issued
 from liveloop.server.serving import LogFailed
 from liveloop.store import FeedbackRecord, ResponseNotFound
 from liveloop.store.replicas import serving_by_version
@@ -66,10 +67,13 @@ def check_response_id(response_id: str, param: str) -> None:
 async def delete_owned(request: Request, response_id: str, principal: Principal, param: str) -> int:
     """THE deletion rule, for every route that deletes a response (any endpoint's id): the key that
     received it deletes it with its ratings, also while it is still being generated (a tombstone keeps
-    its row out); any other key, or an id that does not exist, gets the same 404. Returns the ratings
-    deleted."""
+    its row out); any other key, or an id that does not exist, gets the same 404. An id this server
+    never issues (server/response_ids.py) is a 404 before the store is touched: no tombstone, no
+    deletion lock. Returns the ratings deleted."""
     request.app.state.serving.admission.check_rate("feedback", principal.key_id)
     check_response_id(response_id, param)
+    if not issued(response_id):
+        raise APIError(404, f"no response `{response_id}` for this API key", param=param)
     # looked at first: a generation that ends meanwhile lands after the tombstone, which drops it
     generating = request.app.state.generating.owner(response_id) == principal.key_id
     deleted = await asyncio.to_thread(request.app.state.store.delete_response, response_id, principal.key_id)

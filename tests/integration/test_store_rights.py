@@ -44,6 +44,15 @@ def test_a_tombstone_matches_only_its_own_key(store):
     assert _ids(store) == ["r-x"]
 
 
+def test_naming_another_keys_stored_response_writes_nothing(store):
+    store.write_batch([_record("r-y", key="key-a")])
+    deleted = store.delete_response("r-y", "key-b")  # not key-b's: no deletion, and no tombstone row
+    assert (deleted.responses, deleted.ratings) == (0, 0)
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM deleted_responses")).scalar() == 0
+    assert _ids(store) == ["r-y"]
+
+
 def test_a_forgotten_key_stores_nothing_from_then_on(store):
     store.write_batch([_record("r-1"), _record("r-2", key="key-b")])
     store.write_batch([FeedbackRecord("r-1", "key-a", 1)])
