@@ -10,8 +10,8 @@
     http_port = 0           # (0: [server] port)
 
 Every serving process, Serve replica or a plain `liveloop serve`, registers in the store's replica
-registry (store/replicas.py) under `replica_id` ("auto": host-pid; a Serve replica: its Serve replica
-id) and heartbeats it: at once when what it serves changes (checked every `[server] watch_seconds`),
+registry (store/replicas.py) under `replica_id` ("auto": a random name drawn per process, saying
+nothing of the host; a Serve replica: its Serve replica id) and heartbeats it: at once when what it serves changes (checked every `[server] watch_seconds`),
 else every `heartbeat_seconds`. A row silent for `down_after_seconds` is shown "down".
 
 One serving process leads the fleet (server/leader.py): it holds the store's "leader" lease, renewed
@@ -39,7 +39,7 @@ class RayConfig:
     )
     http_host: str = field(default="", metadata={"help": "where Serve's HTTP proxy listens (\"\": [server] host)"})
     http_port: int = field(default=0, metadata={"help": "Serve's HTTP port (0: [server] port)"})
-    replica_id: str = field(default="auto", metadata={"help": "this process's name in the replica registry (auto: host-pid, or the Serve replica id)"})
+    replica_id: str = field(default="auto", metadata={"help": "this process's name in the replica registry (auto: a random name per process, or the Serve replica id)"})
     heartbeat_seconds: float = field(default=1.0, metadata={"help": "the registry row is rewritten at least this often (at once when the served version changes)"})
     down_after_seconds: float = field(default=5.0, metadata={"help": "a replica whose heartbeat is older than this is shown down"})
     leader_lease_seconds: float = field(

@@ -44,6 +44,7 @@ import contextlib
 import functools
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -72,7 +73,7 @@ from liveloop.server.leader import Leadership
 from liveloop.server.operations import Operations
 from liveloop.server.publisher import Publisher
 from liveloop.server.startup import finish_start, start_point, sweep_shared_memory
-from liveloop.server.routes import admin, alarms, anthropic, dashboard, episodes, feedback, openai, ops, release, responses, stored, tokens
+from liveloop.server.routes import admin, alarms, anthropic, api_docs, dashboard, episodes, feedback, openai, ops, release, responses, stored, tokens
 from liveloop.server.serving import Serving
 from liveloop.server.weights_import import WeightImports
 from liveloop.store import BatchWriter, Store
@@ -135,9 +136,17 @@ async def watch_forgotten(store: Store, interval: float = FORGOTTEN_REFRESH_SECO
             log.exception("reading the forgotten keys")
 
 
+@functools.cache
+def _process_name() -> str:
+    return f"replica-{secrets.token_hex(6)}"
+
+
 def replica_id(config: Config) -> str:
-    """This process's name in the replica registry: `[ray] replica_id`, or host-pid ("auto")."""
-    return f"{socket.gethostname()}-{os.getpid()}" if config.ray.replica_id == "auto" else config.ray.replica_id
+    """This process's name in the replica registry and in every response's `x-liveloop-replica`:
+    `[ray] replica_id`, or ("auto") a random name drawn once per process. The name says nothing about
+    the machine: its host and pid are in the registry row, which only operators read
+    (`/admin/replicas`)."""
+    return _process_name() if config.ray.replica_id == "auto" else config.ray.replica_id
 
 
 async def heartbeat(c: Components, config: Config) -> None:
@@ -358,7 +367,7 @@ def attach(app: FastAPI, c: Components, learner: Any | None) -> None:
 def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]) -> FastAPI:
     """The routes, error handlers, body limit and Host allow-list; `lifespan` (the wiring's) starts the
     components and `attach`es them before the first request."""
-    app = FastAPI(title="liveloop", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="liveloop", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     install_handlers(app)
     app.state.sessions = Sessions()
     app.state.login_throttle = LoginThrottle(server.login_failures_per_minute, server.login_failures_per_minute_total)
@@ -376,6 +385,7 @@ def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.Ab
     app.include_router(dashboard.router)
     app.include_router(release.router)
     app.include_router(alarms.router)
+    app.include_router(api_docs.router)  # behind the admin key, not FastAPI's public defaults
     app.add_middleware(BodyDeadline, seconds=server.body_timeout_seconds)
     app.add_middleware(BodyLimit, max_bytes=server.max_body_bytes)
     app.add_middleware(ReplicaHeader, app_state=app.state)

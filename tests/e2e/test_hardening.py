@@ -125,6 +125,45 @@ def test_delete_response_removes_it_from_training(server):
     store.close()
 
 
+def _tombstones(store) -> int:
+    from sqlalchemy import text
+
+    with store.engine.connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM deleted_responses")).scalar()
+
+
+def test_a_key_cannot_write_tombstones_for_ids_that_are_not_its_own(server):
+    """Deleting names an id; only one that could be this key's response still on its way leaves a mark."""
+    store = open_store(server)
+    with _client(server, USER_KEY) as c, _client(server, USER_KEY_2) as other:
+        theirs = _chat(c).json()["id"]
+        before = _tombstones(store)
+        for rid in [theirs, "r-1", "x" * 64, "chatcmpl-" + "z" * 32]:  # another key's stored reply, ids never issued
+            assert other.delete(f"/v1/responses/{rid}").status_code == 404
+        assert _tombstones(store) == before and store.get_response(theirs) is not None
+        assert other.delete(f"/v1/responses/chatcmpl-{'a' * 32}").status_code == 404  # could be theirs, generating elsewhere
+        assert _tombstones(store) == before + 1
+    store.close()
+
+
+def test_the_api_description_is_for_operators_only(server):
+    with httpx.Client(base_url=server.base_url, timeout=60) as anon, _client(server, USER_KEY) as user, _client(server, ADMIN_KEY) as admin:
+        for path in ("/openapi.json", "/docs", "/redoc"):
+            assert anon.get(path).status_code in (401, 404), path
+            assert user.get(path).status_code in (401, 403, 404), path
+        assert "/v1/chat/completions" in admin.get("/openapi.json").json()["paths"]
+        assert admin.get("/docs").status_code == 200
+
+
+def test_replies_name_their_replica_without_the_host_or_pid(server):
+    import socket
+
+    with _client(server, USER_KEY) as c, _client(server, ADMIN_KEY) as admin:
+        name = _chat(c).headers["x-liveloop-replica"]
+        row = next(r for r in admin.get("/admin/replicas").json()["data"] if r["id"] == name)  # operators map it
+    assert socket.gethostname() not in name and str(row["pid"]) not in name and row["pid"] > 0
+
+
 def test_forget_a_key(server):
     store = open_store(server)
     with _client(server, USER_KEY_2) as c:
