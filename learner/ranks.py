@@ -22,7 +22,9 @@ learner, not services to schedule or supervise one by one. As children they need
 runs outside it too: `liveloop learn`, tests) and no CPU reservation from the private Ray's two; the
 DeepSpeed launcher starts whole programs from a command line, where the learner is a part of one.
 Orders travel over a pipe per worker (a worker may wait hours for the next rating without a gloo
-timeout); only DeepSpeed's collectives use gloo, on loopback. A worker never outlives rank 0 (it
+timeout); only DeepSpeed's collectives use gloo, on loopback. The ranks meet through a file store in a
+private directory (0700, made by rank 0), not torch's TCP store: that one listens on every interface
+whatever MASTER_ADDR says, and any host could join or poison the group through it. A worker never outlives rank 0 (it
 watches its parent and exits when rank 0 is gone).
 A worker that dies ends rank 0's next collective with an error (or `RankFailed` before it): the
 learner crashes and its supervisor starts a fresh one, with a fresh group.
@@ -36,7 +38,8 @@ import datetime
 import logging
 import math
 import os
-import socket
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -158,18 +161,23 @@ def split(batch: TokenBatch, world: int) -> list[tuple[slice, TokenBatch]]:
     return shares
 
 
-def _rank_env(rank: int, world: int, port: int) -> None:
+def _rank_env(rank: int, world: int) -> None:
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_EXTENSIONS_DIR=extensions_dir(),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT="0", TORCH_EXTENSIONS_DIR=extensions_dir(),  # DeepSpeed reads them; no TCP store is made
     )
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the group's sockets on loopback only
 
 
-def _join_group() -> None:
+def _join_group(rendezvous: str, rank: int, world: int) -> None:
+    """Join the gloo group through the file store at `rendezvous` (in rank 0's private directory), then
+    hand it to DeepSpeed, which uses a group that is already there."""
     import deepspeed
+    import torch.distributed as dist
 
-    deepspeed.init_distributed(timeout=COLLECTIVE_TIMEOUT)
+    store = dist.FileStore(rendezvous, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    deepspeed.init_distributed(dist_backend="gloo", timeout=COLLECTIVE_TIMEOUT)
 
 
 def _die_with(parent: int) -> None:
@@ -184,14 +192,14 @@ def _die_with(parent: int) -> None:
     threading.Thread(target=watch, name="rank0-watch", daemon=True).start()
 
 
-def _worker(rank: int, world: int, port: int, conn: Any, parent: int) -> None:
+def _worker(rank: int, world: int, rendezvous: str, conn: Any, parent: int) -> None:
     """A worker rank: join the group, then follow rank 0's orders until Stop or rank 0 is gone."""
     _die_with(parent)
-    _rank_env(rank, world, port)
+    _rank_env(rank, world)
     torch.set_num_threads(1)
     from liveloop.learner.methods import make_method
 
-    _join_group()
+    _join_group(rendezvous, rank, world)
     opt: ZeroOptimizer | None = None
     method: Any = None
     config: LearnerConfig | None = None
@@ -256,20 +264,20 @@ class RankGroup:
             )
         if placement(config).device.type != "cpu":
             raise ValueError("ranks > 1 runs on the CPU (gloo) so far: set [learner] device = 'cpu'")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        _rank_env(0, world, port)
+        private = tempfile.mkdtemp(prefix="liveloop-ranks-")  # 0700, ours: only this user's processes can meet there
+        rendezvous = os.path.join(private, "rendezvous")
+        _rank_env(0, world)
         ctx = mp.get_context("spawn")
         processes, conns = [], []
         for rank in range(1, world):
             mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(rank, world, port, theirs, os.getpid()), name=f"liveloop-rank{rank}", daemon=True)
+            p = ctx.Process(target=_worker, args=(rank, world, rendezvous, theirs, os.getpid()), name=f"liveloop-rank{rank}", daemon=True)
             p.start()
             theirs.close()
             processes.append(p)
             conns.append(mine)
-        _join_group()  # waits for every worker to join
+        atexit.register(shutil.rmtree, private, True)
+        _join_group(rendezvous, 0, world)  # waits for every worker to join
         group = _GROUP = cls(world, processes, conns)
         atexit.register(group.close)
         log.info("learner rank group: %d ranks (pids %s)", world, [os.getpid()] + [p.pid for p in processes])

@@ -1,6 +1,7 @@
 """The policy step across 2 ranks (learner/ranks.py), for real: two processes in one gloo group under
 DeepSpeed ZeRO-2 and ZeRO-3, each stepping on its share of the batch, against the one-rank step on the
-whole batch; and the online learner stepping and publishing with `ranks = 2`.
+whole batch; the online learner stepping and publishing with `ranks = 2`; and the group listening on
+loopback only.
 
 A process becomes rank 0 of one group for its life (torch.distributed has one default group), so the
 2-rank runs happen in one spawned process of their own (zero_ranks_rank0.py, rank 0, which spawns
@@ -95,6 +96,7 @@ def two_ranks(tmp_path_factory, model_dir):
     runs = [step | {"config": CONFIG | {"zero_stage": stage, "ranks": 2}} for stage in (2, 3)]
     runs.append({"mode": "learn", "model_dir": str(model_dir), "db": str(tmp / "learn.db"),
                  "config": CONFIG | LEARNER | {"ranks": 2, "checkpoint_dir": str(tmp / "versions")}})
+    runs.append({"mode": "listening", "config": CONFIG | {"zero_stage": 3, "ranks": 2}})
     (tmp / "runs.json").write_text(json.dumps(runs))
     try:  # a bound, not a speed check: the first run on a machine may compile DeepSpeed's op (minutes)
         done = subprocess.run([sys.executable, str(RANK0), str(tmp / "runs.json"), str(tmp / "out.pt")],
@@ -102,11 +104,11 @@ def two_ranks(tmp_path_factory, model_dir):
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the 2-rank runs did not finish in 900 s: {e.stderr}")
     assert done.returncode == 0, f"the 2-rank runs failed:\n{done.stderr[-4000:]}"
-    zero2, zero3, learned = torch.load(tmp / "out.pt", weights_only=False)
+    zero2, zero3, learned, listening = torch.load(tmp / "out.pt", weights_only=False)
     store = Store(StoreConfig(url=f"sqlite:///{tmp / 'learn.db'}"))
     (version,) = store.versions_with_status("published")
     store.close()
-    return {2: zero2, 3: zero3, "learn": learned, "published": version}
+    return {2: zero2, 3: zero3, "learn": learned, "published": version, "listening": listening["listening"]}
 
 
 def _start(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -174,6 +176,12 @@ def test_online_learner_steps_and_publishes_across_two_ranks(two_ranks, tmp_path
     assert error < MAX_REL, f"the 2-rank learner's published update differs from 1-rank's by {error:.2e} (relative)"
     for key in ("learner/entropy", "learner/kept_fraction", "learner/mean_ratio"):  # reduced over the ranks
         assert learned["metrics"][key] == pytest.approx(learner.state.last_metrics[key], rel=1e-4)
+
+
+def test_the_group_listens_on_loopback_only(two_ranks):
+    """No rendezvous server on every interface (torch's TCP store would be one): another host cannot
+    join the group or feed its collectives."""
+    assert all(ip.startswith("127.") or ip == "::1" for ip in two_ranks["listening"]), two_ranks["listening"]
 
 
 def test_ranks_config_is_validated():

@@ -6,7 +6,8 @@ group, every run in turn (each process start costs the imports and the group's s
 
 RUNS.json: a list of {"mode": "step", "config": {...}, "model_dir", "inputs"} (one policy step on the
 batch in `inputs`, then the weights gathered twice, as two publishes would) and {"mode": "learn",
-"config": {...}, "model_dir", "db"} (the online learner: one step on the store's ratings, published).
+"config": {...}, "model_dir", "db"} (the online learner: one step on the store's ratings, published) and
+{"mode": "listening", "config": {...}} (the addresses the group's processes listen on).
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ def learn(config, model_dir: str, db: str) -> dict:
     return {"skipped_steps": state.skipped_steps, "samples": state.samples, "metrics": state.last_metrics}
 
 
+def listening(config) -> dict:
+    """The addresses the group's processes (rank 0 and its workers) listen on, while the group is up."""
+    import psutil
+
+    from liveloop.learner.ranks import RankGroup
+
+    group = RankGroup.start(config)
+    procs = [psutil.Process(), *(psutil.Process(p.pid) for p in group.processes)]
+    return {"listening": sorted({c.laddr.ip for p in procs for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN})}
+
+
 def main(runs_path: str, out: str) -> None:
     from liveloop.learner.config import LearnerConfig
     from liveloop.learner.ranks import RankGroup
@@ -56,7 +68,7 @@ def main(runs_path: str, out: str) -> None:
     for run in json.loads(Path(runs_path).read_text()):
         config = LearnerConfig(**run.pop("config"))
         mode = run.pop("mode")
-        results.append({"step": step, "learn": learn}[mode](config, **run))
+        results.append({"step": step, "learn": learn, "listening": listening}[mode](config, **run))
     RankGroup.start(config).close()
     torch.save(results, out)
 
