@@ -182,6 +182,7 @@ def test_check_literals_applies_to_instances_built_in_code():
 def test_every_preset_loads_with_its_loader():
     from liveloop.clients.scenario import load_scenario
     from liveloop.diffusion.config import load_bgpo_config
+    from liveloop.experiments.agent_config import load_agent_experiment
     from liveloop.experiments.drift import load_experiment
     from liveloop.release.suite import load_suite
 
@@ -190,6 +191,7 @@ def test_every_preset_loads_with_its_loader():
         "drift": load_scenario, "drift_experiment": load_experiment, "stability_experiment": load_experiment, "step_control": load_config,
         "drift_long": load_experiment, "segment_adapters": load_config, "stability_adapters": load_experiment,
         "live_swaps": load_config, "ray": load_config, "adapter_learning": load_config, "evaluation_default": load_suite, "sycophancy": load_scenario,
+        "agent_experiment": load_agent_experiment,
     }
     assert set(presets()) == set(loaders), "a new preset in configs/: add its loader here"
     for name, load in loaders.items():
@@ -226,6 +228,7 @@ _LOADERS = {  # the loader of every kind of preset (test_every_preset_loads_with
     "liveloop.clients.scenario:load_scenario": ("drift", "sycophancy"),
     "liveloop.experiments.drift:load_experiment": ("drift_experiment", "stability_experiment", "drift_long", "stability_adapters"),
     "liveloop.release.suite:load_suite": ("evaluation_default",),
+    "liveloop.experiments.agent_config:load_agent_experiment": ("agent_experiment",),
 }
 
 _NO_TORCH = """
