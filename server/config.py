@@ -212,6 +212,11 @@ class EngineConfig:
         metadata={"help": "sglang: the SGLang server's base URL (on this machine: it reads the checkpoint directories "
                   "liveloop names)"},
     )
+    sglang_api_key_env: str = field(
+        default="SGLANG_API_KEY",
+        metadata={"help": "sglang: the environment variable holding the key SGLang was started with (`--api-key`), sent "
+                  "as a bearer token on every call; unset or empty: none is sent. The key itself is never in a config file"},
+    )
     sglang_timeout_seconds: float = field(
         default=300.0,
         metadata={"help": "sglang: the longest wait for an answer from SGLang (a weight update, a health check, the "

@@ -7,7 +7,11 @@ the adapters. Start SGLang on the same machine (it reads the checkpoint director
 the served model, e.g.
 
     SGLANG_RETURN_ORIGINAL_LOGPROB=1 python -m sglang.launch_server --model-path models/liveloop-tiny \\
-        --port 30000 --disable-radix-cache [--enable-lora --max-loras-per-batch N --max-lora-rank R]
+        --port 30000 --disable-radix-cache --api-key "$SGLANG_API_KEY" [--enable-lora --max-loras-per-batch N --max-lora-rank R]
+
+- `--api-key`: SGLang then answers only callers with the key; liveloop sends it (a bearer token on every
+  call) from the environment variable `[engine] sglang_api_key_env` names (default SGLANG_API_KEY). Without
+  one, any local process can swap SGLang's weights or read its generations.
 
 - `SGLANG_RETURN_ORIGINAL_LOGPROB=1`: SGLang's `output_token_logprobs` are then the raw (temperature-1,
   unfiltered) log-softmax, the behaviour logprobs liveloop records (without it they are taken after the
@@ -68,6 +72,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator
@@ -221,8 +226,10 @@ class SGLangEngine(GatedEngine):
     async def start(self, version: int = 0, weights_path: str | Path | None = None) -> None:
         import httpx
 
+        key = os.environ.get(self.config.sglang_api_key_env, "") if self.config.sglang_api_key_env else ""
         self._client = httpx.AsyncClient(
-            base_url=self.url, timeout=httpx.Timeout(self.config.sglang_timeout_seconds, connect=10.0), trust_env=False
+            base_url=self.url, timeout=httpx.Timeout(self.config.sglang_timeout_seconds, connect=10.0), trust_env=False,
+            headers={"Authorization": f"Bearer {key}"} if key else None,
         )
         try:
             info = await self._get("/get_model_info")

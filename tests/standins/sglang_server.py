@@ -26,7 +26,10 @@ python/sglang/srt/managers/io_struct.py):
   POST /load_lora_adapter and /unload_lora_adapter (refused: this stand-in has no LoRA, as SGLang
   started without --enable-lora).
 
-    python tests/standins/sglang_server.py --model-path models/liveloop-tiny --port 30000 [--disable-radix-cache]
+With `--api-key KEY` every endpoint but GET /health answers 401 unless the request carries
+`Authorization: Bearer KEY` (SGLang's own --api-key check, as far as liveloop's calls go).
+
+    python tests/standins/sglang_server.py --model-path models/liveloop-tiny --port 30000 [--disable-radix-cache] [--api-key KEY]
 """
 
 from __future__ import annotations
@@ -124,8 +127,15 @@ def _check(body: dict) -> str | None:
     return None
 
 
-def build_app(state: StandIn) -> FastAPI:
+def build_app(state: StandIn, api_key: str | None = None) -> FastAPI:
     app = FastAPI()
+
+    if api_key:
+        @app.middleware("http")
+        async def check_key(request: Request, call_next):
+            if request.url.path != "/health" and request.headers.get("authorization") != f"Bearer {api_key}":
+                return _error("Unauthorized", 401)
+            return await call_next(request)
     tokenizer_path = state.model_path
 
     async def generate_tokens(body: dict, run: _Running):
@@ -347,6 +357,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--disable-radix-cache", action="store_true")
+    parser.add_argument("--api-key", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -354,7 +365,7 @@ def main() -> None:
         state = StandIn(str(Path(args.model_path)), args.disable_radix_cache)
         state.paused.set()
         await asyncio.to_thread(state.load, state.model_path)
-        config = uvicorn.Config(build_app(state), host=args.host, port=args.port, log_level="warning")
+        config = uvicorn.Config(build_app(state, args.api_key), host=args.host, port=args.port, log_level="warning")
         await uvicorn.Server(config).serve()
 
     asyncio.run(serve())

@@ -31,11 +31,13 @@ class StandIn:
                 self.process.wait(10)
 
 
-def start_standin(model_dir: Path, *, radix_cache: bool = False, deadline: float = 120.0) -> StandIn:
+def start_standin(model_dir: Path, *, radix_cache: bool = False, api_key: str | None = None, deadline: float = 120.0) -> StandIn:
     port = free_port()
     args = [sys.executable, str(STANDIN), "--model-path", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
     if not radix_cache:
         args.append("--disable-radix-cache")
+    if api_key:
+        args += ["--api-key", api_key]
     process = subprocess.Popen(args, env={**os.environ, "OMP_NUM_THREADS": "1"})
     standin = StandIn(f"http://127.0.0.1:{port}", process)
     try:
@@ -58,7 +60,7 @@ def sglang_standin(model_dir):
 @pytest.fixture
 def own_sglang_standin(request, model_dir):
     """A stand-in SGLang server of the test's own (one it may stop), radix cache off unless parametrized
-    indirectly with {"radix_cache": True}."""
+    indirectly with {"radix_cache": True} (or {"api_key": KEY}: it answers only callers with that key)."""
     standin = start_standin(model_dir, **getattr(request, "param", {}))
     yield standin
     standin.stop()

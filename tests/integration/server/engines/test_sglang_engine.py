@@ -19,7 +19,7 @@ import torch
 from liveloop.devtools import free_port, perturbed_checkpoint, random_lora_adapter
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import AdapterUnusable, GenerationRequest, SamplingParams, TokenDelta, create_engine
-from liveloop.server.engines.sglang_engine import SGLangEngine, SGLangUnreachable
+from liveloop.server.engines.sglang_engine import SGLangEngine, SGLangError, SGLangUnreachable
 from liveloop.transport.weights import CheckpointDir, WeightsRejected
 
 PROMPT = (5, 6, 7, 8)
@@ -146,6 +146,25 @@ async def test_no_server_is_a_clear_error(model_dir, tmp_path):
     with pytest.raises(SGLangUnreachable, match="did not answer GET /get_model_info"):
         await engine.start()
     assert not engine.healthy()
+
+
+@pytest.mark.parametrize("own_sglang_standin", [{"api_key": "sk-sglang-test"}], indirect=True)
+async def test_a_server_started_with_an_api_key_is_called_with_it(model_dir, own_sglang_standin, tmp_path, monkeypatch):
+    """SGLang with `--api-key`: without the key liveloop cannot start against it (a clear error, not a
+    hang); with the key in the environment variable the config names, it serves."""
+    monkeypatch.delenv("LIVELOOP_TEST_SGLANG_KEY", raising=False)
+    keyless = _engine(model_dir, own_sglang_standin.url, tmp_path, sglang_api_key_env="LIVELOOP_TEST_SGLANG_KEY")
+    with pytest.raises(SGLangError, match="HTTP 401"):
+        await keyless.start()
+    await keyless.close()
+    monkeypatch.setenv("LIVELOOP_TEST_SGLANG_KEY", "sk-sglang-test")
+    engine = _engine(model_dir, own_sglang_standin.url, tmp_path, sglang_api_key_env="LIVELOOP_TEST_SGLANG_KEY")
+    await engine.start()
+    try:
+        version, deltas = await _collect(engine, _request("keyed", 4))
+        assert version == 0 and sum(len(d.token_ids) for d in deltas) == 4 and deltas[-1].finish_reason == "length"
+    finally:
+        await engine.close()
 
 
 @pytest.mark.parametrize("own_sglang_standin", [{"radix_cache": True}], indirect=True)
