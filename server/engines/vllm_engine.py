@@ -91,6 +91,11 @@ def _cpu_env(config: EngineConfig) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gb))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM's process group (gloo, and the TCP store it meets through) on loopback: left alone, vLLM takes
+    # the address of the default route's interface and gloo whatever the host name resolves to, so any
+    # host on the network could reach them. A multi-host deployment sets both itself.
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 
 def engine_args(config: EngineConfig, model_path: str, weights_path: str | None = None):
