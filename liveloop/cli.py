@@ -27,6 +27,7 @@ from liveloop.diffusion import cli as bgpo_cli
 from liveloop.experiments import cli as experiments_cli
 from liveloop.config import Config, ConfigError, load_config
 from liveloop.home import model_path
+from liveloop.private import check_data, restrict_umask
 from liveloop.rewards import RULE_SPECS
 from liveloop.store.store import SchemaNotReady
 
@@ -63,6 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = dataclasses.replace(config.server, host=args.host or config.server.host, port=args.port or config.server.port)
     config = dataclasses.replace(config, server=server)
     check_bind(config)  # before building or loading anything
+    check_data(config)  # the store and checkpoints private (narrowed with a warning, or refused)
     if args.engine:
         config = config.with_section("engine", backend=args.engine)
     if args.no_learner:
@@ -335,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    restrict_umask()  # before anything is written or started: what liveloop keeps is its user's alone
     import httpx
 
     from liveloop.clients.client import LiveloopError

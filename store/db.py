@@ -4,9 +4,15 @@ deleted row's bytes are overwritten with zeros, not left in free space: store/ri
 `immediate(engine)` is the same engine for transactions that must hold the write lock from their first
 statement: on SQLite it opens them with `BEGIN IMMEDIATE` (a deferred transaction that reads and then
 writes can be overtaken between the two, or fail at once with "database is locked"); on PostgreSQL it
-changes nothing (those transactions take their locks themselves, store/lifecycle.py)."""
+changes nothing (those transactions take their locks themselves, store/lifecycle.py).
+
+A SQLite store is private whatever the umask (liveloop/private.py): its directory, when the store makes
+it, is 0700, and the database file is created 0600 before SQLite opens it (SQLite gives its `-wal`,
+`-shm` and `-journal` files the database file's mode); an existing one, and its side files, are narrowed
+to 0600."""
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +20,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+from liveloop.private import create_private, private_dir, sqlite_files, tighten
 from liveloop.store.config import StoreConfig
 
 
@@ -38,11 +45,23 @@ def busy_timeout(driver_connection: Any, ms: int) -> Iterator[None]:
             driver_connection.execute(f"PRAGMA busy_timeout = {int(before)}")
 
 
+def private_sqlite(files: list[Path]) -> None:
+    """The database file 0600 before SQLite opens it (made so, or narrowed), its side files narrowed."""
+    db = private_dir(files[0].parent) / files[0].name
+    try:
+        os.close(create_private(db))
+    except FileExistsError:  # an existing store (or a symlink to one: SQLite opens what it names)
+        pass
+    for path in files:
+        tighten(path)
+
+
 def make_engine(config: StoreConfig) -> Engine:
     url = make_url(config.url)
     if url.get_backend_name() == "sqlite":
-        if url.database and url.database != ":memory:":
-            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        files = sqlite_files(config.url)
+        if files:
+            private_sqlite(files)
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         synchronous = config.sqlite_synchronous.upper()
 

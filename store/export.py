@@ -40,7 +40,9 @@ Streamed in constant memory: ratings are read in pages by feedback id (keyset pa
 read transaction a page), `preference` in one streamed query ordered by prompt (only one prompt's
 ratings are held at a time); Parquet goes out in row groups of `row_group` rows through
 `pyarrow.parquet.ParquetWriter`, JSONL line by line. The file is written under a temporary name in the
-output's directory and renamed at the end, so a failed export leaves no file and never half of one.
+output's directory and renamed at the end, so a failed export leaves no file and never half of one; that
+temporary file is 0600 (so is the export, whatever the umask), its name unpredictable and created
+exclusively (liveloop/private.py `private_temp`): a link another user plants there redirects nothing.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from sqlalchemy import and_, exists, func, not_, or_, select
 from sqlalchemy.orm import aliased
 
 from liveloop.episodes import EpisodeMismatch, episode_layout
+from liveloop.private import private_temp
 from liveloop.store.codec import decode_floats, decode_ids
 from liveloop.store.models import ApiKey, DeletedResponse, Feedback, Response
 
@@ -448,9 +451,12 @@ def export(
     shaper = Shaper(shape, text, prompt_form, functools.partial(_before, store), with_tools, store.episodes.episode)
     counted = _Counted(rated_rows_by_prompt(store, filt, page) if shape == "preference" else rated_rows(store, filt, page))
     started = time.perf_counter()
-    tmp = out.parent / f".{out.name}.{os.getpid()}.partial"
     try:
-        with open(tmp, "wb") as f:
+        fd, tmp = private_temp(out)  # 0600, an unpredictable name, created exclusively: never another's file or link
+    except OSError as exc:
+        raise ExportError(f"--out: cannot write in {out.parent}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
             n = WRITERS[fmt](shaper.rows(counted), f, schema(shape, prompt_form, with_tools), row_group)
             f.flush()
             os.fsync(f.fileno())
