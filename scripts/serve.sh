@@ -7,7 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # the replicas preset's store is this project's private PostgreSQL (127.0.0.1:55432, database liveloop)
-case " $* " in *" --config ray "*|*" --config=ray "*) LIVELOOP_PG_DB=liveloop bash scripts/postgres.sh start >/dev/null ;; esac
+case " $* " in *" --config ray "*|*" --config=ray "*)
+  LIVELOOP_PG_DB=liveloop bash scripts/postgres.sh start >/dev/null
+  export PGPASSFILE=$(bash scripts/postgres.sh passfile) ;;  # its password (never in a URL or a config)
+esac
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/liveloop store migrate >/dev/null
 exec .venv/bin/liveloop serve "$@"

@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/browser.sh
 export LIVELOOP_REQUIRE_BROWSER=1
-PG_URL=$(bash scripts/postgres.sh start)
+PG_URL=$(bash scripts/postgres.sh start)   # no password in it: libpq reads it from PGPASSFILE (0600)
 export LIVELOOP_TEST_PG_URL=$PG_URL
+export PGPASSFILE=$(bash scripts/postgres.sh passfile)
 export LIVELOOP_REQUIRE_PG=1
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/liveloop model init >/dev/null
