@@ -2,6 +2,7 @@
 deployment after the other in this script (hf engine, the tiny model, PostgreSQL, the learner off so
 that only serving competes for the CPUs).
 
+    export PGPASSFILE=$(bash scripts/postgres.sh passfile)   # the cluster's password (scripts/postgres.sh start)
     LIVELOOP_TEST_PG_URL=postgresql+psycopg://postgres@127.0.0.1:55432/liveloop_test \\
         .venv/bin/python bench/replicas.py [--arms process,1,2] [--users 8] [--seconds 20] [--pushes 12]
 

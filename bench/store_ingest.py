@@ -146,6 +146,9 @@ def postgres_base_url(given: str | None = None) -> str:
     )
     if proc.returncode != 0 or not proc.stdout.strip():
         raise SystemExit(f"scripts/postgres.sh start failed (use --no-postgres to skip):\n{proc.stderr}")
+    if "PGPASSFILE" not in os.environ:  # the cluster asks for its password: libpq reads it from this file
+        passfile = subprocess.run(["bash", str(ROOT / "scripts" / "postgres.sh"), "passfile"], capture_output=True, text=True, check=True)
+        os.environ["PGPASSFILE"] = passfile.stdout.strip()
     return proc.stdout.strip().splitlines()[-1]
 
 
