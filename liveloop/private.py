@@ -25,9 +25,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
-
 from sqlalchemy.engine import make_url
+
+log = logging.getLogger(__name__)
 
 UMASK = 0o077
 OTHERS = 0o077  # the group and other permission bits
