@@ -97,7 +97,7 @@ def assert_locked(c: Cluster, passfile: Path) -> None:
         assert conn.execute("SELECT current_user").fetchone() == ("postgres",)
 
 
-def test_a_new_cluster_asks_for_the_generated_password(cluster):
+def test_a_new_cluster_asks_for_the_generated_password(cluster, monkeypatch):
     done = cluster.script("start")
     url = done.stdout.strip()
     assert url == f"postgresql+psycopg://postgres@127.0.0.1:{cluster.port}/liveloop_test"
@@ -114,14 +114,12 @@ def test_a_new_cluster_asks_for_the_generated_password(cluster):
     # the URL works for the tests as they use it (SQLAlchemy and psycopg, the password from PGPASSFILE)
     from sqlalchemy import create_engine, text
 
-    os.environ["PGPASSFILE"] = str(passfile)
-    try:
+    with monkeypatch.context() as patch:  # the suite's own PGPASSFILE (the shared cluster's) comes back after
+        patch.setenv("PGPASSFILE", str(passfile))
         engine = create_engine(url)
         with engine.connect() as conn:
             assert conn.execute(text("SELECT current_database()")).scalar() == "liveloop_test"
         engine.dispose()
-    finally:
-        del os.environ["PGPASSFILE"]
     # a restart keeps the same password (and says nothing of it)
     again = cluster.script("start")
     assert (cluster.secrets / "password").read_text() == password and password not in again.stdout + again.stderr

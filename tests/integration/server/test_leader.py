@@ -34,6 +34,7 @@ from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.store import Store, StoreConfig, VersionStatus
 from liveloop.store.evaluations import Evaluation
 from liveloop.store.lease import LEADER, Leases
+from liveloop.store.replicas import ReplicaRegistry
 
 from .conftest import rate_replies
 
@@ -180,7 +181,9 @@ def test_a_killed_leader_process_is_replaced(tmp_path, model_dir, checkpoints, t
     try:
         wait_until(lambda: _holder(store) is not None, 20, "the server process leading")
         leader = _holder(store)
-        assert leader.startswith(f"{socket.gethostname()}-{server.proc.pid}/")  # `[ray] replica_id` auto: host-pid
+        # `[ray] replica_id` auto: a random name per process; the registry row ties it to this host and pid
+        own = [r.replica_id for r in ReplicaRegistry(store).rows(60.0) if (r.host, r.pid) == (socket.gethostname(), server.proc.pid)]
+        assert len(own) == 1 and own[0].startswith("replica-") and leader.startswith(f"{own[0]}/")
         port = free_port()
         path, _ = write_config(tmp_path, Path(model_dir).resolve(), "hf", port, store_url=server.store_url, extra=extra,
                                server_extra="watch_seconds = 0.05")
