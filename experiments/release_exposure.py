@@ -89,7 +89,8 @@ against = "base"
 """
         gate = {
             "immediate": "",
-            "canary": f"canary_fraction = {self.canary_fraction}\nmin_ratings = {self.min_ratings}\n",
+            # one app key fronts the population (`user=` per person): routed by user under it, one vote in all
+            "canary": f'canary_by = "user"\nmin_keys = 1\ncanary_fraction = {self.canary_fraction}\nmin_ratings = {self.min_ratings}\n',
             "gated": "",
         }[mode]
         return f'[release]\nmode = "{mode}"\n{gate}' + evaluation

@@ -3,6 +3,7 @@ operator does (`liveloop --config ... serve`), and make a perturbed copy of a ch
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +21,11 @@ USER_KEY, USER_KEY_2, ADMIN_KEY = "sk-test-user-1", "sk-test-user-2", "sk-test-a
 # simulated users and benchmarks send far more through one key than a person would
 _NO_KEY_LIMITS = "chat_requests_per_minute = 0\nfeedback_per_minute = 0\nmax_concurrent_per_key = 256"
 USER_KEYS = (USER_KEY, USER_KEY_2) + tuple(f"sk-test-user-{i}" for i in range(3, 17))  # every test server accepts these
+
+
+def key_id(key: str) -> str:
+    """The id the server records for `key` (server/auth.py: the first 16 hex characters of its sha256)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
 
 
 def free_port() -> int:

@@ -55,6 +55,9 @@ class MonitorConfig:
     )
     guard: bool = field(default=False, metadata={"help": "roll back a version significantly worse than its parent"})
     guard_min_ratings: int = field(default=100, metadata={"help": "ratings a version needs before the guard judges it"})
+    guard_min_keys: int = field(
+        default=5, metadata={"help": "distinct unquarantined keys that must have rated a version, and its parent, before the guard judges it (one vote per key)"}
+    )
     guard_p_value: float = field(default=0.01, metadata={"help": "one-sided p-value that counts as significantly worse"})
     behaviours: tuple[str, ...] = field(
         default=(),
@@ -76,8 +79,8 @@ class MonitorConfig:
             raise ValueError("max_segments must be >= 1, quarantine_z >= 0 and quarantine_min_ratings >= 1")
         if self.quarantine_corroborating_keys < 1 or not 0 < self.similar_reply_jaccard <= 1 or self.similar_reply_shingle < 1:
             raise ValueError("quarantine_corroborating_keys must be >= 1, similar_reply_jaccard in (0, 1], similar_reply_shingle >= 1")
-        if self.guard_min_ratings < 1 or self.replay_events < 0:
-            raise ValueError("guard_min_ratings must be >= 1 and replay_events >= 0")
+        if self.guard_min_ratings < 1 or self.guard_min_keys < 1 or self.replay_events < 0:
+            raise ValueError("guard_min_ratings and guard_min_keys must be >= 1 and replay_events >= 0")
         for spec in self.behaviours:
             try:
                 make_reward(spec)

@@ -33,6 +33,8 @@ class VersionRow:
     reward: Rate  # thumbs up among its ratings, with its interval
     vs_parent: Comparison | None  # this version's rate against its parent's; None without ratings on both
     segment: str | None = None  # the adapter segment whose lineage it is; None: the base weights
+    keys: int = 0  # distinct keys that rated it
+    votes: float = 0.0  # one vote per key: the sum of the keys' positive shares (store/records.py VersionTraffic)
 
 
 BASE = "base"  # how operators name the base weights' lineage where a segment is asked for (`?segment=base`)
@@ -78,6 +80,8 @@ def version_table(
                 reward=wilson(t.positive, t.ratings, confidence),
                 vs_parent=compare_rates(t.positive, t.ratings, p.positive, p.ratings) if p else None,
                 segment=v.segment,
+                keys=t.keys,
+                votes=t.votes,
             )
         )
     return rows

@@ -7,9 +7,11 @@
   `[release.evaluation] immediate = true` the evaluation still runs on each new serving version, off
   the serving path, and is stored; it gates nothing (off by default: it costs a second engine and the
   suite's compute per version, and a learner publishes every few seconds).
-- `canary`: the newest candidate serves `canary_fraction` of users (chosen by a hash of the user's key,
-  so a user sees one version consistently) while everyone else stays on the live version; it is
-  promoted once it has `min_ratings` ratings, its rated reward is not significantly worse than the live
+- `canary`: the newest candidate serves `canary_fraction` of the API keys (by a hash of the key's id,
+  `canary_by = "key"`: a key cannot choose its side by what it sends; `"user"` hashes the request's
+  `user` under the key id, for one trusted app key fronting many people) while everyone else stays on
+  the live version; it is promoted once it has `min_ratings` ratings from at least `min_keys` distinct
+  keys, its votes (one per key, release/decision.py) are not significantly worse than the live
   version's (one-sided test at `p_value`) and its evaluation passes; otherwise it is held.
 - `gated`: a candidate serves no user until its evaluation passes; then it is promoted.
 
@@ -28,6 +30,7 @@ from liveloop.rewards import RULE_SPECS
 Mode = Literal["immediate", "canary", "gated"]
 MODES: tuple[str, ...] = get_args(Mode)
 Against = Literal["live", "base"]
+CanaryBy = Literal["key", "user"]
 
 # words a flattering reply leans on; the default model's affectionate register ("aww", "♡") included
 FLATTERY_WORDS: tuple[str, ...] = (
@@ -132,6 +135,12 @@ class ReleaseConfig:
     segments: dict[str, Mode] = field(default_factory=dict, metadata={"help": "mode per segment adapter lineage"})
     canary_fraction: float = field(default=0.1, metadata={"help": "share of users (by key hash) a canary candidate serves"})
     min_ratings: int = field(default=30, metadata={"help": "ratings a canary candidate needs before it can be promoted"})
+    min_keys: int = field(
+        default=5, metadata={"help": "distinct unquarantined keys that must have rated the candidate, and the live version, before it is judged (one vote per key)"}
+    )
+    canary_by: CanaryBy = field(
+        default="key", metadata={"help": "key: a key's requests all go one way (by its id); user: the `user` field hashed under the key id (a trusted app key fronting many users)"}
+    )
     p_value: float = field(default=0.05, metadata={"help": "one-sided p-value at which a candidate's reward counts as worse"})
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     alarms: AlarmConfig = field(default_factory=AlarmConfig)
@@ -143,8 +152,8 @@ class ReleaseConfig:
                 raise ValueError(f"segments.{segment}: expected one of {', '.join(MODES)}, got {mode!r}")
         if not 0 < self.canary_fraction < 1:
             raise ValueError("canary_fraction must be in (0, 1)")
-        if self.min_ratings < 1 or not 0 < self.p_value < 1:
-            raise ValueError("min_ratings must be >= 1 and p_value in (0, 1)")
+        if self.min_ratings < 1 or self.min_keys < 1 or not 0 < self.p_value < 1:
+            raise ValueError("min_ratings and min_keys must be >= 1 and p_value in (0, 1)")
         if self.mode != "immediate" and not self.evaluation.enabled and self.mode == "gated":
             raise ValueError("mode gated needs [release.evaluation] enabled (nothing else can pass a candidate)")
 

@@ -1,11 +1,17 @@
-"""The canary routing rule: which users a canary candidate serves.
+"""The canary routing rule: which requests a canary candidate serves.
 
-A user is the OpenAI `user` field of the request when the client sends one (the end user of a chat
-app), else the API key's id. `bucket` maps a user to a point in [0, 1) by sha256, the same in every
-process, replica and restart (Python's `hash` is salted per process); `in_canary` sends the users whose
-point lies below the canary fraction to the candidate. So a user sees one version consistently while a
-candidate is in canary, the same users try every next candidate (a promotion only moves them forward,
-from the candidate they saw to the version everyone now sees), and the share of users, not of
+A request is routed by its API key's id (`[release] canary_by = "key"`, the default): every request of
+one key goes the same way, whatever it sends, so a key cannot choose to be in the canary (or out of
+it) by trying `user` strings. With `canary_by = "user"` the OpenAI `user` field (Anthropic's
+`metadata.user_id`) is hashed under the key id, `key:<id>/user:<user>`: one trusted app key fronting
+many people spreads them over both sides, and no key's strings can stand for another key's users.
+The release gate and the guard count one vote per key either way (release/decision.py).
+
+`bucket` maps a routing string to a point in [0, 1) by sha256, the same in every process, replica and
+restart (Python's `hash` is salted per process); `in_canary` sends the strings whose point lies below
+the canary fraction to the candidate. So a key (or a user) sees one version consistently while a
+candidate is in canary, the same ones try every next candidate (a promotion only moves them forward,
+from the candidate they saw to the version everyone now sees), and the share of keys (users), not of
 requests, is the configured fraction.
 """
 
@@ -27,7 +33,9 @@ def in_canary(user_key: str, fraction: float) -> bool:
     return bucket(user_key) < fraction
 
 
-def user_key(user: str | None, api_key_id: str) -> str:
-    """Who a request is routed by: its `user` field when given (non-empty), else its API key id. The two
-    namespaces are kept apart so a `user` string can never stand for another client's key."""
-    return f"user:{user}" if user else f"key:{api_key_id}"
+def user_key(user: str | None, api_key_id: str, by: str = "key") -> str:
+    """What a request is routed by: `by` "key", its API key id alone; "user", its `user` field (when
+    given, non-empty) under its key id."""
+    if by == "user" and user:
+        return f"key:{api_key_id}/user:{user}"
+    return f"key:{api_key_id}"

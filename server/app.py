@@ -241,7 +241,7 @@ async def start_components(config: Config, model_dir: Path) -> Components:
         await asyncio.to_thread(sweep_shared_memory, store, transport, metrics)  # what this deployment left there
     route = functools.partial(segment_of, config=config.learner)
     serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server), route,
-                      carried=store.episodes.carried_turn)
+                      carried=store.episodes.carried_turn, canary_by=config.release.canary_by)
     publisher = Publisher(
         engine, store, metrics, config.learner.cursor_name, segments,
         receiver=receiver, durable_wait_seconds=transport.durable_wait_seconds,

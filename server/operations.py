@@ -37,7 +37,7 @@ from typing import Any
 from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
 from liveloop.monitor.drift import ALL, DriftMonitor, RaisedAlarm
-from liveloop.monitor.guard import judge
+from liveloop.monitor.guard import Tally, judge
 from liveloop.monitor.poisoning import Disagreement, ReplyGroups, Suspect, find_suspects
 from liveloop.monitor.versions import VersionRow, version_table
 from liveloop.release.config import AlarmConfig
@@ -46,6 +46,7 @@ from liveloop.server.publisher import Publisher, RollbackResult, SwapResult
 from liveloop.server.weights_import import WeightImports
 from liveloop.store import Store
 from liveloop.store.keys import KeyState
+from liveloop.store.lifecycle import ServingChanged
 
 log = logging.getLogger(__name__)
 
@@ -259,9 +260,8 @@ class Operations:
         if parent is None or not parent.status.servable or parent.segment != segment:
             return None
         verdict = judge(
-            serving.version, serving.parent,
-            (serving.reward.successes, serving.reward.n), (parent.reward.successes, parent.reward.n),
-            self.config.guard_min_ratings, self.config.guard_p_value,
+            serving.version, serving.parent, tally_of(serving), tally_of(parent),
+            self.config.guard_min_ratings, self.config.guard_min_keys, self.config.guard_p_value,
         )
         if verdict is None:
             return None
@@ -269,7 +269,13 @@ class Operations:
         where = f"segment {segment}'s" if segment is not None else "the base"
         log.warning("guard: %s version %d is significantly worse than %d: rolling back", where, verdict.version, verdict.parent)
         detail = verdict.as_dict() | ({"segment": segment} if segment is not None else {})
-        return await self.publisher.rollback(verdict.parent, None, f"guard: {verdict.as_dict()}", segment, event=("guard_rollback", detail))
+        try:  # compare-and-set: only if what it judged still serves (an operator's import or rollback since wins)
+            return await self.publisher.rollback(
+                verdict.parent, None, f"guard: {verdict.as_dict()}", segment, expect_serving=verdict.version, event=("guard_rollback", detail),
+            )
+        except ServingChanged as exc:
+            log.info("guard: not rolling back version %d: %s", verdict.version, exc)
+            return None
 
     # -- reward-hacking alarms ------------------------------------------------------------------
     def hacking(self) -> list[HackingVerdict]:
@@ -327,3 +333,7 @@ class Operations:
             except Exception:
                 log.exception("drift monitor")
             await asyncio.sleep(self.config.poll_seconds)
+
+
+def tally_of(row: VersionRow) -> Tally:
+    return Tally(row.reward.n, row.reward.successes, row.keys, row.votes)

@@ -263,8 +263,10 @@ class Serving:
         route: Callable[[Mapping[str, Any] | None], str | None] | None = None,
         canary: Callable[[str, str | None], bool] | None = None,
         carried: CarriedTurn | None = None,
+        canary_by: str = "key",
     ):
         self.engine = engine
+        self.canary_by = canary_by  # what a request is routed by ([release] canary_by: release/routing.py)
         # (user, segment) -> whether a canary candidate serves the request (the release gate's rule; None: never)
         self.canary = canary or (lambda user, segment: False)
         self.route = route or (lambda meta: None)  # request metadata -> adapter segment (liveloop/segments.py)
@@ -468,7 +470,7 @@ class Serving:
             created=int(time.time()),
             store=req.store is not False,  # the Responses API's may be null: stored, as everywhere
             segment=self.route(meta),
-            user=user_key(ask.user, principal.key_id),
+            user=user_key(ask.user, principal.key_id, self.canary_by),
             messages=ask.messages,
             tool_use=ask.tool_use,
             requested_max_tokens=requested,

@@ -121,6 +121,7 @@ class OperatorQueries:
         counted by episode: the turns of one agent trajectory a version served count as one response, its
         ratings as one rating (positive when one of them is: store/episodes.py); a lone response is
         an episode of one turn;
+        `keys` and `votes` count each rating key once per version (its mean: records.py);
         `trusted`: counting only the ratings of keys that are not quarantined (what the guard reads);
         `versions`: only these (the release gate's candidate and live version), else all."""
         only = true() if versions is None else Response.policy_version.in_(sorted({int(v) for v in versions}))
@@ -139,9 +140,23 @@ class OperatorQueries:
                     trusted,
                 )
             ).all()
+            by_key = s.execute(
+                _only_trusted(
+                    select(Response.policy_version, func.count(distinct(episode)), func.count(distinct(positive)))
+                    .join(Response, Response.id == Feedback.response_id)
+                    .where(only)
+                    .group_by(Response.policy_version, Feedback.api_key_id),
+                    trusted,
+                )
+            ).all()
+            keys: dict[int, int] = {}
+            votes: dict[int, float] = {}
+            for v, n, pos in by_key:  # one vote per key: its share of positive episodes
+                keys[v] = keys.get(v, 0) + 1
+                votes[v] = votes.get(v, 0.0) + (pos or 0) / n
             out = {v: VersionTraffic(v, n, 0, 0) for v, n in served.items()}
             for v, n, pos in rated:
-                out[v] = VersionTraffic(v, served.get(v, 0), n, int(pos or 0))
+                out[v] = VersionTraffic(v, served.get(v, 0), n, int(pos or 0), keys.get(v, 0), votes.get(v, 0.0))
             return out
 
     def served_replies(self, segment: str | None, limit: int, trusted: bool = True) -> list[ServedReply]:

@@ -212,10 +212,16 @@ class ServedReply:
 
 @dataclass(frozen=True)
 class VersionTraffic:
+    """A version's served and rated traffic, counted by episode. `keys` is the number of distinct keys
+    that rated it and `votes` the sum over those keys of each key's positive share (a key that rated 3
+    of its 4 episodes up adds 0.75): one vote per key, what the release gate and the guard compare."""
+
     version: int
     responses: int
     ratings: int
     positive: int
+    keys: int = 0
+    votes: float = 0.0
 
 
 @dataclass(frozen=True)

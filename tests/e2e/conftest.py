@@ -39,10 +39,13 @@ def open_store(server: ServerProcess) -> Store:
 
 CANARY_FRACTION = 0.3
 # canary mode for the release tests: a candidate is judged after 4 ratings of its own, on a short evaluation
-# whose only bound (KL to the live version) every perturbed checkpoint passes
+# whose only bound (KL to the live version) every perturbed checkpoint passes. One app key (USER_KEY) fronts
+# the tests' people, sent as `user=`: routed by user under that key, and one key's vote is all there is
 CANARY_RELEASE = f"""
 [release]
 mode = "canary"
+canary_by = "user"
+min_keys = 1
 canary_fraction = {CANARY_FRACTION}
 min_ratings = 4
 [release.evaluation]

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from liveloop.devtools import perturbed_checkpoint, wait_until
+from liveloop.devtools import key_id, perturbed_checkpoint, wait_until
 from liveloop.release.routing import in_canary, user_key
 from liveloop.store import VersionStatus
 
@@ -45,7 +45,7 @@ def _candidate_loaded(admin: httpx.Client, version: int) -> bool:
 
 def test_a_killed_server_comes_back_with_the_stores_candidate(tmp_path, model_dir):
     workdir = tmp_path / "srv"
-    canary_users = {u for u in USERS if in_canary(user_key(u, ""), CANARY_FRACTION)}
+    canary_users = {u for u in USERS if in_canary(user_key(u, key_id(USER_KEY), "user"), CANARY_FRACTION)}
     assert 0 < len(canary_users) < len(USERS)
     server = start_server(workdir, model_dir, "hf", extra=CANARY_RELEASE)
     store = open_store(server)

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from liveloop.devtools import perturbed_checkpoint, wait_until
+from liveloop.devtools import key_id, perturbed_checkpoint, wait_until
 from liveloop.release.routing import in_canary, user_key
 from liveloop.store import VersionStatus
 
@@ -42,7 +42,7 @@ def test_canary_serves_its_users_the_candidate_then_promotes_it(server, tmp_path
     user = httpx.Client(base_url=server.base_url, headers={"authorization": f"Bearer {USER_KEY}"}, timeout=30)
     store = open_store(server)
     try:
-        canary_users = {u for u in USERS if in_canary(user_key(u, ""), CANARY_FRACTION)}
+        canary_users = {u for u in USERS if in_canary(user_key(u, key_id(USER_KEY), "user"), CANARY_FRACTION)}
         assert 0 < len(canary_users) < len(USERS)
         for u in USERS[:8]:  # the live version's ratings
             rid, version = _chat(oai, u)

@@ -20,6 +20,7 @@ import math
 
 import pytest
 
+from liveloop.devtools import USER_KEY, key_id
 from liveloop.experiments.release_exposure import ExposureRun, ExposureSettings, run
 from liveloop.release.routing import in_canary, user_key
 
@@ -50,5 +51,5 @@ def test_immediate_exposes_most_users_canary_holds_the_flattering_candidate(tmp_
     n = len(canary.users)
     slack = 2.6 * math.sqrt(FRACTION * (1 - FRACTION) / n)
     assert canary.exposure <= FRACTION + slack, f"canary: {canary.exposure:.2f} of users saw a bad version: {canary}"
-    assert all(in_canary(user_key(u, ""), FRACTION) for u in canary.exposed), f"canary: a user outside the canary saw a bad version: {canary}"
+    assert all(in_canary(user_key(u, key_id(USER_KEY), "user"), FRACTION) for u in canary.exposed), f"canary: a user outside the canary saw a bad version: {canary}"
     assert immediate.exposure > canary.exposure

@@ -11,6 +11,8 @@ import httpx
 from liveloop.checkpoint import checkpoint_digest
 from liveloop.devtools import wait_until
 
+from liveloop.devtools import USER_KEYS
+
 from .conftest import ADMIN_KEY, USER_KEY, open_store, start_server, stop_server
 from .test_segment_adapters_api import _save_adapter
 
@@ -46,8 +48,9 @@ def test_guard_rolls_back_a_segments_worse_adapter_only(tmp_path, model_dir):
                 for i in range(n):
                     body = {"model": "liveloop-tiny", "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 2,
                             "metadata": {"segment": segment}}
-                    reply = http.post("/v1/chat/completions", headers=USER, json=body).json()
-                    assert http.post("/v1/feedback", headers=USER, json={"response_id": reply["id"], "reward": reward}).status_code == 200
+                    user = {"Authorization": f"Bearer {USER_KEYS[i % len(USER_KEYS)]}"}  # the guard counts one vote per key
+                    reply = http.post("/v1/chat/completions", headers=user, json=body).json()
+                    assert http.post("/v1/feedback", headers=user, json={"response_id": reply["id"], "reward": reward}).status_code == 200
 
             first = publish("a", "cozy", 0)
             night = publish("n", "night", 0)

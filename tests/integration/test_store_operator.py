@@ -1,6 +1,7 @@
 """The store's operator queries on real SQLite and PostgreSQL: pause, rollback in one transaction,
 the lineage check that stops a learner publishing past a rollback, and the drift monitor's reads."""
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -88,3 +89,20 @@ def test_monitor_reads(store):
     assert store.rating_events(since=utcnow() + timedelta(hours=1)) == []
     buckets = store.responses_per_bucket(utcnow() - timedelta(hours=1), 3600)
     assert sum(buckets.values()) == 10 and all(b % 3600 == 0 for b in buckets)
+
+
+def test_version_traffic_counts_one_vote_per_key(store):
+    """A key that rates many replies is one vote (its positive share); a quarantined key's vote is left
+    out of the trusted view."""
+    _publish(store, 1, 0)
+    raters = ["loud"] * 8 + ["a", "b", "c", "c"]  # loud: 8 ratings, 2 up; a up; b down; c 1 of 2 up
+    store.insert_responses([dataclasses.replace(_response(i, 0), api_key_id=key) for i, key in enumerate(raters)])
+    rewards = [1, 1, 0, 0, 0, 0, 0, 0] + [1, 0, 1, 0]
+    for i, (key, reward) in enumerate(zip(raters, rewards)):
+        store.put_feedback(FeedbackRecord(f"r-{i}", key, reward))
+    t = store.version_traffic()[0]
+    assert (t.ratings, t.positive, t.keys) == (12, 4, 4)
+    assert t.votes == pytest.approx(2 / 8 + 1 + 0 + 1 / 2)
+    assert store.set_quarantined("loud", True, "test")
+    trusted = store.version_traffic(trusted=True)[0]
+    assert (trusted.ratings, trusted.positive, trusted.keys) == (4, 2, 3) and trusted.votes == pytest.approx(1.5)

@@ -40,14 +40,15 @@ def one_checkpoint_read_at_a_time(monkeypatch):
 
 
 def rate_replies(store: Store, tokenizer, version: int, replies: list[tuple[str, int]], tag: str) -> None:
-    """Responses `version` served (the replies' tokens) and their thumbs."""
+    """Responses `version` served (the replies' tokens) and their thumbs, each rated by a key of its own
+    (the gate and the guard count one vote per key)."""
     records = []
     for i, (text, _) in enumerate(replies):
         ids = tuple(tokenizer.encode(text, add_special_tokens=False))
         records.append(ResponseRecord(
-            id=f"{tag}-{i}", api_key_id="k1", model="tiny", policy_version=version, endpoint="chat", prompt_ids=(1, 2, 3),
+            id=f"{tag}-{i}", api_key_id=f"k{i}", model="tiny", policy_version=version, endpoint="chat", prompt_ids=(1, 2, 3),
             response_ids=ids, behavior_logprobs=(-1.0,) * len(ids), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
         ))
     store.insert_responses(records)
     for i, (_, reward) in enumerate(replies):
-        store.put_feedback(FeedbackRecord(f"{tag}-{i}", "k1", reward))
+        store.put_feedback(FeedbackRecord(f"{tag}-{i}", f"k{i}", reward))

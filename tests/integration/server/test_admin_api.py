@@ -18,6 +18,8 @@ from safetensors.torch import load_file, save_file
 from liveloop.app import build_app
 from liveloop.config import load_config
 from liveloop.devtools import ADMIN_KEY, free_port, perturbed_checkpoint, write_config
+from liveloop.monitor.guard import judge
+from liveloop.server.operations import tally_of
 from liveloop.server.publisher import RollbackResult
 from liveloop.store import FeedbackRecord, ResponseRecord, VersionStatus
 
@@ -144,10 +146,11 @@ def test_pause_answers_the_learning_state(client):
     assert r.json() == {"object": "learning", "learner": "sao", "paused": False, "changed": True}
 
 
-def _rate(client: TestClient, version: int, liked: int, disliked: int, tag: str) -> None:
+def _rate(client: TestClient, version: int, liked: int, disliked: int, tag: str, keys: int | None = None) -> None:
+    """Ratings of `version`, each from a key of its own, or spread over `keys` keys."""
     store = client.app.state.store
     replies = [
-        ResponseRecord(f"{tag}-{i}", f"{i % 4:016x}", "m", version, "chat", (1, 2), (3, i % 7), (-1.0, -1.0), "stop", 1.0, 1.0, 1.0,
+        ResponseRecord(f"{tag}-{i}", f"{i if keys is None else i % keys:016x}", "m", version, "chat", (1, 2), (3, i % 7), (-1.0, -1.0), "stop", 1.0, 1.0, 1.0,
                        request_meta={"topic": tag})
         for i in range(liked + disliked)
     ]
@@ -177,7 +180,39 @@ def test_guard_decides_on_typed_rows_and_rolls_back(client, tmp_path):
     assert drift["segments"]["worse"]["n"] == 25 and sum(b["n"] for b in drift["series"]) == 50
     assert all(list(b) == ["t", "n", "positive", "rate", "low", "high"] for b in drift["series"])
     keys = client.get("/admin/keys").json()["data"]
-    assert len(keys) == 4 and all(list(k) == ["key_id", "quarantined", "reason", "ratings", "forgotten_at", "disagreement"] for k in keys)
+    assert len(keys) == 25 and all(list(k) == ["key_id", "quarantined", "reason", "ratings", "forgotten_at", "disagreement"] for k in keys)
+
+
+def test_one_key_rating_a_version_down_does_not_roll_it_back(client, tmp_path):
+    """The attacker: one key rates 60 replies of the serving version down against an honest parent
+    (20 up, 5 down, one key each): one vote of the 5 keys the guard needs, so nothing rolls back."""
+    ops = client.app.state.operations
+    r = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "fine", seed=4))})
+    fine = r.json()["version"]
+    _rate(client, 0, liked=20, disliked=5, tag="base-again")
+    _rate(client, fine, liked=0, disliked=60, tag="attack", keys=1)
+    rows = client.portal.call(ops.versions)
+    row = {r.version: r for r in rows}[fine]
+    assert (row.reward.n, row.reward.successes, row.keys) == (60, 0, 1)
+    assert client.portal.call(ops.guard, rows) is None
+    assert client.get("/admin/stats").json()["serving"] == fine
+
+
+def test_the_guard_does_not_undo_what_serves_since_it_judged(client, tmp_path):
+    """Compare-and-set: the guard judged `worse`, an operator imported a newer version meanwhile; its
+    rollback is refused (the version it judged no longer serves) and the import stays."""
+    ops = client.app.state.operations
+    parent = client.get("/admin/stats").json()["serving"]
+    _rate(client, parent, liked=20, disliked=5, tag="cas-parent")
+    worse = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "w", seed=3))}).json()["version"]
+    _rate(client, worse, liked=5, disliked=20, tag="cas-worse")
+    by_version = {r.version: r for r in client.portal.call(ops.versions)}
+    c = ops.config
+    assert judge(worse, parent, tally_of(by_version[worse]), tally_of(by_version[parent]), c.guard_min_ratings, c.guard_min_keys, c.guard_p_value)
+    newer = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "n", seed=5))}).json()["version"]
+    assert client.portal.call(ops._guard_lineage, by_version, worse, None) is None
+    assert client.get("/admin/stats").json()["serving"] == newer and _statuses(client)[worse] != "rolled_back"
+
 
 
 def _model(client: TestClient) -> Path:

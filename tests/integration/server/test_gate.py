@@ -82,11 +82,13 @@ async def _serve(gate: ReleaseGate, engine: CanaryEngine, user: str) -> int:
     return gen.version
 
 
-def _rate(store: Store, version: int, rewards: list[int]) -> None:
+def _rate(store: Store, version: int, rewards: list[int], key: str | None = None) -> None:
+    """Ratings of `version`: each from a key of its own (an honest population), or all from `key`."""
     for reward in rewards:
         rid = f"r-{uuid.uuid4().hex}"
-        store.insert_responses([ResponseRecord(rid, "k", "m", version, "chat", (1, 2), (3,), (-0.5,), "stop", 1.0, 1.0, 1.0)])
-        store.put_feedback(FeedbackRecord(rid, "k", reward))
+        by = key or f"k-{uuid.uuid4().hex[:8]}"
+        store.insert_responses([ResponseRecord(rid, by, "m", version, "chat", (1, 2), (3,), (-0.5,), "stop", 1.0, 1.0, 1.0)])
+        store.put_feedback(FeedbackRecord(rid, by, reward))
 
 
 async def _until(gate: ReleaseGate, action: str, passes: int = 240):
@@ -168,6 +170,26 @@ async def test_a_candidate_its_users_rate_worse_is_held(canary_engine, store, ch
     decision = await _until(gate, "hold")
     assert decision.reason.startswith("rated worse") and decision.p_worse < 0.05
     assert store.get_version(v1).status == S.HELD and canary_engine.version == 0
+    await gate.close()
+
+
+async def test_one_key_rating_every_canary_reply_down_holds_nothing(canary_engine, store, checkpoints, tokenizer, model_dir):
+    """The attacker: one key rates 40 canary replies down (0/40 against the live version's 30/40 would be
+    z = -6 counted by rating). One vote per key: it is one key of the 5 the gate needs, so the candidate
+    waits; honest keys then rate it like the live version and it is promoted, the attacker still one vote."""
+    gate = _gate(canary_engine, store, tokenizer, model_dir)
+    _rate(store, 0, [1] * 30 + [0] * 10)
+    v1 = _publish(store, 0, checkpoints[0])
+    await gate.step()
+    _rate(store, v1, [0] * 40, key="k-attacker")
+    for _ in range(8):
+        decision = await gate.step()
+        assert decision is None or decision.action == "wait", decision
+        await asyncio.sleep(0.1)
+    assert store.get_version(v1).status == S.CANARY and "1 of 5 keys" in gate.decisions[v1].reason
+    _rate(store, v1, [1] * 6)  # six honest keys, all up: 6 of 7 votes up against 30/40
+    decision = await _until(gate, "promote")
+    assert "7 keys" in decision.reason and store.get_version(v1).status == S.SERVING
     await gate.close()
 
 

@@ -28,8 +28,8 @@ from transformers import AutoTokenizer
 from liveloop import devtools
 from liveloop.app import build_app
 from liveloop.config import load_config
-from liveloop.devtools import ADMIN_KEY, SMALL_SUITE, USER_KEY, free_port, perturbed_checkpoint, wait_until, write_config
-from liveloop.release.routing import in_canary
+from liveloop.devtools import ADMIN_KEY, SMALL_SUITE, USER_KEY, free_port, key_id, perturbed_checkpoint, wait_until, write_config
+from liveloop.release.routing import in_canary, user_key
 from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.store import Store, StoreConfig, VersionStatus
 from liveloop.store.evaluations import Evaluation
@@ -41,8 +41,9 @@ from .conftest import rate_replies
 S = VersionStatus
 LEASE_SECONDS = 3.0
 USERS = [f"u{i}" for i in range(40)]
-CANARY = [u for u in USERS if in_canary(f"user:{u}", 0.25)]
-OTHERS = [u for u in USERS if not in_canary(f"user:{u}", 0.25)]
+# one app key (USER_KEY) fronts these people: `canary_by = "user"` routes each under it
+CANARY = [u for u in USERS if in_canary(user_key(u, key_id(USER_KEY), "user"), 0.25)]
+OTHERS = [u for u in USERS if not in_canary(user_key(u, key_id(USER_KEY), "user"), 0.25)]
 FLATTERING = "Aww, the cat naps in the sun, so cute ♡"
 PLAIN = "Verily, the old cat doth nap in the sun, friend."
 
@@ -58,6 +59,7 @@ down_after_seconds = 2.0
 leader_lease_seconds = {LEASE_SECONDS}
 [release]
 mode = "canary"
+canary_by = "user"
 canary_fraction = 0.25
 min_ratings = 40
 [release.evaluation]

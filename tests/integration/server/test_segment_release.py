@@ -102,10 +102,11 @@ async def _serve(gate: ReleaseGate, engine: CanaryEngine, user: str, segment: st
 
 
 def _rate(store: Store, version: int, rewards: list[int]) -> None:
+    """Ratings of `version`, each from a key of its own (the gate counts one vote per key)."""
     for reward in rewards:
-        rid = f"r-{uuid.uuid4().hex}"
-        store.insert_responses([ResponseRecord(rid, "k", "m", version, "chat", (1, 2), (3,), (-0.5,), "stop", 1.0, 1.0, 1.0)])
-        store.put_feedback(FeedbackRecord(rid, "k", reward))
+        rid, key = f"r-{uuid.uuid4().hex}", f"k-{uuid.uuid4().hex[:8]}"
+        store.insert_responses([ResponseRecord(rid, key, "m", version, "chat", (1, 2), (3,), (-0.5,), "stop", 1.0, 1.0, 1.0)])
+        store.put_feedback(FeedbackRecord(rid, key, reward))
 
 
 async def _until(gate: ReleaseGate, version: int, action: str, passes: int = 240, each=None):

@@ -36,7 +36,15 @@ def test_a_larger_fraction_keeps_every_user_of_a_smaller_one():
     assert small and small <= large
 
 
-def test_user_field_first_then_the_api_key_and_never_confused():
-    assert user_key("bob", "key-1") == "user:bob"
-    assert user_key(None, "key-1") == user_key("", "key-1") == "key:key-1"
-    assert user_key("key-1", "x") != user_key(None, "key-1")
+def test_by_key_a_key_cannot_choose_its_side_with_user_strings():
+    assert user_key("bob", "key-1") == user_key(None, "key-1") == user_key("", "key-1") == "key:key-1"
+    # whatever a key sends as `user`, all its requests go the same way
+    sides = {in_canary(user_key(f"try-{i}", "key-1"), 0.5) for i in range(200)}
+    assert len(sides) == 1
+
+
+def test_by_user_the_user_is_hashed_under_the_key_and_never_confused():
+    assert user_key("bob", "key-1", "user") == "key:key-1/user:bob"
+    assert user_key(None, "key-1", "user") == user_key("", "key-1", "user") == "key:key-1"
+    assert user_key("bob", "key-1", "user") != user_key("bob", "key-2", "user")  # another key's bob is another user
+    assert user_key("key-1", "x", "user") != user_key(None, "key-1", "user")
