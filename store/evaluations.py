@@ -1,7 +1,8 @@
 """The release gate's queries: each candidate's evaluation (written by the gate once its evaluation
 has run, read by the admin API, the CLI and the dashboard) and the rated replies of a version that the
 reward-hacking alarms judge (monitor/hacking.py). Mixed into `Store`; every write is one transaction.
-The gate's version-state moves (candidate, hold, promotion) are lifecycle.py's."""
+The gate's version-state moves (candidate, hold, promotion) are lifecycle.py's. The gate's write
+carries the leader lease's term, checked in its transaction (store/lease.py `fenced`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from sqlalchemy import func, select
 
 from liveloop.store import codec
 from liveloop.store.checkpoints import VersionNotFound
+from liveloop.store.lease import fenced
 from liveloop.store.models import Evaluation, Feedback, PolicyVersion, Response, utcnow
 from liveloop.store.operator import _only_trusted, json_safe
 from liveloop.store.records import EvaluationRecord
@@ -51,6 +53,7 @@ def _record(row: Evaluation) -> EvaluationRecord:
 
 class ReleaseQueries:
     _session: Any
+    _write_session: Any
 
     # -- evaluations ------------------------------------------------------------------------------
     def record_evaluation(
@@ -61,11 +64,15 @@ class ReleaseQueries:
         checks: Sequence[Mapping[str, Any]],
         seconds: float,
         engine_seconds: float,
+        term: int | None = None,
     ) -> EvaluationRecord:
         """Store an evaluation of `version` (compared with `live_version`): one row, the version's
-        latest. Raises VersionNotFound for an unknown version, InvalidEvaluation for malformed checks."""
+        latest. Raises VersionNotFound for an unknown version, InvalidEvaluation for malformed checks,
+        StaleLeader (nothing stored) when `term`, the gate's, is not the leader lease's any more."""
         rows = _checks(checks)
-        with self._session.begin() as s:
+        with self._write_session.begin() as s:
+            if term is not None:
+                fenced(s, term)
             if s.get(PolicyVersion, version) is None:
                 raise VersionNotFound(f"no policy version {version}")
             row = Evaluation(

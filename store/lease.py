@@ -21,6 +21,17 @@ Expiry is judged with the DATABASE's clock (`db_seconds`: PostgreSQL's `clock_ti
 each time the lease changes hands (a renewal keeps it), so a holder can tell it lost the lease in
 between. `release` gives it up at a clean stop (the next caller takes it at once).
 
+Fenced writes: believing it leads is not enough for a process to write as the leader (it may have
+been paused, or cut off from the store, past its lease while another replica took over). Every
+leader-only write carries the term its writer leads in and checks it, IN ITS OWN TRANSACTION, with
+`fenced(session, term)`: the `leader` row must still be in that term, held (not released) and not
+expired, else `StaleLeader` and the transaction writes nothing. A term names one holding (it grows
+each time the lease changes hands, and a release followed by any acquire is a change of hands), so
+the term is the fencing token; a writer that knows its holder may name it too. The row is read FOR
+SHARE: on PostgreSQL a takeover's UPDATE waits for the fenced transaction to end (SQLite's write
+lock, taken at the transaction's start, does so already), so the lease cannot change hands between
+the check and the commit. No column for it: the term is the row's (migration 0011).
+
 Used through `Leases(store)`: it borrows the store's sessions and adds no state to `Store`.
 """
 
@@ -41,6 +52,11 @@ if TYPE_CHECKING:
     from liveloop.store.store import Store
 
 LEADER = "leader"  # the lease of the fleet's control loops (server/leader.py)
+
+
+class StaleLeader(RuntimeError):
+    """A leader-only write carried a term the leader lease is no longer in (taken over, released or
+    expired since): its writer does not lead any more, and nothing was written."""
 
 
 class Lease(Base):
@@ -144,3 +160,20 @@ class Leases:
         lease_holder, term, left = row
         held = holder is not None and lease_holder == holder and left > 0
         return LeaseState(name, lease_holder, int(term), float(left), held)
+
+
+def fenced(session: Any, term: int, holder: str | None = None, name: str = LEADER) -> None:
+    """Inside a write transaction: lease `name` is still held in `term` (by `holder`, when given) and
+    has not expired, else StaleLeader (the caller's transaction rolls back: nothing is written). Locks
+    the row FOR SHARE until the transaction ends (see the module docstring)."""
+    row = session.execute(
+        select(Lease.holder, Lease.term, Lease.expires_at - db_seconds()).where(Lease.name == name).with_for_update(read=True)
+    ).first()
+    if row is None:
+        raise StaleLeader(f"nobody ever held the {name!r} lease: term {term} leads nothing")
+    lease_holder, lease_term, left = row
+    if lease_holder is None or int(lease_term) != term or (holder is not None and lease_holder != holder):
+        now = f"held by {lease_holder}" if lease_holder is not None else "released"
+        raise StaleLeader(f"the {name!r} lease is in term {lease_term} ({now}), not {term}: the writer no longer leads")
+    if left <= 0:
+        raise StaleLeader(f"the {name!r} lease of term {term} expired {-float(left):.1f} s ago: the writer no longer leads")

@@ -22,6 +22,11 @@ learner's publish are serialised, and whatever loses a race is refused rather th
   when its weights fail verification), superseding
   (`supersede`), dropping an activation that lost a race (`drop_activation`) and a restarting server's
   fall-back to an ancestor (`recover_serving`) are the other moves.
+- Fenced moves: the leader's decisions (`start_canary`, `activate_version` of a candidate,
+  `hold_version`, the guard's `rollback_to`; `check_activation` asks ahead) take `term`, the leader
+  lease's term their writer leads in (server/leader.py), and check it first in the same transaction
+  (store/lease.py `fenced`): a deposed leader's decision raises StaleLeader and writes nothing.
+  `term` None: not a leader's write (an operator's, a learner's, an activation every replica makes).
 Mixed into `Store`.
 """
 
@@ -36,6 +41,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from liveloop.store.checkpoints import VersionNotFound
+from liveloop.store.lease import fenced
 from liveloop.store.models import Feedback, LearnerCursor, PolicyVersion, utcnow
 from liveloop.store.records import Activation, VersionRecord
 from liveloop.store.status import ACTIVATABLE, NOT_ROLLED_BACK, UNSERVABLE, TransitionRefused, VersionStatus, check_transition
@@ -109,11 +115,14 @@ class VersionLifecycle:
     dialect: str
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[Session]:
-        """A session in a version-state transaction that holds the write lock from its start."""
+    def _write(self, term: int | None = None) -> Iterator[Session]:
+        """A session in a version-state transaction that holds the write lock from its start; with
+        `term`, a leader's: StaleLeader (nothing written) unless the leader lease is still in it."""
         with self._write_session.begin() as s:
             if self.dialect == "postgresql":
                 s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": VERSION_LOCK})
+            if term is not None:
+                fenced(s, term)
             yield s
 
     # -- numbers and rows ---------------------------------------------------------------------------
@@ -258,23 +267,25 @@ class VersionLifecycle:
             )
         return row, serving
 
-    def check_activation(self, version: int) -> VersionRecord:
+    def check_activation(self, version: int, term: int | None = None) -> VersionRecord:
         """The owner's word, asked under the activation lock before an engine loads `version`: it may
         serve now (published or loading, not pruned, descends from the serving version; so nothing was
-        rolled back under it and nothing newer serves). Raises TransitionRefused or VersionNotFound."""
-        with self._write() as s:
+        rolled back under it and nothing newer serves). Raises TransitionRefused or VersionNotFound;
+        StaleLeader when `term` (a promotion's) is not the leader lease's any more."""
+        with self._write(term) as s:
             row, _ = self._activatable(s, version)
             return version_record(row)
 
-    def activate_version(self, version: int, cursor_name: str | None = None) -> Activation:
+    def activate_version(self, version: int, cursor_name: str | None = None, term: int | None = None) -> Activation:
         """`version` serves (the engine has swapped it in), checked again inside this transaction: it
         becomes SERVING, the lineage's serving version RETIRED, and every PUBLISHED (or CANARY) version
         of the lineage it overtakes or leaves off its line SUPERSEDED. A CANARY `version` is the release
         gate's promotion: the PUBLISHED versions trained on from it stay, the newest is the next candidate. `cursor_name` (an operator's publish):
         that learner's cursor points at `version` now, its feedback position kept, so the learner
         continues from the operator's weights. Raises TransitionRefused (nothing written) if a race
-        was lost, VersionNotFound for an unknown number."""
-        with self._write() as s:
+        was lost, VersionNotFound for an unknown number, StaleLeader when `term` (the gate's promotion)
+        is not the leader lease's any more."""
+        with self._write(term) as s:
             row, serving = self._activatable(s, version)
             previous = serving[0].version if serving else None
             for old in serving:
@@ -297,14 +308,14 @@ class VersionLifecycle:
             return Activation(version, previous, superseded)
 
     # -- the release gate ---------------------------------------------------------------------------
-    def start_canary(self, version: int) -> VersionRecord:
+    def start_canary(self, version: int, term: int | None = None) -> VersionRecord:
         """The release gate tries `version`: PUBLISHED -> CANARY, in one transaction that also
         supersedes its lineage's older PUBLISHED versions (the candidate contains their training:
         newest wins) and logs a "canary" event. Refused (TransitionRefused, nothing written) unless it
         is PUBLISHED, not pruned, descends from its lineage's serving version, and no other version of
         its lineage is CANARY (one candidate per lineage at a time); VersionNotFound for an unknown
-        number."""
-        with self._write() as s:
+        number; StaleLeader when `term` is not the leader lease's any more."""
+        with self._write(term) as s:
             row = s.get(PolicyVersion, version, with_for_update=True)
             if row is None:
                 raise VersionNotFound(f"no policy version {version}")
@@ -337,7 +348,9 @@ class VersionLifecycle:
             self._add_event(s, "canary", version, detail, None)
             return version_record(row)
 
-    def hold_version(self, version: int, reason: str, cursor_name: str, detail: dict[str, Any] | None = None) -> VersionRecord:
+    def hold_version(
+        self, version: int, reason: str, cursor_name: str, detail: dict[str, Any] | None = None, term: int | None = None,
+    ) -> VersionRecord:
         """The release gate refuses `version` (CANARY, or a PUBLISHED one an alarm stops first): in ONE
         transaction it becomes HELD, the PUBLISHED versions of its lineage trained on from it become
         SUPERSEDED, and if learner `cursor_name`'s lineage is `version` or one of its descendants, the
@@ -345,8 +358,9 @@ class VersionLifecycle:
         the base's) while its feedback position stays: the learner reloads the live weights and goes
         on with new ratings, not the ones that made the held version. An operator event
         "release_held" records {version, reason, detail}. Refused (TransitionRefused) from any other
-        status; VersionNotFound for an unknown number."""
-        with self._write() as s:
+        status; VersionNotFound for an unknown number; StaleLeader when `term` is not the leader
+        lease's any more."""
+        with self._write(term) as s:
             row = s.get(PolicyVersion, version, with_for_update=True)
             if row is None:
                 raise VersionNotFound(f"no policy version {version}")
@@ -451,6 +465,7 @@ class VersionLifecycle:
         segment: str | None = None,
         expect_serving: int | None = None,
         event: tuple[str, dict[str, Any]] | None = None,
+        term: int | None = None,
     ) -> list[int]:
         """Make `version` the serving one in the store, in one transaction: every later version of the
         same lineage that served or was waiting becomes "rolled_back", any other serving row of it
@@ -467,8 +482,11 @@ class VersionLifecycle:
         view cannot undo each other's rollback unknowingly.
 
         `event` (kind, detail): one more operator event about `version`, recorded in the same transaction
-        (the guard's verdict), so no reader sees the rollback without its reason."""
-        with self._write() as s:
+        (the guard's verdict), so no reader sees the rollback without its reason.
+
+        `term`: the leader lease's term of a leader's rollback (the guard's); StaleLeader, nothing
+        changed, when the lease is not in it any more. An operator's rollback passes none."""
+        with self._write(term) as s:
             target = s.get(PolicyVersion, version, with_for_update=True)
             if target is None or target.status in UNSERVABLE:
                 raise RollbackRefused(f"version {version} is {'unknown' if target is None else target.status}")
