@@ -22,6 +22,14 @@ and no quarantine. `--quick` is a small grid (32 honest keys, 4 rounds, 1, 2 and
 50%) that finishes in a few minutes on one core.
 
 Writes bench/results/collusion.json (or collusion_quick.json).
+
+`--framing` measures the other attack, on the quarantine rule alone (no learner: a real SQLite store and
+`find_suspects` as the server calls it): 1 to 10 colluders ask the prompts an honest target asks and rate
+their similar replies inverted (`framed` prompts nobody else asks), while `honest_keys` honest keys, the
+target, the colluders and one real poisoner (who inverts its own ratings) share `shared` prompts; the
+colluders either invert those too ("loud") or rate them honestly ("quiet", to hide). Per rule
+(`quarantine_corroborating_keys` 3, the old default, and 11, the shipped one): whether the target was
+quarantined, whether the poisoner was, how many colluders. Writes bench/results/collusion_framing.json.
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ class Cell:
     ratings_per_key: int = 6
     quarantine_z: float = 3.0
     quarantine_min_ratings: int = 30
-    corroborating_keys: int = 3
+    corroborating_keys: int = 11  # [monitor] quarantine_corroborating_keys, as shipped
     check_every: int = 8
     learner: str = "default"
     batch_size: int = 8
@@ -141,6 +149,81 @@ def run_cell(c: Cell, workdir: Path, model_dir: Path) -> CellResult:
     return result
 
 
+@dataclass(frozen=True)
+class Framing:
+    colluders: int
+    loud: bool  # the colluders invert the shared prompts too
+    corroborating_keys: int
+    honest_keys: int = 24
+    framed: int = 90
+    shared: int = 30
+    seed: int = 0
+
+
+def run_framing(f: Framing, workdir: Path) -> dict:
+    """One framing cell: who the rule quarantines (see the module docstring)."""
+    import random
+
+    from liveloop.monitor.config import MonitorConfig
+    from liveloop.monitor.poisoning import Similarity, find_suspects
+    from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
+
+    rng = random.Random(f.seed)
+    store = Store(StoreConfig(url=f"sqlite:///{workdir}/store.db"))
+    store.migrate()
+    store.ensure_base_version("/models/base")  # the responses name version 0
+    target, poisoner = "target", "poisoner"
+    colluders = [colluder(i) for i in range(f.colluders)]
+    honest = [f"honest-{k:03d}" for k in range(f.honest_keys)]
+    reply = tuple(range(100, 112))
+    rows: list[tuple[str, str, tuple[int, ...], int]] = []
+    for p in range(f.framed):
+        good = rng.random() < 0.5
+        rows += [(f"f{p}-{k}", k, (1, p), int(good if k == target else not good)) for k in [target] + colluders]
+    for p in range(f.shared):
+        good = rng.random() < 0.5
+        for k in honest + [target, poisoner] + colluders:
+            inverted = k == poisoner or (k in colluders and f.loud)
+            rows.append((f"s{p}-{k}", k, (2, p), int(good != inverted)))
+    store.write_batch([ResponseRecord(rid, k, "m", 0, "chat", prompt, reply, (-1.0,) * len(reply), "stop", 1.0, 1.0, 1.0)
+                       for rid, k, prompt, _ in rows])
+    store.write_batch([FeedbackRecord(rid, k, reward) for rid, k, _, reward in rows])
+    m = MonitorConfig()  # the shipped similarity; z and min ratings as configs/default.toml ships them (4.0, 30)
+    _, found = find_suspects(store.key_ratings(100000), 4.0, 30, f.corroborating_keys,
+                             similarity=Similarity(m.similar_reply_jaccard, m.similar_reply_shingle))
+    taken = {s.score.key_id for s in found}
+    store.close()
+    return asdict(f) | {
+        "target_quarantined": target in taken, "poisoner_quarantined": poisoner in taken,
+        "colluders_quarantined": len(taken & set(colluders)), "honest_quarantined": len(taken & set(honest)),
+    }
+
+
+def framing_main(seeds: list[int]) -> None:
+    import tempfile
+
+    sys.path.insert(0, str(HERE))
+    from common import save
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in seeds:
+            for n in (1, 2, 3, 5, 10):
+                for loud in (True, False):
+                    for rule in (3, 11):
+                        work = Path(tmp) / f"{seed}-{n}-{loud}-{rule}"
+                        work.mkdir()
+                        row = run_framing(Framing(n, loud, rule, seed=seed), work)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+    print("| colluders | colluders on shared prompts | rule (corroborating keys) | target framed | poisoner taken | colluders taken | honest taken |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['colluders']} | {'inverted' if r['loud'] else 'honest'} | {r['corroborating_keys']} | {r['target_quarantined']} "
+              f"| {r['poisoner_quarantined']} | {r['colluders_quarantined']}/{r['colluders']} | {r['honest_quarantined']} |")
+    print(f"wrote {save('collusion_framing', {'seeds': seeds, 'rows': rows})}")
+
+
 GRID = {"colluders": [1, 2, 5, 10], "shares": [0.02, 0.05, 0.5]}
 QUICK = {"colluders": [1, 2, 10], "shares": [0.05, 0.5], "honest_keys": 32, "ratings_per_key": 4}
 
@@ -175,7 +258,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--undefended", action="store_true", help="also run every cell without caps and quarantine")
     ap.add_argument("--model", type=Path, help="a model directory (default: the default model)")
+    ap.add_argument("--framing", action="store_true", help="colluders framing an honest key, against the quarantine rule alone")
     args = ap.parse_args()
+    if args.framing:
+        return framing_main(args.seeds)
     grid = QUICK if args.quick else GRID
     honest_keys = grid.get("honest_keys", args.honest_keys) if args.quick else args.honest_keys
     rounds = grid.get("ratings_per_key", args.ratings_per_key) if args.quick else args.ratings_per_key

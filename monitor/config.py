@@ -37,10 +37,12 @@ class MonitorConfig:
         default=30, metadata={"help": "ratings with a consensus a key needs before it can be auto-quarantined"}
     )
     quarantine_corroborating_keys: int = field(
-        default=3,
+        default=11,
         metadata={
             "help": "distinct other keys that must side against a key before it is auto-quarantined: it is scored again "
-            "without its N-1 most frequent accusers and must still pass quarantine_z (1 = no corroboration)"
+            "without its N-1 most frequent accusers and must still pass quarantine_z, so N-1 colluders cannot frame an "
+            "honest key (1 = no corroboration; a deployment with fewer than N honest raters of the same replies "
+            "quarantines no one automatically)"
         },
     )
     similar_reply_jaccard: float = field(

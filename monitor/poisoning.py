@@ -1,6 +1,6 @@
 """The disagreement score: per API key, how far its ratings are from the consensus of the OTHER keys on
-the same thing, beyond what chance gives; and the quarantine rule on it, which two colluding keys
-cannot turn against an honest key. Pure functions of the ratings (`Store.key_ratings`).
+the same thing, beyond what chance gives; and the quarantine rule on it, which up to
+`min_corroborating_keys - 1` colluding keys cannot turn against an honest key. Pure functions of the ratings (`Store.key_ratings`).
 
 Definitions:
 - Same thing ("similar"): replies to the same prompt (exact prompt token ids) whose response token
@@ -29,8 +29,13 @@ Definitions:
   distinct other keys side against it. Its accusers are the other keys whose vote, in a group where it
   disagreed, was on the consensus side (one count per key per group); the key is scored again with its
   `min_corroborating_keys - 1` most frequent accusers left out of the consensus (ties: by key id), and
-  must still pass the threshold. Two colluders who rate an honest key's replies inverted are its two
-  top accusers: left out, nothing is left against it.
+  must still pass the threshold. Colluders who rate an honest key's replies inverted are its top
+  accusers (each sides against it in every group it was framed in): up to `min_corroborating_keys - 1`
+  of them are all left out, and nothing is left against it. No rule can do better from ratings alone:
+  C keys that alone rated the same replies as one key, against it, look exactly like one poisoner
+  outvoted by C honest keys, so the bar is set by how many colluders to withstand (the shipped 11
+  withstands 10, bench/collusion.py `--framing`), and a key is taken only when more distinct keys than
+  that side against it.
 """
 
 from __future__ import annotations
@@ -263,7 +268,7 @@ def find_suspects(
     ratings: Iterable[Rated],
     z_threshold: float,
     min_ratings: int,
-    min_corroborating_keys: int = 3,
+    min_corroborating_keys: int = 11,
     exclude_from_consensus: Collection[str] = (),
     similarity: Similarity = Similarity(),
     groups: ReplyGroups | None = None,

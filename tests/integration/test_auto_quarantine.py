@@ -28,7 +28,7 @@ def _traffic(store: Store, groups: int) -> None:
 
 
 def test_auto_quarantine_takes_the_inverting_key_only(store):
-    ops = Operations(MonitorConfig(quarantine_z=4.0, quarantine_min_ratings=30), store, Publisher(None, store, Metrics()), Metrics())
+    ops = Operations(MonitorConfig(quarantine_z=4.0, quarantine_min_ratings=30, quarantine_corroborating_keys=3), store, Publisher(None, store, Metrics()), Metrics())
     _traffic(store, 60)
     assert ops.quarantine_suspects() == [ATTACKER]
     assert ops.quarantine_suspects() == []  # once

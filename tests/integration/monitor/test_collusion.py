@@ -1,7 +1,10 @@
-"""Colluding keys against the server's automatic quarantine, over a real store (`Operations`): two keys
-that rate an honest key's replies inverted cannot get it quarantined and are quarantined themselves
-when independent keys side against them; their votes on many near-copies of a reply count once; and
+"""Colluding keys against the server's automatic quarantine, over a real store (`Operations`): keys
+that rate an honest key's replies inverted cannot get it quarantined (two against a rule of 3
+corroborating keys; 3, 5 and 10 against the shipped 11) and are quarantined themselves when enough
+independent keys side against them; their votes on many near-copies of a reply count once; and
 near-identical replies to the same prompt (one token apart) share one consensus."""
+
+import pytest
 
 from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
@@ -16,7 +19,8 @@ REPLY = tuple(range(100, 112))  # 12 tokens: one token apart is a Jaccard of 11/
 
 
 def _ops(store: Store, **monitor) -> Operations:
-    config = MonitorConfig(quarantine_z=4.0, quarantine_min_ratings=30, **monitor)
+    """Five honest keys: the rule of 3 corroborating keys (2 colluders withstood) unless told otherwise."""
+    config = MonitorConfig(**{"quarantine_z": 4.0, "quarantine_min_ratings": 30, "quarantine_corroborating_keys": 3, **monitor})
     return Operations(config, store, Publisher(None, store, Metrics()), Metrics())
 
 
@@ -27,16 +31,16 @@ def _write(store: Store, rows: list[tuple[str, str, tuple[int, ...], tuple[int, 
     store.write_batch([FeedbackRecord(rid, key, reward) for rid, key, _, _, reward in rows])
 
 
-def _framing(store: Store, framed: int, shared: int) -> None:
+def _framing(store: Store, framed: int, shared: int, colluders: list[str] = COLLUDERS, honest: list[str] = HONEST) -> None:
     """`framed` prompts whose reply only the target and the colluders rated (the colluders inverted);
     `shared` prompts whose reply the honest keys, the target and the colluders rated (colluders inverted)."""
     rows = []
     for p in range(framed):
         good = p % 2
-        rows += [(f"f{p}-{k}", k, (1, p), REPLY, good if k == TARGET else 1 - good) for k in [TARGET] + COLLUDERS]
+        rows += [(f"f{p}-{k}", k, (1, p), REPLY, good if k == TARGET else 1 - good) for k in [TARGET] + colluders]
     for p in range(shared):
         good = p % 2
-        rows += [(f"s{p}-{k}", k, (2, p), REPLY, 1 - good if k in COLLUDERS else good) for k in HONEST + [TARGET] + COLLUDERS]
+        rows += [(f"s{p}-{k}", k, (2, p), REPLY, 1 - good if k in colluders else good) for k in honest + [TARGET] + colluders]
     _write(store, rows)
 
 
@@ -93,3 +97,22 @@ def test_near_identical_replies_share_the_consensus(store):
     assert _ops(store).quarantine_suspects() == ["inverter00000000"]
     # exact copies only: its replies have no consensus at all
     assert _ops(store, similar_reply_jaccard=1.0).quarantine_suspects() == []
+
+
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_up_to_ten_colluders_cannot_frame_an_honest_key_under_the_shipped_rule(store, n):
+    """The shipped rule (11 corroborating keys: its 10 top accusers left out). 3, 5 or 10 colluders frame
+    the target on 90 prompts nobody else asked; on 30 shared prompts 24 honest keys side against them.
+    The rule of 3 takes the target once there are 3 colluders; the shipped one never does. (Three or more
+    colluders also agree with each other on the framed prompts, which hides them: their own scores stay
+    below chance, under either rule.)"""
+    colluders = [f"colluder{i:08d}" for i in range(n)]
+    honest = [f"honest{i:010d}" for i in range(24)]
+    _framing(store, framed=90, shared=30, colluders=colluders, honest=honest)
+    assert TARGET in {s.score.key_id for s in _ops(store)._scores()[2]}  # the old rule of 3 frames it
+    shipped = Operations(MonitorConfig(quarantine_z=4.0, quarantine_min_ratings=30), store, Publisher(None, store, Metrics()), Metrics())
+    assert shipped.config.quarantine_corroborating_keys == 11
+    assert TARGET in {d.key_id for d in shipped._scores()[1].values() if d.z > 4.0}  # over the threshold, uncorroborated
+    assert shipped.quarantine_suspects() == []
+    states = {k.key_id: k for k in store.key_states()}
+    assert not states[TARGET].quarantined and not any(states[k].quarantined for k in honest)
