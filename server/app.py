@@ -266,7 +266,7 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     if gated:
         assert isinstance(engine, CanaryEngine)
         evaluate = evaluator(config, tokenizer, model_dir, serving.stop_token_ids, store)
-        gate = ReleaseGate(config.release, publisher, engine, store, metrics, evaluate, leader=leadership.leading)
+        gate = ReleaseGate(config.release, publisher, engine, store, metrics, evaluate, leader=leadership.held_term)
         serving.canary = gate.routes_to_candidate
     return Components(
         store, writer, engine, tokenizer, metrics, keys, serving, publisher, operations, registry, replica_id(config),

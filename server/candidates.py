@@ -16,6 +16,9 @@ the promotion's (`activate_version`, asked of the store as every activation is).
   SERVING (`activate_version`), then the slot's adapter becomes the segment's (`promote_adapter`: a
   table repoint, no load, that cannot fail once the slot holds it; the store goes first so that nothing
   has to be undone in the engine when it refuses). `drop` unloads the slot.
+- A promotion is the leader's: it carries the gate's lease term (`term`), and a store that refuses it
+  as a deposed leader's (StaleLeader) changes nothing; the engines swap back, the candidate stays
+  loaded and no activation is dropped (the new leader decides on it).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from liveloop.server.engines.canary import CandidateBusy, CanaryEngine
 from liveloop.store import TransitionRefused, VersionRecord, VersionStatus
+from liveloop.store.lease import StaleLeader
 from liveloop.transport import WeightsUnverified
 from liveloop.transport.checkpoint_dir import verify_checkpoint
 from liveloop.transport.weights import CheckpointDir
@@ -121,20 +125,24 @@ class Candidates:
         self.publisher.metrics.inc("server/swap_failures")
 
     # -- promote -------------------------------------------------------------------------------------
-    async def promote(self, record: VersionRecord) -> SwapResult | None:
-        """Promote the loaded candidate `record` (see the module docstring). None when it was not
-        promoted (not the loaded candidate, or the store refused: the activation is dropped)."""
+    async def promote(self, record: VersionRecord, term: int | None = None) -> SwapResult | None:
+        """Promote the loaded candidate `record` as the leader of `term` (see the module docstring).
+        None when it was not promoted (not the loaded candidate; the store refused: the activation is
+        dropped; or this replica no longer leads in `term`: nothing changed)."""
         from liveloop.server.publisher import SwapResult
 
         if record.segment is not None:
-            return await self._promote_adapter(record)
+            return await self._promote_adapter(record, term)
         p = self.publisher
         async with p._lock:
             engine = self.engine
             if engine.candidate_version != record.version:
                 return None
             try:
-                await asyncio.to_thread(p.store.check_activation, record.version)
+                await asyncio.to_thread(p.store.check_activation, record.version, term)
+            except StaleLeader as exc:
+                log.warning("candidate %d not promoted: %s", record.version, exc)
+                return None
             except TransitionRefused as exc:
                 if not await p._serves_now(record.version):
                     await p._drop(record.version, str(exc))
@@ -145,7 +153,11 @@ class Candidates:
             with p.changes.changing():
                 engine.promote()
                 try:
-                    await asyncio.to_thread(p.store.activate_version, record.version)
+                    await asyncio.to_thread(p.store.activate_version, record.version, None, term)
+                except StaleLeader as exc:
+                    engine.demote(record.version)
+                    log.warning("candidate %d not promoted: %s", record.version, exc)
+                    return None
                 except TransitionRefused as exc:
                     if not await p._serves_now(record.version):
                         engine.demote(record.version)
@@ -158,7 +170,7 @@ class Candidates:
             await p._loaded(record, None)
             return SwapResult(record.version, previous, swap_s * 1000, 0.0)
 
-    async def _promote_adapter(self, record: VersionRecord) -> SwapResult | None:
+    async def _promote_adapter(self, record: VersionRecord, term: int | None) -> SwapResult | None:
         from liveloop.server.publisher import SwapResult
 
         p, segment = self.publisher, record.segment
@@ -170,7 +182,10 @@ class Candidates:
             start = time.perf_counter()
             with p.changes.changing():
                 try:
-                    await asyncio.to_thread(p.store.activate_version, record.version)
+                    await asyncio.to_thread(p.store.activate_version, record.version, None, term)
+                except StaleLeader as exc:  # nothing to undo: the slot's adapter was not repointed yet
+                    log.warning("segment %s: candidate adapter %d not promoted: %s", segment, record.version, exc)
+                    return None
                 except TransitionRefused as exc:
                     if not await p._serves_now(record.version):  # rolled back or replaced: never serves
                         await p._drop(record.version, str(exc))

@@ -25,7 +25,11 @@ and evaluates.
   users to the same candidate, but only the leader (`leader`, server/leader.py) starts candidates,
   evaluates and decides (and evaluates in immediate mode): one evaluation per candidate, one decision;
   the others follow a promotion (the publisher's follower rule) and a hold (the candidate the store no
-  longer names is dropped).
+  longer names is dropped). `leader` gives the leader lease's term this replica leads in, and each of
+  the gate's store writes (candidate, evaluation, promotion, hold) carries the term its pass began in:
+  the store refuses it (StaleLeader, nothing written; store/lease.py) when the lease has changed
+  hands since, so a leader paused or cut off past its lease decides nothing; a refused promotion
+  swaps the engines back (server/candidates.py) and the new leader decides.
 - In `canary` mode a request is served by the candidate when its user (the request's `user` field, else
   its API key; release/routing.py) falls in `canary_fraction` and the request has no segment; in
   `gated` mode no user is served by it.
@@ -73,6 +77,7 @@ from liveloop.server.engines.base import Engine
 from liveloop.server.engines.canary import SLOT_SUFFIX, CanaryEngine
 from liveloop.server.publisher import Publisher
 from liveloop.store import Store, TransitionRefused, VersionRecord, VersionStatus
+from liveloop.store.lease import StaleLeader
 from liveloop.store.records import VersionTraffic
 
 log = logging.getLogger(__name__)
@@ -81,6 +86,11 @@ log = logging.getLogger(__name__)
 # segment candidate's engine is the live one, its adapter slot reached by a canary request of its segment
 Evaluate = Callable[[Engine, VersionRecord, Engine, VersionRecord], Awaitable[Any]]
 SLOT_BACKENDS = ("hf",)  # the backends whose adapter slots a segment candidate is served from
+
+
+def fenced_term(term: int) -> int | None:
+    """The term a leader's store write carries: None (unfenced) for a gate without a lease (term 0)."""
+    return term or None
 
 
 def gated_segments(config: ReleaseConfig, segments: tuple[str, ...], backend: str) -> tuple[str, ...]:
@@ -153,10 +163,12 @@ class _Lineage:
 class ReleaseGate:
     def __init__(
         self, config: ReleaseConfig, publisher: Publisher, engine: CanaryEngine, store: Store, metrics: Metrics,
-        evaluate: Evaluate | None = None, leader: Callable[[], bool] | None = None,
+        evaluate: Evaluate | None = None, leader: Callable[[], int | None] | None = None,
     ):
         self.config = config
-        self.leader = leader or (lambda: True)  # whether this replica leads the fleet (server/leader.py)
+        # the leader lease's term this replica leads the fleet in now, None when another replica leads
+        # (server/leader.py `held_term`); 0 (the default: a lone gate without a lease) is not fenced
+        self.leader: Callable[[], int | None] = leader or (lambda: 0)
         self.publisher = publisher
         self.engine = engine
         self.candidates = Candidates(publisher, engine)
@@ -249,28 +261,30 @@ class ReleaseGate:
             if self.candidates.loaded(segment) is not None:
                 await self.candidates.drop(segment)
             self._cancel_evaluation(lineage)
-            if paused or not self.leader():
+            term = self.leader()
+            if paused or term is None:
                 return None
-            canary = await self._start_next(lineage)
+            canary = await self._start_next(lineage, term)
             if canary is None:
                 return None
         if segment is None:
             await self.engine.prepare()  # outside the publisher's lock: an engine's start holds back no activation
         if not await self.candidates.load(canary):
             return None
-        if not self.leader():  # a follower routes to the store's candidate; the leader evaluates and decides
+        term = self.leader()
+        if term is None:  # a follower routes to the store's candidate; the leader evaluates and decides
             self._cancel_evaluation(lineage)
             return None
         live = await asyncio.to_thread(self.store.get_version, self._live_version(segment))
         if live is None:
             return None
-        self._ensure_evaluation(lineage, canary, live)
+        self._ensure_evaluation(lineage, canary, live, term)
         decision = await self._decide(lineage, canary, live)
         self.decisions[canary.version] = decision
         if decision.action == "promote" and not paused:
-            await self._promote(lineage, canary, decision)
+            await self._promote(lineage, canary, decision, term)
         elif decision.action == "hold":
-            await self._hold(lineage, canary, decision)
+            await self._hold(lineage, canary, decision, term)
         return decision
 
     def _live_version(self, segment: str | None) -> int:
@@ -281,14 +295,18 @@ class ReleaseGate:
         adapter = self.engine.adapter_version(segment)
         return self.engine.version if adapter is None else adapter
 
-    async def _start_next(self, lineage: _Lineage) -> VersionRecord | None:
-        """The newest PUBLISHED version past the serving one that the store accepts as the candidate."""
+    async def _start_next(self, lineage: _Lineage, term: int) -> VersionRecord | None:
+        """The newest PUBLISHED version past the serving one that the store accepts as the candidate
+        (None also when the store says this replica no longer leads in `term`)."""
         segment = lineage.segment
         after = self.engine.version if segment is None else (self.engine.adapter_version(segment) or -1)
         published = await asyncio.to_thread(self.store.versions_with_status, VersionStatus.PUBLISHED, after, segment)
         for record in reversed(published):
             try:
-                canary = await asyncio.to_thread(self.store.start_canary, record.version)
+                canary = await asyncio.to_thread(self.store.start_canary, record.version, fenced_term(term))
+            except StaleLeader as exc:
+                log.warning("version %d not made the candidate: %s", record.version, exc)
+                return None
             except TransitionRefused as exc:  # off the serving line, or another replica started one first
                 log.debug("version %d not the candidate: %s", record.version, exc)
                 other = await asyncio.to_thread(self.store.canary_version, segment)
@@ -312,8 +330,8 @@ class ReleaseGate:
             self.config,
         )
 
-    async def _promote(self, lineage: _Lineage, canary: VersionRecord, decision: Decision) -> None:
-        result = await self.candidates.promote(canary)
+    async def _promote(self, lineage: _Lineage, canary: VersionRecord, decision: Decision, term: int) -> None:
+        result = await self.candidates.promote(canary, fenced_term(term))
         if result is None:
             return
         self._cancel_evaluation(lineage)
@@ -321,11 +339,17 @@ class ReleaseGate:
         where = "" if lineage.segment is None else f" (segment {lineage.segment})"
         log.info("candidate %d promoted over %d%s: %s", canary.version, result.parent, where, decision.reason)
 
-    async def _hold(self, lineage: _Lineage, canary: VersionRecord, decision: Decision) -> None:
+    async def _hold(self, lineage: _Lineage, canary: VersionRecord, decision: Decision, term: int) -> None:
         segment = lineage.segment
         detail = {"mode": lineage.mode, "p_worse": decision.p_worse, "live": self._live_version(segment)}
         try:
-            await asyncio.to_thread(self.store.hold_version, canary.version, decision.reason, self.publisher.lane(segment), detail)
+            await asyncio.to_thread(
+                self.store.hold_version, canary.version, decision.reason, self.publisher.lane(segment), detail, fenced_term(term),
+            )
+        except StaleLeader as exc:  # deposed since the pass began: the candidate stays for the new leader
+            log.warning("candidate %d not held: %s", canary.version, exc)
+            self._cancel_evaluation(lineage)
+            return
         except TransitionRefused as exc:  # rolled back, or another replica decided first
             log.info("candidate %d not held here: %s", canary.version, exc)
         await self.candidates.drop(segment)
@@ -334,7 +358,7 @@ class ReleaseGate:
         log.warning("candidate %d held: %s (version %d keeps serving)", canary.version, decision.reason, self._live_version(segment))
 
     # -- evaluation ----------------------------------------------------------------------------------
-    def _ensure_evaluation(self, lineage: _Lineage, canary: VersionRecord, live: VersionRecord) -> None:
+    def _ensure_evaluation(self, lineage: _Lineage, canary: VersionRecord, live: VersionRecord, term: int) -> None:
         if self.evaluate is None or canary.version in self._evaluated:
             return
         if lineage.task is not None and not lineage.task.done():
@@ -344,16 +368,19 @@ class ReleaseGate:
         self._evaluated.add(canary.version)
         lineage.task_version = canary.version
         live_engine = self.engine.live if lineage.segment is None else self.engine
-        lineage.task = asyncio.create_task(self._evaluation(lineage, canary, live, live_engine), name=f"evaluation-{canary.version}")
+        lineage.task = asyncio.create_task(self._evaluation(lineage, canary, live, live_engine, term), name=f"evaluation-{canary.version}")
 
     def _cancel_evaluation(self, lineage: _Lineage) -> None:
         if lineage.task is not None and not lineage.task.done():
             lineage.task.cancel()
 
-    async def _evaluation(self, lineage: _Lineage, canary: VersionRecord, live: VersionRecord, live_engine: Engine | None) -> None:
+    async def _evaluation(
+        self, lineage: _Lineage, canary: VersionRecord, live: VersionRecord, live_engine: Engine | None, term: int,
+    ) -> None:
         """Evaluate the loaded candidate against `live` on `live_engine` (None: the candidate engine
-        itself) and store the result; an evaluation that raises is stored as failed, with the error as
-        its one check. A segment's candidate is sampled on the live engine, through its adapter slot."""
+        itself) and store the result, as the leader of `term` (refused when deposed since: the new
+        leader evaluates); an evaluation that raises is stored as failed, with the error as its one
+        check. A segment's candidate is sampled on the live engine, through its adapter slot."""
         assert self.evaluate is not None
         if await asyncio.to_thread(self.store.evaluation, canary.version) is not None:
             return  # another replica (or an earlier run of this server) evaluated it
@@ -373,7 +400,12 @@ class ReleaseGate:
             log.exception("evaluation of version %d failed", canary.version)
             error = {"name": "error", "value": None, "live": None, "base": None, "bound": str(exc)[:500], "passed": False}
             row = (live.version, False, [error], time.perf_counter() - start, 0.0)
-        await asyncio.to_thread(self.store.record_evaluation, canary.version, *row)
+        try:
+            await asyncio.to_thread(self.store.record_evaluation, canary.version, *row, fenced_term(term))
+        except StaleLeader as exc:
+            self._evaluated.discard(canary.version)
+            log.warning("evaluation of version %d not stored: %s", canary.version, exc)
+            return
         self.metrics.observe("server/evaluation_seconds", row[3])
         self.metrics.inc("server/evaluations", passed=str(row[1]).lower())
         log.info("version %d evaluated in %.1f s: %s", canary.version, row[3], "passed" if row[1] else "failed")
@@ -382,7 +414,8 @@ class ReleaseGate:
         """Immediate mode: evaluate the serving version if it is new, on the candidate engine (no user is
         routed to it in this mode), against itself as the live version (nothing is gated: the bounds
         against the base say how far it moved). The leader's alone."""
-        if not self.leader():
+        term = self.leader()
+        if term is None:
             return
         base = self._base
         if self.evaluate is None or base.running() is not None:
@@ -402,7 +435,7 @@ class ReleaseGate:
             return
         self._evaluated.add(version)
         base.task_version = version
-        base.task = asyncio.create_task(self._evaluation(base, record, record, None), name=f"evaluation-{version}")
+        base.task = asyncio.create_task(self._evaluation(base, record, record, None, term), name=f"evaluation-{version}")
 
     # -- what operators see --------------------------------------------------------------------------
     def state(self) -> ReleaseState:
