@@ -23,7 +23,10 @@ the candidate engine) and pauses the lineage's learning (the serving version is 
 operator's to roll back). The latest judgement of each version is kept for `GET /admin/alarms`.
 
 In a fleet only the leader judges (server/operations.py `watch_alarms`; server/leader.py): the other
-replicas' `GET /admin/alarms` show the recorded events but no judgements of their own.
+replicas' `GET /admin/alarms` show the recorded events but no judgements of their own. `check(term)`:
+the leader lease's term the judging replica leads in; its hold carries it (store/lease.py `fenced`),
+and a deposed leader's is refused with StaleLeader, which ends the pass before it pauses or records
+anything (the new leader judges again).
 """
 
 from __future__ import annotations
@@ -120,9 +123,10 @@ class RewardHackingAlarms:
         self._seen.clear()
 
     # -- one pass -------------------------------------------------------------------------------
-    def check(self) -> list[HackingVerdict]:
+    def check(self, term: int | None = None) -> list[HackingVerdict]:
         """Judge every lineage's serving version and CANARY candidate whose ratings changed since it was
-        last judged; record new alarms. Runs in a worker thread. Returns this pass's judgements."""
+        last judged; record new alarms, as the leader of `term` (None: unfenced). Runs in a worker
+        thread. Returns this pass's judgements. Raises StaleLeader when no longer the leader of `term`."""
         if self._alarmed is None:
             self._alarmed = {
                 (e.version, e.detail.get("trait")) for e in self.store.events(limit=10000) if e.kind == "reward_hacking"
@@ -146,17 +150,17 @@ class RewardHackingAlarms:
                 if mine is not None:
                     root = stretch(chain[::-1], traffic, self.config.min_ratings, set(mine))
                     if root is not None:
-                        done += self._judge(serving, segment, "serving", mine, root, traffic)
+                        done += self._judge(serving, segment, "serving", mine, root, traffic, term)
             if canary is not None and serving is not None and serving in by_number:
                 mine = stretch([canary.version], traffic, self.config.min_ratings)
                 live = stretch(lineage_chain(serving, by_number), traffic, self.config.min_ratings, {canary.version})
                 if mine is not None and live is not None:
-                    done += self._judge(canary.version, segment, "candidate", mine, live, traffic)
+                    done += self._judge(canary.version, segment, "candidate", mine, live, traffic, term)
         return done
 
     def _judge(
         self, version: int, segment: str | None, role: str, mine: tuple[int, ...], reference: tuple[int, ...],
-        traffic: dict[int, VersionTraffic],
+        traffic: dict[int, VersionTraffic], term: int | None,
     ) -> list[HackingVerdict]:
         seen = (role, tuple((v, traffic[v].ratings) for v in mine + reference if v in traffic))
         if self._seen.get(version) == seen:
@@ -173,22 +177,22 @@ class RewardHackingAlarms:
         assert self._alarmed is not None
         new = [trait for trait in raised if (version, trait) not in self._alarmed]
         if new:
-            verdict = self._act(verdict, new)
+            verdict = self._act(verdict, new, term)
         self.verdicts[version] = verdict
         for old in sorted(self.verdicts)[:-KEPT]:
             del self.verdicts[old]
         return [verdict]
 
-    def _act(self, verdict: HackingVerdict, new: list[str]) -> HackingVerdict:
-        """Record the new alarms (once per version and trait); with auto_hold, hold a candidate and pause
-        the lineage's learning."""
+    def _act(self, verdict: HackingVerdict, new: list[str], term: int | None) -> HackingVerdict:
+        """Record the new alarms (once per version and trait); with auto_hold, hold a candidate (fenced
+        by `term`: StaleLeader leaves before anything is written) and pause the lineage's learning."""
         reason = f"reward hacking: {', '.join(new)} explain the {verdict.role} version's gain"
         held = paused = False
         if self.config.auto_hold:
             lane = self.publisher.lane(verdict.segment)
             if verdict.role == "candidate":
                 try:
-                    self.store.hold_version(verdict.version, reason, lane, {"alarms": new, "report": verdict.report.as_dict()})
+                    self.store.hold_version(verdict.version, reason, lane, {"alarms": new, "report": verdict.report.as_dict()}, term)
                     held = True
                     self.metrics.inc("server/release_held")  # as the gate counts its holds (no labels: one family)
                 except TransitionRefused as exc:  # the gate decided first (promoted, held, superseded)
