@@ -14,6 +14,12 @@ counts itself the leader (`leading()`) only until `seconds` after it SENT its la
 (this process's monotonic clock, never the database's: a leader that cannot reach the store stops
 leading on its own before anyone else can take over), less `MARGIN`. A clean stop releases the lease
 (`release`), so the next replica takes over at its next try.
+
+Counting itself the leader is not enough to write as the leader: a process paused (or cut off) after
+it read `held_term()` and before its write would write as a leader it no longer is. So `held_term()`
+is also the fencing token: the leader-only writes carry it (the gate's candidate, evaluation,
+promotion and hold; the alarms' hold; the guard's rollback) and the store checks it in the write's
+own transaction (store/lease.py `fenced`), refusing a deposed leader's with StaleLeader.
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ class Leadership:
     __call__ = leading
 
     def held_term(self) -> int | None:
-        """The lease's term this process leads in now (None: it does not lead)."""
+        """The lease's term this process leads in now (None: it does not lead): the term its leader-only
+        writes carry, refused by the store once the lease has changed hands."""
         return self.term if self.leading() else None
 
     def renew(self) -> LeaseState:
