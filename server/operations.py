@@ -46,6 +46,7 @@ from liveloop.server.publisher import Publisher, RollbackResult, SwapResult
 from liveloop.server.weights_import import WeightImports
 from liveloop.store import Store
 from liveloop.store.keys import KeyState
+from liveloop.store.lease import StaleLeader
 from liveloop.store.lifecycle import ServingChanged
 
 log = logging.getLogger(__name__)
@@ -269,11 +270,17 @@ class Operations:
         where = f"segment {segment}'s" if segment is not None else "the base"
         log.warning("guard: %s version %d is significantly worse than %d: rolling back", where, verdict.version, verdict.parent)
         detail = verdict.as_dict() | ({"segment": segment} if segment is not None else {})
-        try:  # compare-and-set: only if what it judged still serves (an operator's import or rollback since wins)
+        term = self.leader()
+        if term is None:
+            return None
+        try:  # compare-and-set: only if what it judged still serves (an operator's import or rollback since wins),
+            # fenced: only while this replica still leads in the term it judged in
             return await self.publisher.rollback(
-                verdict.parent, None, f"guard: {verdict.as_dict()}", segment, expect_serving=verdict.version, event=("guard_rollback", detail),
+                verdict.parent, None, f"guard: {verdict.as_dict()}", segment, expect_serving=verdict.version,
+                event=("guard_rollback", detail), term=term or None,
             )
-        except ServingChanged as exc:
+        except (ServingChanged, StaleLeader) as exc:
+            self._guarded.discard(verdict.version)  # not decided: judged again by whoever leads next
             log.info("guard: not rolling back version %d: %s", verdict.version, exc)
             return None
 
@@ -288,7 +295,8 @@ class Operations:
         """One pass of the reward-hacking alarms (off the event loop); [] when they are off."""
         if self.alarms is None:
             return []
-        return await asyncio.to_thread(self.alarms.check)
+        term = self.leader()
+        return await asyncio.to_thread(self.alarms.check, term or None)
 
     async def watch_alarms(self) -> None:
         """Judge the live stream every `[release.alarms] check_seconds` while this replica leads, until

@@ -402,7 +402,7 @@ class Publisher:
 
     async def rollback(
         self, version: int, api_key_id: str | None = None, reason: str | None = None, segment: str | None = None,
-        expect_serving: int | None = None, event: tuple[str, dict] | None = None,
+        expect_serving: int | None = None, event: tuple[str, dict] | None = None, term: int | None = None,
     ) -> RollbackResult:
         """Serve stored `version` again: the engine swaps atomically (drained, like any swap), then one
         store transaction marks the later versions rolled back and points the learner at `version`.
@@ -412,13 +412,15 @@ class Publisher:
         lineage) it is refused, before anything swaps and again in the store's transaction, when another
         serves now (ServingChanged). Raises VersionNotFound, NotServable, AlreadyServing, SwapFailed,
         UnknownSegment or the store's RollbackRefused. `event` (kind, detail): an operator event recorded
-        in the rollback's own transaction (the guard's verdict)."""
+        in the rollback's own transaction (the guard's verdict). `term`: the leader lease's term a leader's
+        rollback carries (store/lease.py `fenced`; None: an operator's, unfenced): a deposed leader's is
+        refused in the store's transaction (StaleLeader) and the engine swaps back."""
         async with self._lock:
             record = await asyncio.to_thread(self.store.get_version, version)
             if record is None:
                 raise VersionNotFound(f"no policy version {version}")
             if record.segment is not None or segment is not None:
-                return await self._rollback_adapter(record, segment or record.segment, api_key_id, reason, expect_serving, event)
+                return await self._rollback_adapter(record, segment or record.segment, api_key_id, reason, expect_serving, event, term)
             if expect_serving is not None and expect_serving != self.engine.version:
                 raise ServingChanged(f"version {expect_serving} no longer serves (now: v{self.engine.version})")
             if not record.status.servable or not record.checkpoint_path:
@@ -447,7 +449,7 @@ class Publisher:
                     self.metrics.inc("server/swap_failures")
                     raise SwapFailed(version, f"could not load version {version}: {exc}") from exc
                 try:
-                    rolled = await asyncio.to_thread(self.store.rollback_to, version, self.learner_name, api_key_id, reason, None, expect_serving, event)
+                    rolled = await asyncio.to_thread(self.store.rollback_to, version, self.learner_name, api_key_id, reason, None, expect_serving, event, term)
                 except Exception:
                     log.exception("rollback to %d not recorded: swapping version %d back in", version, previous)
                     await self.engine.update_weights(old.checkpoint_path, previous)
@@ -460,7 +462,7 @@ class Publisher:
 
     async def _rollback_adapter(
         self, record: VersionRecord, segment: str, api_key_id: str | None, reason: str | None, expect_serving: int | None,
-        event: tuple[str, dict] | None,
+        event: tuple[str, dict] | None, term: int | None = None,
     ) -> RollbackResult:
         """With the lock held: serve `segment` the adapter `record` (or, for a base version, no adapter)."""
         lane = self.lane(segment)
@@ -487,7 +489,7 @@ class Publisher:
                 self.metrics.inc("server/swap_failures")
                 raise SwapFailed(record.version, f"could not load version {record.version}: {exc}") from exc
             try:
-                rolled = await asyncio.to_thread(self.store.rollback_to, record.version, lane, api_key_id, reason, segment, expect_serving, event)
+                rolled = await asyncio.to_thread(self.store.rollback_to, record.version, lane, api_key_id, reason, segment, expect_serving, event, term)
             except Exception:
                 log.exception("rollback of segment %s to %d not recorded: restoring its adapter", segment, record.version)
                 back = CheckpointDir(Path(old.checkpoint_path)) if old is not None and old.checkpoint_path else None

@@ -236,3 +236,23 @@ def test_two_operators_on_one_view_cannot_undo_each_other(client, tmp_path):
     assert _statuses(client) == before and client.get("/admin/stats").json()["serving"] == a
     bad = client.post("/admin/rollback", json={"version": 0, "expect_serving": -1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "expect_serving"
+
+
+def test_a_deposed_leaders_guard_rolls_nothing_back(client, tmp_path):
+    """Fenced: the guard judges as the leader of a term the store's lease no longer has (here: a term
+    nobody holds); its rollback is refused in the store's transaction, the engine swaps back, and the
+    same verdict in a live term (0: no lease, unfenced) rolls back."""
+    ops = client.app.state.operations
+    parent = client.get("/admin/stats").json()["serving"]
+    _rate(client, parent, liked=20, disliked=5, tag="fence-parent")
+    worse = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "f", seed=6))}).json()["version"]
+    _rate(client, worse, liked=5, disliked=20, tag="fence-worse")
+    leader = ops.leader
+    try:
+        ops.leader = lambda: 99  # deposed: the store's leader lease is not in term 99
+        assert client.portal.call(ops.guard, client.portal.call(ops.versions)) is None
+        assert client.get("/admin/stats").json()["serving"] == worse and _statuses(client)[worse] == "serving"
+    finally:
+        ops.leader = leader
+    done = client.portal.call(ops.guard, client.portal.call(ops.versions))
+    assert isinstance(done, RollbackResult) and (done.version, done.previous) == (parent, worse)
