@@ -12,7 +12,7 @@ the promotion's (`activate_version`, asked of the store as every activation is).
   engines swap back and the activation is dropped, unless another replica promoted it first.
 - A segment's adapter lineage: the segment's candidate slot in the live engine
   (`CanaryEngine.load_candidate_adapter`, from the version's durable checkpoint, verified against its
-  row as an adapter activation is). `promote`: the store is asked (`check_activation`), then makes it
+  row as an adapter activation is: the slot loads the verified private copy, removed after the load). `promote`: the store is asked (`check_activation`), then makes it
   SERVING (`activate_version`), then the slot's adapter becomes the segment's (`promote_adapter`: a
   table repoint, no load, that cannot fail once the slot holds it; the store goes first so that nothing
   has to be undone in the engine when it refuses). `drop` unloads the slot.
@@ -34,7 +34,7 @@ from liveloop.server.engines.canary import CandidateBusy, CanaryEngine
 from liveloop.store import TransitionRefused, VersionRecord, VersionStatus
 from liveloop.store.lease import StaleLeader
 from liveloop.transport import WeightsUnverified
-from liveloop.transport.checkpoint_dir import verify_checkpoint
+from liveloop.transport.checkpoint_dir import verified_copy
 from liveloop.transport.weights import CheckpointDir
 
 if TYPE_CHECKING:
@@ -105,12 +105,13 @@ class Candidates:
                 await self._failed_load(record)
                 return False
             try:
-                await asyncio.to_thread(verify_checkpoint, record.checkpoint_path, record.checkpoint_sha256, record.version)
+                copy = await asyncio.to_thread(verified_copy, record.checkpoint_path, record.checkpoint_sha256, record.version)
             except WeightsUnverified as exc:
                 await p._reject(record, exc)
                 return False
             try:
-                seconds = await self.engine.load_candidate_adapter(segment, CheckpointDir(Path(record.checkpoint_path)), record.version)
+                with copy:
+                    seconds = await self.engine.load_candidate_adapter(segment, CheckpointDir(copy.path), record.version)
             except Exception:
                 log.exception("segment %s: could not load adapter version %d as the candidate", segment, record.version)
                 await self._failed_load(record)

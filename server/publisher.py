@@ -38,7 +38,9 @@ writing it: the learner's resume rolls its lineage back), and the old version ke
 ever serves a half-written or missing model. Weights are verified against their row before they serve
 (the memory's nonce and digest, the checkpoint's sha256; see liveloop/transport/base.py): on a
 mismatch nothing swaps, the version serving keeps serving, and the row becomes FAILED with a
-"weights_rejected" event (`server/weights_rejected`). After a swap the receiver frees the memory of older
+"weights_rejected" event (`server/weights_rejected`). A checkpoint directory is verified by copying it
+(`verified_copy`: every file, config and tokenizer included, hashed as it is copied into a private
+directory) and the engine loads that copy, removed after the swap: never the shared directory again. After a swap the receiver frees the memory of older
 versions (and the new version's own once its durable checkpoint exists). Rollbacks and restarts read
 durable checkpoints only; start-up recovery (what a restarting server serves when the serving version's
 durable checkpoint is missing) is server/startup.py's.
@@ -81,7 +83,7 @@ from liveloop.transport.weights import CheckpointDir, WeightSource
 from liveloop.server.weights_import import StagedCheckpoint
 from liveloop.store import ServingChanged, Store, TransitionRefused, VersionNotFound, VersionRecord, VersionStatus
 from liveloop.transport import HandleGone, Receiver, WeightHandle, WeightsUnverified
-from liveloop.transport.checkpoint_dir import is_checkpoint, verify_checkpoint
+from liveloop.transport.checkpoint_dir import is_checkpoint, verified_copy
 
 log = logging.getLogger(__name__)
 
@@ -241,8 +243,8 @@ class Publisher:
             with contextlib.ExitStack() as stack:
                 try:  # the weights are verified against the row (nonce, digest) before anything serves
                     if operator or record.segment is not None:
-                        await asyncio.to_thread(verify_checkpoint, record.checkpoint_path, record.checkpoint_sha256, version)
-                        source, via, handle = CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir", None
+                        copy = await asyncio.to_thread(verified_copy, record.checkpoint_path, record.checkpoint_sha256, version)
+                        source, via, handle = CheckpointDir(stack.enter_context(copy).path), "checkpoint_dir", None
                     else:
                         source, via, handle = await asyncio.to_thread(self._open, record, stack)
                 except WeightsUnverified as exc:
@@ -371,7 +373,8 @@ class Publisher:
     def _open(self, record: VersionRecord, stack: contextlib.ExitStack) -> tuple[WeightSource | None, str, WeightHandle | None]:
         """The version's weights: its transport's memory first, then its durable checkpoint directory,
         each verified against the row (WeightsUnverified); (None, ...) when neither is there. A durable
-        checkpoint counts once the row names its digest (an in-memory publish records it after fsync)."""
+        checkpoint counts once the row names its digest (an in-memory publish records it after fsync);
+        what is returned of it is its verified private copy, removed when `stack` closes."""
         if self.receiver is not None:
             try:
                 handle = self._handle(record)
@@ -381,8 +384,8 @@ class Publisher:
         if record.checkpoint_path and is_checkpoint(record.checkpoint_path):
             if record.weights_digest and not record.checkpoint_sha256:
                 return None, "", None  # being written: its digest is recorded once it is durable
-            verify_checkpoint(record.checkpoint_path, record.checkpoint_sha256, record.version)
-            return CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir", None
+            copy = stack.enter_context(verified_copy(record.checkpoint_path, record.checkpoint_sha256, record.version))
+            return CheckpointDir(copy.path), "checkpoint_dir", None  # the copy that was hashed, removed with `stack`
         return None, "", None
 
     async def _wait_for_weights(self, record: VersionRecord) -> None:
@@ -435,16 +438,16 @@ class Publisher:
                 raise AlreadyServing(f"version {version} is already serving")
             if version != 0 and not await asyncio.to_thread(is_checkpoint, record.checkpoint_path):  # rollbacks read durable checkpoints only
                 raise NotServable(f"version {version}'s durable checkpoint is not at {record.checkpoint_path} (not written yet, or lost)")
-            try:
-                await asyncio.to_thread(verify_checkpoint, record.checkpoint_path, record.checkpoint_sha256, version)
+            try:  # the engine loads the copy that was hashed
+                copy = await asyncio.to_thread(verified_copy, record.checkpoint_path, record.checkpoint_sha256, version)
             except WeightsUnverified as exc:
                 await self._reject(record, exc)
                 raise NotServable(f"version {version}'s checkpoint is not the one its row names: {exc}") from exc
             old = await asyncio.to_thread(self.store.get_version, previous)
             start = time.perf_counter()
-            with self.changes.changing():
+            with copy, self.changes.changing():
                 try:
-                    held = await self.engine.update_weights(record.checkpoint_path, version)
+                    held = await self.engine.update_weights(CheckpointDir(copy.path), version)
                 except Exception as exc:
                     self.metrics.inc("server/swap_failures")
                     raise SwapFailed(version, f"could not load version {version}: {exc}") from exc
@@ -585,13 +588,14 @@ class Publisher:
                 log.info("segment %s: followed the store to adapter version %d: the candidate here, promoted", segment, record.version)
                 continue
             try:
-                await asyncio.to_thread(verify_checkpoint, record.checkpoint_path, record.checkpoint_sha256, record.version)
+                copy = await asyncio.to_thread(verified_copy, record.checkpoint_path, record.checkpoint_sha256, record.version)
             except WeightsUnverified as exc:
                 self._unfollowable.add(record.version)
                 await self._reject(record, exc)
                 continue
             try:
-                done.append(await self._swap(record, CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir"))
+                with copy:
+                    done.append(await self._swap(record, CheckpointDir(copy.path), "checkpoint_dir"))
             except SwapFailed:
                 log.exception("segment %s: could not follow the store to adapter %d", segment, record.version)
                 continue

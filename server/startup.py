@@ -3,7 +3,10 @@ checkpoint; else from the transport's memory (started from the nearest ancestor 
 to it: `finish_start`); else, after waiting for the learner to write the checkpoint, the nearest
 ancestor that has one, recorded in the store in one transaction (`Store.recover_serving`: the versions
 passed over FAILED, the ancestor SERVING), so the store says what serves. Never a missing or
-half-written model, nor a checkpoint whose files are not the ones its row names (`_durable`).
+half-written model, nor a checkpoint whose files are not the ones its row names (`_durable`: every
+file, config and tokenizer included). The checkpoint the engine starts from is the verified private
+copy (`StartPoint.copy`, liveloop/transport/checkpoint_dir.py's `verified_copy`): `weights_path` names
+it, and `finish_start` removes it once the engine has loaded it (so does the StartPoint going away).
 
 At start the server also sweeps what this deployment left in shared memory (`sweep_shared_memory`):
 unfinished versions and versions nothing may serve any more, the engine copies of killed engines, and
@@ -26,7 +29,7 @@ from liveloop.metrics import Metrics
 from liveloop.store.status import VersionStatus
 from liveloop.transport import HandleGone, Receiver, TransportConfig, WeightHandle, WeightsUnverified
 from liveloop.transport import private_dir, shared_memory
-from liveloop.transport.checkpoint_dir import is_checkpoint, verify_checkpoint
+from liveloop.transport.checkpoint_dir import PrivateCopy, is_checkpoint, verified_copy
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +38,20 @@ log = logging.getLogger(__name__)
 class StartPoint:
     """What a (re)starting server serves: `version`, started from the checkpoint `weights_path` (None:
     the base model), then, when `memory` is set, swapped to that version's weights from memory (its
-    durable checkpoint is not written yet). `skipped`: newer versions passed over for having neither."""
+    durable checkpoint is not written yet). `skipped`: newer versions passed over for having neither.
+    `copy`: the verified private copy `weights_path` names (None: the base model, read in place)."""
 
     version: int
     weights_path: str | None
     start_version: int
     memory: WeightHandle | None = None
     skipped: tuple[int, ...] = ()
+    copy: PrivateCopy | None = None
+
+    def release(self) -> None:
+        """Remove the private copy the engine started from (it has loaded it)."""
+        if self.copy is not None:
+            self.copy.close()
 
 
 async def start_point(
@@ -52,15 +62,18 @@ async def start_point(
     then swapped); else, after waiting up to `wait_seconds` for the learner to write the checkpoint,
     the nearest ancestor with one: the passed-over versions are marked FAILED and the ancestor SERVING,
     so the store says what serves. Never a missing or half-written model."""
-    if record.version == 0 or _durable(store, record):
-        return StartPoint(record.version, record.checkpoint_path if record.version else None, record.version)
-    ancestor = await asyncio.to_thread(_durable_ancestor, store, record)
-    base_path = ancestor.checkpoint_path if ancestor.version else None
+    if record.version == 0:
+        return StartPoint(0, None, 0)
+    copy = await asyncio.to_thread(_durable, store, record)
+    if copy is not None:
+        return StartPoint(record.version, str(copy.path), record.version, copy=copy)
+    ancestor, ancestor_copy = await asyncio.to_thread(_durable_ancestor, store, record)
+    base_path = str(ancestor_copy.path) if ancestor_copy is not None else None
     if receiver is not None:
         handle = receiver.handle_of(record)  # verified against the row's nonce and digest
         try:
             with receiver.open(handle):
-                return StartPoint(record.version, base_path, ancestor.version, memory=handle)
+                return StartPoint(record.version, base_path, ancestor.version, memory=handle, copy=ancestor_copy)
         except HandleGone:
             pass
         except WeightsUnverified as exc:
@@ -69,8 +82,10 @@ async def start_point(
     while time.monotonic() < deadline:
         await asyncio.sleep(poll_seconds)
         fresh = await asyncio.to_thread(store.get_version, record.version)  # the digest its learner records
-        if fresh is not None and await asyncio.to_thread(_durable, store, fresh):
-            return StartPoint(record.version, record.checkpoint_path, record.version)
+        if fresh is not None and (copy := await asyncio.to_thread(_durable, store, fresh)) is not None:
+            if ancestor_copy is not None:
+                ancestor_copy.close()
+            return StartPoint(record.version, str(copy.path), record.version, copy=copy)
     skipped: list[int] = []
     current = record
     while current.version != ancestor.version:
@@ -79,40 +94,46 @@ async def start_point(
     await asyncio.to_thread(store.recover_serving, skipped, ancestor.version)
     log.error("version %d has no weights (durable checkpoint missing, memory gone): serving version %d instead (failed: %s)",
               record.version, ancestor.version, skipped)
-    return StartPoint(ancestor.version, base_path, ancestor.version, skipped=tuple(skipped))
+    return StartPoint(ancestor.version, base_path, ancestor.version, skipped=tuple(skipped), copy=ancestor_copy)
 
 
-def _durable(store: Store, record: VersionRecord) -> bool:
-    """Whether `record`'s durable checkpoint is there and matches the digest its row names (a mismatch
-    is logged and recorded as a "weights_rejected" event: that checkpoint never serves)."""
+def _durable(store: Store, record: VersionRecord) -> PrivateCopy | None:
+    """`record`'s durable checkpoint, copied privately and verified against the digest its row names;
+    None when it is not there or does not match (a mismatch is logged and recorded as a
+    "weights_rejected" event: that checkpoint never serves)."""
     if not is_checkpoint(record.checkpoint_path or ""):
-        return False
+        return None
     try:
-        verify_checkpoint(record.checkpoint_path, record.checkpoint_sha256, record.version)
+        return verified_copy(record.checkpoint_path, record.checkpoint_sha256, record.version)
     except WeightsUnverified as exc:
         log.error("version %d: its checkpoint is not the one its row names (%s): not served", record.version, exc)
         store.reject_weights(record.version, {"reason": str(exc), "at": "start"})
-        return False
-    return True
+        return None
 
 
-def _durable_ancestor(store: Store, record: VersionRecord) -> VersionRecord:
-    """The nearest ancestor of `record` whose durable checkpoint exists (version 0, the base, at worst)."""
+def _durable_ancestor(store: Store, record: VersionRecord) -> tuple[VersionRecord, PrivateCopy | None]:
+    """The nearest ancestor of `record` whose durable checkpoint exists (version 0, the base, at worst),
+    with its verified copy (None for the base)."""
     current = record
     while current.version != 0 and current.parent is not None:
         parent = store.get_version(current.parent)
         if parent is None:
             break
         current = parent
-        if current.version == 0 or _durable(store, current):
-            return current
+        if current.version == 0:
+            return current, None
+        copy = _durable(store, current)
+        if copy is not None:
+            return current, copy
     base = store.get_version(0)
     assert base is not None, "version 0 (the base model) always exists"
-    return base
+    return base, None
 
 
 async def finish_start(publisher: Publisher, point: StartPoint) -> None:
-    """After `engine.start(point.start_version, point.weights_path)`: swap to the version's memory."""
+    """After `engine.start(point.start_version, point.weights_path)`: the private copy it started from
+    goes, then the engine swaps to the version's memory (when the point says so)."""
+    point.release()
     if point.memory is None or publisher.receiver is None:
         return
     with publisher.receiver.open(point.memory) as source:

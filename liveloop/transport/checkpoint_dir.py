@@ -6,16 +6,34 @@ Each `send` writes one safetensors shard into a temporary directory next to the 
 adds the shard index (when there are several) and the base model's config files, then renames the
 directory into place, so a reader never sees half a checkpoint; `abort` removes the temporary
 directory. Tensors keep the served model's state_dict names (the engine reads them through
-transformers' loader) and their bytes exactly; tied tensors are written once per name.
+transformers' loader) and their bytes exactly; tied tensors are written once per name. The handle's
+digest is `liveloop.checkpoint.checkpoint_digest`'s: every file of the directory, config included.
+
+Reading one (`verified_copy`, what `open`, the publisher, start-up and the release gate's candidates
+use): every file is copied into a private directory (`liveloop-verified-<pid>-*` under the temporary
+directory, 0700, created by this process) while the bytes read are hashed, and only a copy whose
+digest is the row's is handed on; the engine loads the copy, which is removed once it has loaded
+(`PrivateCopy.close`, or when the copy is garbage). So a file changed after it was hashed is never what
+loads: the shared directory is read once. A row's digest of the old kind (bare hex: the safetensors
+only, `liveloop.checkpoint.legacy_digest`) is checked as it was, and the copy's other files are taken as
+they were read. No digest (the base model, a row from before digests) means nothing to check: the
+directory is used in place. Copies of processes that died are removed at a process's first copy.
+`verify_checkpoint` checks a directory in place (for callers that load nothing from it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
+import stat
+import tempfile
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +41,16 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from liveloop.checkpoint import checkpoint_digest, place
+from liveloop.checkpoint import (
+    DIGEST_KIND,
+    CheckpointEntryRefused,
+    CheckpointHasher,
+    checkpoint_digest,
+    checkpoint_files,
+    legacy_digest,
+    place,
+    process_alive,
+)
 from liveloop.transport.base import HandleGone, Receiver, Sender, WeightHandle, WeightsUnverified, new_nonce
 from liveloop.transport.config import TransportConfig
 from liveloop.transport.weights import CheckpointDir, WeightSource
@@ -49,7 +76,7 @@ class CheckpointDirSender(Sender):
         final = Path(self.path_for(version))
         final.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        self._tmp.mkdir()
+        self._tmp.mkdir(mode=0o700)
         self._shards = []
 
     def _send(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -104,28 +131,155 @@ class CheckpointDirReceiver(Receiver):
         path = Path(handle.location)
         if not is_checkpoint(path):
             raise HandleGone(f"checkpoint_dir: {path} is not a checkpoint directory (not written yet, or deleted)")
-        verify_checkpoint(path, handle.digest, handle.version)
-        yield CheckpointDir(path)
+        with verified_copy(path, handle.digest, handle.version) as copy:
+            yield CheckpointDir(copy.path)  # the copy that was hashed, never the shared directory again
 
     def tensors(self, handle: WeightHandle) -> dict[str, torch.Tensor]:
         path = Path(handle.location)
         if not is_checkpoint(path):
             raise HandleGone(f"checkpoint_dir: {path} is not a checkpoint directory")
-        verify_checkpoint(path, handle.digest, handle.version)
         state: dict[str, torch.Tensor] = {}
-        for f in sorted(path.glob("*.safetensors")):
-            state.update(load_file(str(f)))
+        with verified_copy(path, handle.digest, handle.version) as copy:
+            for f in sorted(copy.path.glob("*.safetensors")):
+                state.update(load_file(str(f)))
         return state
 
 
+_LEGACY = re.compile(r"[0-9a-f]{64}")
+COPY_PREFIX = "liveloop-verified-"
+_COPY = re.compile(rf"^{COPY_PREFIX}(\d+)-")
+_swept = threading.Event()  # this process removed the copies dead processes left (at its first copy)
+
+
+class PrivateCopy:
+    """A checkpoint directory as an engine may load it: `path`, this process's private copy (removed by
+    `close`, at the end of a `with`, or once the object is garbage), or, where there was nothing to
+    verify, the directory itself (never removed)."""
+
+    def __init__(self, path: Path, owned: bool):
+        self.path = path
+        self.owned = owned
+        self._remove = weakref.finalize(self, shutil.rmtree, str(path), True) if owned else None
+
+    def close(self) -> None:
+        if self._remove is not None:
+            self._remove()
+
+    def __enter__(self) -> PrivateCopy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def verify_checkpoint(path: str | Path, sha256: str | None, version: int | None = None) -> None:
-    """WeightsUnverified unless the directory's safetensors files hash to `sha256` (None: nothing to
-    check against, the base model or a row from before digests)."""
+    """WeightsUnverified unless the directory hashes to `sha256`, a digest of either kind (None: nothing
+    to check against, the base model or a row from before digests). Checks in place: what loads
+    afterwards is read again, so a loader takes `verified_copy` instead."""
     if not sha256:
         return
-    found = checkpoint_digest(path)
+    legacy = _kind(path, sha256, version)
+    try:
+        found = legacy_digest(path) if legacy else checkpoint_digest(path)
+    except (OSError, CheckpointEntryRefused) as exc:
+        raise WeightsUnverified(f"checkpoint_dir: {path} cannot be hashed ({exc}): version {version}'s row names {sha256}") from None
     if found != sha256:
         raise WeightsUnverified(f"checkpoint_dir: {path} hashes to {found}, version {version}'s row names {sha256}")
+
+
+def verified_copy(path: str | Path, sha256: str | None, version: int | None = None) -> PrivateCopy:
+    """The directory copied into a private directory while its bytes are hashed; WeightsUnverified
+    (and no copy left) unless they hash to `sha256`. None: nothing to check, the directory itself."""
+    source = Path(path)
+    if not sha256:
+        return PrivateCopy(source, owned=False)
+    legacy = _kind(source, sha256, version)
+    copy = private_copy_dir()
+    try:
+        found = _copy_hashing(source, copy.path, legacy)
+    except (OSError, CheckpointEntryRefused) as exc:
+        copy.close()
+        raise WeightsUnverified(f"checkpoint_dir: {source} cannot be read whole ({exc}): version {version}'s row names {sha256}") from None
+    except BaseException:
+        copy.close()
+        raise
+    if found != sha256:
+        copy.close()
+        raise WeightsUnverified(f"checkpoint_dir: {source} hashes to {found}, version {version}'s row names {sha256}")
+    return copy
+
+
+def private_copy(path: str | Path) -> PrivateCopy:
+    """The directory copied as it is into a private one (nothing checked): for an engine that keeps a
+    directory it was handed (already verified, already private) after the caller removes it."""
+    copy = private_copy_dir()
+    try:
+        _copy_hashing(Path(path), copy.path, legacy=False)
+    except BaseException:
+        copy.close()
+        raise
+    return copy
+
+
+def private_copy_dir() -> PrivateCopy:
+    """A new, empty 0700 directory of this process under the temporary directory, owned (removed on close)."""
+    if not _swept.is_set():
+        _swept.set()
+        sweep_stale_copies()
+    return PrivateCopy(Path(tempfile.mkdtemp(prefix=f"{COPY_PREFIX}{os.getpid()}-")), owned=True)
+
+
+def sweep_stale_copies(root: str | Path | None = None) -> list[Path]:
+    """Remove the private copies that processes no longer alive left under the temporary directory."""
+    root = Path(root or tempfile.gettempdir())
+    stale = []
+    with contextlib.suppress(OSError):
+        for entry in root.iterdir():
+            m = _COPY.match(entry.name)
+            if m and int(m.group(1)) != os.getpid() and not process_alive(int(m.group(1))):
+                shutil.rmtree(entry, ignore_errors=True)
+                stale.append(entry)
+    return stale
+
+
+def _kind(path: str | Path, sha256: str, version: int | None) -> bool:
+    """Whether `sha256` is the old kind (bare hex); WeightsUnverified when it is of no known kind."""
+    if sha256.startswith(f"{DIGEST_KIND}:"):
+        return False
+    if _LEGACY.fullmatch(sha256):
+        return True
+    raise WeightsUnverified(f"checkpoint_dir: version {version}'s row names a digest of no known kind ({sha256!r}) for {path}")
+
+
+def _copy_hashing(source: Path, dest: Path, legacy: bool) -> str:
+    """Copy every file of `source` (`checkpoint_files`) into `dest`, hashing the bytes as they are read:
+    the digest of what `dest` now holds, of the kind asked for. A file whose size changes while it is
+    read is refused (CheckpointEntryRefused)."""
+    full, old = CheckpointHasher(), hashlib.sha256()
+    for name in checkpoint_files(source):
+        weights = "/" not in name and name.endswith(".safetensors")  # what a legacy digest covers
+        target = dest / name
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(source / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointEntryRefused(f"{source / name} is not a regular file")
+            full.file(name, st.st_size)
+            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            read = 0
+            with os.fdopen(fd, "rb", closefd=False) as src, os.fdopen(out, "wb") as dst:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    full.update(block)
+                    if weights:
+                        old.update(block)
+                    dst.write(block)
+                    read += len(block)
+        finally:
+            os.close(fd)
+        if read != st.st_size:
+            raise CheckpointEntryRefused(f"{source / name} changed size while it was read ({st.st_size} -> {read} bytes)")
+    return old.hexdigest() if legacy else full.digest()
 
 
 def is_checkpoint(path: str | Path) -> bool:

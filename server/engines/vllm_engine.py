@@ -21,8 +21,12 @@ Swaps (`engine.swap_mode`):
   cleared (vLLM preempts running requests: their prompt and tokens so far are recomputed on resume),
   the weights load, and it resumes; running generations continue under the new weights, never on old
   KV. New requests are admitted meanwhile and wait in vLLM's queue for the resume alone.
-The packed file goes as soon as vLLM has copied it: no second copy of the weights is kept. A failed
-load reloads the serving weights when they came from a checkpoint directory (its path is kept); when
+The packed file goes as soon as vLLM has copied it. A checkpoint directory the engine may read again
+(the one it starts from, the serving weights a failed load reloads, an adapter vLLM may reload) is the
+engine's own private copy (`liveloop.transport.checkpoint_dir.private_copy`, 0700) of the directory it
+was handed, which the caller verified and may remove once the call returns: vLLM never reads the
+shared checkpoint after it was verified, and a copy goes when nothing needs it any more. A failed
+load reloads the serving weights when they came from a checkpoint directory (its copy is kept); when
 they came from memory there is nothing to reload, and the engine stops serving (unhealthy, requests
 refused) rather than serve a half-loaded model. Staging refuses what would fail to load for lack of
 finite values; a load failing after it is a bug or a machine fault.
@@ -78,6 +82,7 @@ from liveloop.transport.weights import CheckpointDir, NamedTensors, WeightSource
 from liveloop.server.engines.gated import GatedEngine
 from liveloop.server.engines.vllm_worker import WORKER_EXTENSION, SharedWeights, pack_checkpoint, pack_shared
 from liveloop.transport.weights import WeightsRejected, non_finite
+from liveloop.transport.checkpoint_dir import PrivateCopy, private_copy
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +198,8 @@ class VLLMEngine(GatedEngine):
         self._lora_ids = 0  # the last LoRARequest id given out (vLLM caches adapters by id)
         self._lora_refusal: str | None = None  # why max_adapters > 0 could not be honoured
         self._removals: set[asyncio.Task] = set()
+        self._kept: list[PrivateCopy] = []  # private copies of checkpoints: the one `_serving` names
+        self._lora_copies: dict[str, PrivateCopy] = {}  # adapter name -> the private copy vLLM reads
 
     def healthy(self) -> bool:
         """vLLM's engine core is running and has not died, and its model is whole (it never blocks)."""
@@ -201,6 +208,10 @@ class VLLMEngine(GatedEngine):
     async def start(self, version: int = 0, weights_path: str | Path | None = None) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        if weights_path:  # read by vLLM at start and for a reload: ours, not the caller's (it goes)
+            kept = await asyncio.to_thread(private_copy, weights_path)
+            self._kept.append(kept)
+            weights_path = str(kept.path)
         weights_path = str(weights_path) if weights_path else None
         args = engine_args(self.config, self.model_path, weights_path)
         if self.config.max_adapters > 0:
@@ -222,6 +233,10 @@ class VLLMEngine(GatedEngine):
             self._llm.shutdown()
             self._llm = None
         self._loras.clear()
+        for copy in [*self._kept, *self._lora_copies.values()]:
+            copy.close()
+        self._kept.clear()
+        self._lora_copies.clear()
 
     async def update_adapter(self, segment: str, adapter: CheckpointDir | None, version: int) -> float:
         if self._lora_refusal is not None:
@@ -235,27 +250,36 @@ class VLLMEngine(GatedEngine):
         if refusal is not None:
             raise AdapterUnusable(f"adapter {spec.path}: {refusal}")
         self._lora_ids += 1
-        lora = LoRARequest(lora_name=name, lora_int_id=self._lora_ids, lora_path=str(spec.path.resolve()))
+        copy = await asyncio.to_thread(private_copy, spec.path)  # vLLM may read it again, after the caller's goes
+        self._lora_copies[name] = copy
+        lora = LoRARequest(lora_name=name, lora_int_id=self._lora_ids, lora_path=str(copy.path))
         self._loras[name] = lora  # before the load: an unload of a cancelled load must find it
         try:
             await self._llm.add_lora(lora)
         except Exception as exc:  # vLLM reports a refused adapter as a plain Exception, its engine intact
             self._loras.pop(name, None)
+            self._lora_copies.pop(name).close()
             raise AdapterUnusable(f"adapter {spec.path}: vLLM could not load it: {exc}") from exc
 
     def _unload_adapter(self, name: str) -> None:
         lora = self._loras.pop(name, None)
+        copy = self._lora_copies.pop(name, None)
         if lora is None or self._llm is None:
+            if copy is not None:
+                copy.close()
             return
-        task = asyncio.get_running_loop().create_task(self._remove_lora(lora))
+        task = asyncio.get_running_loop().create_task(self._remove_lora(lora, copy))
         self._removals.add(task)
         task.add_done_callback(self._removals.discard)
 
-    async def _remove_lora(self, lora: Any) -> None:
+    async def _remove_lora(self, lora: Any, copy: PrivateCopy | None = None) -> None:
         try:
             await self._llm.remove_lora(lora.lora_int_id)
         except Exception:  # it stays cached in vLLM; nothing serves it any more
             log.exception("vllm engine: removing adapter %s (id %d) failed", lora.lora_name, lora.lora_int_id)
+        finally:
+            if copy is not None:
+                copy.close()
 
     def _admit(self, request: GenerationRequest, adapter: str | None = None) -> tuple[Preempt, AsyncIterator[TokenDelta]]:
         handle = _Handle(request.request_id)
@@ -330,11 +354,23 @@ class VLLMEngine(GatedEngine):
         given = weight_source(weights)
         # staged in a thread, before anything closes or pauses: reading, scanning and packing cost no one
         source = await asyncio.to_thread(self._stage, given)
-        durable = given if isinstance(given, CheckpointDir) else None  # what a failed later load reloads
+        durable = None  # what a failed later load reloads: the engine's own copy of the directory
         try:
+            if isinstance(given, CheckpointDir):
+                kept = await asyncio.to_thread(private_copy, given.path)
+                self._kept.append(kept)
+                durable = CheckpointDir(kept.path)
             return await self._gate.swap(lambda: self._apply_as(source, version, durable), version, drain=not self.swap_keeps)
         finally:
             source.release()  # vLLM has copied it into its parameters, or it was never loaded
+            self._drop_copies()
+
+    def _drop_copies(self) -> None:
+        """Remove the private checkpoint copies but the one the serving weights would be reloaded from."""
+        serving = self._serving.path if self._serving is not None else None
+        for copy in [c for c in self._kept if c.path != serving]:
+            copy.close()
+            self._kept.remove(copy)
 
     def _stage(self, source: WeightSource) -> SharedWeights:
         """The weights packed into a shared-memory file for the worker, their values checked finite

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from liveloop.checkpoint import checkpoint_digest
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.publisher import Publisher
@@ -154,7 +155,12 @@ async def test_a_restart_never_starts_from_a_changed_checkpoint(store, model_dir
 
     point = await start_point(store, store.get_version(2), None)
 
-    assert (point.version, point.weights_path, point.skipped) == (1, store.get_version(1).checkpoint_path, (2,))
+    assert (point.version, point.skipped) == (1, (2,))
+    # it starts from version 1's verified private copy (what loads is what was hashed), not its directory
+    assert Path(point.weights_path) == point.copy.path != Path(store.get_version(1).checkpoint_path)
+    assert checkpoint_digest(point.weights_path) == store.get_version(1).checkpoint_sha256
+    point.release()
+    assert not Path(point.weights_path).exists()
     assert store.get_version(2).status == VersionStatus.FAILED and store.get_version(1).status == VersionStatus.SERVING
     (event,) = [e for e in store.events() if e.kind == "weights_rejected"]
     assert event.version == 2 and event.detail["at"] == "start"
