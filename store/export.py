@@ -34,7 +34,20 @@ The trainer shapes need text: the store keeps token ids, so they are decoded wit
 tokenizer (`export_text.TokenText`). `prompt_form="messages"` (TRL's conversational format) reads a chat
 prompt back into its messages and leaves out rows whose prompt does not read back (/v1/completions
 rows), counting them in `ExportResult.skipped`; `"text"` (TRL's standard format) exports every row's
-prompt as the exact templated text the model saw.
+prompt as the exact templated text the model saw. Every chat-templated endpoint (`CHAT_ENDPOINTS`: chat,
+Anthropic messages, Responses) exports alike: its stored conversation, else its prompt read back.
+
+No typed marker becomes a turn (a trainer templates and tokenizes what it is given, and a tokenizer reads
+its added tokens, `<|user|>`, `<|end|>`, ..., out of any text). Every message field and the `tools` text
+is escaped (`TokenText.escape`: a marker typed as text keeps its look and tokenizes as plain text), and
+text decoded from token ids has special tokens split (an id of the tokenizer's reads as its marker, a
+marker spelt by ordinary tokens is escaped). What cannot be escaped is a marker the server itself read
+as its token: a conversation whose stored text holds more markers than its prompt's ordinary tokens spelt
+(`forged_prompt`) had a turn forged in the very tokens the model saw, so where the export gives those
+tokens or their text (the text form, the `episode` shape) that row is left out and counted,
+`skipped["forged_turn"]`; its messages-form rows carry the stored conversation, escaped. A prompt read
+back from tokens alone (a row with no stored conversation) reads as the model saw it. `raw` is the
+learner's record and gives the token ids as served.
 
 Streamed in constant memory: ratings are read in pages by feedback id (keyset pagination, one short
 read transaction a page), `preference` in one streamed query ordered by prompt (only one prompt's
@@ -73,6 +86,7 @@ SHAPES: tuple[str, ...] = ("kto", "preference", "sft", "raw", "episode")
 FORMATS: tuple[str, ...] = ("parquet", "jsonl")
 PROMPT_FORMS: tuple[str, ...] = ("messages", "text")
 PAGE = 1000  # ratings read per keyset page
+CHAT_ENDPOINTS: tuple[str, ...] = ("chat", "messages", "responses")  # prompts rendered by the chat template
 
 
 class ExportError(ValueError):
@@ -237,19 +251,33 @@ class Shaper:
         return self._single(rated)
 
     def _prompt(self, r: RatedRow) -> Any:
+        if r.messages is not None:  # the conversation as asked (tools, calls and results in it)
+            conversation = self._conversation(r)
+            if conversation is None:
+                if self.form == "messages":
+                    self.skipped.add("conversation_turn_deleted")
+                    return None
+                conversation = r.messages
+            if (self.form == "text" or self.shape == "episode") and forged_prompt(self.text, r, conversation):
+                self.skipped.add("forged_turn")  # the tokens the model saw hold a turn typed as markers
+                return None
+            if self.form == "messages":
+                return [self._message(m) for m in conversation]
         if self.form == "text":
             return self.text.text(r.prompt_ids)
-        if r.messages is not None:  # the conversation as asked (tools, calls and results in it)
-            before = self.history(r)
-            if before is None:
-                self.skipped.add("conversation_turn_deleted")
-                return None
-            instructions = (r.options or {}).get("instructions") if r.endpoint == "responses" else None
-            return [self._message(m) for m in ([{"role": "system", "content": instructions}] if instructions else []) + before + r.messages]
-        messages = self.text.messages(self.text.text(r.prompt_ids)) if r.endpoint == "chat" else None
+        messages = self.text.messages(self.text.text(r.prompt_ids)) if r.endpoint in CHAT_ENDPOINTS else None
         if messages is None:
             self.skipped.add("prompt_not_chat_messages")
         return messages
+
+    def _conversation(self, r: RatedRow) -> list[dict[str, Any]] | None:
+        """A stored conversation whole: a Responses turn's instructions and the turns before it (None:
+        one of those was deleted), then its own input."""
+        before = self.history(r)
+        if before is None:
+            return None
+        instructions = (r.options or {}).get("instructions") if r.endpoint == "responses" else None
+        return ([{"role": "system", "content": instructions}] if instructions else []) + before + r.messages
 
     def _reply(self, r: RatedRow) -> Any:
         if self.form == "text":
@@ -259,18 +287,21 @@ class Shaper:
         return [self._message({"role": "assistant", "content": self.text.completion(r.response_ids)})]
 
     def _message(self, m: dict[str, Any]) -> dict[str, Any]:
-        """A message in the export's message type: role and content; with tools, the call fields too."""
+        """A message in the export's message type: role and content; with tools, the call fields too.
+        Every text in it escaped (a typed marker tokenizes as plain text)."""
+        esc = self.text.escape
         if not self.tools:
-            return {"role": m["role"], "content": m.get("content") or ""}
+            return {"role": m["role"], "content": esc(m.get("content") or "")}
         calls = m.get("tool_calls")
         return {
-            "role": m["role"], "content": m.get("content"),
-            "tool_calls": [{"id": c["id"], "type": "function", "function": dict(c["function"])} for c in calls] if calls else None,
-            "tool_call_id": m.get("tool_call_id"), "name": m.get("name"),
+            "role": m["role"], "content": _mapped(esc, m.get("content")),
+            "tool_calls": [{"id": esc(c["id"]), "type": "function", "function": {k: _mapped(esc, v) for k, v in c["function"].items()}}
+                           for c in calls] if calls else None,
+            "tool_call_id": _mapped(esc, m.get("tool_call_id")), "name": _mapped(esc, m.get("name")),
         }
 
     def _tools(self, r: RatedRow) -> dict[str, Any]:
-        return {"tools": json.dumps(r.tools) if r.tools else None} if self.tools else {}
+        return {"tools": self.text.escape(json.dumps(r.tools)) if r.tools else None} if self.tools else {}
 
     def _single(self, rated: Iterable[RatedRow]) -> Iterator[dict[str, Any]]:
         for r in rated:
@@ -334,6 +365,26 @@ class Shaper:
                 "chosen_policy_version": up.policy_version, "rejected_policy_version": down.policy_version,
                 "rated_at": max(up.rated_at, down.rated_at), **self._tools(group[0]),
             }
+
+
+def _mapped(f: Callable[[str], str], value: Any) -> Any:
+    return f(value) if isinstance(value, str) else value
+
+
+def _texts(messages: Iterable[dict[str, Any]]) -> Iterator[str]:
+    """Every text of a conversation the template renders: contents, names, call ids and arguments."""
+    for m in messages:
+        yield from (v for v in (m.get("content"), m.get("name"), m.get("tool_call_id")) if isinstance(v, str))
+        for c in m.get("tool_calls") or ():
+            yield from (v for v in (c.get("id"), *(c.get("function") or {}).values()) if isinstance(v, str))
+
+
+def forged_prompt(text: Any, r: RatedRow, conversation: list[dict[str, Any]]) -> bool:
+    """Whether the prompt tokens of a stored conversation hold a marker its text typed, read as the
+    tokenizer's own token (a forged turn): the conversation and its tools hold more markers than the
+    prompt's ordinary tokens spell."""
+    typed = sum(text.markers(t) for t in _texts(conversation)) + (text.markers(json.dumps(r.tools)) if r.tools else 0)
+    return typed > 0 and text.plain_markers(text.text(r.prompt_ids)) < typed
 
 
 def _raw(r: RatedRow) -> dict[str, Any]:
