@@ -8,6 +8,12 @@
     replica_cpus = 0.5      # each replica's share of a CPU: 2 x 0.5 + the learner's 1 fit on 2 CPUs
     http_host = ""          # Serve's HTTP proxy ("": [server] host)
     http_port = 0           # (0: [server] port)
+    max_ongoing_requests = 0  # requests Serve sends one replica at once (0: [server] max_concurrent_total)
+    max_queued_requests = 0   # requests Serve's proxy holds waiting for a replica (0: [server] max_concurrent_total)
+
+Serve's proxy never queues without bound: past `max_queued_requests` requests waiting for a replica
+(every replica at its `max_ongoing_requests`), it answers 503 at once with `Retry-After: [server]
+retry_after_seconds`, and the request reaches no replica (nothing is logged of it).
 
 Every serving process, Serve replica or a plain `liveloop serve`, registers in the store's replica
 registry (store/replicas.py) under `replica_id` ("auto": a random name drawn per process, saying
@@ -37,6 +43,11 @@ class RayConfig:
     max_ongoing_requests: int = field(
         default=0, metadata={"help": "requests Serve sends one replica at once (0: [server] max_concurrent_total; admission answers 429 beyond)"}
     )
+    max_queued_requests: int = field(
+        default=0,
+        metadata={"help": "requests Serve's proxy holds while every replica is at max_ongoing_requests (0: [server] "
+                  "max_concurrent_total); beyond, 503 with Retry-After at once, never an unbounded queue"},
+    )
     http_host: str = field(default="", metadata={"help": "where Serve's HTTP proxy listens (\"\": [server] host)"})
     http_port: int = field(default=0, metadata={"help": "Serve's HTTP port (0: [server] port)"})
     replica_id: str = field(default="auto", metadata={"help": "this process's name in the replica registry (auto: a random name per process, or the Serve replica id)"})
@@ -56,6 +67,8 @@ class RayConfig:
             raise ValueError(f"replica_cpus: must be in (0, 64], got {self.replica_cpus}")
         if self.max_ongoing_requests < 0:
             raise ValueError(f"max_ongoing_requests: must be >= 0, got {self.max_ongoing_requests}")
+        if self.max_queued_requests < 0:
+            raise ValueError(f"max_queued_requests: must be >= 0 (0: [server] max_concurrent_total), got {self.max_queued_requests}")
         if not 0 <= self.http_port < 65536:
             raise ValueError(f"http_port: {self.http_port} is not a port")
         if not self.replica_id or len(self.replica_id) > 128:

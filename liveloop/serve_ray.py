@@ -36,7 +36,10 @@ store (PostgreSQL: several processes write at once).
 
 Serve's own HTTP proxy answers instead of uvicorn in the driver, so `[server] header_timeout_seconds`
 (a uvicorn protocol of ours) does not apply there; every route, the Host allow-list, body limits and
-admission do, in each replica.
+admission do, in each replica. The proxy's queue is bounded (`deployment_options`): it sends a replica
+at most `[ray] max_ongoing_requests` at once and holds at most `[ray] max_queued_requests` waiting for
+one (both 0: `[server] max_concurrent_total`); past that it answers 503 at once, with `Retry-After:
+[server] retry_after_seconds`, and the request reaches no replica.
 """
 
 from __future__ import annotations
@@ -220,6 +223,23 @@ def prepare_store(config: Config, model_dir: Path) -> str:
         store.close()
 
 
+def deployment_options(config: Config) -> dict[str, Any]:
+    """The replicas' Serve deployment options: their number and CPUs, and the proxy's bounds (what one
+    replica is sent at once, how many requests wait for one: never an unbounded queue; beyond, a 503
+    with Retry-After)."""
+    from ray.serve.config import BackpressureConfig
+
+    return {
+        "num_replicas": config.ray.replicas,
+        "ray_actor_options": {"num_cpus": config.ray.replica_cpus},
+        "max_ongoing_requests": config.ray.max_ongoing_requests or config.server.max_concurrent_total,
+        "max_queued_requests": config.ray.max_queued_requests or config.server.max_concurrent_total,
+        "backpressure_config": BackpressureConfig(status_code=503, retry_after_s=config.server.retry_after_seconds),
+        "health_check_period_s": 2.0,
+        "graceful_shutdown_timeout_s": 30.0,
+    }
+
+
 class Fleet:
     """The running application: Ray (private or joined), Serve with N replicas, the learner host."""
 
@@ -243,14 +263,7 @@ class Fleet:
             host, port = http_bind(config)
             serve.start(http_options={"host": host, "port": port, "keep_alive_timeout_s": math.ceil(config.server.keep_alive_seconds)})
             name = learner_name(deployment) if config.learner.enabled else None
-            options = {
-                "num_replicas": config.ray.replicas,
-                "ray_actor_options": {"num_cpus": config.ray.replica_cpus},
-                "max_ongoing_requests": config.ray.max_ongoing_requests or config.server.max_concurrent_total,
-                "health_check_period_s": 2.0,
-                "graceful_shutdown_timeout_s": 30.0,
-            }
-            replica = serve.deployment(_replica_class()).options(**options)
+            replica = serve.deployment(_replica_class()).options(**deployment_options(config))
             started = time.monotonic()
             serve.run(replica.bind(self.config, str(model_dir.resolve()), name), name=APP_NAME, route_prefix="/")
             log.info("%d replicas serving on http://%s:%d (%.0f s)", config.ray.replicas, host, port, time.monotonic() - started)
