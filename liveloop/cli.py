@@ -69,14 +69,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = config.with_section("engine", backend=args.engine)
     if args.no_learner:
         config = config.with_section("learner", enabled=False)
-    model_dir = _model_dir(config)
     if config.ray.enabled:  # N Ray Serve replicas and one learner (liveloop/serve_ray.py)
         from liveloop.serve_ray import serve_fleet
 
-        return serve_fleet(config, model_dir)
+        return serve_fleet(config, _model_dir(config))
+    # the port first: a second server on a busy port stops here, before it migrates the store, sweeps
+    # shared memory, loads a model or starts a learner
+    sock = listen(server.host, server.port)
+    model_dir = _model_dir(config)
     app = build_app(config, model_dir)
-    uvicorn.run(app, host=server.host, port=server.port, timeout_graceful_shutdown=30, **uvicorn_options(server))
+    settings = uvicorn.Config(app, host=server.host, port=server.port, timeout_graceful_shutdown=30, **uvicorn_options(server))
+    logging.getLogger("liveloop.serve").info("listening on http://%s:%d", *sock.getsockname()[:2])
+    uvicorn.Server(settings).run(sockets=[sock])
     return 0
+
+
+class PortTaken(ValueError):
+    """The server's address cannot be bound (another process listens there, or it is not ours to use)."""
+
+
+def listen(host: str, port: int):
+    """The listening socket of `liveloop serve`, bound and listening before anything else starts."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a TIME_WAIT port, never a listening one
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortTaken(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server running there?)") from exc
+    sock.listen(2048)
+    return sock
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
