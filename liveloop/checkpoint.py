@@ -14,8 +14,8 @@ Digests (a version row's `checkpoint_sha256`, a build's `model_digest`) come in 
   then its contents. So config.json, generation_config.json, the tokenizer's files and an adapter's
   adapter_config.json are covered as well as the weights, and a renamed, added or removed file
   changes it. A symlink, FIFO or other non-regular entry is refused (`CheckpointEntryRefused`).
-  Only `liveloop_build.json` (`UNREAD`: the build's record, which names the digest; no engine reads
-  it) is left out.
+  Only the builds' records (`UNREAD`: `liveloop_build.json`, `liveloop_diffusion_build.json`, which
+  name the digest and hold timings; no engine reads them) are left out.
 - a bare 64-hex sha256 (`legacy_digest`): what rows written before this kind hold. It covers the
   concatenated bytes of the top-level `*.safetensors` files, in name order, and nothing else: such a
   version's config and tokenizer files are not verified (they load as they are when it is copied).
@@ -45,7 +45,9 @@ PRETRAINED_LOCK = threading.Lock()
 
 
 DIGEST_KIND = "sha256-all"  # the prefix of a digest over every file (a bare hex digest is `legacy_digest`'s)
-UNREAD = frozenset({"liveloop_build.json"})  # top-level files no engine reads, left out of the digest
+# top-level files no engine reads, left out of the digest: the builds' records (liveloop/model/build.py,
+# diffusion/sft.py), which hold their build's timings and name its digest
+UNREAD = frozenset({"liveloop_build.json", "liveloop_diffusion_build.json"})
 
 
 class CheckpointEntryRefused(ValueError):

@@ -1,7 +1,6 @@
 """Building the default model at a tiny size: a loadable directory, a falling loss, reproducible weights."""
 
 import dataclasses
-import hashlib
 import json
 
 import pytest
@@ -9,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from liveloop.checkpoint import checkpoint_digest
 from liveloop.model.build import build_model, ensure_model, masked_next_token_loss
 from liveloop.model.config import ModelBuildConfig
 
@@ -41,7 +41,8 @@ def test_build_record(built):
     assert len(record["samples"]) == 6
     assert not list(built.parent.glob("tiny.*")), "temporary directories left behind"
     # where it came from: which weights (the digest a second machine compares) and what decided them
-    assert record["model_digest"] == hashlib.sha256((built / "model.safetensors").read_bytes()).hexdigest()
+    assert record["model_digest"] == checkpoint_digest(built)  # every file of it, config and tokenizer included
+    assert record["model_digest"].startswith("sha256-all:")
     env = record["environment"]
     assert env["torch_threads"] == 1 and env["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert env["packages"]["torch"] == torch.__version__ and "transformers" in env["packages"]
