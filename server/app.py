@@ -72,7 +72,7 @@ from liveloop.server.hosts import HostAllowList, allowed_hosts
 from liveloop.server.leader import Leadership
 from liveloop.server.operations import Operations
 from liveloop.server.publisher import Publisher
-from liveloop.server.startup import finish_start, start_point, sweep_shared_memory
+from liveloop.server.startup import finish_start, record_fallback, start_point, sweep_shared_memory
 from liveloop.server.routes import admin, alarms, anthropic, api_docs, dashboard, episodes, feedback, openai, ops, release, responses, stored, tokens
 from liveloop.server.serving import Serving
 from liveloop.server.weights_import import WeightImports
@@ -214,7 +214,8 @@ async def start_components(config: Config, model_dir: Path) -> Components:
     if latest is None:
         latest = await asyncio.to_thread(store.ensure_base_version, str(model_dir.resolve()))
     # a version published in memory may not have its durable checkpoint yet: start from what exists
-    transport = config.transport_for_store()
+    transport = await asyncio.to_thread(config.transport_for_store)  # checkpoint_dir where shared memory cannot be had
+    await asyncio.to_thread(record_fallback, store, config.transport, transport)
     receiver = make_receiver(transport) if transport.in_memory else None
     point = await start_point(store, latest, receiver, transport.durable_wait_seconds)
     # 3. engine (with room for every segment's adapter, and as many old ones finishing a response; a

@@ -8,6 +8,11 @@ file, config and tokenizer included). The checkpoint the engine starts from is t
 copy (`StartPoint.copy`, liveloop/transport/checkpoint_dir.py's `verified_copy`): `weights_path` names
 it, and `finish_start` removes it once the engine has loaded it (so does the StartPoint going away).
 
+Where the deployment's shared memory cannot be had (every name under /dev/shm taken by another user:
+liveloop/transport/private_dir.py), the server and its learner both resolve to the checkpoint_dir
+backend (`TransportConfig.runnable_here`) and the server records a `transport_fallback` event
+(`record_fallback`): it starts and publishes, only slower.
+
 At start the server also sweeps what this deployment left in shared memory (`sweep_shared_memory`):
 unfinished versions and versions nothing may serve any more, the engine copies of killed engines, and
 it reports foreign files in its namespace (an operator event and `server/foreign_weight_files`). A fleet
@@ -21,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from liveloop.server.publisher import Publisher
 from liveloop.store import Store, VersionRecord
@@ -142,6 +147,16 @@ async def finish_start(publisher: Publisher, point: StartPoint) -> None:
 
 # the statuses whose memory may still be swapped in (or serves now)
 _MEMORY_KEPT = frozenset({VersionStatus.PUBLISHED, VersionStatus.LOADING, VersionStatus.SERVING, VersionStatus.CANARY})
+
+
+def record_fallback(store: Store, configured: TransportConfig, used: TransportConfig) -> None:
+    """When the deployment's shared memory could not be had here (`TransportConfig.runnable_here`: every
+    name under /dev/shm taken by another user) and versions travel through checkpoint directories
+    instead: a `transport_fallback` operator event saying so, and why. Nothing otherwise."""
+    if used.backend == configured.backend:
+        return
+    why = replace(used, backend=configured.backend).unusable_here() or "shared memory was unusable at start"
+    store.record_event("transport_fallback", detail={"configured": configured.backend, "used": used.backend, "reason": why})
 
 
 def sweep_shared_memory(store: Store, transport: TransportConfig, metrics: Metrics) -> None:

@@ -13,11 +13,14 @@ CUDA IPC handles) and `nccl` (other GPUs) follow vLLM's weight-transfer backends
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 from liveloop.config import check_literals
+
+log = logging.getLogger(__name__)
 
 Backend = Literal["checkpoint_dir", "shared_memory", "ipc", "nccl", "delta"]
 # The one registry of backends: each name is the module `liveloop.transport.<name>`, imported only when a
@@ -28,6 +31,8 @@ BACKENDS: dict[str, str] = {name: f"liveloop.transport.{name}" for name in get_a
 
 # a directory name under /dev/shm/liveloop-<uid>/
 _NAMESPACE = re.compile(r"[A-Za-z0-9_]{1,16}")
+# the backends whose weights (or mailboxes) live in the deployment's private /dev/shm directory
+_IN_SHARED_MEMORY = frozenset({"shared_memory", "ipc"})
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,10 @@ class TransportConfig:
     def for_deployment(self, store_url: str) -> "TransportConfig":
         """This config with an "auto" namespace replaced by the deployment's random id, read from the
         (migrated) store at `store_url`: never derived from the URL itself, which two checkouts on the
-        default relative SQLite URL share."""
+        default relative SQLite URL share. Then `runnable_here`: checkpoint_dir where its shared memory
+        cannot be had."""
         if self.namespace != "auto":
-            return self
+            return self.runnable_here()
         from liveloop.store import Store, StoreConfig
 
         store = Store(StoreConfig(url=store_url))
@@ -103,7 +109,26 @@ class TransportConfig:
             ident = store.deployment_id()
         finally:
             store.close()
-        return replace(self, namespace=f"d{ident[:15]}")
+        return replace(self, namespace=f"d{ident[:15]}").runnable_here()
+
+    def unusable_here(self) -> str | None:
+        """Why this backend's shared memory (its private /dev/shm directory; ipc's mailboxes live there
+        too) cannot be had on this machine; None when it can or the backend needs none."""
+        if self.backend not in _IN_SHARED_MEMORY:
+            return None
+        from liveloop.transport import shared_memory
+
+        return shared_memory.unavailable(self.namespace)
+
+    def runnable_here(self) -> "TransportConfig":
+        """This config, or the checkpoint_dir backend when `unusable_here` says why not (every name under
+        /dev/shm taken by another user: a start that others cannot break). The server and its learner
+        resolve alike; the server records the fallback (server/startup.py `record_fallback`)."""
+        why = self.unusable_here()
+        if why is None:
+            return self
+        log.error("transport: %s cannot run here (%s): versions travel through checkpoint directories", self.backend, why)
+        return replace(self, backend="checkpoint_dir")
 
     @property
     def in_memory(self) -> bool:

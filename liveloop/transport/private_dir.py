@@ -8,10 +8,16 @@ predictable name in /dev/shm that anyone may create first.
 
 A directory that is not ours is never used: a symlink we own is removed and made again, a mode
 wider than 0700 narrowed; one another user planted (a symlink or a directory they own, which the
-sticky /dev/shm will not let us remove) is reported and passed over for the next candidate name
-(`liveloop-<uid>-1`, ... up to `-7`): every process of the deployment walks the same list, so they
-agree. Files are opened O_NOFOLLOW and checked with fstat (regular, our uid, no group/other bits);
-anything else in a namespace is foreign: reported, skipped, never read, never fatal to publishing.
+sticky /dev/shm will not let us remove) is reported and passed over for the next candidate name. The
+candidates are the guessable `liveloop-<uid>`, `liveloop-<uid>-1` .. `-7`, then names no other user
+can know before we make them, `liveloop-<uid>-<32 hex>`: sha256 of the uid, the namespace (by default
+the store's random deployment id, which only the deployment's processes can read) and k = 0..15. Every
+process of the deployment walks the same list, so they agree; a user who plants all eight guessable
+names only moves us to the first unguessable one, and one who watches /dev/shm and plants that name
+after a reboot moves us to the next. Where every candidate is taken, `TransportUnavailable`: the
+deployment then falls back to checkpoint directories (`TransportConfig.for_deployment`). Files are
+opened O_NOFOLLOW and checked with fstat (regular, our uid, no group/other bits); anything else in a
+namespace is foreign: reported, skipped, never read, never fatal to publishing.
 
 `sweep_engine_copies` removes what a killed engine left (the vLLM engine's packed copies,
 `/dev/shm/liveloop-weights-<pid>-<uuid>`, whose process is gone).
@@ -20,6 +26,7 @@ anything else in a namespace is foreign: reported, skipped, never read, never fa
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import mmap
 import os
@@ -34,7 +41,8 @@ from liveloop.transport.base import TransportUnavailable
 log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
-_CANDIDATES = 8
+_GUESSABLE = 8  # liveloop-<uid>, liveloop-<uid>-1 .. -7
+_UNGUESSABLE = 16  # liveloop-<uid>-<sha256 of uid, namespace, k>[:32], k < 16
 _ENGINE_COPY = re.compile(r"liveloop-weights-(\d+)-[0-9a-f]{32}")
 
 
@@ -50,23 +58,45 @@ class Foreign:
     why: str
 
 
-def user_root(base: Path | None = None) -> Path:
-    """This user's private directory under /dev/shm, made (0700) or checked; TransportUnavailable when
-    every candidate name is taken by someone else."""
-    base = SHM_DIR if base is None else base
+def candidates(base: Path, namespace: str | None = None) -> list[Path]:
+    """The names this user's private directory may have under `base`, in the order every process walks
+    them: the guessable ones, then (given the namespace) the ones derived from it."""
     uid = os.getuid()
-    for k in range(_CANDIDATES):
-        path = base / (f"liveloop-{uid}" if k == 0 else f"liveloop-{uid}-{k}")
+    names = [f"liveloop-{uid}" if k == 0 else f"liveloop-{uid}-{k}" for k in range(_GUESSABLE)]
+    if namespace is not None:
+        names += [f"liveloop-{uid}-{_unguessable(uid, namespace, k)}" for k in range(_UNGUESSABLE)]
+    return [base / name for name in names]
+
+
+def _unguessable(uid: int, namespace: str, k: int) -> str:
+    return hashlib.sha256(f"liveloop shared memory\0{uid}\0{namespace}\0{k}".encode()).hexdigest()[:32]
+
+
+def user_root(base: Path | None = None, namespace: str | None = None) -> Path:
+    """This user's private directory under /dev/shm (for `namespace`'s deployment: its unguessable names
+    too), made (0700) or checked; TransportUnavailable when every candidate name is taken by someone else."""
+    base = SHM_DIR if base is None else base
+    for path in candidates(base, namespace):
         why = _own_dir(path)
         if why is None:
             return path
-        log.error("shared memory: %s is not ours (%s): using the next name", path, why)
+        _report_once(path, why)
     raise TransportUnavailable(f"shared memory: every private directory name under {base} is taken by another user")
+
+
+_reported: set[tuple[Path, str]] = set()
+
+
+def _report_once(path: Path, why: str) -> None:
+    """Log a name someone else took, once per process (every look at the directory walks the names)."""
+    if (path, why) not in _reported:
+        _reported.add((path, why))
+        log.error("shared memory: %s is not ours (%s): using the next name", path, why)
 
 
 def namespace_dir(namespace: str, base: Path | None = None) -> Path:
     """The deployment's directory, made (0700) or checked."""
-    path = user_root(base) / namespace
+    path = user_root(base, namespace) / namespace
     why = _own_dir(path)
     if why is not None:
         raise TransportUnavailable(f"shared memory: {path} cannot be made private ({why})")

@@ -49,7 +49,8 @@ import torch
 
 from liveloop.transport import private_dir
 from liveloop.transport.base import (
-    HandleGone, Receiver, Sender, TensorDigest, TransportFailed, WeightHandle, WeightsUnverified, new_nonce, require_authenticated, verify,
+    HandleGone, Receiver, Sender, TensorDigest, TransportFailed, TransportUnavailable, WeightHandle, WeightsUnverified, new_nonce,
+    require_authenticated, verify,
 )
 from liveloop.transport.config import TransportConfig
 from liveloop.transport.private_dir import Foreign, ForeignFile
@@ -82,6 +83,18 @@ def dtype_name(dtype: torch.dtype) -> str:
 def directory(namespace: str) -> Path:
     """The namespace's private directory (made 0700 or checked: see `private_dir`)."""
     return private_dir.namespace_dir(namespace)
+
+
+def unavailable(namespace: str) -> str | None:
+    """Why the namespace's private directory cannot be had on this machine (every name under /dev/shm
+    taken by another user, no /dev/shm); None when it can (it is made now, so later looks find it ours)."""
+    try:
+        directory(namespace)
+    except TransportUnavailable as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"shared memory: {exc}"
+    return None
 
 
 def manifest_name(namespace: str, version: int) -> str:
