@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Any
 from pathlib import Path
@@ -73,6 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from liveloop.serve_ray import serve_fleet
 
         return serve_fleet(config, _model_dir(config))
+    block_stop_signals()  # before anything starts a thread or a child: they inherit the mask
     # the port first: a second server on a busy port stops here, before it migrates the store, sweeps
     # shared memory, loads a model or starts a learner
     sock = listen(server.host, server.port)
@@ -80,8 +82,66 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = build_app(config, model_dir)
     settings = uvicorn.Config(app, host=server.host, port=server.port, timeout_graceful_shutdown=30, **uvicorn_options(server))
     logging.getLogger("liveloop.serve").info("listening on http://%s:%d", *sock.getsockname()[:2])
-    uvicorn.Server(settings).run(sockets=[sock])
+    serve_until_stopped(uvicorn_server(settings), sock)
     return 0
+
+
+# what stops `liveloop serve`: a service manager's or `kill`'s SIGTERM, a terminal's SIGINT
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def block_stop_signals() -> None:
+    """Keep a stop signal sent to more than the server (`kill -TERM -PGID`, a terminal's Ctrl-C, a
+    service manager that signals every process of the unit) away from its children, so that only the
+    server acts on it (`serve_until_stopped`) and stops them in order: SIGTERM and SIGINT are blocked in
+    this thread, so in every thread and child started after it (Ray's GCS, raylet, agents and workers, an
+    engine's workers), where such a signal stays pending. Their parents stop them as before; Ray's
+    shutdown, whose SIGTERM now waits pending, kills each of its daemons after a second's grace."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def uvicorn_server(settings: Any) -> Any:
+    """A uvicorn server that leaves the stop signals to `serve_until_stopped`: uvicorn's own handlers
+    force-quit at a second Ctrl-C (skipping the shutdown that releases the lease) and re-raise the
+    signal once stopped (exit status -15 after a clean stop)."""
+    import contextlib
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    return Server(settings)
+
+
+def serve_until_stopped(server: Any, sock: Any) -> None:
+    """Run `server` on `sock` until the first stop signal, then shut down cleanly (connections drained
+    up to the graceful deadline, the learner stopped, the lease released, the registry row removed);
+    later signals are logged and ignored (SIGKILL is the hard stop). A stop signal is taken from the
+    pending set by a thread of its own (`sigwait`: blocked everywhere, `block_stop_signals`), or by the
+    handler when a thread started before the block (a native library's) receives it."""
+    import threading
+
+    log = logging.getLogger("liveloop.serve")
+
+    def stop(sig: int, _frame: Any = None) -> None:
+        name = signal.Signals(sig).name
+        if server.should_exit:
+            log.warning("%s while stopping: ignored (the stop is under way; SIGKILL stops at once)", name)
+            return
+        log.info("%s: stopping", name)
+        server.should_exit = True
+
+    def wait_for_signals() -> None:
+        while True:
+            stop(signal.sigwait(STOP_SIGNALS))
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
+    threading.Thread(target=wait_for_signals, name="stop-signals", daemon=True).start()
+    server.run(sockets=[sock])
 
 
 class PortTaken(ValueError):

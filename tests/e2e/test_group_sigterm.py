@@ -1,0 +1,52 @@
+"""A SIGTERM to the server's whole process group and to every process of its tree (`kill -TERM -PGID`,
+systemd's control-group kill) stops a real `liveloop serve` with its co-located learner
+(a private Ray: GCS, raylet, agents, the learner's worker) cleanly: exit 0, no traceback, the leader
+lease released and the replica's registry row removed, every child gone. A second SIGTERM sent while it
+stops is logged and ignored instead of cutting the shutdown short."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import psutil
+import pytest
+
+from liveloop.store.lease import LEADER, Leases
+from liveloop.store.replicas import ReplicaRegistry
+
+from .conftest import open_store, start_server
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_process_group_sigterm_stops_the_server_cleanly(tmp_path, model_dir):
+    server = start_server(tmp_path / "srv", model_dir, "hf", learner="")
+    store = open_store(server)
+    try:
+        pgid = os.getpgid(server.proc.pid)
+        assert pgid == server.proc.pid  # its own group, as a service manager starts it
+        children = psutil.Process(server.proc.pid).children(recursive=True)
+        assert {"gcs_server", "raylet"} <= {c.name() for c in children}  # Ray's daemons: what the group signal reached
+        (row,) = [r for r in ReplicaRegistry(store).rows(60.0) if (r.host, r.pid) == (socket.gethostname(), server.proc.pid)]
+        assert Leases(store).get(LEADER).holder.startswith(row.replica_id)
+        os.killpg(pgid, signal.SIGTERM)
+        for child in children:  # and to every process of the tree, as systemd's KillMode=control-group does
+            os.kill(child.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        try:
+            os.killpg(pgid, signal.SIGTERM)  # a second one, while it stops
+        except ProcessLookupError:
+            pass
+        assert server.proc.wait(120) == 0, server.log_tail()
+        log = server.log_path.read_text(errors="replace")
+        assert "Traceback" not in log and "SIGTERM: stopping" in log
+        assert Leases(store).get(LEADER).holder is None  # released: the next server leads at once
+        assert ReplicaRegistry(store).rows(3600.0) == []
+        time.sleep(1)
+        assert [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE] == []
+    finally:
+        server.stop()
+        store.close()
