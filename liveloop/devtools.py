@@ -137,6 +137,24 @@ def start_server(
     return server
 
 
+def serve_in_thread(app, port: int, timeout: float = 120.0):
+    """`app` served by uvicorn on 127.0.0.1:`port` in a daemon thread of this process, once it listens:
+    (server, thread). Stop it with `server.should_exit = True` and `thread.join(...)`."""
+    import threading
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.05)
+    return server, thread
+
+
 def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, interval: float = 0.5) -> None:
     """Poll `url` until it answers 200 while `proc` (the server behind it) runs: how tests start a
     server process. RuntimeError saying why not (the process exited, or `timeout` seconds passed);

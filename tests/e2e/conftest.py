@@ -37,6 +37,18 @@ def open_store(server: ServerProcess) -> Store:
     return Store(StoreConfig(url=server.store_url))
 
 
+# a learner that publishes after every step, and the shared-memory transport it swaps through (the
+# weight-path tests: authenticated weights, /dev/shm pre-emption), with the prompt they rate
+FAST_LEARNER = """
+publish_every_steps = 1
+publish_every_seconds = 0.5
+poll_seconds = 0.1
+lambda_alpha = 1.0
+kl_coef = 0.0
+"""
+SHM_TRANSPORT = '[transport]\nbackend = "shared_memory"'
+MOON = [{"role": "user", "content": "Tell me about the moon."}]
+
 CANARY_FRACTION = 0.3
 # canary mode for the release tests: a candidate is judged after 4 ratings of its own, on a short evaluation
 # whose only bound (KL to the live version) every perturbed checkpoint passes. One app key (USER_KEY) fronts

@@ -16,23 +16,14 @@ from liveloop.devtools import wait_until
 from liveloop.store import VersionStatus
 from liveloop.transport import shared_memory as shm
 
-from .conftest import USER_KEY, open_store, start_server, stop_server
+from .conftest import FAST_LEARNER, MOON, SHM_TRANSPORT, USER_KEY, open_store, start_server, stop_server
 
 pytestmark = pytest.mark.slow
-LEARNER = """
-publish_every_steps = 1
-publish_every_seconds = 0.5
-poll_seconds = 0.1
-lambda_alpha = 1.0
-kl_coef = 0.0
-"""
-FAST_PATH = '[transport]\nbackend = "shared_memory"'
-MSG = [{"role": "user", "content": "Tell me about the moon."}]
 
 
 def _rate(c: httpx.Client, n: int) -> None:
     for i in range(n):
-        rid = c.post("/v1/chat/completions", json={"model": "liveloop-tiny", "messages": MSG, "max_tokens": 8}).json()["id"]
+        rid = c.post("/v1/chat/completions", json={"model": "liveloop-tiny", "messages": MOON, "max_tokens": 8}).json()["id"]
         assert c.post("/v1/feedback", json={"response_id": rid, "reward": i % 2}).status_code == 200
 
 
@@ -43,7 +34,7 @@ def _serving(store) -> int:
 
 def test_versions_swap_in_from_verified_private_memory(tmp_path, model_dir):
     workdir = tmp_path / "srv"
-    server = start_server(workdir, model_dir, "hf", learner=LEARNER, extends="tuned_learner", extra=FAST_PATH)
+    server = start_server(workdir, model_dir, "hf", learner=FAST_LEARNER, extends="tuned_learner", extra=SHM_TRANSPORT)
     store = open_store(server)
     namespace = f"d{store.deployment_id()[:15]}"
     try:
@@ -59,7 +50,7 @@ def test_versions_swap_in_from_verified_private_memory(tmp_path, model_dir):
     finally:
         stop_server(server)
     (shm.directory(namespace) / "planted").write_bytes(b"not ours")  # between two runs of the deployment
-    again = start_server(workdir, model_dir, "hf", learner=LEARNER, extends="tuned_learner", extra=FAST_PATH, store_url=server.store_url)
+    again = start_server(workdir, model_dir, "hf", learner=FAST_LEARNER, extends="tuned_learner", extra=SHM_TRANSPORT, store_url=server.store_url)
     try:
         (event,) = [e for e in store.events() if e.kind == "foreign_weights"]
         assert [os.path.basename(f["path"]) for f in event.detail["files"]] == ["planted"]

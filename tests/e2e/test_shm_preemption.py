@@ -30,18 +30,11 @@ from liveloop.devtools import USER_KEY, free_port, wait_healthy, wait_until, wri
 from liveloop.store import Store, StoreConfig, VersionStatus
 from liveloop.transport import private_dir
 
+from .conftest import FAST_LEARNER, MOON, SHM_TRANSPORT
+
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace and planting for another user need root")]
 NOBODY = 65534
 UID = os.getuid()
-LEARNER = """
-publish_every_steps = 1
-publish_every_seconds = 0.5
-poll_seconds = 0.1
-lambda_alpha = 1.0
-kl_coef = 0.0
-"""
-FAST_PATH = '[transport]\nbackend = "shared_memory"'
-MSG = [{"role": "user", "content": "Tell me about the moon."}]
 
 
 @pytest.fixture
@@ -85,7 +78,7 @@ def serve(holder: int, workdir: Path, model_dir: Path) -> tuple[subprocess.Popen
     (process, base URL, store URL)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    config, store_url = write_config(workdir, Path(model_dir).resolve(), "hf", port, learner=LEARNER, extends="tuned_learner", extra=FAST_PATH)
+    config, store_url = write_config(workdir, Path(model_dir).resolve(), "hf", port, learner=FAST_LEARNER, extends="tuned_learner", extra=SHM_TRANSPORT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(
         ["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--", sys.executable, "-m", "liveloop.cli", "--config", str(config), "serve"],
@@ -122,7 +115,7 @@ def rate_until_serving(base_url: str, store: Store) -> int:
     """Rate replies until a learner's version serves; that version."""
     with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=60, trust_env=False) as c:
         for i in range(3):
-            rid = c.post("/v1/chat/completions", json={"model": "liveloop-tiny", "messages": MSG, "max_tokens": 8}).json()["id"]
+            rid = c.post("/v1/chat/completions", json={"model": "liveloop-tiny", "messages": MOON, "max_tokens": 8}).json()["id"]
             assert c.post("/v1/feedback", json={"response_id": rid, "reward": i % 2}).status_code == 200
     record = wait_until(lambda: store.latest_version(VersionStatus.SERVING) if _learned(store) else None, 180, "a learner's version to serve")
     return record.version

@@ -1,5 +1,6 @@
 """Fixtures shared by the integration tests: a started hf engine on the default model (a module that
-needs another engine defines its own `engine`, which takes precedence)."""
+needs another engine defines its own `engine`, which takes precedence), and the default model's
+tokenizer as the exports read it (`text`: liveloop's TokenText, `tok`: the raw `tokenizers` one)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,17 @@ async def engine(model_dir):
     await eng.start(version=0)
     yield eng
     await eng.close()
+
+
+@pytest.fixture(scope="module")
+def text(model_dir):
+    from liveloop.store.export_text import TokenText
+
+    return TokenText(model_dir)
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json"))

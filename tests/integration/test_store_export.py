@@ -21,16 +21,6 @@ from liveloop.store.export import ExportFilter, export, rated_rows
 from liveloop.store.export_text import TokenText
 
 
-@pytest.fixture(scope="module")
-def text(model_dir) -> TokenText:
-    return TokenText(model_dir)
-
-
-@pytest.fixture(scope="module")
-def tok(model_dir) -> Tokenizer:
-    return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-
-
 def _ids(tok: Tokenizer, s: str) -> tuple[int, ...]:
     return tuple(tok.encode(s, add_special_tokens=False).ids)
 

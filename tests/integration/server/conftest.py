@@ -1,5 +1,6 @@
 """Fixtures the publisher tests share: a migrated store on each backend whose version 0 is the tiny
-model (rollbacks to it load it), and checkpoint reads taking turns for tests that run two hf engines in
+model (rollbacks to it load it), a live and candidate engine pair on it (the release gate's tests), and
+checkpoint reads taking turns for tests that run two hf engines in
 one process (replicas, leaders), and rated responses whose reply tokens are given texts (alarms, leaders)."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import threading
 
 import pytest
 
+from liveloop.server.config import EngineConfig
+from liveloop.server.engines.canary import CanaryEngine
 from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
@@ -21,6 +24,15 @@ def store(store_url, model_dir):
     s.ensure_base_version(str(Path(model_dir).resolve()))
     yield s
     s.close()
+
+
+@pytest.fixture
+async def canary_engine(model_dir):
+    config = EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0)
+    engine = CanaryEngine(HFEngine(config, model_dir), lambda: HFEngine(config, model_dir), idle_seconds=10.0)
+    await engine.start(version=0)
+    yield engine
+    await engine.close()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import uvicorn
 
 from liveloop.app import build_app
 from liveloop.config import load_config
-from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2, USER_KEYS, free_port, write_config
+from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2, USER_KEYS, free_port, serve_in_thread, write_config
 from liveloop.server.auth import key_digest
 from liveloop.store import Store, StoreConfig, VersionStatus
 
@@ -52,13 +52,7 @@ def _serve(work: Path, model_dir: Path, auth_extra: str = "", server_extra: str 
     if auth_extra:  # a key of the [auth] table: appended to it
         path.write_text(path.read_text().replace("[engine]", f"{auth_extra}\n[engine]", 1))
     app = build_app(load_config(path), Path(model_dir))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
+    server, thread = serve_in_thread(app, port)
     return Running(app, f"http://127.0.0.1:{port}", store_url, thread, server)
 
 

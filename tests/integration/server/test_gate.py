@@ -43,15 +43,6 @@ def checkpoints(tmp_path_factory, model_dir) -> list[Path]:
     return [perturbed_checkpoint(model_dir, root / f"c{seed}", seed=seed) for seed in (1, 2, 3)]
 
 
-@pytest.fixture
-async def canary_engine(model_dir):
-    config = EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0)
-    engine = CanaryEngine(HFEngine(config, model_dir), lambda: HFEngine(config, model_dir), idle_seconds=10.0)
-    await engine.start(version=0)
-    yield engine
-    await engine.close()
-
-
 def _gate(engine, store, tokenizer, model_dir, mode="canary", bounds=PASSING, **release) -> ReleaseGate:
     evaluation = EvaluationConfig(max_tokens=8, bounds=bounds)
     config = ReleaseConfig(**{"mode": mode, "canary_fraction": 0.25, "min_ratings": 6, "evaluation": evaluation, **release})

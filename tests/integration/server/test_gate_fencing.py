@@ -16,9 +16,6 @@ import pytest
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
 from liveloop.release.config import EvaluationConfig, ReleaseConfig
-from liveloop.server.config import EngineConfig
-from liveloop.server.engines.canary import CanaryEngine
-from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.server.gate import ReleaseGate
 from liveloop.server.publisher import Publisher
 from liveloop.store import Store, VersionStatus
@@ -34,15 +31,6 @@ FAILED = [{"name": "kl_to_live", "passed": False}]
 def checkpoints(tmp_path_factory, model_dir) -> list[Path]:
     root = tmp_path_factory.mktemp("fencing-checkpoints")
     return [perturbed_checkpoint(model_dir, root / f"c{seed}", seed=seed) for seed in (1, 2)]
-
-
-@pytest.fixture
-async def canary_engine(model_dir):
-    config = EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0)
-    engine = CanaryEngine(HFEngine(config, model_dir), lambda: HFEngine(config, model_dir), idle_seconds=10.0)
-    await engine.start(version=0)
-    yield engine
-    await engine.close()
 
 
 def _publish(store: Store, parent: int, checkpoint: Path) -> int:
