@@ -131,15 +131,8 @@ class OperatorQueries:
             served = dict(s.execute(
                 select(Response.policy_version, func.count(distinct(episode))).where(only).group_by(Response.policy_version)
             ).all())
-            rated = s.execute(
-                _only_trusted(
-                    select(Response.policy_version, func.count(distinct(episode)), func.count(distinct(positive)))
-                    .join(Response, Response.id == Feedback.response_id)
-                    .where(only)
-                    .group_by(Response.policy_version),
-                    trusted,
-                )
-            ).all()
+            # per (version, rating key): a key rates only its own responses (put_feedback) and an episode's
+            # turns are one key's (linking is per key), so a version's totals are the sums over its keys
             by_key = s.execute(
                 _only_trusted(
                     select(Response.policy_version, func.count(distinct(episode)), func.count(distinct(positive)))
@@ -149,14 +142,10 @@ class OperatorQueries:
                     trusted,
                 )
             ).all()
-            keys: dict[int, int] = {}
-            votes: dict[int, float] = {}
-            for v, n, pos in by_key:  # one vote per key: its share of positive episodes
-                keys[v] = keys.get(v, 0) + 1
-                votes[v] = votes.get(v, 0.0) + (pos or 0) / n
             out = {v: VersionTraffic(v, n, 0, 0) for v, n in served.items()}
-            for v, n, pos in rated:
-                out[v] = VersionTraffic(v, served.get(v, 0), n, int(pos or 0), keys.get(v, 0), votes.get(v, 0.0))
+            for v, n, pos in by_key:  # one vote per key: its share of positive episodes
+                t = out.get(v) or VersionTraffic(v, 0, 0, 0)
+                out[v] = VersionTraffic(v, t.responses, t.ratings + n, t.positive + int(pos or 0), t.keys + 1, t.votes + (pos or 0) / n)
             return out
 
     def served_replies(self, segment: str | None, limit: int, trusted: bool = True) -> list[ServedReply]:
