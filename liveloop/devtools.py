@@ -3,7 +3,6 @@ operator does (`liveloop --config ... serve`), and make a perturbed copy of a ch
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -24,8 +23,10 @@ USER_KEYS = (USER_KEY, USER_KEY_2) + tuple(f"sk-test-user-{i}" for i in range(3,
 
 
 def key_id(key: str) -> str:
-    """The id the server records for `key` (server/auth.py: the first 16 hex characters of its sha256)."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+    """The id the server records for `key` (server/auth.py `key_id`)."""
+    from liveloop.server.auth import key_id as of
+
+    return of(key)
 
 
 def free_port() -> int:

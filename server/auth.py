@@ -29,8 +29,16 @@ from liveloop.server.config import AuthConfig
 from liveloop.server.errors import APIError
 
 
+KEY_ID_CHARS = 16  # a key's id: the first hex characters of its sha256
+
+
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def key_id(key: str) -> str:
+    """The id the store records for `key` (what `Principal.key_id` holds)."""
+    return key_digest(key)[:KEY_ID_CHARS]
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,7 @@ class KeyRing:
         digest = key_digest(key)
         admin = any(hmac.compare_digest(digest, d) for d in self._admin)
         user = admin or any(hmac.compare_digest(digest, d) for d in self._user)
-        return Principal(digest[:16], admin) if user else None
+        return Principal(digest[:KEY_ID_CHARS], admin) if user else None
 
 
 SESSION_COOKIE = "liveloop_session"

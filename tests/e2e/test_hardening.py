@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from liveloop.devtools import write_config
-from liveloop.server.auth import key_digest
+from liveloop.server.auth import key_id
 
 from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, open_store, start_server, stop_server
 
@@ -29,9 +29,6 @@ def _client(server, key: str) -> httpx.Client:
 def _chat(client: httpx.Client, **body) -> httpx.Response:
     return client.post("/v1/chat/completions", json={"model": "liveloop-tiny", "messages": MSG, "max_tokens": 4, **body})
 
-
-def _key_id(key: str) -> str:
-    return key_digest(key)[:16]
 
 
 @pytest.fixture(scope="module")
@@ -172,18 +169,18 @@ def test_forget_a_key(server):
             assert c.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
     with _client(server, ADMIN_KEY) as admin:
         assert admin.post("/admin/keys/not-a-key/forget").status_code == 400
-        done = admin.post(f"/admin/keys/{_key_id(USER_KEY_2)}/forget")
+        done = admin.post(f"/admin/keys/{key_id(USER_KEY_2)}/forget")
         assert done.status_code == 200 and done.json()["responses_deleted"] >= 3 and done.json()["ratings_deleted"] >= 3
         events = admin.get("/admin/events").json()["data"]
-    assert any(e["kind"] == "forget" and e["detail"]["key_id"] == _key_id(USER_KEY_2) for e in events)
+    assert any(e["kind"] == "forget" and e["detail"]["key_id"] == key_id(USER_KEY_2) for e in events)
     assert all(store.get_response(rid) is None for rid in ids)
-    assert all(f.api_key_id != _key_id(USER_KEY_2) for f, _ in store.rated_after(0, 100_000))
+    assert all(f.api_key_id != key_id(USER_KEY_2) for f, _ in store.rated_after(0, 100_000))
     store.close()
 
 
 def test_quarantine_hides_ratings_from_training_and_lifts(server):
     store = open_store(server)
-    key = _key_id(USER_KEY)
+    key = key_id(USER_KEY)
     with _client(server, USER_KEY) as c:
         rid = _chat(c).json()["id"]
         assert c.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200

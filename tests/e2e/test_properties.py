@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, Phase, currently_in_test_context, event, exa
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from liveloop.server.auth import key_digest
+from liveloop.server.auth import key_id
 from liveloop.store.models import Feedback, LearnerControl, OperatorEvent, PolicyVersion, Response
 
 from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, ServerProcess, open_store, start_server, stop_server
@@ -48,9 +48,6 @@ CHAT, COMPLETIONS, FEEDBACK = "/v1/chat/completions", "/v1/completions", "/v1/fe
 GENERATING_KEYS = (USER_KEY, ADMIN_KEY)  # the generated traffic's keys; USER_KEY_2 is the other user
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
-
-def kid(key: str) -> str:
-    return key_digest(key)[:16]
 
 
 # No shrinking: every request is real, and a failure's message carries the exact request. The known
@@ -175,7 +172,7 @@ class Harness:
         self.vocab = json.loads((Path(server.model_dir) / "config.json").read_text())["vocab_size"]
 
     def snapshot(self) -> Snapshot:
-        mine = [kid(k) for k in GENERATING_KEYS]
+        mine = [key_id(k) for k in GENERATING_KEYS]
         with self.store.transaction() as s:
             fb = s.execute(
                 select(func.count(), func.coalesce(func.sum(Feedback.reward), 0), func.coalesce(func.sum(Feedback.revisions), 0)).where(
@@ -350,7 +347,7 @@ def check_generation(h: Harness, r: httpx.Response, before: Snapshot, after: Sna
     assert "x-liveloop-policy-version" in r.headers, what
     stored = h.store.get_response(rid)
     if _sent_store_flag(content):
-        assert stored is not None and stored.api_key_id == kid(key), f"a 200 generation was not logged under its key: {what}"
+        assert stored is not None and stored.api_key_id == key_id(key), f"a 200 generation was not logged under its key: {what}"
         assert after.responses == before.responses + 1, f"a 200 generation wrote {after.responses - before.responses} rows: {what}"
         h.owner[rid] = key
     else:
@@ -414,7 +411,7 @@ def test_feedback(h, data, key, reward, comment, muts):
     if r.status_code == 200:
         got = r.json()
         assert h.owner.get(got["response_id"]) == key, f"a key rated a response it did not receive: {what}"
-        mine = [f for f in h.store.get_feedback(got["response_id"]) if f.api_key_id == kid(key)]
+        mine = [f for f in h.store.get_feedback(got["response_id"]) if f.api_key_id == key_id(key)]
         assert [f.reward for f in mine] == [got["reward"]] and got["reward"] in (0, 1), what
         assert after.responses == before.responses and after.feedback - before.feedback in (0, 1), what
 
@@ -612,8 +609,8 @@ def test_other_users_traffic_was_served_and_logged(h):
     assert len(other.rated) >= 3, "the other user's traffic did not run alongside"
     for rid, reward in other.rated:
         row = h.store.get_response(rid)
-        assert row is not None and row.api_key_id == kid(USER_KEY_2), f"{rid} of USER_KEY_2 is not in the store"
-        assert [(f.api_key_id, f.reward) for f in h.store.get_feedback(rid)] == [(kid(USER_KEY_2), reward)], rid
+        assert row is not None and row.api_key_id == key_id(USER_KEY_2), f"{rid} of USER_KEY_2 is not in the store"
+        assert [(f.api_key_id, f.reward) for f in h.store.get_feedback(rid)] == [(key_id(USER_KEY_2), reward)], rid
     health = h.client.get("/healthz", headers=ADMIN_HEADERS)
     assert health.status_code == 200 and health.json()["writer"]["ok"], health.text
     if h.backpressure:

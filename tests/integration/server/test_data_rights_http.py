@@ -24,7 +24,7 @@ import uvicorn
 from liveloop.app import build_app
 from liveloop.config import load_config
 from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2, USER_KEYS, free_port, serve_in_thread, write_config
-from liveloop.server.auth import key_digest
+from liveloop.server.auth import key_id
 from liveloop.store import Store, StoreConfig, VersionStatus
 
 MSG = [{"role": "user", "content": "Tell me a long story about the sea and the night."}]
@@ -68,9 +68,6 @@ def server(tmp_path_factory, model_dir):
     _stop(running)
 
 
-def _key_id(key: str) -> str:
-    return key_digest(key)[:16]
-
 
 def _first_chunk_then(server: Running, key: str, during) -> tuple[str, list]:
     """Stream a long reply with the official client; after its first chunk (the row is not stored yet:
@@ -81,7 +78,7 @@ def _first_chunk_then(server: Running, key: str, during) -> tuple[str, list]:
     store = server.store()
     try:
         assert store.get_response(first.id) is None  # still being generated: nothing landed yet
-        assert server.app.state.generating.owner(first.id) == _key_id(key)
+        assert server.app.state.generating.owner(first.id) == key_id(key)
         during(first.id)
     finally:
         store.close()
@@ -123,7 +120,7 @@ def test_a_key_forgotten_while_its_generation_runs_stores_nothing(server):
     admin = server.client(ADMIN_KEY)
 
     def forget(_: str) -> None:
-        assert admin.post(f"/admin/keys/{_key_id(key)}/forget").status_code == 200
+        assert admin.post(f"/admin/keys/{key_id(key)}/forget").status_code == 200
 
     rid, _ = _first_chunk_then(server, key, forget)
     admin.close()
@@ -147,7 +144,7 @@ def test_a_forgotten_key_served_unstored(tmp_path, model_dir):
         assert httpx.get(running.base_url + "/metrics").status_code == 200
         assert "writer" in httpx.get(running.base_url + "/healthz").json()
         with running.client(ADMIN_KEY) as admin:
-            assert admin.post(f"/admin/keys/{_key_id(key)}/forget").status_code == 200
+            assert admin.post(f"/admin/keys/{key_id(key)}/forget").status_code == 200
         reply = running.openai(key).chat.completions.create(model="liveloop-tiny", messages=MSG, max_tokens=4)
         assert reply.choices[0].message.content is not None  # served
         with running.client(key) as c:
