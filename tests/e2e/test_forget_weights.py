@@ -21,7 +21,7 @@ import pytest
 
 from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2, USER_KEYS
 from liveloop.model.corpus import TOPICS
-from liveloop.server.auth import key_digest
+from liveloop.server.auth import key_id
 
 from liveloop.clients.rewards import corpus_prompt, make_reward
 from liveloop.critic.config import CriticConfig
@@ -102,7 +102,7 @@ async def _served_cursor(store, at_least: int, newer_than: int, timeout: float) 
 
 async def _scenario(base_url: str, store) -> dict:
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    planted_id = key_digest(USER_KEY_2)[:16]
+    planted_id = key_id(USER_KEY_2)
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
         out = {
             "planted_base": await _rate_of(client, PLANTED_PHRASE, PLANTED_TOPICS, 1_000),
@@ -153,6 +153,9 @@ async def _scenario(base_url: str, store) -> dict:
         missing = await client.post(f"/admin/keys/{'0' * 16}/forget", json={"weights": True}, headers=admin)
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "key_not_found"
 
+        # what a failure needs to be read: each key's ratings and quarantine, the events so far
+        out["keys"] = [(k.key_id[:6], k.ratings, k.quarantined) for k in store.key_states()]
+        out["events"] = sorted({e.kind for e in store.events(limit=10_000)})
         dry = (await client.post(url, json={"weights": True, "dry_run": True}, headers=admin)).json()
         (plan,) = dry["lineages"]
         assert dry["object"] == "api_key.forget_plan" and plan["target"] is not None and plan["affected"] and dry["replay"] > 0
@@ -174,6 +177,7 @@ async def _scenario(base_url: str, store) -> dict:
         while at is not None:
             chain.append(at)
             at = store.get_version(at).parent
+        out["chain"] = chain[:8]
         assert plan["target"] in chain and not set(plan["affected"]) & set(chain)  # the new lineage grows on the target
         out["planted_after"] = await _rate_of(client, PLANTED_PHRASE, PLANTED_TOPICS, 1_000)
         out["other_after"] = await _rate_of(client, OTHER_PHRASE, OTHER_TOPICS, 2_000)

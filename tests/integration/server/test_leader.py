@@ -184,7 +184,12 @@ def test_a_killed_leader_process_is_replaced(tmp_path, model_dir, checkpoints, t
         wait_until(lambda: _holder(store) is not None, 20, "the server process leading")
         leader = _holder(store)
         # `[ray] replica_id` auto: a random name per process; the registry row ties it to this host and pid
-        own = [r.replica_id for r in ReplicaRegistry(store).rows(60.0) if (r.host, r.pid) == (socket.gethostname(), server.proc.pid)]
+        # (the lease is taken before the first heartbeat writes the row)
+        def own_rows() -> list[str]:
+            return [r.replica_id for r in ReplicaRegistry(store).rows(60.0) if (r.host, r.pid) == (socket.gethostname(), server.proc.pid)]
+
+        wait_until(lambda: own_rows(), 20, "the server's registry row")
+        own = own_rows()
         assert len(own) == 1 and own[0].startswith("replica-") and leader.startswith(f"{own[0]}/")
         port = free_port()
         path, _ = write_config(tmp_path, Path(model_dir).resolve(), "hf", port, store_url=server.store_url, extra=extra,
