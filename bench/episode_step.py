@@ -11,7 +11,7 @@ and the interpreter are not counted. Linear growth means time / L and memory / L
 Linking: the writer's cost of linking, per response, for a batch of 64 turns each continuing a stored
 turn (the (api_key_id, link_hash) lookup, the parents' tokens read and compared), against inserting the
 same rows with linking skipped, side by side in one process, on a store holding `--stored` responses;
-and the server's read for a chat prompt (server/splicing.py: an earlier turn's tokens found by its
+and the server's read for a chat prompt (server/edge/pipeline/splicing.py: an earlier turn's tokens found by its
 text and reused) against tokenizing the prompt whole.
 
     .venv/bin/python bench/episode_step.py [--lengths 256 512 1024 2048 4096] [--repeats 3]
@@ -146,11 +146,11 @@ def linking(stored: int, batch: int = 64) -> dict:
 
 
 def splicing(model_dir: str, stored: int, rounds: int = 200) -> dict:
-    """Seconds per chat prompt for the server's token-in-token-out read (server/splicing.py: the text
+    """Seconds per chat prompt for the server's token-in-token-out read (server/edge/pipeline/splicing.py: the text
     hashes, one indexed store read, the decode check) against tokenizing the same text whole, alternated."""
     from transformers import AutoTokenizer
 
-    from liveloop.server.splicing import Splicer
+    from liveloop.server.edge.pipeline.splicing import Splicer
     from liveloop.store import ResponseRecord, Store, StoreConfig
     from liveloop.store.linking import LinkKeys
 

@@ -58,7 +58,7 @@ def _wait_served(store, at_least: int, newer_than: int, timeout: float = 600) ->
 
 async def run(args: argparse.Namespace, model_dir: Path) -> list[dict]:
     from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEYS, start_server
-    from liveloop.server.auth import key_digest
+    from liveloop.server.edge.auth import key_digest
     from liveloop.store import Store, StoreConfig
 
     rows = []

@@ -1,5 +1,5 @@
 """How long a new version takes to reach users in each release mode, and what it took (the release gate,
-server/gate.py), on the tiny model: a real `liveloop serve` (hf, SQLite, learner off) per mode; a version
+server/control/gate.py), on the tiny model: a real `liveloop serve` (hf, SQLite, learner off) per mode; a version
 is published into its store as an out-of-process learner publishes one; `--users` simulated users
 (the openai client with `user=`) chat back to back and rate every reply thumbs-up through
 `/v1/feedback` (live and candidate alike: a candidate as good as the live version).

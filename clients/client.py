@@ -147,7 +147,7 @@ class LiveloopClient:
 
     def forget_key(self, key_id: str, weights: bool = False, dry_run: bool = False) -> dict[str, Any]:
         """Delete a key's responses and ratings; `weights`: also retrain the lineages it trained without
-        it (server/forgetting.py); `dry_run` (with weights): only the plan."""
+        it (server/control/forgetting.py); `dry_run` (with weights): only the plan."""
         body = {"weights": True, "dry_run": dry_run} if weights else {}
         return self._check(self.http.post(f"/admin/keys/{key_id}/forget", json=body))
 

@@ -7,7 +7,7 @@ the two tools offered. The model is the default build with tool dialogues in its
 it calls a tool on ~70% of first turns, a quarter of its calls right, ~18% of its answers right). An
 episode: the first turn rendered with the tools by the chat template and sampled; its calls read by the
 server's hermes parser and run by the environment; the call and the results rendered back, the second
-turn's prompt built as the server builds it (server/splicing.py: the first turn's sampled tokens, then
+turn's prompt built as the server builds it (server/edge/pipeline/splicing.py: the first turn's sampled tokens, then
 the rest tokenized), sampled; the final answer rated 0/1. A first turn without a call is the answer.
 
 Through the real store and learner (experiments/rig.py): both turns are written as served responses (the
@@ -66,8 +66,8 @@ class AgentRun:
         from transformers import AutoTokenizer
 
         from liveloop.model.tool_corpus import TOOL_NAMES
-        from liveloop.server.splicing import Splicer
-        from liveloop.server.tool_parsers import PARSERS
+        from liveloop.server.edge.pipeline.splicing import Splicer
+        from liveloop.server.edge.formats.tool_parsers import PARSERS
 
         self.cfg, self.method, self.seed = cfg, method, seed
         learner = load_section(LearnerConfig, cfg.learner_for(method) | {"seed": seed, "checkpoint_dir": str(workdir / "versions")},

@@ -3,7 +3,7 @@ full disk from other save failures. The storage layout itself (`checkpoint_root`
 `sweep_stale_staging`) is `liveloop.checkpoint`'s, which the server's imports share.
 
 Every published version is a directory `checkpoint_dir/v{version:06d}` holding `policy/` and `critic/`;
-an operator's import (`POST /admin/weights`, server/weights_import.py) is copied there too, as `policy/`
+an operator's import (`POST /admin/weights`, server/control/weights_import.py) is copied there too, as `policy/`
 alone, and retention treats it like the learner's own versions: pin it to keep it for ever.
 Retention (`versions_to_prune`, pure) keeps:
   - every "serving" version and its parent chain up to K ancestors (what a rollback most likely wants),

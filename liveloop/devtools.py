@@ -23,8 +23,8 @@ USER_KEYS = (USER_KEY, USER_KEY_2) + tuple(f"sk-test-user-{i}" for i in range(3,
 
 
 def key_id(key: str) -> str:
-    """The id the server records for `key` (server/auth.py `key_id`)."""
-    from liveloop.server.auth import key_id as of
+    """The id the server records for `key` (server/edge/auth.py `key_id`)."""
+    from liveloop.server.edge.auth import key_id as of
 
     return of(key)
 

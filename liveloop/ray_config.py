@@ -20,7 +20,7 @@ registry (store/replicas.py) under `replica_id` ("auto": a random name drawn per
 nothing of the host; a Serve replica: its Serve replica id) and heartbeats it: at once when what it serves changes (checked every `[server] watch_seconds`),
 else every `heartbeat_seconds`. A row silent for `down_after_seconds` is shown "down".
 
-One serving process leads the fleet (server/leader.py): it holds the store's "leader" lease, renewed
+One serving process leads the fleet (server/control/leader.py): it holds the store's "leader" lease, renewed
 every third of `leader_lease_seconds`, and alone runs the control loops that decide and write (the
 release gate's decisions and evaluations, the alarms, guard, quarantine and retention); every process
 routes. A leader that dies is replaced within about `leader_lease_seconds` and a third.
@@ -55,7 +55,7 @@ class RayConfig:
     down_after_seconds: float = field(default=5.0, metadata={"help": "a replica whose heartbeat is older than this is shown down"})
     leader_lease_seconds: float = field(
         default=10.0,
-        metadata={"help": "the fleet's leader lease (server/leader.py): renewed every third of it; a leader killed is replaced within about 1.3x it"},
+        metadata={"help": "the fleet's leader lease (server/control/leader.py): renewed every third of it; a leader killed is replaced within about 1.3x it"},
     )
 
     def __post_init__(self) -> None:

@@ -20,11 +20,11 @@ store (PostgreSQL: several processes write at once).
   tells Serve an engine that stopped serving.
 - Versions: the learner publishes a version once (a row, its memory in the deployment's shared
   memory, then its durable checkpoint); every replica's watcher activates or follows it
-  (server/publisher.py, the follower rule), so a rollback, an operator import or a pause, done through
+  (server/control/publisher.py, the follower rule), so a rollback, an operator import or a pause, done through
   any replica, reaches all of them.
 - The learner's health and status reach every replica through `RemoteLearner`, a view of the named
   `LearnerHost` actor polled off the event loop (`health()` never blocks a request).
-- One replica leads (server/leader.py: the store's "leader" lease, `[ray] leader_lease_seconds`): its
+- One replica leads (server/control/leader.py: the store's "leader" lease, `[ray] leader_lease_seconds`): its
   release gate alone starts candidates, evaluates and promotes or holds them, and its operations alone
   record alarms (drift and reward hacking), roll back (guard), quarantine and apply retention. Every
   replica routes: under `[release] mode` canary or gated each builds its own `CanaryEngine`, and its
@@ -204,10 +204,10 @@ def replica_config(config: Config) -> Config:
 
 def prepare_store(config: Config, model_dir: Path) -> str:
     """Migrate (or check) the store, make version 0 and sweep what the deployment left in shared memory
-    (server/startup.py), once, before any replica starts (a replica restarted later must not sweep: the
+    (server/control/startup.py), once, before any replica starts (a replica restarted later must not sweep: the
     learner may be writing a version then); returns the deployment's id."""
     from liveloop.metrics import Metrics
-    from liveloop.server.startup import sweep_shared_memory
+    from liveloop.server.control.startup import sweep_shared_memory
     from liveloop.store import Store
 
     store = Store(config.store)

@@ -2,7 +2,7 @@
 reference is explained by cheap traits of its replies rather than by what users asked for.
 
 Pure functions of (reply text, reward) pairs: no store, no torch, no release import (the lexicons come
-in as arguments, `[release.alarms]` holds them). `server/operations.py` feeds it the rated replies of a
+in as arguments, `[release.alarms]` holds them). `server/control/operations.py` feeds it the rated replies of a
 version and of its reference and records the alarms.
 
 Traits of one reply (`TraitMeter.measure`):

@@ -1,13 +1,13 @@
 """The evaluation of a candidate version: the suite's prompts sampled on the candidate and the live
 version in batch, scored by the named checks (release/checks.py) and judged by the configured bounds
 against the live version's values and the base model's. Off the serving path: the gate
-(server/gate.py) starts it in the background and stores the result (`store.record_evaluation`).
+(server/control/gate.py) starts it in the background and stores the result (`store.record_evaluation`).
 
     evaluator = Evaluator(config.release.evaluation, tokenizer, model_dir, stop_token_ids=...)
     evaluation = await evaluator.evaluate(candidate_sampler, candidate_record, live_sampler, live_record)
 
 A `Sampler` is how the evaluator draws replies from a serving engine without importing the server:
-`await sampler(prompt_ids, max_tokens, temperature, seed) -> Sample`; server/evaluating.py builds one
+`await sampler(prompt_ids, max_tokens, temperature, seed) -> Sample`; server/control/evaluating.py builds one
 from any Engine (`engine_sampler`). Every version samples the same prompts with the same seeds (common
 random numbers: a difference between versions is the weights', not the dice's). The base model's replies
 are drawn by the scorer in batch (no engine serves it once a learner's version does), once per evaluator; the

@@ -7,7 +7,7 @@ start); 2. find the serving version (the newest "serving" row, else version 0 = 
 learners publish (every `[server] watch_seconds`) and the feedback stream for drift (`Operations`);
 6. apply `[store] retain_days` periodically, and judge the live stream for reward hacking
 (`[release.alarms]`, `Operations.watch_alarms`); 7. with `[release] mode` canary or gated, or
-`[release.evaluation] immediate` on (`wants_gate`), run the release gate (server/gate.py) over a `CanaryEngine` (a second engine of the
+`[release.evaluation] immediate` on (`wants_gate`), run the release gate (server/control/gate.py) over a `CanaryEngine` (a second engine of the
 same backend holds the candidate). On exit it reverses it: every queued row is flushed before
 the process exits. `attach` puts the components (and the learner the wiring started, or None) on
 `app.state`, where the routes find them; `create_app` builds the routes around the wiring's lifespan.
@@ -18,12 +18,12 @@ registry (store/replicas.py) under `replica_id(config)` and `heartbeat` rewrites
 versions, generations running, health) at once when what it serves changes, checked every
 `[server] watch_seconds`, else every `[ray] heartbeat_seconds`; a clean stop removes it. Every
 response names its replica in `x-liveloop-replica` (`ReplicaHeader`). One replica leads the fleet
-(`Leadership`, server/leader.py: the store's leader lease, taken before the loops start and renewed by
+(`Leadership`, server/control/leader.py: the store's leader lease, taken before the loops start and renewed by
 its own task; released at a clean stop): the release gate's decisions and evaluations, the alarms, the
 guard, the quarantine and retention write from the leader alone; every replica routes.
 
 Requests reach the routes only with a Host header `[server] allowed_hosts` allows (`HostAllowList`,
-server/hosts.py: DNS rebinding). The forgotten keys the edge refuses (or serves unstored) are re-read
+server/edge/hosts.py: DNS rebinding). The forgotten keys the edge refuses (or serves unstored) are re-read
 from the store every `FORGOTTEN_REFRESH_SECONDS` off the event loop (`watch_forgotten`).
 
 `check_bind` refuses, before anything starts, to listen beyond loopback with the shipped
@@ -60,22 +60,31 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from liveloop.config import Config
 from liveloop.segments import lanes, segment_of
 from liveloop.metrics import Metrics
-from liveloop.server.admission import Admission
-from liveloop.server.auth import KeyRing, LoginThrottle, Sessions
-from liveloop.server.body import BodyDeadline, BodyLimit
+from liveloop.server.edge.admission import Admission
+from liveloop.server.edge.auth import KeyRing, LoginThrottle, Sessions
+from liveloop.server.edge.body import BodyDeadline, BodyLimit
 from liveloop.server.config import ServerConfig
 from liveloop.server.engines.base import Engine, create_engine
 from liveloop.server.engines.canary import CanaryEngine
-from liveloop.server.errors import install_handlers
-from liveloop.server.gate import ReleaseGate, gated_segments
-from liveloop.server.hosts import HostAllowList, allowed_hosts
-from liveloop.server.leader import Leadership
-from liveloop.server.operations import Operations
-from liveloop.server.publisher import Publisher
-from liveloop.server.startup import finish_start, record_fallback, start_point, sweep_shared_memory
-from liveloop.server.routes import admin, alarms, anthropic, api_docs, dashboard, episodes, feedback, openai, ops, release, responses, stored, tokens
-from liveloop.server.serving import Serving
-from liveloop.server.weights_import import WeightImports
+from liveloop.server.edge.errors import install_handlers
+from liveloop.server.control.gate import ReleaseGate, gated_segments
+from liveloop.server.edge.hosts import HostAllowList, allowed_hosts
+from liveloop.server.control.leader import Leadership
+from liveloop.server.control.operations import Operations
+from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.startup import finish_start, record_fallback, start_point, sweep_shared_memory
+from liveloop.server.edge import models, ops
+from liveloop.server.edge.admin import alarms, api_docs, dashboard, episodes, release
+from liveloop.server.edge.admin import routes as admin
+from liveloop.server.edge.chat import routes as chat, stored
+from liveloop.server.edge.completions import routes as completions
+from liveloop.server.edge.feedback import routes as feedback
+from liveloop.server.edge.messages import routes as messages
+from liveloop.server.edge.pipeline.streaming import Generating
+from liveloop.server.edge.responses import routes as responses
+from liveloop.server.edge.tokens import routes as tokens
+from liveloop.server.edge.pipeline.serving import Serving
+from liveloop.server.control.weights_import import WeightImports
 from liveloop.store import BatchWriter, Store
 from liveloop.store.replicas import Beat, ReplicaRegistry
 from liveloop.transport import HandleGone, WeightsUnverified, make_receiver
@@ -189,7 +198,7 @@ class Components:
     replica_id: str
     down_after_seconds: float
     gate: ReleaseGate | None = None  # the release gate (None: immediate mode without evaluation)
-    leadership: Leadership | None = None  # this replica's hold on the fleet's leader lease (server/leader.py)
+    leadership: Leadership | None = None  # this replica's hold on the fleet's leader lease (server/control/leader.py)
 
     def beat(self) -> Beat:
         """What this replica reports: its serving versions, generations running and health."""
@@ -281,7 +290,7 @@ def wants_gate(config: Config) -> bool:
     nothing), or a segment adapter lineage in a canary or gated mode. Refuses a gated mode on the other
     backends (sglang's engine is a client of one SGLang server: a second one would share its weights; a
     diffusion model is not a causal LM the evaluation can score), and a gated segment on a backend
-    without adapter slots (server/gate.py `gated_segments`: a ConfigError)."""
+    without adapter slots (server/control/gate.py `gated_segments`: a ConfigError)."""
     evaluates_immediate = config.release.evaluation.enabled and config.release.evaluation.immediate
     if config.engine.backend not in GATED_BACKENDS:
         if config.release.mode != "immediate" or evaluates_immediate:
@@ -297,12 +306,12 @@ def wants_gate(config: Config) -> bool:
 
 def evaluator(config: Config, tokenizer: Any, model_dir: Path, stop_token_ids: tuple[int, ...], store: Store) -> Any:
     """The gate's `evaluate(candidate_engine, candidate, live_engine, live)`: the evaluation suite
-    (release/evaluation.py) sampling through the engines (server/evaluating.py); None with
+    (release/evaluation.py) sampling through the engines (server/control/evaluating.py); None with
     `[release.evaluation]` off."""
     if not config.release.evaluation.enabled:
         return None
     from liveloop.release.evaluation import Evaluator
-    from liveloop.server.evaluating import engine_evaluation
+    from liveloop.server.control.evaluating import engine_evaluation
 
     suite = Evaluator(config.release.evaluation, tokenizer, model_dir, stop_token_ids=stop_token_ids, refresh=store.get_version)
     return engine_evaluation(suite, stop_token_ids)
@@ -373,10 +382,12 @@ def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.Ab
     app.state.sessions = Sessions()
     app.state.login_throttle = LoginThrottle(server.login_failures_per_minute, server.login_failures_per_minute_total)
     app.state.ops_open_on_loopback = server.ops_open_on_loopback
-    app.state.generating = openai.Generating()
-    app.include_router(openai.router)
+    app.state.generating = Generating()
+    app.include_router(models.router)
+    app.include_router(chat.router)
+    app.include_router(completions.router)
     app.include_router(stored.router)
-    app.include_router(anthropic.router)
+    app.include_router(messages.router)
     app.include_router(responses.router)
     app.include_router(tokens.router)
     app.include_router(feedback.router)

@@ -188,7 +188,7 @@ class EngineConfig:
 
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "none"] = field(
         default="auto",
-        metadata={"help": "how tool calls are written by this model family (server/tool_parsers.py): hermes (Hermes, "
+        metadata={"help": "how tool calls are written by this model family (server/edge/formats/tool_parsers.py): hermes (Hermes, "
                   "Qwen2.5/3, liveloop-tiny), llama3_json (Llama 3.1/3.2); auto: read from the chat template; none: "
                   "requests with tools are refused"},
     )

@@ -4,7 +4,7 @@ One row per trainable rating: a rating (`feedback`) joined to the response it ra
 exported, whatever the filters say: ratings given by, or on responses served to, a quarantined or
 forgotten key (`api_keys`), and responses with a deletion tombstone (`deleted_responses`). Deleted and
 forgotten data is otherwise already gone from the tables (store/rights.py), and a `store: false`
-request is never logged (server/serving.py `commit`), so neither can appear.
+request is never logged (server/edge/pipeline/serving.py `commit`), so neither can appear.
 
 Shapes (`SHAPES`), each with metadata columns a trainer ignores (response_id, policy_version, rated_at):
   - `kto`: TRL's unpaired preference format, `prompt`, `completion`, `label` (True: thumbs up).

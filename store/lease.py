@@ -3,7 +3,7 @@
 A fleet (Ray Serve replicas, or several `liveloop serve` processes on one store) routes in every
 replica, but the store-writing control loops (the release gate's decisions and evaluations, the
 reward-hacking alarms, the drift monitor's alarm events, guard and quarantine, retention) run in one:
-the holder of the `leader` lease (server/leader.py).
+the holder of the `leader` lease (server/control/leader.py).
 
 `Leases.acquire(name, holder, seconds)` is ONE conditional UPDATE: it sets the holder and a new expiry
 where the row's holder is the caller (a renewal) or nobody, or its expiry has passed (a takeover);
@@ -51,7 +51,7 @@ from liveloop.store.models import Base
 if TYPE_CHECKING:
     from liveloop.store.store import Store
 
-LEADER = "leader"  # the lease of the fleet's control loops (server/leader.py)
+LEADER = "leader"  # the lease of the fleet's control loops (server/control/leader.py)
 
 
 class StaleLeader(RuntimeError):

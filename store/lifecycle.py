@@ -24,7 +24,7 @@ learner's publish are serialised, and whatever loses a race is refused rather th
   fall-back to an ancestor (`recover_serving`) are the other moves.
 - Fenced moves: the leader's decisions (`start_canary`, `activate_version` of a candidate,
   `hold_version`, the guard's `rollback_to`; `check_activation` asks ahead) take `term`, the leader
-  lease's term their writer leads in (server/leader.py), and check it first in the same transaction
+  lease's term their writer leads in (server/control/leader.py), and check it first in the same transaction
   (store/lease.py `fenced`): a deposed leader's decision raises StaleLeader and writes nothing.
   `term` None: not a leader's write (an operator's, a learner's, an activation every replica makes).
 Mixed into `Store`.

@@ -49,7 +49,7 @@ def trimmed(response_ids: Sequence[int], stop_ids: Iterable[int]) -> int:
 class LinkKeys:
     own: int  # hash of prompt + sampled tokens (a final stop token left out)
     candidates: tuple[tuple[int, int], ...]  # (prefix length, hash of the prompt's first that many tokens)
-    text: int | None = None  # hash of the prompt's text + those sampled tokens' text (server/splicing.py)
+    text: int | None = None  # hash of the prompt's text + those sampled tokens' text (server/edge/pipeline/splicing.py)
 
     @classmethod
     def of(cls, prompt_ids: Sequence[int], response_ids: Sequence[int], stop_ids: Iterable[int], text: int | None = None) -> "LinkKeys":

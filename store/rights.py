@@ -21,7 +21,7 @@ zeroed, store/db.py), and each deletion ends with a WAL checkpoint that truncate
 which otherwise keeps the rows' old pages until it is reused. (PostgreSQL keeps dead tuples until
 VACUUM: its autovacuum reclaims them.)
 
-Forget that reaches the weights (server/forgetting.py) reads here what it plans from: the key's first
+Forget that reaches the weights (server/control/forgetting.py) reads here what it plans from: the key's first
 rating a lineage reads (`key_first_rating`), how many of everyone else's ratings a lineage would train
 again (`replay_count`), and moves a learner's cursor back to a version and its feedback position in
 one version-state transaction (`rewind_lineage`), so that the learner trains those ratings again.
@@ -232,7 +232,7 @@ class RightsQueries:
             log.warning("store: the WAL checkpoint after a deletion was blocked by readers; deleted pages may stay in the -wal file until the next one")
         return not busy
 
-    # -- forget that reaches the weights (server/forgetting.py plans and runs it) -------------------
+    # -- forget that reaches the weights (server/control/forgetting.py plans and runs it) -------------------
     def key_known(self, api_key_id: str) -> bool:
         """Whether the store holds anything of the key: a response, a rating or an api_keys row."""
         with self._session() as s:

@@ -123,7 +123,7 @@ class TransportConfig:
     def runnable_here(self) -> "TransportConfig":
         """This config, or the checkpoint_dir backend when `unusable_here` says why not (every name under
         /dev/shm taken by another user: a start that others cannot break). The server and its learner
-        resolve alike; the server records the fallback (server/startup.py `record_fallback`)."""
+        resolve alike; the server records the fallback (server/control/startup.py `record_fallback`)."""
         why = self.unusable_here()
         if why is None:
             return self

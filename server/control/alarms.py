@@ -22,7 +22,7 @@ evaluation suite, or only in the live ratings?) and the `monitor/reward_hacking`
 the candidate engine) and pauses the lineage's learning (the serving version is the guard's and the
 operator's to roll back). The latest judgement of each version is kept for `GET /admin/alarms`.
 
-In a fleet only the leader judges (server/operations.py `watch_alarms`; server/leader.py): the other
+In a fleet only the leader judges (server/control/operations.py `watch_alarms`; server/control/leader.py): the other
 replicas' `GET /admin/alarms` show the recorded events but no judgements of their own. `check(term)`:
 the leader lease's term the judging replica leads in; its hold carries it (store/lease.py `fenced`),
 and a deposed leader's is refused with StaleLeader, which ends the pass before it pauses or records
@@ -40,7 +40,7 @@ from typing import Any
 from liveloop.metrics import Metrics
 from liveloop.monitor.hacking import HackingReport, alarms, attribute
 from liveloop.release.config import AlarmConfig
-from liveloop.server.publisher import Publisher
+from liveloop.server.control.publisher import Publisher
 from liveloop.store import Store, TransitionRefused, VersionRecord
 from liveloop.store.records import VersionTraffic
 

@@ -1,6 +1,6 @@
-"""The release gate's candidates in the engine (server/gate.py decides, this acts): `Candidates` loads,
+"""The release gate's candidates in the engine (server/control/gate.py decides, this acts): `Candidates` loads,
 promotes and drops the candidate of each lineage under the gate, under the publisher's lock and with
-its weights path and verification (server/publisher.py), so a candidate and an activation never
+its weights path and verification (server/control/publisher.py), so a candidate and an activation never
 interleave and a candidate's weights are checked exactly as an activation's. It changes no status but
 the promotion's (`activate_version`, asked of the store as every activation is).
 
@@ -38,7 +38,7 @@ from liveloop.transport.checkpoint_dir import verified_copy
 from liveloop.transport.weights import CheckpointDir
 
 if TYPE_CHECKING:
-    from liveloop.server.publisher import Publisher, SwapResult
+    from liveloop.server.control.publisher import Publisher, SwapResult
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class Candidates:
         """Promote the loaded candidate `record` as the leader of `term` (see the module docstring).
         None when it was not promoted (not the loaded candidate; the store refused: the activation is
         dropped; or this replica no longer leads in `term`: nothing changed)."""
-        from liveloop.server.publisher import SwapResult
+        from liveloop.server.control.publisher import SwapResult
 
         if record.segment is not None:
             return await self._promote_adapter(record, term)
@@ -172,7 +172,7 @@ class Candidates:
             return SwapResult(record.version, previous, swap_s * 1000, 0.0)
 
     async def _promote_adapter(self, record: VersionRecord, term: int | None) -> SwapResult | None:
-        from liveloop.server.publisher import SwapResult
+        from liveloop.server.control.publisher import SwapResult
 
         p, segment = self.publisher, record.segment
         assert segment is not None

@@ -48,7 +48,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from liveloop.server.publisher import AlreadyServing, Publisher, RollbackResult
+from liveloop.server.control.publisher import AlreadyServing, Publisher, RollbackResult
 from liveloop.store import Store, VersionRecord
 from liveloop.store.rights import Deleted, KeyNotFound
 from liveloop.store.status import NOT_ROLLED_BACK

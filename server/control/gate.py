@@ -2,7 +2,7 @@
 
 `ReleaseGate.run` is a loop beside the publisher's watcher (server/app.py), every `[server]
 watch_seconds`. The store owns the statuses (`start_canary`, `activate_version`, `hold_version`); the
-candidates' engine side is server/candidates.py (`load`, `promote`, `drop`, under the publisher's lock,
+candidates' engine side is server/control/candidates.py (`load`, `promote`, `drop`, under the publisher's lock,
 with the weights found and verified as for every activation); the gate decides (release/decision.py)
 and evaluates.
 
@@ -22,14 +22,14 @@ and evaluates.
   While one candidate is tried the learner trains on from it and publishes; those versions wait, and
   when the candidate is decided the newest of those descending from the (new) serving version is next.
 - In a fleet (several replicas on one store) every replica's gate does (1), so each routes the same
-  users to the same candidate, but only the leader (`leader`, server/leader.py) starts candidates,
+  users to the same candidate, but only the leader (`leader`, server/control/leader.py) starts candidates,
   evaluates and decides (and evaluates in immediate mode): one evaluation per candidate, one decision;
   the others follow a promotion (the publisher's follower rule) and a hold (the candidate the store no
   longer names is dropped). `leader` gives the leader lease's term this replica leads in, and each of
   the gate's store writes (candidate, evaluation, promotion, hold) carries the term its pass began in:
   the store refuses it (StaleLeader, nothing written; store/lease.py) when the lease has changed
   hands since, so a leader paused or cut off past its lease decides nothing; a refused promotion
-  swaps the engines back (server/candidates.py) and the new leader decides.
+  swaps the engines back (server/control/candidates.py) and the new leader decides.
 - In `canary` mode a request is served by the candidate when its user (the request's `user` field, else
   its API key; release/routing.py) falls in `canary_fraction` and the request has no segment; in
   `gated` mode no user is served by it.
@@ -72,10 +72,10 @@ from liveloop.metrics import Metrics
 from liveloop.release.config import Mode, ReleaseConfig
 from liveloop.release.decision import Decision, decide
 from liveloop.release.routing import in_canary
-from liveloop.server.candidates import Candidates
+from liveloop.server.control.candidates import Candidates
 from liveloop.server.engines.base import Engine
 from liveloop.server.engines.canary import SLOT_SUFFIX, CanaryEngine
-from liveloop.server.publisher import Publisher
+from liveloop.server.control.publisher import Publisher
 from liveloop.store import Store, TransitionRefused, VersionRecord, VersionStatus
 from liveloop.store.lease import StaleLeader
 from liveloop.store.records import VersionTraffic
@@ -167,7 +167,7 @@ class ReleaseGate:
     ):
         self.config = config
         # the leader lease's term this replica leads the fleet in now, None when another replica leads
-        # (server/leader.py `held_term`); 0 (the default: a lone gate without a lease) is not fenced
+        # (server/control/leader.py `held_term`); 0 (the default: a lone gate without a lease) is not fenced
         self.leader: Callable[[], int | None] = leader or (lambda: 0)
         self.publisher = publisher
         self.engine = engine

@@ -8,14 +8,14 @@ of the drift monitor, the per-version rates (the version table, its metrics and 
 and the consensus.
 
 An operator's weights (`publish_weights`, `POST /admin/weights`) are copied into the learner's
-checkpoint_dir and checked there (server/weights_import.py, in a worker thread), then published; an
+checkpoint_dir and checked there (server/control/weights_import.py, in a worker thread), then published; an
 import that does not end up serving leaves nothing behind.
 
-The reward-hacking alarms (`[release.alarms]`, server/alarms.py) run in their own loop,
+The reward-hacking alarms (`[release.alarms]`, server/control/alarms.py) run in their own loop,
 `watch_alarms`, every `check_seconds`, when the wiring gives `alarms` and the tokenizer.
 
 In a fleet every replica runs these loops, but only the leader (`leader`: the term of the store's
-leader lease this replica holds, None when it does not; server/leader.py) writes: the drift alarms'
+leader lease this replica holds, None when it does not; server/control/leader.py) writes: the drift alarms'
 events and counters, the guard's rollbacks, the automatic quarantine and the reward-hacking alarms
 are the leader's; the other replicas still read the ratings and export the figures (each replica's
 `/metrics`). A replica that becomes the leader re-reads which alarms are recorded already (the one
@@ -41,9 +41,9 @@ from liveloop.monitor.guard import Tally, judge
 from liveloop.monitor.poisoning import Disagreement, ReplyGroups, Suspect, find_suspects
 from liveloop.monitor.versions import VersionRow, version_table
 from liveloop.release.config import AlarmConfig
-from liveloop.server.alarms import HackingVerdict, RewardHackingAlarms
-from liveloop.server.publisher import Publisher, RollbackResult, SwapResult
-from liveloop.server.weights_import import WeightImports
+from liveloop.server.control.alarms import HackingVerdict, RewardHackingAlarms
+from liveloop.server.control.publisher import Publisher, RollbackResult, SwapResult
+from liveloop.server.control.weights_import import WeightImports
 from liveloop.store import Store
 from liveloop.store.keys import KeyState
 from liveloop.store.lease import StaleLeader
@@ -87,7 +87,7 @@ class Operations:
         alarms: AlarmConfig | None = None, tokenizer: Any = None, leader: Callable[[], int | None] | None = None,
     ):
         self.config = config
-        # the leader lease's term this replica holds now, None when another replica leads (server/leader.py);
+        # the leader lease's term this replica holds now, None when another replica leads (server/control/leader.py);
         # without one (a lone Operations) it always leads
         self.leader: Callable[[], int | None] = leader or (lambda: 0)
         self._alarms_term: int | None = None  # the term the alarms last ran in
@@ -134,7 +134,7 @@ class Operations:
 
     async def publish_weights(self, path: str, note: str | None = None, api_key_id: str | None = None) -> WeightsImported:
         """Serve the checkpoint in the operator's directory `path` from a checked copy in managed storage
-        (server/weights_import.py), as the next version and the learner's lineage. Runs to its end even if
+        (server/control/weights_import.py), as the next version and the learner's lineage. Runs to its end even if
         the caller goes away (a half-done import would leave a LOADING row). Raises the import's
         ImportRefused / ImportFailed, the publisher's CheckpointUnusable, the store's TransitionRefused."""
         assert self.imports is not None, "the wiring gives Operations its WeightImports"
@@ -165,7 +165,7 @@ class Operations:
     # -- views ---------------------------------------------------------------------------------
     async def versions(self) -> list[VersionRow]:
         """The version table: the store's rows and the engine's serving versions, read between two
-        changes of what serves (server/settled.py), so the two agree."""
+        changes of what serves (server/control/settled.py), so the two agree."""
         async def read() -> list[VersionRow]:
             versions = await asyncio.to_thread(self.store.list_versions)
             traffic = await asyncio.to_thread(self.store.version_traffic, True)  # quarantined keys left out

@@ -12,7 +12,7 @@ operator event, never applied; one refused after the swap swaps the old version 
 leaves the old version serving and the row FAILED.
 
 An operator's checkpoint (`publish_dir`, copied into the learner's checkpoint_dir and checked first:
-server/weights_import.py) gets its row first, as LOADING, under the number its copy is then moved to (a
+server/control/weights_import.py) gets its row first, as LOADING, under the number its copy is then moved to (a
 response that records the new version always has its row), then the same path; it becomes the
 learner's lineage: the learner's cursor moves to it in step (3), so a learner publish on the old parent
 is refused by the store's lineage check and the learner reloads, as after a rollback. Learners write
@@ -27,7 +27,7 @@ with `segment` given). A segment's pause holds back only its own activations.
 
 Results are typed (`SwapResult`, `RollbackResult`); refusals are domain exceptions (`CheckpointUnusable`,
 `VersionNotFound`, `NotServable`, `AlreadyServing`, `SwapFailed`, the store's `RollbackRefused` and
-`TransitionRefused`) that the HTTP edge maps to statuses (server/errors.py) and the background guard logs.
+`TransitionRefused`) that the HTTP edge maps to statuses (server/edge/errors.py) and the background guard logs.
 
 Weights come through the transport seam (liveloop/transport): with a `receiver`, `activate` reads a
 published version from memory first (the learner sent it before recording the row, and writes the
@@ -43,7 +43,7 @@ mismatch nothing swaps, the version serving keeps serving, and the row becomes F
 directory) and the engine loads that copy, removed after the swap: never the shared directory again. After a swap the receiver frees the memory of older
 versions (and the new version's own once its durable checkpoint exists). Rollbacks and restarts read
 durable checkpoints only; start-up recovery (what a restarting server serves when the serving version's
-durable checkpoint is missing) is server/startup.py's.
+durable checkpoint is missing) is server/control/startup.py's.
 
 Several replicas (Ray Serve, liveloop/serve_ray.py) share one store, and each has its own publisher.
 The store's serving version is what every replica serves: `follow` (the follower rule, run first in
@@ -58,10 +58,10 @@ it SERVING already and keeps it (no drop, no swap back). With `keep_serving_memo
 replica's `loaded` keeps the serving version's own memory for the replicas still swapping it in; the
 next version's `loaded` (or the sender's `keep_versions`) frees it.
 
-Under a release gate (`[release] mode` canary or gated; server/gate.py decides, the engine is a
+Under a release gate (`[release] mode` canary or gated; server/control/gate.py decides, the engine is a
 `CanaryEngine`) `watch` activates nothing of a gated lineage: the base's (`gate_base`) nor the gated
 segments' (`gate_segments`). The gate's candidates are loaded, promoted and dropped by
-server/candidates.py, under this publisher's lock and with its weights path and verification. A
+server/control/candidates.py, under this publisher's lock and with its weights path and verification. A
 follower whose candidate engine (or a segment's candidate slot) already holds the version another
 replica promoted promotes it locally instead of loading it again.
 """
@@ -78,9 +78,9 @@ from pathlib import Path
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import Engine
 from liveloop.server.engines.canary import CanaryEngine
-from liveloop.server.settled import Changes
+from liveloop.server.control.settled import Changes
 from liveloop.transport.weights import CheckpointDir, WeightSource
-from liveloop.server.weights_import import StagedCheckpoint
+from liveloop.server.control.weights_import import StagedCheckpoint
 from liveloop.store import ServingChanged, Store, TransitionRefused, VersionNotFound, VersionRecord, VersionStatus
 from liveloop.transport import HandleGone, Receiver, WeightHandle, WeightsUnverified
 from liveloop.transport.checkpoint_dir import is_checkpoint, verified_copy
@@ -164,7 +164,7 @@ class Publisher:
         self.last_swap_via = ""  # where the last swap's weights came from: a transport backend's name
         self.keep_serving_memory = keep_serving_memory  # other replicas still read the serving version's memory
         self._unfollowable: set[int] = set()  # serving versions whose weights failed verification here
-        # the release gate (server/gate.py) decides what of the base lineage serves: `watch` activates none of it
+        # the release gate (server/control/gate.py) decides what of the base lineage serves: `watch` activates none of it
         self.gate_base = gate_base
         self.gate_segments = frozenset(gate_segments)  # and of these segments' adapter lineages
         self._lock = asyncio.Lock()
@@ -194,7 +194,7 @@ class Publisher:
 
     async def publish_dir(self, checkpoint: StagedCheckpoint, note: str | None = None, **row: object) -> SwapResult:
         """Serve an operator's checkpoint, copied and checked into managed storage already
-        (server/weights_import.py), as the next version: its row first, as LOADING, with the copy moved
+        (server/control/weights_import.py), as the next version: its row first, as LOADING, with the copy moved
         under the version's name (`StagedCheckpoint.record`), then the activation path every version
         takes. The operator's version becomes the learner's lineage (its cursor moves there, as after a
         rollback). Raises CheckpointUnusable when the engine cannot load it (the row becomes FAILED),
@@ -239,7 +239,7 @@ class Publisher:
         current = self._serving_in(record.segment)
         if not operator and current is not None and version <= current:
             return None
-        with contextlib.ExitStack() as window:  # from the swap to the store's word on it (server/settled.py)
+        with contextlib.ExitStack() as window:  # from the swap to the store's word on it (server/control/settled.py)
             with contextlib.ExitStack() as stack:
                 try:  # the weights are verified against the row (nonce, digest) before anything serves
                     if operator or record.segment is not None:

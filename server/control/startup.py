@@ -28,7 +28,7 @@ import logging
 import time
 from dataclasses import dataclass, replace
 
-from liveloop.server.publisher import Publisher
+from liveloop.server.control.publisher import Publisher
 from liveloop.store import Store, VersionRecord
 from liveloop.metrics import Metrics
 from liveloop.store.status import VersionStatus

@@ -26,7 +26,7 @@ from fastapi import Request
 from limits import RateLimitItemPerMinute, storage, strategies
 
 from liveloop.server.config import AuthConfig
-from liveloop.server.errors import APIError
+from liveloop.server.edge.errors import APIError
 
 
 KEY_ID_CHARS = 16  # a key's id: the first hex characters of its sha256
@@ -155,6 +155,12 @@ def require_user(request: Request) -> Principal:
             raise APIError(403, "this API key was forgotten by the operator: it is not served any more", code="key_forgotten")
         return replace(principal, unstored=True)
     return principal
+
+
+async def user(request: Request) -> Principal:
+    """`require_user` on the event loop: FastAPI hands a plain `def` dependency to a worker thread,
+    a thread hop per request for a hash and a dict lookup."""
+    return require_user(request)
 
 
 def is_admin(request: Request) -> bool:

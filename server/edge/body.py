@@ -13,7 +13,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from liveloop.server.errors import APIError, error_body
+from liveloop.server.edge.errors import APIError, error_body
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -129,7 +129,7 @@ def _parse(raw: bytes, model: type[M]) -> M:
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        from liveloop.server.errors import validation_message
+        from liveloop.server.edge.errors import validation_message
 
         message, param = validation_message(exc)
         raise APIError(400, message, param=param, code="invalid_value") from exc

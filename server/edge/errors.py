@@ -88,12 +88,12 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
     do not import this one, and this one must not load them at import time)."""
     from sqlalchemy.exc import InterfaceError, OperationalError
 
-    from liveloop.server.admission import Busy, RateLimited
+    from liveloop.server.edge.admission import Busy, RateLimited
     from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
-    from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
-    from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
-    from liveloop.server.tools import ToolsRefused
-    from liveloop.server.weights_import import ImportFailed, ImportRefused
+    from liveloop.server.control.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
+    from liveloop.server.edge.pipeline.serving import InvalidRequest, LogFailed, UnknownModel
+    from liveloop.server.edge.formats.tools import ToolsRefused
+    from liveloop.server.control.weights_import import ImportFailed, ImportRefused
     from liveloop.store import RollbackRefused, ServingChanged, TransitionRefused, VersionNotFound, WriterDown, WriterFull
     from liveloop.store.rights import KeyNotFound
 

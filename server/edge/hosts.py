@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from liveloop.server.config import ServerConfig
-from liveloop.server.errors import error_body
+from liveloop.server.edge.errors import error_body
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 

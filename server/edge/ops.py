@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from liveloop.metrics import CONTENT_TYPE
-from liveloop.server.auth import is_admin, require_admin
+from liveloop.server.edge.auth import is_admin, require_admin
 
 LOOPBACK_CLIENTS = ("127.0.0.1", "::1")
 

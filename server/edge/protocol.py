@@ -1,4 +1,4 @@
-"""What every endpoint's request model shares (server/protocol_*.py, one module per endpoint): the
+"""What every endpoint's request model shares (server/edge/<endpoint>/protocol.py, one per endpoint): the
 strict base (unknown fields and wrong types are 400s), the bounds of what the engines and both stores
 can hold (seeds are 64-bit signed, counts 32-bit, floats finite, no NUL in stored text), stop strings,
 and OpenAI's sampling fields (chat and completions)."""

@@ -1,5 +1,5 @@
 """`CanaryEngine`: the live engine and a second engine of the same backend for the candidate the release
-gate is trying (server/gate.py), behind the one `Engine` protocol the rest of the server speaks.
+gate is trying (server/control/gate.py), behind the one `Engine` protocol the rest of the server speaks.
 
 Everything of the protocol goes to the live engine (its version, swaps, adapters, health), except that a
 request marked `canary` (its user is in the canary share, release/routing.py) is served by the
@@ -29,7 +29,7 @@ by its own adapter. `load_candidate_adapter` / `drop_candidate_adapter` fill and
 (`update_adapter` on the slot's key: running generations keep the adapter they started with), and
 `promote_adapter` makes the slot's adapter the segment's, with no load (`GatedEngine.move_adapter`).
 The slots live in the live engine: a base promotion (the engines trade places) leaves the new live
-engine with the slots it held before, and the gate reloads what the store names (server/gate.py).
+engine with the slots it held before, and the gate reloads what the store names (server/control/gate.py).
 """
 
 from __future__ import annotations

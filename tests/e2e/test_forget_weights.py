@@ -21,7 +21,7 @@ import pytest
 
 from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2, USER_KEYS
 from liveloop.model.corpus import TOPICS
-from liveloop.server.auth import key_id
+from liveloop.server.edge.auth import key_id
 
 from liveloop.clients.rewards import corpus_prompt, make_reward
 from liveloop.critic.config import CriticConfig

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from liveloop.devtools import write_config
-from liveloop.server.auth import key_id
+from liveloop.server.edge.auth import key_id
 
 from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, open_store, start_server, stop_server
 

@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, Phase, currently_in_test_context, event, exa
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from liveloop.server.auth import key_id
+from liveloop.server.edge.auth import key_id
 from liveloop.store.models import Feedback, LearnerControl, OperatorEvent, PolicyVersion, Response
 
 from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, ServerProcess, open_store, start_server, stop_server

@@ -4,8 +4,8 @@ ratings leave the training stream (kept in the store)."""
 
 from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
-from liveloop.server.operations import Operations
-from liveloop.server.publisher import Publisher
+from liveloop.server.control.operations import Operations
+from liveloop.server.control.publisher import Publisher
 from liveloop.store import FeedbackRecord, ResponseRecord, Store
 
 HONEST = [f"honest{i:010d}"[:16] for i in range(5)]

@@ -94,7 +94,7 @@ def test_the_installed_package_is_the_wheel_with_its_data(installed):
     assert Path(module) == package / "__init__.py"  # the wheel's, not the checkout's (editable) package
     assert Path(config_dir) == package / "configs"
     assert {p.name for p in (package / "configs").glob("*.toml")} == {p.name for p in (ROOT / "configs").glob("*.toml")}
-    assert {p.name for p in (package / "server" / "static").iterdir()} == {p.name for p in (ROOT / "server" / "static").iterdir()}
+    assert {p.name for p in (package / "server" / "edge" / "admin" / "static").iterdir()} == {p.name for p in (ROOT / "server" / "edge" / "admin" / "static").iterdir()}
     migrations = package / "store" / "migrations"
     assert (migrations / "script.py.mako").is_file() and (migrations / "env.py").is_file()
     assert {p.name for p in (migrations / "versions").glob("*.py")} == {p.name for p in (ROOT / "store/migrations/versions").glob("*.py")}

@@ -4,7 +4,12 @@ only and are not arrows) must be an arrow of `ALLOWED`. `server/` and `learner/`
 other (they meet only in the store), the transport imports neither, and the store and the RL core
 import no other component. The wiring (`liveloop/app.py`, `liveloop/cli.py`, the config loader) may
 import anything; the shared helpers beside it (`liveloop/checkpoint.py`, `liveloop/segments.py`, ...)
-may import no component."""
+may import no component.
+
+Inside `server/` the three rooms have their own arrows (`ROOMS`): the HTTP edge (`server/edge/`) may
+use the version control plane (`server/control/`) and the engines (`server/engines/`); the control
+plane never imports the edge; the engines import neither. `server/config.py` (the server's typed
+settings) is shared by all three."""
 
 from __future__ import annotations
 
@@ -33,6 +38,12 @@ ALLOWED = {
     "server": {"store", "transport", "monitor", "diffusion", "release"},
     "release": {"store", "monitor", "transport"},
     "clients": set(),
+}
+# server/'s rooms -> the rooms each may import (server/config.py is every room's)
+ROOMS = {
+    "edge": {"control", "engines"},
+    "control": {"engines"},
+    "engines": set(),
 }
 # top-level modules both sides share: they import no component at run time
 SHARED = ("checkpoint.py", "segments.py", "metrics.py", "provenance.py", "grammar.py", "episodes.py")
@@ -101,6 +112,39 @@ def test_the_allowed_arrows_have_no_cycle():
 def test_every_import_between_components_is_an_allowed_arrow():
     wrong = [where for src, dst, where in arrows() if dst not in ALLOWED[src]]
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def _room(module: str) -> str | None:
+    for room in ROOMS:
+        if module == f"liveloop.server.{room}" or module.startswith(f"liveloop.server.{room}."):
+            return room
+    return None
+
+
+def room_arrows() -> list[tuple[str, str, str]]:
+    """(from room, to room, where) for every import between server/'s rooms."""
+    out = []
+    for room in ROOMS:
+        for path in sorted((ROOT / "server" / room).rglob("*.py")):
+            for line, module in imports(path):
+                target = _room(module)
+                if target is not None and target != room:
+                    out.append((room, target, f"{path.relative_to(ROOT)}:{line} imports {module}"))
+    return out
+
+
+def test_every_import_between_the_servers_rooms_is_an_allowed_arrow():
+    found = room_arrows()
+    assert {(src, dst) for src, dst, _ in found} >= {("edge", "control"), ("edge", "engines"), ("control", "engines")}
+    wrong = [where for src, dst, where in found if dst not in ROOMS[src]]
+    assert not wrong, "imports against the server's rooms:\n" + "\n".join(wrong)
+
+
+def test_every_server_module_lives_in_a_room():
+    """server/ holds its rooms and what they share (the package, its config, the app): a new module goes
+    into a room, not beside them."""
+    loose = sorted(p.name for p in (ROOT / "server").glob("*.py"))
+    assert loose == ["__init__.py", "app.py", "config.py"], loose
 
 
 def test_the_shared_modules_import_no_component():

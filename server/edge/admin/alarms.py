@@ -1,5 +1,5 @@
 """`GET /admin/alarms` (admin keys, or the dashboard's session): the reward-hacking alarms on the live
-stream (server/alarms.py): the settings they run with, the recent `reward_hacking` operator events, and
+stream (server/control/alarms.py): the settings they run with, the recent `reward_hacking` operator events, and
 the latest judgement of each judged version (its reward gain over its reference, each trait's share
 of it, the traits that alarm, and its stored evaluation of the same traits)."""
 
@@ -9,7 +9,7 @@ import asyncio
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from liveloop.server.auth import Principal, require_admin
+from liveloop.server.edge.auth import Principal, require_admin
 
 router = APIRouter(prefix="/admin")
 

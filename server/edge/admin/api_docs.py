@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from liveloop.server.auth import Principal, require_admin
+from liveloop.server.edge.auth import Principal, require_admin
 
 router = APIRouter(include_in_schema=False)
 

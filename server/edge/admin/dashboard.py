@@ -15,12 +15,12 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
-from liveloop.server.auth import SESSION_COOKIE, session_principal
-from liveloop.server.errors import APIError
+from liveloop.server.edge.auth import SESSION_COOKIE, session_principal
+from liveloop.server.edge.errors import APIError
 
 router = APIRouter(prefix="/dashboard")
 
-STATIC = Path(__file__).resolve().parent.parent / "static"
+STATIC = Path(__file__).resolve().parent / "static"
 _ASSETS = {
     "dashboard.js": "text/javascript",
     "dashboard.css": "text/css",

@@ -11,8 +11,8 @@ import dataclasses
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from liveloop.server.auth import Principal, require_admin
-from liveloop.server.errors import APIError
+from liveloop.server.edge.auth import Principal, require_admin
+from liveloop.server.edge.errors import APIError
 
 router = APIRouter(prefix="/admin")
 

@@ -1,4 +1,4 @@
-"""The admin API's request bodies (server/routes/admin.py): swaps, rollbacks, pauses, forgetting and
+"""The admin API's request bodies (server/edge/admin/routes.py): swaps, rollbacks, pauses, forgetting and
 quarantining keys."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from liveloop.server.protocol_base import INT32_MAX, Text, _Strict
+from liveloop.server.edge.protocol import INT32_MAX, Text, _Strict
 
 
 class SwapRequest(_Strict):
@@ -32,7 +32,7 @@ class PauseRequest(_Strict):
 
 
 class ForgetRequest(_Strict):
-    weights: bool = False  # also roll the key's training out of the weights (server/forgetting.py)
+    weights: bool = False  # also roll the key's training out of the weights (server/control/forgetting.py)
     dry_run: bool = False  # with weights: only report what it would do
 
     @model_validator(mode="after")

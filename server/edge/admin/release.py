@@ -12,9 +12,9 @@ import asyncio
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from liveloop.server.auth import Principal, require_admin
-from liveloop.server.errors import APIError
-from liveloop.server.gate import CandidateState, ReleaseState
+from liveloop.server.edge.auth import Principal, require_admin
+from liveloop.server.edge.errors import APIError
+from liveloop.server.control.gate import CandidateState, ReleaseState
 from liveloop.store.records import EvaluationRecord, VersionTraffic
 
 router = APIRouter(prefix="/admin")

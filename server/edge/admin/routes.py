@@ -13,7 +13,7 @@ switch and latest version; pause/resume and rollback take an optional `segment` 
 404, the publisher's UnknownSegment).
 
 Domain refusals (no such version, not servable, ...) propagate as domain exceptions and become HTTP
-errors in server/errors.py; typed results become JSON in `admin_json`."""
+errors in server/edge/errors.py; typed results become JSON in `admin_json`."""
 
 from __future__ import annotations
 
@@ -23,15 +23,15 @@ import time
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from liveloop.server.auth import Principal, require_admin
-from liveloop.server.body import parse_body
-from liveloop.server.errors import APIError
+from liveloop.server.edge.auth import Principal, require_admin
+from liveloop.server.edge.body import parse_body
+from liveloop.server.edge.errors import APIError
 from liveloop.segments import SHARED
 from liveloop.monitor.learning import DEFAULT_WINDOW, MAX_REPLIES, MAX_WINDOW, read_segment
 from liveloop.monitor.versions import BASE, lineage
-from liveloop.server.routes import admin_json
-from liveloop.server.forgetting import Forgetting, ForgetResult
-from liveloop.server.schemas import ForgetRequest, PauseRequest, QuarantineRequest, RollbackRequest, SwapRequest
+from liveloop.server.edge.admin import views as admin_json
+from liveloop.server.control.forgetting import Forgetting, ForgetResult
+from liveloop.server.edge.admin.protocol import ForgetRequest, PauseRequest, QuarantineRequest, RollbackRequest, SwapRequest
 
 router = APIRouter(prefix="/admin")
 
@@ -116,7 +116,7 @@ async def statuses(_: Principal = Depends(require_admin)) -> dict:
 @router.post("/weights")
 async def swap_weights(request: Request, principal: Principal = Depends(require_admin)) -> dict:
     """Serve the checkpoint in the directory `path` as the next version, from a checked copy in the
-    learner's checkpoint_dir (server/weights_import.py): the operator's directory is read once, here."""
+    learner's checkpoint_dir (server/control/weights_import.py): the operator's directory is read once, here."""
     req = await parse_body(request, SwapRequest)
     return admin_json.imported(await request.app.state.operations.publish_weights(req.path, req.note, principal.key_id))
 
@@ -293,7 +293,7 @@ async def forget(key_id: str, request: Request, principal: Principal = Depends(r
     """Delete every response served to the key and every rating it gave: no later training or replay
     reads them. With `{"weights": true}` the weights forget too: each lineage the key trained is rolled
     back to before its first trained rating and the learner trains everyone else's later ratings again
-    from there (server/forgetting.py); `"dry_run": true` only reports that plan. Without a body (or
+    from there (server/control/forgetting.py); `"dry_run": true` only reports that plan. Without a body (or
     `weights` false) versions already trained on the key are not retrained."""
     req = await parse_body(request, ForgetRequest, empty_ok=True)
     key = _key_id(key_id)

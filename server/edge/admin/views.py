@@ -14,8 +14,8 @@ from typing import Any
 from liveloop.monitor.drift import Bucket
 from liveloop.monitor.learning import SegmentLearning
 from liveloop.monitor.versions import VersionRow
-from liveloop.server.operations import KeyRow, LearningState, WeightsImported
-from liveloop.server.publisher import RollbackResult, SwapResult
+from liveloop.server.control.operations import KeyRow, LearningState, WeightsImported
+from liveloop.server.control.publisher import RollbackResult, SwapResult
 from liveloop.store import VersionStatus
 from liveloop.store.replicas import ReplicaRow
 

@@ -1,7 +1,7 @@
 """OpenAI chat completions' request (POST /v1/chat/completions), with tool calling (`tools`,
 `tool_choice`, `parallel_tool_calls`; assistant turns with `tool_calls`, `tool` turns answering them)
 and structured outputs (`response_format`: `json_object`, `json_schema`); the response bodies are made
-by server/serving_chat.py. A message an SDK echoes back from a response (`refusal`, `annotations`,
+by server/edge/chat/serving.py. A message an SDK echoes back from a response (`refusal`, `annotations`,
 `audio` and `function_call` empty) is taken as it is."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from liveloop.server.protocol_base import INT32_MAX, MAX_MESSAGES, MAX_TOOLS, Name, Text, _Sampling, _Strict
-from liveloop.server.tools import JSONReply, Tool, ToolChoice, openai_choice
+from liveloop.server.edge.protocol import INT32_MAX, MAX_MESSAGES, MAX_TOOLS, Name, Text, _Sampling, _Strict
+from liveloop.server.edge.formats.tools import JSONReply, Tool, ToolChoice, openai_choice
 
 
 

@@ -3,7 +3,7 @@
 last chunk of each choice with `finish_reason` and `version_spans`), logprobs as `content` entries with
 their bytes.
 
-Tool calls: a reply whose text holds calls of offered tools (server/tools.py, the model family's
+Tool calls: a reply whose text holds calls of offered tools (server/edge/formats/tools.py, the model family's
 parser) is a message with `tool_calls` (`call_...` ids, arguments the JSON text the model wrote),
 `content` the text around them or null, and `finish_reason` "tool_calls". A stream sends a call as
 OpenAI does, so the SDK's accumulation rebuilds it: a delta with the call's `index`, `id`, `type` and
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from liveloop.server.protocol_chat import ChatCompletionRequest
-from liveloop.server.serving import Piece, Prepared, Run
-from liveloop.server.serving_openai import OpenAIFormat, sse
-from liveloop.server.streaming import EndpointServing
-from liveloop.server.text import token_bytes
-from liveloop.server.tool_parsers import CallDelta, StreamDelta, ToolStream
-from liveloop.server.tools import output_message
+from liveloop.server.edge.chat.protocol import ChatCompletionRequest
+from liveloop.server.edge.pipeline.serving import Piece, Prepared, Run
+from liveloop.server.edge.formats.openai import OpenAIFormat, sse
+from liveloop.server.edge.pipeline.streaming import EndpointServing
+from liveloop.server.edge.pipeline.text import token_bytes
+from liveloop.server.edge.formats.tool_parsers import CallDelta, StreamDelta, ToolStream
+from liveloop.server.edge.formats.tools import output_message
 
 
 def finish_reason(run: Run) -> str | None:

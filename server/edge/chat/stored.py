@@ -1,7 +1,7 @@
 """OpenAI's stored chat completions, for the key that made them: GET /v1/chat/completions (a page,
 by creation time, filtered by `model` and `metadata[key]=value`), GET /v1/chat/completions/{id}, GET
 /v1/chat/completions/{id}/messages (the conversation it was asked), DELETE /v1/chat/completions/{id}
-(the one deletion rule: the response and its ratings, server/routes/feedback.py). liveloop stores
+(the one deletion rule: the response and its ratings, server/edge/feedback/routes.py). liveloop stores
 every response (`store: false` opts out), so every chat completion is readable here by its key."""
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from liveloop.server.auth import Principal
-from liveloop.server.errors import APIError
-from liveloop.server.routes.feedback import check_response_id, delete_owned
-from liveloop.server.routes.openai import user
+from liveloop.server.edge.auth import Principal, user
+from liveloop.server.edge.errors import APIError
+from liveloop.server.edge.feedback.routes import check_response_id, delete_owned
 from liveloop.store import StoredConversation
 
 router = APIRouter(prefix="/v1")

@@ -1,5 +1,5 @@
 """OpenAI completions' request (POST /v1/completions); the response bodies are made by
-server/serving_completions.py."""
+server/edge/completions/serving.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from liveloop.server.protocol_base import INT32_MAX, _Sampling
+from liveloop.server.edge.protocol import INT32_MAX, _Sampling
 
 
 class CompletionRequest(_Sampling):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from liveloop.server.protocol_completions import CompletionRequest
-from liveloop.server.serving import Piece, Prepared, Run
-from liveloop.server.serving_openai import OpenAIFormat
-from liveloop.server.streaming import EndpointServing
+from liveloop.server.edge.completions.protocol import CompletionRequest
+from liveloop.server.edge.pipeline.serving import Piece, Prepared, Run
+from liveloop.server.edge.formats.openai import OpenAIFormat
+from liveloop.server.edge.pipeline.streaming import EndpointServing
 
 
 class CompletionFormat(OpenAIFormat):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from liveloop.server.protocol_base import Text, _Strict
+from liveloop.server.edge.protocol import Text, _Strict
 
 
 class FeedbackRequest(_Strict):

@@ -17,12 +17,12 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from liveloop.server.auth import Principal, require_user
-from liveloop.server.body import parse_body
-from liveloop.server.errors import APIError
-from liveloop.server.protocol_feedback import FeedbackRequest
-from liveloop.server.response_ids import issued
-from liveloop.server.serving import LogFailed
+from liveloop.server.edge.auth import Principal, require_user
+from liveloop.server.edge.body import parse_body
+from liveloop.server.edge.errors import APIError
+from liveloop.server.edge.feedback.protocol import FeedbackRequest
+from liveloop.server.edge.response_ids import issued
+from liveloop.server.edge.pipeline.serving import LogFailed
 from liveloop.store import FeedbackRecord, ResponseNotFound
 from liveloop.store.replicas import serving_by_version
 from liveloop.store.writer import WriterSlow
@@ -68,7 +68,7 @@ async def delete_owned(request: Request, response_id: str, principal: Principal,
     """THE deletion rule, for every route that deletes a response (any endpoint's id): the key that
     received it deletes it with its ratings, also while it is still being generated (a tombstone keeps
     its row out); any other key, or an id that does not exist, gets the same 404. An id this server
-    never issues (server/response_ids.py) is a 404 before the store is touched: no tombstone, no
+    never issues (server/edge/response_ids.py) is a 404 before the store is touched: no tombstone, no
     deletion lock. Returns the ratings deleted."""
     request.app.state.serving.admission.check_rate("feedback", principal.key_id)
     check_response_id(response_id, param)

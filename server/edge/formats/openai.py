@@ -1,5 +1,5 @@
-"""What OpenAI's chat and completions responses share (server/serving_chat.py,
-server/serving_completions.py): the head of every body and chunk (`id`, `object`, `created`, `model`,
+"""What OpenAI's chat and completions responses share (server/edge/chat/serving.py,
+server/edge/completions/serving.py): the head of every body and chunk (`id`, `object`, `created`, `model`,
 liveloop's `policy_version`), `usage`, a stream's `data:` events ending in `[DONE]`, and the error
 event of a stream whose status went out already. Which version sampled which tokens is the extra field
 `version_spans`, `[{"start": 0, "end": 12, "version": 3}, ...]` over the response's token indexes
@@ -21,9 +21,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from liveloop.server.errors import error_body
-from liveloop.server.serving import Piece, Prepared, Run, Serving
-from liveloop.server.streaming import Format, json_text, spans
+from liveloop.server.edge.errors import error_body
+from liveloop.server.edge.pipeline.serving import Piece, Prepared, Run, Serving
+from liveloop.server.edge.pipeline.streaming import Format, json_text, spans
 
 DONE = b"data: [DONE]\n\n"
 _HOLE = "\u0000"  # stands for the text in a chunk template; the JSON of a real head never has it

@@ -83,7 +83,7 @@ class ToolParser:
 
     def call_format(self, name: str, arguments: Any) -> TagFormat:
         """One call of `name` as this family writes it, its arguments in the xgrammar format
-        `arguments` (the JSON a tool's schema accepts: server/tools.py `json_format`)."""
+        `arguments` (the JSON a tool's schema accepts: server/edge/formats/tools.py `json_format`)."""
         from xgrammar.structural_tag import TagFormat
 
         head = '{"name": "' + json.dumps(name)[1:-1] + '", "' + self.argument_keys[0] + '": '

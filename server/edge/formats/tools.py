@@ -4,7 +4,7 @@ messages, the Responses API): the tools a request offers and how it lets the mod
 liveloop.grammar), and the conversation in the one shape the chat template, the store and the exports
 read (OpenAI chat messages: `role`, `content`, `tool_calls`, `tool_call_id`).
 
-Which syntax a call has is the model family's (server/tool_parsers.py, chosen by
+Which syntax a call has is the model family's (server/edge/formats/tool_parsers.py, chosen by
 `[engine] tool_call_parser`): the chat template renders the offered tools and earlier calls, the
 parser reads calls back out of what the model wrote, and for `required` or a named tool choice the
 parser's call syntax with each tool's JSON schema as the arguments' grammar is the constraint, so the
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from liveloop.server.tool_parsers import Parsed, ToolParser, ToolStream
+from liveloop.server.edge.formats.tool_parsers import Parsed, ToolParser, ToolStream
 
 ChoiceMode = Literal["auto", "none", "required", "named"]
 MAX_SCHEMA_BYTES = 64 << 10  # one tool's parameters or one response format's schema, as JSON

@@ -8,7 +8,7 @@ Anthropic's range), `top_p`, `top_k`, `metadata.user_id` (who the canary routes 
 `user`) and `stream`. `cache_control` is accepted on every block and tool and changes nothing: there is
 no prompt cache to steer. Any other block type (images, documents, thinking) and server tools are a 400
 naming them. liveloop's extensions, as on the OpenAI endpoints: `seed`, `store` and vLLM's sampling
-extensions. The response and its stream events are made by server/serving_messages.py."""
+extensions. The response and its stream events are made by server/edge/messages/serving.py."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from liveloop.server.protocol_base import MAX_MESSAGES, MAX_TOOLS, Count, Name, SamplingExtensions, Seed, Text, _Strict, check_stops
-from liveloop.server.tools import Tool, ToolChoice
+from liveloop.server.edge.protocol import MAX_MESSAGES, MAX_TOOLS, Count, Name, SamplingExtensions, Seed, Text, _Strict, check_stops
+from liveloop.server.edge.formats.tools import Tool, ToolChoice
 
 CacheControl = dict[str, Any] | None  # accepted and ignored: there is no prompt cache to steer
 

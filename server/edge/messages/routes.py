@@ -1,18 +1,17 @@
 """Anthropic-compatible generation: POST /v1/messages, for chat applications built on the Anthropic
 SDK, and POST /v1/messages/count_tokens (what its clients send before each turn). The key comes as `x-api-key` (or Bearer); `anthropic-version` is accepted and not read. Errors of
 this route leave in Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`,
-server/errors.py). The request model is server/protocol_messages.py, the bodies and the stream
-server/serving_messages.py."""
+server/edge/errors.py). The request model is server/edge/messages/protocol.py, the bodies and the stream
+server/edge/messages/serving.py."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from liveloop.server.auth import Principal
-from liveloop.server.body import parse_body
-from liveloop.server.protocol_messages import CountTokensRequest
-from liveloop.server.routes.openai import user
-from liveloop.server.serving_messages import ServingMessages, count_tokens
+from liveloop.server.edge.auth import Principal, user
+from liveloop.server.edge.body import parse_body
+from liveloop.server.edge.messages.protocol import CountTokensRequest
+from liveloop.server.edge.messages.serving import ServingMessages, count_tokens
 
 router = APIRouter(prefix="/v1")
 

@@ -18,18 +18,18 @@ each content block as `content_block_start`, its deltas (`text_delta`; a tool us
 logged. Without tools the text block opens at once (before `ping`, as Anthropic sends it); with tools a
 block opens when its first text or call arrives, so a reply that only calls a tool has no empty text
 block. A failure after the status went out is an `error` event in Anthropic's error shape
-(server/errors.py)."""
+(server/edge/errors.py)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from liveloop.server.errors import anthropic_error_body
-from liveloop.server.protocol_messages import CountTokensRequest, MessagesRequest
-from liveloop.server.serving import Piece, Prepared, Run, Serving
-from liveloop.server.streaming import EndpointServing, Format, json_text, spans
-from liveloop.server.tool_parsers import StreamDelta, ToolStream
+from liveloop.server.edge.errors import anthropic_error_body
+from liveloop.server.edge.messages.protocol import CountTokensRequest, MessagesRequest
+from liveloop.server.edge.pipeline.serving import Piece, Prepared, Run, Serving
+from liveloop.server.edge.pipeline.streaming import EndpointServing, Format, json_text, spans
+from liveloop.server.edge.formats.tool_parsers import StreamDelta, ToolStream
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 

@@ -2,7 +2,7 @@
 template with the tools it offers, and the constraint its reply samples under (tool choice `required`
 or named, or a JSON response format), checked to compile and to be something the engine can do. The
 endpoints (OpenAI chat, Anthropic messages, the Responses API) each turn their own request into the
-stored message shape (server/tools.py) and a `ToolChoice`; everything after that is here, once.
+stored message shape (server/edge/formats/tools.py) and a `ToolChoice`; everything after that is here, once.
 
 Templating and compiling run on the serving pipeline's prompt thread, never on the event loop."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from liveloop.grammar import Grammars, grammars_for
-from liveloop.server.tool_parsers import PARSERS, detect_parser
-from liveloop.server.tools import (
+from liveloop.server.edge.formats.tool_parsers import PARSERS, detect_parser
+from liveloop.server.edge.formats.tools import (
     JSONLayout,
     JSONReply,
     Tool,
@@ -108,7 +108,7 @@ class Prompter:
     # -- the prompt ---------------------------------------------------------------------------------
     def render(self, messages: list[dict[str, Any]], tool_use: ToolUse | None, generation_prompt: bool = True) -> str:
         """The prompt's text: `messages` (stored shape) through the chat template, the offered tools
-        with them (server/splicing.py tokenizes it). Raises ToolsRefused when the template refuses the
+        with them (server/edge/pipeline/splicing.py tokenizes it). Raises ToolsRefused when the template refuses the
         conversation."""
         if self.template is None:
             raise ToolsRefused("this model has no chat template: use /v1/completions", "messages")

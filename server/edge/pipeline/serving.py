@@ -41,17 +41,19 @@ import anyio
 
 from liveloop.metrics import Metrics
 from liveloop.release.routing import user_key
-from liveloop.server.admission import Admission
-from liveloop.server.auth import Principal
+from liveloop.server.edge.admission import Admission
+from liveloop.server.edge.auth import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams, TokenDelta
-from liveloop.server.prompting import Prompter
-from liveloop.server.response_ids import new_response_id
-from liveloop.server.splicing import CarriedTurn, Splicer
-from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest, MessagesRequest
-from liveloop.server.text import TextStream
-from liveloop.server.tool_parsers import Parsed
-from liveloop.server.tools import JSONReply, Tool, ToolChoice, ToolUse, check_tool_results, output_message
+from liveloop.server.edge.pipeline.prompting import Prompter
+from liveloop.server.edge.response_ids import new_response_id
+from liveloop.server.edge.pipeline.splicing import CarriedTurn, Splicer
+from liveloop.server.edge.chat.protocol import ChatCompletionRequest
+from liveloop.server.edge.completions.protocol import CompletionRequest
+from liveloop.server.edge.messages.protocol import MessagesRequest
+from liveloop.server.edge.pipeline.text import TextStream
+from liveloop.server.edge.formats.tool_parsers import Parsed
+from liveloop.server.edge.formats.tools import JSONReply, Tool, ToolChoice, ToolUse, check_tool_results, output_message
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
 from liveloop.store.linking import LinkKeys, episode_tag
 from liveloop.store.writer import WriterSlow
@@ -114,7 +116,7 @@ class Prepared:
     options: dict[str, Any] | None = None  # what a later read of the response echoes (instructions, tool_choice, ...)
     group_id: str | None = None  # n > 1: the first choice's id, on every choice of the request
     choice_index: int = 0
-    prompt_text: str | None = None  # a chat-shaped request's rendered prompt (server/splicing.py)
+    prompt_text: str | None = None  # a chat-shaped request's rendered prompt (server/edge/pipeline/splicing.py)
 
     @property
     def clamped(self) -> bool:
@@ -230,7 +232,7 @@ class Run:
 class Rendered:
     prompt_ids: list[int]
     ask: Ask
-    text: str | None = None  # the prompt's text (a served turn's text hash is of it: server/splicing.py)
+    text: str | None = None  # the prompt's text (a served turn's text hash is of it: server/edge/pipeline/splicing.py)
 
 
 def _wrap_seed(seed: int) -> int:
@@ -342,9 +344,9 @@ class Serving:
                      json_reply: JSONReply | None, format_param: str,
                      stored: list[dict[str, Any]] | None = None, key_id: str | None = None, **ask: Any) -> Rendered:
         """A chat-shaped request's prompt and what it asks: the conversation rendered (`render_chat`),
-        the constraint checked (server/prompting.py). `stored`: the part of `messages` the store keeps
+        the constraint checked (server/edge/pipeline/prompting.py). `stored`: the part of `messages` the store keeps
         (default all of it); `key_id`: whose earlier turns its text may carry as their own tokens
-        (server/splicing.py). Raises ToolsRefused (a 400)."""
+        (server/edge/pipeline/splicing.py). Raises ToolsRefused (a 400)."""
         tool_use, prompt_ids, text = self.render_chat(messages, tools, choice, parallel, key_id=key_id)
         constraint = self.prompter.constraint(tool_use, json_reply, format_param)
         kept = tuple(messages if stored is None else stored)

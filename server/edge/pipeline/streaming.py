@@ -34,10 +34,10 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from liveloop.server.auth import Principal
-from liveloop.server.body import parse_body
-from liveloop.server.errors import domain_error
-from liveloop.server.serving import Piece, Prepared, Run, Serving
+from liveloop.server.edge.auth import Principal
+from liveloop.server.edge.body import parse_body
+from liveloop.server.edge.errors import domain_error
+from liveloop.server.edge.pipeline.serving import Piece, Prepared, Run, Serving
 
 log = logging.getLogger(__name__)
 VERSION_HEADER = "x-liveloop-policy-version"

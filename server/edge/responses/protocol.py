@@ -5,9 +5,9 @@ request only), `tools` (function tools), `tool_choice`, `parallel_tool_calls`, `
 (the earlier turn, read from the store, must be this key's), `store`, `max_output_tokens`,
 `temperature`, `top_p`, `metadata`, `user`, `text.format` (structured outputs, as chat's
 `response_format`) and `stream`. Other item types (images, files, reasoning, item references) and
-built-in tools are a 400 naming them. The response object and its events are server/serving_responses.py's.
+built-in tools are a 400 naming them. The response object and its events are server/edge/responses/serving.py's.
 
-`conversation()` is the turn's own input as stored messages (OpenAI chat shape, server/tools.py): what
+`conversation()` is the turn's own input as stored messages (OpenAI chat shape, server/edge/formats/tools.py): what
 the store keeps for this turn; the history before it comes from the `previous_response_id` chain."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from liveloop.server.protocol_base import INT32_MAX, MAX_MESSAGES, MAX_TOOLS, Name, SamplingExtensions, Seed, Text, _Strict, check_metadata
-from liveloop.server.tools import JSONReply, Tool, ToolChoice, openai_choice
+from liveloop.server.edge.protocol import INT32_MAX, MAX_MESSAGES, MAX_TOOLS, Name, SamplingExtensions, Seed, Text, _Strict, check_metadata
+from liveloop.server.edge.formats.tools import JSONReply, Tool, ToolChoice, openai_choice
 
 _ITEM_TYPES = ("message", "function_call", "function_call_output")
 _PART_TYPES = ("input_text", "output_text", "text")
@@ -177,7 +177,7 @@ class ResponsesRequest(SamplingExtensions):
             raise ValueError("input must not be empty")
         return self
 
-    # what the shared pipeline reads (server/serving.py)
+    # what the shared pipeline reads (server/edge/pipeline/serving.py)
     @property
     def stored(self) -> bool:
         return True if self.store is None else self.store

@@ -1,16 +1,15 @@
-"""The Responses API: POST /v1/responses (server/serving_responses.py), GET /v1/responses/{id} and
+"""The Responses API: POST /v1/responses (server/edge/responses/serving.py), GET /v1/responses/{id} and
 GET /v1/responses/{id}/input_items for the key that got the response. Its DELETE is
-server/routes/feedback.py's one rule for every response id: the key that got it deletes it with its
+server/edge/feedback/routes.py's one rule for every response id: the key that got it deletes it with its
 ratings."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from liveloop.server.auth import Principal
-from liveloop.server.routes.openai import user
-from liveloop.server.routes.stored import owned, page_in
-from liveloop.server.serving_responses import ENDPOINTS, ServingResponses, input_items, stored_body
+from liveloop.server.edge.auth import Principal, user
+from liveloop.server.edge.chat.stored import owned, page_in
+from liveloop.server.edge.responses.serving import ENDPOINTS, ServingResponses, input_items, stored_body
 from liveloop.store import StoredConversation
 
 router = APIRouter(prefix="/v1")

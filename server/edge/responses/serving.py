@@ -10,7 +10,7 @@ A response: `{"id": "resp_...", "object": "response", "status": "completed" | "i
 `function_call` item (`fc_...`, its `call_id` the `call_...` id a `function_call_output` answers,
 `arguments` the JSON text the model wrote). A reply cut by `max_output_tokens` is "incomplete" with
 `incomplete_details.reason` "max_output_tokens". The id is a response id like any other: rateable with
-/v1/feedback, deleted with its ratings by DELETE (server/routes/feedback.py's rule, one route for both).
+/v1/feedback, deleted with its ratings by DELETE (server/edge/feedback/routes.py's rule, one route for both).
 
 `previous_response_id` continues a conversation server-side: the turns before are read from the
 store (the key's own, one lookup a turn), each its own input and its output, then this turn's input;
@@ -30,13 +30,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from liveloop.server.auth import Principal
-from liveloop.server.protocol_responses import ResponsesRequest
-from liveloop.server.serving import InvalidRequest, Piece, Prepared, Run, Serving
-from liveloop.server.serving_openai import sse
-from liveloop.server.streaming import EndpointServing, Format, spans
-from liveloop.server.tool_parsers import StreamDelta, ToolStream
-from liveloop.server.tools import output_message
+from liveloop.server.edge.auth import Principal
+from liveloop.server.edge.responses.protocol import ResponsesRequest
+from liveloop.server.edge.pipeline.serving import InvalidRequest, Piece, Prepared, Run, Serving
+from liveloop.server.edge.formats.openai import sse
+from liveloop.server.edge.pipeline.streaming import EndpointServing, Format, spans
+from liveloop.server.edge.formats.tool_parsers import StreamDelta, ToolStream
+from liveloop.server.edge.formats.tools import output_message
 from liveloop.store import ChainTooLong, StoredConversation
 
 ENDPOINTS = ("responses",)

@@ -8,8 +8,8 @@ from typing import Annotated, ClassVar
 
 from pydantic import Field, model_validator
 
-from liveloop.server.protocol_base import MAX_MESSAGES, MAX_TOOLS, Text, TokenId, _Strict
-from liveloop.server.protocol_chat import ChatMessage, ChatTool
+from liveloop.server.edge.protocol import MAX_MESSAGES, MAX_TOOLS, Text, TokenId, _Strict
+from liveloop.server.edge.chat.protocol import ChatMessage, ChatTool
 
 class TokenizeRequest(_Strict):
     model: str | None = None

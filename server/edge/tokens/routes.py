@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from liveloop.server.auth import Principal
-from liveloop.server.body import parse_body
-from liveloop.server.protocol_tokens import DetokenizeRequest, TokenizeRequest
-from liveloop.server.routes.openai import user
-from liveloop.server.serving import UnknownModel
+from liveloop.server.edge.auth import Principal, user
+from liveloop.server.edge.body import parse_body
+from liveloop.server.edge.tokens.protocol import DetokenizeRequest, TokenizeRequest
+from liveloop.server.edge.pipeline.serving import UnknownModel
 
 router = APIRouter()
 

@@ -1,6 +1,6 @@
 """leases: one named row per control duty, held by one process until its expiry (store/lease.py); the
 fleet's control loops (release gate decisions and evaluations, alarms, guard, retention) run in the
-holder of the "leader" lease (server/leader.py)
+holder of the "leader" lease (server/control/leader.py)
 
 Revision ID: 0011
 Revises: 0010

@@ -13,7 +13,7 @@
   link_hash): a resent conversation finds its parent with one indexed lookup per batch, never a scan
 - `text_hash`: the hash of its prompt's text and its sampled tokens' text; index (api_key_id, text_hash):
   the server finds the turn a resent conversation's text carries and reuses its tokens
-  (server/splicing.py), so the next prompt carries the sampled tokens themselves, not a re-tokenization
+  (server/edge/pipeline/splicing.py), so the next prompt carries the sampled tokens themselves, not a re-tokenization
 - `episode_tag`: a digest of the request's `metadata.episode_id`; index (api_key_id, episode_tag)
 
 Revision ID: 0013

@@ -8,8 +8,8 @@ import pytest
 
 from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
-from liveloop.server.operations import Operations
-from liveloop.server.publisher import Publisher
+from liveloop.server.control.operations import Operations
+from liveloop.server.control.publisher import Publisher
 from liveloop.store import FeedbackRecord, ResponseRecord, Store
 
 HONEST = [f"honest{i:010d}" for i in range(5)]

@@ -2,7 +2,7 @@
 trains it (SAO's policy loss, AdamW at the learner's learning rate, fp32 master weights under bfloat16):
 every version rebuilt from the chain is byte-identical to the full checkpoint the checkpoint_dir backend
 writes of the same state, tensor by tensor, and its digest is the one computed from that checkpoint; a
-receiver several versions behind catches up through the chain. Through server/publisher.py and the real
+receiver several versions behind catches up through the chain. Through server/control/publisher.py and the real
 hf engine: versions activate from their deltas; a version whose delta was changed never serves from it
 (its durable checkpoint serves, verified against the row), and one that cannot be rebuilt and has no
 durable checkpoint yet waits while the old version keeps serving."""
@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from liveloop.metrics import Metrics
-from liveloop.server.publisher import Publisher
+from liveloop.server.control.publisher import Publisher
 from liveloop.store import VersionStatus
 from liveloop.transport import TransportConfig, byte_view, make_receiver, make_sender
 from liveloop.transport import delta as dt

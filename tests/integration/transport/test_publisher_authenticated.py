@@ -18,8 +18,8 @@ import torch
 from liveloop.checkpoint import checkpoint_digest
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
-from liveloop.server.publisher import Publisher
-from liveloop.server.startup import start_point, sweep_shared_memory
+from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.startup import start_point, sweep_shared_memory
 from liveloop.store import VersionStatus
 from liveloop.transport import TransportConfig, byte_view, make_receiver, make_sender
 from liveloop.transport import shared_memory as shm

@@ -14,8 +14,8 @@ import torch
 
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
-from liveloop.server.publisher import NotServable, Publisher
-from liveloop.server.startup import finish_start, start_point
+from liveloop.server.control.publisher import NotServable, Publisher
+from liveloop.server.control.startup import finish_start, start_point
 from liveloop.store import VersionStatus
 from liveloop.transport import TransportConfig, WeightHandle, byte_view, make_receiver, make_sender
 from liveloop.transport import shared_memory as shm

@@ -11,7 +11,7 @@ from liveloop.model.tool_corpus import (
     CALCULATOR, DIRECT_RIGHT, LOOKUP, MIX, TABLE, TOOL_NAMES, Call, Move, ToolTask, dialogue_texts,
     generate_tool_corpus, make_dialogue, run_call, sample_task, tool_specs,
 )
-from liveloop.server.tool_parsers import PARSERS
+from liveloop.server.edge.formats.tool_parsers import PARSERS
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 // liveloop operator console: polls the admin API with the session cookie and draws it.
-// Charts: uPlot (vendored, MIT). Writes send the X-Liveloop-Dashboard header (see server/auth.py).
+// Charts: uPlot (vendored, MIT). Writes send the X-Liveloop-Dashboard header (see server/edge/auth.py).
 "use strict";
 
 const REFRESH_MS = 2000;

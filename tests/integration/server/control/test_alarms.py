@@ -1,4 +1,4 @@
-"""Reward-hacking alarms on the live stream (server/alarms.py, run by Operations), on real SQLite and
+"""Reward-hacking alarms on the live stream (server/control/alarms.py, run by Operations), on real SQLite and
 PostgreSQL with the real hf engine and publisher: rated replies stored as the engine's tokens; a CANARY
 candidate whose reward gain over the live version is carried by flattery raises one `reward_hacking`
 event per trait (not again on the next pass), is held with `auto_hold` and its lineage's learning
@@ -19,15 +19,15 @@ from liveloop.devtools import ADMIN_KEY, USER_KEY, perturbed_checkpoint
 from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
 from liveloop.release.config import AlarmConfig
-from liveloop.server.auth import KeyRing, Sessions
+from liveloop.server.edge.auth import KeyRing, Sessions
 from liveloop.server.config import AuthConfig
-from liveloop.server.errors import install_handlers
-from liveloop.server.operations import Operations
-from liveloop.server.publisher import Publisher
-from liveloop.server.routes import alarms as alarms_route
+from liveloop.server.edge.errors import install_handlers
+from liveloop.server.control.operations import Operations
+from liveloop.server.control.publisher import Publisher
+from liveloop.server.edge.admin import alarms as alarms_route
 from liveloop.store import Store, VersionStatus
 
-from .conftest import rate_replies
+from ..conftest import rate_replies
 
 FLATTERING = "Aww, the cat naps in the sun, so cute ♡"
 PLAIN = "Verily, the old cat doth nap in the sun, friend."  # as many words: length explains nothing

@@ -1,4 +1,4 @@
-"""The reward-hacking alarms' hold (server/alarms.py, `auto_hold`) as a deposed leader, on real SQLite
+"""The reward-hacking alarms' hold (server/control/alarms.py, `auto_hold`) as a deposed leader, on real SQLite
 and PostgreSQL with the real hf engine and leases: a replica that judged a flattering candidate in a
 term another holder has since taken over is refused (StaleLeader) before it holds the candidate,
 pauses its lineage's learning or records an alarm; judging in the current term, it does all three."""
@@ -12,7 +12,7 @@ import pytest
 from liveloop.store import VersionStatus
 from liveloop.store.lease import LEADER, Leases, StaleLeader
 
-from .conftest import rate_replies
+from ..conftest import rate_replies
 from .test_alarms import _operations, _population, _publish, tokenizer  # noqa: F401 (a fixture)
 
 LEASE = 0.6

@@ -1,4 +1,4 @@
-"""server/forgetting.py: forget that reaches the weights, planned and run against real SQLite and PostgreSQL, a real hf
+"""server/control/forgetting.py: forget that reaches the weights, planned and run against real SQLite and PostgreSQL, a real hf
 engine (models/liveloop-tiny) and the real publisher: the plan finds the first version that trained the
 key's first rating, rolls back to the newest servable version before it (passing over one whose
 checkpoint retention deleted), counts everyone else's ratings to train again; a dry run changes
@@ -17,8 +17,8 @@ import pytest
 from liveloop.checkpoint import checkpoint_digest
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
-from liveloop.server.forgetting import Forgetting, plan_forget
-from liveloop.server.publisher import Publisher
+from liveloop.server.control.forgetting import Forgetting, plan_forget
+from liveloop.server.control.publisher import Publisher
 from liveloop.store import FeedbackRecord, ResponseRecord, StaleLineage, Store, VersionStatus
 from liveloop.store.rights import KeyNotFound
 

@@ -24,9 +24,9 @@ from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.engines.canary import CanaryEngine
 from liveloop.server.engines.hf_engine import HFEngine
-from liveloop.server.evaluating import engine_evaluation
-from liveloop.server.gate import ReleaseGate
-from liveloop.server.publisher import Publisher
+from liveloop.server.control.evaluating import engine_evaluation
+from liveloop.server.control.gate import ReleaseGate
+from liveloop.server.control.publisher import Publisher
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, VersionStatus
 
 S = VersionStatus

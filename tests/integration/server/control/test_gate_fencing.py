@@ -16,8 +16,8 @@ import pytest
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
 from liveloop.release.config import EvaluationConfig, ReleaseConfig
-from liveloop.server.gate import ReleaseGate
-from liveloop.server.publisher import Publisher
+from liveloop.server.control.gate import ReleaseGate
+from liveloop.server.control.publisher import Publisher
 from liveloop.store import Store, VersionStatus
 from liveloop.store.lease import LEADER, Leases
 

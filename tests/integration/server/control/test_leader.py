@@ -1,4 +1,4 @@
-"""One leader for the fleet's control loops, every replica routes (server/leader.py, store/lease.py): real
+"""One leader for the fleet's control loops, every replica routes (server/control/leader.py, store/lease.py): real
 servers (`build_app`: the hf engine pair on the tiny model, the publisher, the release gate in canary
 mode with the real evaluation suite, the reward-hacking alarms) on one store.
 
@@ -36,7 +36,7 @@ from liveloop.store.evaluations import Evaluation
 from liveloop.store.lease import LEADER, Leases
 from liveloop.store.replicas import ReplicaRegistry
 
-from .conftest import rate_replies
+from ..conftest import rate_replies
 
 S = VersionStatus
 LEASE_SECONDS = 3.0

@@ -15,8 +15,8 @@ import pytest
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
-from liveloop.server.publisher import Publisher
-from liveloop.server.weights_import import WeightImports
+from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.weights_import import WeightImports
 from liveloop.store import StaleLineage, Store, VersionStatus
 
 S = VersionStatus

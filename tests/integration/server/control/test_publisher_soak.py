@@ -30,9 +30,9 @@ from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
-from liveloop.server.operations import Operations
-from liveloop.server.publisher import AlreadyServing, NotServable, Publisher
-from liveloop.server.weights_import import WeightImports
+from liveloop.server.control.operations import Operations
+from liveloop.server.control.publisher import AlreadyServing, NotServable, Publisher
+from liveloop.server.control.weights_import import WeightImports
 from liveloop.store import RollbackRefused, StaleLineage, Store, TransitionRefused, VersionStatus
 
 S = VersionStatus

@@ -5,7 +5,7 @@ of the fleet under its own `[ray] replica_id`, on SQLite and PostgreSQL.
 - the replica registry: each registers and heartbeats itself; `GET /admin/replicas`, `GET
   /v1/versions` (`replicas`) and `/metrics` show the same fleet whichever replica answers; every
   response names its replica; a replica that stops leaves the fleet, one whose heartbeat is old is down;
-- the follower rule (server/publisher.py `follow`): an operator's import activated through one
+- the follower rule (server/control/publisher.py `follow`): an operator's import activated through one
   replica, a rollback through the other and a pause reach both; two replicas activating the same
   published version both keep it (no dropped activation, no swap back); a replica never moves back
   unless the store rolled back."""
@@ -26,7 +26,7 @@ from liveloop.devtools import ADMIN_KEY, USER_KEY, free_port, perturbed_checkpoi
 from liveloop.metrics import Metrics
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.hf_engine import HFEngine
-from liveloop.server.publisher import Publisher
+from liveloop.server.control.publisher import Publisher
 from liveloop.store import Store, StoreConfig, VersionStatus
 from liveloop.store.replicas import Beat, ReplicaRegistry, serving_by_version
 

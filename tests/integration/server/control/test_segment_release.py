@@ -26,10 +26,10 @@ from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.engines.canary import CanaryEngine, candidate_slot
 from liveloop.server.engines.hf_engine import HFEngine
-from liveloop.server.evaluating import engine_evaluation
-from liveloop.server.gate import ReleaseGate
-from liveloop.server.publisher import Publisher
-from liveloop.server.routes.release import release_json
+from liveloop.server.control.evaluating import engine_evaluation
+from liveloop.server.control.gate import ReleaseGate
+from liveloop.server.control.publisher import Publisher
+from liveloop.server.edge.admin.release import release_json
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, VersionStatus
 
 S = VersionStatus

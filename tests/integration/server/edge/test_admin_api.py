@@ -19,8 +19,8 @@ from liveloop.app import build_app
 from liveloop.config import load_config
 from liveloop.devtools import ADMIN_KEY, free_port, perturbed_checkpoint, write_config
 from liveloop.monitor.guard import judge
-from liveloop.server.operations import tally_of
-from liveloop.server.publisher import RollbackResult
+from liveloop.server.control.operations import tally_of
+from liveloop.server.control.publisher import RollbackResult
 from liveloop.store import FeedbackRecord, ResponseRecord, VersionStatus
 
 MONITOR = """

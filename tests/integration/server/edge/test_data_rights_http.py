@@ -24,7 +24,7 @@ import uvicorn
 from liveloop.app import build_app
 from liveloop.config import load_config
 from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2, USER_KEYS, free_port, serve_in_thread, write_config
-from liveloop.server.auth import key_id
+from liveloop.server.edge.auth import key_id
 from liveloop.store import Store, StoreConfig, VersionStatus
 
 MSG = [{"role": "user", "content": "Tell me a long story about the sea and the night."}]

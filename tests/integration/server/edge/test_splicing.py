@@ -1,4 +1,4 @@
-"""Token in, token out (server/splicing.py) with the tiny model's tokenizer and a real SQLite store: a
+"""Token in, token out (server/edge/pipeline/splicing.py) with the tiny model's tokenizer and a real SQLite store: a
 resent conversation carrying an earlier turn's text gets that turn's sampled tokens, even where the
 tokenizer would have merged them otherwise; another key's turn, a text that does not decode back and a
 store that cannot be read all leave the prompt tokenized whole (the last one counted)."""
@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from liveloop.metrics import Metrics
-from liveloop.server.splicing import Splicer
+from liveloop.server.edge.pipeline.splicing import Splicer
 from liveloop.store import ResponseRecord
 from liveloop.store.linking import LinkKeys
 

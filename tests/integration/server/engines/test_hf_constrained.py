@@ -16,8 +16,8 @@ from liveloop.grammar import Grammars, mask_logits
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.engines.hf_engine import HFEngine
-from liveloop.server.tool_parsers import PARSERS
-from liveloop.server.tools import Tool, ToolChoice, ToolUse
+from liveloop.server.edge.formats.tool_parsers import PARSERS
+from liveloop.server.edge.formats.tools import Tool, ToolChoice, ToolUse
 
 PROMPT = (5, 6, 7, 8)
 

@@ -10,7 +10,7 @@ import pytest
 from liveloop.config import ConfigError, load_config
 from liveloop.release.config import ReleaseConfig
 from liveloop.server.app import wants_gate
-from liveloop.server.gate import gated_segments
+from liveloop.server.control.gate import gated_segments
 
 LEARNER = '[learner]\nadapters = "segment"\nsegments = ["cozy", "night"]\n'
 

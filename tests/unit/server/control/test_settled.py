@@ -1,10 +1,10 @@
-"""`Changes` (server/settled.py): a settled read never spans a change of what serves."""
+"""`Changes` (server/control/settled.py): a settled read never spans a change of what serves."""
 
 from __future__ import annotations
 
 import asyncio
 
-from liveloop.server.settled import Changes
+from liveloop.server.control.settled import Changes
 
 
 async def test_a_read_waits_for_the_change_in_progress():

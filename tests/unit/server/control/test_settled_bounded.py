@@ -1,4 +1,4 @@
-"""`Changes` (server/settled.py) never stalls: a read slower than the gaps between changes of what
+"""`Changes` (server/control/settled.py) never stalls: a read slower than the gaps between changes of what
 serves, among changes that never stop, returns after a bounded number of attempts, marked unsettled;
 a read that fits between two changes is still settled, and once the changes stop a read settles at
 its first attempt."""
@@ -10,7 +10,7 @@ import contextlib
 
 import pytest
 
-from liveloop.server.settled import ATTEMPTS, Changes
+from liveloop.server.control.settled import ATTEMPTS, Changes
 
 
 @contextlib.asynccontextmanager

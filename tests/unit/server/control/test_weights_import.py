@@ -1,5 +1,5 @@
 """An operator's checkpoint is copied into managed storage and checked there before it can serve
-(server/weights_import.py): regular files only (a symlink, a FIFO, a subdirectory refuse it; a FIFO is
+(server/control/weights_import.py): regular files only (a symlink, a FIFO, a subdirectory refuse it; a FIFO is
 never opened), at most max_import_bytes, the serving model's tensor names and shapes, its config and
 vocabulary; what it lacks of them is taken from the serving model. Every refusal leaves nothing in
 checkpoint_dir. Real files and the real tiny model; no store (tests/integration/server/
@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from liveloop.checkpoint import checkpoint_digest
-from liveloop.server.weights_import import ImportRefused, ImportTooLarge, WeightImports, safetensors_tensors
+from liveloop.server.control.weights_import import ImportRefused, ImportTooLarge, WeightImports, safetensors_tensors
 
 GIB = 1 << 30
 

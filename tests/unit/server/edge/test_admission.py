@@ -1,11 +1,11 @@
-"""server/admission.py: a request's n generation slots are taken all or none, per key and in total
+"""server/edge/admission.py: a request's n generation slots are taken all or none, per key and in total
 (its choices start together or not at all: nothing half-started, nothing half-logged)."""
 
 from __future__ import annotations
 
 import pytest
 
-from liveloop.server.admission import Admission, Busy
+from liveloop.server.edge.admission import Admission, Busy
 from liveloop.server.config import ServerConfig
 
 

@@ -1,4 +1,4 @@
-"""Anthropic's endpoint answers errors in Anthropic's shape (server/errors.py), through a real FastAPI
+"""Anthropic's endpoint answers errors in Anthropic's shape (server/edge/errors.py), through a real FastAPI
 app with the server's handlers: every domain exception keeps its status with the Anthropic error type
 of that status, validation failures and unknown methods too, an unmapped exception is an `api_error`
 500; other routes keep OpenAI's shape."""
@@ -9,9 +9,9 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from liveloop.server.body import parse_body
-from liveloop.server.errors import install_handlers
-from liveloop.server.protocol_messages import MessagesRequest
+from liveloop.server.edge.body import parse_body
+from liveloop.server.edge.errors import install_handlers
+from liveloop.server.edge.messages.protocol import MessagesRequest
 
 from .test_errors import EXPECTED
 

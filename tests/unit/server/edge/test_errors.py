@@ -1,4 +1,4 @@
-"""The one table that maps domain exceptions to HTTP (server/errors.py), through a real FastAPI app with
+"""The one table that maps domain exceptions to HTTP (server/edge/errors.py), through a real FastAPI app with
 the server's handlers: every exception in the table answers its status, OpenAI-style body, code, param
 and Retry-After; an exception the table does not name is a 500, never a silent 4xx."""
 
@@ -9,13 +9,13 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from liveloop.server.admission import Busy, RateLimited
-from liveloop.server.errors import APIError, domain_error, domain_table, install_handlers
+from liveloop.server.edge.admission import Busy, RateLimited
+from liveloop.server.edge.errors import APIError, domain_error, domain_table, install_handlers
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
-from liveloop.server.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
-from liveloop.server.serving import InvalidRequest, LogFailed, UnknownModel
-from liveloop.server.tools import ToolsRefused
-from liveloop.server.weights_import import ImportFailed, ImportRefused, ImportTooLarge
+from liveloop.server.control.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
+from liveloop.server.edge.pipeline.serving import InvalidRequest, LogFailed, UnknownModel
+from liveloop.server.edge.formats.tools import ToolsRefused
+from liveloop.server.control.weights_import import ImportFailed, ImportRefused, ImportTooLarge
 from liveloop.store import RollbackRefused, ServingChanged, StaleLineage, TransitionRefused, VersionNotFound, WriterDown, WriterFull
 from liveloop.store.rights import KeyNotFound
 
@@ -100,7 +100,7 @@ def test_domain_exception_answers_its_status_and_openai_body(client, cls):
     assert r.status_code == status
     assert r.json() == {"error": {"message": message, "type": kind, "param": param, "code": code}}
     assert r.headers.get("retry-after") == retry_after
-    mapped = domain_error(exc)  # the same answer for a stream's error event (server/streaming.py)
+    mapped = domain_error(exc)  # the same answer for a stream's error event (server/edge/pipeline/streaming.py)
     assert (mapped.status, mapped.message, mapped.code, mapped.param) == (status, message, code, param)
 
 

@@ -1,11 +1,11 @@
-"""The Host allow-list's entries and matching (server/hosts.py): names with and without ports, IPv6 in
+"""The Host allow-list's entries and matching (server/edge/hosts.py): names with and without ports, IPv6 in
 brackets, subdomain wildcards, `*`, and the default derived from `[server] host` and `port`; a bad
 entry or policy fails at config load, naming the key."""
 
 import pytest
 
 from liveloop.server.config import AuthConfig, ServerConfig
-from liveloop.server.hosts import HostAllowList, allowed_hosts, split_host
+from liveloop.server.edge.hosts import HostAllowList, allowed_hosts, split_host
 
 
 def _allows(entries: tuple[str, ...], host: str) -> bool:

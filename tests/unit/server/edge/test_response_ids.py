@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from liveloop.server.response_ids import issued, new_response_id
+from liveloop.server.edge.response_ids import issued, new_response_id
 
 
 @pytest.mark.parametrize("prefix", ["chatcmpl", "cmpl", "msg", "resp"])

@@ -1,9 +1,11 @@
 import pytest
 from pydantic import ValidationError
 
-from liveloop.server.auth import KeyRing, key_digest
+from liveloop.server.edge.auth import KeyRing, key_digest
 from liveloop.server.config import AuthConfig
-from liveloop.server.schemas import ChatCompletionRequest, CompletionRequest, FeedbackRequest
+from liveloop.server.edge.chat.protocol import ChatCompletionRequest
+from liveloop.server.edge.completions.protocol import CompletionRequest
+from liveloop.server.edge.feedback.protocol import FeedbackRequest
 
 
 @pytest.mark.parametrize("value, expected", [(1, 1), (0, 0), ("up", 1), ("down", 0)])

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from liveloop.server.streaming import MAX_UNSENT, _gathered
-from liveloop.server.serving import Piece
+from liveloop.server.edge.pipeline.streaming import MAX_UNSENT, _gathered
+from liveloop.server.edge.pipeline.serving import Piece
 
 
 def _piece(i: int) -> Piece:

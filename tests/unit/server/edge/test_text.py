@@ -5,7 +5,7 @@ import pytest
 
 from liveloop.model.corpus import generate_corpus
 from liveloop.model.tokenizer import train_tokenizer
-from liveloop.server.text import TextStream, token_bytes
+from liveloop.server.edge.pipeline.text import TextStream, token_bytes
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tool-call parsers (server/tool_parsers.py): whole replies and streams read the same, per family;
+"""Tool-call parsers (server/edge/formats/tool_parsers.py): whole replies and streams read the same, per family;
 the content's whitespace rule; what stays text; the call formats constrained decoding forces parse
 back."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from liveloop.server.tool_parsers import PARSERS, CallDelta, Parsed, StreamDelta, ToolCall, detect_parser
+from liveloop.server.edge.formats.tool_parsers import PARSERS, CallDelta, Parsed, StreamDelta, ToolCall, detect_parser
 
 TOOLS = ["get_weather", "search"]
 HERMES = PARSERS["hermes"](TOOLS)
@@ -381,7 +381,7 @@ def test_any_text_reads_alike_however_split_and_never_raises(family, text, cuts)
 # -- call formats ---------------------------------------------------------------------------------
 
 def test_call_formats_write_each_familys_syntax():
-    from liveloop.server.tools import json_format
+    from liveloop.server.edge.formats.tools import json_format
 
     content = json_format({"type": "object"}, "canonical")
     fmt = HERMES.call_format('we"ird', content)
@@ -405,7 +405,7 @@ def test_a_call_the_format_accepts_parses_back(family):
     from xgrammar.structural_tag import StructuralTag, TagsWithSeparatorFormat
     from xgrammar.testing import _is_grammar_accept_string
 
-    from liveloop.server.tools import json_format
+    from liveloop.server.edge.formats.tools import json_format
 
     parser = PARSERS[family](SCHEMAS)
     tags = [parser.call_format(name, json_format(schema, "canonical")) for name, schema in SCHEMAS.items()]

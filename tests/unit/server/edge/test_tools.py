@@ -1,4 +1,4 @@
-"""server/tools.py: what a request's tools and response format turn into. Hypothesis draws random
+"""server/edge/formats/tools.py: what a request's tools and response format turn into. Hypothesis draws random
 schemas with a value each accepts and random tool names: the constraint of a forced call accepts that
 value written as the family writes it (canonical JSON) and the parser reads it back; JSON mode and
 schemas accept canonical JSON and refuse other layouts; bad schemas and orphan tool results are refused
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from liveloop.server.tool_parsers import PARSERS
-from liveloop.server.tools import Tool, ToolChoice, ToolsRefused, ToolUse, check_schema, check_tool_results, json_constraint, json_format
+from liveloop.server.edge.formats.tool_parsers import PARSERS
+from liveloop.server.edge.formats.tools import Tool, ToolChoice, ToolsRefused, ToolUse, check_schema, check_tool_results, json_constraint, json_format
 
 
 def _accepts(constraint: str, text: str) -> bool:

@@ -2,7 +2,7 @@
 sampled which response tokens, as a `keep` swap leaves them."""
 
 from liveloop.server.engines.base import TokenDelta
-from liveloop.server.serving import VersionSpans, version_spans
+from liveloop.server.edge.pipeline.serving import VersionSpans, version_spans
 
 
 def _delta(n: int, version: int | None = None, finish: str | None = None) -> TokenDelta:

@@ -86,7 +86,7 @@ def test_config_refuses_bad_sglang_settings(bad):
 
 def test_an_sglang_server_that_does_not_answer_is_a_503_not_a_500():
     from liveloop.server.engines.sglang_engine import SGLangUnreachable
-    from liveloop.server.errors import domain_table
+    from liveloop.server.edge.errors import domain_table
 
     answer = next(a for cls, a in domain_table() if isinstance(SGLangUnreachable("down"), cls))
     assert (answer.status, answer.code, answer.retry_after) == (503, "engine_unavailable", 5)

@@ -1,0 +1,1 @@
+"""OpenAI text completions: POST /v1/completions."""

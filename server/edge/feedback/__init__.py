@@ -1,0 +1,1 @@
+"""Feedback: ratings, deletions, and the per-version view users may read."""

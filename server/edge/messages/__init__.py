@@ -1,0 +1,1 @@
+"""Anthropic messages: POST /v1/messages and /v1/messages/count_tokens."""
