@@ -37,10 +37,20 @@ def freeze_attention(model: nn.Module) -> list[str]:
     return frozen
 
 
+def has_dropout(model: nn.Module) -> bool:
+    """Whether a forward in training mode drops units: a dropout module, or a dropout probability in the
+    config (attention_dropout, hidden_dropout, ..., functional in the attention code), above 0."""
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    rates = vars(config).items() if config is not None else ()
+    return any(("dropout" in k or k.endswith("pdrop")) and isinstance(v, (int, float)) and v > 0 for k, v in rates)
+
+
 def token_values(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_lengths: list[int], width: int) -> Tensor:
     """Values of the response tokens, [B, width]: row b holds V at positions p_b - 1 ... p_b - 1 + width - 1
     where p_b is sample b's prompt length (right-padded batch)."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask).logits[..., 0]  # [B, L]
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[..., 0]  # [B, L]; no KV cache to fill
     rows = []
     for b, p in enumerate(prompt_lengths):
         seg = out[b, p - 1 : p - 1 + width]

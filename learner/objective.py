@@ -18,7 +18,7 @@ def policy_objective(
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """The method's policy loss at `module`'s weights plus `kl_coef` times the KL anchor to `ref` (the
     base's log-distributions; None: no anchor). Returns (loss, response log-dists, metrics)."""
-    logits = module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits = module(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits  # no KV cache to fill
     dists = response_log_dists(logits, batch)
     logprobs = token_logprobs(dists, batch)
     loss, metrics = method.policy_loss(logprobs, batch, advantages, staleness)

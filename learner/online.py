@@ -5,9 +5,10 @@
 
 `step()` reads like the algorithm (docs/design.md, "SAO, section by section"):
   1. take the next B rated responses past the cursor (no groups, no waiting for a prompt's siblings)
-  2. policy logprobs of the served tokens; critic values
+  2. critic values (the forward of the first critic step: one forward serves both, critic/trainer.py)
   3. advantages: GAE over action tokens only, lambda_policy = 1 - 1/(alpha L); value targets with lambda_value
-  4. K critic steps; 5. one policy step (two-sided ratio mask against the behavior logprobs, optional KL anchor)
+  4. K critic steps; 5. one policy step (two-sided ratio mask against the behavior logprobs, optional KL anchor),
+     then its step KL (a forward at the new weights; the trust region measures cut-backs only as it needs them)
   6. every N steps or T seconds, publish the next version (`self.publishing`, a `VersionPublisher`,
      learner/publishing.py): checkpoint saved, then the version row (its number allocated there) and
      the cursor in ONE transaction. A crash resumes from the last published version and re-reads
@@ -216,13 +217,14 @@ class OnlineLearner:
         return self.kl_coef > 0 and (self.reference is not None or self.adapters is not None)
 
     def _reference_log_dists(self, batch: TokenBatch) -> torch.Tensor:
-        """The base policy's log-distributions on the batch (the KL anchor), without gradients."""
-        with torch.no_grad():
+        """The base policy's log-distributions on the batch (the KL anchor), without gradients (an inference
+        tensor: only read, by the KL terms, never saved for a backward nor written)."""
+        with torch.inference_mode():
             if self.adapters is not None:
                 with self.adapters.base() as base:
-                    logits = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                    logits = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
             else:
-                logits = self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                logits = self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
             return response_log_dists(logits, batch)
 
     @property
@@ -283,18 +285,23 @@ class OnlineLearner:
         if c.episode_observations == "actions" and bool(torch.isnan(host.behavior_logprobs).any()):  # the ablation's observations
             host = self._scored_on_policy(host)
         batch = self.place.batch(host)
-        # 2. values of the states the tokens were chosen in
-        values = self.critic.values(batch).float() if self.critic is not None else None
+        # 2. values of the states the tokens were chosen in: the forward of the first critic step, its graph kept
+        # for step 4 (critic/trainer.py: the same weights on the same batch, so one forward serves both)
+        values, first = self.critic.values_for_update(batch) if self.critic is not None else (None, None)
+        host_values = values.float().cpu() if values is not None else None  # one transfer, used twice
         # 3. advantages (policy lambda adapts to length) and value targets (lambda_value): a scan over
         # each response's tokens, done on the host (one transfer, not one per token on an accelerator)
-        advantages, returns = self.method.advantages(host, values.cpu() if values is not None else None)
-        advantages = advantages.to(self.place.device)
+        host_advantages, returns = self.method.advantages(host, host_values)
+        advantages = host_advantages.to(self.place.device)
         returns = returns.to(self.place.device) if returns is not None else None
-        # 4. K critic steps
-        metrics = self.critic.update(batch, returns) if self.critic is not None else {}
+        # 4. K critic steps (the first on step 2's forward). They could run beside step 5 (the policy step reads
+        # only the values from before them), but in one process the GIL serialises two threads of this many
+        # small ops: measured slower, not faster (docs/results/learner_step.md)
+        metrics = self.critic.update(batch, returns, first) if self.critic is not None else {}
+        del first
         # 5. one policy step
         metrics |= self._policy_step(batch, advantages)
-        metrics |= self.method.stats() | self.ratings.stats() | self.window.add(host, values.cpu() if values is not None else None, advantages.cpu())
+        metrics |= self.method.stats() | self.ratings.stats() | self.window.add(host, host_values, host_advantages)
         if self.restart is not None:
             started_over = self.restart.add(host.rewards.tolist())
             metrics |= self.restart.stats()
@@ -375,23 +382,30 @@ class OnlineLearner:
     def _trust_region(self, batch: TokenBatch, before_dists: torch.Tensor, before: list[torch.Tensor], step_kl: float) -> TrustRegionVerdict:
         """Leave the weights at the part of the update the trust region lets stand (`rl.control.trust_region`:
         all, a cut-back, the smallest cut-back across a jump, or none), measuring cut-backs as it needs them."""
-        after = self.policy_opt.snapshot()
+        saved: list[list[torch.Tensor]] = []  # the full update's weights, taken once a cut-back needs them
 
         def at(scale: float) -> list[torch.Tensor]:
-            return [b + scale * (a - b) for a, b in zip(after, before)]
+            if not saved:
+                saved.append(self.policy_opt.snapshot())
+            return [b + scale * (a - b) for a, b in zip(saved[0], before)]
 
         def kl_at(scale: float) -> float:
             self.policy_opt.restore(at(scale))
             return self._step_kl(batch, before_dists)
 
         verdict = trust_region(kl_at, step_kl, self.config.max_step_kl)
-        self.policy_opt.restore(after if verdict.scale == 1.0 else before if verdict.scale == 0.0 else at(verdict.scale))
+        if verdict.scale == 0.0:
+            self.policy_opt.restore(before)
+        elif saved:  # a cut-back was measured: the weights are wherever it left them
+            self.policy_opt.restore(saved[0] if verdict.scale == 1.0 else at(verdict.scale))
+        # else the whole update stands and the weights are still it: nothing to put back
         return verdict
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _step_kl(self, batch: TokenBatch, before: torch.Tensor) -> float:
-        """KL(policy before || after this update) on the tokens it was trained on: how far one step moved it."""
-        logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        """KL(policy before || after this update) on the tokens it was trained on: how far one step moved it.
+        Its forward is the one a step cannot share: the weights are new and the next batch is not this one."""
+        logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
         return token_kl(before, response_log_dists(logits, batch), batch.action_mask)
 
     # -- publishing (what VersionPublisher needs: learner/publishing.py `Trainee`) ----------------------

@@ -90,11 +90,15 @@ def trust_region(kl_at, full_kl: float, max_kl: float) -> TrustRegionVerdict:
       stand only where it lowered the step's objective froze learning again: measured, every descent
       direction crossed the same cliff for the worse; the KL anchor pulls a bad jump back instead);
     - else the update is undone (an overshoot that no cut-back tamed).
+
+    Cut-backs are measured largest first and only until one is within (each measurement is a forward of
+    the policy): the verdict is the one measuring all of them would give.
     """
     if full_kl <= max_kl:
         return TrustRegionVerdict(1.0, "within", full_kl)
-    measured = {scale: kl_at(scale) for scale in CUT_BACKS}
+    measured: dict[float, float] = {}
     for scale in CUT_BACKS:
+        measured[scale] = kl_at(scale)
         if measured[scale] <= max_kl:
             return TrustRegionVerdict(scale, "cut", measured[scale])
     small, next_up = CUT_BACKS[-1], CUT_BACKS[-2]

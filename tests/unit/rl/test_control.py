@@ -78,3 +78,13 @@ def test_an_overshoot_no_cut_back_tames_is_undone():
     # smooth but steep: at 1/100 still 1e-4 * 1e4 = 1 nat, which is 1/100 of the 100 nats at 1/10: no jump
     v = trust_region(lambda s: 1e4 * s * s, full_kl=1e4, max_kl=0.05)
     assert v == TrustRegionVerdict(0.0, "undone", 0.0)
+
+
+def test_cut_backs_are_measured_only_until_one_is_within():
+    kl_at, asked = _recording(lambda s: 0.16 * s * s)  # 1/2 of the update: 0.04, within 0.05
+    assert trust_region(kl_at, full_kl=0.16, max_kl=0.05) == TrustRegionVerdict(0.5, "cut", 0.04)
+    assert asked == [0.5]
+    kl_at, asked = _recording(lambda s: 0.8 * s * s)  # 1/2: 0.2, 1/10: 0.008
+    assert trust_region(kl_at, full_kl=0.8, max_kl=0.05).scale == 0.1 and asked == [0.5, 0.1]
+    kl_at, asked = _recording(lambda s: 1e4 * s * s)  # none within: all three measured, then undone
+    assert trust_region(kl_at, full_kl=1e4, max_kl=0.05).kind == "undone" and asked == [0.5, 0.1, 0.01]
