@@ -3,6 +3,7 @@ template with the tools it offers, and the constraint its reply samples under (t
 or named, or a JSON response format), checked to compile and to be something the engine can do. The
 endpoints (OpenAI chat, Anthropic messages, the Responses API) each turn their own request into the
 stored message shape (server/edge/formats/tools.py) and a `ToolChoice`; everything after that is here, once.
+What the client's text spells of the model's special tokens stays text (server/edge/pipeline/markers.py).
 
 Templating and compiling run on the serving pipeline's prompt thread, never on the event loop."""
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from liveloop.grammar import Grammars, grammars_for
 from liveloop.server.edge.formats.tool_parsers import PARSERS, detect_parser
+from liveloop.server.edge.pipeline.markers import Markers, PromptText
 from liveloop.server.edge.formats.tools import (
     JSONLayout,
     JSONReply,
@@ -47,6 +49,7 @@ class Prompter:
         self.json_layout = json_layout
         self.engine = engine  # what it can do: supports_constraints, sampling_extensions
         self.text_arguments = takes_text_arguments(self.template)
+        self.markers = Markers(tokenizer)
         self._grammars: Grammars | None = None
 
     @property
@@ -106,17 +109,23 @@ class Prompter:
         return forced
 
     # -- the prompt ---------------------------------------------------------------------------------
-    def render(self, messages: list[dict[str, Any]], tool_use: ToolUse | None, generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], tool_use: ToolUse | None, generation_prompt: bool = True) -> PromptText:
         """The prompt's text: `messages` (stored shape) through the chat template, the offered tools
-        with them (server/edge/pipeline/splicing.py tokenizes it). Raises ToolsRefused when the template refuses the
+        with them, and where in it their text typed a special token's (server/edge/pipeline/markers.py;
+        server/edge/pipeline/splicing.py tokenizes it). Raises ToolsRefused when the template refuses the
         conversation."""
         if self.template is None:
             raise ToolsRefused("this model has no chat template: use /v1/completions", "messages")
         kwargs: dict[str, Any] = {"add_generation_prompt": generation_prompt, "tokenize": False}
-        if tool_use is not None:
-            kwargs["tools"] = tool_use.definitions()
+        conversation = template_messages(messages, self.text_arguments)
+        tools = tool_use.definitions() if tool_use is not None else None
+        masker = self.markers.masker(conversation, tools, context=str(self.template))
+        if masker is not None:  # typed markers go in as placeholders and come out as text
+            conversation, tools = masker.mask(conversation), masker.mask(tools)
+        if tools is not None:
+            kwargs["tools"] = tools
         try:
-            text = self.tokenizer.apply_chat_template(template_messages(messages, self.text_arguments), **kwargs)
+            text = self.tokenizer.apply_chat_template(conversation, **kwargs)
         except Exception as exc:  # the template refuses this conversation (its roles' order, say): the request's fault
             raise ToolsRefused(f"messages: the model's chat template refused them: {str(exc)[:200]}", "messages") from exc
-        return text
+        return PromptText(text) if masker is None else masker.unmask(text)

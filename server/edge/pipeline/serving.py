@@ -359,8 +359,8 @@ class Serving:
         /tokenize share. Raises ToolsRefused (a 400)."""
         check_tool_results(messages)
         tool_use = self.prompter.tool_use(tools, choice, parallel)
-        text = self.prompter.render(messages, tool_use, generation_prompt)
-        return tool_use, self.splicer.prompt_ids(text, key_id), text
+        prompt = self.prompter.render(messages, tool_use, generation_prompt)  # typed markers stay text (markers.py)
+        return tool_use, self.splicer.prompt_ids(prompt, key_id), prompt.text
 
     async def count_tokens(self, req: Any, key_id: str | None = None) -> int:
         """The prompt tokens of an Anthropic conversation (its tools rendered with it), as

@@ -15,7 +15,11 @@ A turn's text hash is its prompt's text and its sampled tokens' text without a f
 template writes its own end marker after a reply). Nothing is reused when the store cannot be read
 (counted in `server/splice_failures`; the prompt is tokenized whole, as without this), when the
 decoded tokens differ from the text (a tokenizer whose decoding does not give the text back), or for
-/v1/completions (its client owns its tokens: it can send ids)."""
+/v1/completions (its client owns its tokens: it can send ids).
+
+What a client typed of the model's special tokens is tokenized as text, in the prompt tokenized whole
+and in the rest after a carried turn alike (server/edge/pipeline/markers.py); a turn whose tokens hold
+more special ids than the template wrote (one stored with a forged turn) is not carried."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from liveloop.server.edge.pipeline.markers import Markers, PromptText
 from liveloop.store.linking import text_candidates, text_hash, trimmed
 
 log = logging.getLogger(__name__)
@@ -37,13 +42,16 @@ class Splicer:
     def __init__(self, tokenizer: Any, stop_ids: Sequence[int], find: CarriedTurn | None, metrics: Any = None):
         self.tokenizer, self.stop_ids, self.find, self.metrics = tokenizer, tuple(stop_ids), find, metrics
         self.markers = tuple(t for t in tokenizer.convert_ids_to_tokens(list(self.stop_ids)) if t)
+        self.specials = Markers(tokenizer)
 
-    def prompt_ids(self, text: str, key_id: str | None) -> list[int]:
-        """`text`'s tokens: the longest earlier turn it carries as that turn's own tokens, the rest tokenized."""
-        whole = lambda: self.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    def prompt_ids(self, text: str | PromptText, key_id: str | None) -> list[int]:
+        """`text`'s tokens: the longest earlier turn it carries as that turn's own tokens, the rest
+        tokenized (a PromptText's typed markers as text; a str has none)."""
+        prompt = text if isinstance(text, PromptText) else PromptText(text)
+        whole = lambda: self.specials.ids(prompt)  # noqa: E731
         if self.find is None or key_id is None:
             return whole()
-        candidates = text_candidates(text, self.markers)
+        candidates = text_candidates(prompt.text, self.markers)
         if not candidates:
             return whole()
         try:
@@ -55,22 +63,26 @@ class Splicer:
             return whole()
         if found is None:
             return whole()
-        h, prompt, response = found
-        ids = self.continued(text, prompt, response)
-        if ids is None or len(ids) < len(prompt):
+        h, prompt_ids, response = found
+        ids = self.continued(prompt, prompt_ids, response)
+        if ids is None or len(ids) < len(prompt_ids):
             return whole()  # a hash collision, or a tokenizer whose decoding does not give the text back
         if self.metrics is not None:
             self.metrics.inc("server/splices")
         return ids
 
-    def continued(self, text: str, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[int] | None:
+    def continued(self, text: str | PromptText, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[int] | None:
         """`text`'s tokens as the continuation of a turn (its prompt and sampled tokens, a final stop token
-        left out) when `text` starts with what those tokens decode to; else None."""
+        left out) when `text` starts with what those tokens decode to and they hold no typed marker as a
+        special token; else None."""
+        prompt = text if isinstance(text, PromptText) else PromptText(text)
         carried = [int(t) for t in prompt_ids] + [int(t) for t in response_ids[: trimmed(response_ids, self.stop_ids)]]
         head = self.tokenizer.decode(carried, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        if not text.startswith(head):
+        if not prompt.text.startswith(head):
             return None
-        return carried + self.tokenizer(text[len(head):], add_special_tokens=False)["input_ids"]
+        if self.specials.forges(carried, prompt.head(len(head))):
+            return None
+        return carried + self.specials.ids(prompt.tail(len(head)))
 
     def text_hash(self, prompt_text: str | None, response_ids: Sequence[int]) -> int | None:
         """A served turn's text hash (None: a prompt without text, a completion's ids)."""
