@@ -25,12 +25,38 @@ class ServerConfig:
         default=0.1, metadata={"help": "how often the server looks in the store for versions learners published"}
     )
     chat_requests_per_minute: int = field(
-        default=600, metadata={"help": "per API key: chat/completion requests per minute (429 beyond; 0 = no limit)"}
+        default=600,
+        metadata={"help": "per API key: chat/completion requests per minute, fleet-wide with fleet_limits (429 beyond; "
+                  "0 = no limit)"},
     )
     feedback_per_minute: int = field(
-        default=1200, metadata={"help": "per API key: ratings (and deletes) per minute (429 beyond; 0 = no limit)"}
+        default=1200,
+        metadata={"help": "per API key: ratings (and deletes) per minute, fleet-wide with fleet_limits (429 beyond; "
+                  "0 = no limit)"},
     )
-    max_concurrent_per_key: int = field(default=16, metadata={"help": "generations one API key may run at once"})
+    max_concurrent_per_key: int = field(
+        default=16,
+        metadata={"help": "generations one API key may run at once on each replica (its share of that replica's engine, "
+                  "as max_concurrent_total is the engine's; across the fleet: max_concurrent_per_key_fleet)"},
+    )
+    max_concurrent_per_key_fleet: int = field(
+        default=0,
+        metadata={"help": "generations one API key may run at once across every replica on this store (needs "
+                  "fleet_limits; may be passed by what other replicas start within about 2 x limits_sync_seconds); "
+                  "0: no fleet-wide cap, each replica's max_concurrent_per_key alone"},
+    )
+    fleet_limits: bool = field(
+        default=True,
+        metadata={"help": "the per-key rates, max_concurrent_per_key_fleet and the sign-in throttle count every replica "
+                  "on this store: each replica counts in memory and syncs through the store every limits_sync_seconds, "
+                  "refusing once the fleet's known count reaches a limit (beyond it at most what the other replicas "
+                  "admit in about 2 x limits_sync_seconds); false: each replica counts alone (N replicas, N x each limit)"},
+    )
+    limits_sync_seconds: float = field(
+        default=0.25,
+        metadata={"help": "fleet_limits: how often a replica pushes what it admitted to the store and reads the other "
+                  "replicas' counts (one small transaction, off the request path); the limits' overshoot grows with it"},
+    )
     max_concurrent_total: int = field(
         default=256, metadata={"help": "generations running or waiting for the engine, all keys together"}
     )
@@ -103,6 +129,14 @@ class ServerConfig:
             raise ValueError("default_max_tokens and max_tokens_limit must be >= 1")
         if self.login_failures_per_minute < 1 or self.login_failures_per_minute_total < 1:
             raise ValueError("login_failures_per_minute and login_failures_per_minute_total must be >= 1")
+        if not 0 < self.limits_sync_seconds <= 5:
+            raise ValueError(f"limits_sync_seconds must be in (0, 5] (a fleet-wide limit is passed by what the other "
+                             f"replicas admit in about two syncs), got {self.limits_sync_seconds}")
+        if self.max_concurrent_per_key_fleet < 0:
+            raise ValueError("max_concurrent_per_key_fleet must be >= 0 (0: no fleet-wide cap)")
+        if self.max_concurrent_per_key_fleet and not self.fleet_limits:
+            raise ValueError("max_concurrent_per_key_fleet needs fleet_limits = true (the replicas share their counts "
+                             "through the store); set it to 0 or turn fleet_limits on")
         for entry in self.allowed_hosts:
             if not entry or any(c in entry for c in "/ @"):
                 raise ValueError(f"allowed_hosts: {entry!r} is not a host name, `name:port`, `*.domain` or `*`")

@@ -6,8 +6,11 @@ domain exceptions carrying how long to wait; the edge turns them into 429 with R
     with admission.generation(key_id):            # raises Busy; the slot is held until exit
         ...
 
-In memory and per server process: limits hold per replica (a cluster would share them through the
-`limits` library's Redis storage, one line to change here).
+Fleet-wide with a `FleetView` (server/edge/fleet_limits.py, `[server] fleet_limits`): the rates count
+every replica on the store, and `[server] max_concurrent_per_key_fleet` caps a key's generations across
+them, each within the view's documented bounds; still in memory on the request's path. Without one
+(or alone in its fleet) each limit counts this process alone. `max_concurrent_per_key` and
+`max_concurrent_total` stay per replica: they share out one replica's engine.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
-from limits import RateLimitItemPerMinute, storage, strategies
+from limits import RateLimitItemPerMinute
 
 from liveloop.server.config import ServerConfig
+from liveloop.server.edge.fleet_limits import FleetRateLimiter, FleetView
+
+GENERATIONS = "generations"  # the fleet's level of a key's running generations
 
 
 class RateLimited(RuntimeError):
@@ -40,9 +46,12 @@ class Busy(RuntimeError):
 
 
 class Admission:
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, fleet: FleetView | None = None):
+        """`fleet`: the replica's view of the fleet's counts (None: this process counts alone)."""
         self.config = config
-        self._limiter = strategies.MovingWindowRateLimiter(storage.MemoryStorage())
+        self.fleet = fleet
+        self._limiter = FleetRateLimiter(fleet)
+        self._fleet_cap = config.max_concurrent_per_key_fleet if fleet is not None else 0
         self._rates = {
             "chat": RateLimitItemPerMinute(config.chat_requests_per_minute) if config.chat_requests_per_minute else None,
             "feedback": RateLimitItemPerMinute(config.feedback_per_minute) if config.feedback_per_minute else None,
@@ -66,12 +75,18 @@ class Admission:
             raise Busy(f"the server is running its maximum of {self.config.max_concurrent_total} generations")
         if self._running[key_id] + n > self.config.max_concurrent_per_key:
             raise Busy(f"at most {self.config.max_concurrent_per_key} generations at once per API key")
+        if self._fleet_cap and self._running[key_id] + n + self.fleet.other_levels(GENERATIONS, key_id) > self._fleet_cap:
+            raise Busy(f"at most {self._fleet_cap} generations at once per API key across the fleet")
         self._running[key_id] += n
         self.total += n
+        if self._fleet_cap:
+            self.fleet.set_level(GENERATIONS, key_id, self._running[key_id])
         try:
             yield
         finally:
             self.total -= n
             self._running[key_id] -= n
+            if self._fleet_cap:
+                self.fleet.set_level(GENERATIONS, key_id, self._running[key_id])
             if self._running[key_id] <= 0:
                 del self._running[key_id]

@@ -108,10 +108,13 @@ class LoginThrottle:
     together: past either limit, sign-in answers 429 with Retry-After until the window has room (a
     right key too, so guessing cannot go on by also trying the right one). Successful sign-ins cost
     nothing. The total bounds guessing from many addresses; it also locks every browser out for up to
-    a minute under such an attack, while admin keys keep working on the API."""
+    a minute under such an attack, while admin keys keep working on the API. Both count with `limiter`
+    (the `limits` library's interface): a `FleetRateLimiter` (server/edge/fleet_limits.py) counts every
+    replica's failures, so guesses spread over a fleet's replicas meet one limit; None: this process's
+    memory alone."""
 
-    def __init__(self, per_client: int, total: int):
-        self._limiter = strategies.MovingWindowRateLimiter(storage.MemoryStorage())
+    def __init__(self, per_client: int, total: int, limiter: strategies.RateLimiter | None = None):
+        self._limiter = limiter or strategies.MovingWindowRateLimiter(storage.MemoryStorage())
         self._per_client = RateLimitItemPerMinute(per_client)
         self._total = RateLimitItemPerMinute(total)
 

@@ -33,6 +33,11 @@ def test_missing_sections_take_defaults():
         ("[bogus]\nx = 1\n", "bogus: unknown section"),
         ("[engine]\nbackend = 'tgi'\n", "engine.backend: expected one of ['vllm', 'hf', 'diffusion', 'sglang'], got 'tgi'"),
         ("[server]\nport = 70000\n", "server: port must be"),
+        ("[server]\nlimits_sync_seconds = 0\n", "server: limits_sync_seconds must be in"),
+        ("[server]\nlimits_sync_seconds = 30\n", "server: limits_sync_seconds must be in"),
+        ("[server]\nfleet_limits = 'yes'\n", "server.fleet_limits: expected bool, got str"),
+        ("[server]\nmax_concurrent_per_key_fleet = -1\n", "server: max_concurrent_per_key_fleet must be >= 0"),
+        ("[server]\nfleet_limits = false\nmax_concurrent_per_key_fleet = 4\n", "server: max_concurrent_per_key_fleet needs fleet_limits = true"),
         ("[server\n", "invalid TOML"),
     ],
 )

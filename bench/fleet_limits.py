@@ -1,0 +1,133 @@
+"""Fleet-wide limits on the request path: what admitting a request costs with the fleet limiter
+(server/edge/fleet_limits.py) against the in-memory one it replaces, side by side in one process.
+
+Each request does what a chat does at the edge: `Admission.check_rate("chat", key)` and one
+generation slot (`with admission.generation(key)`), over `--keys` keys in turn (limits high enough
+that nothing is refused). Three arms, their rounds interleaved in a rotating order so that each ratio
+compares rounds that saw the same load on the machine (the ratio reported: the median of the
+per-round ratios):
+- memory: `Admission(config)`, the `limits` library's moving window in memory (one replica alone);
+- fleet: `Admission(config, view)` with `max_concurrent_per_key_fleet` on, its `FleetView` syncing
+  through a real store every `--sync` seconds in a thread (as a replica's loop does), no other replica;
+- fleet+peer: the same, with a second replica's view counting the same keys and syncing too, so that
+  every key has the others' count to add (the limiter's slower branch: a `test` before the `hit`).
+Also timed: one sync of the fleet view (push the increments of `--keys` keys, read the peer's).
+
+    .venv/bin/python bench/fleet_limits.py [--store sqlite|URL] [--keys 256] [--requests 20000] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from common import median, save  # noqa: E402
+
+
+def _syncing(view, seconds: float, stop: threading.Event) -> threading.Thread:
+    def loop() -> None:
+        while not stop.wait(seconds):
+            view.sync()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def _counting(admission, keys: list[str], stop: threading.Event) -> threading.Thread:
+    def loop() -> None:
+        i = 0
+        while not stop.wait(0.005):
+            admission.check_rate("chat", keys[i % len(keys)])
+            i += 1
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def _round(admission, keys: list[str], n: int) -> float:
+    """Seconds per request over `n` requests."""
+    start = time.perf_counter()
+    for i in range(n):
+        key = keys[i % len(keys)]
+        admission.check_rate("chat", key)
+        with admission.generation(key):
+            pass
+    return (time.perf_counter() - start) / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", default="sqlite", help="sqlite (a fresh file) or a store URL (e.g. postgresql+psycopg://...)")
+    parser.add_argument("--keys", type=int, default=256)
+    parser.add_argument("--requests", type=int, default=20000, help="requests per round and arm")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--sync", type=float, default=0.25, help="[server] limits_sync_seconds")
+    args = parser.parse_args()
+
+    from liveloop.server.config import ServerConfig
+    from liveloop.server.edge.admission import Admission
+    from liveloop.server.edge.fleet_limits import FleetView
+    from liveloop.store import Store, StoreConfig
+    from liveloop.store.fleet_counts import FleetCounts
+
+    tmp = tempfile.TemporaryDirectory()
+    url = f"sqlite:///{Path(tmp.name) / 'fleet.db'}" if args.store == "sqlite" else args.store
+    stores = [Store(StoreConfig(url=url)) for _ in range(3)]
+    stores[0].migrate()
+    config = ServerConfig(chat_requests_per_minute=10**6,  # per key and minute: no round reaches it max_concurrent_per_key=16, max_concurrent_per_key_fleet=16,
+                          limits_sync_seconds=args.sync)
+    views = {name: FleetView(FleetCounts(store), name, args.sync) for name, store in zip(("lone", "shared", "peer"), stores)}
+    keys = [f"key{i:05d}" for i in range(args.keys)]
+    peer = Admission(config, views["peer"])
+    for key in keys:  # the peer replica has counted every key: the shared view adds its count to each
+        peer.check_rate("chat", key)
+    views["peer"].sync()
+    views["shared"].sync()
+    assert all(views["shared"].others("chat", k) == 1 for k in keys)
+    arms = {"memory": Admission(config), "fleet": Admission(config, views["lone"]), "fleet+peer": Admission(config, views["shared"])}
+    stop = threading.Event()
+    threads = [_syncing(v, args.sync, stop) for v in views.values()]
+    threads.append(_counting(peer, keys, stop))  # the peer keeps counting the keys, a few hundred a second
+    for admission in arms.values():  # warm up (imports, first allocations)
+        _round(admission, keys, 1000)
+    per_round: dict[str, list[float]] = {name: [] for name in arms}
+    names = list(arms)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            per_round[name].append(_round(arms[name], keys, args.requests))
+    stop.set()
+    for t in threads:
+        t.join(5)
+    sync_ms = []
+    for _ in range(20):  # one sync with every key's increment to push and the peer's counts to read
+        for key in keys:
+            arms["fleet+peer"].check_rate("chat", key)
+        start = time.perf_counter()
+        views["shared"].sync()
+        sync_ms.append((time.perf_counter() - start) * 1000)
+    for store in stores:
+        store.close()
+
+    result = {
+        "store": stores[0].dialect,
+        "keys": args.keys,
+        "requests_per_round": args.requests,
+        "rounds": args.rounds,
+        "sync_seconds": args.sync,
+        "us_per_request": {name: round(median(v) * 1e6, 3) for name, v in per_round.items()},
+        "ratio_fleet_to_memory": round(median([f / m for f, m in zip(per_round["fleet"], per_round["memory"])]), 3),
+        "ratio_fleet_peer_to_memory": round(median([f / m for f, m in zip(per_round["fleet+peer"], per_round["memory"])]), 3),
+        "sync_ms_median": round(median(sync_ms), 3),
+    }
+    print(result)
+    path = save(f"fleet_limits_{result['store']}", result)
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()
