@@ -17,15 +17,21 @@ How (`Markers`, for any Hugging Face tokenizer and chat template):
    conversation's ids are byte-identical to the old ones (the splice of earlier turns and the episode
    links by exact token prefix depend on it). Otherwise the text is cut at the template's own markers
    (every special token's text that overlaps no typed span); a piece between two of them that holds a
-   typed one is tokenized with `split_special_tokens=True` (plain text; added tokens that are not special,
-   Qwen's `<think>` or `<tool_call>`, stay what the tokenizer always makes them); every other piece keeps
+   typed one is tokenized with `split_special_tokens=True` (plain text); every other piece keeps
    the ids the whole tokenization gave it, the markers their own id. Should a tokenizer still give a
    special id for a typed marker, the request is refused (a 400), never served forged.
 
 Where the tokenizer's matching of special tokens is not this module's (their counts or ids disagree:
 a token that strips whitespace or matches after normalization), every piece is tokenized on its own, the
 template's markers still their ids. A template that cuts client text (`content[:n]`) may cut a
-placeholder: its characters then stay as text, which spells no marker.
+placeholder: its characters then stay as text, which spells no marker. A tokenizer that treats the start
+of a text apart (SentencePiece's `▁` before a text's first piece, Metaspace `prepend_scheme="first"`)
+gives a re-tokenized piece that `▁` where the whole text has none: still no forged id, but such a
+prompt's ids decode one space longer there, so the next turn is tokenized whole rather than spliced.
+Byte-level BPE (Qwen, Llama 3, the tiny model: the tool-calling families served) has no such start, and
+its ids decode back to the text exactly. Special tokens only: an added token that is not special
+(Qwen's `<tool_call>`, `<think>`) is the model's ordinary vocabulary, matched in client text as the
+tokenizer always matches it.
 
 The splice path (server/edge/pipeline/splicing.py) tokenizes the rest of a prompt after an earlier
 turn's carried tokens with the typed spans shifted with it (`PromptText.tail`), and refuses to carry a
