@@ -108,6 +108,12 @@ class LearnerConfig:
     )
     publish_every_steps: int = field(default=4, metadata={"help": "N: publish a version every N policy steps"})
     publish_every_seconds: float = field(default=5.0, metadata={"help": "T: or after T seconds with any step"})
+    coalesce_versions: bool = field(
+        default=False,
+        metadata={"help": "when a publish is due but the next rating is already waiting (ratings come faster than steps), "
+                  "train it first: the next step's version supersedes this one (learner/superseded_versions); a version "
+                  "still follows at least every T seconds, and as soon as nothing more waits"},
+    )
     poll_seconds: float = field(default=0.1, metadata={"help": "how often to look for new ratings"})
     learning_rate: float = field(default=2e-4, metadata={"help": "policy AdamW learning rate"})
     eps_low: float = field(default=0.3, metadata={"help": "two-sided mask: keep ratio > 1 - eps_low"})

@@ -3,9 +3,11 @@
     run_lanes(lanes, should_stop, max_steps, poll_seconds)
 
 Each turn offers every lane, in a fixed order, to follow the operator (`sync_with_store`: a paused lane
-is skipped, a rolled-back one reloads), one step, and a publish when one is due; so a busy segment
-cannot starve a quiet one, and a paused or rolled-back lane changes nothing for the others. A turn in
-which no lane stepped nor published sleeps `poll_seconds`, counted as idle time of the lanes that were
+is skipped, a rolled-back one reloads), one step, and a publish when one is due (`publishing.due`: its
+time has come, or the lane held one back for a step that did not come); so a busy segment cannot starve
+a quiet one, and a paused or rolled-back lane changes nothing for the others. A turn in which no lane
+stepped nor published writes one pending durable checkpoint (learner/publishing.py: never on a thread
+beside a step); with none pending it sleeps `poll_seconds`, counted as idle time of the lanes that were
 running (a paused lane is paused, not idle). `max_steps` bounds the steps of all lanes together
 (their `state.step`, which a reload carries on). On the way out each lane publishes what is pending
 (unless paused: those ratings are trained again after the next start), waits for its durable
@@ -33,10 +35,12 @@ def run_lanes(
                 continue
             running.append(lane)
             stepped = lane.step()
-            due = lane.publishing.due()
+            due = lane.publishing.due(stepped)
             if due:
                 lane.publish()
             acted = acted or stepped or due
+        if not acted and any(lane.publishing.write_durable() for lane in lanes):
+            continue  # nothing to train: a durable checkpoint was written meanwhile, then look again
         if not acted:
             started = time.perf_counter()
             time.sleep(poll_seconds)

@@ -90,6 +90,8 @@ class SegmentRatings:
 
 
 class OnlineLearner:
+    publisher = VersionPublisher  # how it publishes (learner/publishing.py)
+
     def __init__(
         self,
         store: Store,
@@ -138,7 +140,7 @@ class OnlineLearner:
         self.busy_seconds = 0.0
         self.paused = False
         self.transport = transport
-        self.publishing = VersionPublisher(
+        self.publishing = self.publisher(
             self, store, config, self.cursor_name, segment, publish_status, transport, self.base_model_dir
         )
 
@@ -253,6 +255,7 @@ class OnlineLearner:
         if self.restart is not None:
             self.restart.forget()
         self.state = state
+        self.publishing.held_back = False  # what it held back is dropped with the rest
 
     def sync_with_store(self) -> bool:
         """Follow the operator: reload after a rollback or an operator's publish (either moves the
@@ -280,6 +283,7 @@ class OnlineLearner:
         if taken is None:
             return False
         samples, last_id = taken
+        self.publishing.supersede()  # a version held back for this step never is (coalesce_versions)
         started = time.perf_counter()
         host = make_batch(samples, grammars=self._grammars(samples))
         if c.episode_observations == "actions" and bool(torch.isnan(host.behavior_logprobs).any()):  # the ablation's observations
@@ -314,10 +318,15 @@ class OnlineLearner:
         s.samples_since_publish += len(samples)
         s.last_metrics = metrics | {"learner/reward_mean": float(host.rewards.mean()), "learner/batch_size": float(len(samples))}
         self.busy_seconds += time.perf_counter() - started
-        # 6. publish every N steps or T seconds
-        if s.steps_since_publish >= c.publish_every_steps:
+        # 6. publish every N steps or T seconds; with coalesce_versions not while the next rating already waits
+        # (its step's version supersedes this one: learner/publishing.py)
+        if s.steps_since_publish >= c.publish_every_steps and not self.publishing.hold_back(self._rating_waiting):
             self.publish()
         return True
+
+    def _rating_waiting(self) -> bool:
+        """Whether a rating past the last one trained is already in the store (this lane's, for a lane)."""
+        return bool(self.ratings.rated_after(self.state.pending_cursor, 1))
 
     @torch.no_grad()
     def _scored_on_policy(self, host: TokenBatch) -> TokenBatch:
@@ -449,7 +458,7 @@ class OnlineLearner:
         return LaneStatus(
             segment=self.segment, version=s.version, cursor=s.cursor, pending_cursor=s.pending_cursor, step=s.step,
             samples=s.samples, skipped_steps=s.skipped_steps, paused=self.paused, busy_seconds=self.busy_seconds,
-            idle_seconds=self.idle_seconds, metrics=dict(s.last_metrics),
+            idle_seconds=self.idle_seconds, metrics=dict(s.last_metrics) | self.publishing.stats(),
         )
 
     def status(self) -> LearnerStatus:

@@ -1,18 +1,31 @@
 """How a learner publishes a version: `VersionPublisher`, which `OnlineLearner` (learner/online.py)
 composes as `learner.publishing`. From finite weights only; through the weight transport when there is
 one (the store accepts or refuses the number the memory is named by, the row names the handle's nonce
-and digest, the durable checkpoint is written after on a background thread and fsynced before its
-digest is recorded), else as a checkpoint saved under a staging name that the store's inserting
-transaction moves to checkpoint_dir/vNNNNNN; a full disk pauses learning through the store; retention
-after each version. A stale lineage (a rollback or an operator's publish moved the cursor) reloads
-instead of publishing.
+and digest, the durable checkpoint is written after and fsynced before its digest is recorded), else as a
+checkpoint saved under a staging name that the store's inserting transaction moves to
+checkpoint_dir/vNNNNNN; a full disk pauses learning through the store; retention after each version. A
+stale lineage (a rollback or an operator's publish moved the cursor) reloads instead of publishing.
+
+The durable checkpoint of an in-memory version is written on the learner's own thread when it has
+nothing to train (`write_durable`, from the loop's idle turns: learner/loop.py), or before a third
+version's host copies are taken (at most `MAX_PENDING_DURABLE` wait, each holding a copy of the weights).
+It used to be written by a thread beside the steps: that thread held the GIL against the step's many
+small ops and doubled the step's time (docs/results/learner_step.md).
+
+Versions coalesce (`[learner] coalesce_versions`): when a publish is due but the next rating is already
+waiting (ratings come faster than steps) and the last version is younger than `publish_every_seconds`,
+the publish is held back (`hold_back`) and the next step's version supersedes it (`supersede`, counted in
+`learner/superseded_versions`); a publish held back for a step that does not come is made by the loop's
+next turn (`due`). So nothing queues: not ratings (a step takes what is there, adaptive batching), not
+versions the server would swap in only to swap them out, not durable writes.
 
 What it needs from the learner is `Trainee`: the position it advances (`state`), the weights and critic
 as they are now (saved, copied to the host, or gathered whole across ranks), `reload()` for a stale
 lineage and the `paused` flag a full disk sets. The learner replaces its state, weights and critic on a
 reload, so the publisher asks for them each time and keeps none. What it gives: `due()`, `publish()`,
-`wait_durable()` and `release_memory()`; it owns the transport's sender, the durable-checkpoint thread
-and the list of versions handed over in memory.
+`hold_back()` and `supersede()`, `write_durable()`, `wait_durable()`, `release_memory()` and `stats()`;
+it owns the transport's sender, the pending durable checkpoints and the list of versions handed over in
+memory.
 """
 
 from __future__ import annotations
@@ -25,7 +38,6 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -41,6 +53,7 @@ from liveloop.transport import TransportConfig, TransportFailed, WeightHandle, m
 log = logging.getLogger(__name__)
 
 HostState = dict[str, torch.Tensor]
+MAX_PENDING_DURABLE = 2  # in-memory versions whose durable checkpoint waits (each holds a host copy of the weights)
 
 
 class Trainee(Protocol):
@@ -82,9 +95,11 @@ class VersionPublisher:
         # versions travel to the engine in memory (the durable checkpoint follows) when the transport says
         # so; a lane's adapters stay on checkpoint directories (what engines load adapters from)
         self.sender = None
-        self._durable = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durable-checkpoint")
-        self._durable_writes: deque[Future] = deque()
+        # (version, parent, root, policy state, critic state) of in-memory versions not durable yet, oldest first
+        self._durable_pending: deque[tuple[int, int, Path, HostState, HostState | None]] = deque()
         self._in_memory: list[int] = []  # versions handed over in memory (freed at a clean stop)
+        self.held_back = False  # a due publish waits for the next step's version (coalesce_versions)
+        self.superseded = 0  # versions held back and then superseded by the next step's
         if transport is not None and transport.in_memory and segment is None:
             self.sender = make_sender(transport, base_model=base_model_dir)
             self.sender.init()
@@ -93,14 +108,38 @@ class VersionPublisher:
     def state(self) -> LearnerState:
         return self.learner.state
 
-    def due(self) -> bool:
-        s = self.state
-        return s.steps_since_publish > 0 and time.monotonic() - s.last_publish >= self.config.publish_every_seconds
+    def overdue(self) -> bool:
+        """`publish_every_seconds` since the last version."""
+        return time.monotonic() - self.state.last_publish >= self.config.publish_every_seconds
+
+    def due(self, stepped: bool = True) -> bool:
+        """Whether the loop publishes now: steps since the last version and `publish_every_seconds` passed, or
+        a publish held back for a next step that did not come (`stepped` False: nothing more to train)."""
+        return self.state.steps_since_publish > 0 and (self.overdue() or (self.held_back and not stepped))
+
+    def hold_back(self, waiting: Callable[[], bool]) -> bool:
+        """Whether a publish due after a step waits for the next step instead (`coalesce_versions`): it does
+        when `waiting()` (a rating past this step's is already there) and the last version is younger than
+        `publish_every_seconds`. The loop publishes it if no step follows (`due`)."""
+        if not self.config.coalesce_versions or self.overdue() or not waiting():
+            return False
+        self.held_back = True
+        return True
+
+    def supersede(self) -> None:
+        """A step starts on top of a held-back publish: that version never is; counted."""
+        if self.held_back:
+            self.superseded += 1
+            self.held_back = False
+
+    def stats(self) -> dict[str, float]:
+        return {"learner/superseded_versions": float(self.superseded), "learner/durable_pending": float(len(self._durable_pending))}
 
     def publish(self) -> int | None:
         """Save the weights and record version v+1 with the cursor; returns the version or None.
         If every step since the last version was skipped, only the cursor moves (no new version)."""
         s = self.state
+        self.held_back = False
         with self.learner.full_policy() as policy:
             finite = all(torch.isfinite(p).all() for p in policy.parameters())
         if not finite:
@@ -202,20 +241,29 @@ class VersionPublisher:
             self._pause_for_disk_full(version, root, exc)
             return None
         parent = self._advance_to(version)
-        # the durable copy, off the critical path: host copies now, written by one background thread
-        # while the learner trains on; at most two writes outstanding (each holds a copy of the weights)
-        while len(self._durable_writes) >= 2:
-            self._durable_writes.popleft().result()
-        states = self.learner.host_states()
-        self._durable_writes.append(self._durable.submit(self._write_durable, version, parent, root, *states))
+        # the durable copy, off the critical path: host copies now, written when the learner has nothing to
+        # train (the module docstring); at most MAX_PENDING_DURABLE wait
+        while len(self._durable_pending) >= MAX_PENDING_DURABLE:
+            self.write_durable()
+        self._defer_durable(version, parent, root, *self.learner.host_states())
         self._in_memory.append(version)
         log.info("published version %d in memory (step %d, cursor %d)", version, s.step, s.cursor)
         return version
 
+    def _defer_durable(self, version: int, parent: int, root: Path, policy_state: HostState, critic_state: HostState | None) -> None:
+        self._durable_pending.append((version, parent, root, policy_state, critic_state))
+
+    def write_durable(self) -> bool:
+        """Write the oldest pending durable checkpoint; returns whether one was pending."""
+        if not self._durable_pending:
+            return False
+        self._write_durable(*self._durable_pending.popleft())
+        return True
+
     def _write_durable(
         self, version: int, parent: int, root: Path, policy_state: HostState, critic_state: HostState | None
     ) -> None:
-        """The background half of an in-memory publish: the checkpoint directory, its digest, retention.
+        """The deferred half of an in-memory publish: the checkpoint directory, its digest, retention.
         A full disk pauses learning (the memory stays: the transport keeps it until the server holds a
         durable copy, and a resume recovers from it); never raises."""
         try:
@@ -230,9 +278,9 @@ class VersionPublisher:
         self._apply_retention(protect=(parent, version))
 
     def wait_durable(self) -> None:
-        """Block until every durable checkpoint of an in-memory publish is written."""
-        while self._durable_writes:
-            self._durable_writes.popleft().result()
+        """Write every pending durable checkpoint of an in-memory publish now."""
+        while self.write_durable():
+            pass
 
     def release_memory(self) -> None:
         """At a clean stop, with every durable checkpoint written: free the memory this learner's versions
@@ -260,7 +308,7 @@ class VersionPublisher:
         the number and `checkpoint(number)` places the checkpoint and names it; else a proposed number
         (VersionTaken if it is taken) with the checkpoint's path."""
         s = self.state
-        metrics = dict(s.last_metrics) | {"learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
+        metrics = dict(s.last_metrics) | {"learner/superseded_versions": float(self.superseded), "learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
         if handle is not None and "bytes" in handle.detail:  # what the transport shipped for this version (delta: vs full)
             metrics |= {"transport/bytes": handle.detail["bytes"], "transport/full_bytes": handle.detail.get("full_bytes", handle.detail["bytes"])}
         return self.store.publish_version(

@@ -7,16 +7,23 @@ snapshot and restore on every step and all three cut-backs measured eagerly, Ada
 step of online.py must produce the same weights, optimizer state, controllers and metrics bit for bit
 (tests/integration/learner/test_step_equivalence.py); bench/learner_batch.py `--compare` times both in one
 process. Nothing serves or trains with it. One process, zero_stage 0 only (what the comparison covers).
+
+Its publishing is as it was too, for the benchmark's served-like arm: a version after every N steps
+whatever waits (no coalescing), and an in-memory version's durable checkpoint written by a thread beside
+the steps, at most two outstanding (`ThreadedDurablePublisher`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from liveloop.critic.trainer import Critic
 from liveloop.learner.online import OnlineLearner
+from liveloop.learner.publishing import VersionPublisher
 from liveloop.rl.batch import TokenBatch, make_batch, response_log_dists, token_logprobs
 from liveloop.rl.control import CUT_BACKS, TrustRegionVerdict
 from liveloop.rl.diagnostics import token_entropy, token_kl
@@ -80,8 +87,32 @@ def reference_critic_update(critic: Critic, batch: TokenBatch, returns: torch.Te
     return metrics
 
 
+class ThreadedDurablePublisher(VersionPublisher):
+    """The durable checkpoints of in-memory versions as before issue 36: one background thread writes them
+    while the learner trains on, at most two outstanding."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durable-checkpoint")
+        self._writes: deque[Future] = deque()
+
+    def _defer_durable(self, *write) -> None:
+        while len(self._writes) >= 2:
+            self._writes.popleft().result()
+        self._writes.append(self._thread.submit(self._write_durable, *write))
+
+    def write_durable(self) -> bool:
+        return False  # nothing waits for the learner: the thread writes
+
+    def wait_durable(self) -> None:
+        while self._writes:
+            self._writes.popleft().result()
+
+
 class ReferenceLearner(OnlineLearner):
-    """An OnlineLearner stepping as before issue 36 (see the module docstring)."""
+    """An OnlineLearner stepping (and publishing) as before issue 36 (see the module docstring)."""
+
+    publisher = ThreadedDurablePublisher
 
     def _optimizer(self, policy_dir):
         opt = super()._optimizer(policy_dir)
