@@ -1,16 +1,24 @@
-"""The one wiring place of `liveloop serve`: builds the components from the config and hands each only
-what it needs.
+"""The composition root of `liveloop serve`: everything is built here, from the config, and each part
+is handed only what it uses. Nothing else builds a component.
 
     app = build_app(config, model_dir)      # uvicorn runs it (liveloop/cli.py, `serve`)
 
-- the server (`liveloop.server.app.running`) gets the deployment config and the model directory and
-  starts what serves: store, engine, writer, version watcher, operations, retention;
-- the co-located learner (`start_learner`, a Ray actor, when `[learner] enabled`) gets `[store]`,
-  `[learner]`, `[critic]` and the model directory; it finds the server only through the store;
-- the routes find both on `app.state` (`attach`): `app.state.learner` is the learner, or None.
-
-Start-up: the server's components, then the learner (so /healthz answers only once both run);
-shut-down: the learner first (it publishes what it has), then the server's components.
+`build_app` makes the HTTP edge's app (server/edge/app.py: routes only) with a lifespan that, in order:
+1. opens the store and brings its schema to head (or refuses to start);
+2. finds what serves (server/control/startup.py: the newest "serving" row, else version 0 = the
+   configured model) and starts the engine on it (a `CanaryEngine` pair when the release gate runs);
+3. starts the group-commit writer, the serving pipeline and the activation side of the control plane
+   (`Activator`), restoring the segments' adapters;
+4. builds the control plane's loops' owners: `Operations` (drift monitor, guard, alarms, imports),
+   `Leadership`, the release gate, the replica registry;
+5. starts the background tasks (`running`): the version watcher, the heartbeat, the forgotten keys'
+   refresh, the monitor, the alarms, the gate, retention, the leader lease;
+6. starts the co-located learner (`start_learner`, a Ray actor, when `[learner] enabled`: it gets
+   `[store]`, `[learner]`, `[critic]` and the model directory and meets the server only in the store);
+7. attaches the parts to the app (server/edge/dependencies.py), where the routes take them as typed
+   dependencies. /healthz answers only then.
+Shut-down reverses it: the learner first (it publishes what it has), then the tasks, the lease and the
+registry row, then the engine, the writer (every queued row flushed) and the store.
 
 A Ray Serve replica (liveloop/serve_ray.py) builds the same app with another `learner` factory: a view
 of the ONE learner the fleet shares (`RemoteLearner`), whose `close` only stops looking at it.
@@ -20,17 +28,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
 from liveloop.config import Config
-from liveloop.server.app import attach, check_bind, create_app, running
+from liveloop.metrics import Metrics
+from liveloop.segments import lanes, segment_of
+from liveloop.server.control.fleet import heartbeat, replica_id
+from liveloop.server.control.forgetting import Forgetting
+from liveloop.server.control.gate import ReleaseGate, gated_segments, wants_gate
+from liveloop.server.control.leader import Leadership
+from liveloop.server.control.operations import Operations
+from liveloop.server.control.activator import Activator
+from liveloop.server.control.retention import apply_retention
+from liveloop.server.control.startup import finish_start, record_fallback, start_instead, start_point, sweep_shared_memory
+from liveloop.server.control.weights_import import WeightImports
+from liveloop.server.edge.admission import Admission
+from liveloop.server.edge.app import check_bind, create_app
+from liveloop.server.edge.auth import KeyRing, LoginThrottle, watch_forgotten
+from liveloop.server.edge.chat.serving import ServingChat
+from liveloop.server.edge.completions.serving import ServingCompletions
+from liveloop.server.edge.dependencies import EdgeState, Handlers, Parts, attach, detach, edge_state
+from liveloop.server.edge.fleet_limits import FleetRateLimiter, fleet_view
+from liveloop.server.edge.messages.serving import ServingMessages
+from liveloop.server.edge.pipeline.serving import Serving
+from liveloop.server.edge.responses.serving import ServingResponses
+from liveloop.server.engines.base import create_engine
+from liveloop.server.engines.canary import CanaryEngine
+from liveloop.store import BatchWriter, Store
+from liveloop.store.replicas import Beat, ReplicaRegistry
+from liveloop.transport import HandleGone, WeightsUnverified, make_receiver
 
 if TYPE_CHECKING:
     from liveloop.learner.actor import ColocatedLearner
+
+log = logging.getLogger(__name__)
+GATE_SECONDS = 0.5  # the release gate's pass at most this often (each reads the candidate's and live version's ratings)
 
 
 def start_learner(config: Config, model_dir: Path) -> ColocatedLearner | None:
@@ -44,19 +84,183 @@ def start_learner(config: Config, model_dir: Path) -> ColocatedLearner | None:
 
 
 def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config, Path], Any] = start_learner) -> FastAPI:
-    """The FastAPI app of one deployment (or of one replica of it): the server's components and the
-    learner (`learner_factory`: the co-located one by default; None when off), wired together."""
+    """The FastAPI app of one deployment (or of one replica of it): the server's parts and the learner
+    (`learner_factory`: the co-located one by default; None when off), wired together."""
     check_bind(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        async with running(config, model_dir) as components:
+        async with running(config, model_dir, edge_state(app)) as parts:
             learner = await asyncio.to_thread(learner_factory, config, model_dir)
-            attach(app, components, learner)
+            attach(app, dataclasses.replace(parts, learner=learner))
             try:
                 yield
             finally:
+                detach(app)
                 if learner is not None:
                     await asyncio.to_thread(learner.close)
 
     return create_app(config.server, lifespan)
+
+
+async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts:
+    """Steps 1-4: the server's parts, started (no background task yet)."""
+    from transformers import AutoTokenizer
+
+    KeyRing(config.auth)  # no keys: refused before anything opens
+    # 1. store (and the keys it says were forgotten)
+    store = Store(config.store)
+    if config.store.auto_migrate:
+        await asyncio.to_thread(store.migrate)
+    await asyncio.to_thread(store.require_schema)
+    await asyncio.to_thread(store.forgotten.refresh)
+    keys = KeyRing(config.auth, forgotten=store.forgotten)
+    # 2. what serves; a version published in memory may not have its durable checkpoint yet: start from what exists
+    latest = await asyncio.to_thread(store.latest_version)
+    if latest is None:
+        latest = await asyncio.to_thread(store.ensure_base_version, str(model_dir.resolve()))
+    transport = await asyncio.to_thread(config.transport_for_store)  # checkpoint_dir where shared memory cannot be had
+    await asyncio.to_thread(record_fallback, store, config.transport, transport)
+    receiver = make_receiver(transport) if transport.in_memory else None
+    point = await start_point(store, latest, receiver, transport.durable_wait_seconds)
+    # the engine, with room for every segment's adapter and as many old ones finishing a response (a gated
+    # segment's candidate slot too, and its old one finishing)
+    segments = lanes(config.learner)
+    engine_config = config.engine
+    room = 2 * len(segments) + 2 * len(gated_segments(config.release, segments, config.engine.backend))
+    if segments and engine_config.max_adapters < room:
+        engine_config = dataclasses.replace(engine_config, max_adapters=room)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    engine = create_engine(engine_config, model_dir)
+    gated = wants_gate(config.release, segments, config.engine.backend)
+    if gated:  # a second engine of the same backend holds the candidate, started at the first one
+        engine = CanaryEngine(engine, functools.partial(create_engine, engine_config, model_dir), engine_config.drain_deadline_seconds)
+    await engine.start(version=point.start_version, weights_path=point.weights_path)
+    if gated and engine_config.backend == "vllm":
+        assert isinstance(engine, CanaryEngine)
+        await engine.prepare()  # vLLM's start blocks the event loop: before serving, not at the first candidate
+    # 3. writer, serving pipeline, activation
+    writer = BatchWriter(store).start()
+    metrics = Metrics()
+    if not config.ray.enabled:  # a fleet's driver sweeps once, before its replicas start: a replica that
+        # restarts while the learner writes a version must not remove it as "unfinished" (liveloop/serve_ray.py)
+        await asyncio.to_thread(sweep_shared_memory, store, transport, metrics)  # what this deployment left there
+    route = functools.partial(segment_of, config=config.learner)
+    fleet = fleet_view(config.server, store, replica_id(config.ray.replica_id))  # fleet-wide limits (None: per replica)
+    serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server, fleet), route,
+                      carried=store.episodes.carried_turn, canary_by=config.release.canary_by)
+    activator = Activator(
+        engine, store, metrics, config.learner.cursor_name, segments,
+        receiver=receiver, durable_wait_seconds=transport.durable_wait_seconds,
+        keep_serving_memory=config.ray.enabled,  # the other replicas still swap the serving version in from memory
+        gate_base=config.release.mode != "immediate",
+    )
+    try:
+        await finish_start(activator, point)
+    except (HandleGone, WeightsUnverified):  # its memory went (or changed) between the two looks: durable copy or fall back
+        await start_instead(activator, await start_point(store, latest, None, transport.durable_wait_seconds))
+    if segments:
+        await activator.restore_adapters()
+    # 4. the control plane's owners
+    imports = WeightImports(config.learner.checkpoint_dir, model_dir, config.server.max_import_bytes)
+    name = replica_id(config.ray.replica_id)
+    leadership = Leadership(store, name, config.ray.leader_lease_seconds, metrics)
+    operations = Operations(
+        config.monitor, store, activator, metrics, imports, alarms=config.release.alarms, tokenizer=tokenizer, leader=leadership.held_term,
+    )
+    gate = None
+    if gated:
+        assert isinstance(engine, CanaryEngine)
+        evaluate = evaluator(config, tokenizer, model_dir, serving.stop_token_ids, store)
+        gate = ReleaseGate(config.release, activator, engine, store, metrics, evaluate, leader=leadership.held_term)
+        serving.canary = gate.routes_to_candidate
+    handlers = Handlers(
+        chat=ServingChat(serving, edge.generating),
+        completions=ServingCompletions(serving, edge.generating),
+        messages=ServingMessages(serving, edge.generating),
+        responses=ServingResponses(serving, edge.generating, store.conversations),
+    )
+    return Parts(
+        store=store, writer=writer, engine=engine, tokenizer=tokenizer, metrics=metrics, keys=keys, serving=serving,
+        login_throttle=LoginThrottle(
+            config.server.login_failures_per_minute, config.server.login_failures_per_minute_total, FleetRateLimiter(fleet),
+        ),
+        activator=activator, operations=operations, forgetting=Forgetting(store, activator), registry=ReplicaRegistry(store), replica_id=name,
+        down_after_seconds=config.ray.down_after_seconds, edge=edge, gate=gate, leadership=leadership,
+        started_at=int(time.time()), handlers=handlers,
+    )
+
+
+def evaluator(config: Config, tokenizer: Any, model_dir: Path, stop_token_ids: tuple[int, ...], store: Store) -> Any:
+    """The gate's `evaluate(candidate_engine, candidate, live_engine, live)`: the evaluation suite
+    (release/evaluation.py) sampling through the engines (server/control/evaluating.py); None with
+    `[release.evaluation]` off."""
+    if not config.release.evaluation.enabled:
+        return None
+    from liveloop.release.evaluation import Evaluator
+    from liveloop.server.control.evaluating import engine_evaluation
+
+    suite = Evaluator(config.release.evaluation, tokenizer, model_dir, stop_token_ids=stop_token_ids, refresh=store.get_version)
+    return engine_evaluation(suite, stop_token_ids)
+
+
+def beat_of(parts: Parts) -> Callable[[], Beat]:
+    """What this replica reports in the registry: its serving versions, generations running and health."""
+
+    def beat() -> Beat:
+        adapters = {segment: parts.engine.adapter_version(segment) for segment in parts.activator.segments}
+        healthy = parts.engine.healthy() and parts.writer.health().alive
+        return Beat(parts.engine.version, adapters, parts.serving.admission.total, healthy)
+
+    return beat
+
+
+async def stop_parts(parts: Parts) -> None:
+    await parts.engine.close()
+    parts.serving.close()
+    await asyncio.to_thread(parts.writer.close)
+    parts.store.close()
+
+
+@contextlib.asynccontextmanager
+async def running(config: Config, model_dir: Path, edge: EdgeState) -> AsyncIterator[Parts]:
+    """Step 5: the server's parts, started, with their background tasks; on exit the tasks are cancelled,
+    the lease released, the replica row removed and the parts stopped, every queued row flushed."""
+    p = await start_parts(config, model_dir, edge)
+    assert p.leadership is not None
+    try:  # lead at once if nobody does (a lone server): the loops below start as the leader
+        await asyncio.to_thread(p.leadership.renew)
+    except Exception:
+        log.exception("leader lease")
+    kind = "ray_serve" if config.ray.enabled else "process"
+    tasks = [
+        p.leadership.run(),
+        p.activator.watch(config.server.watch_seconds),
+        heartbeat(p.registry, p.replica_id, kind, beat_of(p), config.server.watch_seconds, config.ray.heartbeat_seconds),
+        watch_forgotten(p.store.forgotten),
+        p.operations.watch_alarms(),  # returns at once with [release.alarms] off
+    ]
+    if config.monitor.enabled:
+        tasks.append(p.operations.run())
+    if p.gate is not None:
+        tasks.append(p.gate.run(max(config.server.watch_seconds, GATE_SECONDS)))
+    if config.store.retain_days > 0:
+        tasks.append(apply_retention(p.store, config.store.retain_days, config.store.retention_interval_seconds, p.leadership.leading))
+    if p.serving.admission.fleet is not None:  # the fleet-wide limits' sync (a last one when cancelled)
+        tasks.append(p.serving.admission.fleet.run())
+    started = [asyncio.create_task(t) for t in tasks]
+    log.info("serving %s version %d on %s", config.engine.served_model_name, p.engine.version, p.engine.name)
+    try:
+        yield p
+    finally:
+        for task in started:
+            task.cancel()
+        try:
+            await asyncio.to_thread(p.leadership.release)  # the next replica leads at its next try
+        except Exception:
+            log.exception("releasing the leader lease")
+        try:
+            await asyncio.to_thread(p.registry.remove, p.replica_id)  # a clean stop leaves the fleet
+        except Exception:
+            log.exception("removing replica %s from the registry", p.replica_id)
+        await stop_parts(p)

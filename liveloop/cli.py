@@ -59,7 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from liveloop.app import build_app
-    from liveloop.server.app import check_bind, uvicorn_options
+    from liveloop.server.edge.app import check_bind, uvicorn_options
 
     config = _config(args)
     server = dataclasses.replace(config.server, host=args.host or config.server.host, port=args.port or config.server.port)

@@ -14,7 +14,8 @@ together, so it lives below both (neither `server/` nor `learner/` imports the o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from liveloop.learner.config import LearnerConfig
@@ -42,7 +43,39 @@ def lanes(config: LearnerConfig) -> tuple[str, ...]:
     return (*config.segments, OVERFLOW)
 
 
+class _Segmented(Protocol):
+    segment: str | None
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What a policy version belongs to: the base weights (`segment` None) or one segment's adapter over
+    them. Each lineage has its own line of versions, its own serving version, its own learner cursor
+    and pause (its `lane`: `sao`, `sao:cozy`), and rolls back alone."""
+
+    segment: str | None = None
+
+    @classmethod
+    def of(cls, version: _Segmented) -> Lineage:
+        """The lineage of a version row (anything with a `segment`)."""
+        return cls(version.segment)
+
+    @property
+    def is_base(self) -> bool:
+        return self.segment is None
+
+    def lane(self, cursor_name: str) -> str:
+        """The learner_cursor (and learner_control) row that names this lineage."""
+        return cursor_name if self.segment is None else f"{cursor_name}:{self.segment}"
+
+    def __str__(self) -> str:
+        return "the base weights" if self.segment is None else f"segment {self.segment!r}"
+
+
+BASE = Lineage()
+
+
 def lane_cursor(config: LearnerConfig, segment: str | None) -> str:
     """The learner_cursor (and learner_control) row of one segment's lineage: `sao:cozy`; the shared
     policy keeps the plain cursor name."""
-    return config.cursor_name if segment is None else f"{config.cursor_name}:{segment}"
+    return Lineage(segment).lane(config.cursor_name)

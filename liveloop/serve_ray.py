@@ -20,7 +20,7 @@ store (PostgreSQL: several processes write at once).
   tells Serve an engine that stopped serving.
 - Versions: the learner publishes a version once (a row, its memory in the deployment's shared
   memory, then its durable checkpoint); every replica's watcher activates or follows it
-  (server/control/publisher.py, the follower rule), so a rollback, an operator import or a pause, done through
+  (server/control/activator.py, the follower rule), so a rollback, an operator import or a pause, done through
   any replica, reaches all of them.
 - The learner's health and status reach every replica through `RemoteLearner`, a view of the named
   `LearnerHost` actor polled off the event loop (`health()` never blocks a request).
@@ -30,7 +30,7 @@ store (PostgreSQL: several processes write at once).
   replica routes: under `[release] mode` canary or gated each builds its own `CanaryEngine`, and its
   gate's pass loads the store's CANARY version into that replica's candidate engine (and drops one the
   store no longer names), so every replica sends the same canary users to the same candidate; a
-  promotion reaches the others through the publisher's follower rule (the candidate they hold becomes
+  promotion reaches the others through the activator's follower rule (the candidate they hold becomes
   their live engine, no load). A leader killed with `kill -9` (Serve restarts it as a new holder) is
   replaced by another replica within the lease and a third; one stopped cleanly releases the lease.
 
@@ -94,7 +94,7 @@ class LearnerHost:
 
 
 class RemoteLearner:
-    """A replica's view of the fleet's learner (`app.state.learner`): `health()` answers from the
+    """A replica's view of the fleet's learner (the edge's `Parts.learner`): `health()` answers from the
     last poll of the named `LearnerHost` (every `poll_s`, on a thread; "starting" until it is found,
     "unreachable" when it does not answer), `status()` asks it; `close()` stops looking."""
 
@@ -248,7 +248,7 @@ class Fleet:
         from ray import serve
 
         from liveloop.learner.actor import start_private_ray
-        from liveloop.server.app import check_bind
+        from liveloop.server.edge.app import check_bind
 
         self.config = replica_config(config)
         check_bind(self.config)

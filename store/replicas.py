@@ -1,7 +1,7 @@
 """The replica registry: one `replicas` row per serving process (migration 0009).
 
 Every process that serves (a Ray Serve replica of `liveloop serve --config ray`, or the one process of
-a plain `liveloop serve`) heartbeats its row from the server's components (server/app.py,
+a plain `liveloop serve`) heartbeats its row from the server's parts (server/control/fleet.py,
 `heartbeat`): what its engine serves (the base version and each segment's adapter version), how many
 generations it is running, and whether its engine and writer are healthy. The fleet view
 (`GET /admin/replicas`, `GET /v1/versions`'s `replicas`, `/metrics`, the dashboard's fleet panel) is

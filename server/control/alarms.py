@@ -40,7 +40,7 @@ from typing import Any
 from liveloop.metrics import Metrics
 from liveloop.monitor.hacking import HackingReport, alarms, attribute
 from liveloop.release.config import AlarmConfig
-from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.activator import Activator
 from liveloop.store import Store, TransitionRefused, VersionRecord
 from liveloop.store.records import VersionTraffic
 
@@ -105,10 +105,10 @@ def stretch(
 
 
 class RewardHackingAlarms:
-    def __init__(self, config: AlarmConfig, store: Store, publisher: Publisher, metrics: Metrics, tokenizer: Any):
+    def __init__(self, config: AlarmConfig, store: Store, activator: Activator, metrics: Metrics, tokenizer: Any):
         self.config = config
         self.store = store
-        self.publisher = publisher
+        self.activator = activator
         self.metrics = metrics
         self.tokenizer = tokenizer
         self.verdicts: dict[int, HackingVerdict] = {}
@@ -131,8 +131,8 @@ class RewardHackingAlarms:
             self._alarmed = {
                 (e.version, e.detail.get("trait")) for e in self.store.events(limit=10000) if e.kind == "reward_hacking"
             }
-        lineages: list[tuple[str | None, int | None]] = [(None, self.publisher.serving_version)]
-        lineages += list(self.publisher.serving_adapters().items())
+        lineages: list[tuple[str | None, int | None]] = [(None, self.activator.serving_version)]
+        lineages += list(self.activator.serving_adapters().items())
         canaries = {segment: self.store.canary_version(segment) for segment, _ in lineages}
         # the per-version aggregate scans the ratings: only when there are new ones or the versions changed
         looked = (self.store.last_rating_id(), tuple(lineages), tuple(c.version if c else None for c in canaries.values()))
@@ -189,7 +189,7 @@ class RewardHackingAlarms:
         reason = f"reward hacking: {', '.join(new)} explain the {verdict.role} version's gain"
         held = paused = False
         if self.config.auto_hold:
-            lane = self.publisher.lane(verdict.segment)
+            lane = self.activator.lane(verdict.segment)
             if verdict.role == "candidate":
                 try:
                     self.store.hold_version(verdict.version, reason, lane, {"alarms": new, "report": verdict.report.as_dict()}, term)

@@ -1,14 +1,14 @@
 """The release gate's candidates in the engine (server/control/gate.py decides, this acts): `Candidates` loads,
-promotes and drops the candidate of each lineage under the gate, under the publisher's lock and with
-its weights path and verification (server/control/publisher.py), so a candidate and an activation never
+promotes and drops the candidate of each lineage under the gate, under the activator's lock and with
+its weights path and verification (server/control/activator.py), so a candidate and an activation never
 interleave and a candidate's weights are checked exactly as an activation's. It changes no status but
 the promotion's (`activate_version`, asked of the store as every activation is).
 
 - The base lineage: the candidate engine of the `CanaryEngine` (server/engines/canary.py). `load`
-  finds the weights (`_open`: memory, then the durable checkpoint); unverified weights mark the row
+  finds the weights (`Activator.weights`: memory, then the durable checkpoint); unverified weights mark the row
   FAILED, missing ones are waited for, a load that fails marks a candidate FAILED. `promote`: the store
   is asked first (`check_activation`), the candidate engine becomes the live one at once
-  (`CanaryEngine.promote`, no load), then one store transaction makes it SERVING; refused there, the
+  (`CanaryEngine.promote`, no load), then one store transaction makes it SERVING (`Activator.change`); refused there, the
   engines swap back and the activation is dropped, unless another replica promoted it first.
 - A segment's adapter lineage: the segment's candidate slot in the live engine
   (`CanaryEngine.load_candidate_adapter`, from the version's durable checkpoint, verified against its
@@ -27,30 +27,28 @@ import asyncio
 import contextlib
 import logging
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from liveloop.server.engines.canary import CandidateBusy, CanaryEngine
 from liveloop.store import TransitionRefused, VersionRecord, VersionStatus
 from liveloop.store.lease import StaleLeader
 from liveloop.transport import WeightsUnverified
-from liveloop.transport.checkpoint_dir import verified_copy
-from liveloop.transport.weights import CheckpointDir
 
 if TYPE_CHECKING:
-    from liveloop.server.control.publisher import Publisher, SwapResult
+    from liveloop.server.control.activator import Activator, SwapResult
 
 log = logging.getLogger(__name__)
 
 
 class Candidates:
     """The gate's hands on the engine: one candidate per lineage (None: the base weights; else a
-    segment's adapters). Uses the publisher's lock and weight checks (its companion: same package)."""
+    segment's adapters), under the activator's lock and with its verified weights; a promotion of the
+    base lineage is the activator's one swap-then-record-or-swap-back change."""
 
-    def __init__(self, publisher: Publisher, engine: CanaryEngine):
+    def __init__(self, activator: Activator, engine: CanaryEngine):
         if not isinstance(engine, CanaryEngine):
             raise TypeError("the release gate needs a CanaryEngine (server/engines/canary.py)")
-        self.publisher = publisher
+        self.activator = activator
         self.engine = engine
 
     def loaded(self, segment: str | None) -> int | None:
@@ -65,23 +63,20 @@ class Candidates:
         FAILED for weights that fail verification or do not load."""
         if record.segment is not None:
             return await self._load_adapter(record)
-        p = self.publisher
-        async with p._lock:
+        a = self.activator
+        async with a.lock:
             engine = self.engine
             if engine.candidate_version == record.version:
                 return True
             with contextlib.ExitStack() as stack:
                 try:
-                    source, via, _ = await asyncio.to_thread(p._open, record, stack)
-                    if source is None and record.version == 0 and record.checkpoint_path:  # the base model's directory
-                        source, via = CheckpointDir(Path(record.checkpoint_path)), "checkpoint_dir"
+                    source, via, _ = await asyncio.to_thread(a.weights, record, stack)
                 except WeightsUnverified as exc:
-                    await p._reject(record, exc)
+                    await a.reject(record, exc)
                     return False
                 if source is None:
-                    await p._wait_for_weights(record)
+                    await a.wait_for_weights(record)
                     return False
-                p._waiting.pop(record.version, None)
                 try:
                     seconds = await engine.load_candidate(source, record.version)
                 except CandidateBusy as exc:
@@ -91,109 +86,117 @@ class Candidates:
                     log.exception("could not load version %d as the candidate", record.version)
                     await self._failed_load(record)
                     return False
-        p.metrics.observe("server/candidate_load_seconds", seconds, transport=via)
+        a.metrics.observe("server/candidate_load_seconds", seconds, transport=via)
         log.info("version %d loaded as the candidate in %.0f ms via %s", record.version, seconds * 1000, via)
         return True
 
     async def _load_adapter(self, record: VersionRecord) -> bool:
-        p, segment = self.publisher, record.segment
+        a, segment = self.activator, record.segment
         assert segment is not None
-        async with p._lock:
+        async with a.lock:
             if self.engine.candidate_adapter_version(segment) == record.version:
                 return True
-            if not record.checkpoint_path:
-                await self._failed_load(record)
-                return False
-            try:
-                copy = await asyncio.to_thread(verified_copy, record.checkpoint_path, record.checkpoint_sha256, record.version)
-            except WeightsUnverified as exc:
-                await p._reject(record, exc)
-                return False
-            try:
-                with copy:
-                    seconds = await self.engine.load_candidate_adapter(segment, CheckpointDir(copy.path), record.version)
-            except Exception:
-                log.exception("segment %s: could not load adapter version %d as the candidate", segment, record.version)
-                await self._failed_load(record)
-                return False
-        p.metrics.observe("server/candidate_load_seconds", seconds, transport="checkpoint_dir")
+            with contextlib.ExitStack() as stack:
+                try:
+                    source, _, _ = await asyncio.to_thread(a.weights, record, stack)
+                except WeightsUnverified as exc:
+                    await a.reject(record, exc)
+                    return False
+                if source is None:
+                    await self._failed_load(record)
+                    return False
+                try:
+                    seconds = await self.engine.load_candidate_adapter(segment, source, record.version)
+                except Exception:
+                    log.exception("segment %s: could not load adapter version %d as the candidate", segment, record.version)
+                    await self._failed_load(record)
+                    return False
+        a.metrics.observe("server/candidate_load_seconds", seconds, transport="checkpoint_dir")
         log.info("segment %s: adapter version %d loaded as the candidate in %.0f ms", segment, record.version, seconds * 1000)
         return True
 
     async def _failed_load(self, record: VersionRecord) -> None:
         if record.status in (VersionStatus.CANARY, VersionStatus.PUBLISHED):  # never a version that serves
-            await self.publisher._fail(record.version)
-        self.publisher.metrics.inc("server/swap_failures")
+            await self.activator.fail(record.version)
+        self.activator.metrics.inc("server/swap_failures")
 
     # -- promote -------------------------------------------------------------------------------------
     async def promote(self, record: VersionRecord, term: int | None = None) -> SwapResult | None:
         """Promote the loaded candidate `record` as the leader of `term` (see the module docstring).
         None when it was not promoted (not the loaded candidate; the store refused: the activation is
         dropped; or this replica no longer leads in `term`: nothing changed)."""
-        from liveloop.server.control.publisher import SwapResult
+        from liveloop.server.control.activator import SwapResult
 
         if record.segment is not None:
             return await self._promote_adapter(record, term)
-        p = self.publisher
-        async with p._lock:
-            engine = self.engine
+        a, engine = self.activator, self.engine
+        async with a.lock:
             if engine.candidate_version != record.version:
                 return None
             try:
-                await asyncio.to_thread(p.store.check_activation, record.version, term)
+                await asyncio.to_thread(a.store.check_activation, record.version, term)
             except StaleLeader as exc:
                 log.warning("candidate %d not promoted: %s", record.version, exc)
                 return None
             except TransitionRefused as exc:
-                if not await p._serves_now(record.version):
-                    await p._drop(record.version, str(exc))
+                if not await a.serves_now(record.version):
+                    await a.drop(record.version, str(exc))
                     engine.drop_candidate()
                 return None
-            start = time.perf_counter()
             previous = engine.version
-            with p.changes.changing():
-                engine.promote()
+
+            async def swap() -> float:
+                engine.promote()  # the candidate engine becomes the live one: no load
+                return 0.0
+
+            async def commit() -> None:
                 try:
-                    await asyncio.to_thread(p.store.activate_version, record.version, None, term)
-                except StaleLeader as exc:
-                    engine.demote(record.version)
-                    log.warning("candidate %d not promoted: %s", record.version, exc)
-                    return None
-                except TransitionRefused as exc:
-                    if not await p._serves_now(record.version):
-                        engine.demote(record.version)
-                        engine.drop_candidate()
-                        await p._drop(record.version, str(exc))
-                        return None
-            swap_s = time.perf_counter() - start
-            p.metrics.inc("server/swaps")
-            p.last_swap_via = "promotion"
-            await p._loaded(record, None)
-            return SwapResult(record.version, previous, swap_s * 1000, 0.0)
+                    await asyncio.to_thread(a.store.activate_version, record.version, None, term)
+                except TransitionRefused:
+                    if not await a.serves_now(record.version):
+                        raise
+                    # another replica promoted it first: it serves
+
+            async def undo() -> None:
+                engine.demote(record.version)
+
+            try:
+                seconds, _, _ = await a.change(swap, commit, undo)
+            except StaleLeader as exc:
+                log.warning("candidate %d not promoted: %s", record.version, exc)
+                return None
+            except TransitionRefused as exc:
+                engine.drop_candidate()
+                await a.drop(record.version, str(exc))
+                return None
+            a.metrics.inc("server/swaps")
+            a.last_swap_via = "promotion"
+            await a.loaded(record, None)
+            return SwapResult(record.version, previous, seconds * 1000, 0.0)
 
     async def _promote_adapter(self, record: VersionRecord, term: int | None) -> SwapResult | None:
-        from liveloop.server.control.publisher import SwapResult
+        from liveloop.server.control.activator import SwapResult
 
-        p, segment = self.publisher, record.segment
+        a, segment = self.activator, record.segment
         assert segment is not None
-        async with p._lock:
+        async with a.lock:
             if self.engine.candidate_adapter_version(segment) != record.version:
                 return None
             previous = self.engine.adapter_version(segment)
             start = time.perf_counter()
-            with p.changes.changing():
+            with a.changes.changing():  # the store first, then the slot repointed (nothing to undo in the engine)
                 try:
-                    await asyncio.to_thread(p.store.activate_version, record.version, None, term)
+                    await asyncio.to_thread(a.store.activate_version, record.version, None, term)
                 except StaleLeader as exc:  # nothing to undo: the slot's adapter was not repointed yet
                     log.warning("segment %s: candidate adapter %d not promoted: %s", segment, record.version, exc)
                     return None
                 except TransitionRefused as exc:
-                    if not await p._serves_now(record.version):  # rolled back or replaced: never serves
-                        await p._drop(record.version, str(exc))
+                    if not await a.serves_now(record.version):  # rolled back or replaced: never serves
+                        await a.drop(record.version, str(exc))
                         await self.engine.drop_candidate_adapter(segment)
                         return None
                 await self.engine.promote_adapter(segment)
-            p.metrics.inc("server/adapter_swaps", segment=segment)
+            a.metrics.inc("server/adapter_swaps", segment=segment)
             log.info("segment %s: candidate adapter %d promoted over %s", segment, record.version, previous)
             parent = previous if previous is not None else self.engine.version
             return SwapResult(record.version, parent, (time.perf_counter() - start) * 1000, 0.0)
@@ -202,7 +205,7 @@ class Candidates:
     async def drop(self, segment: str | None = None) -> int | None:
         """No user is served the lineage's candidate any more (held, rolled back, replaced); returns its
         version (None: there was none)."""
-        async with self.publisher._lock:
+        async with self.activator.lock:
             if segment is None:
                 return self.engine.drop_candidate()
             return await self.engine.drop_candidate_adapter(segment)

@@ -24,7 +24,7 @@ forgotten as a plain forget does (`Store.forget_key`); then per affected lineage
 (unless the operator had paused it), the learner's cursor is pointed at the target AND moved back to
 its feedback position in one version-state transaction (`Store.rewind_lineage`: a publish on the old
 lineage racing it is refused by the lineage check; the paused learner reloads the target and trains
-nothing meanwhile), then `Publisher.rollback` serves the target and marks every later version of the
+nothing meanwhile), then `Activator.rollback` serves the target and marks every later version of the
 lineage rolled back (when the target serves already, the store's `rollback_to` alone marks them);
 then the lane is resumed. The learner trains the ratings after the target's position again, without
 the key's (deleted), as a new lineage of versions from the target, and each goes through the release
@@ -48,7 +48,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from liveloop.server.control.publisher import AlreadyServing, Publisher, RollbackResult
+from liveloop.server.control.activator import AlreadyServing, Activator, RollbackResult
 from liveloop.store import Store, VersionRecord
 from liveloop.store.rights import Deleted, KeyNotFound
 from liveloop.store.status import NOT_ROLLED_BACK
@@ -210,18 +210,18 @@ def plan_forget(store: Store, key_id: str, lanes: list[tuple[str, str | None]]) 
 
 
 class Forgetting:
-    """Plans and runs forgets that reach the weights, through the store and the publisher."""
+    """Plans and runs forgets that reach the weights, through the store and the activator."""
 
-    def __init__(self, store: Store, publisher: Publisher):
+    def __init__(self, store: Store, activator: Activator):
         self.store = store
-        self.publisher = publisher
+        self.activator = activator
         self._lock = asyncio.Lock()  # one forget at a time moves cursors
 
     def lanes(self) -> list[tuple[str, str | None]]:
         """The lineages a learner trains: each segment's adapters, or the base weights without adapters."""
-        if self.publisher.segments:
-            return [(self.publisher.lane(s), s) for s in self.publisher.segments]
-        return [(self.publisher.lane(None), None)]
+        if self.activator.segments:
+            return [(self.activator.lane(s), s) for s in self.activator.segments]
+        return [(self.activator.lane(None), None)]
 
     async def plan(self, key_id: str) -> ForgetPlan:
         return await asyncio.to_thread(plan_forget, self.store, key_id, self.lanes())
@@ -261,7 +261,7 @@ class Forgetting:
             before = await asyncio.to_thread(store.rewind_lineage, lane, plan.target, plan.target_cursor)
             swapped = True
             try:
-                result: RollbackResult = await self.publisher.rollback(plan.target, admin_key_id, reason, plan.segment)
+                result: RollbackResult = await self.activator.rollback(plan.target, admin_key_id, reason, plan.segment)
                 rolled = tuple(result.rolled_back)
             except AlreadyServing:  # the target serves already: only the versions after it move
                 swapped = False

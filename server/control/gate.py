@@ -1,13 +1,13 @@
 """The release gate: how a learner's version reaches users under `[release] mode` (liveloop.release).
 
-`ReleaseGate.run` is a loop beside the publisher's watcher (server/app.py), every `[server]
+`ReleaseGate.run` is a loop beside the activator's watcher (started by liveloop/app.py), every `[server]
 watch_seconds`. The store owns the statuses (`start_canary`, `activate_version`, `hold_version`); the
-candidates' engine side is server/control/candidates.py (`load`, `promote`, `drop`, under the publisher's lock,
+candidates' engine side is server/control/candidates.py (`load`, `promote`, `drop`, under the activator's lock,
 with the weights found and verified as for every activation); the gate decides (release/decision.py)
 and evaluates.
 
-- `canary` / `gated` (the base weights' lineage): the publisher's watcher activates nothing of the
-  lineage (`Publisher.gate_base`). Each pass the gate (1) mirrors the store's CANARY version into the
+- `canary` / `gated` (the base weights' lineage): the activator's watcher activates nothing of the
+  lineage (`Activator.gate_base`). Each pass the gate (1) mirrors the store's CANARY version into the
   engine's candidate slot (so every replica of a fleet holds the same candidate and routes the same users
   to it; a candidate the store no longer names, rolled back or held by another replica, is dropped);
   (2) with none, makes the newest PUBLISHED version descending from the serving one the candidate
@@ -24,7 +24,7 @@ and evaluates.
 - In a fleet (several replicas on one store) every replica's gate does (1), so each routes the same
   users to the same candidate, but only the leader (`leader`, server/control/leader.py) starts candidates,
   evaluates and decides (and evaluates in immediate mode): one evaluation per candidate, one decision;
-  the others follow a promotion (the publisher's follower rule) and a hold (the candidate the store no
+  the others follow a promotion (the activator's follower rule) and a hold (the candidate the store no
   longer names is dropped). `leader` gives the leader lease's term this replica leads in, and each of
   the gate's store writes (candidate, evaluation, promotion, hold) carries the term its pass began in:
   the store refuses it (StaleLeader, nothing written; store/lease.py) when the lease has changed
@@ -38,7 +38,7 @@ and evaluates.
   (newest first: versions replaced before the gate was free are skipped), on the candidate engine so
   the evaluation neither runs on nor is disturbed by the swaps of the engine users are on. Gates nothing.
 
-On vLLM the candidate engine starts with the server (its start blocks the event loop: server/app.py);
+On vLLM the candidate engine starts with the server (its start blocks the event loop: liveloop/app.py);
 on hf it starts, off the loop, at the first candidate.
 
 Segment adapter lineages (`[release] segments`, each segment taking `mode` unless overridden): each
@@ -53,7 +53,7 @@ repoints the slot's adapter to the segment (no load); a hold unloads it. The eva
 slot against the segment's live adapter (or the base weights when none serves it yet), on the live
 engine. A segment candidate's ratings are compared with its live adapter's (with the base version's
 when the segment has none: the base version's ratings then include every base request's). The
-publisher activates nothing of a gated segment (`Publisher.gate_segments`, set by the gate). Adapter
+activator activates nothing of a gated segment (`Activator.gate_segments`, set by the gate). Adapter
 slots are built on the hf engine's adapters; on vLLM a non-immediate segment mode is refused at start
 (`gated_segments`: a ConfigError) until its LoRA slots are verified on a GPU.
 """
@@ -75,7 +75,7 @@ from liveloop.release.routing import in_canary
 from liveloop.server.control.candidates import Candidates
 from liveloop.server.engines.base import Engine
 from liveloop.server.engines.canary import SLOT_SUFFIX, CanaryEngine
-from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.activator import Activator
 from liveloop.store import Store, TransitionRefused, VersionRecord, VersionStatus
 from liveloop.store.lease import StaleLeader
 from liveloop.store.records import VersionTraffic
@@ -110,6 +110,28 @@ def gated_segments(config: ReleaseConfig, segments: tuple[str, ...], backend: st
             f"[release] segments = {{ {immediate} }} to release them immediately"
         )
     return gated
+
+
+GATED_BACKENDS = ("hf", "vllm")  # the backends the release gate runs on
+
+
+def wants_gate(config: ReleaseConfig, segments: tuple[str, ...], backend: str) -> bool:
+    """Whether a server runs the release gate (and so a candidate engine): a canary or gated mode, or
+    immediate mode with `[release.evaluation] immediate` on (each new serving version evaluated, gating
+    nothing), or a segment adapter lineage in a canary or gated mode. Refuses a gated mode on the other
+    backends (sglang's engine is a client of one SGLang server: a second one would share its weights; a
+    diffusion model is not a causal LM the evaluation can score), and a gated segment on a backend
+    without adapter slots (`gated_segments`: a ConfigError)."""
+    evaluates_immediate = config.evaluation.enabled and config.evaluation.immediate
+    if backend not in GATED_BACKENDS:
+        if config.mode != "immediate" or evaluates_immediate:
+            raise ConfigError(
+                f"[release] mode = {config.mode!r} (or an evaluation in immediate mode) needs a second engine for the "
+                f"candidate and a causal LM to evaluate: backends {', '.join(GATED_BACKENDS)}, not {backend}"
+            )
+        gated_segments(config, segments, backend)  # raises for a gated segment
+        return False
+    return config.mode != "immediate" or evaluates_immediate or bool(gated_segments(config, segments, backend))
 
 
 @dataclass(frozen=True)
@@ -162,16 +184,16 @@ class _Lineage:
 
 class ReleaseGate:
     def __init__(
-        self, config: ReleaseConfig, publisher: Publisher, engine: CanaryEngine, store: Store, metrics: Metrics,
+        self, config: ReleaseConfig, activator: Activator, engine: CanaryEngine, store: Store, metrics: Metrics,
         evaluate: Evaluate | None = None, leader: Callable[[], int | None] | None = None,
     ):
         self.config = config
         # the leader lease's term this replica leads the fleet in now, None when another replica leads
         # (server/control/leader.py `held_term`); 0 (the default: a lone gate without a lease) is not fenced
         self.leader: Callable[[], int | None] = leader or (lambda: 0)
-        self.publisher = publisher
+        self.activator = activator
         self.engine = engine
-        self.candidates = Candidates(publisher, engine)
+        self.candidates = Candidates(activator, engine)
         self.store = store
         self.metrics = metrics
         self.evaluate = evaluate if config.evaluation.enabled else None
@@ -179,12 +201,12 @@ class ReleaseGate:
         self.decisions: dict[int, Decision] = {}  # version -> the last verdict on it
         self._evaluated: set[int] = set()  # versions whose evaluation this gate started (or found stored)
         self._base = _Lineage(None, self.mode)
-        gated = tuple(s for s in publisher.segments if config.mode_of(s) != "immediate")
+        gated = tuple(s for s in activator.segments if config.mode_of(s) != "immediate")
         self._segments = {s: _Lineage(s, config.mode_of(s)) for s in gated}
-        publisher.gate_segments = frozenset(gated)  # the watcher activates nothing of these lineages
+        activator.gate_segments = frozenset(gated)  # the watcher activates nothing of these lineages
         for segment in config.segments:
-            if segment not in publisher.segments:
-                log.warning("[release] segments.%s: no such segment lineage here (segments: %s)", segment, ", ".join(publisher.segments) or "none")
+            if segment not in activator.segments:
+                log.warning("[release] segments.%s: no such segment lineage here (segments: %s)", segment, ", ".join(activator.segments) or "none")
 
     @property
     def _task(self) -> asyncio.Task | None:  # the base lineage's evaluation (tests and state read it)
@@ -256,7 +278,7 @@ class ReleaseGate:
     async def _step(self, lineage: _Lineage) -> Decision | None:
         segment = lineage.segment
         canary = await asyncio.to_thread(self.store.canary_version, segment)
-        paused = await asyncio.to_thread(self.store.learning_paused, self.publisher.lane(segment))
+        paused = await asyncio.to_thread(self.store.learning_paused, self.activator.lane(segment))
         if canary is None:
             if self.candidates.loaded(segment) is not None:
                 await self.candidates.drop(segment)
@@ -268,7 +290,7 @@ class ReleaseGate:
             if canary is None:
                 return None
         if segment is None:
-            await self.engine.prepare()  # outside the publisher's lock: an engine's start holds back no activation
+            await self.engine.prepare()  # outside the activator's lock: an engine's start holds back no activation
         if not await self.candidates.load(canary):
             return None
         term = self.leader()
@@ -344,7 +366,7 @@ class ReleaseGate:
         detail = {"mode": lineage.mode, "p_worse": decision.p_worse, "live": self._live_version(segment)}
         try:
             await asyncio.to_thread(
-                self.store.hold_version, canary.version, decision.reason, self.publisher.lane(segment), detail, fenced_term(term),
+                self.store.hold_version, canary.version, decision.reason, self.activator.lane(segment), detail, fenced_term(term),
             )
         except StaleLeader as exc:  # deposed since the pass began: the candidate stays for the new leader
             log.warning("candidate %d not held: %s", canary.version, exc)
@@ -451,7 +473,7 @@ class ReleaseGate:
         evaluating = self._base.running()
         if evaluating is None:
             evaluating = next((v for v in (lineage.running() for lineage in self._segments.values()) if v is not None), None)
-        modes = {s: self.config.mode_of(s) for s in self.publisher.segments}
+        modes = {s: self.config.mode_of(s) for s in self.activator.segments}
         modes.update({s: m for s, m in self.config.segments.items() if s not in modes})
         return ReleaseState(self.mode, modes, self.config.canary_fraction, serving, candidate, evaluating, lineages)
 

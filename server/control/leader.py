@@ -5,7 +5,7 @@ Every replica routes (its engine, its candidate engine following the store's CAN
 version watcher's follower rule), but the control loops that decide and write run in the leader
 only: the release gate's choice of candidate, its evaluations and its promote/hold decisions
 (server/control/gate.py, `leader`), the reward-hacking alarms and the drift monitor's alarm events, guard and
-quarantine (server/control/operations.py), and retention (server/app.py). A plain `liveloop serve` is a fleet
+quarantine (server/control/operations.py), and retention (server/control/retention.py). A plain `liveloop serve` is a fleet
 of one and leads at once.
 
 `run` renews the lease every `seconds / 3` (and a replica that does not hold it tries to take it as

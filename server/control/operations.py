@@ -1,5 +1,5 @@
 """What operators act on and watch, in the server: learning pause/resume, rollback (through the
-publisher), and the drift monitor loop, which reads new ratings every poll, records alarms as
+activator), and the drift monitor loop, which reads new ratings every poll, records alarms as
 operator events, exports the figures as Prometheus metrics and, when `[monitor] guard` is on, rolls
 back a serving version whose reward rate is significantly below its parent's; the keys' disagreement
 scores, and when `[monitor] quarantine_z` is set, the automatic quarantine of keys above it that at
@@ -21,7 +21,7 @@ are the leader's; the other replicas still read the ratings and export the figur
 `/metrics`). A replica that becomes the leader re-reads which alarms are recorded already (the one
 before it may have recorded some), so an alarm is recorded once per version and trait.
 
-Results are typed (`LearningState`, `WeightsImported`, the publisher's `RollbackResult`, the monitor's
+Results are typed (`LearningState`, `WeightsImported`, the activator's `RollbackResult`, the monitor's
 `VersionRow`, `KeyRow`, the alarms' `HackingVerdict`); the admin routes turn them into JSON."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from liveloop.monitor.poisoning import Disagreement, ReplyGroups, Suspect, find_
 from liveloop.monitor.versions import VersionRow, version_table
 from liveloop.release.config import AlarmConfig
 from liveloop.server.control.alarms import HackingVerdict, RewardHackingAlarms
-from liveloop.server.control.publisher import Publisher, RollbackResult, SwapResult
+from liveloop.server.control.activator import Activator, RollbackResult, SwapResult
 from liveloop.server.control.weights_import import WeightImports
 from liveloop.store import Store
 from liveloop.store.keys import KeyState
@@ -83,7 +83,7 @@ class KeyRow:
 
 class Operations:
     def __init__(
-        self, config: MonitorConfig, store: Store, publisher: Publisher, metrics: Metrics, imports: WeightImports | None = None,
+        self, config: MonitorConfig, store: Store, activator: Activator, metrics: Metrics, imports: WeightImports | None = None,
         alarms: AlarmConfig | None = None, tokenizer: Any = None, leader: Callable[[], int | None] | None = None,
     ):
         self.config = config
@@ -92,7 +92,7 @@ class Operations:
         self.leader: Callable[[], int | None] = leader or (lambda: 0)
         self._alarms_term: int | None = None  # the term the alarms last ran in
         self.store = store
-        self.publisher = publisher
+        self.activator = activator
         self.metrics = metrics
         self.imports = imports  # where operators' weights are copied to (None: POST /admin/weights is off)
         self._importing: set[asyncio.Task] = set()
@@ -104,19 +104,19 @@ class Operations:
         self._groups = ReplyGroups(config.similarity)
         self._scoring = threading.Lock()
         # reward-hacking alarms (None: off, or no tokenizer to read the replies with)
-        self.alarms = RewardHackingAlarms(alarms, store, publisher, metrics, tokenizer) if alarms and alarms.enabled and tokenizer else None
+        self.alarms = RewardHackingAlarms(alarms, store, activator, metrics, tokenizer) if alarms and alarms.enabled and tokenizer else None
 
     @property
     def learner_name(self) -> str:
-        return self.publisher.learner_name
+        return self.activator.learner_name
 
     # -- actions -------------------------------------------------------------------------------
     async def set_paused(
         self, paused: bool, api_key_id: str | None, reason: str | None = None, segment: str | None = None
     ) -> LearningState:
         """Pause or resume the learner, or one segment's lane (it neither trains nor activates; the
-        others go on). Raises the publisher's UnknownSegment."""
-        name = self.publisher.lane(segment)
+        others go on). Raises the activator's UnknownSegment."""
+        name = self.activator.lane(segment)
         changed = await asyncio.to_thread(self.store.set_learning_paused, name, paused, reason, api_key_id)
         if segment is None:
             self.metrics.set("learner/paused", float(paused))
@@ -125,18 +125,18 @@ class Operations:
         return LearningState(name, paused, changed, segment)
 
     async def paused(self, segment: str | None = None) -> bool:
-        return await asyncio.to_thread(self.store.learning_paused, self.publisher.lane(segment))
+        return await asyncio.to_thread(self.store.learning_paused, self.activator.lane(segment))
 
     async def rollback(
         self, version: int, api_key_id: str | None, reason: str | None = None, segment: str | None = None, expect_serving: int | None = None
     ) -> RollbackResult:
-        return await self.publisher.rollback(version, api_key_id, reason, segment, expect_serving)
+        return await self.activator.rollback(version, api_key_id, reason, segment, expect_serving)
 
     async def publish_weights(self, path: str, note: str | None = None, api_key_id: str | None = None) -> WeightsImported:
         """Serve the checkpoint in the operator's directory `path` from a checked copy in managed storage
         (server/control/weights_import.py), as the next version and the learner's lineage. Runs to its end even if
         the caller goes away (a half-done import would leave a LOADING row). Raises the import's
-        ImportRefused / ImportFailed, the publisher's CheckpointUnusable, the store's TransitionRefused."""
+        ImportRefused / ImportFailed, the activator's CheckpointUnusable, the store's TransitionRefused."""
         assert self.imports is not None, "the wiring gives Operations its WeightImports"
         task = asyncio.ensure_future(self._import(path, note, api_key_id))
         self._importing.add(task)
@@ -149,7 +149,7 @@ class Operations:
         start = time.perf_counter()
         staged = await asyncio.to_thread(imports.stage, path)
         try:
-            swapped = await self.publisher.publish_dir(staged, note=note)
+            swapped = await self.activator.activate_import(staged, note=note)
         except BaseException:
             await asyncio.to_thread(staged.abandon, self.store)
             raise
@@ -169,9 +169,9 @@ class Operations:
         async def read() -> list[VersionRow]:
             versions = await asyncio.to_thread(self.store.list_versions)
             traffic = await asyncio.to_thread(self.store.version_traffic, True)  # quarantined keys left out
-            return version_table(versions, traffic, self.publisher.serving_version, self.config.confidence, self.publisher.serving_adapters())
+            return version_table(versions, traffic, self.activator.serving_version, self.config.confidence, self.activator.serving_adapters())
 
-        return await self.publisher.changes.settled(read)
+        return await self.activator.changes.settled(read)
 
     # -- keys -----------------------------------------------------------------------------------
     def _scores(self) -> tuple[list[KeyState], dict[str, Disagreement], list[Suspect]]:
@@ -245,8 +245,8 @@ class Operations:
         segment's first adapter is not judged against the base, whose ratings come from every segment).
         Returns the base lineage's rollback, else the first segment's, else None."""
         by_version = {r.version: r for r in rows}
-        lineages = [(None, self.publisher.serving_version)]
-        lineages += [(segment, v) for segment, v in self.publisher.serving_adapters().items() if v is not None]
+        lineages = [(None, self.activator.serving_version)]
+        lineages += [(segment, v) for segment, v in self.activator.serving_adapters().items() if v is not None]
         done = None
         for segment, version in lineages:
             result = await self._guard_lineage(by_version, version, segment)
@@ -275,7 +275,7 @@ class Operations:
             return None
         try:  # compare-and-set: only if what it judged still serves (an operator's import or rollback since wins),
             # fenced: only while this replica still leads in the term it judged in
-            return await self.publisher.rollback(
+            return await self.activator.rollback(
                 verdict.parent, None, f"guard: {verdict.as_dict()}", segment, expect_serving=verdict.version,
                 event=("guard_rollback", detail), term=term or None,
             )

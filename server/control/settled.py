@@ -3,8 +3,8 @@ store records it (or the store records it, then the engine repoints; an undo swa
 the engine's view and the store's differ for a moment, and an admin view that shows both (a version
 table with the engine's serving version; stats after versions) would contradict itself.
 
-`Changes` marks those windows (`changing`, entered by the publisher and the release gate's candidates
-around each engine-then-store or store-then-engine pair, under the publisher's lock, so they never
+`Changes` marks those windows (`changing`, entered by the activator and the release gate's candidates
+around each engine-then-store or store-then-engine pair, under the activator's lock, so they never
 overlap) and runs reads between them (`settled`): a read waits for a window in progress to close, and
 runs again when one opened while it ran. A read never waits for a publish's slow parts (finding and
 verifying weights): only for the swap and its transaction. A replica following the store (the store
@@ -15,7 +15,7 @@ rate) would be overlapped every time, and an admin view or the monitor loop woul
 read runs at most `attempts` times (`ATTEMPTS`); when a window overlapped every one, the last result
 is returned as it is, marked (`Read.settled` False; `settled` logs it and counts it in `unsettled`),
 rather than waited on for ever: at worst it mixes one change's two sides, which the next read shows
-resolved. A window cannot be held off from here (it opens under the publisher's lock, with no await).
+resolved. A window cannot be held off from here (it opens under the activator's lock, with no await).
 """
 
 from __future__ import annotations

@@ -27,14 +27,17 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from liveloop.server.control.publisher import Publisher
+from liveloop.segments import BASE
+from liveloop.server.control.activator import Activator
 from liveloop.store import Store, VersionRecord
 from liveloop.metrics import Metrics
 from liveloop.store.status import VersionStatus
 from liveloop.transport import HandleGone, Receiver, TransportConfig, WeightHandle, WeightsUnverified
 from liveloop.transport import private_dir, shared_memory
 from liveloop.transport.checkpoint_dir import PrivateCopy, is_checkpoint, verified_copy
+from liveloop.transport.weights import CheckpointDir
 
 log = logging.getLogger(__name__)
 
@@ -135,14 +138,25 @@ def _durable_ancestor(store: Store, record: VersionRecord) -> tuple[VersionRecor
     return base, None
 
 
-async def finish_start(publisher: Publisher, point: StartPoint) -> None:
+async def finish_start(activator: Activator, point: StartPoint) -> None:
     """After `engine.start(point.start_version, point.weights_path)`: the private copy it started from
     goes, then the engine swaps to the version's memory (when the point says so)."""
     point.release()
-    if point.memory is None or publisher.receiver is None:
+    if point.memory is None or activator.receiver is None:
         return
-    with publisher.receiver.open(point.memory) as source:
-        await publisher.engine.update_weights(source, point.version)
+    await activator.resume_from_memory(point.version, point.memory)
+
+
+async def start_instead(activator: Activator, point: StartPoint) -> None:
+    """The memory `finish_start` was to swap in went (or changed) between the two looks: serve `point`
+    instead (start_point's second answer, without memory: the durable checkpoint, or an ancestor's),
+    through the activator's path; the private copy goes after."""
+    try:
+        if point.start_version != activator.engine.version and point.weights_path:
+            async with activator.lock:
+                await activator.switch(BASE, point.start_version, CheckpointDir(Path(point.weights_path)), "checkpoint_dir", fail_row=False)
+    finally:
+        point.release()
 
 
 # the statuses whose memory may still be swapped in (or serves now)

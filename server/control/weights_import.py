@@ -2,7 +2,7 @@
 
 The server never serves, restarts on or rolls back to a directory the operator owns: `WeightImports.stage`
 copies it into the learner's `checkpoint_dir`, where learner versions live, and checks the copy; the
-publisher then records the version and moves the copy under the version's own name
+activator then records the version and moves the copy under the version's own name
 (`checkpoint_dir/vNNNNNN/policy`, `StagedCheckpoint.record`). So deleting or changing the operator's
 directory afterwards changes nothing, and the version is the learner's like any other: its cursor moves
 there, it reloads from the copy, and retention prunes it like its own versions unless it is pinned.
@@ -20,7 +20,7 @@ What `stage` accepts, checked on the copy (what will serve), never on the operat
      tokenizes with its own); what the directory lacks of both (a directory with only model.safetensors)
      is taken from the serving model, so the copy is a complete, startable checkpoint;
   5. its digest (`liveloop.checkpoint.checkpoint_digest` of the copy) goes in the row's checkpoint_sha256
-     (what the publisher verifies before the engine loads it), and the copy is fsynced.
+     (what the activator verifies before the engine loads it), and the copy is fsynced.
 Other regular files (READMEs, optimizer states, pickled weights) are left behind. A refusal is an
 `ImportRefused` (`ImportTooLarge` past the bound) naming the offending file, a copy the server could
 not write an `ImportFailed`; either way nothing stays behind: the staging directory

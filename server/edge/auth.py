@@ -14,19 +14,25 @@ SameSite=Strict, random token kept in memory only); writes made with the cookie 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import time
 from collections.abc import Container
 from dataclasses import dataclass, replace
+from typing import Any
 
-from fastapi import Request
+from fastapi import Depends, Request
 from limits import RateLimitItemPerMinute, storage, strategies
 
 from liveloop.server.config import AuthConfig
+from liveloop.server.edge.dependencies import edge, keyring
 from liveloop.server.edge.errors import APIError
+
+log = logging.getLogger(__name__)
 
 
 KEY_ID_CHARS = 16  # a key's id: the first hex characters of its sha256
@@ -148,8 +154,7 @@ def _bearer(request: Request) -> str:
     return key.strip()
 
 
-def require_user(request: Request) -> Principal:
-    keys: KeyRing = request.app.state.keys
+def require_user(request: Request, keys: KeyRing = Depends(keyring)) -> Principal:
     principal = keys.resolve(_bearer(request))
     if principal is None:
         raise APIError(401, "incorrect API key provided", code="invalid_api_key")
@@ -160,18 +165,18 @@ def require_user(request: Request) -> Principal:
     return principal
 
 
-async def user(request: Request) -> Principal:
+async def user(request: Request, keys: KeyRing = Depends(keyring)) -> Principal:
     """`require_user` on the event loop: FastAPI hands a plain `def` dependency to a worker thread,
     a thread hop per request for a hash and a dict lookup."""
-    return require_user(request)
+    return require_user(request, keys)
 
 
-def is_admin(request: Request) -> bool:
+def is_admin(request: Request, keys: KeyRing) -> bool:
     """Whether the request carries an admin key (bearer) or a dashboard session; never raises."""
     if session_principal(request) is not None:
         return True
     try:
-        principal = request.app.state.keys.resolve(_bearer(request))
+        principal = keys.resolve(_bearer(request))
     except APIError:  # no bearer key
         return False
     return principal is not None and principal.admin
@@ -180,17 +185,33 @@ def is_admin(request: Request) -> bool:
 def session_principal(request: Request) -> Principal | None:
     """The admin signed in to the dashboard with this request's cookie, if any."""
     token = request.cookies.get(SESSION_COOKIE)
-    return request.app.state.sessions.resolve(token) if token else None
+    return edge(request).sessions.resolve(token) if token else None
 
 
-def require_admin(request: Request) -> Principal:
+def require_admin(request: Request, keys: KeyRing = Depends(keyring)) -> Principal:
     if "authorization" not in request.headers and "x-api-key" not in request.headers:
         principal = session_principal(request)
         if principal is not None:
             if request.method not in ("GET", "HEAD") and request.headers.get(CSRF_HEADER) != "1":
                 raise APIError(403, f"dashboard writes need the `{CSRF_HEADER}: 1` header", code="insufficient_permissions")
             return principal
-    principal = require_user(request)
+    principal = require_user(request, keys)
     if not principal.admin:
         raise APIError(403, "this route needs an admin key", code="insufficient_permissions")
     return principal
+
+
+FORGOTTEN_REFRESH_SECONDS = 1.0  # how often the edge re-reads the forgotten keys (another process may forget one)
+
+
+async def watch_forgotten(forgotten: Any, interval: float = FORGOTTEN_REFRESH_SECONDS) -> None:
+    """Re-read the forgotten keys the edge refuses (or serves unstored) every `interval` seconds (off the
+    loop), until cancelled: another replica may forget a key."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(forgotten.refresh)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("reading the forgotten keys")

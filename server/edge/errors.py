@@ -90,7 +90,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
 
     from liveloop.server.edge.admission import Busy, RateLimited
     from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
-    from liveloop.server.control.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
+    from liveloop.server.control.activator import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
     from liveloop.server.edge.pipeline.serving import InvalidRequest, LogFailed, UnknownModel
     from liveloop.server.edge.formats.tools import ToolsRefused
     from liveloop.server.control.weights_import import ImportFailed, ImportRefused

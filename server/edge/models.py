@@ -3,20 +3,21 @@ serving now."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 
 from liveloop.server.edge.auth import Principal, user
+from liveloop.server.edge.dependencies import Parts, parts
 from liveloop.server.edge.errors import APIError
 
 router = APIRouter(prefix="/v1")
 
 
-def _model(request: Request) -> dict:
-    serving = request.app.state.serving
+def _model(p: Parts) -> dict:
+    serving = p.serving
     return {
         "id": serving.model_name,
         "object": "model",
-        "created": request.app.state.started_at,
+        "created": p.started_at,
         "owned_by": "liveloop",
         "max_model_len": serving.max_model_len,
         "policy_version": serving.engine.version,
@@ -24,12 +25,12 @@ def _model(request: Request) -> dict:
 
 
 @router.get("/models")
-async def list_models(request: Request, _: Principal = Depends(user)) -> dict:
-    return {"object": "list", "data": [_model(request)]}
+async def list_models(_: Principal = Depends(user), p: Parts = Depends(parts)) -> dict:
+    return {"object": "list", "data": [_model(p)]}
 
 
 @router.get("/models/{model_id:path}")
-async def retrieve_model(model_id: str, request: Request, _: Principal = Depends(user)) -> dict:
-    if model_id != request.app.state.serving.model_name:
+async def retrieve_model(model_id: str, _: Principal = Depends(user), p: Parts = Depends(parts)) -> dict:
+    if model_id != p.serving.model_name:
         raise APIError(404, f"the model `{model_id}` does not exist", param="model", code="model_not_found")
-    return _model(request)
+    return _model(p)

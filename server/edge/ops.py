@@ -21,29 +21,29 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from liveloop.metrics import CONTENT_TYPE
 from liveloop.server.edge.auth import is_admin, require_admin
+from liveloop.server.edge.dependencies import Parts, edge, parts
 
 LOOPBACK_CLIENTS = ("127.0.0.1", "::1")
 
 router = APIRouter()
 
 
-def _trusted(request: Request) -> bool:
+def _trusted(request: Request, p: Parts) -> bool:
     """May this request read the operational details?"""
-    if request.app.state.ops_open_on_loopback and request.client is not None:
+    if edge(request).ops_open_on_loopback and request.client is not None:
         host = request.client.host
         if host in LOOPBACK_CLIENTS or host.startswith("127.") or host == "::ffff:127.0.0.1":
             return True
-    return is_admin(request)
+    return is_admin(request, p.keys)
 
 
 @router.get("/healthz")
-async def healthz(request: Request) -> JSONResponse:
-    state = request.app.state
+async def healthz(request: Request, state: Parts = Depends(parts)) -> JSONResponse:
     writer = state.writer.health()
     store_ok = writer.store_ok
     if not store_ok:  # the last commit failed: is the store back?
@@ -59,7 +59,7 @@ async def healthz(request: Request) -> JSONResponse:
     if not (can_log and engine_ok):
         status = "unavailable"
     code = 200 if status != "unavailable" else 503
-    if not _trusted(request):
+    if not _trusted(request, state):
         return JSONResponse({"status": status}, status_code=code)
     body = {
         "status": status,
@@ -76,7 +76,7 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=code)
 
 
-async def _fleet_metrics(state) -> None:  # noqa: ANN001 (app.state)
+async def _fleet_metrics(state: Parts) -> None:
     """Per-replica gauges from the replica registry: version, adapter versions, load, health, up."""
     try:
         rows = await asyncio.to_thread(state.registry.rows, state.down_after_seconds)
@@ -103,10 +103,9 @@ def _learner_health(learner) -> dict:
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> Response:
-    if not _trusted(request):
-        require_admin(request)  # raises the admin API's 401 / 403
-    state = request.app.state
+async def metrics(request: Request, state: Parts = Depends(parts)) -> Response:
+    if not _trusted(request, state):
+        require_admin(request, state.keys)  # raises the admin API's 401 / 403
     m = state.metrics
     m.set("server/policy_version", state.engine.version)
     m.set("store/writer_batches", state.writer.batches)

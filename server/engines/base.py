@@ -8,7 +8,7 @@ sources are the transport layer's: `liveloop.transport.weights`), the drain gate
     await engine.update_weights(checkpoint_dir, version)   # drains in-flight generations, swaps, resumes
 
 Weights reach an engine through one typed seam, `WeightSource` (`liveloop.transport.weights`): a
-`CheckpointDir` (what the publisher swaps in; a plain path means one) or `NamedTensors` (tensors in this
+`CheckpointDir` (what the activator swaps in; a plain path means one) or `NamedTensors` (tensors in this
 process). Each backend reads every source; a later transport is one more source type.
 
 Atomicity is the engine's invariant, not the backend's: `VersionGate` admits a generation only while

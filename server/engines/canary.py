@@ -9,7 +9,7 @@ served it, so a canary user's response names the candidate.
 - `load_candidate(weights, version)` loads a version into the second engine (created and started at the
   first candidate, or by `prepare`: with the tiny model a second copy is cheap; with vLLM it doubles the
   GPU memory the engines take, `gpu_memory_utilization` each, and its start blocks the event loop, so the
-  server prepares it before it serves: server/app.py). Before loading it stops routing to the old candidate and
+  server prepares it before it serves: liveloop/app.py). Before loading it stops routing to the old candidate and
   waits until no generation runs on that engine any more (a canary user's response from the previous
   candidate, or a response the old live engine was still finishing after a promotion), so a swap there
   never continues anyone's response under the new candidate's weights: a user outside the canary never
@@ -174,7 +174,7 @@ class CanaryEngine:
 
     async def prepare(self) -> None:
         """Create and start the candidate engine if it is not yet (the gate calls it before it takes the
-        publisher's lock, so activations never wait for an engine's start)."""
+        activator's lock, so activations never wait for an engine's start)."""
         async with self._loading:
             if self._spare is None:
                 spare = self._make_engine()

@@ -105,7 +105,7 @@ def _statuses(http: httpx.Client) -> dict[int, str]:
 
 def _wait_activated(http: httpx.Client, segment: str, version: int, what: str) -> None:
     """Until `version` serves `segment` in the engine and the store's activation has committed: the
-    engine swaps an adapter in first and the store records it right after (server/control/publisher.py), so the
+    engine swaps an adapter in first and the store records it right after (server/control/activator.py), so the
     engine's view alone can run a moment ahead of the statuses."""
     wait_until(lambda: _serving(http)[segment] == version and _statuses(http)[version] == "serving", 30, what)
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 
+from liveloop.server.edge.dependencies import Parts, parts
 from liveloop.server.edge.auth import Principal, require_admin
 
 router = APIRouter(prefix="/admin")
@@ -17,11 +18,10 @@ SCANNED = 5000  # newest operator events looked through for reward_hacking ones
 
 
 @router.get("/alarms")
-async def reward_hacking(request: Request, limit: int = Query(100, ge=1, le=1000), _: Principal = Depends(require_admin)) -> dict:
-    state = request.app.state
-    operations = state.operations
+async def reward_hacking(p: Parts = Depends(parts), limit: int = Query(100, ge=1, le=1000), _: Principal = Depends(require_admin)) -> dict:
+    operations = p.operations
     alarms = operations.alarms
-    events = [e for e in await asyncio.to_thread(state.store.events, None, SCANNED) if e.kind == "reward_hacking"][-limit:]
+    events = [e for e in await asyncio.to_thread(p.store.events, None, SCANNED) if e.kind == "reward_hacking"][-limit:]
     settings = None
     if alarms is not None:
         c = alarms.config

@@ -12,10 +12,11 @@ import html
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
 from liveloop.server.edge.auth import SESSION_COOKIE, session_principal
+from liveloop.server.edge.dependencies import Parts, edge, parts
 from liveloop.server.edge.errors import APIError
 
 router = APIRouter(prefix="/dashboard")
@@ -40,37 +41,37 @@ def _login_page(message: str = "Sign in with an admin API key.", status: int = 2
     return HTMLResponse(_LOGIN.format(message=html.escape(message)), status_code=status)
 
 
-def _admin(request: Request):
+def _admin(request: Request, p: Parts):
     principal = session_principal(request)
     if principal is None and "authorization" in request.headers:
         key = request.headers["authorization"].partition(" ")[2].strip()
-        principal = request.app.state.keys.resolve(key)
+        principal = p.keys.resolve(key)
     return principal if principal is not None and principal.admin else None
 
 
 @router.get("")
-async def page(request: Request) -> Response:
-    if _admin(request) is None:
+async def page(request: Request, p: Parts = Depends(parts)) -> Response:
+    if _admin(request, p) is None:
         return _login_page()
     return FileResponse(STATIC / "dashboard.html", media_type="text/html", headers={"Cache-Control": "no-store"})
 
 
 @router.post("/login")
-async def login(request: Request) -> Response:
-    throttle = request.app.state.login_throttle
+async def login(request: Request, p: Parts = Depends(parts)) -> Response:
+    throttle = p.login_throttle
     client = request.client.host if request.client else "?"
     wait = throttle.retry_after(client)
     if wait is not None:
         raise APIError(429, f"too many failed sign-ins: try again in {wait} s", code="rate_limit_exceeded", retry_after=wait)
     form = parse_qs((await request.body()).decode("utf-8", "replace"))
     key = (form.get("key") or [""])[0].strip()
-    principal = request.app.state.keys.resolve(key) if key else None
+    principal = p.keys.resolve(key) if key else None
     if principal is None or not principal.admin:
         throttle.failed(client)
         return _login_page("That is not an admin key.", status=401)
-    token = request.app.state.sessions.create(principal)
+    token = p.edge.sessions.create(principal)
     response = RedirectResponse("/dashboard", status_code=303)
-    response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="strict", path="/", max_age=int(request.app.state.sessions.ttl))
+    response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="strict", path="/", max_age=int(p.edge.sessions.ttl))
     return response
 
 
@@ -78,7 +79,7 @@ async def login(request: Request) -> Response:
 async def logout(request: Request) -> Response:
     token = request.cookies.get(SESSION_COOKIE)
     if token:
-        request.app.state.sessions.drop(token)
+        edge(request).sessions.drop(token)
     response = RedirectResponse("/dashboard", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

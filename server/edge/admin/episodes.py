@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 
+from liveloop.server.edge.dependencies import Parts, parts
 from liveloop.server.edge.auth import Principal, require_admin
 from liveloop.server.edge.errors import APIError
 
@@ -32,20 +33,20 @@ def _view(response_id: str, view) -> dict:
 
 @router.get("/episodes")
 async def episodes(
-    request: Request, limit: int = Query(50, ge=1, le=500), version: int | None = Query(None, ge=0, le=2**31 - 1),
+    p: Parts = Depends(parts), limit: int = Query(50, ge=1, le=500), version: int | None = Query(None, ge=0, le=2**31 - 1),
     key_id: str | None = Query(None, max_length=64), _: Principal = Depends(require_admin),
 ) -> dict:
-    store = request.app.state.store
+    store = p.store
     ids = await asyncio.to_thread(store.episodes.latest, limit, version, key_id)
     views = await asyncio.to_thread(lambda: [(i, store.episodes.view(i)) for i in ids])
     return {"object": "list", "data": [_view(i, v) for i, v in views if v is not None]}
 
 
 @router.get("/episodes/{response_id}")
-async def episode(response_id: str, request: Request, _: Principal = Depends(require_admin)) -> dict:
+async def episode(response_id: str, p: Parts = Depends(parts), _: Principal = Depends(require_admin)) -> dict:
     if len(response_id) > 64:
         raise APIError(400, "response_id: at most 64 characters", param="response_id")
-    view = await asyncio.to_thread(request.app.state.store.episodes.view, response_id)
+    view = await asyncio.to_thread(p.store.episodes.view, response_id)
     if view is None:
         raise APIError(404, f"no response `{response_id}`", param="response_id", code="not_found")
     return _view(response_id, view)

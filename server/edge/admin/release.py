@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 
+from liveloop.server.edge.dependencies import Parts, parts
 from liveloop.server.edge.auth import Principal, require_admin
 from liveloop.server.edge.errors import APIError
 from liveloop.server.control.gate import CandidateState, ReleaseState
@@ -55,16 +56,15 @@ def release_json(state: ReleaseState | None, serving: int) -> dict:
 
 
 @router.get("/release")
-async def release(request: Request, _: Principal = Depends(require_admin)) -> dict:
+async def release(p: Parts = Depends(parts), _: Principal = Depends(require_admin)) -> dict:
     """How versions reach users now: the mode, the candidate (traffic vs live, evaluation, verdict)."""
-    state = request.app.state
-    gate = getattr(state, "gate", None)
+    gate = getattr(p, "gate", None)
 
     async def read() -> dict:
         snapshot = await asyncio.to_thread(gate.state) if gate is not None else None
-        return release_json(snapshot, state.engine.version)
+        return release_json(snapshot, p.engine.version)
 
-    return await state.publisher.changes.settled(read)
+    return await p.activator.changes.settled(read)
 
 
 # -- evaluations (the evaluation suite's results, release/evaluation.py) -----------------------------
@@ -77,12 +77,12 @@ def evaluation_json(e: EvaluationRecord) -> dict:
 
 
 @router.get("/versions/{version}/evaluation")
-async def evaluation(version: int, request: Request, _: Principal = Depends(require_admin)) -> dict:
+async def evaluation(version: int, p: Parts = Depends(parts), _: Principal = Depends(require_admin)) -> dict:
     """The latest evaluation of `version`: each check's value, the live version's and the base model's,
     its bounds and whether it held. 404 version_not_found / evaluation_not_found."""
     if not 0 <= version < 2**31:
         raise APIError(400, "version: out of range", param="version")
-    store = request.app.state.store
+    store = p.store
     record, found = await asyncio.to_thread(lambda: (store.evaluation(version), store.get_version(version)))
     if found is None:
         raise APIError(404, f"no policy version {version}", param="version", code="version_not_found")
@@ -94,11 +94,11 @@ async def evaluation(version: int, request: Request, _: Principal = Depends(requ
 
 @router.get("/evaluations")
 async def evaluations(
-    request: Request, limit: int = Query(50, ge=1, le=500, description="the newest versions to look at"), _: Principal = Depends(require_admin)
+    p: Parts = Depends(parts), limit: int = Query(50, ge=1, le=500, description="the newest versions to look at"), _: Principal = Depends(require_admin)
 ) -> dict:
     """The latest evaluation of each of the newest `limit` versions that has one (the dashboard's
     version table), newest version first."""
-    store = request.app.state.store
+    store = p.store
 
     def read() -> dict:
         versions = [v.version for v in store.versions_page(None, limit, descending=True)]

@@ -1,4 +1,4 @@
-"""The admin API's JSON: the typed results of the publisher, `Operations` and the monitor turned into
+"""The admin API's JSON: the typed results of the activator, `Operations` and the monitor turned into
 the dicts the admin routes return (the dashboard, `liveloop versions` and the tests read these keys:
 change them only with their readers).
 
@@ -15,7 +15,7 @@ from liveloop.monitor.drift import Bucket
 from liveloop.monitor.learning import SegmentLearning
 from liveloop.monitor.versions import VersionRow
 from liveloop.server.control.operations import KeyRow, LearningState, WeightsImported
-from liveloop.server.control.publisher import RollbackResult, SwapResult
+from liveloop.server.control.activator import RollbackResult, SwapResult
 from liveloop.store import VersionStatus
 from liveloop.store.replicas import ReplicaRow
 

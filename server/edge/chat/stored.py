@@ -12,6 +12,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 
 from liveloop.server.edge.auth import Principal, user
+from liveloop.server.edge.dependencies import Parts, parts
 from liveloop.server.edge.errors import APIError
 from liveloop.server.edge.feedback.routes import check_response_id, delete_owned
 from liveloop.store import StoredConversation
@@ -39,19 +40,19 @@ def completion_body(c: StoredConversation) -> dict[str, Any]:
     }
 
 
-async def owned(request: Request, response_id: str, principal: Principal, endpoints: tuple[str, ...], param: str,
+async def owned(p: Parts, response_id: str, principal: Principal, endpoints: tuple[str, ...], param: str,
                 what: str, code: str | None = None) -> StoredConversation:
     """The stored conversation of a response of `endpoints` this key received (any other key, or no
     such response, gets the same 404)."""
     check_response_id(response_id, param)
-    found = await asyncio.to_thread(request.app.state.store.conversations.get, response_id, principal.key_id, endpoints)
+    found = await asyncio.to_thread(p.store.conversations.get, response_id, principal.key_id, endpoints)
     if found is None:
         raise APIError(404, f"no {what} `{response_id}` for this API key", param=param, code=code)
     return found
 
 
-async def _one(request: Request, response_id: str, principal: Principal) -> StoredConversation:
-    return await owned(request, response_id, principal, ENDPOINTS, "completion_id", "chat completion")
+async def _one(p: Parts, response_id: str, principal: Principal) -> StoredConversation:
+    return await owned(p, response_id, principal, ENDPOINTS, "completion_id", "chat completion")
 
 
 def list_page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
@@ -78,6 +79,7 @@ def page_in(rows: list[dict[str, Any]], limit: int, after: str | None, order: st
 async def list_completions(
     request: Request,
     principal: Principal = Depends(user),
+    p: Parts = Depends(parts),
     limit: int = Query(PAGE, ge=1, le=PAGE_MAX),
     after: str | None = Query(None, max_length=64),
     order: Literal["asc", "desc"] = Query("asc"),
@@ -87,7 +89,7 @@ async def list_completions(
     if len(metadata) > MAX_FILTERS or any(not k or len(k) > 64 or len(v) > 512 for k, v in metadata.items()):
         raise APIError(400, f"metadata: at most {MAX_FILTERS} filters, keys 1-64 and values <= 512 characters", param="metadata")
     rows = await asyncio.to_thread(
-        request.app.state.store.conversations.page, principal.key_id, ENDPOINTS, limit + 1, after, order == "desc", model, metadata,
+        p.store.conversations.page, principal.key_id, ENDPOINTS, limit + 1, after, order == "desc", model, metadata,
     )
     if rows is None:
         raise APIError(400, f"after: no chat completion `{after}` for this API key", param="after")
@@ -95,24 +97,24 @@ async def list_completions(
 
 
 @router.get("/chat/completions/{completion_id}")
-async def retrieve(completion_id: str, request: Request, principal: Principal = Depends(user)) -> dict:
-    return completion_body(await _one(request, completion_id, principal))
+async def retrieve(completion_id: str, principal: Principal = Depends(user), p: Parts = Depends(parts)) -> dict:
+    return completion_body(await _one(p, completion_id, principal))
 
 
 @router.get("/chat/completions/{completion_id}/messages")
 async def messages(
     completion_id: str,
-    request: Request,
     principal: Principal = Depends(user),
+    p: Parts = Depends(parts),
     limit: int = Query(PAGE, ge=1, le=PAGE_MAX),
     after: str | None = Query(None, max_length=64),
     order: Literal["asc", "desc"] = Query("asc"),
 ) -> dict:
-    found = await _one(request, completion_id, principal)
+    found = await _one(p, completion_id, principal)
     return page_in([{"id": f"{completion_id}-{i}", **m} for i, m in enumerate(found.messages)], limit, after, order, "message")
 
 
 @router.delete("/chat/completions/{completion_id}")
-async def delete(completion_id: str, request: Request, principal: Principal = Depends(user)) -> dict:
-    deleted = await delete_owned(request, completion_id, principal, "completion_id")
+async def delete(completion_id: str, principal: Principal = Depends(user), p: Parts = Depends(parts)) -> dict:
+    deleted = await delete_owned(p, completion_id, principal, "completion_id")
     return {"id": completion_id, "object": "chat.completion.deleted", "deleted": True, "ratings_deleted": deleted}

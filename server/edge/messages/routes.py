@@ -11,18 +11,19 @@ from fastapi import APIRouter, Depends, Request
 from liveloop.server.edge.auth import Principal, user
 from liveloop.server.edge.body import parse_body
 from liveloop.server.edge.messages.protocol import CountTokensRequest
-from liveloop.server.edge.messages.serving import ServingMessages, count_tokens
+from liveloop.server.edge.dependencies import Handlers, Parts, handlers, parts
+from liveloop.server.edge.messages.serving import count_tokens
 
 router = APIRouter(prefix="/v1")
 
 
 @router.post("/messages")
-async def messages(request: Request, principal: Principal = Depends(user)):
-    return await ServingMessages(request).handle(principal)
+async def messages(request: Request, principal: Principal = Depends(user), h: Handlers = Depends(handlers)):
+    return await h.messages.handle(request, principal)
 
 
 @router.post("/messages/count_tokens")
-async def messages_count_tokens(request: Request, principal: Principal = Depends(user)) -> dict:
-    serving = request.app.state.serving
+async def messages_count_tokens(request: Request, principal: Principal = Depends(user), p: Parts = Depends(parts)) -> dict:
+    serving = p.serving
     serving.admission.check_rate("chat", principal.key_id)
     return await count_tokens(serving, await parse_body(request, CountTokensRequest), principal.key_id)

@@ -8,7 +8,7 @@ the body and in the header `x-liveloop-policy-version` (the header goes out befo
 so it can only ever name the admitted version). A response (or the last event of a stream) is sent
 only after the response is durably logged.
 
-While a response is generated its id and key are in `Generating` (`app.state.generating`), so that
+While a response is generated its id and key are in `Generating` (the edge's, server/edge/dependencies.py), so that
 DELETE /v1/responses/{id} can answer for a response whose row has not landed yet (its tombstone keeps
 the row out, store/rights.py). A forgotten key served under `[auth] forgotten_keys = "unstored"`
 (`Principal.unstored`) is served as if it had sent `store: false`.
@@ -107,34 +107,36 @@ class Format:
 
 
 class EndpointServing:
-    """One generating endpoint: its request model, its rate bucket, how its request is prepared
-    (`prepare`: a `Serving` method, None: by the request's type) and its `Format`."""
+    """One generating endpoint, built once (the composition root hands it what it uses): its request
+    model, its rate bucket, how its request is prepared (`prepare`: by the request's type unless the
+    endpoint says otherwise, with what `load` read) and its `Format`. `handle` serves one request."""
 
     request_model: ClassVar[type]
     rate_bucket: ClassVar[str] = "chat"
 
-    def __init__(self, request: Request):
-        self.request = request
-        self.serving: Serving = request.app.state.serving
-        self.generating: Generating = request.app.state.generating
+    def __init__(self, serving: Serving, generating: Generating):
+        self.serving = serving
+        self.generating = generating
 
     def format(self, req: Any, prepared: Prepared) -> Format:
         raise NotImplementedError
 
-    async def load(self, req: Any, principal: Principal) -> None:
+    async def load(self, req: Any, principal: Principal) -> Any:
         """What `prepare` needs from elsewhere, read on the event loop's terms (an endpoint that reads
-        the store reads it here, off the prompt thread)."""
+        the store reads it here, off the prompt thread); handed to `prepare`."""
+        return None
 
-    def prepare(self, req: Any, principal: Principal) -> Prepared:
+    def prepare(self, req: Any, principal: Principal, loaded: Any) -> Prepared:
         """On the prompt thread: the request rendered and checked."""
         return self.serving.prepare_by_type(req, principal)
 
-    async def handle(self, principal: Principal) -> Response:
+    async def handle(self, request: Request, principal: Principal) -> Response:
         serving = self.serving
         serving.admission.check_rate(self.rate_bucket, principal.key_id)  # raises RateLimited (429)
-        req = await parse_body(self.request, self.request_model)
-        await self.load(req, principal)
-        prepared = await serving.prepare(req, principal, self.prepare)  # length-checked on the loop, rendered and tokenized off it
+        req = await parse_body(request, self.request_model)
+        loaded = await self.load(req, principal)
+        # length-checked on the loop, rendered and tokenized off it
+        prepared = await serving.prepare(req, principal, lambda r, p: self.prepare(r, p, loaded))
         if principal.unstored:  # a forgotten key under `forgotten_keys = "unstored"`: nothing of it is logged
             prepared = dataclasses.replace(prepared, store=False)
         choices = serving.choices(prepared, getattr(req, "n", 1))
@@ -142,13 +144,13 @@ class EndpointServing:
         if req.stream:
             return await self._stream(choices, fmt)
         with self.generating.holding(choices):
-            return await self._complete(choices, fmt)
+            return await self._complete(request, choices, fmt)
 
-    async def _complete(self, choices: list[Prepared], fmt: Format) -> Response:
+    async def _complete(self, request: Request, choices: list[Prepared], fmt: Format) -> Response:
         """A whole response. A client that disconnects meanwhile stops the generations (as a stream's does):
         leaving each run aborts its engine request and logs what was generated, finish_reason "abort"."""
         async with self.serving.runs(choices) as runs:  # raises Busy: nothing started
-            if not await _unless_disconnected(self.request, _drain(runs)):
+            if not await _unless_disconnected(request, _drain(runs)):
                 log.info("client of %s went away: generation stopped", choices[0].response_id)
                 return Response(status_code=499)  # nobody reads it
             await _commit(self.serving, runs)

@@ -34,10 +34,11 @@ from liveloop.server.edge.auth import Principal
 from liveloop.server.edge.responses.protocol import ResponsesRequest
 from liveloop.server.edge.pipeline.serving import InvalidRequest, Piece, Prepared, Run, Serving
 from liveloop.server.edge.formats.openai import sse
-from liveloop.server.edge.pipeline.streaming import EndpointServing, Format, spans
+from liveloop.server.edge.pipeline.streaming import EndpointServing, Format, Generating, spans
 from liveloop.server.edge.formats.tool_parsers import StreamDelta, ToolStream
 from liveloop.server.edge.formats.tools import output_message
 from liveloop.store import ChainTooLong, StoredConversation
+from liveloop.store.conversations import ConversationQueries
 
 ENDPOINTS = ("responses",)
 
@@ -260,39 +261,43 @@ class ResponsesFormat(Format):
 class ServingResponses(EndpointServing):
     request_model = ResponsesRequest
 
+    def __init__(self, serving: Serving, generating: Generating, conversations: ConversationQueries):
+        super().__init__(serving, generating)
+        self.conversations = conversations
+
     def format(self, req: ResponsesRequest, prepared: Prepared) -> ResponsesFormat:
         return ResponsesFormat(self.serving, req, prepared)
 
-    async def load(self, req: ResponsesRequest, principal: Principal) -> None:
+    async def load(self, req: ResponsesRequest, principal: Principal) -> list[dict[str, Any]]:
         """The turns before this one (off the event loop), for `prepare`."""
-        self._history: list[dict[str, Any]] = []
+        history: list[dict[str, Any]] = []
         if req.previous_response_id is None:
-            return
-        store = self.request.app.state.store
+            return history
         try:
-            turns = await asyncio.to_thread(store.conversations.chain, req.previous_response_id, principal.key_id, ENDPOINTS)
+            turns = await asyncio.to_thread(self.conversations.chain, req.previous_response_id, principal.key_id, ENDPOINTS)
         except ChainTooLong as exc:
             raise InvalidRequest(str(exc), "previous_response_id", code="conversation_too_long") from None
         if turns is None:
             raise InvalidRequest(f"previous_response_id: no response `{req.previous_response_id}` for this API key",
                                  "previous_response_id", code="previous_response_not_found")
         for turn in turns:
-            self._history += turn.messages + ([turn.output] if turn.output is not None else [])
+            history += turn.messages + ([turn.output] if turn.output is not None else [])
         chars = req.chars() + sum(len(m.get("content") or "") + sum(len(c["function"]["arguments"]) for c in m.get("tool_calls") or ())
-                                  for m in self._history)
+                                  for m in history)
         if chars > self.serving.max_prompt_chars:  # bounded before the template renders it, as a request's own text is
             raise InvalidRequest(
                 f"this model's maximum context length is {self.serving.max_model_len} tokens; the conversation so far has "
                 f"{chars} characters (at most {self.serving.max_prompt_chars} are taken)", "previous_response_id",
                 code="context_length_exceeded",
             )
+        return history
 
-    def prepare(self, req: ResponsesRequest, principal: Principal) -> Prepared:
+    def prepare(self, req: ResponsesRequest, principal: Principal, history: list[dict[str, Any]]) -> Prepared:
         own = req.conversation()
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         tools, choice, parallel = req.tool_setup()
         rendered = self.serving.conversation(
-            system + self._history + own, tools, choice, parallel, req.json_reply(), "text.format.schema",
+            system + history + own, tools, choice, parallel, req.json_reply(), "text.format.schema",
             stored=own, max_tokens=req.max_output_tokens, meta=req.metadata, user=req.user, clamp=True,
             previous_response_id=req.previous_response_id, options=req.options(), key_id=principal.key_id,
         )

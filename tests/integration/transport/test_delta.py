@@ -2,7 +2,7 @@
 trains it (SAO's policy loss, AdamW at the learner's learning rate, fp32 master weights under bfloat16):
 every version rebuilt from the chain is byte-identical to the full checkpoint the checkpoint_dir backend
 writes of the same state, tensor by tensor, and its digest is the one computed from that checkpoint; a
-receiver several versions behind catches up through the chain. Through server/control/publisher.py and the real
+receiver several versions behind catches up through the chain. Through server/control/activator.py and the real
 hf engine: versions activate from their deltas; a version whose delta was changed never serves from it
 (its durable checkpoint serves, verified against the row), and one that cannot be rebuilt and has no
 durable checkpoint yet waits while the old version keeps serving."""
@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from liveloop.metrics import Metrics
-from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.activator import Activator
 from liveloop.store import VersionStatus
 from liveloop.transport import TransportConfig, byte_view, make_receiver, make_sender
 from liveloop.transport import delta as dt
@@ -102,7 +102,7 @@ def _serves(engine, state: dict[str, torch.Tensor]) -> bool:
 async def test_publisher_activates_deltas_and_never_serves_a_changed_one(engine, store, model_dir, tmp_path):
     config = TransportConfig(backend="delta", delta_dir=str(tmp_path / "deltas"))
     receiver = make_receiver(config)
-    publisher = Publisher(engine, store, Metrics(), receiver=receiver)
+    activator = Activator(engine, store, Metrics(), receiver=receiver)
     sender = make_sender(config)
     writer = make_sender(TransportConfig(), path_for=lambda v: tmp_path / f"v{v:06d}" / "policy", base_model=model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=engine.model.dtype)
@@ -125,8 +125,8 @@ async def test_publisher_activates_deltas_and_never_serves_a_changed_one(engine,
 
     for version in (1, 2):
         handle, state = publish(version)
-        assert (await publisher.activate(store.get_version(version))).version == version
-        assert publisher.last_swap_via == "delta" and _serves(engine, state)
+        assert (await activator.activate(store.get_version(version))).version == version
+        assert activator.last_swap_via == "delta" and _serves(engine, state)
     assert handle.detail["kind"] == "delta" and receiver.last_route.base == 1
 
     # version 3's delta is changed after it was written: its durable checkpoint serves instead
@@ -136,10 +136,10 @@ async def test_publisher_activates_deltas_and_never_serves_a_changed_one(engine,
     data = bytearray(f.read_bytes())
     data[-2] ^= 0x10
     f.write_bytes(bytes(data))
-    assert (await publisher.activate(store.get_version(3))).version == 3
-    assert publisher.last_swap_via == "checkpoint_dir" and _serves(engine, state) and receiver.holds == 2
+    assert (await activator.activate(store.get_version(3))).version == 3
+    assert activator.last_swap_via == "checkpoint_dir" and _serves(engine, state) and receiver.holds == 2
 
     # version 4 is a delta on the changed one, with no durable checkpoint yet: it waits, 3 keeps serving
     publish(4)
-    assert await publisher.activate(store.get_version(4)) is None
+    assert await activator.activate(store.get_version(4)) is None
     assert engine.version == 3 and _serves(engine, state) and store.get_version(4).status == VersionStatus.PUBLISHED

@@ -1,4 +1,4 @@
-"""The publisher verifies weights against their row before they serve, on a real hf engine
+"""The activator verifies weights against their row before they serve, on a real hf engine
 (models/liveloop-tiny) and a real store: a version whose memory was tampered with (right name, wrong
 bytes) or replaced (another complete version under its name) never swaps in; the version serving keeps
 serving, the row becomes FAILED with a "weights_rejected" event and `server/weights_rejected`, and the
@@ -18,7 +18,7 @@ import torch
 from liveloop.checkpoint import checkpoint_digest
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
-from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.activator import Activator
 from liveloop.server.control.startup import start_point, sweep_shared_memory
 from liveloop.store import VersionStatus
 from liveloop.transport import TransportConfig, byte_view, make_receiver, make_sender
@@ -63,10 +63,10 @@ def rejected(metrics: Metrics) -> float:
 async def test_tampered_memory_never_serves_and_publishing_goes_on(engine, store, namespace, tmp_path):
     config = TransportConfig(backend="shared_memory", namespace=namespace)
     metrics = Metrics()
-    publisher = Publisher(engine, store, metrics, receiver=make_receiver(config))
+    activator = Activator(engine, store, metrics, receiver=make_receiver(config))
     v1 = moved(engine, 0.01)
     publish(store, config, 1, 0, v1, tmp_path)
-    assert (await publisher.activate(store.get_version(1))).version == 1 and serves(engine, v1)
+    assert (await activator.activate(store.get_version(1))).version == 1 and serves(engine, v1)
 
     # version 2 is published, then a same-user process writes into its segment (right name, wrong bytes)
     publish(store, config, 2, 1, moved(engine, 0.02), tmp_path)
@@ -74,7 +74,7 @@ async def test_tampered_memory_never_serves_and_publishing_goes_on(engine, store
     with (shm.directory(namespace) / data).open("r+b") as f:
         f.seek(64)
         f.write(b"\xff\xff\xff\x7f")
-    assert await publisher.activate(store.get_version(2)) is None
+    assert await activator.activate(store.get_version(2)) is None
     assert engine.version == 1 and serves(engine, v1) and await generate(engine) == 1  # the old one serves
     assert store.get_version(2).status == VersionStatus.FAILED
     (event,) = [e for e in store.events() if e.kind == "weights_rejected"]
@@ -87,13 +87,13 @@ async def test_tampered_memory_never_serves_and_publishing_goes_on(engine, store
     publish_over.start_update(3)
     publish_over.send(moved(engine, 5.0))
     publish_over.finish()
-    assert await publisher.activate(store.get_version(3)) is None
+    assert await activator.activate(store.get_version(3)) is None
     assert engine.version == 1 and store.get_version(3).status == VersionStatus.FAILED and rejected(metrics) == 2
 
     # the next genuine version swaps in as usual
     v4 = moved(engine, 0.04)
     publish(store, config, 4, 3, v4, tmp_path)
-    assert (await publisher.activate(store.get_version(4))).version == 4
+    assert (await activator.activate(store.get_version(4))).version == 4
     assert engine.version == 4 and serves(engine, v4) and await generate(engine) == 4
 
 
@@ -102,7 +102,7 @@ async def test_a_changed_checkpoint_directory_never_serves(engine, store, model_
     """The durable copy, when the memory is gone: verified against the row's checkpoint_sha256."""
     config = TransportConfig(backend="shared_memory", namespace=namespace)
     metrics = Metrics()
-    publisher = Publisher(engine, store, metrics, receiver=make_receiver(config))
+    activator = Activator(engine, store, metrics, receiver=make_receiver(config))
     writer = make_sender(TransportConfig(), path_for=lambda v: tmp_path / f"v{v:06d}" / "policy", base_model=model_dir)
     writer.start_update(1)
     writer.send(moved(engine, 0.01))
@@ -112,7 +112,7 @@ async def test_a_changed_checkpoint_directory_never_serves(engine, store, model_
     data = bytearray(f.read_bytes())
     data[-3] ^= 0x55
     f.write_bytes(bytes(data))
-    assert await publisher.activate(store.get_version(1)) is None
+    assert await activator.activate(store.get_version(1)) is None
     assert engine.version == 0 and store.get_version(1).status == VersionStatus.FAILED and rejected(metrics) == 1
 
 
@@ -136,10 +136,10 @@ async def test_start_sweeps_stale_memory_and_reports_foreign_files(engine, store
     assert [Path(f["path"]).name for f in event.detail["files"]] == ["planted-by-someone"]
     assert metrics.registry.get_sample_value("liveloop_server_foreign_weight_files_total") == 1
     # and publishing keeps working with the foreign file still there
-    publisher = Publisher(engine, store, metrics, receiver=make_receiver(config))
+    activator = Activator(engine, store, metrics, receiver=make_receiver(config))
     v3 = moved(engine, 0.05)
     publish(store, config, 3, 1, v3, tmp_path)
-    assert (await publisher.activate(store.get_version(3))).version == 3 and serves(engine, v3)
+    assert (await activator.activate(store.get_version(3))).version == 3 and serves(engine, v3)
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)

@@ -1,4 +1,4 @@
-"""The publisher activating versions through the transport, on a real hf engine (models/liveloop-tiny):
+"""The activator activating versions through the transport, on a real hf engine (models/liveloop-tiny):
 a version a separate process sent through shared memory swaps in from memory, byte for byte; a
 version whose memory is gone waits for its durable checkpoint and is never served without weights;
 a restarting server falls back to memory or to the nearest ancestor on disk."""
@@ -14,7 +14,7 @@ import torch
 
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
-from liveloop.server.control.publisher import NotServable, Publisher
+from liveloop.server.control.activator import NotServable, Activator
 from liveloop.server.control.startup import finish_start, start_point
 from liveloop.store import VersionStatus
 from liveloop.transport import TransportConfig, WeightHandle, byte_view, make_receiver, make_sender
@@ -81,11 +81,11 @@ async def test_version_sent_by_another_process_swaps_in_from_memory(engine, stor
     assert not served_state_equals(engine, expected)
     durable = tmp_path / "v000001" / "policy"  # where the learner will write it, after the swap
     store.add_version(1, parent=0, checkpoint_path=str(durable), status=VersionStatus.PUBLISHED, **row_of(sent))
-    publisher = Publisher(engine, store, Metrics(), receiver=receiver)
+    activator = Activator(engine, store, Metrics(), receiver=receiver)
 
-    result = await publisher.activate(store.get_version(1))
+    result = await activator.activate(store.get_version(1))
 
-    assert result is not None and publisher.last_swap_via == "shared_memory" and result.version == 1
+    assert result is not None and activator.last_swap_via == "shared_memory" and result.version == 1
     assert engine.version == 1
     assert store.get_version(1).status == VersionStatus.SERVING
     assert store.get_version(0).status == VersionStatus.RETIRED
@@ -97,23 +97,23 @@ async def test_version_sent_by_another_process_swaps_in_from_memory(engine, stor
     # the next version: older memory goes once it is loaded
     sent = send_from_another_process(model_dir, namespace, 2, seed=4)
     store.add_version(2, parent=1, checkpoint_path=str(tmp_path / "v000002" / "policy"), status=VersionStatus.PUBLISHED, **row_of(sent))
-    assert await publisher.activate(store.get_version(2)) is not None and publisher.last_swap_via == "shared_memory"
+    assert await activator.activate(store.get_version(2)) is not None and activator.last_swap_via == "shared_memory"
     assert sorted(shm.segments(namespace)) == [2]
     # a rollback reads durable checkpoints only: refused while version 1's is not written
     with pytest.raises(NotServable, match="durable checkpoint"):
-        await publisher.rollback(1)
+        await activator.rollback(1)
     assert engine.version == 2
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_memory_gone_waits_for_the_durable_checkpoint(engine, store, model_dir, namespace, tmp_path):
     config = TransportConfig(backend="shared_memory", namespace=namespace)
-    publisher = Publisher(engine, store, Metrics(), receiver=make_receiver(config), durable_wait_seconds=3600)
+    activator = Activator(engine, store, Metrics(), receiver=make_receiver(config), durable_wait_seconds=3600)
     durable = tmp_path / "v000001" / "policy"
     store.add_version(1, parent=0, checkpoint_path=str(durable), status=VersionStatus.PUBLISHED)
     before = {k: v.clone() for k, v in engine.model.state_dict().items()}
 
-    assert await publisher.activate(store.get_version(1)) is None  # nothing to load yet: it waits
+    assert await activator.activate(store.get_version(1)) is None  # nothing to load yet: it waits
     assert engine.version == 0 and store.get_version(1).status == VersionStatus.PUBLISHED
     assert served_state_equals(engine, before)
 
@@ -123,16 +123,16 @@ async def test_memory_gone_waits_for_the_durable_checkpoint(engine, store, model
     writer.start_update(1)
     writer.send(moved)
     writer.finish()
-    result = await publisher.activate(store.get_version(1))
-    assert result is not None and publisher.last_swap_via == "checkpoint_dir" and engine.version == 1
+    result = await activator.activate(store.get_version(1))
+    assert result is not None and activator.last_swap_via == "checkpoint_dir" and engine.version == 1
     assert served_state_equals(engine, moved)
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_a_version_without_weights_is_failed_after_the_wait_and_the_old_one_serves(engine, store, namespace, tmp_path):
-    publisher = Publisher(engine, store, Metrics(), receiver=make_receiver(TransportConfig(backend="shared_memory", namespace=namespace)), durable_wait_seconds=0)
+    activator = Activator(engine, store, Metrics(), receiver=make_receiver(TransportConfig(backend="shared_memory", namespace=namespace)), durable_wait_seconds=0)
     store.add_version(1, parent=0, checkpoint_path=str(tmp_path / "missing"), status=VersionStatus.PUBLISHED)
-    assert await publisher.activate(store.get_version(1)) is None
+    assert await activator.activate(store.get_version(1)) is None
     assert store.get_version(1).status == VersionStatus.FAILED
     version, tokens = await generate(engine)
     assert version == 0 and tokens
@@ -148,8 +148,8 @@ async def test_restart_serves_memory_or_the_nearest_durable_ancestor(engine, sto
 
     point = await start_point(store, store.get_version(1), receiver)
     assert (point.version, point.start_version, point.weights_path) == (1, 0, None) and point.memory is not None
-    publisher = Publisher(engine, store, Metrics(), receiver=receiver)
-    await finish_start(publisher, point)
+    activator = Activator(engine, store, Metrics(), receiver=receiver)
+    await finish_start(activator, point)
     assert engine.version == 1 and served_state_equals(engine, expected)
 
     shm.remove_version(namespace, 1)  # the machine restarted: memory gone, checkpoint never written

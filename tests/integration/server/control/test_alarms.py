@@ -1,5 +1,5 @@
 """Reward-hacking alarms on the live stream (server/control/alarms.py, run by Operations), on real SQLite and
-PostgreSQL with the real hf engine and publisher: rated replies stored as the engine's tokens; a CANARY
+PostgreSQL with the real hf engine and activator: rated replies stored as the engine's tokens; a CANARY
 candidate whose reward gain over the live version is carried by flattery raises one `reward_hacking`
 event per trait (not again on the next pass), is held with `auto_hold` and its lineage's learning
 paused; a candidate that gains from something no trait measures is not; the serving version is judged
@@ -9,6 +9,7 @@ shows the events and the judgements, with admin keys only."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fastapi import FastAPI
@@ -20,10 +21,12 @@ from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
 from liveloop.release.config import AlarmConfig
 from liveloop.server.edge.auth import KeyRing, Sessions
+from liveloop.server.edge.dependencies import EdgeState, keyring, parts
+from liveloop.server.edge.pipeline.streaming import Generating
 from liveloop.server.config import AuthConfig
 from liveloop.server.edge.errors import install_handlers
 from liveloop.server.control.operations import Operations
-from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.activator import Activator
 from liveloop.server.edge.admin import alarms as alarms_route
 from liveloop.store import Store, VersionStatus
 
@@ -52,17 +55,19 @@ def _publish(store: Store, parent: int, checkpoint: str = "/nowhere") -> int:
 
 
 def _operations(store, engine, tokenizer, **alarms) -> Operations:
-    publisher = Publisher(engine, store, Metrics(), "sao", ())
+    activator = Activator(engine, store, Metrics(), "sao", ())
     config = AlarmConfig(min_ratings=40, **alarms)
-    return Operations(MonitorConfig(), store, publisher, Metrics(), alarms=config, tokenizer=tokenizer)
+    return Operations(MonitorConfig(), store, activator, Metrics(), alarms=config, tokenizer=tokenizer)
 
 
 def _client(store: Store, operations: Operations) -> TestClient:
     app = FastAPI()
     install_handlers(app)
-    app.state.keys = KeyRing(AuthConfig(dev_user_keys=(USER_KEY,), dev_admin_keys=(ADMIN_KEY,)))
-    app.state.sessions = Sessions()
-    app.state.store, app.state.operations = store, operations
+    # the route alone, handed the parts it uses (the composition root hands a whole server's)
+    app.state.edge = EdgeState(sessions=Sessions(), generating=Generating(), ops_open_on_loopback=False)
+    keys = KeyRing(AuthConfig(dev_user_keys=(USER_KEY,), dev_admin_keys=(ADMIN_KEY,)))
+    app.dependency_overrides[keyring] = lambda: keys
+    app.dependency_overrides[parts] = lambda: SimpleNamespace(store=store, operations=operations)
     app.include_router(alarms_route.router)
     return TestClient(app, base_url="http://127.0.0.1")
 
@@ -142,8 +147,8 @@ async def test_the_serving_version_against_its_root_with_its_evaluation(store, e
         {"name": "perplexity", "value": 9.0, "live": 8.0, "base": 8.0, "bound": None, "passed": True},
     ], 1.5, 1.0)
     ops = _operations(store, engine, tokenizer)
-    await ops.publisher.activate(store.get_version(v2))
-    assert ops.publisher.serving_version == v2
+    await ops.activator.activate(store.get_version(v2))
+    assert ops.activator.serving_version == v2
     [verdict] = await ops.check_alarms()
     assert (verdict.version, verdict.role, verdict.versions, verdict.reference) == (v2, "serving", (v2, v1), (0,))
     assert "flattery" in verdict.alarms and not verdict.held and not verdict.paused

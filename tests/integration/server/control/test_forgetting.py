@@ -1,5 +1,5 @@
 """server/control/forgetting.py: forget that reaches the weights, planned and run against real SQLite and PostgreSQL, a real hf
-engine (models/liveloop-tiny) and the real publisher: the plan finds the first version that trained the
+engine (models/liveloop-tiny) and the real activator: the plan finds the first version that trained the
 key's first rating, rolls back to the newest servable version before it (passing over one whose
 checkpoint retention deleted), counts everyone else's ratings to train again; a dry run changes
 nothing; the forget deletes the key's rows, serves the target, marks the later versions rolled back and
@@ -18,7 +18,7 @@ from liveloop.checkpoint import checkpoint_digest
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
 from liveloop.server.control.forgetting import Forgetting, plan_forget
-from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.activator import Activator
 from liveloop.store import FeedbackRecord, ResponseRecord, StaleLineage, Store, VersionStatus
 from liveloop.store.rights import KeyNotFound
 
@@ -63,12 +63,12 @@ def _history(store: Store, checkpoints: list[Path]) -> tuple[int, int, int, int]
 
 
 async def test_a_dry_run_plans_and_changes_nothing(engine, store, checkpoints):
-    publisher = Publisher(engine, store, Metrics())
+    activator = Activator(engine, store, Metrics())
     v1, v2, v3, planted = _history(store, checkpoints)
-    await publisher.activate(store.get_version(v3))
+    await activator.activate(store.get_version(v3))
     statuses = {r.version: r.status for r in store.list_versions()}
 
-    result = await Forgetting(store, publisher).forget(PLANTED, dry_run=True)
+    result = await Forgetting(store, activator).forget(PLANTED, dry_run=True)
     (plan,) = result.plan.lineages
     assert (plan.first_rating, plan.first_trained, plan.target, plan.head) == (planted, v2, v1, v3)
     assert plan.target_cursor == store.get_version(v1).metrics["learner/cursor"] and plan.affected == (v2, v3)
@@ -82,12 +82,12 @@ async def test_a_dry_run_plans_and_changes_nothing(engine, store, checkpoints):
 
 
 async def test_the_forget_rolls_back_and_moves_the_learner_back(engine, store, checkpoints):
-    publisher = Publisher(engine, store, Metrics())
+    activator = Activator(engine, store, Metrics())
     v1, v2, v3, planted = _history(store, checkpoints)
-    await publisher.activate(store.get_version(v3))
+    await activator.activate(store.get_version(v3))
     store.mark_pruned([v1])  # retention deleted v1's checkpoint: the target is the base model
 
-    result = await Forgetting(store, publisher).forget(PLANTED, dry_run=False, admin_key_id="admin")
+    result = await Forgetting(store, activator).forget(PLANTED, dry_run=False, admin_key_id="admin")
     (plan,) = result.plan.lineages
     assert (plan.target, plan.skipped, plan.target_cursor, plan.replay) == (0, (v1,), 0, 11)
     assert result.deleted.ratings == 1 and store.key_rows(PLANTED) == (0, 0)
@@ -105,14 +105,14 @@ async def test_the_forget_rolls_back_and_moves_the_learner_back(engine, store, c
     with pytest.raises(StaleLineage):
         _publish(store, v3, checkpoints[0], 20)
     nxt = _publish(store, 0, checkpoints[0], 4)
-    assert (await publisher.activate(store.get_version(nxt))).version == nxt
+    assert (await activator.activate(store.get_version(nxt))).version == nxt
 
 
 async def test_a_forget_when_the_target_serves_already_rolls_back_the_rest(engine, store, checkpoints):
-    publisher = Publisher(engine, store, Metrics())
+    activator = Activator(engine, store, Metrics())
     v1, v2, v3, _ = _history(store, checkpoints)
-    await publisher.activate(store.get_version(v1))  # v2 and v3 wait (e.g. a gate holds them back)
-    result = await Forgetting(store, publisher).forget(PLANTED, dry_run=False)
+    await activator.activate(store.get_version(v1))  # v2 and v3 wait (e.g. a gate holds them back)
+    result = await Forgetting(store, activator).forget(PLANTED, dry_run=False)
     (done,) = result.done
     assert (done.target, done.swapped, done.rolled_back) == (v1, False, (v2, v3))
     assert engine.version == v1 and store.cursor_version("sao") == v1
@@ -123,12 +123,12 @@ async def test_a_key_rated_after_the_last_version_drops_the_learners_unpublished
     """No version trained the late key's ratings, but the learner may hold them in steps it has not
     published: the lineage moves back one version (the cursor's version changes, so the learner reloads
     and drops them) and everyone else's ratings since are trained again."""
-    publisher = Publisher(engine, store, Metrics())
+    activator = Activator(engine, store, Metrics())
     v1, v2, v3, _ = _history(store, checkpoints)
-    await publisher.activate(store.get_version(v3))
+    await activator.activate(store.get_version(v3))
     late = "c" * 16
     _rate(store, 2, late)  # after v3's cursor
-    result = await Forgetting(store, publisher).forget(late, dry_run=False)
+    result = await Forgetting(store, activator).forget(late, dry_run=False)
     (plan,) = result.plan.lineages
     assert plan.in_memory and plan.first_trained is None and (plan.target, plan.affected) == (v2, (v3,))
     assert plan.replay == 4  # v3's ratings 9-12; the late key's are deleted
@@ -138,19 +138,19 @@ async def test_a_key_rated_after_the_last_version_drops_the_learners_unpublished
 
 
 async def test_a_key_that_never_rated_moves_nothing(engine, store, checkpoints):
-    publisher = Publisher(engine, store, Metrics())
+    activator = Activator(engine, store, Metrics())
     v1, v2, v3, _ = _history(store, checkpoints)
     silent = "c" * 16
     store.insert_responses([ResponseRecord(
         id="silent", api_key_id=silent, model="m", policy_version=v3, endpoint="chat", prompt_ids=(1, 2, 3), response_ids=(4, 5),
         behavior_logprobs=(-0.5, -0.25), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
     )])
-    result = await Forgetting(store, publisher).forget(silent, dry_run=False)
+    result = await Forgetting(store, activator).forget(silent, dry_run=False)
     (plan,) = result.plan.lineages
     assert plan.target is None and not plan.in_memory and result.done == () and result.deleted.responses == 1
     assert store.cursor_version("sao") == v3 and store.get_version(v3).status == S.PUBLISHED
     with pytest.raises(KeyNotFound):
-        await Forgetting(store, publisher).forget("d" * 16, dry_run=True)
+        await Forgetting(store, activator).forget("d" * 16, dry_run=True)
 
 
 def test_a_segment_lineage_is_planned_on_its_own(store):

@@ -1,5 +1,5 @@
 """The release gate on a real hf engine pair (CanaryEngine over the tiny model), real SQLite and
-PostgreSQL, the real evaluation suite (a small one) and the publisher: canary routing is consistent per
+PostgreSQL, the real evaluation suite (a small one) and the activator: canary routing is consistent per
 user and covers about the configured share of users; a candidate is promoted once rated and evaluated
 (the same users then see it, and everyone else too), the versions published meanwhile queue behind it
 (newest wins); a candidate whose evaluation fails is held and no user outside the canary ever got it; a
@@ -26,7 +26,7 @@ from liveloop.server.engines.canary import CanaryEngine
 from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.server.control.evaluating import engine_evaluation
 from liveloop.server.control.gate import ReleaseGate
-from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.activator import Activator
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, VersionStatus
 
 S = VersionStatus
@@ -46,9 +46,9 @@ def checkpoints(tmp_path_factory, model_dir) -> list[Path]:
 def _gate(engine, store, tokenizer, model_dir, mode="canary", bounds=PASSING, **release) -> ReleaseGate:
     evaluation = EvaluationConfig(max_tokens=8, bounds=bounds)
     config = ReleaseConfig(**{"mode": mode, "canary_fraction": 0.25, "min_ratings": 6, "evaluation": evaluation, **release})
-    publisher = Publisher(engine, store, Metrics(), gate_base=True)
+    activator = Activator(engine, store, Metrics(), gate_base=True)
     evaluator = Evaluator(evaluation, tokenizer, model_dir, suite=SUITE, refresh=store.get_version)
-    return ReleaseGate(config, publisher, engine, store, publisher.metrics, engine_evaluation(evaluator))
+    return ReleaseGate(config, activator, engine, store, activator.metrics, engine_evaluation(evaluator))
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +215,7 @@ async def test_a_rollback_while_a_candidate_is_tried_drops_it(canary_engine, sto
 
 
 async def test_a_second_replica_mirrors_the_candidate_and_follows_its_promotion(canary_engine, store, checkpoints, tokenizer, model_dir):
-    """Two replicas of one deployment (each its engine pair, publisher and gate) on one store: the
+    """Two replicas of one deployment (each its engine pair, activator and gate) on one store: the
     second holds the candidate the first started and routes every user as the first does; once the
     first promotes it, the second's follower promotes its own copy (no load)."""
     config = EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0)
@@ -230,7 +230,7 @@ async def test_a_second_replica_mirrors_the_candidate_and_follows_its_promotion(
         assert canary_engine.candidate_version == other.candidate_version == v1
         assert [await _serve(first, canary_engine, u) for u in USERS] == [await _serve(second, other, u) for u in USERS]
         assert await first.candidates.promote(store.get_version(v1)) is not None
-        followed = await second.publisher.follow()
+        followed = await second.activator.follow()
         assert [r.version for r in followed] == [v1] and other.version == v1 and other.candidate_version is None
         assert {await _serve(second, other, u) for u in USERS} == {v1}
         await first.close()

@@ -17,7 +17,7 @@ from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
 from liveloop.release.config import EvaluationConfig, ReleaseConfig
 from liveloop.server.control.gate import ReleaseGate
-from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.activator import Activator
 from liveloop.store import Store, VersionStatus
 from liveloop.store.lease import LEADER, Leases
 
@@ -51,8 +51,8 @@ async def test_a_deposed_leaders_gate_decides_nothing(canary_engine, store, chec
     old = leases.acquire(LEADER, "r1/old", LEASE).term
     believed = [old]  # what the paused replica's gate reads as its term
     config = ReleaseConfig(mode="gated", evaluation=EvaluationConfig(max_tokens=8))
-    publisher = Publisher(canary_engine, store, Metrics(), gate_base=True)
-    gate = ReleaseGate(config, publisher, canary_engine, store, publisher.metrics, None, leader=lambda: believed[0])
+    activator = Activator(canary_engine, store, Metrics(), gate_base=True)
+    gate = ReleaseGate(config, activator, canary_engine, store, activator.metrics, None, leader=lambda: believed[0])
 
     v1 = _publish(store, 0, checkpoints[0])
     time.sleep(LEASE + 0.3)  # paused past its lease: another replica takes it over

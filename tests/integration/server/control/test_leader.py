@@ -143,7 +143,7 @@ def test_one_replica_decides_every_replica_routes(store_url, tmp_path, model_dir
         r2 = _replica(stack, config, "r2", model_dir, port)
         holder = _holder(store)
         assert holder is not None and holder.startswith("r1/")
-        assert r1.app.state.leadership.leading() and not r2.app.state.leadership.leading()
+        assert r1.app.state.parts.leadership.leading() and not r2.app.state.parts.leadership.leading()
         assert "liveloop_server_leader 1.0" in r1.get("/metrics").text and "liveloop_server_leader 0.0" in r2.get("/metrics").text
 
         # a learner's version: the leader makes it the candidate; both replicas route the canary users to it
@@ -167,7 +167,7 @@ def test_one_replica_decides_every_replica_routes(store_url, tmp_path, model_dir
         # the leader stops (its shutdown releases the lease): r2 leads at its next try and decides alone
         first.close()
         wait_until(lambda: (_holder(store) or "").startswith("r2/"), 10, "r2 leading")
-        assert r2.app.state.leadership.leading()
+        assert r2.app.state.parts.leadership.leading()
         v2 = _publish(store, v1, checkpoints[1])
         wait_until(lambda: store.get_version(v2).status == S.CANARY and store.evaluation(v2) is not None, 60, "r2 tries and evaluates v2")
         assert _chat(r2, CANARY[0]) == v2 and _evaluations(store, v2) == 1
@@ -196,7 +196,7 @@ def test_a_killed_leader_process_is_replaced(tmp_path, model_dir, checkpoints, t
                                server_extra="watch_seconds = 0.05")
         with contextlib.ExitStack() as stack:
             follower = _replica(stack, load_config(path), "follower", model_dir, port)
-            assert _holder(store) == leader and not follower.app.state.leadership.leading()
+            assert _holder(store) == leader and not follower.app.state.parts.leadership.leading()
             v1 = _publish(store, 0, checkpoints[0])
             wait_until(lambda: store.get_version(v1).status == S.CANARY, 30, "the leader trying v1")
             wait_until(lambda: store.evaluation(v1) is not None, 60, "the leader evaluating v1")

@@ -1,4 +1,4 @@
-"""The publisher against races, on a real hf engine (models/liveloop-tiny) and real SQLite and
+"""The activator against races, on a real hf engine (models/liveloop-tiny) and real SQLite and
 PostgreSQL: an activation the watcher queued before a rollback is dropped, never applied, while
 traffic only ever sees the versions the store makes serving; an operator's swap becomes the learner's
 lineage (a learner version on the old parent is never activated, a learner publish on it is refused);
@@ -15,7 +15,7 @@ import pytest
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
-from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.activator import Activator
 from liveloop.server.control.weights_import import WeightImports
 from liveloop.store import StaleLineage, Store, VersionStatus
 
@@ -47,19 +47,19 @@ async def _traffic(engine, stop: asyncio.Event, served: list[int]) -> None:
 
 async def test_an_activation_queued_before_a_rollback_is_dropped(engine, store, checkpoints):
     metrics = Metrics()
-    publisher = Publisher(engine, store, metrics)
+    activator = Activator(engine, store, metrics)
     v1 = _learner_publish(store, 0, checkpoints[0])
-    assert (await publisher.activate(store.get_version(v1))).version == v1
+    assert (await activator.activate(store.get_version(v1))).version == v1
     v2 = _learner_publish(store, v1, checkpoints[1])
     queued = store.get_version(v2)  # what the watcher read: published, newer than the serving version
 
     stop, served = asyncio.Event(), []
     traffic = asyncio.create_task(_traffic(engine, stop, served))
     await asyncio.sleep(0.05)
-    rollback = asyncio.create_task(publisher.rollback(0, reason="guard"))
+    rollback = asyncio.create_task(activator.rollback(0, reason="guard"))
     await asyncio.sleep(0)
-    assert publisher._lock.locked()  # the rollback holds the activation lock; the activation queues behind it
-    activation = asyncio.create_task(publisher.activate(queued))
+    assert activator.lock.locked()  # the rollback holds the activation lock; the activation queues behind it
+    activation = asyncio.create_task(activator.activate(queued))
     result, dropped = await asyncio.gather(rollback, activation)
     await asyncio.sleep(0.05)
     stop.set()
@@ -76,32 +76,32 @@ async def test_an_activation_queued_before_a_rollback_is_dropped(engine, store, 
 
 
 async def test_an_operator_swap_becomes_the_learner_lineage(engine, store, checkpoints, model_dir, tmp_path):
-    publisher = Publisher(engine, store, Metrics())
+    activator = Activator(engine, store, Metrics())
     v1 = _learner_publish(store, 0, checkpoints[0])
-    await publisher.activate(store.get_version(v1))
+    await activator.activate(store.get_version(v1))
     waiting = _learner_publish(store, v1, checkpoints[1])  # published on v1, not activated yet
     staged = WeightImports(tmp_path / "versions", model_dir, 1 << 30).stage(str(checkpoints[2]))  # what POST /admin/weights copies
-    swapped = await publisher.publish_dir(staged, note="operator")
+    swapped = await activator.activate_import(staged, note="operator")
     assert (swapped.version, swapped.parent) == (waiting + 1, v1) and engine.version == swapped.version
     assert store.cursor_version("sao") == swapped.version
     assert store.get_version(waiting).status == S.SUPERSEDED
     # the watcher's stale read of the learner's version: dropped, the operator's version keeps serving
-    assert await publisher.activate(store.get_version(waiting)) is None
+    assert await activator.activate(store.get_version(waiting)) is None
     assert engine.version == swapped.version and store.latest_version().version == swapped.version
     # the learner, still on v1, is refused; it reloads (its cursor names the operator's version) and goes on
     with pytest.raises(StaleLineage):
         _learner_publish(store, waiting, checkpoints[0])
     nxt = _learner_publish(store, swapped.version, checkpoints[0])
-    assert (await publisher.activate(store.get_version(nxt))).version == nxt
+    assert (await activator.activate(store.get_version(nxt))).version == nxt
     assert {v.version: v.status for v in store.list_versions()} == {
         0: S.RETIRED, v1: S.RETIRED, waiting: S.SUPERSEDED, swapped.version: S.RETIRED, nxt: S.SERVING,
     }
 
 
 async def test_the_store_is_asked_before_the_engine_loads(engine, store, checkpoints):
-    publisher = Publisher(engine, store, Metrics())
+    activator = Activator(engine, store, Metrics())
     v1 = _learner_publish(store, 0, checkpoints[0])
     record = store.get_version(v1)
     store.rollback_to(0, "sao")  # e.g. another server process, or a rollback the watcher raced
-    assert await publisher.activate(record) is None
+    assert await activator.activate(record) is None
     assert engine.version == 0 and store.get_version(v1).status == S.ROLLED_BACK

@@ -31,7 +31,7 @@ from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.control.operations import Operations
-from liveloop.server.control.publisher import AlreadyServing, NotServable, Publisher
+from liveloop.server.control.activator import AlreadyServing, NotServable, Activator
 from liveloop.server.control.weights_import import WeightImports
 from liveloop.store import RollbackRefused, StaleLineage, Store, TransitionRefused, VersionStatus
 
@@ -48,14 +48,14 @@ def checkpoints(tmp_path_factory, model_dir) -> list[Path]:
 class Soak:
     """The operations, what they did, and what traffic saw."""
 
-    def __init__(self, publisher: Publisher, store: Store, checkpoints: list[Path], imports: WeightImports, seed: int):
-        self.publisher, self.store, self.checkpoints, self.imports = publisher, store, checkpoints, imports
+    def __init__(self, activator: Activator, store: Store, checkpoints: list[Path], imports: WeightImports, seed: int):
+        self.activator, self.store, self.checkpoints, self.imports = activator, store, checkpoints, imports
         self.rng = random.Random(seed)
         self.read: list = []  # every version record an activation read (a slow watcher's stale reads)
         # version -> (called, returned, may serve) of each rollback that took it off or named it
         self.history: dict[int, list[tuple[float, float, bool]]] = {}
         self.served: list[tuple[float, int]] = []  # (start, version) of every generation
-        self.done: dict[str, int] = {}  # operation -> how many the store and the publisher carried out
+        self.done: dict[str, int] = {}  # operation -> how many the store and the activator carried out
         self.refused: dict[str, int] = {}
         self.tables: list[tuple[list[int], list[int]]] = []  # (engine's serving, store's SERVING) per table read
 
@@ -79,14 +79,14 @@ class Soak:
             record = published[-1]
         else:
             return False
-        return await self.publisher.activate(record) is not None
+        return await self.activator.activate(record) is not None
 
     async def rollback(self) -> bool:
         serving = self.store.latest_version()
         if serving.parent is None:
             return False
         called = time.monotonic()
-        result = await self.publisher.rollback(serving.parent, reason="soak")
+        result = await self.activator.rollback(serving.parent, reason="soak")
         now = time.monotonic()
         for v in result.rolled_back:
             self.history.setdefault(v, []).append((called, now, False))
@@ -96,7 +96,7 @@ class Soak:
     def may_serve(self, version: int, at: float) -> bool:
         """Whether `version` may serve a generation that started at `at`: no rollback that took it off
         had returned by then, or one that names it had been called by then and returned after the last
-        that took it off (rollbacks take the publisher's lock in turn: they act in the order they
+        that took it off (rollbacks take the activator's lock in turn: they act in the order they
         return; the engine swaps a rollback's version in between its call and its return)."""
         events = self.history.get(version, [])
         offs = [returned for _, returned, may in events if not may and returned <= at]
@@ -106,7 +106,7 @@ class Soak:
 
     async def operator(self) -> bool:
         staged = await asyncio.to_thread(self.imports.stage, str(self.rng.choice(self.checkpoints)))  # POST /admin/weights' copy
-        await self.publisher.publish_dir(staged, note="soak")
+        await self.activator.activate_import(staged, note="soak")
         return True
 
     async def run_one(self, op: str) -> None:
@@ -119,7 +119,7 @@ class Soak:
             self._count(self.done, op)
 
     async def traffic(self, stop: asyncio.Event) -> None:
-        engine = self.publisher.engine
+        engine = self.activator.engine
         while not stop.is_set():
             start = time.monotonic()
             request = GenerationRequest(uuid.uuid4().hex, (1, 2, 3), SamplingParams(max_tokens=2, seed=1))
@@ -143,11 +143,11 @@ class Soak:
 async def test_rollbacks_swaps_and_publishes_interleaved(engine, store, checkpoints, store_url, model_dir, tmp_path):
     total = int(os.environ.get("LIVELOOP_SOAK_OPS", "1000" if store_url.startswith("sqlite") else "200"))
     imports = WeightImports(tmp_path / "versions", model_dir, 1 << 30)
-    soak = Soak(Publisher(engine, store, Metrics()), store, checkpoints, imports, seed=0)
+    soak = Soak(Activator(engine, store, Metrics()), store, checkpoints, imports, seed=0)
     ops = soak.rng.choices(["learn", "activate", "rollback", "operator"], weights=[4, 4, 2, 1], k=total)
     stop = asyncio.Event()
     traffic = asyncio.create_task(soak.traffic(stop))
-    views = asyncio.create_task(soak.views(stop, Operations(MonitorConfig(), store, soak.publisher, Metrics())))
+    views = asyncio.create_task(soak.views(stop, Operations(MonitorConfig(), store, soak.activator, Metrics())))
     in_flight: set[asyncio.Task] = set()
     try:
         for op in ops:

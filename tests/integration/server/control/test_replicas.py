@@ -5,7 +5,7 @@ of the fleet under its own `[ray] replica_id`, on SQLite and PostgreSQL.
 - the replica registry: each registers and heartbeats itself; `GET /admin/replicas`, `GET
   /v1/versions` (`replicas`) and `/metrics` show the same fleet whichever replica answers; every
   response names its replica; a replica that stops leaves the fleet, one whose heartbeat is old is down;
-- the follower rule (server/control/publisher.py `follow`): an operator's import activated through one
+- the follower rule (server/control/activator.py `follow`): an operator's import activated through one
   replica, a rollback through the other and a pause reach both; two replicas activating the same
   published version both keep it (no dropped activation, no swap back); a replica never moves back
   unless the store rolled back."""
@@ -26,7 +26,7 @@ from liveloop.devtools import ADMIN_KEY, USER_KEY, free_port, perturbed_checkpoi
 from liveloop.metrics import Metrics
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.hf_engine import HFEngine
-from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.activator import Activator
 from liveloop.store import Store, StoreConfig, VersionStatus
 from liveloop.store.replicas import Beat, ReplicaRegistry, serving_by_version
 
@@ -164,7 +164,7 @@ async def test_the_follower_rule(store, engine, model_dir, checkpoints):
     other = HFEngine(EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0), model_dir)
     await other.start(version=0)
     try:
-        a, b = Publisher(engine, store, Metrics()), Publisher(other, store, Metrics())
+        a, b = Activator(engine, store, Metrics()), Activator(other, store, Metrics())
         # both replicas activate the same published version at once: both serve it, nothing dropped or undone
         v1 = _learner_publish(store, 0, checkpoints[0])
         record = store.get_version(v1)
@@ -198,7 +198,7 @@ async def test_the_follower_rule_for_a_segments_adapter(store, model_dir, tmp_pa
     for e in engines:
         await e.start(version=0)
     try:
-        a, b = (Publisher(e, store, Metrics(), segments=("cozy",)) for e in engines)
+        a, b = (Activator(e, store, Metrics(), segments=("cozy",)) for e in engines)
         adapter = random_lora_adapter(model_dir, tmp_path / "cozy1", seed=1, rank=4)
         v1 = store.publish_version(
             parent=0, checkpoint_path=str(adapter), checkpoint_sha256=None, learner_step=1, samples_used=1, metrics={},

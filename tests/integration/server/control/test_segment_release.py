@@ -1,6 +1,6 @@
 """The release gate on a segment's adapter lineage (issue 21: modes per segment adapter), on a real hf
 engine over the tiny model with peft adapters, real SQLite and PostgreSQL, the real evaluation suite (a
-small one), the publisher and the gate. The base lineage stays immediate (no second engine); segment
+small one), the activator and the gate. The base lineage stays immediate (no second engine); segment
 "cozy" is gated, "night" is not. A cozy candidate is a second adapter slot of the live engine: in
 canary mode it serves exactly the canary users of cozy, consistently, and nobody else (other
 segments, base requests); promotion makes it every cozy user's adapter with no load; a held one is
@@ -28,7 +28,7 @@ from liveloop.server.engines.canary import CanaryEngine, candidate_slot
 from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.server.control.evaluating import engine_evaluation
 from liveloop.server.control.gate import ReleaseGate
-from liveloop.server.control.publisher import Publisher
+from liveloop.server.control.activator import Activator
 from liveloop.server.edge.admin.release import release_json
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, VersionStatus
 
@@ -71,9 +71,9 @@ async def engine(model_dir):
 def _gate(engine, store, tokenizer, model_dir, cozy="canary", bounds=PASSING, min_ratings=6) -> ReleaseGate:
     evaluation = EvaluationConfig(max_tokens=8, bounds=bounds)
     config = ReleaseConfig(mode="immediate", segments={"cozy": cozy}, canary_fraction=FRACTION, min_ratings=min_ratings, evaluation=evaluation)
-    publisher = Publisher(engine, store, Metrics(), segments=SEGMENTS)
+    activator = Activator(engine, store, Metrics(), segments=SEGMENTS)
     evaluator = Evaluator(evaluation, tokenizer, model_dir, suite=SUITE, refresh=store.get_version)
-    return ReleaseGate(config, publisher, engine, store, publisher.metrics, engine_evaluation(evaluator))
+    return ReleaseGate(config, activator, engine, store, activator.metrics, engine_evaluation(evaluator))
 
 
 def _publish(store: Store, parent: int, adapter: Path, segment: str = "cozy") -> int:
@@ -86,7 +86,7 @@ def _publish(store: Store, parent: int, adapter: Path, segment: str = "cozy") ->
 async def _live_cozy(gate: ReleaseGate, store: Store, adapter: Path) -> int:
     """Cozy's first adapter, serving (activated as an operator's setup: the gate starts after it)."""
     v1 = _publish(store, 0, adapter)
-    assert await gate.publisher.activate(store.get_version(v1)) is not None
+    assert await gate.activator.activate(store.get_version(v1)) is not None
     assert store.get_version(v1).status == S.SERVING and gate.engine.adapter_version("cozy") == v1
     return v1
 
@@ -126,7 +126,7 @@ async def test_a_segment_candidate_serves_its_canary_users_only_and_promotion_ma
     gate = _gate(engine, store, tokenizer, model_dir)
     v1 = await _live_cozy(gate, store, adapters[0])
     v2 = _publish(store, v1, adapters[1])
-    await gate.publisher._watch_adapters()  # the watcher activates nothing of a gated segment
+    await gate.activator._watch_adapters()  # the watcher activates nothing of a gated segment
     assert store.get_version(v2).status == S.PUBLISHED and engine.adapter_version("cozy") == v1
     await gate.step()
     assert store.get_version(v2).status == S.CANARY and engine.candidate_adapter_version("cozy") == v2
@@ -210,7 +210,7 @@ async def test_a_second_replica_follows_a_segment_promotion_from_its_own_slot(en
         first = _gate(engine, store, tokenizer, model_dir, min_ratings=1000)  # promoted below, by hand
         second = _gate(other, store, tokenizer, model_dir, min_ratings=1000)
         v1 = await _live_cozy(first, store, adapters[0])
-        await second.publisher.follow()
+        await second.activator.follow()
         assert other.adapter_version("cozy") == v1
         v2 = _publish(store, v1, adapters[1])
         await first.step()
@@ -218,7 +218,7 @@ async def test_a_second_replica_follows_a_segment_promotion_from_its_own_slot(en
         assert other.candidate_adapter_version("cozy") == v2
         assert await first.candidates.promote(store.get_version(v2)) is not None
         held = set(other.live._adapters.held)
-        done = await second.publisher.follow()
+        done = await second.activator.follow()
         assert [d.version for d in done] == [v2] and other.adapter_version("cozy") == v2
         assert other.candidate_adapter_version("cozy") is None and other.live._adapters.held <= held  # no new load
         await first.close()

@@ -15,7 +15,7 @@ import torch
 
 from liveloop.metrics import Metrics
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
-from liveloop.server.control.publisher import NotServable, Publisher
+from liveloop.server.control.activator import NotServable, Activator
 from liveloop.server.control.startup import finish_start, start_point
 from liveloop.store import VersionStatus
 from liveloop.transport import TransportConfig, byte_view, make_receiver, make_sender
@@ -68,12 +68,12 @@ def rejections(store, version: int) -> list:
 
 async def test_a_changed_config_is_refused_at_activation_and_the_old_version_keeps_serving(engine, store, model_dir, tmp_path):
     metrics = Metrics()
-    publisher = Publisher(engine, store, metrics)
+    activator = Activator(engine, store, metrics)
     before = await logprobs(engine)
     publish(store, engine, model_dir, tmp_path, 1, 0, 0.01)
     change_config(store.get_version(1).checkpoint_path, rope_parameters={"rope_theta": 1.0, "rope_type": "default"})
 
-    assert await publisher.activate(store.get_version(1)) is None
+    assert await activator.activate(store.get_version(1)) is None
     assert engine.version == 0 and await logprobs(engine) == before
     assert store.get_version(1).status == VersionStatus.FAILED
     (event,) = rejections(store, 1)
@@ -83,21 +83,21 @@ async def test_a_changed_config_is_refused_at_activation_and_the_old_version_kee
     # a tokenizer file the engine might read is covered too; an untouched version activates as usual
     v2 = publish(store, engine, model_dir, tmp_path, 2, 0, 0.02)
     (Path(store.get_version(2).checkpoint_path) / "tokenizer.json").write_text("{}")
-    assert await publisher.activate(store.get_version(2)) is None and rejections(store, 2)
+    assert await activator.activate(store.get_version(2)) is None and rejections(store, 2)
     v3 = publish(store, engine, model_dir, tmp_path, 3, 0, 0.03)
-    assert (await publisher.activate(store.get_version(3))).version == 3 and serves(engine, v3) and not serves(engine, v2)
+    assert (await activator.activate(store.get_version(3))).version == 3 and serves(engine, v3) and not serves(engine, v2)
 
 
 async def test_a_rollback_to_a_version_whose_config_changed_is_refused(engine, store, model_dir, tmp_path):
-    publisher = Publisher(engine, store, Metrics())
+    activator = Activator(engine, store, Metrics())
     publish(store, engine, model_dir, tmp_path, 1, 0, 0.01)
-    assert (await publisher.activate(store.get_version(1))).version == 1
+    assert (await activator.activate(store.get_version(1))).version == 1
     v2 = publish(store, engine, model_dir, tmp_path, 2, 1, 0.02)
-    assert (await publisher.activate(store.get_version(2))).version == 2
+    assert (await activator.activate(store.get_version(2))).version == 2
     change_config(store.get_version(1).checkpoint_path, num_attention_heads=2)
 
     with pytest.raises(NotServable, match="not the one its row names"):
-        await publisher.rollback(1)
+        await activator.rollback(1)
     assert engine.version == 2 and serves(engine, v2) and store.latest_version().version == 2
     (event,) = rejections(store, 1)
     assert event.detail["serving"] == 2
@@ -155,7 +155,7 @@ async def test_files_changed_after_hashing_are_not_what_loads(engine, store, mod
     await restarted.start(version=point.start_version, weights_path=point.weights_path)
     try:
         assert serves(restarted, v1)
-        await finish_start(Publisher(restarted, store, Metrics()), point)
+        await finish_start(Activator(restarted, store, Metrics()), point)
         assert not Path(point.weights_path).exists()
     finally:
         await restarted.close()

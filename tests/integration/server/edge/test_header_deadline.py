@@ -1,5 +1,5 @@
 """Half-sent requests cannot hold connections, and idle keep-alive connections outlive the clients'
-pools: uvicorn run with `uvicorn_options` (server/app.py) closes a connection whose request headers are
+pools: uvicorn run with `uvicorn_options` (server/edge/app.py) closes a connection whose request headers are
 not complete within `[server] header_timeout_seconds` of its opening or of a later request's first byte
 (uvicorn's own h11 protocol keeps it for ever), while a normal client is served throughout; an idle
 connection between requests stays open for `[server] keep_alive_seconds`, longer than httpx's (and so
@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 
 from liveloop.devtools import free_port
-from liveloop.server.app import uvicorn_options
+from liveloop.server.edge.app import uvicorn_options
 from liveloop.server.config import ServerConfig
 
 TIMEOUT = 1.0

@@ -9,8 +9,12 @@ import pytest
 
 from liveloop.config import ConfigError, load_config
 from liveloop.release.config import ReleaseConfig
-from liveloop.server.app import wants_gate
-from liveloop.server.control.gate import gated_segments
+from liveloop.segments import lanes
+from liveloop.server.control.gate import gated_segments, wants_gate as wants_gate_of
+
+def wants_gate(config) -> bool:
+    return wants_gate_of(config.release, lanes(config.learner), config.engine.backend)
+
 
 LEARNER = '[learner]\nadapters = "segment"\nsegments = ["cozy", "night"]\n'
 

@@ -12,7 +12,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from liveloop.server.edge.admission import Busy, RateLimited
 from liveloop.server.edge.errors import APIError, domain_error, domain_table, install_handlers
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
-from liveloop.server.control.publisher import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
+from liveloop.server.control.activator import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
 from liveloop.server.edge.pipeline.serving import InvalidRequest, LogFailed, UnknownModel
 from liveloop.server.edge.formats.tools import ToolsRefused
 from liveloop.server.control.weights_import import ImportFailed, ImportRefused, ImportTooLarge
