@@ -14,9 +14,16 @@ weights' total update after the steps, and its relative distance from float32's 
     .venv/bin/python bench/learner_batch.py                                 # CPU, tiny model, b = 1, 4, 16
     .venv/bin/python bench/learner_batch.py --device cuda --shape 1.7b --length 512 --batches 1,4,16,32
     .venv/bin/python bench/learner_batch.py --precision
+    .venv/bin/python bench/learner_batch.py --compare [--arms step,served,coalesce] [--batches 1] [--steps 60]
+    .venv/bin/python bench/learner_batch.py --profile [--batches 1] [--steps 10]
+
+`--compare`: the step before issue 36 (learner/reference_step.py) and now, side by side in this process,
+in turns: samples per busy second old / new as a ratio, and the step's breakdown (bench/step_compare.py).
+`--profile`: torch.profiler over each step's parts (tables, flame-graph stacks, a Chrome trace).
 
 `--shape` builds a Qwen3-shaped model with random weights from a config (no downloads): tiny (the
-default model), 0.6b, 1.7b. Writes bench/results/learner_batch.json.
+default model), 0.6b, 1.7b. Writes bench/results/learner_batch.json (learner_step_compare.json,
+learner_step_profile_*.txt, learner_step_stacks_*.txt, learner_step_trace_new.json).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save  # noqa: E402  (bench/ is not a package)
+from common import RESULTS, save  # noqa: E402  (bench/ is not a package)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # Qwen3 dense shapes (hidden, layers, heads, kv heads, intermediate)
@@ -197,8 +204,17 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--precision", action="store_true", help="compare float32 / bfloat16 optimizer states instead")
     parser.add_argument("--precision-steps", type=int, default=10)
+    parser.add_argument("--compare", action="store_true", help="the step before issue 36 and now, side by side (bench/step_compare.py)")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler over the old and the new step")
+    parser.add_argument("--arms", default="step,served", help="--compare: step, served, coalesce")
+    parser.add_argument("--steps", type=int, default=60, help="--compare: steps timed per learner; --profile: steps profiled")
+    parser.add_argument("--block", type=int, default=5, help="--compare: steps a learner takes per turn")
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.arms = args.arms.split(",")
+    if args.compare or args.profile:
+        step_comparison(args)
+        return
     if args.build:
         print(build_shape(args.shape, args.build))
         return
@@ -215,6 +231,26 @@ def main() -> None:
             for r in result["throughput"]:
                 print(f"| {r['batch']} | {r['ratings_per_s']:.2f} | {r['vs_batch_1']:.2f}x |")
         print(f"wrote {save('learner_precision' if args.precision else 'learner_batch', result, model_dir=base)}")
+
+
+def step_comparison(args: argparse.Namespace) -> None:
+    import step_compare
+
+    torch.set_num_threads(1)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = model_dir(args, Path(tmp))
+        if args.profile:
+            result = {"profile": step_compare.profile(args, base, Path(tmp), RESULTS), "batch": args.batches[0], "steps": args.steps}
+            print(f"wrote {save('learner_step_profile', result, model_dir=base)} and the tables, stacks and trace beside it")
+            return
+        rows = step_compare.compare(args, base, Path(tmp))
+    print("\n| arm | batch <= | old samples/busy s | new | new / old | old samples/wall s | new | new / old |\n|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['arm']} | {r['batch']} | {r['old_samples_per_busy_s']:.1f} | {r['new_samples_per_busy_s']:.1f} | "
+              f"{r['busy_ratio_new_over_old']:.2f}x | {r['old_samples_per_wall_s']:.1f} | {r['new_samples_per_wall_s']:.1f} | "
+              f"{r['wall_ratio_new_over_old']:.2f}x |")
+    print(f"wrote {save('learner_step_compare', {'rows': rows, 'steps': args.steps, 'block': args.block}, model_dir=base)}")
 
 
 if __name__ == "__main__":
