@@ -29,10 +29,10 @@ from liveloop.release.checks import (
     CheckResult, apply_bounds, kl_estimate, known_check, lexicon_rate, mean_length, perplexity, repetition, reward_rate, sycophancy,
 )
 from liveloop.release.config import EvaluationConfig
-from liveloop.release.scoring import Sample, Scorer
+from liveloop.release.scoring import Sample, Scorer, version_key
 from liveloop.release.suite import Suite, load_suite
 from liveloop.store.records import VersionRecord
-from liveloop.transport.checkpoint_dir import is_checkpoint, verify_checkpoint
+from liveloop.transport.checkpoint_dir import is_checkpoint, verified_copy
 
 
 CLAIM_SEEDS = 1_000_003  # the false-claim probes' seeds start here (the prompts' at config.seed)
@@ -153,16 +153,23 @@ class Evaluator:
     # -- weights ------------------------------------------------------------------------------------
 
     async def _path(self, record: VersionRecord) -> str | None:
-        """The checkpoint directory the scorer reads `record`'s weights from (None: the base model),
-        once it is durable and verified against the row's digest."""
+        """The scorer's key for `record`'s weights (None: the base model), loaded into the scorer once
+        its checkpoint is durable, from the private copy that was verified against the row's digest
+        as it was copied (liveloop/transport/checkpoint_dir.py `verified_copy`): the shared directory is
+        never read again after it was hashed."""
         if record.version == 0 or not record.checkpoint_path:
             return None
+        key = version_key(record.version)
+        if self.scorer.loaded(key):
+            return key
         deadline = time.monotonic() + self.checkpoint_wait_seconds
         while True:
             durable = await asyncio.to_thread(is_checkpoint, record.checkpoint_path)
             if durable and not (record.weights_digest and not record.checkpoint_sha256):
-                await asyncio.to_thread(verify_checkpoint, record.checkpoint_path, record.checkpoint_sha256, record.version)
-                return record.checkpoint_path
+                copy = await asyncio.to_thread(verified_copy, record.checkpoint_path, record.checkpoint_sha256, record.version)
+                with copy:
+                    await asyncio.to_thread(self.scorer.load, key, copy.path)
+                return key
             if time.monotonic() > deadline:
                 raise EvaluationUnavailable(f"version {record.version}: no durable checkpoint at {record.checkpoint_path} "
                                             f"after {self.checkpoint_wait_seconds:g} s")

@@ -25,6 +25,11 @@ import torch
 from liveloop.checkpoint import PRETRAINED_LOCK
 
 ADAPTER_CONFIG = "adapter_config.json"
+VERSION_KEY = "version:"  # the LRU key of a version loaded from its verified copy
+
+
+def version_key(version: int) -> str:
+    return f"{VERSION_KEY}{version}"
 
 
 @dataclass(frozen=True)
@@ -64,13 +69,35 @@ class Scorer:
         self.loads += 1
         return model.to(self.device).eval()
 
+    def load(self, key: str, path: Path) -> None:
+        """Load the model at `path` into the LRU as `key` (a version: `version_key`), unless it is there.
+        `path` is a version's verified private copy, which the caller removes once this returns: a
+        version's model is only ever loaded this way, from the bytes that were verified."""
+        with self._lock:
+            if key in self._models:
+                self._models.move_to_end(key)
+                return
+            self._put(key, self._load(path))
+
+    def loaded(self, key: str) -> bool:
+        return key in self._models
+
     def model(self, path: str | Path | None) -> torch.nn.Module:
-        """The model of a checkpoint directory (None: the base model), from the LRU or loaded into it."""
+        """The model of a checkpoint directory (None: the base model) or of a version `load`ed as
+        `version_key(v)`, from the LRU or (a directory) loaded into it. A version no longer in the LRU
+        is not read again from anywhere: LookupError (load it again from a verified copy)."""
+        if isinstance(path, str) and path.startswith(VERSION_KEY):
+            if path not in self._models:
+                raise LookupError(f"{path} is not loaded: a version is loaded from its verified copy (`Scorer.load`)")
+            self._models.move_to_end(path)
+            return self._models[path]
         key = str(Path(path if path is not None else self.base_model_dir).resolve())
         if key in self._models:
             self._models.move_to_end(key)
             return self._models[key]
-        model = self._load(Path(key))
+        return self._put(key, self._load(Path(key)))
+
+    def _put(self, key: str, model: torch.nn.Module) -> torch.nn.Module:
         self._models[key] = model
         while len(self._models) > self.capacity:
             self._models.popitem(last=False)

@@ -225,3 +225,40 @@ def test_the_scorer_reads_a_segment_adapter_over_the_base(model_dir, tokenizer, 
     moved = scorer.logprobs(tmp_path / "random", pairs)
     assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5) for a, b in zip(plain, zero))
     assert max(abs(x - y) for a, b in zip(plain, moved) for x, y in zip(a, b)) > 1e-2
+
+
+async def test_a_version_is_scored_from_the_copy_that_was_verified(model_dir, tokenizer, flattering_dir, tmp_path):
+    """The scorer reads a version's weights from the private copy hashed against its row, never from
+    the shared directory again: a checkpoint changed after publish is refused (WeightsUnverified), and
+    one changed after it was loaded does not change what is scored (the version is not read again)."""
+    import shutil
+
+    from liveloop.transport import WeightsUnverified
+
+    shared = tmp_path / "v1"
+    shutil.copytree(flattering_dir, shared)
+    record = VersionRecord(1, 0, datetime.now(timezone.utc), str(shared), checkpoint_digest(shared), 1, 8, status=VersionStatus.PUBLISHED)
+
+    class Watched(Scorer):
+        loaded_from: list[Path] = []
+
+        def load(self, key: str, path: Path) -> None:
+            self.loaded_from.append(Path(path))
+            super().load(key, path)
+
+    scorer = Watched(model_dir)
+    evaluator = Evaluator(EvaluationConfig(samples_per_prompt=1, max_tokens=8), tokenizer, model_dir, suite=SMALL, scorer=scorer)
+    key = await evaluator._path(record)
+    (copy,) = scorer.loaded_from
+    assert copy.resolve() != shared.resolve() and not copy.exists()  # a private copy, removed once loaded
+    pairs = [(evaluator.prompt_ids[0], (5, 6, 7))]
+    before = scorer.logprobs(key, pairs)
+    (shared / "config.json").write_text((shared / "config.json").read_text().replace('"rms_norm_eps"', '"rms_norm_eps_"'))
+    assert await evaluator._path(record) == key and scorer.logprobs(key, pairs) == before and len(scorer.loaded_from) == 1
+
+    tampered = VersionRecord(2, 0, datetime.now(timezone.utc), str(shared), record.checkpoint_sha256, 1, 8, status=VersionStatus.PUBLISHED)
+    with pytest.raises(WeightsUnverified):
+        await evaluator._path(tampered)  # the row's digest no longer matches: nothing loaded
+    assert len(scorer.loaded_from) == 1
+    with pytest.raises(LookupError):
+        scorer.model("version:2")  # a version is never read from a directory
