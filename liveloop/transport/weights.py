@@ -131,6 +131,19 @@ def write_checkpoint(tensors: Mapping[str, torch.Tensor], base_model: str | Path
     return final
 
 
+def copy_checkpoint(source: str | Path, root: str | Path) -> Path:
+    """Copy the checkpoint directory `source` under `root` (atomically, the same `push-*` naming as
+    `write_checkpoint`): for an engine that must keep the directory it was handed after the caller
+    removes it. Returns its path."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"push-{uuid.uuid4().hex[:12]}"
+    tmp = root / f".{final.name}.tmp"
+    shutil.copytree(source, tmp, symlinks=False)
+    os.replace(tmp, final)
+    return final
+
+
 def _untie(state: dict[str, torch.Tensor]) -> None:
     # safetensors refuses tensors that share storage (tied embeddings): give each its own copy.
     seen: dict[int, str] = {}

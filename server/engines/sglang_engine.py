@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import AdapterUnusable, EngineUnavailable, GenerationRequest, Preempt, SamplingParams, TokenDelta, aborted
 from liveloop.server.engines.gated import GatedEngine
-from liveloop.transport.weights import CheckpointDir, NamedTensors, WeightSource, WeightsRejected, non_finite, write_checkpoint
+from liveloop.transport.weights import CheckpointDir, NamedTensors, WeightSource, WeightsRejected, copy_checkpoint, non_finite, write_checkpoint
 
 if TYPE_CHECKING:
     import httpx
@@ -216,7 +216,7 @@ class SGLangEngine(GatedEngine):
         self._health_ok = False  # what the last /health answered
         self._unreachable: str | None = None  # why the last call found no server (cleared by a good /health)
         self._poller: asyncio.Task | None = None
-        self._written: Path | None = None  # a directory liveloop wrote from named tensors, while it serves
+        self._written: Path | None = None  # a directory of the engine's own (written from named tensors, or a copy of one handed over), while SGLang serves it
         self._tasks: set[asyncio.Task] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------------------
@@ -248,7 +248,9 @@ class SGLangEngine(GatedEngine):
             if weights_path is None and serving and Path(serving).resolve() == Path(self.model_path).resolve():
                 await self._post("/update_weight_version", {"new_version": str(version)})
             else:  # it serves other weights (an earlier run's swap): what liveloop calls `version` is loaded
-                await self._update_from_disk(Path(weights_path or self.model_path).resolve(), version, flush=True)
+                staged = await asyncio.to_thread(self._stage, CheckpointDir(Path(weights_path or self.model_path)))
+                assert isinstance(staged, CheckpointDir)
+                await self._apply_as(staged, version)
             await self._check_health()
             if not self.healthy():
                 raise SGLangError(f"sglang at {self.url} is not healthy: {self._unreachable or 'GET /health did not answer 200'}")
@@ -256,7 +258,7 @@ class SGLangEngine(GatedEngine):
             await self.close()
             raise
         self._gate.version = version
-        self._sweep(keep=None)  # SGLang serves engine.model or the given checkpoint now, none of ours
+        self._sweep(keep=self._written)  # SGLang serves engine.model or our copy of the given checkpoint now
         self._poller = asyncio.get_running_loop().create_task(self._poll_health())
 
     async def close(self) -> None:
@@ -374,13 +376,21 @@ class SGLangEngine(GatedEngine):
 
     # -- swaps ------------------------------------------------------------------------------------------
     def _stage(self, source: WeightSource) -> WeightSource:
-        """A checkpoint directory as it is; named tensors checked finite (unless verified) and written as a
-        checkpoint directory SGLang can read (in a thread, before anything pauses)."""
+        """What SGLang is told to load, as a directory of this engine's own that stays until SGLang serves
+        another: SGLang keeps serving from the `model_path` it loaded (a refused update later reloads the
+        weights it served from there), while the directory a caller hands over is often a verified private
+        copy it removes after the swap. So a checkpoint directory is copied under the engine's root
+        (the configured model's own directory and one of the engine's are kept as they are); named
+        tensors are checked finite (unless verified) and written there. In a thread, before anything
+        pauses."""
         match source:
             case CheckpointDir(path):
-                if not Path(path).is_dir():
+                path = Path(path).resolve()
+                if not path.is_dir():
                     raise WeightsRejected(f"sglang engine: {path} is not a checkpoint directory")
-                return CheckpointDir(Path(path).resolve())
+                if path == Path(self.model_path).resolve() or self._is_written(path):
+                    return CheckpointDir(path)
+                return CheckpointDir(copy_checkpoint(path, self._written_root()).resolve())
             case NamedTensors(tensors, verified):
                 bad = None if verified else non_finite(tensors)
                 if bad is not None:

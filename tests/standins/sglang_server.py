@@ -244,7 +244,14 @@ def build_app(state: StandIn, api_key: str | None = None) -> FastAPI:
             async with state.lock:
                 try:
                     await asyncio.to_thread(state.load, str(path))
-                except Exception as exc:  # SGLang reloads the weights it served and answers success false
+                except Exception as exc:  # SGLang reloads the weights it served, from its model_path on disk,
+                    # and answers success false (model_runner.update_weights_from_disk); that reload failing too
+                    # leaves it without a model
+                    try:
+                        await asyncio.to_thread(state.load, state.model_path)
+                    except Exception as lost:
+                        state.model = None
+                        return _error(f"Failed to update weights: {exc}; rolling back to {state.model_path} failed: {lost}", 500)
                     return JSONResponse({"success": False, "num_paused_requests": 0,
                                          "message": f"Failed to get weights iterator: {exc}. Rolling back to original weights."},
                                         status_code=400)

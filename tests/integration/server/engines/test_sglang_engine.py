@@ -141,6 +141,40 @@ async def test_a_refused_checkpoint_leaves_the_old_version_serving(model_dir, sg
         await engine.close()
 
 
+async def test_what_sglang_serves_outlives_the_copy_it_was_handed(model_dir, v1_dir, sglang_standin, tmp_path):
+    """The activator hands engines a verified private copy and removes it after the swap; SGLang keeps
+    serving from the path it loaded (a refused update reloads the served weights from there). The
+    engine gives SGLang a directory of its own, removed only once SGLang serves another: after the copy
+    is gone, a refused update still rolls SGLang back and the engine keeps serving the version."""
+    engine = _engine(model_dir, sglang_standin.url, tmp_path)
+    handed = tmp_path / "handed"
+    shutil.copytree(v1_dir, handed)
+    await engine.start(version=1, weights_path=handed)
+    shutil.rmtree(handed)  # the start point's private copy goes once the engine started
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(model_dir / "config.json", broken / "config.json")
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    try:
+        _, before = await _collect(engine, _request("before"))
+        handed.mkdir()
+        for f in v1_dir.iterdir():
+            shutil.copy(f, handed / f.name)
+        await engine.update_weights(CheckpointDir(handed), 2)
+        shutil.rmtree(handed)  # the activator's copy goes after the swap
+        served = httpx.get(sglang_standin.url + "/get_model_info", trust_env=False).json()["model_path"]
+        assert Path(served).is_dir() and Path(served).resolve() != handed.resolve()
+        with pytest.raises(WeightsRejected, match="sglang refused"):
+            await engine.update_weights(broken, 3)  # SGLang reloads what it served, from `served`
+        assert engine.version == 2 and engine.healthy() and Path(served).is_dir()
+        version, again = await _collect(engine, _request("again"))
+        assert version == 2 and [(d.token_ids, d.logprobs) for d in again] == [(d.token_ids, d.logprobs) for d in before]
+        await engine.update_weights(CheckpointDir(model_dir), 4)  # the configured model: served in place
+        assert not Path(served).exists()  # the engine's own copy goes once SGLang serves another directory
+    finally:
+        await engine.close()
+
+
 async def test_no_server_is_a_clear_error(model_dir, tmp_path):
     engine = _engine(model_dir, f"http://127.0.0.1:{free_port()}", tmp_path)
     with pytest.raises(SGLangUnreachable, match="did not answer GET /get_model_info"):
