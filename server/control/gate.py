@@ -67,8 +67,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from liveloop.config import ConfigError
+from liveloop.config_types import ConfigError
 from liveloop.metrics import Metrics
+from liveloop.segments import BASE, Lineage
 from liveloop.release.config import Mode, ReleaseConfig
 from liveloop.release.decision import Decision, decide
 from liveloop.release.routing import in_canary
@@ -170,13 +171,18 @@ class ReleaseState:
 
 
 @dataclass
-class _Lineage:
-    """The gate's own state of one lineage: its mode and its running evaluation."""
+class GatedLineage:
+    """The gate's own state of one lineage (`Lineage`: the base weights or a segment's adapter): its mode
+    and its running evaluation."""
 
-    segment: str | None
+    lineage: Lineage
     mode: Mode
     task: asyncio.Task | None = field(default=None, repr=False)
     task_version: int | None = None
+
+    @property
+    def segment(self) -> str | None:
+        return self.lineage.segment
 
     def running(self) -> int | None:
         return self.task_version if self.task is not None and not self.task.done() else None
@@ -200,9 +206,9 @@ class ReleaseGate:
         self.mode: Mode = config.mode_of(None)
         self.decisions: dict[int, Decision] = {}  # version -> the last verdict on it
         self._evaluated: set[int] = set()  # versions whose evaluation this gate started (or found stored)
-        self._base = _Lineage(None, self.mode)
+        self._base = GatedLineage(BASE, self.mode)
         gated = tuple(s for s in activator.segments if config.mode_of(s) != "immediate")
-        self._segments = {s: _Lineage(s, config.mode_of(s)) for s in gated}
+        self._segments = {s: GatedLineage(Lineage(s), config.mode_of(s)) for s in gated}
         activator.gate_segments = frozenset(gated)  # the watcher activates nothing of these lineages
         for segment in config.segments:
             if segment not in activator.segments:
@@ -220,11 +226,9 @@ class ReleaseGate:
         """Whether a request of `user` (release/routing.py `user_key`) is served by its lineage's
         candidate now: the base candidate for a request without a segment, the segment's candidate
         adapter for one of a gated segment."""
-        if segment is None:
-            return self.mode == "canary" and self.engine.candidate_version is not None and in_canary(user, self.config.canary_fraction)
-        lineage = self._segments.get(segment)
+        gated = self._base if segment is None else self._segments.get(segment)
         return (
-            lineage is not None and lineage.mode == "canary" and self.engine.candidate_adapter_version(segment) is not None
+            gated is not None and gated.mode == "canary" and self.candidates.loaded(segment) is not None
             and in_canary(user, self.config.canary_fraction)
         )
 
@@ -275,7 +279,7 @@ class ReleaseGate:
         """One pass over `segment`'s lineage alone; the decision taken on its candidate, if any."""
         return await self._step(self._segments[segment])
 
-    async def _step(self, lineage: _Lineage) -> Decision | None:
+    async def _step(self, lineage: GatedLineage) -> Decision | None:
         segment = lineage.segment
         canary = await asyncio.to_thread(self.store.canary_version, segment)
         paused = await asyncio.to_thread(self.store.learning_paused, self.activator.lane(segment))
@@ -289,7 +293,7 @@ class ReleaseGate:
             canary = await self._start_next(lineage, term)
             if canary is None:
                 return None
-        if segment is None:
+        if lineage.lineage.is_base:
             await self.engine.prepare()  # outside the activator's lock: an engine's start holds back no activation
         if not await self.candidates.load(canary):
             return None
@@ -297,7 +301,7 @@ class ReleaseGate:
         if term is None:  # a follower routes to the store's candidate; the leader evaluates and decides
             self._cancel_evaluation(lineage)
             return None
-        live = await asyncio.to_thread(self.store.get_version, self._live_version(segment))
+        live = await asyncio.to_thread(self.store.get_version, self._live_version(lineage.lineage))
         if live is None:
             return None
         self._ensure_evaluation(lineage, canary, live, term)
@@ -309,19 +313,18 @@ class ReleaseGate:
             await self._hold(lineage, canary, decision, term)
         return decision
 
-    def _live_version(self, segment: str | None) -> int:
+    def _live_version(self, lineage: Lineage) -> int:
         """What serves the lineage's users now: the base version, or the segment's adapter (the base
         version when it has none)."""
-        if segment is None:
-            return self.engine.version
-        adapter = self.engine.adapter_version(segment)
-        return self.engine.version if adapter is None else adapter
+        serving = self.activator.serving_in(lineage)
+        return self.engine.version if serving is None else serving
 
-    async def _start_next(self, lineage: _Lineage, term: int) -> VersionRecord | None:
+    async def _start_next(self, lineage: GatedLineage, term: int) -> VersionRecord | None:
         """The newest PUBLISHED version past the serving one that the store accepts as the candidate
         (None also when the store says this replica no longer leads in `term`)."""
         segment = lineage.segment
-        after = self.engine.version if segment is None else (self.engine.adapter_version(segment) or -1)
+        serving = self.activator.serving_in(lineage.lineage)
+        after = -1 if serving is None else serving
         published = await asyncio.to_thread(self.store.versions_with_status, VersionStatus.PUBLISHED, after, segment)
         for record in reversed(published):
             try:
@@ -336,12 +339,11 @@ class ReleaseGate:
                     return other
                 continue
             self.metrics.inc("server/release_candidates")
-            where = "" if segment is None else f" of segment {segment}"
-            log.info("version %d is the candidate%s (%s mode)", canary.version, where, lineage.mode)
+            log.info("version %d is the candidate of %s (%s mode)", canary.version, lineage.lineage, lineage.mode)
             return canary
         return None
 
-    async def _decide(self, lineage: _Lineage, canary: VersionRecord, live: VersionRecord) -> Decision:
+    async def _decide(self, lineage: GatedLineage, canary: VersionRecord, live: VersionRecord) -> Decision:
         traffic = await asyncio.to_thread(self.store.version_traffic, True, (canary.version, live.version))
         evaluation = await asyncio.to_thread(self.store.evaluation, canary.version)
         return decide(
@@ -352,18 +354,17 @@ class ReleaseGate:
             self.config,
         )
 
-    async def _promote(self, lineage: _Lineage, canary: VersionRecord, decision: Decision, term: int) -> None:
+    async def _promote(self, lineage: GatedLineage, canary: VersionRecord, decision: Decision, term: int) -> None:
         result = await self.candidates.promote(canary, fenced_term(term))
         if result is None:
             return
         self._cancel_evaluation(lineage)
         self.metrics.inc("server/release_promotions")
-        where = "" if lineage.segment is None else f" (segment {lineage.segment})"
-        log.info("candidate %d promoted over %d%s: %s", canary.version, result.parent, where, decision.reason)
+        log.info("candidate %d of %s promoted over %d: %s", canary.version, lineage.lineage, result.parent, decision.reason)
 
-    async def _hold(self, lineage: _Lineage, canary: VersionRecord, decision: Decision, term: int) -> None:
+    async def _hold(self, lineage: GatedLineage, canary: VersionRecord, decision: Decision, term: int) -> None:
         segment = lineage.segment
-        detail = {"mode": lineage.mode, "p_worse": decision.p_worse, "live": self._live_version(segment)}
+        detail = {"mode": lineage.mode, "p_worse": decision.p_worse, "live": self._live_version(lineage.lineage)}
         try:
             await asyncio.to_thread(
                 self.store.hold_version, canary.version, decision.reason, self.activator.lane(segment), detail, fenced_term(term),
@@ -377,10 +378,10 @@ class ReleaseGate:
         await self.candidates.drop(segment)
         self._cancel_evaluation(lineage)
         self.metrics.inc("server/release_held")
-        log.warning("candidate %d held: %s (version %d keeps serving)", canary.version, decision.reason, self._live_version(segment))
+        log.warning("candidate %d held: %s (version %d keeps serving)", canary.version, decision.reason, self._live_version(lineage.lineage))
 
     # -- evaluation ----------------------------------------------------------------------------------
-    def _ensure_evaluation(self, lineage: _Lineage, canary: VersionRecord, live: VersionRecord, term: int) -> None:
+    def _ensure_evaluation(self, lineage: GatedLineage, canary: VersionRecord, live: VersionRecord, term: int) -> None:
         if self.evaluate is None or canary.version in self._evaluated:
             return
         if lineage.task is not None and not lineage.task.done():
@@ -389,15 +390,15 @@ class ReleaseGate:
             lineage.task.cancel()
         self._evaluated.add(canary.version)
         lineage.task_version = canary.version
-        live_engine = self.engine.live if lineage.segment is None else self.engine
+        live_engine = self.engine.live if lineage.lineage.is_base else self.engine
         lineage.task = asyncio.create_task(self._evaluation(lineage, canary, live, live_engine, term), name=f"evaluation-{canary.version}")
 
-    def _cancel_evaluation(self, lineage: _Lineage) -> None:
+    def _cancel_evaluation(self, lineage: GatedLineage) -> None:
         if lineage.task is not None and not lineage.task.done():
             lineage.task.cancel()
 
     async def _evaluation(
-        self, lineage: _Lineage, canary: VersionRecord, live: VersionRecord, live_engine: Engine | None, term: int,
+        self, lineage: GatedLineage, canary: VersionRecord, live: VersionRecord, live_engine: Engine | None, term: int,
     ) -> None:
         """Evaluate the loaded candidate against `live` on `live_engine` (None: the candidate engine
         itself) and store the result, as the leader of `term` (refused when deposed since: the new
@@ -406,7 +407,7 @@ class ReleaseGate:
         assert self.evaluate is not None
         if await asyncio.to_thread(self.store.evaluation, canary.version) is not None:
             return  # another replica (or an earlier run of this server) evaluated it
-        candidate_engine = self.engine.candidate if lineage.segment is None else self.engine
+        candidate_engine = self.engine.candidate if lineage.lineage.is_base else self.engine
         if candidate_engine is None or self.candidates.loaded(lineage.segment) != canary.version:
             self._evaluated.discard(canary.version)
             return
@@ -467,7 +468,7 @@ class ReleaseGate:
         traffic = self.store.version_traffic(True)
         candidate = self._candidate_state(self._base, serving, traffic) if self.mode != "immediate" else None
         lineages = tuple(
-            LineageState(s, lineage.mode, self.engine.adapter_version(s), self._candidate_state(lineage, self._live_version(s), traffic))
+            LineageState(s, lineage.mode, self.engine.adapter_version(s), self._candidate_state(lineage, self._live_version(lineage.lineage), traffic))
             for s, lineage in self._segments.items()
         )
         evaluating = self._base.running()
@@ -477,7 +478,7 @@ class ReleaseGate:
         modes.update({s: m for s, m in self.config.segments.items() if s not in modes})
         return ReleaseState(self.mode, modes, self.config.canary_fraction, serving, candidate, evaluating, lineages)
 
-    def _candidate_state(self, lineage: _Lineage, live: int, traffic: dict[int, VersionTraffic]) -> CandidateState | None:
+    def _candidate_state(self, lineage: GatedLineage, live: int, traffic: dict[int, VersionTraffic]) -> CandidateState | None:
         canary = self.store.canary_version(lineage.segment)
         if canary is None:
             return None
