@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from liveloop.config import check_literals
+from liveloop.config_types import check_literals
 from liveloop.monitor.poisoning import Similarity
 from liveloop.rewards import RULE_SPECS, make_reward
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from liveloop.config import check_literals
+from liveloop.config_types import check_literals
 from liveloop.rewards import RULE_SPECS
 
 Mode = Literal["immediate", "canary", "gated"]

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
-from liveloop.config import check_literals
+from liveloop.config_types import check_literals
 
 
 @dataclass(frozen=True)

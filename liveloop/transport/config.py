@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
-from liveloop.config import check_literals
+from liveloop.config_types import check_literals
 
 log = logging.getLogger(__name__)
 
