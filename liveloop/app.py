@@ -62,6 +62,7 @@ from liveloop.server.edge.pipeline.serving import Serving
 from liveloop.server.edge.responses.serving import ServingResponses
 from liveloop.server.engines.base import create_engine
 from liveloop.server.engines.canary import CanaryEngine
+from liveloop.server.engines.registry import names_with
 from liveloop.store import BatchWriter, Store
 from liveloop.store.replicas import Beat, ReplicaRegistry
 from liveloop.transport import HandleGone, WeightsUnverified, make_receiver
@@ -136,7 +137,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts
     if gated:  # a second engine of the same backend holds the candidate, started at the first one
         engine = CanaryEngine(engine, functools.partial(create_engine, engine_config, model_dir), engine_config.drain_deadline_seconds)
     await engine.start(version=point.start_version, weights_path=point.weights_path)
-    if gated and engine_config.backend == "vllm":
+    if gated and engine_config.backend in names_with("blocking_start"):
         assert isinstance(engine, CanaryEngine)
         await engine.prepare()  # vLLM's start blocks the event loop: before serving, not at the first candidate
     # 3. writer, serving pipeline, activation

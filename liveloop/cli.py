@@ -27,6 +27,7 @@ from liveloop import operator_cli
 from liveloop.diffusion import cli as bgpo_cli
 from liveloop.experiments import cli as experiments_cli
 from liveloop.config import Config, ConfigError, load_config
+from liveloop.server.engines.registry import BACKENDS
 from liveloop.home import model_path
 from liveloop.private import check_data, restrict_umask
 from liveloop.rewards import RULE_SPECS
@@ -214,11 +215,14 @@ def cmd_critic_pretrain(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Check a deployment config (every section typed, as `serve` loads it; no torch, no model) and print
-    it as liveloop reads it (`extends` merged), or list the presets."""
+    it as liveloop reads it (`extends` merged), or list the presets or the engine backends."""
     from liveloop.config import CONFIG_DIR, presets, read_toml, resolve_config
 
     if args.presets:
         print(json.dumps({"dir": str(CONFIG_DIR), "presets": presets()}, indent=2))
+        return 0
+    if args.backends:
+        print(json.dumps([b.as_dict() for b in BACKENDS], indent=2))
         return 0
     config = _config(args)
     print(json.dumps({"config": str(resolve_config(args.config)), "model": str(model_path(config.engine.model)),
@@ -330,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_option(p)
     p.add_argument("--host", help="listen address (default from config: 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default from config: 8000)")
-    p.add_argument("--engine", choices=["vllm", "hf", "diffusion", "sglang"], help="override engine.backend")
+    p.add_argument("--engine", choices=[b.name for b in BACKENDS], help="override engine.backend")
     p.add_argument("--no-learner", action="store_true", help="serve only (learner.enabled = false)")
     p.set_defaults(func=cmd_serve)
 
@@ -352,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="check a deployment config and print it as read (extends merged), or list the presets")
     config_option(p)
     p.add_argument("--presets", action="store_true", help="list the preset names (and where they are) instead")
+    p.add_argument("--backends", action="store_true", help="list the engine backends (engine.backend) instead")
     p.set_defaults(func=cmd_config)
 
     model = sub.add_parser("model", help="the embedded default model").add_subparsers(dest="model_cmd", required=True)

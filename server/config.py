@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from liveloop.config_types import check_literals
+from liveloop.server.engines.registry import HELP, EngineBackend
 
 
 @dataclass(frozen=True)
@@ -165,10 +166,7 @@ class AuthConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    backend: Literal["vllm", "hf", "diffusion", "sglang"] = field(
-        default="vllm",
-        metadata={"help": "vllm | hf | diffusion (a masked diffusion LM) | sglang (a running SGLang server, sglang_url)"},
-    )
+    backend: EngineBackend = field(default="vllm", metadata={"help": HELP})  # the backends: server/engines/registry.py
     model: str = field(
         default="models/liveloop-tiny",
         metadata={"help": "a Hugging Face checkpoint directory; the tiny default is built there when missing"},

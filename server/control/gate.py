@@ -76,6 +76,7 @@ from liveloop.release.routing import in_canary
 from liveloop.server.control.candidates import Candidates
 from liveloop.server.engines.base import Engine
 from liveloop.server.engines.canary import SLOT_SUFFIX, CanaryEngine
+from liveloop.server.engines.registry import names_with
 from liveloop.server.control.activator import Activator
 from liveloop.store import Store, TransitionRefused, VersionRecord, VersionStatus
 from liveloop.store.lease import StaleLeader
@@ -86,7 +87,7 @@ log = logging.getLogger(__name__)
 # evaluate(candidate engine, candidate, live engine, live) -> an Evaluation (release/evaluation.py); a
 # segment candidate's engine is the live one, its adapter slot reached by a canary request of its segment
 Evaluate = Callable[[Engine, VersionRecord, Engine, VersionRecord], Awaitable[Any]]
-SLOT_BACKENDS = ("hf",)  # the backends whose adapter slots a segment candidate is served from
+SLOT_BACKENDS = names_with("adapter_slots")  # the backends whose adapter slots a segment candidate is served from
 
 
 def fenced_term(term: int) -> int | None:
@@ -113,7 +114,7 @@ def gated_segments(config: ReleaseConfig, segments: tuple[str, ...], backend: st
     return gated
 
 
-GATED_BACKENDS = ("hf", "vllm")  # the backends the release gate runs on
+GATED_BACKENDS = names_with("release_gate")  # the backends the release gate runs on
 
 
 def wants_gate(config: ReleaseConfig, segments: tuple[str, ...], backend: str) -> bool:

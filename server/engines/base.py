@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from liveloop.server.engines.registry import engine_class
+
 if TYPE_CHECKING:
     import torch
 
@@ -280,22 +282,6 @@ class VersionGate:
 
 
 def create_engine(config: EngineConfig, model_path: str | Path) -> Engine:
-    """Instantiate the backend named by `config.backend` (`vllm`, `hf`, `diffusion`, `sglang`)."""
-    # Import backends lazily: `vllm` must not be imported where it is not used.
-    if config.backend == "vllm":
-        from liveloop.server.engines.vllm_engine import VLLMEngine
-
-        return VLLMEngine(config, model_path)
-    if config.backend == "hf":
-        from liveloop.server.engines.hf_engine import HFEngine
-
-        return HFEngine(config, model_path)
-    if config.backend == "diffusion":
-        from liveloop.server.engines.diffusion_engine import DiffusionEngine
-
-        return DiffusionEngine(config, model_path)
-    if config.backend == "sglang":  # a client of a running SGLang server (`engine.sglang_url`)
-        from liveloop.server.engines.sglang_engine import SGLangEngine
-
-        return SGLangEngine(config, model_path)
-    raise ValueError(f"engine.backend: unknown backend {config.backend!r} (vllm, hf, diffusion, sglang)")
+    """Instantiate the backend named by `config.backend` (server/engines/registry.py; its module is
+    imported here, so vllm is imported only where it serves)."""
+    return engine_class(config.backend)(config, model_path)

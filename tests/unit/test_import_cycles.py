@@ -27,7 +27,7 @@ LEAF = "liveloop.config_types"
 CONFIG_MODULES = (
     "liveloop.server.config", "liveloop.store.config", "liveloop.learner.config", "liveloop.critic.config",
     "liveloop.monitor.config", "liveloop.release.config", "liveloop.model.config", "liveloop.ray_config",
-    "liveloop.diffusion.config",
+    "liveloop.diffusion.config", "liveloop.server.engines.registry",
 )
 # config modules in a cycle of their own package, not the loader's: the transport's config resolves the
 # deployment's namespace through the store and probes /dev/shm (TransportConfig.for_deployment,
