@@ -3,7 +3,7 @@
 `[learner] adapters` decides:
   - "none": no segment (the whole policy is trained on every rating);
   - "shared": one adapter for everyone, the segment "shared";
-  - "segment": the request's `metadata[segment_key]` when it names one of `[learner] segments`, else
+  - "segment": the request's `metadata[key]` (`[server] segment_key`) when it names one of `[learner] segments`, else
     "overflow": unknown, missing and over-the-bound values share one adapter, so the number of
     adapters is bounded by the operator's list, never by what clients send.
 The server routes each request with `segment_of` and records the result with the response; the learner
@@ -22,15 +22,17 @@ if TYPE_CHECKING:
 
 OVERFLOW = "overflow"
 SHARED = "shared"
+SEGMENT_KEY = "segment"  # the request metadata key that names a segment, unless `[server] segment_key` says another
 
 
-def segment_of(metadata: Mapping[str, Any] | None, config: LearnerConfig) -> str | None:
-    """The segment whose adapter serves a request with this metadata (None: adapters are off)."""
+def segment_of(metadata: Mapping[str, Any] | None, config: LearnerConfig, key: str = SEGMENT_KEY) -> str | None:
+    """The segment whose adapter serves a request with this metadata (None: adapters are off); `key` is
+    the metadata key that names it (`[server] segment_key`)."""
     if config.adapters == "none":
         return None
     if config.adapters == "shared":
         return SHARED
-    name = (metadata or {}).get(config.segment_key)
+    name = (metadata or {}).get(key)
     return name if isinstance(name, str) and name in config.segments else OVERFLOW
 
 

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from liveloop.config_types import check_literals
+from liveloop.segments import SEGMENT_KEY
 from liveloop.server.engines.registry import HELP, EngineBackend
 
 
@@ -106,6 +107,11 @@ class ServerConfig:
     )
     login_failures_per_minute_total: int = field(
         default=30, metadata={"help": "dashboard sign-ins: failed attempts per minute, all clients together (429 beyond)"}
+    )
+    segment_key: str = field(
+        default=SEGMENT_KEY,
+        metadata={"help": "the request metadata key that names a request's segment, whose adapter serves it ([learner] "
+                  "adapters and segments: the segments the learner trains; moved here from [learner])"},
     )
 
     def __post_init__(self) -> None:
