@@ -10,10 +10,14 @@ per-round ratios):
 - fleet: `Admission(config, view)` with `max_concurrent_per_key_fleet` on, its `FleetView` syncing
   through a real store every `--sync` seconds in a thread (as a replica's loop does), no other replica;
 - fleet+peer: the same, with a second replica's view counting the same keys and syncing too, so that
-  every key has the others' count to add (the limiter's slower branch: a `test` before the `hit`).
-Also timed: one sync of the fleet view (push the increments of `--keys` keys, read the peer's).
+  every key has the others' count to add to its own.
+Each arm has its own keys; every view reads the whole table at each sync (the others' rows of every
+arm), as a replica of a busy fleet does. Also timed: one sync of the fleet+peer view with an increment of
+each of its `--keys` keys to push and the peer's counts to read.
 
     .venv/bin/python bench/fleet_limits.py [--store sqlite|URL] [--keys 256] [--requests 20000] [--rounds 7]
+    PGPASSFILE=$(bash scripts/postgres.sh passfile) .venv/bin/python bench/fleet_limits.py \
+        --store postgresql+psycopg://postgres@127.0.0.1:55432/liveloop_test
 """
 
 from __future__ import annotations
@@ -22,9 +26,31 @@ import argparse
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from common import median, save  # noqa: E402
+
+
+def _admin(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def _fresh_database(url: str) -> str:
+    """A new database beside the one `url` names (PostgreSQL), for this run alone."""
+    import psycopg
+
+    name = f"fleet_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(_admin(url), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return url.rsplit("/", 1)[0] + "/" + name
+
+
+def _drop_database(url: str, fresh: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_admin(url), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {fresh.rsplit('/', 1)[1]} WITH (FORCE)")
 
 
 def _syncing(view, seconds: float, stop: threading.Event) -> threading.Thread:
@@ -62,7 +88,8 @@ def _round(admission, keys: list[str], n: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", default="sqlite", help="sqlite (a fresh file) or a store URL (e.g. postgresql+psycopg://...)")
+    parser.add_argument("--store", default="sqlite",
+                        help="sqlite (a fresh file) or a PostgreSQL URL (a fresh database is made beside the one it names, dropped after)")
     parser.add_argument("--keys", type=int, default=256)
     parser.add_argument("--requests", type=int, default=20000, help="requests per round and arm")
     parser.add_argument("--rounds", type=int, default=7)
@@ -76,42 +103,45 @@ def main() -> None:
     from liveloop.store.fleet_counts import FleetCounts
 
     tmp = tempfile.TemporaryDirectory()
-    url = f"sqlite:///{Path(tmp.name) / 'fleet.db'}" if args.store == "sqlite" else args.store
+    url = f"sqlite:///{Path(tmp.name) / 'fleet.db'}" if args.store == "sqlite" else _fresh_database(args.store)
     stores = [Store(StoreConfig(url=url)) for _ in range(3)]
     stores[0].migrate()
     config = ServerConfig(chat_requests_per_minute=10**6,  # per key and minute: no round reaches it max_concurrent_per_key=16, max_concurrent_per_key_fleet=16,
                           limits_sync_seconds=args.sync)
     views = {name: FleetView(FleetCounts(store), name, args.sync) for name, store in zip(("lone", "shared", "peer"), stores)}
-    keys = [f"key{i:05d}" for i in range(args.keys)]
+    keys = {arm: [f"{arm}-{i:05d}" for i in range(args.keys)] for arm in ("memory", "fleet", "fleet+peer")}
     peer = Admission(config, views["peer"])
-    for key in keys:  # the peer replica has counted every key: the shared view adds its count to each
+    for key in keys["fleet+peer"]:  # the peer replica has counted every key of that arm: its view adds the count
         peer.check_rate("chat", key)
     views["peer"].sync()
     views["shared"].sync()
-    assert all(views["shared"].others("chat", k) == 1 for k in keys)
+    assert all(views["shared"].others("chat", k) == 1 for k in keys["fleet+peer"])
+    assert not any(views["lone"].others("chat", k) for k in keys["fleet"])
     arms = {"memory": Admission(config), "fleet": Admission(config, views["lone"]), "fleet+peer": Admission(config, views["shared"])}
     stop = threading.Event()
     threads = [_syncing(v, args.sync, stop) for v in views.values()]
-    threads.append(_counting(peer, keys, stop))  # the peer keeps counting the keys, a few hundred a second
-    for admission in arms.values():  # warm up (imports, first allocations)
-        _round(admission, keys, 1000)
+    threads.append(_counting(peer, keys["fleet+peer"], stop))  # the peer keeps counting them, a few hundred a second
+    for name, admission in arms.items():  # warm up (imports, first allocations)
+        _round(admission, keys[name], 1000)
     per_round: dict[str, list[float]] = {name: [] for name in arms}
     names = list(arms)
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            per_round[name].append(_round(arms[name], keys, args.requests))
+            per_round[name].append(_round(arms[name], keys[name], args.requests))
     stop.set()
     for t in threads:
         t.join(5)
     sync_ms = []
     for _ in range(20):  # one sync with every key's increment to push and the peer's counts to read
-        for key in keys:
+        for key in keys["fleet+peer"]:
             arms["fleet+peer"].check_rate("chat", key)
         start = time.perf_counter()
         views["shared"].sync()
         sync_ms.append((time.perf_counter() - start) * 1000)
     for store in stores:
         store.close()
+    if args.store != "sqlite":
+        _drop_database(args.store, url)
 
     result = {
         "store": stores[0].dialect,

@@ -166,7 +166,8 @@ class FleetView:
                 raise
             after = self._clock()
             self._offset = snapshot.db_now - (before + after) / 2
-            self._others = {key: self._known(slices) for key, slices in snapshot.windows.items()}
+            known = (self._known(slices, snapshot.db_now) for slices in snapshot.windows.values())
+            self._others = {key: k for key, k in zip(snapshot.windows, known) if k is not None}
             self._other_levels = snapshot.levels
             if levels is not None:
                 self._levels_pushed_at = mono
@@ -174,9 +175,10 @@ class FleetView:
                 self._pruned_at = mono
             self.synced_at = time.monotonic()
 
-    def _known(self, slices: dict[int, int]) -> tuple[int, float, tuple[tuple[float, int], ...]]:
-        leaving = tuple(sorted((start + self.slice + self.period, n) for start, n in slices.items()))
-        return sum(n for _, n in leaving), leaving[0][0], leaving
+    def _known(self, slices: dict[int, int], now: float) -> tuple[int, float, tuple[tuple[float, int], ...]] | None:
+        """The others' slices still in the period at `now`, as `others` reads them (None: none is)."""
+        leaving = tuple(sorted((leaves, n) for start, n in slices.items() if (leaves := start + self.slice + self.period) > now))
+        return (sum(n for _, n in leaving), leaving[0][0], leaving) if leaving else None
 
     async def run(self) -> None:
         """Sync every `sync_seconds` until cancelled; then a last sync that pushes what is left and takes
