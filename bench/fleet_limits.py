@@ -5,7 +5,8 @@ Each request does what a chat does at the edge: `Admission.check_rate("chat", ke
 generation slot (`with admission.generation(key)`), over `--keys` keys in turn (limits high enough
 that nothing is refused). Three arms, their rounds interleaved in a rotating order so that each ratio
 compares rounds that saw the same load on the machine (the ratio reported: the median of the
-per-round ratios):
+per-round ratios), on the request thread's CPU time (immune to other processes on a shared machine) and
+on wall time (which also pays the sync threads' share of the interpreter lock):
 - memory: `Admission(config)`, the `limits` library's moving window in memory (one replica alone);
 - fleet: `Admission(config, view)` with `max_concurrent_per_key_fleet` on, its `FleetView` syncing
   through a real store every `--sync` seconds in a thread (as a replica's loop does), no other replica;
@@ -15,7 +16,7 @@ Each arm has its own keys; every view reads the whole table at each sync (the ot
 arm), as a replica of a busy fleet does. Also timed: one sync of the fleet+peer view with an increment of
 each of its `--keys` keys to push and the peer's counts to read.
 
-    .venv/bin/python bench/fleet_limits.py [--store sqlite|URL] [--keys 256] [--requests 20000] [--rounds 7]
+    .venv/bin/python bench/fleet_limits.py [--store sqlite|URL] [--keys 256] [--requests 20000] [--rounds 15]
     PGPASSFILE=$(bash scripts/postgres.sh passfile) .venv/bin/python bench/fleet_limits.py \
         --store postgresql+psycopg://postgres@127.0.0.1:55432/liveloop_test
 """
@@ -75,15 +76,21 @@ def _counting(admission, keys: list[str], stop: threading.Event) -> threading.Th
     return thread
 
 
-def _round(admission, keys: list[str], n: int) -> float:
-    """Seconds per request over `n` requests."""
-    start = time.perf_counter()
+def _round(admission, keys: list[str], n: int) -> tuple[float, float]:
+    """Seconds per request over `n` requests: wall, and this thread's CPU (what the request path costs,
+    whatever else the machine runs)."""
+    wall, cpu = time.perf_counter(), time.thread_time()
     for i in range(n):
         key = keys[i % len(keys)]
         admission.check_rate("chat", key)
         with admission.generation(key):
             pass
-    return (time.perf_counter() - start) / n
+    return (time.perf_counter() - wall) / n, (time.thread_time() - cpu) / n
+
+
+def _ratio(per_round: dict[str, list[tuple[float, float]]], arm: str, which: int) -> float:
+    """The median over rounds of `arm`'s time per request over memory's in the same round."""
+    return round(median([a[which] / m[which] for a, m in zip(per_round[arm], per_round["memory"])]), 3)
 
 
 def main() -> None:
@@ -92,7 +99,7 @@ def main() -> None:
                         help="sqlite (a fresh file) or a PostgreSQL URL (a fresh database is made beside the one it names, dropped after)")
     parser.add_argument("--keys", type=int, default=256)
     parser.add_argument("--requests", type=int, default=20000, help="requests per round and arm")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--sync", type=float, default=0.25, help="[server] limits_sync_seconds")
     args = parser.parse_args()
 
@@ -106,8 +113,8 @@ def main() -> None:
     url = f"sqlite:///{Path(tmp.name) / 'fleet.db'}" if args.store == "sqlite" else _fresh_database(args.store)
     stores = [Store(StoreConfig(url=url)) for _ in range(3)]
     stores[0].migrate()
-    config = ServerConfig(chat_requests_per_minute=10**6,  # per key and minute: no round reaches it max_concurrent_per_key=16, max_concurrent_per_key_fleet=16,
-                          limits_sync_seconds=args.sync)
+    config = ServerConfig(chat_requests_per_minute=10**6,  # per key and minute: no round reaches it
+                          max_concurrent_per_key=16, max_concurrent_per_key_fleet=16, limits_sync_seconds=args.sync)
     views = {name: FleetView(FleetCounts(store), name, args.sync) for name, store in zip(("lone", "shared", "peer"), stores)}
     keys = {arm: [f"{arm}-{i:05d}" for i in range(args.keys)] for arm in ("memory", "fleet", "fleet+peer")}
     peer = Admission(config, views["peer"])
@@ -123,7 +130,7 @@ def main() -> None:
     threads.append(_counting(peer, keys["fleet+peer"], stop))  # the peer keeps counting them, a few hundred a second
     for name, admission in arms.items():  # warm up (imports, first allocations)
         _round(admission, keys[name], 1000)
-    per_round: dict[str, list[float]] = {name: [] for name in arms}
+    per_round: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
     names = list(arms)
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
@@ -149,9 +156,12 @@ def main() -> None:
         "requests_per_round": args.requests,
         "rounds": args.rounds,
         "sync_seconds": args.sync,
-        "us_per_request": {name: round(median(v) * 1e6, 3) for name, v in per_round.items()},
-        "ratio_fleet_to_memory": round(median([f / m for f, m in zip(per_round["fleet"], per_round["memory"])]), 3),
-        "ratio_fleet_peer_to_memory": round(median([f / m for f, m in zip(per_round["fleet+peer"], per_round["memory"])]), 3),
+        "us_per_request_cpu": {name: round(median([c for _, c in v]) * 1e6, 3) for name, v in per_round.items()},
+        "us_per_request_wall": {name: round(median([w for w, _ in v]) * 1e6, 3) for name, v in per_round.items()},
+        "ratio_fleet_to_memory_cpu": _ratio(per_round, "fleet", 1),
+        "ratio_fleet_peer_to_memory_cpu": _ratio(per_round, "fleet+peer", 1),
+        "ratio_fleet_to_memory_wall": _ratio(per_round, "fleet", 0),
+        "ratio_fleet_peer_to_memory_wall": _ratio(per_round, "fleet+peer", 0),
         "sync_ms_median": round(median(sync_ms), 3),
     }
     print(result)
