@@ -12,7 +12,8 @@ is handed only what it uses. Nothing else builds a component.
 4. builds the control plane's loops' owners: `Operations` (drift monitor, guard, alarms, imports),
    `Leadership`, the release gate, the replica registry;
 5. starts the background tasks (`running`): the version watcher, the heartbeat, the forgotten keys'
-   refresh, the monitor, the alarms, the gate, retention, the leader lease;
+   refresh, the monitor, the alarms, the gate, retention, the leader lease, the fleet-wide limits' sync
+   (server/edge/fleet_limits.py: the rates and the sign-in throttle count every replica on the store);
 6. starts the co-located learner (`start_learner`, a Ray actor, when `[learner] enabled`: it gets
    `[store]`, `[learner]`, `[critic]` and the model directory and meets the server only in the store);
 7. attaches the parts to the app (server/edge/dependencies.py), where the routes take them as typed

@@ -182,7 +182,8 @@ class FleetView:
 
     async def run(self) -> None:
         """Sync every `sync_seconds` until cancelled; then a last sync that pushes what is left and takes
-        this replica's levels away (blocking: the server is stopping, its store still open)."""
+        this replica's levels away (blocking: the server is stopping, its store still open), unless the
+        store was not answering (a stop must not wait on it; the levels age out)."""
         try:
             while True:
                 try:
@@ -198,7 +199,8 @@ class FleetView:
                         self._failing = True
                 await asyncio.sleep(self.sync_seconds)
         except asyncio.CancelledError:
-            self.close()
+            if not self._failing:
+                self.close()
             raise
 
     def close(self) -> None:
