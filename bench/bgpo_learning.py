@@ -25,7 +25,7 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=60.0, help="wall seconds of training per method")
     p.add_argument("--eval", type=int, default=48, help="held-out problems")
     p.add_argument("--model", default=None, help="starting model (default: build/reuse the tiny default)")
-    p.add_argument("--config", default=str(ROOT / "configs/bgpo.toml"))
+    p.add_argument("--config", default=str(ROOT / "configs/jobs/bgpo.toml"))
     p.add_argument("--learning-rate", type=float, default=None, help="override [bgpo] learning_rate")
     args = p.parse_args()
     import torch

@@ -16,7 +16,7 @@ def default_model() -> Path:
     from liveloop.config import load_config
     from liveloop.model.build import ensure_model
 
-    cfg = load_config(ROOT / "configs/default.toml")
+    cfg = load_config(ROOT / "configs/serve/default.toml")
     return ensure_model(cfg.model, default_model_dir())
 
 
@@ -53,7 +53,7 @@ def default_model_dir() -> Path:
     """Where the default model lives (built or not)."""
     from liveloop.config import load_config
 
-    return ROOT / load_config(ROOT / "configs/default.toml").model.out_dir
+    return ROOT / load_config(ROOT / "configs/serve/default.toml").model.out_dir
 
 
 def rated_samples(model_dir: Path, n: int, target: str = "behold", max_tokens: int = 48, seed: int = 0):

@@ -1,4 +1,4 @@
-"""One drift-rig run of `sao_adapters` (configs/drift_long.toml) with every lane step's metrics traced:
+"""One drift-rig run of `sao_adapters` (configs/experiments/drift_long.toml) with every lane step's metrics traced:
 what a segment's adapter does around its preference switch (its rate, step size, KL, the critic's value
 error, restarts), where bench/drift_seeds.py keeps only the re-adaptation counts.
 

@@ -1,5 +1,5 @@
 """Evaluation cost per candidate on the tiny default model: the release gate's evaluation
-(release/evaluation.py, the shipped suite configs/evaluation_default.toml, `[release.evaluation]`
+(release/evaluation.py, the shipped suite configs/suites/evaluation_default.toml, `[release.evaluation]`
 defaults: 24 prompts + 12 false claims, 48 tokens, 1 sample each) of successive candidates against the
 live base model, each candidate loaded into the candidate engine as the gate does.
 

@@ -8,7 +8,7 @@ fraction while serving runs.
 Arms, one server each, run one after the other in this script:
   today  the former defaults: versions published every 4 steps or 5 s, saved as checkpoint directories
          and swapped in by draining (what this benchmark measured before the memory path);
-  live   configs/default.toml's values now (the fast path): a version after every step (adaptive
+  live   configs/serve/default.toml's values now (the fast path): a version after every step (adaptive
          batch up to 16 ratings), handed to the engine through shared memory (the durable checkpoint
          written after), swapped in `keep` mode; the learner looks for ratings every 20 ms (not 100)
          and the server for versions every 50 ms (not 100). `--arms live` runs the default alone.
@@ -37,7 +37,7 @@ ARMS = {
 def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> dict:
     from liveloop.devtools import ADMIN_KEY, USER_KEYS, start_server
 
-    # over the tuned learner preset (configs/tuned_learner.toml): no pre-trained critic here, so
+    # over the tuned learner preset (configs/fragments/tuned_learner.toml): no pre-trained critic here, so
     # near-Monte-Carlo advantages (alpha = 1), and no KL anchor, as this benchmark has always measured
     learner = (
         f"publish_every_steps = {arm['publish_every']}\npublish_every_seconds = {arm['publish_seconds']}\n"

@@ -4,7 +4,7 @@ For each objective (rule rewards, liveloop/rewards.py), each seed and each way o
 the whole policy; `adapter`: the cozy segment's LoRA adapter), one run of the learning rig
 (experiments/uptake.py: the real store and learner in one process, users rating every reply, the
 learner up to 4 ratings behind; a critic pre-trained on the objective, shared by both modes of a seed; the
-whole policy is the shipped learner, the adapter that plus configs/adapter_learning.toml, as shipped):
+whole policy is the shipped learner, the adapter that plus configs/fragments/adapter_learning.toml, as shipped):
 ratings until the reward's 40-rating moving average reaches the base rate + 0.25, the probe rate
 before/after on 48 fixed prompts, and the other segment's change (the leak; it must be 0 for an adapter).
 The served version of this benchmark, through the real server and engine, is bench/new_objectives_served.py.
@@ -31,7 +31,7 @@ from common import default_model, logged_rows, save  # noqa: E402
 
 from liveloop.clients.rewards import SIX_OBJECTIVES
 
-ADAPTER_PRESET = ("adapter_learning",)  # how the shipped adapter presets learn (configs/adapter_learning.toml)
+ADAPTER_PRESET = ("adapter_learning",)  # how the shipped adapter presets learn (configs/fragments/adapter_learning.toml)
 RUN_FIELDS = ("objective", "mode", "seed", "before", "after", "other_before", "other_after", "leak", "ratings_to_effect",
               "ratings", "critic_ev", "seconds")
 

@@ -1,6 +1,6 @@
 """The stability scenario on five seeds: does one policy learn both segments' preferences, or seesaw?
 
-The fixed-preference scenario of `liveloop experiment stability` (configs/stability_experiment.toml:
+The fixed-preference scenario of `liveloop experiment stability` (configs/experiments/stability_experiment.toml:
 cozy's users want chuunibyou, night's classical, neither changes) run on the learning rig
 (experiments/drift_rig.py: the real store and learner in one process, every reply rated, the learner up
 to 4 ratings behind), 2,200 ratings per seed by default. Per seed: the mean reward per quarter of the

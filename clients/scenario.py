@@ -1,7 +1,7 @@
-"""Scenario files for simulated users (`configs/drift.toml`): who asks what, who likes which style
+"""Scenario files for simulated users (`configs/scenarios/drift.toml`): who asks what, who likes which style
 when, how fast they arrive, how late and how often they rate.
 
-    scenario = load_scenario("drift")            # a preset name (configs/drift.toml) or a path
+    scenario = load_scenario("drift")            # a preset name (configs/scenarios/drift.toml) or a path
     phase = preferred_phase(segment.switch_at, count_or_seconds)   # pure: which style is preferred now
 
 A scenario has global settings (`[scenario]`), one feedback-delay distribution
@@ -206,7 +206,7 @@ def parse_scenario(data: dict[str, Any]) -> Scenario:
 
 
 def load_scenario(config: str | Path) -> Scenario:
-    """A scenario file: a preset name ("drift" = configs/drift.toml) or a path."""
+    """A scenario file: a preset name ("drift" = configs/scenarios/drift.toml) or a path."""
     return parse_scenario(read_toml(config))
 
 

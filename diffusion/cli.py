@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bgpo.set_defaults(func=run)
     sub = bgpo.add_subparsers(dest="bgpo_command", required=True)
     train = sub.add_parser("train", help="run (or resume) the BGPO job; publishes versions to the store")
-    help_config = "the job's TOML: a preset name in configs/ or a path (default: %(default)s = configs/bgpo.toml)"
+    help_config = "the job's TOML: a preset name in configs/ or a path (default: %(default)s = configs/jobs/bgpo.toml)"
     train.add_argument("--config", default="bgpo", help=help_config + ": [bgpo], [sampler], [store]")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     build = sub.add_parser("build", help="build the tiny diffusion default into [build].out_dir if missing")

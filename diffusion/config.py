@@ -1,4 +1,4 @@
-"""The BGPO job's configuration (`configs/bgpo.toml`): `[bgpo]` (the job), `[sampler]` (rollouts),
+"""The BGPO job's configuration (`configs/jobs/bgpo.toml`): `[bgpo]` (the job), `[sampler]` (rollouts),
 `[store]` (where prompts, ratings, versions and rollouts live) and `[build]` (the tiny default, built when
 `bgpo.model_dir` names its missing directory). Unknown sections or keys fail at load, naming the key.
 The sampler's and the build's settings live here, not beside their torch code (sampler.py, sft.py

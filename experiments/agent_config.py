@@ -1,4 +1,4 @@
-"""The agent experiment's config (configs/agent_experiment.toml, or `--config` another preset or path):
+"""The agent experiment's config (configs/experiments/agent_experiment.toml, or `--config` another preset or path):
 its `[experiment]` settings, the shared `[learner]` and `[critic]`, and each method's `[methods.NAME]`
 keys over them. Loading it imports no torch (the packaged presets are checked that way)."""
 
@@ -17,7 +17,7 @@ from liveloop.learner.config import LearnerConfig
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """The `[experiment]` table (configs/agent_experiment.toml says what each is)."""
+    """The `[experiment]` table (configs/experiments/agent_experiment.toml says what each is)."""
 
     seeds: int = 5
     episodes: int = 768

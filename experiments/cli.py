@@ -113,7 +113,7 @@ def cmd_experiment_agent(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("simulate", help="simulated users against a running server (a scenario file)")
-    sim.add_argument("--scenario", required=True, help="scenario: a preset name (drift = configs/drift.toml) or a TOML path")
+    sim.add_argument("--scenario", required=True, help="scenario: a preset name (drift = configs/scenarios/drift.toml) or a TOML path")
     sim.add_argument("--base-url", default="http://127.0.0.1:8000", help="the liveloop server (default: %(default)s)")
     sim.add_argument("--api-key", default="sk-dev-user-1", help="a user key of that server")
     sim.add_argument("--admin-key", default=None, help="an admin key of that server: the scenario's max_learner_lag reads the learner's position")
@@ -127,7 +127,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     drift = kinds.add_parser("drift", help="preference drift: SAO against its baselines, one report")
     drift.add_argument(
         "--config", dest="experiment_config", default="drift_experiment",
-        help="the experiment's TOML: a preset name or a path (default: %(default)s = configs/drift_experiment.toml)",
+        help="the experiment's TOML: a preset name or a path (default: %(default)s = configs/experiments/drift_experiment.toml)",
     )
     drift.add_argument("--out", default="results", help="parent of the results directory")
     drift.add_argument("--methods", nargs="+", default=None, help="run only these methods")
@@ -137,7 +137,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stab = kinds.add_parser("stability", help="long SAO run on a fixed preference: reward, kept fraction, critic grad norm")
     stab.add_argument(
         "--config", dest="experiment_config", default="stability_experiment",
-        help="the experiment's TOML: a preset name or a path (default: %(default)s = configs/stability_experiment.toml)",
+        help="the experiment's TOML: a preset name or a path (default: %(default)s = configs/experiments/stability_experiment.toml)",
     )
     stab.add_argument("--out", default="results", help="parent of the results directory")
     stab.add_argument("--events", type=int, default=None, help="override scenario.max_events (e.g. 3000)")
@@ -145,7 +145,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     agent = kinds.add_parser("agent", help="an agent learns its tools from ratings of whole episodes: SAO against its ablations and baselines")
     agent.add_argument(
         "--config", dest="experiment_config", default="agent_experiment",
-        help="the experiment's TOML: a preset name or a path (default: %(default)s = configs/agent_experiment.toml)",
+        help="the experiment's TOML: a preset name or a path (default: %(default)s = configs/experiments/agent_experiment.toml)",
     )
     agent.add_argument("--out", default="results/agent", help="results directory (default: %(default)s)")
     agent.add_argument("--methods", nargs="+", default=None, help="run only these (sao, sao_obs_actions, sao_last_turn, sliding_window, grpo)")

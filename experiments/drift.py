@@ -1,7 +1,7 @@
 """`liveloop experiment drift`: the same preference-drift scenario, same seeds, for each learning method,
 each against a fresh real server + co-located learner, and a report.
 
-    out = run_drift(load_experiment("drift_experiment"), Path("results"))   # configs/drift_experiment.toml
+    out = run_drift(load_experiment("drift_experiment"), Path("results"))   # configs/experiments/drift_experiment.toml
 
 The config is one TOML file of typed sections read by liveloop's config loader (`[experiment]`,
 `[learner]`/`[critic]` shared by every method, `[methods.NAME]` overrides, and a scenario's `[scenario]`

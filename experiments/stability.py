@@ -1,7 +1,7 @@
 """`liveloop experiment stability`: one long SAO run on a fixed preference, to show it does not collapse:
 the reward stays up, the kept fraction and the critic's grad norm stay bounded.
 
-The config: configs/stability_experiment.toml (`--config` another preset or a path), the drift
+The config: configs/experiments/stability_experiment.toml (`--config` another preset or a path), the drift
 experiment's file shape.
 
 1. results directory <out>/stability-<date>-<hash>/; critic cold start as in the drift experiment;
@@ -47,7 +47,7 @@ PANELS = (
 
 
 def load_stability(config: str | Path = "stability_experiment") -> ExperimentConfig:
-    """configs/stability_experiment.toml, another preset or a path: the drift experiment's shape (its
+    """configs/experiments/stability_experiment.toml, another preset or a path: the drift experiment's shape (its
     first method runs)."""
     return load_experiment(config)
 

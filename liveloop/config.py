@@ -8,26 +8,34 @@ component defines its own dataclass next to its code and receives only that sect
   liveloop/config_types.py (`ConfigError` naming the key, `check_literals`, `load_section`; re-exported
   here). That module is a leaf: the component config modules import it, never this loader, so the loader
   imports them without an import circle (tests/unit/test_import_cycles.py).
-- Presets: `resolve_config(x)` takes a preset name or a path. A name (no "/", no ".toml") is
-  `configs/<name>.toml` of this repository, found from any working directory (`default`, `production`,
-  `bgpo`, `drift`, `drift_experiment`, `tuned_learner`, ...); anything else is a path. The CLI's
-  `--config` accepts both. configs/ installs as the package data of `liveloop.configs`, and
-  `CONFIG_DIR` is found with importlib.resources: the same names work from a checkout, an editable
-  install and an installed wheel.
+- Presets: configs/ holds them grouped by kind, one folder each: `serve/` (deployments: `default`,
+  `production`, `ray`, ...), `experiments/`, `scenarios/`, `jobs/` (`bgpo`), `suites/` (the release
+  gate's evaluation prompts) and `fragments/` (pieces other presets extend: `tuned_learner`,
+  `step_control`, `adapter_learning`, `feedback_delay`). A preset is named by its file's name alone,
+  whatever its folder (`preset_kinds()` lists them by kind; a name is one file). `resolve_config(x)`
+  takes a name (no "/", no ".toml": found from any working directory) or a path; the CLI's `--config`
+  accepts both. configs/ installs as the package data of `liveloop.configs`, and `CONFIG_DIR` is found
+  with importlib.resources: the same names work from a checkout, an editable install and an installed
+  wheel.
 - Weight: loading a config imports no torch (nor any engine or trainer): the section dataclasses live
   in torch-free modules (tests/unit/test_config.py checks every preset in a fresh interpreter).
-- `extends`: a file may start with `extends = "NAME"` (or a path, relative to the file): that file is
-  read first and this file's own values are merged over it, table by table (arrays are replaced whole).
-  So a preset lives in one file and is referred to by name, never copied (`configs/tuned_learner.toml`).
+- `extends`: a file may start with `extends = "NAME"` (or a path, relative to the file; or a list of
+  them, merged in order): that file is read first and this file's own values are merged over it, table
+  by table (arrays are replaced whole). So a shared piece lives in one file and is referred to by name,
+  never copied (`fragments/tuned_learner.toml`; `fragments/feedback_delay.toml`, the
+  `[scenario.feedback_delay]` every shipped scenario extends).
   Relative paths inside a config (data/) stay relative to the directory liveloop runs in; a model path
   (`[engine] model`, `[model] out_dir`) is read by `liveloop.home.model_path` (outside a checkout the
   default model lives in the user's cache, `$LIVELOOP_HOME` or ~/.cache/liveloop).
+- Moved keys: a knob that moved to its own component's section (`MOVED`: `[learner] segment_key` is
+  `[server] segment_key`) is still read from an older file, with a warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import logging
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,9 +55,11 @@ if TYPE_CHECKING:
     from liveloop.store.config import StoreConfig
     from liveloop.transport.config import TransportConfig
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "CONFIG_DIR", "Config", "ConfigError", "check_literals", "check_sections", "check_value", "load_config",
-    "load_section", "load_sections", "merge", "presets", "read_toml", "resolve_config",
+    "load_section", "load_sections", "merge", "preset_kinds", "presets", "read_toml", "resolve_config",
 ]
 
 
@@ -64,22 +74,47 @@ CONFIG_DIR = _preset_dir()
 
 # -- presets and files -----------------------------------------------------------------------------
 
+def _preset_files() -> dict[str, list[Path]]:
+    """preset name -> its files (one, unless two kinds reuse a name): configs/<kind>/<name>.toml."""
+    found: dict[str, list[Path]] = {}
+    for path in sorted(CONFIG_DIR.glob("*/*.toml")):
+        found.setdefault(path.stem, []).append(path)
+    return found
+
+
 def presets() -> list[str]:
-    """The preset names: every configs/<name>.toml (the package data of `liveloop.configs`)."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+    """The preset names: every configs/<kind>/<name>.toml (the package data of `liveloop.configs`)."""
+    return sorted(_preset_files())
+
+
+def preset_kinds() -> dict[str, list[str]]:
+    """kind (the folder: serve, experiments, scenarios, jobs, suites, fragments) -> its preset names."""
+    kinds: dict[str, list[str]] = {}
+    for path in sorted(CONFIG_DIR.glob("*/*.toml")):
+        kinds.setdefault(path.parent.name, []).append(path.stem)
+    return kinds
 
 
 def resolve_config(name_or_path: str | Path) -> Path:
-    """A preset name ("drift_experiment" -> <repository>/configs/drift_experiment.toml, from any working
-    directory) or a path to a TOML file (it contains "/" or ends in ".toml"; relative to the working
-    directory). A name that is no preset is a ConfigError listing the presets."""
+    """A preset name ("drift_experiment" -> <repository>/configs/experiments/drift_experiment.toml, from
+    any working directory: the name alone, whatever its kind's folder) or a path to a TOML file (it
+    contains "/" or ends in ".toml"; relative to the working directory). A name that is no preset is a
+    ConfigError listing the presets. A path to where a preset lived before the presets were grouped
+    (configs/<name>.toml, now missing) reads the preset, with a warning."""
     text = str(name_or_path)
     if isinstance(name_or_path, Path) or "/" in text or text.endswith(".toml"):
-        return Path(name_or_path)
-    path = CONFIG_DIR / f"{text}.toml"
-    if not path.is_file():
+        path = Path(name_or_path)
+        if path.suffix == ".toml" and not path.exists() and path.parent.resolve() == CONFIG_DIR.resolve() and path.stem in presets():
+            moved = resolve_config(path.stem)
+            log.warning("%s: the presets are grouped by kind now: this one is %s (pass its name, %r)", path, moved, path.stem)
+            return moved
+        return path
+    files = _preset_files().get(text)
+    if not files:
         raise ConfigError(f"{text}: no preset of that name in {CONFIG_DIR} (presets: {', '.join(presets())}; or pass a path to a .toml file)")
-    return path
+    if len(files) > 1:
+        raise ConfigError(f"{text}: two presets of that name ({', '.join(map(str, files))}): pass a path")
+    return files[0]
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -122,7 +157,7 @@ def _resolve_extends(data: dict[str, Any], where: str, here: Path | None, seen: 
     base: dict[str, Any] = {}
     for name in names:
         is_path = "/" in name or name.endswith(".toml")
-        path = (here / name if is_path and here is not None else resolve_config(name)).resolve()  # a path: relative to the file
+        path = resolve_config(here / name if is_path and here is not None else name).resolve()  # a path: relative to the file
         if path in seen:
             raise ConfigError(f"{where}: extends: {name!r} extends itself ({' -> '.join(str(p) for p in (*seen, path))})")
         base = merge(base, _resolve_extends(_read(path), str(path), path.parent, (*seen, path)))
@@ -204,8 +239,29 @@ class Config:
         return dataclasses.replace(self, **{name: dataclasses.replace(getattr(self, name), **changes)})
 
 
+# keys that moved to their component's own section: an older file still loads (the value is read from
+# the new place, with a warning); setting both to different values is an error naming the new key
+MOVED = {"learner.segment_key": "server.segment_key"}
+
+
+def _move_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
+    for old, new in MOVED.items():
+        (old_section, old_key), (new_section, new_key) = old.split("."), new.split(".")
+        table = data.get(old_section)
+        if not isinstance(table, dict) or old_key not in table:
+            continue
+        value, target = table[old_key], data.get(new_section, {})
+        if isinstance(target, dict) and new_key in target and target[new_key] != value:
+            raise ConfigError(f"{old}: moved to {new}, which {where} sets to another value: keep {new} alone")
+        log.warning("%s: %s moved to %s (read from there; rename it in the file)", where, old, new)
+        data = {**data, old_section: {k: v for k, v in table.items() if k != old_key}}
+        if isinstance(target, dict):
+            data[new_section] = {**target, new_key: value}
+    return data
+
+
 def load_config(path: str | Path | None = None, text: str | None = None) -> Config:
     """Load a deployment config: a preset name ("default", "production"), a path to a TOML file, or
     TOML text; missing sections take their defaults."""
     where = str(resolve_config(path)) if path is not None and text is None else "<text>"
-    return Config(**load_sections(_sections(), path, text), path=where)
+    return Config(**check_sections(_sections(), _move_keys(read_toml(path, text), where)), path=where)

@@ -83,7 +83,7 @@ class EvaluationConfig:
     )
     suite: str = field(
         default="evaluation_default",
-        metadata={"help": "the prompt set: a preset name (configs/<name>.toml) or a path; prompts, false-claim probes, reference texts"},
+        metadata={"help": "the prompt set: a preset name (configs/suites/<name>.toml) or a path; prompts, false-claim probes, reference texts"},
     )
     rewards: tuple[str, ...] = field(
         default=(), metadata={"help": f"rule rewards scored on the replies ({RULE_SPECS}): checks reward:<spec>"}

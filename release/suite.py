@@ -1,5 +1,5 @@
 """The evaluation suite: the fixed prompt set every candidate version is evaluated on (`[suite]` of a
-TOML file; `configs/evaluation_default.toml` for the default model, an operator's own file by path via
+TOML file; `configs/suites/evaluation_default.toml` for the default model, an operator's own file by path via
 `[release.evaluation] suite`).
 
     [suite]

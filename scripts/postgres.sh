@@ -16,7 +16,7 @@ umask 077   # what this script makes (the secrets, the server's log) is its user
 PORT=${LIVELOOP_PG_PORT:-55432}
 DIR=${LIVELOOP_PG_DIR:-/tmp/liveloop-pg-$PORT}
 SECRETS=${LIVELOOP_PG_SECRETS:-$DIR-auth}
-DB=${LIVELOOP_PG_DB:-liveloop_test}   # the tests' database; configs/ray.toml's is liveloop
+DB=${LIVELOOP_PG_DB:-liveloop_test}   # the tests' database; configs/serve/ray.toml's is liveloop
 PGPASS=$SECRETS/pgpass
 
 find_bin() {

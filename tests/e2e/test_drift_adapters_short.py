@@ -1,5 +1,5 @@
 """The drift scenario, short form, with per-segment adapters: the drift experiment's own code path
-(`run_drift`) on configs/drift_long.toml's scenario cut to 260 feedback events (switches at each
+(`run_drift`) on configs/experiments/drift_long.toml's scenario cut to 260 feedback events (switches at each
 segment's 60th and 70th), the `sao_adapters` method on the hf engine. The long run (1,200 events,
 five methods, two seeds) is a benchmark; this one checks that each segment is served only by its own
 adapter lineage, that both lanes learn and publish, and that the report is written."""

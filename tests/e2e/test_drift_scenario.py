@@ -13,7 +13,7 @@ import torch
 from liveloop.clients.simulator import read_events
 from liveloop.experiments.drift import load_experiment, run_drift
 
-# One SAO learner (the tuned learner preset, configs/tuned_learner.toml), one segment over every topic, a
+# One SAO learner (the tuned learner preset, configs/fragments/tuned_learner.toml), one segment over every topic, a
 # fixed preference (no switch): bounded to ~4 minutes here (server + learner start ~1 min, critic cold
 # start, ~220 feedback events). The users wait while more than 8 of their ratings are not yet taken by
 # the learner (`max_learner_lag`): on their own clock, how many of the 220 ratings the learner had taken

@@ -1,6 +1,6 @@
 """The fixed-preference stability check, short form: `liveloop experiment stability`'s own code path
 (real server, co-located learner, simulated users, the learner traced every second) for 300 feedback
-events with the shipped learner (tuned preset + step-size control, configs/stability_experiment.toml).
+events with the shipped learner (tuned preset + step-size control, configs/experiments/stability_experiment.toml).
 The long run is a benchmark (docs/design.md, "Learning that holds"); this one checks the signs of the
 old divergence do not appear: the KL to the base stays bounded, the mask keeps most tokens, the
 update size stays near its target, and the reward does not slide. The learner before the fix (the tuned

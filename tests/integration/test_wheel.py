@@ -37,6 +37,7 @@ loaders = {"bgpo": "liveloop.diffusion.config:load_bgpo_config", "drift": "livel
 experiments = ("drift_experiment", "stability_experiment", "drift_long", "stability_adapters")
 loaders.update({name: "liveloop.experiments.drift:load_experiment" for name in experiments})
 loaders["agent_experiment"] = "liveloop.experiments.agent_config:load_agent_experiment"
+loaders["feedback_delay"] = "liveloop.config:read_toml"  # a scenario fragment
 for name in presets():
     module, fn = loaders.get(name, "liveloop.config:load_config").split(":")
     assert getattr(importlib.import_module(module), fn)(name) is not None, name
@@ -93,7 +94,10 @@ def test_the_installed_package_is_the_wheel_with_its_data(installed):
     module, config_dir = where.split()
     assert Path(module) == package / "__init__.py"  # the wheel's, not the checkout's (editable) package
     assert Path(config_dir) == package / "configs"
-    assert {p.name for p in (package / "configs").glob("*.toml")} == {p.name for p in (ROOT / "configs").glob("*.toml")}
+    def presets(root: Path) -> set[Path]:  # configs/<kind>/<name>.toml
+        return {p.relative_to(root) for p in root.glob("*/*.toml")}
+
+    assert presets(package / "configs") == presets(ROOT / "configs") and len(presets(ROOT / "configs")) > 10
     assert {p.name for p in (package / "server" / "edge" / "admin" / "static").iterdir()} == {p.name for p in (ROOT / "server" / "edge" / "admin" / "static").iterdir()}
     migrations = package / "store" / "migrations"
     assert (migrations / "script.py.mako").is_file() and (migrations / "env.py").is_file()
@@ -107,9 +111,9 @@ def test_cli_and_every_preset_work_from_another_directory(installed):
     assert "--no-learner" in _run([liveloop, "serve", "--help"], work, env)
     listed = json.loads(_run([str(python), "-c", LOAD_PRESETS], work, env))
     assert Path(listed["dir"]) == package / "configs"
-    assert listed["presets"] == sorted(p.stem for p in (ROOT / "configs").glob("*.toml"))
+    assert listed["presets"] == sorted(p.stem for p in (ROOT / "configs").glob("*/*.toml"))
     shown = json.loads(_run([liveloop, "--config", "default", "config"], work, env))  # a preset by name, anywhere
-    assert Path(shown["config"]) == package / "configs" / "default.toml"
+    assert Path(shown["config"]) == package / "configs" / "serve" / "default.toml"
     assert shown["sections"]["engine"]["model"] == "models/liveloop-tiny"
     assert shown["sections"]["learner"]["kl_estimator"] == "exact"  # `extends = "step_control"`, from the package too
     # the default model outside a checkout: the user's cache, where `model init` builds it

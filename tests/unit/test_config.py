@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_default_config_loads_every_section():
-    cfg = load_config(ROOT / "configs/default.toml")
+    cfg = load_config(ROOT / "configs/serve/default.toml")
     assert cfg.server.host == "127.0.0.1" and cfg.server.port == 8000
     assert cfg.engine.backend == "vllm"
     assert cfg.store.url.startswith("sqlite:///")
@@ -55,7 +55,7 @@ def test_float_field_accepts_int():
 SERVER_CONFIGS = ("default.toml", "production.toml")
 
 
-@pytest.mark.parametrize("path", [ROOT / "configs" / name for name in SERVER_CONFIGS], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [ROOT / "configs/serve" / name for name in SERVER_CONFIGS], ids=lambda p: p.name)
 def test_every_shipped_config_loads(path):
     cfg = load_config(path)
     assert cfg.server.host == "127.0.0.1"  # nothing listens beyond loopback by default
@@ -67,7 +67,7 @@ from dataclasses import dataclass, field  # noqa: E402
 from typing import Any, Literal  # noqa: E402
 
 from liveloop.config import (  # noqa: E402
-    CONFIG_DIR, check_literals, check_sections, load_section, merge, presets, read_toml, resolve_config,
+    CONFIG_DIR, check_literals, check_sections, load_section, merge, preset_kinds, presets, read_toml, resolve_config,
 )
 
 
@@ -76,9 +76,35 @@ def test_config_dir_is_the_repository_configs_folder():
     assert {"default", "production", "bgpo", "drift", "drift_experiment", "stability_experiment", "tuned_learner"} <= set(presets())
 
 
-def test_resolve_names_and_paths(tmp_path, monkeypatch):
+def test_presets_are_grouped_by_kind_each_name_once():
+    kinds = preset_kinds()
+    assert set(kinds) == {"serve", "experiments", "scenarios", "jobs", "suites", "fragments"}
+    assert {"default", "production", "ray", "segment_adapters", "live_swaps"} == set(kinds["serve"])
+    assert {"tuned_learner", "step_control", "adapter_learning", "feedback_delay"} == set(kinds["fragments"])
+    names = [name for names in kinds.values() for name in names]
+    assert sorted(names) == presets() and len(set(names)) == len(names)  # a name is one preset, whatever its folder
+    assert not list(CONFIG_DIR.glob("*.toml"))  # nothing loose beside the kinds' folders
+
+
+def test_shared_fragments_are_referred_to_not_copied():
+    """`[scenario.feedback_delay]` lives in fragments/feedback_delay.toml; the scenarios and experiments
+    extend it (and read it as before)."""
+    copies = [p.relative_to(CONFIG_DIR) for p in CONFIG_DIR.glob("*/*.toml") if "\n[scenario.feedback_delay]" in p.read_text()]
+    assert copies == [Path("fragments/feedback_delay.toml")]
+    shared = read_toml("feedback_delay")["scenario"]["feedback_delay"]
+    for name in ("drift", "sycophancy", "drift_experiment", "stability_experiment", "drift_long", "stability_adapters"):
+        assert read_toml(name)["scenario"]["feedback_delay"] == shared, name
+
+
+def test_resolve_names_and_paths(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)  # a preset is found from any working directory
-    assert resolve_config("default") == ROOT / "configs/default.toml"
+    assert resolve_config("default") == ROOT / "configs/serve/default.toml"
+    assert resolve_config("tuned_learner") == ROOT / "configs/fragments/tuned_learner.toml"
+    with caplog.at_level("WARNING", logger="liveloop.config"):  # where a preset lived before the kinds' folders
+        assert resolve_config(ROOT / "configs/default.toml") == ROOT / "configs/serve/default.toml"
+        assert load_config(ROOT / "configs/production.toml").store.url.startswith("postgresql")
+    assert "pass its name, 'default'" in caplog.text
+    assert resolve_config(ROOT / "configs/nothing.toml") == ROOT / "configs/nothing.toml"  # no such preset: the path
     assert resolve_config("x/y") == Path("x/y") and resolve_config("y.toml") == Path("y.toml")
     assert resolve_config(tmp_path / "z") == tmp_path / "z"  # a Path is always a path
     with pytest.raises(ConfigError, match=r"defualt: no preset of that name .*presets: .*default"):
@@ -196,7 +222,7 @@ def test_every_preset_loads_with_its_loader():
         "drift": load_scenario, "drift_experiment": load_experiment, "stability_experiment": load_experiment, "step_control": load_config,
         "drift_long": load_experiment, "segment_adapters": load_config, "stability_adapters": load_experiment,
         "live_swaps": load_config, "ray": load_config, "adapter_learning": load_config, "evaluation_default": load_suite, "sycophancy": load_scenario,
-        "agent_experiment": load_agent_experiment,
+        "agent_experiment": load_agent_experiment, "feedback_delay": read_toml,  # a scenario fragment: checked where extended
     }
     assert set(presets()) == set(loaders), "a new preset in configs/: add its loader here"
     for name, load in loaders.items():
@@ -234,6 +260,7 @@ _LOADERS = {  # the loader of every kind of preset (test_every_preset_loads_with
     "liveloop.experiments.drift:load_experiment": ("drift_experiment", "stability_experiment", "drift_long", "stability_adapters"),
     "liveloop.release.suite:load_suite": ("evaluation_default",),
     "liveloop.experiments.agent_config:load_agent_experiment": ("agent_experiment",),
+    "liveloop.config:read_toml": ("feedback_delay",),  # a scenario fragment, type-checked in the presets that extend it
 }
 
 _NO_TORCH = """
@@ -282,4 +309,23 @@ def test_config_dir_is_package_data_of_liveloop_configs():
     import importlib.resources
 
     assert CONFIG_DIR == Path(str(importlib.resources.files("liveloop.configs")))
-    assert {p.name for p in CONFIG_DIR.glob("*.toml")} == {f"{name}.toml" for name in presets()}
+    assert sorted(p.stem for p in CONFIG_DIR.glob("*/*.toml")) == presets()
+
+
+# -- each component's knobs in its own section -----------------------------------------------------
+
+def test_the_segment_key_is_the_servers(caplog):
+    """The request metadata key that names a segment is read by the server alone: `[server] segment_key`
+    (it was `[learner] segment_key`: an older file still loads, with a warning)."""
+    from liveloop.segments import segment_of
+
+    cfg = load_config(text="[server]\nsegment_key = 'team'\n[learner]\nadapters = 'segment'\nsegments = ['a']\n")
+    assert segment_of({"team": "a"}, cfg.learner, cfg.server.segment_key) == "a"
+    assert segment_of({"segment": "a"}, cfg.learner, cfg.server.segment_key) == "overflow"
+    assert load_config(text="").server.segment_key == "segment"
+    with caplog.at_level("WARNING", logger="liveloop.config"):
+        old = load_config(text="[learner]\nsegment_key = 'team'\n")
+    assert old.server.segment_key == "team" and "learner.segment_key moved to server.segment_key" in caplog.text
+    assert load_config(text="[learner]\nsegment_key = 'team'\n[server]\nsegment_key = 'team'\n").server.segment_key == "team"
+    with pytest.raises(ConfigError, match="learner.segment_key: moved to server.segment_key, which <text> sets to another value"):
+        load_config(text="[learner]\nsegment_key = 'team'\n[server]\nsegment_key = 'org'\n")

@@ -13,7 +13,7 @@ from liveloop.config import load_config
 from liveloop.ray_config import RayConfig
 from liveloop.serve_ray import _replica_class, deployment_options
 
-PRESET = Path(__file__).resolve().parents[2] / "configs/ray.toml"
+PRESET = Path(__file__).resolve().parents[2] / "configs/serve/ray.toml"
 
 
 def test_the_preset_bounds_the_proxy_queue():

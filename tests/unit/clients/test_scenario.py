@@ -28,7 +28,7 @@ def _data(**scenario) -> dict:
 
 def test_shipped_drift_scenario_parses():
     s = load_scenario("drift")
-    assert s == load_scenario(ROOT / "configs/drift.toml")  # by preset name or by path
+    assert s == load_scenario(ROOT / "configs/scenarios/drift.toml")  # by preset name or by path
     assert s.name == "drift" and len(s.segments) >= 2
     topics = [t for seg in s.segments for t in seg.topics]
     assert len(topics) == len(set(topics))  # each segment recognisable from its topics
@@ -122,7 +122,7 @@ def test_delays_are_heavy_tailed_and_capped():
 
 
 def test_sycophancy_preset():
-    """configs/sycophancy.toml: a population of users who reward flattery, one segment on every topic."""
+    """configs/scenarios/sycophancy.toml: a population of users who reward flattery, one segment on every topic."""
     from liveloop.model.corpus import TOPICS
 
     sc = load_scenario("sycophancy")

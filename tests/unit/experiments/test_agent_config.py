@@ -17,7 +17,7 @@ def test_an_unknown_method_is_refused():
 def test_the_preset_runs_every_method_on_its_learner_settings():
     cfg = load_agent_experiment()
     assert cfg.methods == ("sao", "sao_obs_actions", "sao_last_turn", "sliding_window", "grpo")
-    assert cfg.learner_for("sao")["kl_estimator"] == "exact"  # configs/step_control.toml, through extends
+    assert cfg.learner_for("sao")["kl_estimator"] == "exact"  # configs/fragments/step_control.toml, through extends
     assert cfg.learner_for("sao_obs_actions")["episode_observations"] == "actions"
     assert "episode_observations" not in cfg.learner_for("sao")
 

@@ -15,7 +15,7 @@ from liveloop.experiments.drift import ExperimentError, load_experiment, toml_ta
 from liveloop.experiments.stability import load_stability
 
 ROOT = Path(__file__).resolve().parents[3]
-PRESET_TEXT = (ROOT / "configs/drift_experiment.toml").read_text()
+PRESET_TEXT = (ROOT / "configs/experiments/drift_experiment.toml").read_text()
 
 
 def test_default_preset_has_every_method():
@@ -32,11 +32,12 @@ def test_default_preset_has_every_method():
 
 def test_learner_comes_from_the_tuned_preset_by_name():
     tuned = read_toml("tuned_learner")["learner"] | read_toml("step_control")["learner"]
-    assert 'extends = ["tuned_learner", "step_control"]' in PRESET_TEXT and "learning_rate" not in PRESET_TEXT  # referred to, not copied
-    for cfg in (load_experiment("drift_experiment"), load_experiment(ROOT / "configs/drift_experiment.toml"), load_stability()):
+    assert 'extends = ["tuned_learner", "step_control", "feedback_delay"]' in PRESET_TEXT  # referred to, not copied
+    assert "learning_rate" not in PRESET_TEXT and "\n[scenario.feedback_delay]" not in PRESET_TEXT
+    for cfg in (load_experiment("drift_experiment"), load_experiment(ROOT / "configs/experiments/drift_experiment.toml"), load_stability()):
         sao = cfg.methods[0]
         assert {k: sao.learner[k] for k in tuned} == tuned
-    assert load_experiment().digest == load_experiment(ROOT / "configs/drift_experiment.toml").digest
+    assert load_experiment().digest == load_experiment(ROOT / "configs/experiments/drift_experiment.toml").digest
     assert load_experiment().resolved["learner"] == {**tuned, "sliding_window": {"window": 256}}
 
 
