@@ -4,7 +4,7 @@
 Two learners from the same start: "old" (`learner/reference_step.py`'s `ReferenceLearner`, the step of
 commit a4a7356 with its durable checkpoints on a thread) and "new" (`OnlineLearner`), each on its own real
 SQLite store holding the same rated replies (sampled from the tiny model to the default prompts, 32
-tokens at most, every third rated up, a key each), on configs/default.toml's [learner] and [critic]
+tokens at most, every third rated up, a key each), on the `default` preset's [learner] and [critic]
 (the default's step-size control, trust region and exact KL anchor) with adaptive batching up to `b`.
 They take turns, `--block` steps each, the order swapping every round, so both see the same machine
 noise. Arms:
@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
 PARTS = (  # (label, object path on the learner, method): what a step's time is split into
     ("critic values + K value steps", None, None),
     ("KL reference forward", "", "_reference_log_dists"),
@@ -72,7 +71,7 @@ def build(kind: str, tmp: Path, model_dir: Path, samples, count: int, batch: int
     from liveloop.store import Store, StoreConfig
     from liveloop.transport import TransportConfig
 
-    cfg = load_config(ROOT / "configs/default.toml")
+    cfg = load_config("default")
     store = Store(StoreConfig(url=f"sqlite:///{tmp / kind}.db"))
     store.migrate()
     store.ensure_base_version(str(model_dir))

@@ -2,7 +2,7 @@
 (learner/reference_step.py, the code of commit a4a7356): two learners from the same start on the same
 rated replies of the tiny MoE, in a real SQLite store each, end with the same policy and critic weights,
 the same AdamW moments, the same learning rate and KL coefficient, the same trust-region counts and the
-same metrics after every step. Configs: the shipped default ([learner] and [critic] of configs/default.toml)
+same metrics after every step. Configs: the shipped default ([learner] and [critic] of the `default` preset)
 at batch 1 and 4, a steep one whose updates the trust region cuts back and undoes, the k3 anchor without
 step control, and no anchor at all. The comparison itself is shown to see a one-ulp difference."""
 
@@ -22,7 +22,6 @@ from liveloop.learner.reference_step import ReferenceLearner
 from liveloop.rl.rollout import chat_prompt_ids, sample_reply
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
-ROOT = Path(__file__).resolve().parents[3]
 TOPICS = ("cats", "the sea", "rain", "bread", "the moon", "trains")
 VARIANTS = {
     "default_b1": {"max_batch_size": 1},
@@ -63,7 +62,7 @@ def _store(path: Path, model_dir: Path, replies) -> Store:
 
 
 def _run(cls, tmp_path: Path, name: str, model_dir: Path, replies, overrides: dict):
-    cfg = load_config(ROOT / "configs/default.toml")
+    cfg = load_config("default")
     learner_cfg = dataclasses.replace(
         cfg.learner, checkpoint_dir=str(tmp_path / name / "versions"), publish_every_steps=10**6, publish_every_seconds=1e9, **overrides
     )
