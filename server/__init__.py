@@ -7,7 +7,7 @@ learning works: it meets the learner only in the store. Three rooms:
   (`formats/`), auth, admission, bodies, hosts and the error table.
 - `control/`: the version control plane. What serves which version: activation, rollback, candidates
   and the release gate, start-up recovery, forget-to-weights, alarms, leadership. Never imports the edge.
-- `engines/`: the `Engine` protocol and its backends (vLLM, SGLang, transformers, diffusion). Imports
+- `engines/`: the `Engine` protocol and its backends, listed once in `engines/registry.py`. Imports
   neither room.
 
 `config.py` is the server's typed settings, shared by the three."""
