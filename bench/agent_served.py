@@ -76,9 +76,9 @@ def main() -> None:
             seconds = time.monotonic() - started
             time.sleep(5)  # the learner's last publish
             store = Store(StoreConfig(url=server.store_url))
-            versions = store.list_versions()
+            versions = store.versions.list_versions()
             last = max(versions, key=lambda v: v.version)
-            linked = store.version_traffic()
+            linked = store.release.version_traffic()
             store.close()
         finally:
             server.stop()

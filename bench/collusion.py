@@ -121,10 +121,10 @@ def run_cell(c: Cell, workdir: Path, model_dir: Path) -> CellResult:
     store, learner = world.store, world.learner
 
     def quarantine_check() -> None:
-        _, found = find_suspects(store.key_ratings(20000), c.quarantine_z, c.quarantine_min_ratings, c.corroborating_keys,
-                                 exclude_from_consensus=store.quarantined_keys(), similarity=Similarity())
+        _, found = find_suspects(store.keys.key_ratings(20000), c.quarantine_z, c.quarantine_min_ratings, c.corroborating_keys,
+                                 exclude_from_consensus=store.keys.quarantined_keys(), similarity=Similarity())
         for s in found:
-            store.set_quarantined(s.score.key_id, True, f"disagreement z={s.score.z:.1f}; {s.corroborated.z:.1f} corroborated")
+            store.keys.set_quarantined(s.score.key_id, True, f"disagreement z={s.score.z:.1f}; {s.corroborated.z:.1f} corroborated")
 
     result = CellResult(c, world.p_target())
     events = schedule(c)
@@ -135,8 +135,8 @@ def run_cell(c: Cell, workdir: Path, model_dir: Path) -> CellResult:
         result.p_trace += world.train()
     if c.defended:
         quarantine_check()
-    quarantined = store.quarantined_keys()
-    old = suspects(disagreement_scores(store.key_ratings(20000), similarity=EXACT), c.quarantine_z, c.quarantine_min_ratings)
+    quarantined = store.keys.quarantined_keys()
+    old = suspects(disagreement_scores(store.keys.key_ratings(20000), similarity=EXACT), c.quarantine_z, c.quarantine_min_ratings)
     result.honest_ratings = sum(1 for k, _ in events if k.startswith("honest"))
     result.colluder_ratings = len(events) - result.honest_ratings
     result.trained = learner.state.samples
@@ -171,7 +171,7 @@ def run_framing(f: Framing, workdir: Path) -> dict:
     rng = random.Random(f.seed)
     store = Store(StoreConfig(url=f"sqlite:///{workdir}/store.db"))
     store.migrate()
-    store.ensure_base_version("/models/base")  # the responses name version 0
+    store.versions.ensure_base_version("/models/base")  # the responses name version 0
     target, poisoner = "target", "poisoner"
     colluders = [colluder(i) for i in range(f.colluders)]
     honest = [f"honest-{k:03d}" for k in range(f.honest_keys)]
@@ -185,11 +185,11 @@ def run_framing(f: Framing, workdir: Path) -> dict:
         for k in honest + [target, poisoner] + colluders:
             inverted = k == poisoner or (k in colluders and f.loud)
             rows.append((f"s{p}-{k}", k, (2, p), int(good != inverted)))
-    store.write_batch([ResponseRecord(rid, k, "m", 0, "chat", prompt, reply, (-1.0,) * len(reply), "stop", 1.0, 1.0, 1.0)
+    store.feedback.write_batch([ResponseRecord(rid, k, "m", 0, "chat", prompt, reply, (-1.0,) * len(reply), "stop", 1.0, 1.0, 1.0)
                        for rid, k, prompt, _ in rows])
-    store.write_batch([FeedbackRecord(rid, k, reward) for rid, k, _, reward in rows])
+    store.feedback.write_batch([FeedbackRecord(rid, k, reward) for rid, k, _, reward in rows])
     m = MonitorConfig()  # the shipped similarity; z and min ratings as configs/default.toml ships them (4.0, 30)
-    _, found = find_suspects(store.key_ratings(100000), 4.0, 30, f.corroborating_keys,
+    _, found = find_suspects(store.keys.key_ratings(100000), 4.0, 30, f.corroborating_keys,
                              similarity=Similarity(m.similar_reply_jaccard, m.similar_reply_shingle))
     taken = {s.score.key_id for s in found}
     store.close()

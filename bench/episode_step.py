@@ -52,7 +52,7 @@ def _episode(store, length: int, key: str = "k") -> str:
         n = min(TURN, room)
         response = [int(x) for x in rng.integers(10, 900, n - 1)] + [END]
         rid = f"t{k}"
-        store.write_batch([ResponseRecord(rid, key, "m", 0, "chat", tuple(prompt), tuple(response), (-2.0,) * n, "stop", 1.0, 1.0, 1.0,
+        store.feedback.write_batch([ResponseRecord(rid, key, "m", 0, "chat", tuple(prompt), tuple(response), (-2.0,) * n, "stop", 1.0, 1.0, 1.0,
                                           link=LinkKeys.of(prompt, response, (END,)))])
         last, k = rid, k + 1
         if len(prompt) + n + OBS >= length:
@@ -73,9 +73,9 @@ def step_child(length: int, repeats: int, model_dir: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(StoreConfig(url=f"sqlite:///{tmp}/s.db"))
         store.migrate()
-        store.ensure_base_version(model_dir)
+        store.versions.ensure_base_version(model_dir)
         last = _episode(store, length)
-        store.put_feedback(FeedbackRecord(last, "k", 1))
+        store.feedback.put_feedback(FeedbackRecord(last, "k", 1))
         cfg = LearnerConfig(checkpoint_dir=f"{tmp}/v", publish_every_steps=10**9, publish_every_seconds=10**9, max_episode_tokens=0)
         learner = OnlineLearner.resume(store, cfg, CriticConfig(), Path(model_dir))
         episode = store.episodes.episode(last)
@@ -101,7 +101,7 @@ def linking(stored: int, batch: int = 64) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(StoreConfig(url=f"sqlite:///{tmp}/s.db"))
         store.migrate()
-        store.ensure_base_version(None)
+        store.versions.ensure_base_version(None)
         prompts = {}
         for start in range(0, stored, 512):  # stored first turns, 30 keys
             recs = []
@@ -111,7 +111,7 @@ def linking(stored: int, batch: int = 64) -> dict:
                 prompts[i] = (prompt, response)
                 recs.append(ResponseRecord(f"p{i}", f"k{i % 30}", "m", 0, "chat", prompt, response, (-1.0,) * 4, "stop", 1.0, 1.0, 1.0,
                                            link=LinkKeys.of(prompt, response, (END,))))
-            store.write_batch(recs)
+            store.feedback.write_batch(recs)
 
         def turns(tag: str, offset: int) -> list:
             out = []
@@ -128,17 +128,17 @@ def linking(stored: int, batch: int = 64) -> dict:
         for r in range(10):  # alternate, so drift in the machine's speed hits both
             batch_linked = turns("a", r * batch)
             t = time.perf_counter()
-            store.write_batch(batch_linked)
+            store.feedback.write_batch(batch_linked)
             linked.append((time.perf_counter() - t) / batch)
             store_module.link_turns = lambda conn, records, rows: None
             try:
                 batch_plain = turns("b", r * batch)
                 t = time.perf_counter()
-                store.write_batch(batch_plain)
+                store.feedback.write_batch(batch_plain)
                 plain.append((time.perf_counter() - t) / batch)
             finally:
                 store_module.link_turns = original
-        assert store.get_response(batch_linked[0].id).parent_id is not None
+        assert store.feedback.get_response(batch_linked[0].id).parent_id is not None
         store.close()
     return {"stored": stored, "batch": batch, "linked_seconds_per_response": statistics.median(linked),
             "unlinked_seconds_per_response": statistics.median(plain),
@@ -159,7 +159,7 @@ def splicing(model_dir: str, stored: int, rounds: int = 200) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(StoreConfig(url=f"sqlite:///{tmp}/s.db"))
         store.migrate()
-        store.ensure_base_version(None)
+        store.versions.ensure_base_version(None)
         splicer = Splicer(tok, [end], store.episodes.carried_turn)
         texts = []
         for start in range(0, stored, 500):
@@ -173,7 +173,7 @@ def splicing(model_dir: str, stored: int, rounds: int = 200) -> dict:
                 if i % (stored // rounds or 1) == 0:
                     texts.append((f"k{i % 30}", tok.apply_chat_template(ask + [{"role": "assistant", "content": f"It is {i}."},
                                                                                {"role": "user", "content": "And then?"}], add_generation_prompt=True, tokenize=False)))
-            store.write_batch(recs)
+            store.feedback.write_batch(recs)
         spliced, whole = [], []
         for key, text in texts:
             t = time.perf_counter()

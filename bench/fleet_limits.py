@@ -115,7 +115,7 @@ def main() -> None:
     stores[0].migrate()
     config = ServerConfig(chat_requests_per_minute=10**6,  # per key and minute: no round reaches it
                           max_concurrent_per_key=16, max_concurrent_per_key_fleet=16, limits_sync_seconds=args.sync)
-    views = {name: FleetView(FleetCounts(store), name, args.sync) for name, store in zip(("lone", "shared", "peer"), stores)}
+    views = {name: FleetView(store.fleet.counts, name, args.sync) for name, store in zip(("lone", "shared", "peer"), stores)}
     keys = {arm: [f"{arm}-{i:05d}" for i in range(args.keys)] for arm in ("memory", "fleet", "fleet+peer")}
     peer = Admission(config, views["peer"])
     for key in keys["fleet+peer"]:  # the peer replica has counted every key of that arm: its view adds the count

@@ -49,7 +49,7 @@ async def _rate(client: httpx.AsyncClient, key: str, n: int, seed: int) -> int:
 def _wait_served(store, at_least: int, newer_than: int, timeout: float = 600) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        serving = store.latest_version()
+        serving = store.versions.latest_version()
         if serving.version > newer_than and serving.metrics.get("learner/cursor", 0) >= at_least:
             return serving.version
         time.sleep(0.1)

@@ -94,8 +94,8 @@ def fill(store, n: int, prompt: int, length: int, vocab: int, seed: int = 0, tag
             f"r{seed}-{i}{tag}", f"k{i}", "m", 0, "chat", tuple(ids[:prompt]), tuple(ids[prompt:]), lps,
             "length", 1.0, 1.0, 1.0,
         )
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(rec.id, rec.api_key_id, i % 2))
+        store.feedback.write_batch([rec])
+        store.feedback.put_feedback(FeedbackRecord(rec.id, rec.api_key_id, i % 2))
 
 
 def new_store(tmp: Path, name: str, base: Path):
@@ -103,7 +103,7 @@ def new_store(tmp: Path, name: str, base: Path):
 
     store = Store(StoreConfig(url=f"sqlite:///{tmp / name}.db"))
     store.migrate()
-    store.ensure_base_version(str(base))
+    store.versions.ensure_base_version(str(base))
     return store
 
 

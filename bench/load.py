@@ -367,7 +367,7 @@ def verify_store(store_url: str, t: Tally, cursor_name: str) -> dict:
     try:
         missing, mismatched = [], []
         for a in t.answers.values():
-            row = store.get_response(a.response_id)
+            row = store.feedback.get_response(a.response_id)
             if row is None:
                 missing.append(a.response_id)
             elif (
@@ -381,17 +381,17 @@ def verify_store(store_url: str, t: Tally, cursor_name: str) -> dict:
                 )
         vanished_finish: Counter = Counter()
         for rid in t.vanished:
-            row = store.get_response(rid)
+            row = store.feedback.get_response(rid)
             vanished_finish[row.finish_reason if row else "not logged"] += 1
         ratings_missing, ratings_mismatched = [], []
         for rating in t.ratings.values():
-            rows = [f for f in store.get_feedback(rating.response_id) if f.id == rating.feedback_id]
+            rows = [f for f in store.feedback.get_feedback(rating.response_id) if f.id == rating.feedback_id]
             if not rows:
                 ratings_missing.append(rating.feedback_id)
             elif rows[0].reward != rating.reward:
                 ratings_mismatched.append({"id": rating.feedback_id, "acked": rating.reward, "stored": rows[0].reward})
-        cursor = store.get_cursor(cursor_name)
-        versions = store.list_versions()
+        cursor = store.feedback.get_cursor(cursor_name)
+        versions = store.versions.list_versions()
         return {
             "answers_acknowledged": len(t.answers),
             "answers_stored": len(t.answers) - len(missing),
@@ -404,7 +404,7 @@ def verify_store(store_url: str, t: Tally, cursor_name: str) -> dict:
             "vanished_clients": len(t.vanished),
             "vanished_logged": sum(n for k, n in vanished_finish.items() if k != "not logged"),
             "vanished_finish_reasons": dict(vanished_finish),
-            "store_counts": store.counts(),
+            "store_counts": store.feedback.counts(),
             "learner_cursor": cursor,
             "ratings_at_or_below_cursor": sum(1 for r in t.ratings if r <= cursor),
             "versions": [{"version": v.version, "status": v.status, "samples_used": v.samples_used} for v in versions],

@@ -165,7 +165,7 @@ class World:
         self.seed = seed
         self.store = Store(StoreConfig(url=f"sqlite:///{workdir / 'world.db'}"))
         self.store.migrate()
-        self.store.ensure_base_version(str(model_dir))
+        self.store.versions.ensure_base_version(str(model_dir))
         self.learner = OnlineLearner.resume(self.store, config, CriticConfig(), model_dir)
         tok = AutoTokenizer.from_pretrained(str(model_dir))
         self.target = tok.convert_tokens_to_ids(TARGET)
@@ -191,11 +191,11 @@ class World:
         u = _uniform(self.seed, draw)  # inverse-CDF with a fixed u
         token = min(int(torch.searchsorted(torch.cumsum(lp.double().exp(), 0), torch.tensor([u], dtype=torch.float64))), lp.numel() - 1)
         rid = f"r{i}"
-        self.store.write_batch([ResponseRecord(
+        self.store.feedback.write_batch([ResponseRecord(
             rid, key, "liveloop-tiny", self.learner.state.version, "chat", tuple(prompt), (token,), (float(lp[token]),),
             "length", 1.0, 1.0, 1.0,
         )])
-        self.store.put_feedback(FeedbackRecord(rid, key, rate(token == self.target)))
+        self.store.feedback.put_feedback(FeedbackRecord(rid, key, rate(token == self.target)))
 
     def train(self) -> list[float]:
         trace = []
@@ -216,9 +216,9 @@ def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
     store, learner = world.store, world.learner
 
     def quarantine_check() -> None:
-        scores = disagreement_scores(store.key_ratings(20000), exclude_from_consensus=store.quarantined_keys())
+        scores = disagreement_scores(store.keys.key_ratings(20000), exclude_from_consensus=store.keys.quarantined_keys())
         for bad in suspects(scores, s.quarantine_z, s.quarantine_min_ratings):
-            store.set_quarantined(bad.key_id, True, f"disagreement z={bad.z:.1f} over {bad.n} ratings")
+            store.keys.set_quarantined(bad.key_id, True, f"disagreement z={bad.z:.1f} over {bad.n} ratings")
 
     p_before = world.p_target()
     trace: list[float] = []
@@ -228,12 +228,12 @@ def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
         world.serve(i, key, draw, (lambda hit: int(not hit)) if key == ATTACKER else int)
         if s.defended and (i + 1) % s.check_every == 0:
             quarantine_check()
-            if quarantined_at is None and ATTACKER in store.quarantined_keys():
+            if quarantined_at is None and ATTACKER in store.keys.quarantined_keys():
                 quarantined_at = i + 1
         trace += world.train()
     if s.defended:
         quarantine_check()
-    scores = {d.key_id: d for d in disagreement_scores(store.key_ratings(20000))}
+    scores = {d.key_id: d for d in disagreement_scores(store.keys.key_ratings(20000))}
     honest_z = [d.z for k, d in scores.items() if k != ATTACKER]
     result = RunResult(
         scenario=s,
@@ -244,7 +244,7 @@ def run(s: Scenario, workdir: Path, model_dir: Path) -> RunResult:
         attacker_ratings=sum(1 for k, _ in events if k == ATTACKER),
         trained=learner.state.samples,
         capped=int(learner.method.stats().get("learner/capped_ratings", 0)),
-        quarantined=sorted(store.quarantined_keys()),
+        quarantined=sorted(store.keys.quarantined_keys()),
         quarantined_after_ratings=quarantined_at,
         attacker_z=scores[ATTACKER].z if ATTACKER in scores else None,
         max_honest_z=max(honest_z) if honest_z else None,

@@ -80,16 +80,16 @@ def run_mode(mode: str, model_dir: Path, workdir: Path, users: int, min_ratings:
         time.sleep(5)  # the live version's ratings
         ckpt = perturbed_checkpoint(model_dir, workdir / "candidate", seed=1, scale=0.02)
         published = time.monotonic()
-        version = store.publish_version(
+        version = store.versions.publish_version(
             parent=0, checkpoint_path=str(ckpt), checkpoint_sha256=None, learner_step=1, samples_used=1,
             metrics={}, cursor_name="sao", last_feedback_id=0,
         ).version
         promoted_at = None
         deadline = published + timeout
         while time.monotonic() < deadline:
-            if promoted_at is None and store.get_version(version).status == VersionStatus.SERVING:
+            if promoted_at is None and store.versions.get_version(version).status == VersionStatus.SERVING:
                 promoted_at = time.monotonic()
-                ratings = store.version_traffic().get(version)
+                ratings = store.release.version_traffic().get(version)
             with lock:
                 outside = [t for t, u, v in seen if v == version and u not in canary]
             if outside and promoted_at is not None:
@@ -100,7 +100,7 @@ def run_mode(mode: str, model_dir: Path, workdir: Path, users: int, min_ratings:
             t.join(60)
         evaluation = None
         for _ in range(120):  # immediate mode evaluates after the version serves
-            evaluation = store.evaluation(version)
+            evaluation = store.release.evaluation(version)
             if evaluation is not None:
                 break
             time.sleep(0.5)

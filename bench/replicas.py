@@ -101,13 +101,13 @@ def pushes(store_url: str, checkpoints: list[Path], n_replicas: int, count: int)
     from liveloop.store.replicas import ReplicaRegistry
 
     store = Store(StoreConfig(url=store_url))
-    registry = ReplicaRegistry(store)
+    registry = store.fleet.registry
     first, last = [], []
     try:
         for i in range(count):
-            serving = store.latest_version().version
+            serving = store.versions.latest_version().version
             committed = time.perf_counter()
-            version = store.publish_version(
+            version = store.versions.publish_version(
                 parent=serving, checkpoint_path=str(checkpoints[i % 2]), checkpoint_sha256=None, learner_step=i, samples_used=0,
                 metrics={}, cursor_name="bench", last_feedback_id=0,
             ).version
@@ -149,7 +149,7 @@ def run_arm(arm: str, args: argparse.Namespace, model_dir: Path, checkpoints: li
                 from liveloop.store.replicas import ReplicaRegistry
 
                 store = Store(StoreConfig(url=url))
-                wait_until(lambda: sum(r.up for r in ReplicaRegistry(store).rows(5.0)) == n, 120, f"{n} replicas registered")
+                wait_until(lambda: sum(r.up for r in store.fleet.registry.rows(5.0)) == n, 120, f"{n} replicas registered")
                 store.close()
                 throughput(server.base_url, 2, 3.0)  # warm-up
                 result = {"arm": arm, "replicas": n, "start_s": round(up, 1)}

@@ -60,8 +60,8 @@ def fill(store, samples, count: int) -> None:
             f"r{i}", f"k{i}", "m", 0, "chat", tuple(int(x) for x in s.prompt_ids), tuple(int(x) for x in s.response_ids),
             tuple(float(x) for x in s.behavior_logprobs), "stop", 1.0, 1.0, 1.0,
         )
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(rec.id, rec.api_key_id, int(s.reward)))
+        store.feedback.write_batch([rec])
+        store.feedback.put_feedback(FeedbackRecord(rec.id, rec.api_key_id, int(s.reward)))
 
 
 def build(kind: str, tmp: Path, model_dir: Path, samples, count: int, batch: int, served: bool, coalesce: bool = False):
@@ -74,7 +74,7 @@ def build(kind: str, tmp: Path, model_dir: Path, samples, count: int, batch: int
     cfg = load_config("default")
     store = Store(StoreConfig(url=f"sqlite:///{tmp / kind}.db"))
     store.migrate()
-    store.ensure_base_version(str(model_dir))
+    store.versions.ensure_base_version(str(model_dir))
     fill(store, samples, count)
     learner_cfg = dataclasses.replace(
         cfg.learner, checkpoint_dir=str(tmp / kind / "versions"), max_batch_size=batch, max_per_key_per_window=0,

@@ -55,7 +55,7 @@ def build(url: str, n: int, model_dir: Path) -> float:
     started = time.perf_counter()
     store = Store(StoreConfig(url=url, sqlite_synchronous="OFF"))
     store.migrate()
-    store.ensure_base_version(str(model_dir))
+    store.versions.ensure_base_version(str(model_dir))
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     prompts = [encode_ids(tok.encode(f"<|user|>\nTell me about topic number {k}, please.<|end|>\n<|assistant|>\n",
                                      add_special_tokens=False).ids) for k in range(64)]

@@ -2,7 +2,7 @@
 real store code, on SQLite and PostgreSQL, against raw batched inserts of the same rows.
 
 Ways of writing the same workload, each into a fresh database:
-  baseline  one transaction per operation: `store.write_batch([op])` in a loop, one caller;
+  baseline  one transaction per operation: `store.feedback.write_batch([op])` in a loop, one caller;
   writer    liveloop's group-commit `BatchWriter`, fed by C concurrent requests on one asyncio loop,
             each awaiting its commit (`writer.write`) the way the server's handlers do;
   writers2  (PostgreSQL) two server replicas: two processes, each with its own Store and BatchWriter
@@ -67,7 +67,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from liveloop.store import BatchWriter, FeedbackRecord, ResponseRecord, Store, StoreConfig
 from liveloop.store.models import Feedback, Response
-from liveloop.store.store import _feedback_row, response_row
+from liveloop.store.feedback import _feedback_row, response_row
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "store_ingest.json"
@@ -174,7 +174,7 @@ def fresh_store(backend: str, pg_base: str | None, tmp: Path) -> Iterator[Store]
     store = Store(StoreConfig(url=url))
     try:
         store.migrate()
-        store.ensure_base_version("/x")
+        store.versions.ensure_base_version("/x")
         yield store
     finally:
         store.close()
@@ -184,7 +184,7 @@ def fresh_store(backend: str, pg_base: str | None, tmp: Path) -> Iterator[Store]
 
 def check_written(store: Store, requests: list[Request]) -> tuple[int, int]:
     expected = (len(requests), sum(fb is not None for _, fb in requests))
-    counts = store.counts()
+    counts = store.feedback.counts()
     got = (counts["responses"], counts["feedback"])
     if got != expected:
         raise RuntimeError(f"store holds {got} (responses, feedback), expected {expected}")
@@ -200,7 +200,7 @@ def run_baseline(store: Store, requests: list[Request]) -> tuple[float, int]:
         for op in (response, feedback):
             if op is None:
                 continue
-            (result,) = store.write_batch([op])
+            (result,) = store.feedback.write_batch([op])
             if isinstance(result, Exception):
                 raise result
             commits += 1
@@ -235,10 +235,10 @@ OLD_IDS = "bench_sequence_ids"  # writers2_seq: the sequence its ratings' ids ar
 
 
 def _sequence_ids(conn: sqlalchemy.Connection, rows: list[dict]) -> list[int]:
-    """`store._insert_ratings` as before migration 0008 (PostgreSQL): ids drawn from a sequence, not
+    """store/feedback.py `_insert_ratings` as before migration 0008 (PostgreSQL): ids drawn from a sequence, not
     in commit order. Only to measure what the counter's lock costs."""
     from liveloop.store.bulk import insert_rows
-    from liveloop.store.store import FEEDBACK_TABLE
+    from liveloop.store.feedback import FEEDBACK_TABLE
 
     ids = sorted(conn.execute(sqlalchemy.text(f"SELECT nextval('{OLD_IDS}') FROM generate_series(1, :n)"), {"n": len(rows)}).scalars())
     insert_rows(conn, FEEDBACK_TABLE, [row | {"id": fid} for row, fid in zip(rows, ids)])
@@ -250,7 +250,7 @@ def _replica(url: str, n: int, seed: int, concurrency: int, batch_max: int, sequ
     the common start; reports (seconds, commits) or the error."""
     try:
         if sequence_ids:
-            import liveloop.store.store as store_module
+            import liveloop.store.feedback as store_module
 
             store_module._insert_ratings = _sequence_ids
         requests = make_workload(n, seed)

@@ -112,7 +112,7 @@ def _load(job: BGPOJobConfig, store: Store, resume_dir: Path | None):
             ensure_diffusion_model(job.build, cfg.model_dir)
         model, tokenizer = load_diffusion_model(cfg.model_dir, cfg.trust_remote_code)
         saved = None
-        state = TrainerState(0, _starting_version(store, cfg), store.get_cursor(cfg.run_name), [])
+        state = TrainerState(0, _starting_version(store, cfg), store.feedback.get_cursor(cfg.run_name), [])
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.99), weight_decay=0.0)
     if saved is not None:
@@ -122,12 +122,12 @@ def _load(job: BGPOJobConfig, store: Store, resume_dir: Path | None):
 
 def _starting_version(store: Store, cfg) -> int:
     if cfg.parent_version >= 0:
-        if store.get_version(cfg.parent_version) is None:
+        if store.versions.get_version(cfg.parent_version) is None:
             raise ValueError(f"bgpo.parent_version: version {cfg.parent_version} is not in the store")
         return cfg.parent_version
-    if store.get_version(0) is None and not store.list_versions():
-        return store.ensure_base_version(str(Path(cfg.model_dir).resolve()), note="diffusion base model").version
-    return max(v.version for v in store.list_versions())
+    if store.versions.get_version(0) is None and not store.versions.list_versions():
+        return store.versions.ensure_base_version(str(Path(cfg.model_dir).resolve()), note="diffusion base model").version
+    return max(v.version for v in store.versions.list_versions())
 
 
 def _checkpoint_version(path: Path) -> int:
@@ -151,7 +151,7 @@ def _record(store: Store, staged: Path, cursor_name: str, cursor: int, meta: dic
     under it; on failure the checkpoint stays where it is (a staging one is removed)."""
     digest = checkpoint_digest(staged)
     try:
-        return store.publish_version(checkpoint_path=lambda v: _place(staged, v), checkpoint_sha256=digest,
+        return store.versions.publish_version(checkpoint_path=lambda v: _place(staged, v), checkpoint_sha256=digest,
                                      cursor_name=cursor_name, last_feedback_id=cursor, **meta)
     except Exception:
         if not _CKPT_RE.match(staged.name):
@@ -164,7 +164,7 @@ def _ensure_published(store: Store, resume_dir: Path | None, state: TrainerState
     published now, under the number the store allocates (and renamed to it, if that differs)."""
     if resume_dir is None:
         return
-    row = store.get_version(state.version)
+    row = store.versions.get_version(state.version)
     if row is not None and row.checkpoint_path == str(resume_dir.resolve()):
         return
     meta = json.loads((resume_dir / "publish.json").read_text())
@@ -180,7 +180,7 @@ def _step(job: BGPOJobConfig, objective: Objective, store: Store, model: MaskedD
     # 1. Groups: store prompts past the cursor, then task problems.
     groups: list[Group] = []
     if cfg.prompt_source in ("store", "both"):
-        rated = store.rated_after(state.cursor, limit=cfg.prompts_per_step * cfg.group_size)
+        rated = store.feedback.rated_after(state.cursor, limit=cfg.prompts_per_step * cfg.group_size)
         if rated:
             state.cursor = rated[-1][0].id
         found, _ = store_groups(rated, cfg.store_model, sampler.gen_length, model.eos_id, decode)
@@ -238,7 +238,7 @@ def _store_rollouts(store: Store, groups: list[Group], cfg, sampler, state: Trai
             if stored is not None:
                 continue
             rid = f"{cfg.run_name}-s{state.step:06d}-g{gi}-r{k}"
-            if store.get_response(rid) is not None:  # a redone step after a resume
+            if store.feedback.get_response(rid) is not None:  # a redone step after a resume
                 continue
             served, served_lps, finish = served_form(ids, lps, eos_id)
             records.append(ResponseRecord(
@@ -251,7 +251,7 @@ def _store_rollouts(store: Store, groups: list[Group], cfg, sampler, state: Trai
                               "logprobs": "diffusion commit-time logprobs"},
             ))
     if records:
-        store.insert_responses(records)
+        store.feedback.insert_responses(records)
 
 
 def _publish(job: BGPOJobConfig, store: Store, model: MaskedDiffusionLM, tokenizer, optimizer,

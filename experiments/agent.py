@@ -138,7 +138,7 @@ class AgentRun:
                 request_meta={"group": groups[k]} if groups and groups[k] else None,
                 link=LinkKeys.of(prompt, roll.response_ids, self.stops, self.splicer.text_hash(text, roll.response_ids)),
             ))
-        self.rig.store.insert_responses(records)
+        self.rig.store.feedback.insert_responses(records)
         return [r.id for r in records]
 
     def probe(self) -> float:
@@ -172,7 +172,7 @@ class AgentRun:
             user += len(tasks)
             episodes = self.play(tasks, keys, generator, groups)
             for e, key in zip(episodes, keys):
-                self.rig.store.put_feedback(FeedbackRecord(e.final_id, key, e.reward))
+                self.rig.store.feedback.put_feedback(FeedbackRecord(e.final_id, key, e.reward))
                 rewards.append(e.reward)
                 calls.append(e.called)
             self.rig.train()

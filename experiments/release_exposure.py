@@ -179,7 +179,7 @@ def pretrain_critic(workdir: Path, model_dir: Path, seed: int, settings: Exposur
     store = Store(StoreConfig(url=f"sqlite:///{workdir / 'liveloop.db'}"))
     try:
         store.migrate()
-        store.ensure_base_version(str(model_dir.resolve()))
+        store.versions.ensure_base_version(str(model_dir.resolve()))
         judge = make_judge("flattery", flattery_words=settings.scenario(seed).flattery_words)
         critic = CriticConfig(pretrain_reward="contains:aww", pretrain_rollouts=settings.pretrain_rollouts, pretrain_ev_threshold=0.5)
         learner = LearnerConfig(checkpoint_dir=str(workdir / "versions"), seed=seed)
@@ -211,8 +211,8 @@ def run(
         events = asyncio.run(Simulator(settings.scenario(seed), server.base_url, USER_KEY, progress=None, admin_key=ADMIN_KEY).run())
         _wait_evaluated(store, mode, settings.evaluation_timeout)
         closing = asyncio.run(_closing_round(server.base_url, settings.users))
-        versions = store.list_versions()
-        evaluated = store.evaluations(v.version for v in versions)
+        versions = store.versions.list_versions()
+        evaluated = store.release.evaluations(v.version for v in versions)
         held = {v.version for v in versions if v.status == VersionStatus.HELD}
     finally:
         store.close()
@@ -256,10 +256,10 @@ def _wait_evaluated(store: Store, mode: Mode, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if mode == "immediate":
-            if store.evaluation(store.latest_version().version) is not None:
+            if store.release.evaluation(store.versions.latest_version().version) is not None:
                 return
         else:
-            candidate = store.canary_version()
-            if candidate is None or store.evaluation(candidate.version) is not None:
+            candidate = store.versions.canary_version()
+            if candidate is None or store.release.evaluation(candidate.version) is not None:
                 return
         time.sleep(1)

@@ -36,7 +36,7 @@ from liveloop.learner.config import LearnerConfig
 from liveloop.learner.lanes import SegmentLanes, build_learner
 from liveloop.learner.online import OnlineLearner
 from liveloop.rl.rollout import Rollout, chat_prompt_ids
-from liveloop.segments import segment_of
+from liveloop.segments import SEGMENT_KEY, segment_of
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
 NEVER = 10**9
@@ -116,7 +116,7 @@ class LearningRig:
         self.workdir, self.model_dir, self.config, self.max_tokens = Path(workdir), Path(model_dir), learner, max_tokens
         self.store = Store(StoreConfig(url=f"sqlite:///{self.workdir / 'liveloop.db'}"))
         self.store.migrate()
-        self.store.ensure_base_version(str(self.model_dir.resolve()))
+        self.store.versions.ensure_base_version(str(self.model_dir.resolve()))
         self.learner: OnlineLearner | SegmentLanes = build_learner(self.store, learner, critic, self.model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.generator = torch.Generator().manual_seed(seed)
@@ -129,7 +129,7 @@ class LearningRig:
     # -- which weights serve a segment -----------------------------------------------------------------
     def lane(self, segment: str | None) -> str | None:
         """The adapter lane a request of `segment` is served and trained by (None: the whole policy)."""
-        return segment_of({self.config.segment_key: segment}, self.config)
+        return segment_of({SEGMENT_KEY: segment}, self.config)
 
     def _learner_of(self, lane: str | None) -> OnlineLearner:
         return self.learner if lane is None else self.learner.lanes[lane]
@@ -183,9 +183,9 @@ class LearningRig:
                 finish_reason=finish, temperature=1.0, top_p=1.0, latency_ms=0.0, request_meta=meta, segment=reply.lane,
             ))
             ratings.append(FeedbackRecord(rid, user_id, int(reward)))
-        self.store.insert_responses(records)
+        self.store.feedback.insert_responses(records)
         for rating in ratings:
-            self.store.put_feedback(rating)
+            self.store.feedback.put_feedback(rating)
 
     # -- the learner's side ----------------------------------------------------------------------------
     def train(self) -> int:

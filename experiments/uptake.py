@@ -118,7 +118,7 @@ def pretrained_critic(workdir: Path, model_dir: Path, spec: UptakeSpec) -> float
     store = Store(StoreConfig(url=f"sqlite:///{workdir / 'liveloop.db'}"))
     try:
         store.migrate()
-        store.ensure_base_version(str(Path(model_dir).resolve()))
+        store.versions.ensure_base_version(str(Path(model_dir).resolve()))
     finally:
         store.close()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

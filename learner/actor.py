@@ -326,7 +326,7 @@ class ColocatedLearner:
 
     def _record(self, kind: str, version: int | None, detail: dict[str, Any]) -> None:
         try:
-            self._events.record_event(kind, version=version, detail=detail)
+            self._events.operator.record_event(kind, version=version, detail=detail)
         except Exception:  # the store being down must not stop the supervision
             log.exception("could not record the operator event %s", kind)
 

@@ -28,7 +28,7 @@ from liveloop.store import Store
 
 
 def store_samples(store: Store, limit: int = 100_000) -> list[Sample]:
-    return [Sample.from_rated(f, r) for f, r in store.rated_after(0, limit)]
+    return [Sample.from_rated(f, r) for f, r in store.feedback.rated_after(0, limit)]
 
 
 def rollout_plan(
@@ -47,8 +47,8 @@ def pretrain_for_learner(
     from_store: bool = False, progress: bool = True,
 ) -> dict[str, Any]:
     # 1. the version the learner resumes from
-    version = store.cursor_version(learner.cursor_name) or 0
-    record = store.get_version(version)
+    version = store.versions.cursor_version(learner.cursor_name) or 0
+    record = store.versions.get_version(version)
     policy_dir = record.checkpoint_path if version > 0 and record and record.checkpoint_path else str(base_model_dir)
     # 2. rated samples
     if from_store:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 from liveloop.rl.batch import Sample
 from liveloop.rl.episodes import EpisodeMismatch, episode_sample
@@ -33,8 +33,15 @@ from liveloop.rl.episodes import EpisodeMismatch, episode_sample
 log = logging.getLogger(__name__)
 
 
+class RatedFeed(Protocol):
+    """What the learner reads its samples from: the trainable ratings past a feedback id, in arrival
+    order, each with its response (the store's feedback part, or one segment's view of it)."""
+
+    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[Any, Any]]: ...
+
+
 class EpisodeSamples:
-    def __init__(self, ratings: Any, store: Any, max_episode_tokens: int, credit: str = "all", observations: str = "skip"):
+    def __init__(self, ratings: RatedFeed, store: Any, max_episode_tokens: int, credit: str = "all", observations: str = "skip"):
         self.ratings, self.store, self.max_tokens = ratings, store, max_episode_tokens
         self.credit, self.observations = credit, observations  # `[learner] episode_credit`, `episode_observations`
         self.skipped: Counter[str] = Counter()

@@ -65,8 +65,8 @@ class Method(Protocol):
     name: str
     uses_critic: bool
 
-    def next_batch(self, store: Any, after_id: int) -> tuple[list[Sample], int] | None:
-        """The next samples and the last feedback id they consume through; None: not yet. `store` reads
+    def next_batch(self, feed: Any, after_id: int) -> tuple[list[Sample], int] | None:
+        """The next samples and the last feedback id they consume through; None: not yet. `feed` reads
         ratings (`rated_after`) and makes each one's sample (`sample`: learner/episodes.py)."""
 
     def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -103,7 +103,7 @@ class SAO:
         self.advantage_ms = RunningMean()  # advantage_norm running: mean squared action-token advantage
         self.levers: dict[str, float] = {}  # the last batch's learner/baseline and learner/advantage_scale
 
-    def next_batch(self, store: Any, after_id: int) -> tuple[list[Sample], int] | None:
+    def next_batch(self, feed: Any, after_id: int) -> tuple[list[Sample], int] | None:
         """The next ratings in arrival order that are within the influence caps: at least B of them,
         and with adaptive batching (`max_batch_size` M > B) as many of those waiting as fit, up to M."""
         B, M = self.config.batch_size, self.config.largest_batch
@@ -113,14 +113,14 @@ class SAO:
         while len(taken) < M and examined < self.scan_limit and not end and not cut:
             want = M - len(taken)
             size = min(want if not plan.capped else max(want, self.scan_page), self.scan_limit - examined)
-            rated = store.rated_after(through, size)
+            rated = feed.rated_after(through, size)
             end = len(rated) < size
             for f, r in rated:
                 if plan.full_for(f.api_key_id):  # the step has this key's share: it ends here, the rating opens the next
                     cut = True
                     break
                 examined, through = examined + 1, f.id
-                sample = store.sample(f, r)  # None: it trains nothing (a broken or too long episode: counted there)
+                sample = feed.sample(f, r)  # None: it trains nothing (a broken or too long episode: counted there)
                 if sample is not None and plan.offer(KeyedRating(f.id, f.api_key_id, f.created_at.timestamp())):
                     taken.append(sample)
                     if len(taken) == M:
@@ -223,14 +223,14 @@ class GRPO(SAO):
         tag = (response.request_meta or {}).get("group")
         return ("tag", tag) if tag else ("prompt", tuple(int(x) for x in response.prompt_ids))
 
-    def next_batch(self, store: Any, after_id: int) -> tuple[list[Sample], int] | None:
+    def next_batch(self, feed: Any, after_id: int) -> tuple[list[Sample], int] | None:
         G = self.config.grpo.group_size
         self.read_through = max(self.read_through, after_id)
         # read everything new into the buffer, by group
         while True:
-            rated = store.rated_after(self.read_through, self.read_batch)
+            rated = feed.rated_after(self.read_through, self.read_batch)
             for f, r in rated:
-                sample = store.sample(f, r)
+                sample = feed.sample(f, r)
                 if sample is None:
                     self.read_through = f.id
                     continue

@@ -74,19 +74,21 @@ from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerd
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.optim import make_optimizer
 from liveloop.store import Store, VersionStatus
+from liveloop.store.feedback import FeedbackQueries
 from liveloop.transport import TransportConfig
 
 log = logging.getLogger(__name__)
 
 
 class SegmentRatings:
-    """The store as one segment's lane reads it: only the ratings of responses that segment served."""
+    """The store's feed as one segment's lane reads it (a `RatedFeed`): only the ratings of responses
+    that segment served."""
 
-    def __init__(self, store: Store, segment: str):
-        self.store, self.segment = store, segment
+    def __init__(self, feedback: FeedbackQueries, segment: str):
+        self.feedback, self.segment = feedback, segment
 
     def rated_after(self, feedback_id: int, limit: int) -> list[tuple[Any, Any]]:
-        return self.store.rated_after(feedback_id, limit, segment=self.segment)
+        return self.feedback.rated_after(feedback_id, limit, segment=self.segment)
 
 
 class OnlineLearner:
@@ -115,7 +117,7 @@ class OnlineLearner:
         self.adapters = adapters
         self.cursor_name = lane_cursor(config, segment)
         self.ratings = EpisodeSamples(
-            SegmentRatings(store, segment) if segment is not None else store, store, config.max_episode_tokens,
+            SegmentRatings(store.feedback, segment) if segment is not None else store.feedback, store, config.max_episode_tokens,
             config.episode_credit, config.episode_observations,
         )
         self.config = config
@@ -260,14 +262,14 @@ class OnlineLearner:
     def sync_with_store(self) -> bool:
         """Follow the operator: reload after a rollback or an operator's publish (either moves the
         cursor); returns whether learning is paused."""
-        version = self.store.cursor_version(self.cursor_name)
+        version = self.store.versions.cursor_version(self.cursor_name)
         if version is not None and version != self.state.version:
             log.warning(
                 "learner %s: lineage moved from version %d to %d (a rollback, or an operator's publish): reloading",
                 self.cursor_name, self.state.version, version,
             )
             self.reload()
-        self.paused = self.store.learning_paused(self.cursor_name)
+        self.paused = self.store.operator.learning_paused(self.cursor_name)
         return self.paused
 
     # -- one step --------------------------------------------------------------------------------

@@ -53,13 +53,13 @@ def stored_position(
     """The version this learner's cursor names (or the base model), its weights and critic. A lane's
     weights are its adapter directory, or None (a fresh adapter) while it is still at a base version."""
     name = lane_cursor(config, segment)
-    version = store.cursor_version(name)
-    record = store.get_version(version) if version is not None else None
+    version = store.versions.cursor_version(name)
+    record = store.versions.get_version(version) if version is not None else None
     if record is not None and record.version > 0 and record.segment is None and segment is None and not is_checkpoint(record.checkpoint_path or ""):
         recover_durable(store, config, base_model_dir, record, name, transport)
-        version = store.cursor_version(name)
-        record = store.get_version(version) if version is not None else None
-    cursor = store.get_cursor(name)
+        version = store.versions.cursor_version(name)
+        record = store.versions.get_version(version) if version is not None else None
+    cursor = store.feedback.get_cursor(name)
     if record is None or not record.checkpoint_path or version == 0 or record.segment != segment:
         version = version if record is not None and record.segment is None and segment is not None else 0
         policy_dir = str(base_model_dir) if segment is None else None
@@ -99,12 +99,12 @@ def recover_durable(
                     shutil.copytree(parent_critic, tmp / "critic")
 
             save_atomically(root, write)
-            store.set_checkpoint_digest(record.version, checkpoint_digest(root / "policy"))
+            store.versions.set_checkpoint_digest(record.version, checkpoint_digest(root / "policy"))
             log.warning("version %d: durable checkpoint recovered from the transport's memory", record.version)
             return
-    parent = store.get_version(record.parent) if record.parent is not None else None
+    parent = store.versions.get_version(record.parent) if record.parent is not None else None
     parent_cursor = int((parent.metrics or {}).get("learner/cursor", 0)) if parent is not None and parent.version > 0 else 0
-    store.abandon_version(record.version, cursor_name, record.parent or 0, parent_cursor)
+    store.versions.abandon_version(record.version, cursor_name, record.parent or 0, parent_cursor)
     log.error(
         "version %d was lost before its durable checkpoint was written: back to version %d, ratings after %d are trained again",
         record.version, record.parent or 0, parent_cursor,

@@ -148,7 +148,7 @@ class VersionPublisher:
             return None
         if s.updates_since_publish == 0:
             try:
-                self.store.advance_cursor(self.cursor_name, s.pending_cursor, s.version)
+                self.store.versions.advance_cursor(self.cursor_name, s.pending_cursor, s.version)
             except StaleLineage:
                 self.learner.reload()
                 return None
@@ -159,7 +159,7 @@ class VersionPublisher:
         if self.sender is not None:
             # memory is named by the version number, so the number comes first: a proposal, which the
             # store's inserting transaction accepts or refuses (VersionTaken: retried at the next publish)
-            version = self.store.next_version()
+            version = self.store.versions.next_version()
             return self._publish_in_memory(version, checkpoint_root(self.config.checkpoint_dir, version))
         # the checkpoint is written under a staging name; the store allocates the number inside the
         # inserting transaction, which moves it to checkpoint_dir/vNNNNNN before it commits (`_place`)
@@ -268,7 +268,7 @@ class VersionPublisher:
         durable copy, and a resume recovers from it); never raises."""
         try:
             save_atomically(root, functools.partial(self._write_checkpoint, policy_state=policy_state, critic_state=critic_state))
-            self.store.set_checkpoint_digest(version, checkpoint_digest(root / "policy"))
+            self.store.versions.set_checkpoint_digest(version, checkpoint_digest(root / "policy"))
         except Exception as exc:
             if is_disk_full(exc):
                 self._pause_for_disk_full(version, root, exc)
@@ -311,7 +311,7 @@ class VersionPublisher:
         metrics = dict(s.last_metrics) | {"learner/superseded_versions": float(self.superseded), "learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
         if handle is not None and "bytes" in handle.detail:  # what the transport shipped for this version (delta: vs full)
             metrics |= {"transport/bytes": handle.detail["bytes"], "transport/full_bytes": handle.detail.get("full_bytes", handle.detail["bytes"])}
-        return self.store.publish_version(
+        return self.store.versions.publish_version(
             version,
             parent=s.version,
             checkpoint_path=checkpoint,
@@ -360,8 +360,8 @@ class VersionPublisher:
             "pending_cursor": s.pending_cursor,
         }
         try:
-            self.store.record_event("disk_full", version=s.version, detail=detail)
-            self.store.set_learning_paused(self.cursor_name, True, reason=reason)
+            self.store.operator.record_event("disk_full", version=s.version, detail=detail)
+            self.store.operator.set_learning_paused(self.cursor_name, True, reason=reason)
         except Exception:  # the store may sit on the same full disk: keep running, retry at the next publish
             log.exception("could not record the disk-full pause in the store")
 
@@ -371,10 +371,10 @@ class VersionPublisher:
         fail a publish that already happened."""
         c = self.config
         try:
-            versions = [r for r in self.store.list_versions() if r.segment == self.segment]
+            versions = [r for r in self.store.versions.list_versions() if r.segment == self.segment]
             owned = {r.version for r in versions if in_checkpoint_dir(r, c.checkpoint_dir)}
             victims = [v for v in versions_to_prune(versions, c.keep_last_versions, c.keep_parent_chain, protect) if v in owned]
-            pruned = self.store.mark_pruned(victims) if victims else []
+            pruned = self.store.versions.mark_pruned(victims) if victims else []
         except Exception:
             log.exception("checkpoint retention skipped")
             return

@@ -28,7 +28,7 @@ def replay(
     progress: bool = True,
 ) -> dict[str, Any]:
     version = from_version if from_version is not None else 0
-    record = store.get_version(version)
+    record = store.versions.get_version(version)
     if record is None:
         raise ValueError(f"--from-version: no policy version {version}")
     policy_dir = record.checkpoint_path if version > 0 else str(base_model_dir)
@@ -40,7 +40,7 @@ def replay(
         store, cfg, critic, base_model_dir, state, policy_dir, str(critic_dir) if critic_dir.exists() else None,
         publish_status=VersionStatus.CANDIDATE,
     )
-    total = store.counts()["feedback"] // cfg.batch_size
+    total = store.feedback.counts()["feedback"] // cfg.batch_size
     if max_steps is not None:
         total = min(total, max_steps)
     with tqdm(total=total, desc="replay", unit="step", disable=not progress) as bar:

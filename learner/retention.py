@@ -13,7 +13,7 @@ Retention (`versions_to_prune`, pure) keeps:
   - anything not yet activated ("loading", "published"; `store.status.NEVER_PRUNED`), and whatever the
     caller protects (the learner: the version it trains from and the one it just published).
 Everything else that still has a checkpoint (`pruned_at` is None) goes. The caller marks the victims
-pruned in the store first (`Store.mark_pruned` re-checks each row in its transaction and also spares
+pruned in the store first (`store.versions.mark_pruned` re-checks each row in its transaction and also spares
 any version a learner's cursor points at), then deletes the directories of the rows it marked
 (`liveloop.checkpoint.delete_checkpoints`, which never raises).
 

@@ -65,7 +65,7 @@ from liveloop.server.engines.base import create_engine
 from liveloop.server.engines.canary import CanaryEngine
 from liveloop.server.engines.registry import names_with
 from liveloop.store import BatchWriter, Store
-from liveloop.store.replicas import Beat, ReplicaRegistry
+from liveloop.store.replicas import Beat
 from liveloop.transport import HandleGone, WeightsUnverified, make_receiver
 
 if TYPE_CHECKING:
@@ -115,12 +115,12 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts
     if config.store.auto_migrate:
         await asyncio.to_thread(store.migrate)
     await asyncio.to_thread(store.require_schema)
-    await asyncio.to_thread(store.forgotten.refresh)
-    keys = KeyRing(config.auth, forgotten=store.forgotten)
+    await asyncio.to_thread(store.rights.forgotten.refresh)
+    keys = KeyRing(config.auth, forgotten=store.rights.forgotten)
     # 2. what serves; a version published in memory may not have its durable checkpoint yet: start from what exists
-    latest = await asyncio.to_thread(store.latest_version)
+    latest = await asyncio.to_thread(store.versions.latest_version)
     if latest is None:
-        latest = await asyncio.to_thread(store.ensure_base_version, str(model_dir.resolve()))
+        latest = await asyncio.to_thread(store.versions.ensure_base_version, str(model_dir.resolve()))
     transport = await asyncio.to_thread(config.transport_for_store)  # checkpoint_dir where shared memory cannot be had
     await asyncio.to_thread(record_fallback, store, config.transport, transport)
     receiver = make_receiver(transport) if transport.in_memory else None
@@ -147,7 +147,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts
     if not config.ray.enabled:  # a fleet's driver sweeps once, before its replicas start: a replica that
         # restarts while the learner writes a version must not remove it as "unfinished" (liveloop/serve_ray.py)
         await asyncio.to_thread(sweep_shared_memory, store, transport, metrics)  # what this deployment left there
-    route = functools.partial(segment_of, config=config.learner)
+    route = functools.partial(segment_of, config=config.learner, key=config.server.segment_key)
     fleet = fleet_view(config.server, store, replica_id(config.ray.replica_id))  # fleet-wide limits (None: per replica)
     serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server, fleet), route,
                       carried=store.episodes.carried_turn, canary_by=config.release.canary_by)
@@ -187,7 +187,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts
         login_throttle=LoginThrottle(
             config.server.login_failures_per_minute, config.server.login_failures_per_minute_total, FleetRateLimiter(fleet),
         ),
-        activator=activator, operations=operations, forgetting=Forgetting(store, activator), registry=ReplicaRegistry(store), replica_id=name,
+        activator=activator, operations=operations, forgetting=Forgetting(store, activator), registry=store.fleet.registry, replica_id=name,
         down_after_seconds=config.ray.down_after_seconds, edge=edge, gate=gate, leadership=leadership,
         started_at=int(time.time()), handlers=handlers,
     )
@@ -202,7 +202,7 @@ def evaluator(config: Config, tokenizer: Any, model_dir: Path, stop_token_ids: t
     from liveloop.release.evaluation import Evaluator
     from liveloop.server.control.evaluating import engine_evaluation
 
-    suite = Evaluator(config.release.evaluation, tokenizer, model_dir, stop_token_ids=stop_token_ids, refresh=store.get_version)
+    suite = Evaluator(config.release.evaluation, tokenizer, model_dir, stop_token_ids=stop_token_ids, refresh=store.versions.get_version)
     return engine_evaluation(suite, stop_token_ids)
 
 
@@ -239,7 +239,7 @@ async def running(config: Config, model_dir: Path, edge: EdgeState) -> AsyncIter
         p.leadership.run(),
         p.activator.watch(config.server.watch_seconds),
         heartbeat(p.registry, p.replica_id, kind, beat_of(p), config.server.watch_seconds, config.ray.heartbeat_seconds),
-        watch_forgotten(p.store.forgotten),
+        watch_forgotten(p.store.rights.forgotten),
         p.operations.watch_alarms(),  # returns at once with [release.alarms] off
     ]
     if config.monitor.enabled:

@@ -5,10 +5,11 @@ versions, rollback, learning pause/resume, adapters and report drift (`operator_
 (`liveloop.diffusion.cli`); simulate and experiment drift/stability (`liveloop.experiments.cli`).
 
 Every command that reads the deployment config takes `--config` after the subcommand or before it
-(`liveloop serve --config production`, `liveloop --config x.toml serve`): a preset name (configs/<name>.toml
-of this repository, found from any directory; default: `default`) or a path to a TOML file. Each
-component gets its own section; `liveloop.app.build_app` wires them for `serve` (with `[ray] enabled`,
-`liveloop.serve_ray` runs that app as N Ray Serve replicas sharing one learner: `serve --config ray`).
+(`liveloop serve --config production`, `liveloop --config x.toml serve`): a preset name
+(configs/<kind>/<name>.toml of this repository, found from any directory; default: `default`) or a path
+to a TOML file. Each component gets its own section; `liveloop.app.build_app` wires them for `serve`
+(with `[ray] enabled`, `liveloop.serve_ray` runs that app as N Ray Serve replicas sharing one learner:
+`serve --config ray`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from liveloop.private import check_data, restrict_umask
 from liveloop.rewards import RULE_SPECS
 from liveloop.store.store import SchemaNotReady
 
-DEFAULT_CONFIG = "default"  # the preset configs/default.toml
+DEFAULT_CONFIG = "default"  # the preset configs/serve/default.toml
 CONFIG_HELP = "a preset name in configs/ (default, production, ...) or a path to a TOML file (default: %(default)s)"
 
 
@@ -216,10 +217,10 @@ def cmd_critic_pretrain(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     """Check a deployment config (every section typed, as `serve` loads it; no torch, no model) and print
     it as liveloop reads it (`extends` merged), or list the presets or the engine backends."""
-    from liveloop.config import CONFIG_DIR, presets, read_toml, resolve_config
+    from liveloop.config import CONFIG_DIR, preset_kinds, presets, read_toml, resolve_config
 
     if args.presets:
-        print(json.dumps({"dir": str(CONFIG_DIR), "presets": presets()}, indent=2))
+        print(json.dumps({"dir": str(CONFIG_DIR), "presets": presets(), "kinds": preset_kinds()}, indent=2))
         return 0
     if args.backends:
         print(json.dumps([b.as_dict() for b in BACKENDS], indent=2))
@@ -259,7 +260,7 @@ def cmd_store_stats(args: argparse.Namespace) -> int:
     config = _config(args)
     store = Store(dataclasses.replace(config.store, url=args.url) if args.url else config.store)
     store.require_schema()
-    print(json.dumps(store.counts(), indent=2))
+    print(json.dumps(store.feedback.counts(), indent=2))
     store.close()
     return 0
 

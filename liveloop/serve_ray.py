@@ -215,10 +215,10 @@ def prepare_store(config: Config, model_dir: Path) -> str:
         if config.store.auto_migrate:
             store.migrate()
         store.require_schema()
-        if store.latest_version() is None:
-            store.ensure_base_version(str(model_dir.resolve()))
+        if store.versions.latest_version() is None:
+            store.versions.ensure_base_version(str(model_dir.resolve()))
         sweep_shared_memory(store, config.transport_for_store(), Metrics())
-        return store.deployment_id()
+        return store.fleet.deployment_id()
     finally:
         store.close()
 

@@ -8,7 +8,7 @@ It keeps one change detector over all ratings and one per user segment (the requ
 `segment_key`, e.g. `topic`), the reward rate per time bucket and per segment, and the alarms the
 detectors raised. Per-version traffic is not kept here: the store aggregates it (`version_traffic`).
 A replaced rating (the same key rating a response again) counts as a new rating event. Ratings of
-quarantined keys are not read (`Store.rating_events(trusted=True)`): from its quarantine on a key moves no
+quarantined keys are not read (`store.feedback.rating_events(trusted=True)`): from its quarantine on a key moves no
 detector, bucket or segment (what was observed before it stays).
 
 Segments are bounded (`max_segments`): a segment not tracked yet takes the slot of the one seen least
@@ -123,10 +123,10 @@ class DriftMonitor:
         `replay`, start from the newest `replay_events` ratings (after a restart)."""
         if replay and self.last_id == 0 and self.config.replay_events:
             # the id just before the oldest of the newest `replay_events` ratings (0: replay them all)
-            self.last_id = self.store.last_rating_id(skip=self.config.replay_events)
+            self.last_id = self.store.feedback.last_rating_id(skip=self.config.replay_events)
         raised: list[RaisedAlarm] = []
         while True:
-            events = self.store.rating_events(after_id=self.last_id, limit=batch, trusted=True)
+            events = self.store.feedback.rating_events(after_id=self.last_id, limit=batch, trusted=True)
             for event in events:
                 raised.extend(self.observe(event))
             if len(events) < batch:

@@ -4,7 +4,7 @@ and is the trained behaviour being served more?
     view = segment_learning("cozy", replies, behaviours=("contains:behold",), window=50)
 
 Pure functions of what a segment was served (`Reply`: the version that served it, its text and its
-ratings), newest first as the store reads them (`Store.served_replies`, bounded to the newest K
+ratings), newest first as the store reads them (`store.release.served_replies`, bounded to the newest K
 responses of the segment, so a big store cannot make the page slow). For each version that served the
 segment: its responses, its ratings' thumbs-up rate with the Wilson interval (monitor/stats.py), and
 for each declared behaviour (`[monitor] behaviours`, rule specs of liveloop/rewards.py `make_reward`)
@@ -134,7 +134,7 @@ def read_segment(
     """`segment_learning` over the newest `limit` responses the store holds for `segment` (None: those
     recorded without one), their ratings without quarantined keys', their replies decoded by `decode`
     (the serving tokenizer's `batch_decode`) only when a behaviour is declared."""
-    served = store.served_replies(segment, limit)
+    served = store.release.served_replies(segment, limit)
     texts = decode([list(r.response_ids) for r in served]) if behaviours and served else [""] * len(served)
     replies = [Reply(r.policy_version, text, r.ratings) for r, text in zip(served, texts)]
     return segment_learning(segment, replies, behaviours, window, confidence)

@@ -1,6 +1,6 @@
 """The disagreement score: per API key, how far its ratings are from the consensus of the OTHER keys on
 the same thing, beyond what chance gives; and the quarantine rule on it, which up to
-`min_corroborating_keys - 1` colluding keys cannot turn against an honest key. Pure functions of the ratings (`Store.key_ratings`).
+`min_corroborating_keys - 1` colluding keys cannot turn against an honest key. Pure functions of the ratings (`store.keys.key_ratings`).
 
 Definitions:
 - Same thing ("similar"): replies to the same prompt (exact prompt token ids) whose response token

@@ -64,15 +64,15 @@ def collect(store: Any, config: MonitorConfig, since: datetime | None) -> Report
     monitor = DriftMonitor(config, store, max_alarms=10_000)
     last = 0
     while True:  # the ratings since `since`, in arrival order
-        events = store.rating_events(after_id=last, limit=5000, since=since, trusted=True)  # quarantined keys left out
+        events = store.feedback.rating_events(after_id=last, limit=5000, since=since, trusted=True)  # quarantined keys left out
         for e in events:
             monitor.observe(e)
         if len(events) < 5000:
             break
         last = events[-1].feedback_id
-    serving = store.latest_version()
-    versions = version_table(store.list_versions(), store.version_traffic(trusted=True), serving.version if serving else None, config.confidence)
-    op_events = store.events(since=since, limit=10_000)
+    serving = store.versions.latest_version()
+    versions = version_table(store.versions.list_versions(), store.release.version_traffic(trusted=True), serving.version if serving else None, config.confidence)
+    op_events = store.operator.events(since=since, limit=10_000)
     return ReportData(since, datetime.now(timezone.utc), monitor.series(), versions, list(monitor.alarms), op_events, monitor.state())
 
 

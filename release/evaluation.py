@@ -1,7 +1,7 @@
 """The evaluation of a candidate version: the suite's prompts sampled on the candidate and the live
 version in batch, scored by the named checks (release/checks.py) and judged by the configured bounds
 against the live version's values and the base model's. Off the serving path: the gate
-(server/control/gate.py) starts it in the background and stores the result (`store.record_evaluation`).
+(server/control/gate.py) starts it in the background and stores the result (`store.release.record_evaluation`).
 
     evaluator = Evaluator(config.release.evaluation, tokenizer, model_dir, stop_token_ids=...)
     evaluation = await evaluator.evaluate(candidate_sampler, candidate_record, live_sampler, live_record)
@@ -60,12 +60,12 @@ class Evaluation:
         return [c.name for c in self.checks if not c.passed]
 
     def check_dicts(self) -> list[dict]:
-        """The checks as `store.record_evaluation` takes them."""
+        """The checks as `store.release.record_evaluation` takes them."""
         return [c.as_dict() for c in self.checks]
 
     def record(self, store: Any) -> Any:
-        """Store it (`store.record_evaluation`); returns the EvaluationRecord."""
-        return store.record_evaluation(self.version, self.live_version, self.passed, self.check_dicts(), self.seconds, self.engine_seconds)
+        """Store it (`store.release.record_evaluation`); returns the EvaluationRecord."""
+        return store.release.record_evaluation(self.version, self.live_version, self.passed, self.check_dicts(), self.seconds, self.engine_seconds)
 
     @classmethod
     def from_record(cls, record: Any) -> "Evaluation":
@@ -97,7 +97,7 @@ class Evaluator:
         """`stop_token_ids`: where the base model's replies (drawn by the scorer) end, the serving
         engines' stop tokens; `checkpoint_wait_seconds`: how long a version's durable checkpoint is
         waited for (an in-memory publish writes it, and then its digest into the row, after the version
-        is announced); `refresh(version)`: re-reads a row meanwhile (`store.get_version`)."""
+        is announced); `refresh(version)`: re-reads a row meanwhile (`store.versions.get_version`)."""
         unknown = sorted({b.check for b in config.bounds if not known_check(b.check)})
         unknown += sorted({b.check for b in config.bounds if b.check.startswith("reward:") and b.check[7:] not in config.rewards})
         if unknown:

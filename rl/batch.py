@@ -48,7 +48,7 @@ class Sample:
 
     @classmethod
     def from_rated(cls, feedback: Any, response: Any) -> "Sample":
-        """A stored rating and the stored response it rates (`Store.rated_after` rows)."""
+        """A stored rating and the stored response it rates (`store.feedback.rated_after` rows)."""
         return cls(
             response.prompt_ids, response.response_ids, response.behavior_logprobs, response.action_mask,
             float(feedback.reward), response.policy_version, feedback.api_key_id,

@@ -11,7 +11,7 @@ Alembic migrations.
 SQLite (WAL) by default, PostgreSQL by URL. Knows nothing of HTTP or torch.
 """
 
-from liveloop.store.checkpoints import VersionNotFound
+from liveloop.store.status import VersionNotFound
 from liveloop.store.config import StoreConfig
 from liveloop.store.conversations import MAX_CHAIN, ChainTooLong
 from liveloop.store.evaluations import InvalidEvaluation

@@ -11,12 +11,12 @@ deleted, or is being written still) reads nothing, the same answer either way, s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timezone
 from typing import Any
 
 from sqlalchemy import and_, exists, func, or_, select
 
-from liveloop.store.models import Response
+from liveloop.store.db import Part
+from liveloop.store.models import Response, aware
 from liveloop.store.records import StoredConversation
 
 MAX_CHAIN = 1024  # turns a `previous_response_id` chain may have (a longer one is refused, not walked)
@@ -34,7 +34,7 @@ class ChainTooLong(ValueError):
 
 
 def _conversation(row: Any) -> StoredConversation:
-    created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=timezone.utc)
+    created = aware(row.created_at)
     spans = None if row.version_spans is None else tuple((a, b, v) for a, b, v in row.version_spans)
     return StoredConversation(
         row.id, row.api_key_id, row.model, row.endpoint, row.policy_version, created, row.finish_reason,
@@ -52,9 +52,7 @@ def _tagged(dialect: str, key: str, value: str) -> Any:
     return Response.request_meta[key].as_string() == value
 
 
-class ConversationQueries:
-    def __init__(self, session: Any):
-        self._session = session
+class ConversationQueries(Part):
 
     def get(self, response_id: str, api_key_id: str, endpoints: tuple[str, ...]) -> StoredConversation | None:
         """The response `response_id` of one of `endpoints`, if this key received it."""

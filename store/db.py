@@ -6,6 +6,10 @@ statement: on SQLite it opens them with `BEGIN IMMEDIATE` (a deferred transactio
 writes can be overtaken between the two, or fail at once with "database is locked"); on PostgreSQL it
 changes nothing (those transactions take their locks themselves, store/lifecycle.py).
 
+`Database` is the one database every part of the store works on (its engine and the sessions a part
+opens); `Part` is the one way a cohesive group of queries is added to the store (store/store.py builds
+each part once over the `Database`).
+
 A SQLite store is private whatever the umask (liveloop/private.py): its directory, when the store makes
 it, is 0700, and the database file is created 0600 before SQLite opens it (SQLite gives its `-wal`,
 `-shm` and `-journal` files the database file's mode); an existing one, and its side files, are narrowed
@@ -17,8 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
 
 from liveloop.private import create_private, private_dir, sqlite_files, tighten
 from liveloop.store.config import StoreConfig
@@ -84,3 +89,56 @@ def make_engine(config: StoreConfig) -> Engine:
     if url.get_backend_name() == "postgresql":
         return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
     raise ValueError(f"store.url: unsupported database {url.get_backend_name()!r} (sqlite or postgresql)")
+
+
+# pg_advisory_xact_lock key every version-state transaction takes on PostgreSQL ("llvs")
+VERSION_LOCK = 0x6C6C7673
+
+
+class Database:
+    """One database: its engine and how a part opens a session on it. `session()`: a read (or a plain
+    write); `write_session`: a session whose transactions hold the write lock from their first
+    statement; `writing`: the engine of the write path's Core transactions (the same lock);
+    `version_transaction(term)`: THE version-state transaction (store/lifecycle.py)."""
+
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.engine = make_engine(config)
+        self.session = sessionmaker(self.engine, expire_on_commit=False)
+        self.write_session = sessionmaker(immediate(self.engine), expire_on_commit=False)
+        self.writing = immediate(self.engine)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextlib.contextmanager
+    def version_transaction(self, term: int | None = None) -> Iterator[Session]:
+        """A session in a version-state transaction that holds the write lock from its start (PostgreSQL:
+        the version-state advisory lock too); with `term`, a leader's: StaleLeader (nothing written)
+        unless the leader lease is still in it (store/lease.py `fenced`)."""
+        from liveloop.store.lease import fenced
+
+        with self.write_session.begin() as s:
+            if self.dialect == "postgresql":
+                s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": VERSION_LOCK})
+            if term is not None:
+                fenced(s, term)
+            yield s
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+class Part:
+    """A cohesive group of the store's queries over the one `Database`. To add a part: subclass this,
+    take what it needs in `__init__` (the database first), and build it once in `Store.__init__`."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self._session = db.session
+        self._write_session = db.write_session
+
+    @property
+    def dialect(self) -> str:
+        return self.db.dialect

@@ -10,14 +10,14 @@ train it (learner/episodes.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timezone
 from typing import Any
 
 import numpy as np
 from sqlalchemy import ARRAY, BigInteger, any_, bindparam, func, literal, select
 
 from liveloop.store import codec
-from liveloop.store.models import Feedback, Response
+from liveloop.store.db import Part
+from liveloop.store.models import Feedback, Response, aware
 from liveloop.store.records import Episode, EpisodeTurn, EpisodeView, TurnView
 
 MAX_TURNS = 1024  # turns read back from one (a longer episode is read from its latest MAX_TURNS)
@@ -47,13 +47,7 @@ def _among(session: Any, column: Any, values: list[int]) -> Any:
     return column.in_(values)
 
 
-def _aware(ts: Any) -> Any:
-    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
-
-
-class EpisodeQueries:
-    def __init__(self, session: Any):
-        self._session = session
+class EpisodeQueries(Part):
 
     def episode(self, response_id: str) -> Episode | None:
         """The episode ending at `response_id`, first turn first, with that turn's prompt (it carries every
@@ -74,7 +68,7 @@ class EpisodeQueries:
                 r.id, r.api_key_id, r.parent_id, r.turn or 0, r.policy_version, r.prompt_tokens, r.prefix_tokens,
                 codec.decode_ids(r.response_ids), codec.decode_floats(r.behavior_logprobs),
                 None if r.version_spans is None else tuple((a, b, v) for a, b, v in r.version_spans),
-                r.grammar, r.finish_reason, _aware(r.created_at),
+                r.grammar, r.finish_reason, aware(r.created_at),
             )
             for r in rows
         )
@@ -94,7 +88,7 @@ class EpisodeQueries:
             if not found:
                 return None
             rank = {h: k for k, h in enumerate(hashes)}
-            best = min(found, key=lambda r: (rank[r.text_hash], -_aware(r.created_at).timestamp()))
+            best = min(found, key=lambda r: (rank[r.text_hash], -aware(r.created_at).timestamp()))
             row = s.execute(select(Response.prompt_ids, Response.response_ids).where(Response.id == best.id)).one_or_none()
         if row is None:
             return None
@@ -132,7 +126,7 @@ class EpisodeQueries:
             turns.append(TurnView(
                 r.id, r.turn or 0, r.policy_version, r.prompt_tokens, r.completion_tokens,
                 None if r.prefix_tokens is None or k == 0 else r.prompt_tokens - r.prefix_tokens,
-                r.linked_by, r.finish_reason, tuple(calls), ratings.get(r.id), children.get(r.id, 0) - nxt, _aware(r.created_at),
+                r.linked_by, r.finish_reason, tuple(calls), ratings.get(r.id), children.get(r.id, 0) - nxt, aware(r.created_at),
             ))
         return EpisodeView(rows[-1].api_key_id, tuple(turns), complete=rows[0].up is None)
 

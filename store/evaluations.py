@@ -1,31 +1,27 @@
 """The release gate's queries: each candidate's evaluation (written by the gate once its evaluation
 has run, read by the admin API, the CLI and the dashboard) and the rated replies of a version that the
-reward-hacking alarms judge (monitor/hacking.py). Mixed into `Store`; every write is one transaction.
+reward-hacking alarms judge (monitor/hacking.py). The store's `release` part; every write is one transaction.
 The gate's version-state moves (candidate, hold, promotion) are lifecycle.py's. The gate's write
 carries the leader lease's term, checked in its transaction (store/lease.py `fenced`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import case, distinct, func, select, true
 
 from liveloop.store import codec
-from liveloop.store.checkpoints import VersionNotFound
+from liveloop.store.db import Part
 from liveloop.store.lease import fenced
-from liveloop.store.models import Evaluation, Feedback, PolicyVersion, Response, utcnow
+from liveloop.store.models import Evaluation, Feedback, PolicyVersion, Response, aware, utcnow
+from liveloop.store.status import VersionNotFound
 from liveloop.store.operator import _only_trusted, json_safe
-from liveloop.store.records import EvaluationRecord
+from liveloop.store.records import EvaluationRecord, ServedReply, VersionTraffic
 
 
 class InvalidEvaluation(ValueError):
     """An evaluation the store refuses: its checks are not a list of objects, each with a name."""
-
-
-def _aware(ts: datetime) -> datetime:
-    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
 
 
 def _checks(checks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -47,13 +43,13 @@ def _record(row: Evaluation) -> EvaluationRecord:
         checks=[dict(c) for c in row.checks or []],
         seconds=float(row.seconds),
         engine_seconds=float(row.engine_seconds),
-        created_at=_aware(row.created_at),
+        created_at=aware(row.created_at),
     )
 
 
-class ReleaseQueries:
-    _session: Any
-    _write_session: Any
+class ReleaseQueries(Part):
+    """The store's release part: the candidates' evaluations, the traffic each version served and the
+    rated replies the alarms and the learning view judge."""
 
     # -- evaluations ------------------------------------------------------------------------------
     def record_evaluation(
@@ -114,3 +110,58 @@ class ReleaseQueries:
                 trusted,
             )
             return [(codec.decode_ids(ids).tolist(), int(reward)) for ids, reward in s.execute(q).all()]
+
+    # -- traffic per version, served replies ------------------------------------------------------
+    def version_traffic(self, trusted: bool = False, versions: Iterable[int] | None = None) -> dict[int, VersionTraffic]:
+        """Responses, ratings and positive ratings per policy version (aggregated in the database), each
+        counted by episode: the turns of one agent trajectory a version served count as one response, its
+        ratings as one rating (positive when one of them is: store/episodes.py); a lone response is
+        an episode of one turn;
+        `keys` and `votes` count each rating key once per version (its mean: records.py);
+        `trusted`: counting only the ratings of keys that are not quarantined (what the guard reads);
+        `versions`: only these (the release gate's candidate and live version), else all."""
+        only = true() if versions is None else Response.policy_version.in_(sorted({int(v) for v in versions}))
+        episode = func.coalesce(Response.root_id, Response.id)  # an agent's turns count once, as their episode
+        positive = case((Feedback.reward > 0, episode), else_=None)
+        with self._session() as s:
+            served = dict(s.execute(
+                select(Response.policy_version, func.count(distinct(episode))).where(only).group_by(Response.policy_version)
+            ).all())
+            # per (version, rating key): a key rates only its own responses (put_feedback) and an episode's
+            # turns are one key's (linking is per key), so a version's totals are the sums over its keys
+            by_key = s.execute(
+                _only_trusted(
+                    select(Response.policy_version, func.count(distinct(episode)), func.count(distinct(positive)))
+                    .join(Response, Response.id == Feedback.response_id)
+                    .where(only)
+                    .group_by(Response.policy_version, Feedback.api_key_id),
+                    trusted,
+                )
+            ).all()
+            out = {v: VersionTraffic(v, n, 0, 0) for v, n in served.items()}
+            for v, n, pos in by_key:  # one vote per key: its share of positive episodes
+                t = out.get(v) or VersionTraffic(v, 0, 0, 0)
+                out[v] = VersionTraffic(v, t.responses, t.ratings + n, t.positive + int(pos or 0), t.keys + 1, t.votes + (pos or 0) / n)
+            return out
+
+    def served_replies(self, segment: str | None, limit: int, trusted: bool = True) -> list[ServedReply]:
+        """The newest `limit` responses served to adapter segment `segment` (None: responses recorded with
+        no segment), newest first, each with its ratings in arrival order; `trusted` (default): without the
+        ratings of quarantined keys (the learning view on the dashboard reads these)."""
+        with self._session() as s:
+            where = Response.segment.is_(None) if segment is None else Response.segment == segment
+            q = select(Response.id, Response.policy_version, Response.response_ids).where(where)
+            rows = s.execute(q.order_by(Response.created_at.desc(), Response.id.desc()).limit(max(0, int(limit)))).all()
+            ratings: dict[str, list[tuple[int, int]]] = {}
+            ids = [r[0] for r in rows]
+            for start in range(0, len(ids), 500):
+                rated = _only_trusted(
+                    select(Feedback.response_id, Feedback.id, Feedback.reward).where(Feedback.response_id.in_(ids[start : start + 500])),
+                    trusted,
+                )
+                for rid, fid, reward in s.execute(rated).all():
+                    ratings.setdefault(rid, []).append((int(fid), int(reward)))
+            return [
+                ServedReply(rid, int(v), tuple(codec.decode_ids(blob).tolist()), tuple(sorted(ratings.get(rid, ()))))
+                for rid, v, blob in rows
+            ]

@@ -196,7 +196,7 @@ def _row(r: Any) -> RatedRow:
 
 def has_tools(store: Any, filt: ExportFilter = ExportFilter()) -> bool:
     """Whether any exportable rating rates a response that was offered tools (a call needs them)."""
-    with store._session() as s:
+    with store.db.session() as s:
         return s.execute(_select(filt).where(Response.tools.is_not(None)).limit(1)).first() is not None
 
 
@@ -204,7 +204,7 @@ def rated_rows(store: Any, filt: ExportFilter = ExportFilter(), page: int = PAGE
     """Every exportable rating in feedback-id order, `page` at a time (keyset on the id)."""
     base, after = _select(filt), 0
     while True:
-        with store._session() as s:
+        with store.db.session() as s:
             rows = s.execute(base.where(Feedback.id > after).order_by(Feedback.id).limit(page)).all()
         if not rows:
             return
@@ -217,7 +217,7 @@ def rated_rows_by_prompt(store: Any, filt: ExportFilter = ExportFilter(), page: 
     """Every exportable rating ordered by (endpoint, prompt token ids, feedback id): one prompt's ratings
     are contiguous. One streamed query (a server-side cursor on PostgreSQL), `page` rows a fetch."""
     q = _select(filt).order_by(Response.endpoint, Response.prompt_ids, Feedback.id).execution_options(yield_per=page)
-    with store._session() as s:
+    with store.db.session() as s:
         for r in s.execute(q):
             yield _row(r)
 

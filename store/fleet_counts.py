@@ -19,7 +19,7 @@ the database's clock now (`db_seconds`, as the leases use it: the replicas' cloc
 A sync with nothing to write is a read alone (SQLite: no write lock). Windows older than `KEEP_SECONDS`
 are deleted by whichever replica passes `prune`.
 
-Used through `FleetCounts(store)`: it borrows the store's sessions and adds no state to `Store`.
+Part of the store's `fleet` part (store/fleet.py: `store.fleet.counts`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from liveloop.store.lease import db_seconds
 from liveloop.store.models import Base
 
 if TYPE_CHECKING:
-    from liveloop.store.store import Store
+    from liveloop.store.db import Database
 
 LEVEL = 0  # the `window_start` of a level row
 KEEP_SECONDS = 300.0  # window rows older than this are deleted (`prune`): no fleet limit looks back further
@@ -65,12 +65,12 @@ class FleetSnapshot:
 
 
 class FleetCounts:
-    """The `fleet_counts` table's queries, over a store's sessions."""
+    """The `fleet_counts` table's queries, over the store's database."""
 
-    def __init__(self, store: Store):
-        self._read = store._session
-        self._write = store._write_session  # SQLite: the write lock from the first statement
-        self._dialect = store.dialect
+    def __init__(self, db: Database):
+        self._read = db.session
+        self._write = db.write_session  # SQLite: the write lock from the first statement
+        self._dialect = db.dialect
 
     def sync(
         self, replica: str, added: Mapping[tuple[str, str, int], int], levels: Mapping[tuple[str, str], int] | None,

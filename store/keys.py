@@ -1,20 +1,21 @@
 """The store's per-API-key queries: quarantine (a quarantined key's ratings stay stored but are never
-trained or replayed, see `Store.rated_after`), the keys' states for operators, the ratings the
+trained or replayed, see `store.feedback.rated_after`), the keys' states for operators, the ratings the
 disagreement score reads (monitor/poisoning.py), and the ratings the monitor (drift, guard, reports)
-reads without quarantined keys. Mixed into `Store`; every write here is one transaction, with its
+reads without quarantined keys. The store's `keys` part; every write here is one transaction, with its
 operator event."""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any
+from datetime import datetime
 
 from sqlalchemy import func, select
 
 from liveloop.store import codec
-from liveloop.store.models import ApiKey, Feedback, Response, utcnow
+from liveloop.store.db import Part
+from liveloop.store.models import ApiKey, Feedback, Response, aware, utcnow
+from liveloop.store.operator import add_event
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,8 @@ def prompt_digest(prompt_ids: bytes) -> str:
     return hashlib.blake2b(prompt_ids, digest_size=12).hexdigest()
 
 
-def _aware(ts: datetime | None) -> datetime | None:
-    return ts if ts is None or ts.tzinfo else ts.replace(tzinfo=timezone.utc)
-
-
-class KeyQueries:
-    _session: Any
-    _add_event: Any  # OperatorQueries._add_event, in `Store`
+class KeyQueries(Part):
+    """The store's keys part: quarantine and each key's ratings and state."""
 
     # -- quarantine -------------------------------------------------------------------------------
     def set_quarantined(self, key_id: str, quarantined: bool, reason: str | None = None, api_key_id: str | None = None) -> bool:
@@ -84,7 +80,7 @@ class KeyQueries:
                 return False
             row.quarantined, row.reason, row.updated_at = quarantined, reason, utcnow()
             kind = "quarantine" if quarantined else "unquarantine"
-            self._add_event(s, kind, None, {"key_id": key_id, "reason": reason}, api_key_id)
+            add_event(s, kind, None, {"key_id": key_id, "reason": reason}, api_key_id)
             return True
 
     def quarantined_keys(self) -> set[str]:
@@ -105,8 +101,8 @@ class KeyQueries:
                     quarantined=bool(r and r.quarantined),
                     reason=r.reason if r else None,
                     ratings=int(counts.get(key, 0)),
-                    forgotten_at=_aware(r.forgotten_at) if r else None,
-                    updated_at=_aware(r.updated_at) if r else None,
+                    forgotten_at=aware(r.forgotten_at) if r and r.forgotten_at else None,
+                    updated_at=aware(r.updated_at) if r and r.updated_at else None,
                 )
             )
         return out

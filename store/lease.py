@@ -32,7 +32,7 @@ SHARE: on PostgreSQL a takeover's UPDATE waits for the fenced transaction to end
 lock, taken at the transaction's start, does so already), so the lease cannot change hands between
 the check and the commit. No column for it: the term is the row's (migration 0011).
 
-Used through `Leases(store)`: it borrows the store's sessions and adds no state to `Store`.
+Part of the store's `fleet` part (store/fleet.py: `store.fleet.leases`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from liveloop.store.models import Base
 
 if TYPE_CHECKING:
-    from liveloop.store.store import Store
+    from liveloop.store.db import Database
 
 LEADER = "leader"  # the lease of the fleet's control loops (server/control/leader.py)
 
@@ -103,11 +103,11 @@ class LeaseState:
 
 
 class Leases:
-    """The `leases` table's queries, over a store's sessions."""
+    """The `leases` table's queries, over the store's database."""
 
-    def __init__(self, store: Store):
-        self._write = store._write_session  # SQLite: the write lock from the first statement
-        self._read = store._session
+    def __init__(self, db: Database):
+        self._write = db.write_session  # SQLite: the write lock from the first statement
+        self._read = db.session
 
     def acquire(self, name: str, holder: str, seconds: float) -> LeaseState:
         """Take or renew `name` for `seconds` if it is free, expired or `holder`'s already (one

@@ -27,27 +27,25 @@ learner's publish are serialised, and whatever loses a race is refused rather th
   lease's term their writer leads in (server/control/leader.py), and check it first in the same transaction
   (store/lease.py `fenced`): a deposed leader's decision raises StaleLeader and writes nothing.
   `term` None: not a leader's write (an operator's, a learner's, an activation every replica makes).
-Mixed into `Store`.
+The store's `versions` part (`VersionQueries`).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from liveloop.store.checkpoints import VersionNotFound
-from liveloop.store.lease import fenced
-from liveloop.store.models import Feedback, LearnerCursor, PolicyVersion, utcnow
+from liveloop.store.db import Part
+from liveloop.store.models import Feedback, LearnerCursor, OperatorEvent, PolicyVersion, aware, utcnow
+from liveloop.store.operator import add_event
 from liveloop.store.records import Activation, VersionRecord
-from liveloop.store.status import ACTIVATABLE, NOT_ROLLED_BACK, UNSERVABLE, TransitionRefused, VersionStatus, check_transition
+from liveloop.store.status import (
+    ACTIVATABLE, NEVER_PRUNED, NOT_ROLLED_BACK, UNSERVABLE, TransitionRefused, VersionNotFound, VersionStatus, check_transition,
+)
 
-# pg_advisory_xact_lock key every version-state transaction takes on PostgreSQL ("llvs")
-VERSION_LOCK = 0x6C6C7673
 # what a learner's publish may write (offline replay: candidates, which the server never activates)
 PUBLISHABLE = frozenset({VersionStatus.PUBLISHED, VersionStatus.CANDIDATE})
 # versions waiting to serve that an activation overtakes (or leaves off its line): superseded by it
@@ -72,15 +70,11 @@ class VersionTaken(RuntimeError):
     """The version number a writer proposed was taken by another writer first: nothing was written."""
 
 
-def _aware(ts: datetime) -> datetime:
-    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
-
-
 def version_record(row: PolicyVersion) -> VersionRecord:
     return VersionRecord(
         version=row.version,
         parent=row.parent,
-        created_at=_aware(row.created_at),
+        created_at=aware(row.created_at),
         checkpoint_path=row.checkpoint_path,
         checkpoint_sha256=row.checkpoint_sha256,
         learner_step=row.learner_step,
@@ -89,7 +83,7 @@ def version_record(row: PolicyVersion) -> VersionRecord:
         status=row.status,
         note=row.note,
         pinned=bool(row.pinned),
-        pruned_at=_aware(row.pruned_at) if row.pruned_at else None,
+        pruned_at=aware(row.pruned_at) if row.pruned_at else None,
         segment=row.segment,
         weights_nonce=row.weights_nonce,
         weights_digest=row.weights_digest,
@@ -107,23 +101,138 @@ def _move(row: PolicyVersion, status: VersionStatus) -> None:
     row.status = status
 
 
-class VersionLifecycle:
-    """Needs `set_cursor` (Store) and `_add_event` (OperatorQueries) of the classes it is mixed with."""
+class VersionQueries(Part):
+    """The store's versions part: the reads of version rows and learner cursors, the checkpoints'
+    pinning and pruning, and every version-state write (the moves below)."""
 
-    _session: Any
-    _write_session: Any
-    dialect: str
+    # -- reads -----------------------------------------------------------------------------------------
+    def ensure_base_version(self, checkpoint_path: str | None, note: str = "base model") -> VersionRecord:
+        """Version 0 is the model the server starts from; created once, on first start."""
+        existing = self.get_version(0)
+        if existing is not None:
+            return existing
+        try:
+            return self.add_version(0, parent=None, checkpoint_path=checkpoint_path, note=note)
+        except VersionTaken:  # another process created it first
+            return self.get_version(0)
 
-    @contextlib.contextmanager
-    def _write(self, term: int | None = None) -> Iterator[Session]:
-        """A session in a version-state transaction that holds the write lock from its start; with
-        `term`, a leader's: StaleLeader (nothing written) unless the leader lease is still in it."""
-        with self._write_session.begin() as s:
-            if self.dialect == "postgresql":
-                s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": VERSION_LOCK})
-            if term is not None:
-                fenced(s, term)
-            yield s
+    def get_version(self, version: int) -> VersionRecord | None:
+        with self._session() as s:
+            row = s.get(PolicyVersion, version)
+            return version_record(row) if row else None
+
+    def list_versions(self) -> list[VersionRecord]:
+        with self._session() as s:
+            rows = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()
+            return [version_record(r) for r in rows]
+
+    def versions_page(self, after: int | None, limit: int, descending: bool = False) -> list[VersionRecord]:
+        """Up to `limit` versions following version `after` (None: from the first) in version order
+        (`descending`: newest first): one page of a list API."""
+        order = PolicyVersion.version.desc() if descending else PolicyVersion.version
+        query = select(PolicyVersion).order_by(order).limit(limit)
+        if after is not None:
+            query = query.where(PolicyVersion.version < after if descending else PolicyVersion.version > after)
+        with self._session() as s:
+            return [version_record(r) for r in s.scalars(query).all()]
+
+    def latest_version(self, status: VersionStatus = VersionStatus.SERVING, segment: str | None = None) -> VersionRecord | None:
+        """The newest version with `status` among the base weights' (segment None) or one segment's adapters."""
+        with self._session() as s:
+            row = s.scalars(
+                select(PolicyVersion)
+                .where(PolicyVersion.status == status, in_lineage(segment))
+                .order_by(PolicyVersion.version.desc())
+            ).first()
+            return version_record(row) if row else None
+
+    def canary_version(self, segment: str | None = None) -> VersionRecord | None:
+        """The lineage's candidate under the release gate (CANARY; at most one), or None."""
+        return self.latest_version(VersionStatus.CANARY, segment)
+
+    def serving_adapters(self) -> dict[str, VersionRecord]:
+        """Each segment's serving adapter version (segments served by the base have none)."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(PolicyVersion)
+                .where(PolicyVersion.status == VersionStatus.SERVING, PolicyVersion.segment.is_not(None))
+                .order_by(PolicyVersion.version)
+            ).all()
+            return {r.segment: version_record(r) for r in rows}
+
+    def cursor_version(self, name: str) -> int | None:
+        with self._session() as s:
+            row = s.get(LearnerCursor, name)
+            return row.policy_version if row else None
+
+    def versions_with_status(self, status: VersionStatus, after: int = -1, segment: str | None = None) -> list[VersionRecord]:
+        """Versions with `status` past `after`, among the base weights' (segment None) or one segment's adapters."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(PolicyVersion)
+                .where(PolicyVersion.status == status, PolicyVersion.version > after, in_lineage(segment))
+                .order_by(PolicyVersion.version)
+            ).all()
+            return [version_record(r) for r in rows]
+
+    def set_cursor(self, name: str, last_feedback_id: int, policy_version: int | None, session: Session) -> None:
+        row = session.get(LearnerCursor, name)
+        if row is None:
+            session.add(LearnerCursor(name=name, last_feedback_id=last_feedback_id, policy_version=policy_version))
+        else:
+            row.last_feedback_id = last_feedback_id
+            row.policy_version = policy_version
+            row.updated_at = utcnow()
+
+    # -- checkpoints: pinning and pruning ------------------------------------------------------------
+    """A pinned version keeps its checkpoint whatever retention decides. A pruned version (`pruned_at`
+    set) has had its checkpoint deleted: it cannot serve again. Rows are never deleted: responses and
+    ratings keep pointing at the version that produced them."""
+
+    def set_pinned(self, version: int, pinned: bool, api_key_id: str | None = None) -> bool:
+        """Pin (keep for ever) or unpin `version`'s checkpoint; returns whether the flag changed (a
+        change is logged as a "pin" or "unpin" event). Raises VersionNotFound for an unknown version.
+        Pinning a version that is already pruned does not bring its checkpoint back."""
+        with self._session.begin() as s:
+            row = s.get(PolicyVersion, version)
+            if row is None:
+                raise VersionNotFound(f"no policy version {version}")
+            if bool(row.pinned) == pinned:
+                return False
+            row.pinned = pinned
+            s.add(OperatorEvent(kind="pin" if pinned else "unpin", version=version, detail={}, api_key_id=api_key_id, created_at=utcnow()))
+            return True
+
+    def mark_pruned(self, versions: Iterable[int]) -> list[int]:
+        """Record that these versions' checkpoints are being deleted, in one transaction, BEFORE the
+        files go (so nothing tries to serve them). Rows that changed since the caller decided are
+        skipped: version 0 (the base model), already pruned, pinned, serving/loading/published, or
+        the version a learner's cursor points at (the weights it trains from and resumes from).
+        Returns the versions marked, in order (the only ones the caller may delete)."""
+        wanted = sorted({int(v) for v in versions if int(v) != 0})
+        if not wanted:
+            return []
+        with self.db.version_transaction() as s:  # no activation in between
+            rows = s.scalars(
+                select(PolicyVersion).where(PolicyVersion.version.in_(wanted)).order_by(PolicyVersion.version).with_for_update()
+            ).all()
+            in_use = set(s.scalars(select(LearnerCursor.policy_version).where(LearnerCursor.policy_version.is_not(None))))
+            now = utcnow()
+            marked = []
+            for row in rows:
+                if row.pruned_at is not None or row.pinned or row.status in NEVER_PRUNED or row.version in in_use:
+                    continue
+                row.pruned_at = now
+                marked.append(row.version)
+            if marked:
+                s.add(OperatorEvent(kind="prune", version=None, detail={"versions": marked}, api_key_id=None, created_at=now))
+            return marked
+
+    def set_checkpoint_digest(self, version: int, sha256: str) -> None:
+        """Record the digest of a version's durable checkpoint, written after its row (in-memory publishing)."""
+        with self._session.begin() as s:
+            s.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(checkpoint_sha256=sha256))
+
 
     # -- numbers and rows ---------------------------------------------------------------------------
     def next_version(self) -> int:
@@ -163,7 +272,7 @@ class VersionLifecycle:
     ) -> VersionRecord:
         """Insert a version row as `status` (the base model's, an operator's LOADING checkpoint, test
         fixtures); `version` None: the next number, allocated in this transaction. Raises VersionTaken."""
-        with self._write() as s:
+        with self.db.version_transaction() as s:
             row = self._insert(
                 s, version, status, parent=parent, checkpoint_path=checkpoint_path, checkpoint_sha256=checkpoint_sha256,
                 learner_step=learner_step, samples_used=samples_used, metrics=metrics or {}, note=note, segment=segment,
@@ -199,7 +308,7 @@ class VersionLifecycle:
         VersionTaken if a proposed `version` exists already."""
         if VersionStatus(status) not in PUBLISHABLE:
             raise TransitionRefused(f"a learner publishes {' or '.join(sorted(PUBLISHABLE))} versions, not {status}")
-        with self._write() as s:
+        with self.db.version_transaction() as s:
             self.check_lineage(s, cursor_name, parent)
             if callable(checkpoint_path):
                 version = self._number(s, version)
@@ -216,7 +325,7 @@ class VersionLifecycle:
         """A learner's cursor moves past ratings it consumed without a new version (every step since its
         last version was skipped), still on `version`, in ONE transaction with the lineage check. Raises
         StaleLineage if a rollback moved the cursor off `version`."""
-        with self._write() as s:
+        with self.db.version_transaction() as s:
             self.check_lineage(s, cursor_name, version)
             self.set_cursor(cursor_name, last_feedback_id, version, session=s)
 
@@ -272,7 +381,7 @@ class VersionLifecycle:
         serve now (published or loading, not pruned, descends from the serving version; so nothing was
         rolled back under it and nothing newer serves). Raises TransitionRefused or VersionNotFound;
         StaleLeader when `term` (a promotion's) is not the leader lease's any more."""
-        with self._write(term) as s:
+        with self.db.version_transaction(term) as s:
             row, _ = self._activatable(s, version)
             return version_record(row)
 
@@ -285,7 +394,7 @@ class VersionLifecycle:
         continues from the operator's weights. Raises TransitionRefused (nothing written) if a race
         was lost, VersionNotFound for an unknown number, StaleLeader when `term` (the gate's promotion)
         is not the leader lease's any more."""
-        with self._write(term) as s:
+        with self.db.version_transaction(term) as s:
             row, serving = self._activatable(s, version)
             previous = serving[0].version if serving else None
             for old in serving:
@@ -304,7 +413,7 @@ class VersionLifecycle:
                     superseded.append(other.version)
             if cursor_name is not None:
                 self._point_cursor(s, cursor_name, version)
-                self._add_event(s, "publish", version, {"learner": cursor_name, "previous": previous}, None)
+                add_event(s, "publish", version, {"learner": cursor_name, "previous": previous}, None)
             return Activation(version, previous, superseded)
 
     # -- the release gate ---------------------------------------------------------------------------
@@ -315,7 +424,7 @@ class VersionLifecycle:
         is PUBLISHED, not pruned, descends from its lineage's serving version, and no other version of
         its lineage is CANARY (one candidate per lineage at a time); VersionNotFound for an unknown
         number; StaleLeader when `term` is not the leader lease's any more."""
-        with self._write(term) as s:
+        with self.db.version_transaction(term) as s:
             row = s.get(PolicyVersion, version, with_for_update=True)
             if row is None:
                 raise VersionNotFound(f"no policy version {version}")
@@ -345,7 +454,7 @@ class VersionLifecycle:
             detail: dict[str, Any] = {"superseded": [old.version for old in older], "serving": serving[0].version if serving else None}
             if row.segment is not None:
                 detail["segment"] = row.segment
-            self._add_event(s, "canary", version, detail, None)
+            add_event(s, "canary", version, detail, None)
             return version_record(row)
 
     def hold_version(
@@ -360,7 +469,7 @@ class VersionLifecycle:
         "release_held" records {version, reason, detail}. Refused (TransitionRefused) from any other
         status; VersionNotFound for an unknown number; StaleLeader when `term` is not the leader
         lease's any more."""
-        with self._write(term) as s:
+        with self.db.version_transaction(term) as s:
             row = s.get(PolicyVersion, version, with_for_update=True)
             if row is None:
                 raise VersionNotFound(f"no policy version {version}")
@@ -393,14 +502,14 @@ class VersionLifecycle:
             }
             if row.segment is not None:
                 event["segment"] = row.segment
-            self._add_event(s, "release_held", version, event, None)
+            add_event(s, "release_held", version, event, None)
             return version_record(row)
 
     def drop_activation(self, version: int, reason: str) -> bool:
         """An activation that lost a race is dropped, never applied: logged as an "activation_dropped"
         event; a version still PUBLISHED but off its lineage's line becomes SUPERSEDED (so it is not
         tried again). Returns whether it was superseded."""
-        with self._write() as s:
+        with self.db.version_transaction() as s:
             row = s.get(PolicyVersion, version, with_for_update=True)
             superseded = False
             if row is not None and row.status == VersionStatus.PUBLISHED:
@@ -408,7 +517,7 @@ class VersionLifecycle:
                 if serving and not self._descends(s, row, serving[0].version):
                     _move(row, VersionStatus.SUPERSEDED)
                     superseded = True
-            self._add_event(s, "activation_dropped", version, {"reason": reason, "superseded": superseded}, None)
+            add_event(s, "activation_dropped", version, {"reason": reason, "superseded": superseded}, None)
             return superseded
 
     def supersede(self, versions: Iterable[int]) -> list[int]:
@@ -417,7 +526,7 @@ class VersionLifecycle:
         wanted = sorted({int(v) for v in versions})
         if not wanted:
             return []
-        with self._write() as s:
+        with self.db.version_transaction() as s:
             rows = s.scalars(select(PolicyVersion).where(PolicyVersion.version.in_(wanted)).order_by(PolicyVersion.version).with_for_update())
             done = []
             for row in rows:
@@ -431,7 +540,7 @@ class VersionLifecycle:
         FAILED. Raises TransitionRefused unless it is PUBLISHED or LOADING (a serving version is given
         up by `recover_serving` or `abandon_version`, which say what serves instead), VersionNotFound
         for an unknown number."""
-        with self._write() as s:
+        with self.db.version_transaction() as s:
             row = s.get(PolicyVersion, version, with_for_update=True)
             if row is None:
                 raise VersionNotFound(f"no policy version {version}")
@@ -445,14 +554,14 @@ class VersionLifecycle:
         transaction it becomes FAILED (if it was being activated; a serving one is left to the
         publisher's fall-back) and a "weights_rejected" event records `detail`. Returns whether it
         was failed. Raises VersionNotFound for an unknown number."""
-        with self._write() as s:
+        with self.db.version_transaction() as s:
             row = s.get(PolicyVersion, version, with_for_update=True)
             if row is None:
                 raise VersionNotFound(f"no policy version {version}")
             failed = row.status in ACTIVATABLE
             if failed:
                 _move(row, VersionStatus.FAILED)
-            self._add_event(s, "weights_rejected", version, dict(detail) | {"failed": failed}, None)
+            add_event(s, "weights_rejected", version, dict(detail) | {"failed": failed}, None)
             return failed
 
     # -- rollback -----------------------------------------------------------------------------------
@@ -486,7 +595,7 @@ class VersionLifecycle:
 
         `term`: the leader lease's term of a leader's rollback (the guard's); StaleLeader, nothing
         changed, when the lease is not in it any more. An operator's rollback passes none."""
-        with self._write(term) as s:
+        with self.db.version_transaction(term) as s:
             target = s.get(PolicyVersion, version, with_for_update=True)
             if target is None or target.status in UNSERVABLE:
                 raise RollbackRefused(f"version {version} is {'unknown' if target is None else target.status}")
@@ -517,9 +626,9 @@ class VersionLifecycle:
             detail = {"rolled_back": rolled, "learner": cursor_name, "reason": reason}
             if lineage is not None:
                 detail["segment"] = lineage
-            self._add_event(s, "rollback", version, detail, api_key_id)
+            add_event(s, "rollback", version, detail, api_key_id)
             if event is not None:
-                self._add_event(s, event[0], version, event[1], api_key_id)
+                add_event(s, event[0], version, event[1], api_key_id)
         return rolled
 
     def _point_cursor(self, s: Session, cursor_name: str, version: int) -> None:
@@ -538,20 +647,20 @@ class VersionLifecycle:
         transaction it becomes "failed" and the learner's cursor goes back to `parent` at `parent_cursor`,
         so the ratings it had trained are trained again (an operator event "version_lost" says so).
         Raises StaleLineage if the cursor is no longer on `version`."""
-        with self._write() as s:
+        with self.db.version_transaction() as s:
             self.check_lineage(s, cursor_name, version)
             row = s.get(PolicyVersion, version, with_for_update=True)
             if row is not None and row.status != VersionStatus.FAILED:
                 _move(row, VersionStatus.FAILED)
             self.set_cursor(cursor_name, parent_cursor, parent, session=s)
             detail = {"learner": cursor_name, "parent": parent, "cursor": parent_cursor, "reason": "no durable checkpoint and no memory"}
-            self._add_event(s, "version_lost", version, detail, None)
+            add_event(s, "version_lost", version, detail, None)
 
     def recover_serving(self, lost: Iterable[int], ancestor: int) -> None:
         """A restarting server serves `ancestor` because the versions in `lost` (the serving one and
         its parents down to `ancestor`) have no weights anywhere: in ONE transaction they become
         FAILED and `ancestor` SERVING, so the store says what serves."""
-        with self._write() as s:
+        with self.db.version_transaction() as s:
             for version in sorted({int(v) for v in lost}):
                 row = s.get(PolicyVersion, version, with_for_update=True)
                 if row is not None and row.status != VersionStatus.FAILED:

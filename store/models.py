@@ -21,6 +21,11 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def aware(ts: datetime) -> datetime:
+    """A timestamp as UTC-aware (SQLite returns naive ones)."""
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
 class StatusColumn(TypeDecorator):
     """`policy_versions.status`: VARCHAR(16) in the database, `VersionStatus` in Python."""
 
@@ -124,7 +129,7 @@ class Feedback(Base):
 
     Ids are commit order, with any number of writers: a smaller id never becomes visible after a
     larger one, so a cursor never passes a rating still on its way. SQLite has one writer at a time
-    (AUTOINCREMENT); PostgreSQL takes ids from `feedback_counter` (migration 0008, `store._insert_ratings`;
+    (AUTOINCREMENT); PostgreSQL takes ids from `feedback_counter` (migration 0008, store/feedback.py `_insert_ratings`;
     also the column's default), whose row lock is held until the inserting transaction ends."""
 
     __tablename__ = "feedback"

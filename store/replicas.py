@@ -12,23 +12,23 @@ or cannot reach the store); a process that stops cleanly removes its row. Ages a
 reader's clock against the writer's (one machine, or hosts kept in time by NTP). Rows that have been
 down for `forget_after` seconds are deleted when a replica registers.
 
-Used through `ReplicaRegistry(store)`: it borrows the store's sessions and adds no state to `Store`.
+Part of the store's `fleet` part (store/fleet.py: `store.fleet.registry`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import JSON, Boolean, DateTime, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from liveloop.store.models import Base, utcnow
+from liveloop.store.models import Base, aware, utcnow
 
 if TYPE_CHECKING:
-    from liveloop.store.store import Store
+    from liveloop.store.db import Database
 
 
 class Replica(Base):
@@ -80,15 +80,11 @@ class ReplicaRow:
         return self.state != "down"
 
 
-def _aware(ts: datetime) -> datetime:
-    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
-
-
 class ReplicaRegistry:
-    """The `replicas` table's queries, over a store's sessions."""
+    """The `replicas` table's queries, over the store's database."""
 
-    def __init__(self, store: Store):
-        self._session = store._session
+    def __init__(self, db: Database):
+        self._session = db.session
 
     def register(self, replica_id: str, kind: str, host: str, pid: int, beat: Beat, forget_after: float = 86400.0) -> None:
         """This replica's row, fresh (a replica id reused after a restart starts over); rows down for
@@ -135,11 +131,11 @@ class ReplicaRegistry:
 
     @staticmethod
     def _row(r: Replica, now: datetime, down_after: float) -> ReplicaRow:
-        heartbeat = _aware(r.heartbeat_at)
+        heartbeat = aware(r.heartbeat_at)
         age = max(0.0, (now - heartbeat).total_seconds())
         state = "down" if age > down_after else ("up" if r.healthy else "unhealthy")
         return ReplicaRow(
-            replica_id=r.replica_id, kind=r.kind, host=r.host, pid=r.pid, started_at=_aware(r.started_at), heartbeat_at=heartbeat,
+            replica_id=r.replica_id, kind=r.kind, host=r.host, pid=r.pid, started_at=aware(r.started_at), heartbeat_at=heartbeat,
             serving_version=r.serving_version, adapter_versions=dict(r.adapter_versions or {}), in_flight=r.in_flight,
             healthy=bool(r.healthy), age_seconds=round(age, 3), state=state,
         )

@@ -1,5 +1,5 @@
 """The store's data-rights queries: a user deletes one of its responses, an operator forgets a key,
-retention deletes what is older than `[store] retain_days`. Mixed into `Store`.
+retention deletes what is older than `[store] retain_days`. The store's `rights` part.
 
 Deleting a response (or retention's deleting it) deletes the later turns of its episodes too, whose
 prompts carry its text (store/episodes.py: an episode goes from the deleted turn on; the turns before
@@ -46,9 +46,10 @@ from typing import Any
 from sqlalchemy import Connection, delete, exists, func, or_, select, text, true
 from sqlalchemy.orm import Session
 
-from liveloop.store.db import busy_timeout
+from liveloop.store.db import Part, busy_timeout
 from liveloop.store.episodes import descendants_cte
 from liveloop.store.models import ApiKey, DeletedResponse, Feedback, LearnerCursor, Response, utcnow
+from liveloop.store.operator import add_event
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +129,8 @@ class ForgottenKeys:
         return key_id in self._keys
 
 
-class RightsQueries:
-    _session: Any
-    _write_session: Any
-    _write: Any  # VersionLifecycle's: a version-state transaction
-    _add_event: Any  # OperatorQueries'
-    engine: Any
-    dialect: str
+class RightsQueries(Part):
+    """The store's rights part: deletion, forgetting, retention and the replays they cause."""
 
     @functools.cached_property
     def forgotten(self) -> ForgottenKeys:
@@ -186,7 +182,7 @@ class RightsQueries:
                 s.add(ApiKey(key_id=api_key_id, quarantined=False, forgotten_at=now, updated_at=now))
             else:
                 row.forgotten_at, row.updated_at = now, now
-            self._add_event(s, "forget", None, {"key_id": api_key_id, "responses": responses, "ratings": ratings}, admin_key_id)
+            add_event(s, "forget", None, {"key_id": api_key_id, "responses": responses, "ratings": ratings}, admin_key_id)
         self.forgotten.add(api_key_id)
         self.scrub()
         return Deleted(responses, ratings)
@@ -222,7 +218,7 @@ class RightsQueries:
         own automatic checkpoints, finish it). PostgreSQL: nothing to do here (True)."""
         if self.dialect != "sqlite":
             return True
-        raw = self.engine.raw_connection()
+        raw = self.db.engine.raw_connection()
         try:
             with busy_timeout(raw.driver_connection, CHECKPOINT_BUSY_MS):
                 busy, _, _ = raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
@@ -284,7 +280,7 @@ class RightsQueries:
         looks (the lineage changed) and trains every rating after `last_feedback_id` again. A publish on
         the old lineage that races it is refused by the store's lineage check. Returns the cursor's
         (version, position) before."""
-        with self._write() as s:
+        with self.db.version_transaction() as s:
             row = s.get(LearnerCursor, cursor_name, with_for_update=True)
             before = (row.policy_version, row.last_feedback_id) if row is not None else (None, 0)
             if row is None:

@@ -60,6 +60,10 @@ NOT_ROLLED_BACK = frozenset({VersionStatus.FAILED, VersionStatus.LOADING, Versio
 ACTIVATABLE = frozenset({VersionStatus.PUBLISHED, VersionStatus.LOADING, VersionStatus.CANARY})
 
 
+class VersionNotFound(LookupError):
+    """No policy version with this number."""
+
+
 class TransitionRefused(RuntimeError):
     """A version-state change the store refuses: the move is not in `TRANSITIONS`, or the version is
     not (or no longer) on its lineage, or something newer serves. Nothing was written."""

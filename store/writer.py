@@ -6,7 +6,7 @@ database; a request is acknowledged to its client only after its future resolves
 response is always durable, and under load many requests share one commit. Several server processes
 (replicas) may each run a writer on one store: feedback ids are commit order all the same (SQLite has
 one writer at a time; PostgreSQL hands ids out from a counter whose row lock is held to commit, see
-`store._insert_ratings`), which the learner's cursor relies on.
+store/feedback.py `_insert_ratings`), which the learner's cursor relies on.
 
 The write path cannot die of what its callers do: a caller that goes away (a cancelled request) only
 stops waiting; its record is still written, once, and the thread never resolves a future twice or
@@ -50,7 +50,8 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from liveloop.store.db import busy_timeout
 from liveloop.store.records import ResponseRecord
-from liveloop.store.store import Store, WriteOp, response_row
+from liveloop.store.feedback import WriteOp, response_row
+from liveloop.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class _Mailbox:
 class BatchWriter:
     def __init__(self, store: Store, batch_max: int | None = None, queue_max: int | None = None):
         self.store = store
+        self.feedback = store.feedback  # the part it writes through
         self.batch_max = batch_max or store.config.batch_max
         self.queue_max = queue_max or store.config.queue_max
         self._queue = _Mailbox(self.queue_max)
@@ -323,18 +325,18 @@ class BatchWriter:
     def _write(self, ops: list[WriteOp], rows: list[dict | None]) -> list[Any]:
         """The batch in one transaction whose wait for the database's lock is bounded by the deadline;
         a failure of the database fails it whole, a failure of a row goes to the store's row-by-row
-        isolation (`Store.write_batch`, which tries the batch once more, then each op alone)."""
+        isolation (`store.feedback.write_batch`, which tries the batch once more, then each op alone)."""
         try:
             return self._write_whole(ops, rows)
         except Exception as exc:
             if store_unavailable(exc) or len(ops) == 1:
                 raise
             log.warning("store write of %d rows failed on a row (%s): writing them one by one", len(ops), exc)
-        return self.store.write_batch(ops, rows)
+        return self.feedback.write_batch(ops, rows)
 
     def _write_whole(self, ops: Sequence[WriteOp], rows: Sequence[dict[str, Any] | None]) -> list[Any]:
-        with _bounded_transaction(self.store.writing, self.deadline) as conn:
-            return self.store._apply(conn, ops, rows)  # the store's one-transaction apply (write_batch's first try)
+        with _bounded_transaction(self.feedback.db.writing, self.deadline) as conn:
+            return self.feedback.apply_batch(conn, ops, rows)  # the one-transaction apply (write_batch's first try)
 
 
 @contextlib.contextmanager

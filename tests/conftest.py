@@ -32,7 +32,7 @@ def model_dir() -> Path:
     from liveloop.config import load_config
     from liveloop.model.build import ensure_model
 
-    cfg = load_config(ROOT / "configs/default.toml")
+    cfg = load_config("default")
     seed = os.environ.get("LIVELOOP_TEST_MODEL_SEED")
     if not seed or int(seed) == cfg.model.seed:
         return ensure_model(cfg.model, ROOT / cfg.model.out_dir)
@@ -83,7 +83,7 @@ def store(store_url):
 
     s = Store(StoreConfig(url=store_url))
     s.migrate()
-    s.ensure_base_version("/models/base")
+    s.versions.ensure_base_version("/models/base")
     yield s
     s.close()
 

@@ -106,7 +106,7 @@ class TransportConfig:
 
         store = Store(StoreConfig(url=store_url))
         try:
-            ident = store.deployment_id()
+            ident = store.fleet.deployment_id()
         finally:
             store.close()
         return replace(self, namespace=f"d{ident[:15]}").runnable_here()

@@ -13,7 +13,7 @@ one place (`weights`): memory first, then the durable checkpoint's verified priv
 
 One activation path (`_activate`) for every version, base weights or a segment's adapter, a learner's
 or an operator's, under the activator's lock: (1) the store is asked whether the version may serve now
-(`Store.check_activation`: re-read under the lock; published or loading, not pruned, descending from
+(`store.versions.check_activation`: re-read under the lock; published or loading, not pruned, descending from
 the lineage's serving version); (2) the engine swaps it in (drained and atomic; an adapter: for its
 segment only); (3) one store transaction checks again and makes it SERVING, the old version RETIRED and
 the published versions it overtook SUPERSEDED. An activation that lost a race (a rollback, an
@@ -27,7 +27,7 @@ response that records the new version always has its row), then the same path; i
 learner's lineage: the learner's cursor moves to it in step (3), so a learner publish on the old parent
 is refused by the store's lineage check and the learner reloads, as after a rollback. Learners write
 their own rows (status PUBLISHED); `watch` activates them, unless the operator paused learning.
-`rollback` swaps a stored version back in (verified), then records it (`Store.rollback_to`).
+`rollback` swaps a stored version back in (verified), then records it (`store.versions.rollback_to`).
 
 With adapters on (`segments` non-empty) each segment has its own lineage of adapter versions over the
 frozen base: `watch` activates a segment's newest published adapter into the engine for that segment
@@ -315,7 +315,7 @@ class Activator:
         its weights verified as any load's (a segment whose `previous` is None: the base weights)."""
         log.warning("version %d was refused after it swapped into %s: swapping version %s back", version, lineage, previous)
         try:
-            old = await asyncio.to_thread(self.store.get_version, previous) if previous is not None else None
+            old = await asyncio.to_thread(self.store.versions.get_version, previous) if previous is not None else None
             if not lineage.is_base and (old is None or old.segment is None):
                 await self.engine.update_adapter(lineage.segment, None, self.engine.version)
                 return
@@ -333,7 +333,7 @@ class Activator:
     # -- what the other paths share (the gate's candidates use them too) ----------------------------------
     async def serves_now(self, version: int) -> bool:
         """Whether the store says `version` serves its lineage now (another replica activated it)."""
-        record = await asyncio.to_thread(self.store.get_version, version)
+        record = await asyncio.to_thread(self.store.versions.get_version, version)
         return record is not None and record.status == VersionStatus.SERVING
 
     async def loaded(self, record: VersionRecord, handle: WeightHandle | None) -> None:
@@ -347,7 +347,7 @@ class Activator:
     async def fail(self, version: int) -> None:
         """Mark `version` FAILED (unless it is already)."""
         try:
-            await asyncio.to_thread(self.store.fail_version, version)
+            await asyncio.to_thread(self.store.versions.fail_version, version)
         except TransitionRefused:
             pass
 
@@ -357,13 +357,13 @@ class Activator:
         serving = self.serving_in(Lineage.of(record))
         log.error("version %d: weights rejected (%s): version %s keeps serving", record.version, exc, serving)
         self.metrics.inc("server/weights_rejected")
-        await asyncio.to_thread(self.store.reject_weights, record.version, {"reason": str(exc), "serving": serving})
+        await asyncio.to_thread(self.store.versions.reject_weights, record.version, {"reason": str(exc), "serving": serving})
 
     async def drop(self, version: int, reason: str) -> None:
         """An activation that lost a race: logged, counted, recorded by the store; never applied."""
         log.warning("activation of version %d dropped: %s", version, reason)
         self.metrics.inc("server/activations_dropped")
-        await asyncio.to_thread(self.store.drop_activation, version, reason)
+        await asyncio.to_thread(self.store.versions.drop_activation, version, reason)
 
     async def wait_for_weights(self, record: VersionRecord) -> None:
         """Its memory is gone and its durable checkpoint not written yet: wait (the learner writes it
@@ -413,7 +413,7 @@ class Activator:
         makes it SERVING; refused there, the old version swaps back). A refusal before the swap drops
         it. For an operator's publish (`operator`) refusals raise instead, and its row is marked FAILED."""
         try:
-            record = await asyncio.to_thread(self.store.check_activation, version)
+            record = await asyncio.to_thread(self.store.versions.check_activation, version)
         except TransitionRefused as exc:
             if operator:
                 await self.fail(version)
@@ -428,7 +428,7 @@ class Activator:
 
         async def commit() -> Any:
             try:
-                return await asyncio.to_thread(self.store.activate_version, version, lineage.lane(self.learner_name) if operator else None)
+                return await asyncio.to_thread(self.store.versions.activate_version, version, lineage.lane(self.learner_name) if operator else None)
             except TransitionRefused:
                 if not operator and await self.serves_now(version):  # another replica activated it first: it serves
                     return None
@@ -485,7 +485,7 @@ class Activator:
         refused in the store's transaction (StaleLeader) and the engine swaps back. The weights loaded
         are the checkpoint's verified private copy, as every load's."""
         async with self.lock:
-            record = await asyncio.to_thread(self.store.get_version, version)
+            record = await asyncio.to_thread(self.store.versions.get_version, version)
             if record is None:
                 raise VersionNotFound(f"no policy version {version}")
             lineage = self.lineage(segment or record.segment)
@@ -494,7 +494,7 @@ class Activator:
 
             async def commit() -> list[int]:
                 return await asyncio.to_thread(
-                    self.store.rollback_to, version, lineage.lane(self.learner_name), api_key_id, reason, lineage.segment,
+                    self.store.versions.rollback_to, version, lineage.lane(self.learner_name), api_key_id, reason, lineage.segment,
                     expect_serving, event, term,
                 )
 
@@ -552,13 +552,13 @@ class Activator:
         it). Returns the swaps made."""
         async with self.lock:
             done = []
-            record = await asyncio.to_thread(self.store.latest_version)
+            record = await asyncio.to_thread(self.store.versions.latest_version)
             if record is not None and record.version != self.engine.version and record.version not in self._unfollowable:
                 result = await self._follow(record, BASE)
                 if result is not None:
                     done.append(result)
             if self.segments:
-                serving = await asyncio.to_thread(self.store.serving_adapters)
+                serving = await asyncio.to_thread(self.store.versions.serving_adapters)
                 for segment in self.segments:
                     result = await self._follow_adapter(Lineage(segment), serving.get(segment))
                     if result is not None:
@@ -617,7 +617,7 @@ class Activator:
         """At start: serve each segment the adapter version the store says it serves (verified; one whose
         weights fail verification is rejected, and the base weights serve that segment)."""
         async with self.lock:
-            serving = await asyncio.to_thread(self.store.serving_adapters)
+            serving = await asyncio.to_thread(self.store.versions.serving_adapters)
             for segment, record in serving.items():
                 if segment not in self.segments or not record.checkpoint_path:
                     continue
@@ -644,10 +644,10 @@ class Activator:
     async def _watch_adapters(self) -> None:
         """One pass of `watch` over the segments: each unpaused one gets its newest published adapter."""
         for segment in self.segments:
-            if segment in self.gate_segments or await asyncio.to_thread(self.store.learning_paused, self.lane(segment)):
+            if segment in self.gate_segments or await asyncio.to_thread(self.store.operator.learning_paused, self.lane(segment)):
                 continue
             current = self.engine.adapter_version(segment)
-            published = await asyncio.to_thread(self.store.versions_with_status, VersionStatus.PUBLISHED, current or -1, segment)
+            published = await asyncio.to_thread(self.store.versions.versions_with_status, VersionStatus.PUBLISHED, current or -1, segment)
             if published:
                 done = await self.activate(published[-1])
                 if done:
@@ -663,10 +663,10 @@ class Activator:
                 await self.follow()
                 if self.segments:
                     await self._watch_adapters()
-                if self.gate_base or await asyncio.to_thread(self.store.learning_paused, self.learner_name):
+                if self.gate_base or await asyncio.to_thread(self.store.operator.learning_paused, self.learner_name):
                     await asyncio.sleep(poll_seconds)
                     continue
-                published = await asyncio.to_thread(self.store.versions_with_status, VersionStatus.PUBLISHED, self.engine.version)
+                published = await asyncio.to_thread(self.store.versions.versions_with_status, VersionStatus.PUBLISHED, self.engine.version)
                 if published:
                     done = await self.activate(published[-1])
                     if done:

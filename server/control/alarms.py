@@ -1,7 +1,7 @@
 """Reward-hacking alarms on the live stream (`[release.alarms]`), run by `Operations.watch_alarms`
 every `check_seconds` in a worker thread: for each lineage (the base weights', each segment's adapters)
 the serving version, and the gate's CANARY candidate when there is one, are judged by
-monitor/hacking.py on their rated replies (texts decoded from `Store.rated_tokens`).
+monitor/hacking.py on their rated replies (texts decoded from `store.release.rated_tokens`).
 
 What a version is compared with:
 - the CANARY candidate: its own ratings against the live (serving) version's;
@@ -18,7 +18,7 @@ An alarm (a trait explaining at least `explained_share` of a gain of at least `m
 is recorded once per version and trait: an operator event `reward_hacking` with the report, the
 version's stored evaluation of the same traits ("versus the evaluation": does the gain show on the
 evaluation suite, or only in the live ratings?) and the `monitor/reward_hacking` metric. With
-`auto_hold` it also holds a CANARY candidate (`Store.hold_version`: the gate's next pass drops it from
+`auto_hold` it also holds a CANARY candidate (`store.versions.hold_version`: the gate's next pass drops it from
 the candidate engine) and pauses the lineage's learning (the serving version is the guard's and the
 operator's to roll back). The latest judgement of each version is kept for `GET /admin/alarms`.
 
@@ -129,18 +129,18 @@ class RewardHackingAlarms:
         thread. Returns this pass's judgements. Raises StaleLeader when no longer the leader of `term`."""
         if self._alarmed is None:
             self._alarmed = {
-                (e.version, e.detail.get("trait")) for e in self.store.events(limit=10000) if e.kind == "reward_hacking"
+                (e.version, e.detail.get("trait")) for e in self.store.operator.events(limit=10000) if e.kind == "reward_hacking"
             }
         lineages: list[tuple[str | None, int | None]] = [(None, self.activator.serving_version)]
         lineages += list(self.activator.serving_adapters().items())
-        canaries = {segment: self.store.canary_version(segment) for segment, _ in lineages}
+        canaries = {segment: self.store.versions.canary_version(segment) for segment, _ in lineages}
         # the per-version aggregate scans the ratings: only when there are new ones or the versions changed
-        looked = (self.store.last_rating_id(), tuple(lineages), tuple(c.version if c else None for c in canaries.values()))
+        looked = (self.store.feedback.last_rating_id(), tuple(lineages), tuple(c.version if c else None for c in canaries.values()))
         if looked == self._looked:
             return []
         self._looked = looked
-        by_number = {v.version: v for v in self.store.list_versions()}
-        traffic = self.store.version_traffic(True)  # quarantined keys' ratings left out, as the guard reads
+        by_number = {v.version: v for v in self.store.versions.list_versions()}
+        traffic = self.store.release.version_traffic(True)  # quarantined keys' ratings left out, as the guard reads
         done = []
         for segment, serving in lineages:
             canary = canaries[segment]
@@ -192,17 +192,17 @@ class RewardHackingAlarms:
             lane = self.activator.lane(verdict.segment)
             if verdict.role == "candidate":
                 try:
-                    self.store.hold_version(verdict.version, reason, lane, {"alarms": new, "report": verdict.report.as_dict()}, term)
+                    self.store.versions.hold_version(verdict.version, reason, lane, {"alarms": new, "report": verdict.report.as_dict()}, term)
                     held = True
                     self.metrics.inc("server/release_held")  # as the gate counts its holds (no labels: one family)
                 except TransitionRefused as exc:  # the gate decided first (promoted, held, superseded)
                     log.info("reward hacking: version %d could not be held: %s", verdict.version, exc)
-            paused = self.store.set_learning_paused(lane, True, reason)
+            paused = self.store.operator.set_learning_paused(lane, True, reason)
             verdict = replace(verdict, held=held, paused=paused)
         for trait in new:
             t = verdict.report.trait(trait)
             detail = {"trait": trait, "share": t.share, "explained": t.explained, "effect": t.effect, "z": t.z} | verdict.detail()
-            self.store.record_event("reward_hacking", verdict.version, detail)
+            self.store.operator.record_event("reward_hacking", verdict.version, detail)
             self.metrics.inc("monitor/reward_hacking", trait=trait, role=verdict.role)
             assert self._alarmed is not None
             self._alarmed.add((verdict.version, trait))
@@ -220,7 +220,7 @@ class RewardHackingAlarms:
         for v in versions:
             if len(rows) >= MAX_SAMPLE:
                 break
-            rows += self.store.rated_tokens(v, MAX_SAMPLE - len(rows))
+            rows += self.store.release.rated_tokens(v, MAX_SAMPLE - len(rows))
         texts = self.tokenizer.batch_decode([ids for ids, _ in rows], skip_special_tokens=True)
         return [(text, reward) for text, (_, reward) in zip(texts, rows)]
 
@@ -228,7 +228,7 @@ class RewardHackingAlarms:
         """The version's stored evaluation of the traits the live stream is judged on: each reward:<spec>
         check and EVALUATION_CHECKS with its value, the live version's and the base's, and whether it
         passed; None when the version has no evaluation."""
-        record = self.store.evaluation(version)
+        record = self.store.release.evaluation(version)
         if record is None:
             return None
         checks = {

@@ -134,7 +134,7 @@ class Candidates:
             if engine.candidate_version != record.version:
                 return None
             try:
-                await asyncio.to_thread(a.store.check_activation, record.version, term)
+                await asyncio.to_thread(a.store.versions.check_activation, record.version, term)
             except StaleLeader as exc:
                 log.warning("candidate %d not promoted: %s", record.version, exc)
                 return None
@@ -151,7 +151,7 @@ class Candidates:
 
             async def commit() -> None:
                 try:
-                    await asyncio.to_thread(a.store.activate_version, record.version, None, term)
+                    await asyncio.to_thread(a.store.versions.activate_version, record.version, None, term)
                 except TransitionRefused:
                     if not await a.serves_now(record.version):
                         raise
@@ -186,7 +186,7 @@ class Candidates:
             start = time.perf_counter()
             with a.changes.changing():  # the store first, then the slot repointed (nothing to undo in the engine)
                 try:
-                    await asyncio.to_thread(a.store.activate_version, record.version, None, term)
+                    await asyncio.to_thread(a.store.versions.activate_version, record.version, None, term)
                 except StaleLeader as exc:  # nothing to undo: the slot's adapter was not repointed yet
                     log.warning("segment %s: candidate adapter %d not promoted: %s", segment, record.version, exc)
                     return None

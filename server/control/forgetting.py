@@ -6,7 +6,7 @@ each segment adapter's when `[learner] adapters` is on; the frozen base then has
 moved back to before the key's first trained rating and trained again from there on everyone else's
 ratings:
 
-- the key's first rating that lineage reads (`Store.key_first_rating`, planned before anything is
+- the key's first rating that lineage reads (`store.rights.key_first_rating`, planned before anything is
   deleted);
 - the first version of the lineage's chain (from the learner's cursor version back through the
   parents) whose recorded feedback position (`learner/cursor` in its row's metrics; an operator's
@@ -15,14 +15,14 @@ ratings:
   not pruned, its checkpoint on disk), else the lineage's root (version 0, or for a segment the base
   weights with no adapter); versions passed over for a missing checkpoint are reported (`skipped`);
 - the ratings replayed: everyone else's trainable ratings between the target's position and the
-  learner's cursor (`Store.replay_count`), and the estimate: those over the rate the lineage's recent
+  learner's cursor (`store.rights.replay_count`), and the estimate: those over the rate the lineage's recent
   versions consumed ratings (their `samples_used` over the time between them). That rate is what the
   learner was fed, not what it can do, so the estimate is an upper bound when ratings came slowly.
 
 A dry run returns that `ForgetPlan` and changes nothing. Otherwise, in this order: the key's data is
-forgotten as a plain forget does (`Store.forget_key`); then per affected lineage the lane is paused
+forgotten as a plain forget does (`store.rights.forget_key`); then per affected lineage the lane is paused
 (unless the operator had paused it), the learner's cursor is pointed at the target AND moved back to
-its feedback position in one version-state transaction (`Store.rewind_lineage`: a publish on the old
+its feedback position in one version-state transaction (`store.rights.rewind_lineage`: a publish on the old
 lineage racing it is refused by the lineage check; the paused learner reloads the target and trains
 nothing meanwhile), then `Activator.rollback` serves the target and marks every later version of the
 lineage rolled back (when the target serves already, the store's `rollback_to` alone marks them);
@@ -158,9 +158,9 @@ def _throughput(versions: list[VersionRecord]) -> float | None:
 
 def plan_lineage(store: Store, key_id: str, lane: str, segment: str | None, versions: dict[int, VersionRecord]) -> LineagePlan:
     """One lineage's part of a forget (reads only)."""
-    first = store.key_first_rating(key_id, segment)
-    head = store.cursor_version(lane)
-    head_cursor = store.get_cursor(lane)
+    first = store.rights.key_first_rating(key_id, segment)
+    head = store.versions.cursor_version(lane)
+    head_cursor = store.feedback.get_cursor(lane)
     nothing = LineagePlan(lane, segment, first, None, head, head_cursor, None, head_cursor)
     if first is None or head is None or head not in versions:
         return nothing
@@ -187,11 +187,11 @@ def plan_lineage(store: Store, key_id: str, lane: str, segment: str | None, vers
         if segment is None:
             target = 0
         else:
-            serving_base = store.latest_version()
+            serving_base = store.versions.latest_version()
             target = serving_base.version if serving_base is not None else (root_base.version if root_base is not None else 0)
     lineage = [r for r in versions.values() if r.segment == segment]
     affected = tuple(sorted(r.version for r in lineage if r.version > target and r.status not in NOT_ROLLED_BACK))
-    replay = store.replay_count(target_cursor, head_cursor, segment, excluding=key_id)
+    replay = store.rights.replay_count(target_cursor, head_cursor, segment, excluding=key_id)
     rate = _throughput(lineage)
     return LineagePlan(
         lane, segment, first, None if in_memory else chain[trained].version, head, head_cursor, target, target_cursor, affected,
@@ -202,10 +202,10 @@ def plan_lineage(store: Store, key_id: str, lane: str, segment: str | None, vers
 def plan_forget(store: Store, key_id: str, lanes: list[tuple[str, str | None]]) -> ForgetPlan:
     """The plan for every lineage a learner trains (`lanes`: (cursor name, segment)). Raises KeyNotFound
     when the store knows nothing of the key."""
-    if not store.key_known(key_id):
+    if not store.rights.key_known(key_id):
         raise KeyNotFound(f"no key {key_id} in the store (no response, rating or operator decision)")
-    responses, ratings = store.key_rows(key_id)
-    versions = {r.version: r for r in store.list_versions()}
+    responses, ratings = store.rights.key_rows(key_id)
+    versions = {r.version: r for r in store.versions.list_versions()}
     return ForgetPlan(key_id, responses, ratings, tuple(plan_lineage(store, key_id, lane, seg, versions) for lane, seg in lanes))
 
 
@@ -233,7 +233,7 @@ class Forgetting:
             plan = await self.plan(key_id)
             if dry_run:
                 return ForgetResult(plan, True)
-            deleted = await asyncio.to_thread(self.store.forget_key, key_id, admin_key_id)
+            deleted = await asyncio.to_thread(self.store.rights.forget_key, key_id, admin_key_id)
             done = []
             for lineage in plan.affected:
                 done.append(await self._roll_back(lineage, key_id, admin_key_id))
@@ -247,32 +247,32 @@ class Forgetting:
                 "replay": sum(p.replay for p in plan.affected),
                 "estimate_seconds": plan.estimate_seconds,
             }
-            await asyncio.to_thread(self.store.record_event, "forget_weights", None, detail, admin_key_id)
+            await asyncio.to_thread(self.store.operator.record_event, "forget_weights", None, detail, admin_key_id)
             return result
 
     async def _roll_back(self, plan: LineagePlan, key_id: str, admin_key_id: str | None) -> LineageDone:
         assert plan.target is not None
         store, lane = self.store, plan.lane
         reason = f"forget key {key_id}: retrain from version {plan.target} without it"
-        was_paused = await asyncio.to_thread(store.learning_paused, lane)
+        was_paused = await asyncio.to_thread(store.operator.learning_paused, lane)
         if not was_paused:
-            await asyncio.to_thread(store.set_learning_paused, lane, True, reason, admin_key_id)
+            await asyncio.to_thread(store.operator.set_learning_paused, lane, True, reason, admin_key_id)
         try:
-            before = await asyncio.to_thread(store.rewind_lineage, lane, plan.target, plan.target_cursor)
+            before = await asyncio.to_thread(store.rights.rewind_lineage, lane, plan.target, plan.target_cursor)
             swapped = True
             try:
                 result: RollbackResult = await self.activator.rollback(plan.target, admin_key_id, reason, plan.segment)
                 rolled = tuple(result.rolled_back)
             except AlreadyServing:  # the target serves already: only the versions after it move
                 swapped = False
-                rolled = tuple(await asyncio.to_thread(store.rollback_to, plan.target, lane, admin_key_id, reason, plan.segment))
+                rolled = tuple(await asyncio.to_thread(store.versions.rollback_to, plan.target, lane, admin_key_id, reason, plan.segment))
             except BaseException:
                 if before[0] is not None:  # nothing rolled back: the learner goes on where it was
-                    await asyncio.to_thread(store.rewind_lineage, lane, before[0], before[1])
+                    await asyncio.to_thread(store.rights.rewind_lineage, lane, before[0], before[1])
                 raise
         finally:
             if not was_paused:
-                await asyncio.to_thread(store.set_learning_paused, lane, False, reason, admin_key_id)
+                await asyncio.to_thread(store.operator.set_learning_paused, lane, False, reason, admin_key_id)
         log.warning("forget %s: lineage %s rolled back to version %d (rolled back: %s), retraining after rating %d",
                     key_id, lane, plan.target, list(rolled), plan.target_cursor)
         return LineageDone(lane, plan.segment, plan.target, rolled, swapped, not was_paused)

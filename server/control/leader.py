@@ -31,7 +31,7 @@ import uuid
 
 from liveloop.metrics import Metrics
 from liveloop.store import Store
-from liveloop.store.lease import LEADER, Leases, LeaseState
+from liveloop.store.lease import LEADER, LeaseState
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class Leadership:
     def __init__(self, store: Store, replica: str, seconds: float, metrics: Metrics, name: str = LEADER):
         if seconds <= 0:
             raise ValueError(f"a lease lasts > 0 seconds, not {seconds}")
-        self.leases = Leases(store)
+        self.leases = store.fleet.leases
         self.name = name
         self.holder = f"{replica}/{uuid.uuid4().hex[:8]}"  # unique per start: a restarted replica is a new holder
         self.seconds = seconds

@@ -117,7 +117,7 @@ class Operations:
         """Pause or resume the learner, or one segment's lane (it neither trains nor activates; the
         others go on). Raises the activator's UnknownSegment."""
         name = self.activator.lane(segment)
-        changed = await asyncio.to_thread(self.store.set_learning_paused, name, paused, reason, api_key_id)
+        changed = await asyncio.to_thread(self.store.operator.set_learning_paused, name, paused, reason, api_key_id)
         if segment is None:
             self.metrics.set("learner/paused", float(paused))
         else:
@@ -125,7 +125,7 @@ class Operations:
         return LearningState(name, paused, changed, segment)
 
     async def paused(self, segment: str | None = None) -> bool:
-        return await asyncio.to_thread(self.store.learning_paused, self.activator.lane(segment))
+        return await asyncio.to_thread(self.store.operator.learning_paused, self.activator.lane(segment))
 
     async def rollback(
         self, version: int, api_key_id: str | None, reason: str | None = None, segment: str | None = None, expect_serving: int | None = None
@@ -155,7 +155,7 @@ class Operations:
             raise
         detail = {"source": path, "bytes": staged.size, "completed": list(staged.completed), "left_behind": list(staged.left_behind)}
         try:  # it serves already: a store that cannot take the event costs the record, not the answer
-            await asyncio.to_thread(self.store.record_event, "weights_imported", swapped.version, detail, api_key_id)
+            await asyncio.to_thread(self.store.operator.record_event, "weights_imported", swapped.version, detail, api_key_id)
         except Exception:
             log.exception("version %d: the weights_imported event was not recorded", swapped.version)
         self.metrics.observe("server/import_seconds", time.perf_counter() - start)
@@ -167,18 +167,18 @@ class Operations:
         """The version table: the store's rows and the engine's serving versions, read between two
         changes of what serves (server/control/settled.py), so the two agree."""
         async def read() -> list[VersionRow]:
-            versions = await asyncio.to_thread(self.store.list_versions)
-            traffic = await asyncio.to_thread(self.store.version_traffic, True)  # quarantined keys left out
+            versions = await asyncio.to_thread(self.store.versions.list_versions)
+            traffic = await asyncio.to_thread(self.store.release.version_traffic, True)  # quarantined keys left out
             return version_table(versions, traffic, self.activator.serving_version, self.config.confidence, self.activator.serving_adapters())
 
         return await self.activator.changes.settled(read)
 
     # -- keys -----------------------------------------------------------------------------------
     def _scores(self) -> tuple[list[KeyState], dict[str, Disagreement], list[Suspect]]:
-        states = self.store.key_states()
+        states = self.store.keys.key_states()
         excluded = {k.key_id for k in states if k.quarantined}
         c = self.config
-        ratings = self.store.key_ratings()
+        ratings = self.store.keys.key_ratings()
         with self._scoring:
             scores, found = find_suspects(
                 ratings, c.quarantine_z, c.quarantine_min_ratings, c.quarantine_corroborating_keys,
@@ -204,7 +204,7 @@ class Operations:
                 f"automatic: disagreement z = {d.z:.1f} over {d.n} ratings (threshold {self.config.quarantine_z}); "
                 f"z = {again.z:.1f} over {again.n} without its {len(suspect.left_out)} top accusers"
             )
-            if self.store.set_quarantined(d.key_id, True, reason, None):
+            if self.store.keys.set_quarantined(d.key_id, True, reason, None):
                 self.metrics.inc("monitor/quarantined")
                 log.warning("quarantined key %s: %s", d.key_id, reason)
                 done.append(d.key_id)
@@ -222,7 +222,7 @@ class Operations:
         if self.leader() is None:
             raised = []  # the leader records them
         for alarm in raised:
-            self.store.record_event("alarm", alarm.policy_version, alarm.as_dict())
+            self.store.operator.record_event("alarm", alarm.policy_version, alarm.as_dict())
             self.metrics.inc("monitor/alarms", segment=alarm.segment, direction=alarm.alarm.direction)
             log.warning("drift alarm: %s", alarm.as_dict())
         overall = self.monitor.detectors[ALL]

@@ -22,7 +22,7 @@ async def apply_retention(store: Store, retain_days: float, interval: float, lea
                 await asyncio.sleep(interval)
                 continue
             cutoff = datetime.now(timezone.utc) - timedelta(days=retain_days)
-            deleted = await asyncio.to_thread(store.delete_before, cutoff)
+            deleted = await asyncio.to_thread(store.rights.delete_before, cutoff)
             if deleted.responses:
                 log.info("retention: deleted %d responses and %d ratings older than %s", deleted.responses, deleted.ratings, cutoff)
         except asyncio.CancelledError:

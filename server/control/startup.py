@@ -1,7 +1,7 @@
 """Start-up recovery: what a (re)starting server serves. The store's serving version, from its durable
 checkpoint; else from the transport's memory (started from the nearest ancestor on disk, then swapped
 to it: `finish_start`); else, after waiting for the learner to write the checkpoint, the nearest
-ancestor that has one, recorded in the store in one transaction (`Store.recover_serving`: the versions
+ancestor that has one, recorded in the store in one transaction (`store.versions.recover_serving`: the versions
 passed over FAILED, the ancestor SERVING), so the store says what serves. Never a missing or
 half-written model, nor a checkpoint whose files are not the ones its row names (`_durable`: every
 file, config and tokenizer included). The checkpoint the engine starts from is the verified private
@@ -89,7 +89,7 @@ async def start_point(
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         await asyncio.sleep(poll_seconds)
-        fresh = await asyncio.to_thread(store.get_version, record.version)  # the digest its learner records
+        fresh = await asyncio.to_thread(store.versions.get_version, record.version)  # the digest its learner records
         if fresh is not None and (copy := await asyncio.to_thread(_durable, store, fresh)) is not None:
             if ancestor_copy is not None:
                 ancestor_copy.close()
@@ -98,8 +98,8 @@ async def start_point(
     current = record
     while current.version != ancestor.version:
         skipped.append(current.version)
-        current = await asyncio.to_thread(store.get_version, current.parent)
-    await asyncio.to_thread(store.recover_serving, skipped, ancestor.version)
+        current = await asyncio.to_thread(store.versions.get_version, current.parent)
+    await asyncio.to_thread(store.versions.recover_serving, skipped, ancestor.version)
     log.error("version %d has no weights (durable checkpoint missing, memory gone): serving version %d instead (failed: %s)",
               record.version, ancestor.version, skipped)
     return StartPoint(ancestor.version, base_path, ancestor.version, skipped=tuple(skipped), copy=ancestor_copy)
@@ -115,7 +115,7 @@ def _durable(store: Store, record: VersionRecord) -> PrivateCopy | None:
         return verified_copy(record.checkpoint_path, record.checkpoint_sha256, record.version)
     except WeightsUnverified as exc:
         log.error("version %d: its checkpoint is not the one its row names (%s): not served", record.version, exc)
-        store.reject_weights(record.version, {"reason": str(exc), "at": "start"})
+        store.versions.reject_weights(record.version, {"reason": str(exc), "at": "start"})
         return None
 
 
@@ -124,7 +124,7 @@ def _durable_ancestor(store: Store, record: VersionRecord) -> tuple[VersionRecor
     with its verified copy (None for the base)."""
     current = record
     while current.version != 0 and current.parent is not None:
-        parent = store.get_version(current.parent)
+        parent = store.versions.get_version(current.parent)
         if parent is None:
             break
         current = parent
@@ -133,7 +133,7 @@ def _durable_ancestor(store: Store, record: VersionRecord) -> tuple[VersionRecor
         copy = _durable(store, current)
         if copy is not None:
             return current, copy
-    base = store.get_version(0)
+    base = store.versions.get_version(0)
     assert base is not None, "version 0 (the base model) always exists"
     return base, None
 
@@ -170,7 +170,7 @@ def record_fallback(store: Store, configured: TransportConfig, used: TransportCo
     if used.backend == configured.backend:
         return
     why = replace(used, backend=configured.backend).unusable_here() or "shared memory was unusable at start"
-    store.record_event("transport_fallback", detail={"configured": configured.backend, "used": used.backend, "reason": why})
+    store.operator.record_event("transport_fallback", detail={"configured": configured.backend, "used": used.backend, "reason": why})
 
 
 def sweep_shared_memory(store: Store, transport: TransportConfig, metrics: Metrics) -> None:
@@ -184,7 +184,7 @@ def sweep_shared_memory(store: Store, transport: TransportConfig, metrics: Metri
         return
 
     def servable(version: int) -> bool:
-        record = store.get_version(version)
+        record = store.versions.get_version(version)
         return record is not None and record.status in _MEMORY_KEPT
 
     removed, foreign = shared_memory.sweep(transport.namespace, servable)
@@ -192,4 +192,4 @@ def sweep_shared_memory(store: Store, transport: TransportConfig, metrics: Metri
         log.info("shared memory: removed versions %s that nothing serves any more", removed)
     if foreign:
         metrics.inc("server/foreign_weight_files", len(foreign))
-        store.record_event("foreign_weights", detail={"files": [{"path": f.path, "why": f.why} for f in foreign]})
+        store.operator.record_event("foreign_weights", detail={"files": [{"path": f.path, "why": f.why} for f in foreign]})

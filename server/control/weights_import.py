@@ -179,10 +179,10 @@ class StagedCheckpoint:
         `checkpoint_dir/vNNNNNN` (a directory a publish that never committed left there is replaced).
         If the rename fails the row becomes FAILED and ImportFailed is raised. Runs in a worker thread."""
         for _ in range(16):
-            version = store.next_version()
+            version = store.versions.next_version()
             root = checkpoint_root(self.checkpoint_dir, version)
             try:
-                record = store.add_version(
+                record = store.versions.add_version(
                     version, parent=parent, checkpoint_path=str(root / "policy"), checkpoint_sha256=self.digest,
                     status=VersionStatus.LOADING, note=note, **row,
                 )
@@ -198,7 +198,7 @@ class StagedCheckpoint:
             os.replace(self.staging, root)
             fsync_dir(self.checkpoint_dir)
         except OSError as exc:
-            store.fail_version(version)
+            store.versions.fail_version(version)
             raise ImportFailed(f"could not move the copy of {self.source} to {root}: {exc}") from exc
         return record
 
@@ -209,8 +209,8 @@ class StagedCheckpoint:
         if self.version is None:
             return
         try:
-            record = store.get_version(self.version)
-            if record is None or (record.status == VersionStatus.FAILED and store.mark_pruned([self.version])):
+            record = store.versions.get_version(self.version)
+            if record is None or (record.status == VersionStatus.FAILED and store.versions.mark_pruned([self.version])):
                 delete_checkpoints(self.checkpoint_dir, [self.version])
         except Exception:  # housekeeping: retention deletes a FAILED version's copy later
             log.exception("version %d: the copy of %s was not removed", self.version, self.source)

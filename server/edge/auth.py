@@ -3,7 +3,7 @@
 Keys come from environment variables, sha256 digests in the config, or (development only) plain text
 in the config. Keys are never stored: the store records `key_id`, a short digest of the key.
 
-A key an operator forgot (`Store.forget_key`) is refused with 403, or with `[auth] forgotten_keys =
+A key an operator forgot (`store.rights.forget_key`) is refused with 403, or with `[auth] forgotten_keys =
 "unstored"` served as `Principal.unstored` (nothing of it is stored: the routes do not log it, and the
 store's writer drops whatever of it still arrives).
 

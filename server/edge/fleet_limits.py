@@ -271,4 +271,4 @@ def fleet_view(server: ServerConfig, store: Store, replica: str) -> FleetView | 
     replica counts alone. `FleetView.run` syncs it (the composition root starts it with the others)."""
     if not server.fleet_limits:
         return None
-    return FleetView(FleetCounts(store), replica, server.limits_sync_seconds)
+    return FleetView(store.fleet.counts, replica, server.limits_sync_seconds)

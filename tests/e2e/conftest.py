@@ -70,7 +70,7 @@ max_rise = 100.0
 
 def publish_version(store: Store, parent: int, checkpoint: Path) -> int:
     """Publish `checkpoint` into the store the way a learner in another process does (`liveloop learn`)."""
-    return store.publish_version(
+    return store.versions.publish_version(
         parent=parent, checkpoint_path=str(checkpoint), checkpoint_sha256=None, learner_step=1, samples_used=1,
         metrics={}, cursor_name="sao", last_feedback_id=0,
     ).version

@@ -76,14 +76,14 @@ def test_the_tool_loop_where_the_client_runs_the_tool(oai, store, model_dir):
     assert second.choices[0].message.tool_calls is None and second.choices[0].finish_reason in ("stop", "length")
 
     # the store keeps what was offered and answered, and the grammar the call was sampled under
-    row = store.get_response(first.id)
+    row = store.feedback.get_response(first.id)
     assert row.grammar is not None and row.response_ids.size == first.usage.completion_tokens
     kept = store.conversations.get(first.id, _key_id(store, first.id), ("chat",))
     assert kept.tools == TOOLS and kept.messages == ASK
     assert kept.output["tool_calls"][0]["function"] == {"name": "calc", "arguments": call.function.arguments}
     later = store.conversations.get(second.id, _key_id(store, second.id), ("chat",))
     assert later.messages[-1] == {"role": "tool", "tool_call_id": call.id, "content": str(result), "name": "calc"}
-    assert store.get_response(second.id).grammar is None  # tool_choice none: free sampling
+    assert store.feedback.get_response(second.id).grammar is None  # tool_choice none: free sampling
 
     # behaviour logprobs are the masked distribution's, and the learner's scoring of the stored tokens
     # under the replayed grammar gives them back: the ratio is 1 on-policy (not the unmasked logprobs)
@@ -94,7 +94,7 @@ def test_the_tool_loop_where_the_client_runs_the_tool(oai, store, model_dir):
 
 
 def _key_id(store, response_id: str) -> str:
-    return store.get_response(response_id).api_key_id
+    return store.feedback.get_response(response_id).api_key_id
 
 
 @pytest.mark.parametrize("seed", [3, 4, 5])
@@ -138,11 +138,11 @@ def test_n_choices_are_three_rateable_responses(oai, store):
     r = oai.chat.completions.create(model=MODEL, messages=ASK, n=3, max_tokens=12, seed=7)
     ids = [c.model_extra["response_id"] for c in r.choices]
     assert [c.index for c in r.choices] == [0, 1, 2] and ids[0] == r.id and len(set(ids)) == 3
-    assert r.usage.completion_tokens == sum(store.get_response(i).response_ids.size for i in ids)
+    assert r.usage.completion_tokens == sum(store.feedback.get_response(i).response_ids.size for i in ids)
     for i, rid in enumerate(ids):
         stored = oai.post("/feedback", cast_to=object, body={"response_id": rid, "reward": i % 2})
         assert stored["response_id"] == rid
-        row = store.get_response(rid)
+        row = store.feedback.get_response(rid)
         assert (row.group_id, row.choice_index) == (r.id, i)
     streamed = oai.chat.completions.create(model=MODEL, messages=ASK, n=2, max_tokens=8, seed=8, stream=True)
     by_choice: dict[int, str] = {}
@@ -173,8 +173,8 @@ def test_the_responses_api_chain(oai, store):
                                  input=[{"type": "function_call_output", "call_id": call.call_id, "output": "8"}])
     assert third.status in ("completed", "incomplete")
     # the prompt of the third turn holds all three turns: instructions of the first are its own
-    prompt = store.get_response(third.id).prompt_ids.size
-    assert prompt > store.get_response(second.id).prompt_ids.size
+    prompt = store.feedback.get_response(third.id).prompt_ids.size
+    assert prompt > store.feedback.get_response(second.id).prompt_ids.size
     # what the store kept per turn is that turn's own input
     kept = store.conversations.get(third.id, _key_id(store, third.id), ("responses",))
     assert kept.messages == [{"role": "tool", "tool_call_id": call.call_id, "content": "8", "name": "calc"}]
@@ -300,10 +300,10 @@ def test_a_client_vanishing_mid_stream_of_several_tool_calling_choices_loses_and
         reset(sock)
         ids.append(re.search(rb'"id":"(chatcmpl-[0-9a-f]+)"', seen).group(1).decode())
     wait_until(lambda: metric(server.base_url, "liveloop_server_generations_running") == 0, 60, "generation slots to be released")
-    wait_until(lambda: all(store.get_response(f"{rid}{suffix}") is not None for rid in ids for suffix in ("", "-1", "-2")),
+    wait_until(lambda: all(store.feedback.get_response(f"{rid}{suffix}") is not None for rid in ids for suffix in ("", "-1", "-2")),
                60, "every choice of a vanished client to be logged")
     for rid in ids:
-        rows = [store.get_response(f"{rid}{suffix}") for suffix in ("", "-1", "-2")]
+        rows = [store.feedback.get_response(f"{rid}{suffix}") for suffix in ("", "-1", "-2")]
         assert [(r.group_id, r.choice_index) for r in rows] == [(rid, 0), (rid, 1), (rid, 2)]
         assert all(r.grammar is not None for r in rows)
     # the server still answers the same request whole

@@ -76,14 +76,14 @@ def _send(base_url, method, path, key, body):
 @pytest.mark.parametrize("name, method, path, key, body, status, param", CASES, ids=[c[0] for c in CASES])
 def test_bad_request_gets_openai_error(vllm_server, name, method, path, key, body, status, param):
     store = open_store(vllm_server)
-    before = store.counts()
+    before = store.feedback.counts()
     r = _send(vllm_server.base_url, method, path, key, body)
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["message"] and err["type"]
     if param:
         assert param in (err["param"] or "") or param in err["message"]
-    assert store.counts() == before, "a rejected request must write nothing"
+    assert store.feedback.counts() == before, "a rejected request must write nothing"
     store.close()
 
 
@@ -97,7 +97,7 @@ def test_rating_another_keys_response_is_404_and_keeps_the_rating(vllm_server):
     r3 = _send(vllm_server.base_url, "POST", "/v1/feedback", USER_KEY_2, {"response_id": "chatcmpl-x", "reward": 0})
     assert r2.json()["error"]["type"] == r3.json()["error"]["type"]
     store = open_store(vllm_server)
-    assert [f.reward for f in store.get_feedback(rid)] == [1]
+    assert [f.reward for f in store.feedback.get_feedback(rid)] == [1]
     store.close()
 
 

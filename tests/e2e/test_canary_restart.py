@@ -57,7 +57,7 @@ def test_a_killed_server_comes_back_with_the_stores_candidate(tmp_path, model_di
         assert {u for u, v in before.items() if v == candidate} == canary_users
         os.killpg(server.proc.pid, signal.SIGKILL)  # no shutdown hook runs
         server.proc.wait(30)
-        assert store.get_version(candidate).status == VersionStatus.CANARY
+        assert store.versions.get_version(candidate).status == VersionStatus.CANARY
 
         server = start_server(workdir, model_dir, "hf", extra=CANARY_RELEASE)
         with httpx.Client(base_url=server.base_url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=30) as admin:
@@ -67,12 +67,12 @@ def test_a_killed_server_comes_back_with_the_stores_candidate(tmp_path, model_di
         oai = openai.OpenAI(base_url=server.base_url + "/v1", api_key=USER_KEY, max_retries=0)
         asked = [_ask(oai), _ask(oai)]
         assert all(_versions(a) == before for a in asked)  # each user is served what the store says, as before the kill
-        assert store.get_version(candidate).status == VersionStatus.CANARY and store.latest_version().version == 0
+        assert store.versions.get_version(candidate).status == VersionStatus.CANARY and store.versions.latest_version().version == 0
         with httpx.Client(base_url=server.base_url, headers={"authorization": f"Bearer {USER_KEY}"}, timeout=30) as user:
             for a in asked:  # everyone likes what they got: the restarted gate promotes the candidate
                 for rid, _ in a.values():
                     assert user.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
-        wait_until(lambda: store.get_version(candidate).status == VersionStatus.SERVING, 120, "the candidate promoted after the restart")
+        wait_until(lambda: store.versions.get_version(candidate).status == VersionStatus.SERVING, 120, "the candidate promoted after the restart")
         assert set(_versions(_ask(oai)).values()) == {candidate}
     finally:
         store.close()

@@ -61,11 +61,11 @@ def test_sigkill_during_writes_keeps_every_acknowledged_row(tmp_path, model_dir)
     assert len(ratings) >= 30
     store = open_store(server)
     for rid, token_ids in responses.items():
-        row = store.get_response(rid)
+        row = store.feedback.get_response(rid)
         assert row is not None, f"acknowledged response {rid} lost"
         assert row.response_ids.tolist() == token_ids
     for rid, reward in ratings.items():
-        assert [f.reward for f in store.get_feedback(rid)] == [reward], f"acknowledged rating of {rid} lost"
+        assert [f.reward for f in store.feedback.get_feedback(rid)] == [reward], f"acknowledged rating of {rid} lost"
     store.close()
     # a restarted server comes up on the same store and serves
     again = start_server(tmp_path / "srv", model_dir, "hf", store_url=server.store_url)
@@ -131,7 +131,7 @@ def test_store_outage_gives_503s_and_recovers_without_restart(tmp_path, model_di
             assert c.post("/v1/feedback", json={"response_id": acked[0], "reward": 1}).status_code == 200
             assert server.proc.poll() is None
         store = open_store(server)
-        assert all(store.get_response(rid) is not None for rid in acked)  # no acknowledged loss
+        assert all(store.feedback.get_response(rid) is not None for rid in acked)  # no acknowledged loss
         store.close()
     finally:
         stop_server(server)

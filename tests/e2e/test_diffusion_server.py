@@ -49,7 +49,7 @@ def test_serve_rate_and_retrain_a_diffusion_model(tmp_path, diffusion_dir):
 
         store = open_store(server)
         try:
-            logged = store.get_response(reply.id)
+            logged = store.feedback.get_response(reply.id)
             assert logged.policy_version == 0 and logged.model == NAME and len(logged.response_ids) >= 1
         finally:
             store.close()
@@ -82,10 +82,10 @@ out_dir = "{tmp_path / 'unused'}"
 
         store = open_store(server)
         try:
-            v1 = store.get_version(1)
+            v1 = store.versions.get_version(1)
             assert v1 is not None and v1.parent == 0 and v1.metrics["bgpo/loss_kind"] == "bgpo"
-            assert store.get_cursor("bgpo") >= store.get_feedback(reply.id)[0].id  # the user's rating was used
-            assert store.counts()["responses"] > 3  # the job's rollouts are stored too
+            assert store.feedback.get_cursor("bgpo") >= store.feedback.get_feedback(reply.id)[0].id  # the user's rating was used
+            assert store.feedback.counts()["responses"] > 3  # the job's rollouts are stored too
         finally:
             store.close()
 

@@ -80,8 +80,8 @@ async def _keep_up(store, lag: int = 8, timeout: float = 180) -> None:
     (a learner that does not get there within `timeout` fails the test: it stalled)."""
     deadline = time.monotonic() + timeout
     while True:
-        last = max((f.id for f, _ in store.rated_after(max(store.get_cursor("sao") - 1, 0), 10_000)), default=0)
-        behind = last - store.get_cursor("sao")
+        last = max((f.id for f, _ in store.feedback.rated_after(max(store.feedback.get_cursor("sao") - 1, 0), 10_000)), default=0)
+        behind = last - store.feedback.get_cursor("sao")
         if behind <= lag:
             return
         if time.monotonic() > deadline:
@@ -93,11 +93,11 @@ async def _served_cursor(store, at_least: int, newer_than: int, timeout: float) 
     """Wait until a version newer than `newer_than` whose training reached rating `at_least` serves."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        serving = store.latest_version()
+        serving = store.versions.latest_version()
         if serving.version > newer_than and serving.metrics.get("learner/cursor", 0) >= at_least:
             return serving.version
         await asyncio.sleep(0.5)
-    raise AssertionError(f"no version past {newer_than} with cursor >= {at_least} served within {timeout} s (serving: {store.latest_version()})")
+    raise AssertionError(f"no version past {newer_than} with cursor >= {at_least} served within {timeout} s (serving: {store.versions.latest_version()})")
 
 
 async def _scenario(base_url: str, store) -> dict:
@@ -135,7 +135,7 @@ async def _scenario(base_url: str, store) -> dict:
                 planted += got[0]
                 seed += 2 * ROUND
                 await _keep_up(store)
-            last = max(f.id for f, _ in store.rated_after(0, 100_000))
+            last = max(f.id for f, _ in store.feedback.rated_after(0, 100_000))
             learned = await _served_cursor(store, last, 0, 120)
             out["planted_learned"] = await _rate_of(client, PLANTED_PHRASE, PLANTED_TOPICS, 1_000)
             if out["planted_learned"] > _upper(out["planted_base"]):
@@ -154,12 +154,12 @@ async def _scenario(base_url: str, store) -> dict:
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "key_not_found"
 
         # what a failure needs to be read: each key's ratings and quarantine, the events so far
-        out["keys"] = [(k.key_id[:6], k.ratings, k.quarantined) for k in store.key_states()]
-        out["events"] = sorted({e.kind for e in store.events(limit=10_000)})
+        out["keys"] = [(k.key_id[:6], k.ratings, k.quarantined) for k in store.keys.key_states()]
+        out["events"] = sorted({e.kind for e in store.operator.events(limit=10_000)})
         dry = (await client.post(url, json={"weights": True, "dry_run": True}, headers=admin)).json()
         (plan,) = dry["lineages"]
         assert dry["object"] == "api_key.forget_plan" and plan["target"] is not None and plan["affected"] and dry["replay"] > 0
-        assert store.latest_version().version == learned  # a dry run moves nothing
+        assert store.versions.latest_version().version == learned  # a dry run moves nothing
         cli = await asyncio.to_thread(
             subprocess.run, [sys.executable, "-m", "liveloop.cli", "forget", planted_id, "--dry-run", "--base-url", base_url, "--api-key", ADMIN_KEY],
             capture_output=True, text=True, timeout=60,
@@ -170,13 +170,13 @@ async def _scenario(base_url: str, store) -> dict:
         done = (await client.post(url, json={"weights": True}, headers=admin)).json()
         assert done["ratings_deleted"] > 0 and done["done"][0]["target"] == plan["target"]
         # the learner's position reaches the last rating still stored up to where it was (the planted key's are gone)
-        remaining = max(f.id for f, _ in store.rated_after(plan["target_cursor"], 100_000) if f.id <= plan["head_cursor"])
+        remaining = max(f.id for f, _ in store.feedback.rated_after(plan["target_cursor"], 100_000) if f.id <= plan["head_cursor"])
         retrained = await _served_cursor(store, remaining, max(plan["affected"]), 240)
         out |= {"forget_seconds": time.monotonic() - started, "plan": plan, "estimate_seconds": dry["estimate_seconds"]}
         chain, at = [], retrained
         while at is not None:
             chain.append(at)
-            at = store.get_version(at).parent
+            at = store.versions.get_version(at).parent
         out["chain"] = chain[:8]
         assert plan["target"] in chain and not set(plan["affected"]) & set(chain)  # the new lineage grows on the target
         out["planted_after"] = await _rate_of(client, PLANTED_PHRASE, PLANTED_TOPICS, 1_000)
@@ -190,7 +190,7 @@ async def _scenario(base_url: str, store) -> dict:
 def _pretrain_critic(workdir, model_dir) -> None:
     store = Store(StoreConfig(url=f"sqlite:///{workdir / 'liveloop.db'}"))
     store.migrate()
-    store.ensure_base_version(str(model_dir.resolve()))
+    store.versions.ensure_base_version(str(model_dir.resolve()))
     critic = CriticConfig(pretrain_reward=f"contains:{PLANTED_PHRASE}", pretrain_rollouts=128, pretrain_ev_threshold=0.5)
     planted, other = make_reward(f"contains:{PLANTED_PHRASE}"), make_reward(f"contains:{OTHER_PHRASE}")
     pretrain_for_learner(store, LearnerConfig(checkpoint_dir=str(workdir / "versions")), critic, model_dir, prompt=corpus_prompt,

@@ -14,8 +14,7 @@ import time
 import psutil
 import pytest
 
-from liveloop.store.lease import LEADER, Leases
-from liveloop.store.replicas import ReplicaRegistry
+from liveloop.store.lease import LEADER
 
 from .conftest import open_store, start_server
 
@@ -30,8 +29,8 @@ def test_a_process_group_sigterm_stops_the_server_cleanly(tmp_path, model_dir):
         assert pgid == server.proc.pid  # its own group, as a service manager starts it
         children = psutil.Process(server.proc.pid).children(recursive=True)
         assert {"gcs_server", "raylet"} <= {c.name() for c in children}  # Ray's daemons: what the group signal reached
-        (row,) = [r for r in ReplicaRegistry(store).rows(60.0) if (r.host, r.pid) == (socket.gethostname(), server.proc.pid)]
-        assert Leases(store).get(LEADER).holder.startswith(row.replica_id)
+        (row,) = [r for r in store.fleet.registry.rows(60.0) if (r.host, r.pid) == (socket.gethostname(), server.proc.pid)]
+        assert store.fleet.leases.get(LEADER).holder.startswith(row.replica_id)
         os.killpg(pgid, signal.SIGTERM)
         for child in children:  # and to every process of the tree, as systemd's KillMode=control-group does
             os.kill(child.pid, signal.SIGTERM)
@@ -43,8 +42,8 @@ def test_a_process_group_sigterm_stops_the_server_cleanly(tmp_path, model_dir):
         assert server.proc.wait(120) == 0, server.log_tail()
         log = server.log_path.read_text(errors="replace")
         assert "Traceback" not in log and "SIGTERM: stopping" in log
-        assert Leases(store).get(LEADER).holder is None  # released: the next server leads at once
-        assert ReplicaRegistry(store).rows(3600.0) == []
+        assert store.fleet.leases.get(LEADER).holder is None  # released: the next server leads at once
+        assert store.fleet.registry.rows(3600.0) == []
         time.sleep(1)
         assert [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE] == []
     finally:

@@ -49,13 +49,13 @@ def server(tmp_path_factory, model_dir):
 )
 def test_numbers_at_the_limits_are_400s_before_generation(server, field, value):
     store = open_store(server)
-    before = store.counts()
+    before = store.feedback.counts()
     with _client(server, USER_KEY) as c:
         body = {"logprobs": True} if field == "top_logprobs" else {}
         r = _chat(c, **body, **{field: value})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].split(".")[0] == field
-    assert store.counts() == before  # nothing generated, nothing written
+    assert store.feedback.counts() == before  # nothing generated, nothing written
     store.close()
 
 
@@ -86,13 +86,13 @@ def test_extreme_seeds_are_served_and_stored_without_touching_other_writes(serve
     t.join(120)
     assert results and set(results) == {200}
     store = open_store(server)
-    assert {seed: store.get_response(rid).seed for seed, rid in ids.items()} == {s: s for s in ids}
+    assert {seed: store.feedback.get_response(rid).seed for seed, rid in ids.items()} == {s: s for s in ids}
     store.close()
 
 
 def test_store_false_serves_and_logs_nothing(server):
     store = open_store(server)
-    before = store.counts()
+    before = store.feedback.counts()
     with _client(server, USER_KEY) as c:
         r = _chat(c, store=False)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
@@ -102,7 +102,7 @@ def test_store_false_serves_and_logs_nothing(server):
         assert streamed.status_code == 200 and "[DONE]" in streamed.text
         fb = c.post("/v1/feedback", json={"response_id": rid, "reward": 1})
     assert fb.status_code == 404  # nothing to rate: it was never stored
-    assert store.get_response(rid) is None and store.counts() == before
+    assert store.feedback.get_response(rid) is None and store.feedback.counts() == before
     store.close()
 
 
@@ -111,14 +111,14 @@ def test_delete_response_removes_it_from_training(server):
     with _client(server, USER_KEY) as c, _client(server, USER_KEY_2) as other:
         rid = _chat(c).json()["id"]
         assert c.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
-        assert any(r.id == rid for _, r in store.rated_after(0, 100_000))
+        assert any(r.id == rid for _, r in store.feedback.rated_after(0, 100_000))
         assert other.delete(f"/v1/responses/{rid}").status_code == 404  # not theirs: no leak, no delete
         gone = c.delete(f"/v1/responses/{rid}")
         assert gone.status_code == 200 and gone.json()["ratings_deleted"] == 1
         assert c.delete(f"/v1/responses/{rid}").status_code == 404
         assert c.post("/v1/feedback", json={"response_id": rid, "reward": 0}).status_code == 404
-    assert store.get_response(rid) is None and store.get_feedback(rid) == []
-    assert all(r.id != rid for _, r in store.rated_after(0, 100_000))  # no training or replay reads it
+    assert store.feedback.get_response(rid) is None and store.feedback.get_feedback(rid) == []
+    assert all(r.id != rid for _, r in store.feedback.rated_after(0, 100_000))  # no training or replay reads it
     store.close()
 
 
@@ -137,7 +137,7 @@ def test_a_key_cannot_write_tombstones_for_ids_that_are_not_its_own(server):
         before = _tombstones(store)
         for rid in [theirs, "r-1", "x" * 64, "chatcmpl-" + "z" * 32]:  # another key's stored reply, ids never issued
             assert other.delete(f"/v1/responses/{rid}").status_code == 404
-        assert _tombstones(store) == before and store.get_response(theirs) is not None
+        assert _tombstones(store) == before and store.feedback.get_response(theirs) is not None
         assert other.delete(f"/v1/responses/chatcmpl-{'a' * 32}").status_code == 404  # could be theirs, generating elsewhere
         assert _tombstones(store) == before + 1
     store.close()
@@ -173,8 +173,8 @@ def test_forget_a_key(server):
         assert done.status_code == 200 and done.json()["responses_deleted"] >= 3 and done.json()["ratings_deleted"] >= 3
         events = admin.get("/admin/events").json()["data"]
     assert any(e["kind"] == "forget" and e["detail"]["key_id"] == key_id(USER_KEY_2) for e in events)
-    assert all(store.get_response(rid) is None for rid in ids)
-    assert all(f.api_key_id != key_id(USER_KEY_2) for f, _ in store.rated_after(0, 100_000))
+    assert all(store.feedback.get_response(rid) is None for rid in ids)
+    assert all(f.api_key_id != key_id(USER_KEY_2) for f, _ in store.feedback.rated_after(0, 100_000))
     store.close()
 
 
@@ -187,12 +187,12 @@ def test_quarantine_hides_ratings_from_training_and_lifts(server):
     with _client(server, ADMIN_KEY) as admin:
         q = admin.post(f"/admin/keys/{key}/quarantine", json={"reason": "test"})
         assert q.status_code == 200 and q.json()["changed"]
-        assert store.get_feedback(rid), "quarantined ratings are kept"
-        assert all(r.id != rid for _, r in store.rated_after(0, 100_000)), "but never trained or replayed"
+        assert store.feedback.get_feedback(rid), "quarantined ratings are kept"
+        assert all(r.id != rid for _, r in store.feedback.rated_after(0, 100_000)), "but never trained or replayed"
         listed = {k["key_id"]: k for k in admin.get("/admin/keys").json()["data"]}
         assert listed[key]["quarantined"] and listed[key]["reason"] == "test"
         assert admin.delete(f"/admin/keys/{key}/quarantine").json()["changed"]
-    assert any(r.id == rid for _, r in store.rated_after(0, 100_000))
+    assert any(r.id == rid for _, r in store.feedback.rated_after(0, 100_000))
     store.close()
 
 
@@ -231,9 +231,9 @@ def test_retention_deletes_old_rows(tmp_path, model_dir):
             c.post("/v1/feedback", json={"response_id": rid, "reward": 1})
         store = open_store(server)
         deadline = time.monotonic() + 60
-        while store.get_response(rid) is not None and time.monotonic() < deadline:
+        while store.feedback.get_response(rid) is not None and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert store.get_response(rid) is None and store.get_feedback(rid) == []
+        assert store.feedback.get_response(rid) is None and store.feedback.get_feedback(rid) == []
         store.close()
     finally:
         stop_server(server)
@@ -293,7 +293,7 @@ def test_a_full_log_queue_is_a_503_with_retry_after(tmp_path, model_dir):
         refused = [r for r in answers if r.status_code == 503]
         assert all(int(r.headers["retry-after"]) >= 1 and r.json()["error"]["code"] == "log_queue_full" for r in refused)
         store = open_store(server)
-        (row,) = store.get_feedback(rid)
+        (row,) = store.feedback.get_feedback(rid)
         assert row.revisions + 1 == sum(r.status_code == 200 for r in answers)  # every acknowledged rating landed
         store.close()
         with _client(server, USER_KEY) as c:

@@ -34,7 +34,7 @@ def test_openai_client_on_hf_engine(hf_server, model_dir):
     )
     assert resp.choices[0].message.content and streamed
     store = open_store(hf_server)
-    row = store.get_response(resp.id)
+    row = store.feedback.get_response(resp.id)
     assert row.response_ids.tolist() == resp.choices[0].model_extra["token_ids"]
     expected = Reference(model_dir).logprobs(row.prompt_ids.tolist(), row.response_ids.tolist()).numpy()
     assert np.abs(row.behavior_logprobs - expected).max() < 1e-3
@@ -50,9 +50,9 @@ def test_chat_cli_rates_replies(hf_server):
     assert out.count("bot> ") == 2 and "thumbs up recorded" in out and "thumbs down recorded" in out
     ids = [line.split("[", 1)[1].split(" ", 1)[0] for line in out.splitlines() if "· version" in line]
     store = open_store(hf_server)
-    assert [store.get_feedback(i)[0].reward for i in ids] == [1, 0]
+    assert [store.feedback.get_feedback(i)[0].reward for i in ids] == [1, 0]
     # the second turn carried the first exchange as history
-    assert len(store.get_response(ids[1]).prompt_ids) > len(store.get_response(ids[0]).prompt_ids)
+    assert len(store.feedback.get_response(ids[1]).prompt_ids) > len(store.feedback.get_response(ids[0]).prompt_ids)
     store.close()
 
 
@@ -71,10 +71,10 @@ def test_chat_cli_shows_tool_calls_and_takes_their_results(hf_server):
     ids = [line.split("[", 1)[1].split(" ", 1)[0] for line in out.splitlines() if "· version" in line]
     store = open_store(hf_server)
     call_id = out.split("[tool call ", 1)[1].split("]", 1)[0]
-    answer = store.conversations.get(ids[1], store.get_response(ids[1]).api_key_id, ("chat",))
+    answer = store.conversations.get(ids[1], store.feedback.get_response(ids[1]).api_key_id, ("chat",))
     assert answer.messages[-1] == {"role": "tool", "tool_call_id": call_id, "content": "4", "name": "calc"}
-    assert store.get_feedback(ids[0]) == [] and store.get_feedback(ids[1])[0].reward == 1
-    assert store.get_response(ids[1]).parent_id == ids[0]  # one episode
+    assert store.feedback.get_feedback(ids[0]) == [] and store.feedback.get_feedback(ids[1])[0].reward == 1
+    assert store.feedback.get_response(ids[1]).parent_id == ids[0]  # one episode
     store.close()
 
 

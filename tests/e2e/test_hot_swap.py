@@ -80,7 +80,7 @@ def test_swap_while_streaming(swap_server, model_dir, tmp_path):
     refs = {0: Reference(model_dir), 1: Reference(new_dir)}
     versions = []
     for r in during + after:
-        row = store.get_response(r["id"])
+        row = store.feedback.get_response(r["id"])
         assert row is not None and row.policy_version == r["header"]
         versions.append(row.policy_version)
         expected = refs[row.policy_version].logprobs(row.prompt_ids.tolist(), row.response_ids.tolist()).numpy()
@@ -89,7 +89,7 @@ def test_swap_while_streaming(swap_server, model_dir, tmp_path):
         assert np.abs(row.behavior_logprobs - other).max() > 1e-3  # the two versions are distinguishable
     assert 0 in versions[:N_STREAMS], "streams admitted before the swap finish on the old version"
     assert all(v == 1 for v in versions[N_STREAMS:]), "requests after the swap are served by the new version"
-    rows = {v.version: v for v in store.list_versions()}
+    rows = {v.version: v for v in store.versions.list_versions()}
     assert rows[1].status == "serving" and rows[0].status == "retired" and rows[1].parent == 0
     assert rows[1].checkpoint_sha256
     store.close()
@@ -115,10 +115,10 @@ def test_failed_swap_keeps_serving_old_version(swap_server, tmp_path, model_dir)
     )
     assert ok.status_code == 200 and ok.json()["policy_version"] == before
     store = open_store(swap_server)
-    assert [v.status for v in store.list_versions() if v.version > before] == ["failed"]
+    assert [v.status for v in store.versions.list_versions() if v.version > before] == ["failed"]
     # the engine still holds exactly the old version's weights (restored after the failed load)
-    row = store.get_response(ok.json()["id"])
-    ref = Reference(store.get_version(before).checkpoint_path)
+    row = store.feedback.get_response(ok.json()["id"])
+    ref = Reference(store.versions.get_version(before).checkpoint_path)
     expected = ref.logprobs(row.prompt_ids.tolist(), row.response_ids.tolist()).numpy()
     assert np.abs(row.behavior_logprobs - expected).max() < 1e-3
     store.close()

@@ -108,7 +108,7 @@ def test_keep_swaps_record_true_version_spans(keep_server, model_dir, tmp_path):
         versions = _token_versions(r["spans"], n)
         assert versions[0] >= r["version"] and versions == sorted(versions), "versions only move forward"
         # the store row says the same, and the same tokens and logprobs
-        row = store.get_response(r["id"])
+        row = store.feedback.get_response(r["id"])
         assert row.response_ids.tolist() == r["tokens"] and row.policy_version == r["version"]
         assert np.allclose(row.behavior_logprobs, r["logprobs"], atol=1e-6)
         spans = tuple((s["start"], s["end"], s["version"]) for s in r["spans"])

@@ -55,23 +55,23 @@ def test_killed_learner_resumes_exactly_once(tmp_path, model_dir):
     store = open_store(server)
     try:
         first = _learn(config)
-        wait_until(lambda: store.cursor_version("sao") not in (None, 0), 180, "a first published version")
+        wait_until(lambda: store.versions.cursor_version("sao") not in (None, 0), 180, "a first published version")
         os.killpg(first.pid, signal.SIGKILL)  # mid-run: steps after the last version are lost in memory
         first.wait(30)
-        killed_at = store.get_cursor("sao")
+        killed_at = store.feedback.get_cursor("sao")
         assert 0 < killed_at < N_RATED * 2  # feedback ids start at 1
         second = _learn(config)
-        last_id = max(f.id for f, _ in store.rated_after(0, 1000))
-        wait_until(lambda: store.get_cursor("sao") == last_id, 240, "the restarted learner to consume every rating")
+        last_id = max(f.id for f, _ in store.feedback.rated_after(0, 1000))
+        wait_until(lambda: store.feedback.get_cursor("sao") == last_id, 240, "the restarted learner to consume every rating")
         os.killpg(second.pid, signal.SIGTERM)
         second.wait(60)
-        wait_until(lambda: http.get("/healthz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()["policy_version"] == store.cursor_version("sao"), 60, "the server to swap in the last version")
+        wait_until(lambda: http.get("/healthz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()["policy_version"] == store.versions.cursor_version("sao"), 60, "the server to swap in the last version")
     finally:
         stop.set()
         t.join(60)
         http.close()
         stop_server(server)
-    versions = [v for v in store.list_versions() if v.status in LEARNER_STATUSES and v.version > 0]
+    versions = [v for v in store.versions.list_versions() if v.status in LEARNER_STATUSES and v.version > 0]
     assert sum(v.samples_used for v in versions) == N_RATED, "every rating trained exactly once"
     assert [v.parent for v in versions] == [0] + [v.version for v in versions[:-1]], "one unbroken lineage"
     assert not failures and len(served) > 0

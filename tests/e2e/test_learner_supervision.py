@@ -56,7 +56,7 @@ def test_learner_crash_is_reported_and_recovered(tmp_path, model_dir):
         with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=60) as c:
             _rate(c, 2)
             store = open_store(server)
-            wait_until(lambda: store.get_cursor("sao") >= 2, 180, "the learner to train the first ratings")
+            wait_until(lambda: store.feedback.get_cursor("sao") >= 2, 180, "the learner to train the first ratings")
             worker = wait_until(lambda: _learner_worker(server), 30, "the learner's Ray worker")
             os.kill(worker.pid, signal.SIGKILL)
             # serving and logging go on; the health says the learner is not running
@@ -69,9 +69,9 @@ def test_learner_crash_is_reported_and_recovered(tmp_path, model_dir):
             assert "learner_crash" in kinds and "learner_restart" in kinds
             status = c.get("/admin/learner", headers=admin).json()
             assert status["running"] and status["restarts"] == 1
-            last = max(f.id for f, _ in store.rated_after(0, 1000))
-            wait_until(lambda: store.get_cursor("sao") >= last, 300, "the restarted learner to train the late ratings")
-            assert all(store.get_response(rid) is not None for rid in late)
+            last = max(f.id for f, _ in store.feedback.rated_after(0, 1000))
+            wait_until(lambda: store.feedback.get_cursor("sao") >= last, 300, "the restarted learner to train the late ratings")
+            assert all(store.feedback.get_response(rid) is not None for rid in late)
             store.close()
     finally:
         stop_server(server)

@@ -144,7 +144,7 @@ def test_a_non_stream_client_that_disconnects_stops_its_generation(server):
         wait_until(lambda: len(_response_ids(server) - before) == 1, 30, "the abandoned response to be logged")
         (rid,) = _response_ids(server) - before
         store = open_store(server)
-        row = store.get_response(rid)
+        row = store.feedback.get_response(rid)
         store.close()
         rows.append((fraction, row.finish_reason, len(row.response_ids)))
         if row.finish_reason == "abort":
@@ -215,6 +215,6 @@ def test_a_locked_store_answers_503_fast_reports_degraded_and_recovers(server):
         assert c.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
     wait_until(lambda: httpx.get(server.base_url + "/healthz", timeout=10).json()["status"] == "ok", 30, "/healthz ok")
     store = open_store(server)
-    missing = [rid for rid in ACKNOWLEDGED if store.get_response(rid) is None]
+    missing = [rid for rid in ACKNOWLEDGED if store.feedback.get_response(rid) is None]
     store.close()
     assert not missing, missing

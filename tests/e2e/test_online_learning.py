@@ -97,7 +97,7 @@ async def _scenario(base_url: str) -> dict:
 def _pretrain_critic(workdir, model_dir) -> dict:
     store = Store(StoreConfig(url=f"sqlite:///{workdir / 'liveloop.db'}"))
     store.migrate()
-    store.ensure_base_version(str(model_dir.resolve()))
+    store.versions.ensure_base_version(str(model_dir.resolve()))
     learner = LearnerConfig(checkpoint_dir=str(workdir / "versions"))
     critic = CriticConfig(pretrain_reward=f"contains:{TARGET}", pretrain_rollouts=128, pretrain_ev_threshold=0.5)
     result = pretrain_for_learner(store, learner, critic, model_dir, prompt=corpus_prompt,
@@ -127,6 +127,6 @@ def test_target_word_rate_rises(tmp_path, model_dir):
     for name in ("liveloop_learner_kept_fraction", "liveloop_critic_grad_norm", "liveloop_learner_idle_fraction"):
         assert name in result["metrics"]
     store = open_store(server)
-    cursor = store.get_cursor("sao")
-    assert cursor == max(f.id for f, _ in store.rated_after(0, 10_000)), "every rating consumed"
+    cursor = store.feedback.get_cursor("sao")
+    assert cursor == max(f.id for f, _ in store.feedback.rated_after(0, 10_000)), "every rating consumed"
     store.close()

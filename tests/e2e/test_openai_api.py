@@ -34,7 +34,7 @@ def reference(model_dir):
 
 
 def _check_row(store, reference, response_id, token_ids, version):
-    row = store.get_response(response_id)
+    row = store.feedback.get_response(response_id)
     assert row is not None, "an acknowledged response must already be in the store"
     assert row.response_ids.tolist() == token_ids
     assert row.policy_version == version
@@ -112,7 +112,7 @@ def test_text_only_stream_matches_the_whole_response(oai, store):
                 last = chunk
     assert text == whole.choices[0].message.content and n_chunks > 2
     assert last.choices[0].finish_reason == whole.choices[0].finish_reason
-    n = len(store.get_response(last.id).response_ids)
+    n = len(store.feedback.get_response(last.id).response_ids)
     assert n == whole.usage.completion_tokens
     assert last.model_extra["version_spans"] == whole.model_extra["version_spans"] == [
         {"start": 0, "end": n, "version": whole.model_extra["policy_version"]}
@@ -128,7 +128,7 @@ def test_completions_both_modes(oai, store, reference):
     for chunk in oai.completions.create(model=MODEL, prompt="The moon", max_tokens=20, stream=True):
         rid = chunk.id
         text += chunk.choices[0].text if chunk.choices else ""
-    assert len(store.get_response(rid).response_ids) > 0 and text
+    assert len(store.feedback.get_response(rid).response_ids) > 0 and text
 
 
 def test_seed_reproducible_and_stop(oai):
@@ -170,21 +170,21 @@ def test_feedback_rules(vllm_server, oai, store):
     assert fb["reward"] == 1 and fb["response_id"] == resp.id
     again = oai.post("/feedback", cast_to=object, body={"response_id": resp.id, "reward": 0, "comment": "on reflection"})
     assert again["id"] == fb["id"] and again["revisions"] == 1  # one row per pair: it trains once
-    assert [(f.reward, f.comment) for f in store.get_feedback(resp.id)] == [(0, "on reflection")]
+    assert [(f.reward, f.comment) for f in store.feedback.get_feedback(resp.id)] == [(0, "on reflection")]
     other = openai.OpenAI(base_url=vllm_server.base_url + "/v1", api_key=USER_KEY_2, max_retries=0)
     with pytest.raises(openai.NotFoundError):
         other.post("/feedback", cast_to=object, body={"response_id": resp.id, "reward": 1})
-    assert [f.reward for f in store.get_feedback(resp.id)] == [0]
+    assert [f.reward for f in store.feedback.get_feedback(resp.id)] == [0]
 
 
 def test_liveloop_client(vllm_server, store):
     with LiveloopClient(vllm_server.base_url, USER_KEY) as client:
         reply = client.chat(PROMPT, max_tokens=24)
-        assert reply.text and reply.token_ids == store.get_response(reply.id).response_ids.tolist()
+        assert reply.text and reply.token_ids == store.feedback.get_response(reply.id).response_ids.tolist()
         pieces = list(client.stream_chat(PROMPT, max_tokens=24))
         streamed = pieces[-1]
         assert "".join(p for p in pieces[:-1]) == streamed.text
-        assert store.get_response(streamed.id).response_ids.tolist() == streamed.token_ids
+        assert store.feedback.get_response(streamed.id).response_ids.tolist() == streamed.token_ids
         assert client.feedback(streamed.id, "down")["reward"] == 0
         versions = client.versions()
         assert versions["data"][0]["version"] == 0 and versions["serving"] >= 0

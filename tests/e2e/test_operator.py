@@ -127,7 +127,7 @@ def _seeded(http: httpx.Client, n: int = 3) -> list[dict]:
 def _logged(server, replies: list[dict]) -> list[tuple[bytes, bytes, int]]:
     store = open_store(server)
     try:
-        rows = [store.get_response(r["id"]) for r in replies]
+        rows = [store.feedback.get_response(r["id"]) for r in replies]
         return [(r.response_ids.tobytes(), r.behavior_logprobs.tobytes(), r.policy_version) for r in rows]
     finally:
         store.close()
@@ -266,19 +266,19 @@ def test_pause_stops_publishing_while_serving_continues(http, server):
     assert http.get("/admin/stats", headers=ADMIN).json()["learning_paused"]
     store = open_store(server)
     try:
-        before = len(store.list_versions())
+        before = len(store.versions.list_versions())
         served = _serving(http)
         for i in range(8):
             _rate(http, _chat(http, f"Tell me about tea ({i})."), i % 2)
         time.sleep(3)  # > publish_every_seconds: an unpaused learner would have published by now
-        assert len(store.list_versions()) == before and _serving(http) == served
+        assert len(store.versions.list_versions()) == before and _serving(http) == served
         learner = http.get("/admin/learner", headers=ADMIN).json()
         assert learner["running"] and learner["paused"]
 
         r = http.post("/admin/learning/resume", headers=ADMIN, json={"reason": "done looking"})
         assert r.json() == {"object": "learning", "learner": "sao", "paused": False, "changed": True}
         newest = wait_until(lambda: _serving(http) > served and _serving(http), 90, "the learner to publish after resume")
-        record = store.get_version(newest)
+        record = store.versions.get_version(newest)
         assert record.parent is not None and record.samples_used >= 1
         kinds = [e["kind"] for e in http.get("/admin/events", headers=ADMIN).json()["data"]]
         assert kinds.count("pause") >= 1 and kinds[-1] in ("resume", "alarm")

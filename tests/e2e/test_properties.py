@@ -13,7 +13,7 @@ Properties, checked on every request:
 3. another key's steady traffic alongside (USER_KEY_2: a generation and a rating every 0.2 s) is all
    served with 200 and all in the store at the end, and no generated request reaches its rows.
 
-The store is compared per key rather than with `Store.counts()`: USER_KEY_2 writes concurrently."""
+The store is compared per key rather than with `store.feedback.counts()`: USER_KEY_2 writes concurrently."""
 
 from __future__ import annotations
 
@@ -345,7 +345,7 @@ def check_generation(h: Harness, r: httpx.Response, before: Snapshot, after: Sna
     else:
         rid = r.json()["id"]
     assert "x-liveloop-policy-version" in r.headers, what
-    stored = h.store.get_response(rid)
+    stored = h.store.feedback.get_response(rid)
     if _sent_store_flag(content):
         assert stored is not None and stored.api_key_id == key_id(key), f"a 200 generation was not logged under its key: {what}"
         assert after.responses == before.responses + 1, f"a 200 generation wrote {after.responses - before.responses} rows: {what}"
@@ -411,7 +411,7 @@ def test_feedback(h, data, key, reward, comment, muts):
     if r.status_code == 200:
         got = r.json()
         assert h.owner.get(got["response_id"]) == key, f"a key rated a response it did not receive: {what}"
-        mine = [f for f in h.store.get_feedback(got["response_id"]) if f.api_key_id == key_id(key)]
+        mine = [f for f in h.store.feedback.get_feedback(got["response_id"]) if f.api_key_id == key_id(key)]
         assert [f.reward for f in mine] == [got["reward"]] and got["reward"] in (0, 1), what
         assert after.responses == before.responses and after.feedback - before.feedback in (0, 1), what
 
@@ -434,7 +434,7 @@ def test_delete_response(h, data, key):
     if r.status_code == 200:
         rid = r.json()["id"]
         assert h.owner.get(rid) == key, f"a key deleted a response it did not receive: {what}"
-        assert h.store.get_response(rid) is None and after.responses == before.responses - 1, what
+        assert h.store.feedback.get_response(rid) is None and after.responses == before.responses - 1, what
         assert after.feedback == before.feedback - r.json()["ratings_deleted"], what
         del h.owner[rid]
 
@@ -608,9 +608,9 @@ def test_other_users_traffic_was_served_and_logged(h):
     assert not other.failures, f"USER_KEY_2's requests failed while the generated ones ran: {other.failures[:10]}"
     assert len(other.rated) >= 3, "the other user's traffic did not run alongside"
     for rid, reward in other.rated:
-        row = h.store.get_response(rid)
+        row = h.store.feedback.get_response(rid)
         assert row is not None and row.api_key_id == key_id(USER_KEY_2), f"{rid} of USER_KEY_2 is not in the store"
-        assert [(f.api_key_id, f.reward) for f in h.store.get_feedback(rid)] == [(key_id(USER_KEY_2), reward)], rid
+        assert [(f.api_key_id, f.reward) for f in h.store.feedback.get_feedback(rid)] == [(key_id(USER_KEY_2), reward)], rid
     health = h.client.get("/healthz", headers=ADMIN_HEADERS)
     assert health.status_code == 200 and health.json()["writer"]["ok"], health.text
     if h.backpressure:

@@ -42,7 +42,7 @@ def test_message_is_anthropics_shape_and_logged(server, greedy):
     assert greedy.stop_reason in ("end_turn", "max_tokens") and greedy.stop_sequence is None
     extra = greedy.model_extra
     store = open_store(server)
-    row = store.get_response(greedy.id)
+    row = store.feedback.get_response(greedy.id)
     store.close()
     version = row.policy_version  # whatever serves now (other tests of the session may have swapped)
     assert extra["policy_version"] == version
@@ -61,7 +61,7 @@ def test_stream_says_what_the_whole_message_says(server, claude, greedy):
     assert final.stop_reason == greedy.stop_reason and final.usage.output_tokens == greedy.usage.output_tokens
     assert final.id != greedy.id and final.model_extra["policy_version"] == greedy.model_extra["policy_version"]
     store = open_store(server)
-    assert store.get_response(final.id).response_ids.tolist() == store.get_response(greedy.id).response_ids.tolist()
+    assert store.feedback.get_response(final.id).response_ids.tolist() == store.feedback.get_response(greedy.id).response_ids.tolist()
     store.close()
     # the raw event sequence, as Anthropic sends it (the client's iterator skips the ping)
     body = {"model": MODEL, "max_tokens": 8, "messages": ASK, "stream": True}
@@ -93,7 +93,7 @@ def test_feedback_rates_the_message_id(server, greedy):
     other = httpx.post(server.base_url + "/v1/feedback", json={"response_id": greedy.id, "reward": 0}, headers={"x-api-key": USER_KEY_2}, timeout=60)
     assert other.status_code == 404  # another key's message: not found, as on chat
     store = open_store(server)
-    assert [f.reward for f in store.get_feedback(greedy.id)] == [1]
+    assert [f.reward for f in store.feedback.get_feedback(greedy.id)] == [1]
     store.close()
 
 

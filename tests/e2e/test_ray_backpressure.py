@@ -66,7 +66,7 @@ def test_requests_past_the_proxy_queue_get_503_and_reach_no_replica(fleet):
     assert max(seconds for seconds, _ in refused) < slowest_served  # refused at once, not after a wait
     store = Store(StoreConfig(url=fleet.store_url))
     try:
-        assert store.counts()["responses"] == len(served)  # a refused request never reached the replica
-        assert all(store.get_response(rid) is not None for rid in served)
+        assert store.feedback.counts()["responses"] == len(served)  # a refused request never reached the replica
+        assert all(store.feedback.get_response(rid) is not None for rid in served)
     finally:
         store.close()

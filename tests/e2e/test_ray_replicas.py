@@ -71,7 +71,7 @@ def _up(server) -> dict[str, int]:
 
 
 def _serving(store: Store) -> int:
-    return store.latest_version().version
+    return store.versions.latest_version().version
 
 
 def _converged(server, store: Store, n: int = 2) -> int | None:
@@ -169,15 +169,15 @@ def test_every_replica_follows_every_push(fleet):
         replicas = {replica for replica, _, _ in users.seen}
         assert len(replicas) == 2, f"one replica took all the traffic: {replicas}"
         # every response records the version it named; every version served was made serving by the store
-        statuses = {v.version: v.status for v in store.list_versions()}
+        statuses = {v.version: v.status for v in store.versions.list_versions()}
         for replica, version, response_id in users.seen:
-            assert store.get_response(response_id).policy_version == version
+            assert store.feedback.get_response(response_id).policy_version == version
             assert statuses[version] in (S.SERVING, S.RETIRED), (version, statuses[version])
         # no replica went backwards (no rollback in this phase), and each saw several pushes
         for replica, versions in watcher.history.items():
             assert versions == sorted(versions), (replica, versions)
         assert all(len(v) >= 2 for v in watcher.history.values()), watcher.history
-        assert "activation_dropped" not in {e.kind for e in store.events()}
+        assert "activation_dropped" not in {e.kind for e in store.operator.events()}
     finally:
         store.close()
 
@@ -205,7 +205,7 @@ def test_a_rollback_and_a_pause_reach_every_replica(fleet, model_dir, tmp_path):
     try:
         serving = wait_until(lambda: _converged(fleet, store), 15, "a converged fleet")
         for _ in range(3):  # the learner may still publish what the last ratings taught: 409 serving_changed
-            target = store.get_version(serving).parent
+            target = store.versions.get_version(serving).parent
             r = httpx.post(fleet.base_url + "/admin/rollback", headers=ADMIN, json={"version": target, "expect_serving": serving}, timeout=60)
             if r.status_code != 409:
                 break
@@ -219,12 +219,12 @@ def test_a_rollback_and_a_pause_reach_every_replica(fleet, model_dir, tmp_path):
         time.sleep(1.0)  # a step the learner was taking when the pause came publishes, then it stops
         current = wait_until(lambda: _converged(fleet, store), 10, "a converged fleet")
         checkpoint = perturbed_checkpoint(model_dir, tmp_path / "external", seed=7)
-        pushed = store.publish_version(  # what another learner (`liveloop learn`) would publish
+        pushed = store.versions.publish_version(  # what another learner (`liveloop learn`) would publish
             parent=current, checkpoint_path=str(checkpoint), checkpoint_sha256=None, learner_step=1, samples_used=1, metrics={},
             cursor_name="external", last_feedback_id=0,
         ).version
         time.sleep(2.0)  # 40 watch intervals
-        assert _up(fleet) == {rid: current for rid in _up(fleet)} and store.get_version(pushed).status == S.PUBLISHED
+        assert _up(fleet) == {rid: current for rid in _up(fleet)} and store.versions.get_version(pushed).status == S.PUBLISHED
         assert httpx.post(fleet.base_url + "/admin/learning/resume", headers=ADMIN, timeout=30).status_code == 200
         wait_until(lambda: set(_up(fleet).values()) == {pushed} and len(_up(fleet)) == 2, 15, f"both replicas serving v{pushed}")
     finally:

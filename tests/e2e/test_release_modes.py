@@ -69,10 +69,10 @@ def test_canary_serves_its_users_the_candidate_then_promotes_it(server, tmp_path
             assert user.post("/v1/feedback", json={"response_id": rid, "reward": 1}).status_code == 200
 
         v2 = publish_version(store, v1, perturbed_checkpoint(server.model_dir, tmp_path / "c2", seed=2))  # trained on from the candidate
-        wait_until(lambda: store.get_version(v1).status == VersionStatus.SERVING, 120, f"version {v1} promoted")
-        assert store.evaluation(v1) is not None and store.evaluation(v1).passed
+        wait_until(lambda: store.versions.get_version(v1).status == VersionStatus.SERVING, 120, f"version {v1} promoted")
+        assert store.release.evaluation(v1) is not None and store.release.evaluation(v1).passed
         assert {_chat(oai, u)[1] for u in USERS if u not in canary_users} == {v1}
-        wait_until(lambda: store.get_version(v2).status == VersionStatus.CANARY, 60, f"version {v2} the next candidate")
+        wait_until(lambda: store.versions.get_version(v2).status == VersionStatus.CANARY, 60, f"version {v2} the next candidate")
         wait_until(lambda: admin.get("/admin/release").json()["candidate"]["loaded"], 60, "the next candidate loaded")
         assert {_chat(oai, u)[1] for u in canary_users} == {v2}  # the same users try the next one
         assert {_chat(oai, u)[1] for u in USERS if u not in canary_users} == {v1}

@@ -74,7 +74,7 @@ def store(server):
 
 def _publish(store, directory: Path, segment: str, parent: int) -> int:
     """What a segment's learner lane writes: the adapter version and its lane's cursor, in one transaction."""
-    return store.publish_version(  # the number is allocated in the inserting transaction
+    return store.versions.publish_version(  # the number is allocated in the inserting transaction
         parent=parent, checkpoint_path=str(directory), checkpoint_sha256=checkpoint_digest(directory),
         learner_step=1, samples_used=1, metrics={}, cursor_name=f"sao:{segment}", last_feedback_id=0, segment=segment,
     ).version
@@ -111,7 +111,7 @@ def _wait_activated(http: httpx.Client, segment: str, version: int, what: str) -
 
 
 def _recorded(store, reply: dict) -> tuple[str | None, int]:
-    row = wait_until(lambda: store.get_response(reply["id"]), 10, "the response to be logged")
+    row = wait_until(lambda: store.feedback.get_response(reply["id"]), 10, "the response to be logged")
     return row.segment, row.policy_version
 
 
@@ -135,7 +135,7 @@ def test_requests_are_routed_by_their_segment(http, store, adapter_dirs):
     assert _recorded(store, night) == ("night", 0)
     assert _recorded(store, other) == ("overflow", 0) and _recorded(store, untagged) == ("overflow", 0)
     # the same prompt and seed, through the adapter and without it: not the same distribution
-    a, b = store.get_response(cozy["id"]), store.get_response(night["id"])
+    a, b = store.feedback.get_response(cozy["id"]), store.feedback.get_response(night["id"])
     assert (a.response_ids.tobytes(), a.behavior_logprobs.tobytes()) != (b.response_ids.tobytes(), b.behavior_logprobs.tobytes())
 
     # a rating counts for the version that served the response: cozy's adapter, not the base
@@ -215,7 +215,7 @@ def test_a_segments_rollback_moves_only_that_segment(http, store):
     assert _serving(http) == {"cozy": cozy1, "night": serving["night"], "overflow": None}
     reply = _chat(http, "cozy")
     assert reply["policy_version"] == cozy1 and _recorded(store, reply) == ("cozy", cozy1)
-    assert store.cursor_version("sao:cozy") == cozy1 and store.cursor_version("sao:night") == serving["night"]
+    assert store.versions.cursor_version("sao:cozy") == cozy1 and store.versions.cursor_version("sao:night") == serving["night"]
 
     # to the base weights: the segment is served without an adapter, the others keep theirs
     r = http.post("/admin/rollback", headers=ADMIN, json={"version": 0, "segment": "cozy"})

@@ -37,7 +37,7 @@ def test_guard_rolls_back_a_segments_worse_adapter_only(tmp_path, model_dir):
                 return {s["segment"]: s["serving"] for s in http.get("/admin/adapters", headers=ADMIN).json()["segments"]}
 
             def publish(name: str, segment: str, parent: int) -> int:
-                version = store.publish_version(  # the number is allocated in the inserting transaction
+                version = store.versions.publish_version(  # the number is allocated in the inserting transaction
                     parent=parent, checkpoint_path=str(adapters[name]), checkpoint_sha256=checkpoint_digest(adapters[name]),
                     learner_step=1, samples_used=1, metrics={}, cursor_name=f"sao:{segment}", last_feedback_id=0, segment=segment,
                 ).version

@@ -92,7 +92,7 @@ def _pretrain_critic(workdir, model_dir) -> None:
     """Version 0's critic (every lane starts from it), fitted to the target word's reward."""
     store = Store(StoreConfig(url=f"sqlite:///{workdir / 'liveloop.db'}"))
     store.migrate()
-    store.ensure_base_version(str(model_dir.resolve()))
+    store.versions.ensure_base_version(str(model_dir.resolve()))
     critic = CriticConfig(pretrain_reward=f"contains:{TARGET}", pretrain_rollouts=128, pretrain_ev_threshold=0.5)
     pretrain_for_learner(store, LearnerConfig(checkpoint_dir=str(workdir / "versions")), critic, model_dir,
                          prompt=corpus_prompt, reward=make_reward(critic.pretrain_reward), progress=False)
@@ -118,8 +118,8 @@ def test_a_segments_adapter_learns_and_the_others_stay_put(tmp_path, model_dir):
     assert result["night_v"] == ({0}, {0}) and result["night_same"]
     assert cozy_lane["samples"] == result["events"]
     store = open_store(server)
-    cozy_versions = [r for r in store.list_versions() if r.segment == "cozy"]
-    assert cozy_versions and not [r for r in store.list_versions() if r.segment == "night"]
-    served = {r.segment for f, r in store.rated_after(0, 10_000)}
+    cozy_versions = [r for r in store.versions.list_versions() if r.segment == "cozy"]
+    assert cozy_versions and not [r for r in store.versions.list_versions() if r.segment == "night"]
+    served = {r.segment for f, r in store.feedback.rated_after(0, 10_000)}
     assert served == {"cozy"}
     store.close()

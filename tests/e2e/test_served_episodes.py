@@ -57,7 +57,7 @@ def _tool_loop(client: openai.OpenAI, seed: int) -> tuple[str, str, str]:
 def test_a_tool_loop_is_one_episode_with_the_tool_result_as_observation(server, store, model_dir):
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=USER_KEY, max_retries=0)
     first, second, result = _tool_loop(client, seed=1)
-    t1, t2 = store.get_response(first), store.get_response(second)
+    t1, t2 = store.feedback.get_response(first), store.feedback.get_response(second)
     assert (t2.parent_id, t2.root_id, t2.turn) == (first, first, 1)
     assert t2.prefix_tokens is not None  # the template re-rendered the call token for token
     episode = store.episodes.episode(second)
@@ -81,14 +81,14 @@ def test_a_tool_loop_is_one_episode_with_the_tool_result_as_observation(server, 
     other = openai.OpenAI(base_url=server.base_url + "/v1", api_key=USER_KEY_2, max_retries=0)
     history = store.conversations.get(second, t2.api_key_id, ("chat",)).messages
     again = other.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=8, seed=9)
-    assert store.get_response(again.id).parent_id is None
+    assert store.feedback.get_response(again.id).parent_id is None
 
 
 def test_a_responses_chain_is_one_episode(server, store):
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=USER_KEY, max_retries=0)
     a = client.responses.create(model=MODEL, input="Tell me about the moon.", max_output_tokens=12)
     b = client.responses.create(model=MODEL, input="And the sea?", previous_response_id=a.id, max_output_tokens=12)
-    row = store.get_response(b.id)
+    row = store.feedback.get_response(b.id)
     assert (row.parent_id, row.turn) == (a.id, 1)
     assert store.episodes.view(b.id).turns[1].linked_by == "previous_response"
 
@@ -96,11 +96,11 @@ def test_a_responses_chain_is_one_episode(server, store):
 def test_a_rating_of_the_final_answer_trains_the_whole_episode(server, store):
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=USER_KEY, max_retries=0)
     _, second, _ = _tool_loop(client, seed=5)
-    before = max(v.version for v in store.list_versions())
+    before = max(v.version for v in store.versions.list_versions())
     with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY}"}) as c:
         assert c.post("/v1/feedback", json={"response_id": second, "reward": 1}).status_code == 200
-    wait_until(lambda: max(v.version for v in store.list_versions()) > before, timeout=120, what="a version trained on the episode")
-    trained = max(store.list_versions(), key=lambda v: v.version)
+    wait_until(lambda: max(v.version for v in store.versions.list_versions()) > before, timeout=120, what="a version trained on the episode")
+    trained = max(store.versions.list_versions(), key=lambda v: v.version)
     assert trained.metrics.get("learner/episodes", 0) >= 1 and trained.metrics.get("learner/episode_turns", 0) >= 2
 
 

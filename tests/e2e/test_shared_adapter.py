@@ -51,9 +51,9 @@ def test_one_adapter_serves_and_learns_for_everyone(tmp_path, model_dir):
             assert served == [version] * 3
         store = open_store(server)
         try:
-            assert {r.segment for r in store.list_versions()} == {None, "shared"}
-            assert store.latest_version().version == 0  # the base weights did not move
-            assert {r.segment for _, r in store.rated_after(0, 100)} == {"shared"}
+            assert {r.segment for r in store.versions.list_versions()} == {None, "shared"}
+            assert store.versions.latest_version().version == 0  # the base weights did not move
+            assert {r.segment for _, r in store.feedback.rated_after(0, 100)} == {"shared"}
         finally:
             store.close()
     finally:

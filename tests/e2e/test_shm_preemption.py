@@ -117,12 +117,12 @@ def rate_until_serving(base_url: str, store: Store) -> int:
         for i in range(3):
             rid = c.post("/v1/chat/completions", json={"model": "liveloop-tiny", "messages": MOON, "max_tokens": 8}).json()["id"]
             assert c.post("/v1/feedback", json={"response_id": rid, "reward": i % 2}).status_code == 200
-    record = wait_until(lambda: store.latest_version(VersionStatus.SERVING) if _learned(store) else None, 180, "a learner's version to serve")
+    record = wait_until(lambda: store.versions.latest_version(VersionStatus.SERVING) if _learned(store) else None, 180, "a learner's version to serve")
     return record.version
 
 
 def _learned(store: Store) -> bool:
-    record = store.latest_version(VersionStatus.SERVING)
+    record = store.versions.latest_version(VersionStatus.SERVING)
     return record is not None and record.version > 0
 
 
@@ -131,7 +131,7 @@ def migrated_namespace(store_url: str) -> str:
     store = Store(StoreConfig(url=store_url))
     try:
         store.migrate()
-        return f"d{store.deployment_id()[:15]}"
+        return f"d{store.fleet.deployment_id()[:15]}"
     finally:
         store.close()
 
@@ -148,11 +148,11 @@ def test_eight_planted_names_move_shared_memory_to_an_unguessable_one(shm, workd
     try:
         version = rate_until_serving(base_url, store)
         assert "from shared_memory" in log(workdir), log(workdir)
-        namespace = f"d{store.deployment_id()[:15]}"
+        namespace = f"d{store.fleet.deployment_id()[:15]}"
         assert ours(base) == [private_dir.candidates(base, namespace)[8]]  # the first unguessable name, the deployment's own
         assert stat.S_IMODE(os.lstat(ours(base)[0]).st_mode) == 0o700
-        assert store.get_version(version).weights_nonce  # published in memory, not through a checkpoint
-        assert not [e for e in store.events() if e.kind in ("transport_fallback", "weights_rejected")]
+        assert store.versions.get_version(version).weights_nonce  # published in memory, not through a checkpoint
+        assert not [e for e in store.operator.events() if e.kind in ("transport_fallback", "weights_rejected")]
         assert all(os.lstat(p).st_uid == NOBODY for p in names_of(base, None))  # theirs, left alone
     finally:
         stop(proc)
@@ -168,11 +168,11 @@ def test_every_name_planted_falls_back_to_checkpoints_and_still_publishes(shm, w
     proc, base_url, store_url = serve(holder, workdir, model_dir)
     store = Store(StoreConfig(url=store_url))
     try:
-        (event,) = [e for e in store.events() if e.kind == "transport_fallback"]
+        (event,) = [e for e in store.operator.events() if e.kind == "transport_fallback"]
         assert event.detail["configured"] == "shared_memory" and event.detail["used"] == "checkpoint_dir"
         assert "taken by another user" in event.detail["reason"]
         version = rate_until_serving(base_url, store)
-        record = store.get_version(version)
+        record = store.versions.get_version(version)
         assert record.checkpoint_sha256 and not record.weights_nonce  # through its checkpoint directory
         assert ours(base) == []
     finally:

@@ -113,7 +113,7 @@ def _chat(base_url: str, content: str) -> httpx.Response:
 
 def _wait_for_row(store, response_id: str):
     for _ in range(240):  # 60 s: the record of a vanished client is written by the batch writer
-        row = store.get_response(response_id)
+        row = store.feedback.get_response(response_id)
         if row is not None:
             return row
         time.sleep(0.25)

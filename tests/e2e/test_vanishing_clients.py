@@ -51,7 +51,7 @@ def vllm_server(tmp_path_factory, model_dir):
 
 def test_vanishing_clients_lose_nothing_and_wedge_nothing(vllm_server, tmp_path):
     base = vllm_server.base_url
-    before = open_store(vllm_server).counts()["responses"]
+    before = open_store(vllm_server).feedback.counts()["responses"]
     honest: list[tuple[int, str | None]] = []
     stop = threading.Event()
 
@@ -99,10 +99,10 @@ def test_vanishing_clients_lose_nothing_and_wedge_nothing(vllm_server, tmp_path)
     # every generated response is logged exactly once (ids are primary keys: once at most)
     store = open_store(vllm_server)
     assert len(seen_ids) >= 150
-    missing = [rid for rid in seen_ids if store.get_response(rid) is None]
+    missing = [rid for rid in seen_ids if store.feedback.get_response(rid) is None]
     assert not missing, f"{len(missing)} responses of vanished clients were not logged"
     acknowledged = [rid for code, rid in honest if rid]
-    assert all(store.get_response(rid) is not None for rid in acknowledged)
-    logged = store.counts()["responses"] - before
+    assert all(store.feedback.get_response(rid) is not None for rid in acknowledged)
+    logged = store.feedback.counts()["responses"] - before
     assert len(seen_ids) + len(acknowledged) + 1 <= logged <= sent + len(acknowledged) + 1
     store.close()

@@ -23,8 +23,8 @@ def _traffic(store: Store, groups: int) -> None:
             if key == HONEST[0] and g % 7 == 0:
                 reward = 1 - reward  # an honest key is not perfectly consistent
             ratings.append(FeedbackRecord(rid, key, reward))
-    store.write_batch(recs)
-    store.write_batch(ratings)
+    store.feedback.write_batch(recs)
+    store.feedback.write_batch(ratings)
 
 
 def test_auto_quarantine_takes_the_inverting_key_only(store):
@@ -32,13 +32,13 @@ def test_auto_quarantine_takes_the_inverting_key_only(store):
     _traffic(store, 60)
     assert ops.quarantine_suspects() == [ATTACKER]
     assert ops.quarantine_suspects() == []  # once
-    states = {k.key_id: k for k in store.key_states()}
+    states = {k.key_id: k for k in store.keys.key_states()}
     assert states[ATTACKER].quarantined and "automatic" in states[ATTACKER].reason
     assert not any(states[k].quarantined for k in HONEST)
-    assert [e.kind for e in store.events()].count("quarantine") == 1
-    trained_keys = {f.api_key_id for f, _ in store.rated_after(0, 10_000)}
+    assert [e.kind for e in store.operator.events()].count("quarantine") == 1
+    trained_keys = {f.api_key_id for f, _ in store.feedback.rated_after(0, 10_000)}
     assert ATTACKER not in trained_keys and set(HONEST) <= trained_keys
-    assert len(store.get_feedback(f"r0-{ATTACKER}")) == 1  # kept
+    assert len(store.feedback.get_feedback(f"r0-{ATTACKER}")) == 1  # kept
 
 
 def test_off_by_default(store):

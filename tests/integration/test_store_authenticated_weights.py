@@ -26,10 +26,10 @@ def test_upgrade_from_0005_keeps_rows_and_makes_a_deployment_id(store_url):
 
     assert migrate.upgrade(s.engine, "0006") == "0006"
     assert {"weights_nonce", "weights_digest"} <= _columns(s)
-    base = s.get_version(0)
+    base = s.versions.get_version(0)
     assert base.checkpoint_path == "/models/base" and base.weights_nonce is None and base.weights_digest is None
-    ident = s.deployment_id()
-    assert len(ident) == 32 and int(ident, 16) >= 0 and s.deployment_id() == ident  # made once, by the migration
+    ident = s.fleet.deployment_id()
+    assert len(ident) == 32 and int(ident, 16) >= 0 and s.fleet.deployment_id() == ident  # made once, by the migration
 
     assert migrate.downgrade(s.engine, "0005") == "0005"
     assert "deployment" not in inspect(s.engine).get_table_names() and "weights_digest" not in _columns(s)
@@ -42,23 +42,23 @@ def test_upgrade_from_0005_keeps_rows_and_makes_a_deployment_id(store_url):
 def test_two_databases_get_two_ids(store_url, tmp_path):
     a, b = Store(StoreConfig(url=store_url)), Store(StoreConfig(url=f"sqlite:///{tmp_path / 'other.db'}"))
     a.migrate(), b.migrate()
-    assert a.deployment_id() != b.deployment_id()
+    assert a.fleet.deployment_id() != b.fleet.deployment_id()
     a.close(), b.close()
 
 
 def test_rows_carry_the_handles_nonce_and_digest_and_a_rejection_fails_the_version(store):
-    store.add_version(1, parent=0, checkpoint_path="/c/v1", status=VersionStatus.PUBLISHED, weights_nonce="n" * 32, weights_digest="d" * 64)
-    record = store.get_version(1)
+    store.versions.add_version(1, parent=0, checkpoint_path="/c/v1", status=VersionStatus.PUBLISHED, weights_nonce="n" * 32, weights_digest="d" * 64)
+    record = store.versions.get_version(1)
     assert (record.weights_nonce, record.weights_digest) == ("n" * 32, "d" * 64)
-    v2 = store.publish_version(
+    v2 = store.versions.publish_version(
         parent=1, checkpoint_path="/c/v2", checkpoint_sha256=None, learner_step=2, samples_used=1, metrics={},
         cursor_name="sao", last_feedback_id=0, weights_nonce="m" * 32, weights_digest="e" * 64,
     )
     assert (v2.weights_nonce, v2.weights_digest) == ("m" * 32, "e" * 64)
 
-    assert store.reject_weights(1, {"reason": "digest mismatch"}) is True
-    assert store.get_version(1).status == VersionStatus.FAILED
-    (event,) = [e for e in store.events() if e.kind == "weights_rejected"]
+    assert store.versions.reject_weights(1, {"reason": "digest mismatch"}) is True
+    assert store.versions.get_version(1).status == VersionStatus.FAILED
+    (event,) = [e for e in store.operator.events() if e.kind == "weights_rejected"]
     assert event.version == 1 and event.detail == {"reason": "digest mismatch", "failed": True}
-    assert store.reject_weights(0, {"reason": "x"}) is False  # the serving version is left to the publisher
-    assert store.get_version(0).status == VersionStatus.SERVING
+    assert store.versions.reject_weights(0, {"reason": "x"}) is False  # the serving version is left to the publisher
+    assert store.versions.get_version(0).status == VersionStatus.SERVING

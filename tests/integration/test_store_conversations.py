@@ -27,28 +27,28 @@ def _record(rid: str, key: str = "k1", endpoint: str = "chat", previous: str | N
 
 
 def test_a_conversation_reads_back_for_its_key_only(store):
-    store.write_batch([_record("r1", grammar='{"type": "structural_tag"}', meta={"topic": "cats"})])
+    store.feedback.write_batch([_record("r1", grammar='{"type": "structural_tag"}', meta={"topic": "cats"})])
     got = store.conversations.get("r1", "k1", ("chat",))
     assert got.messages == [{"role": "user", "content": "ask r1"}] and got.tools == TOOLS
     assert got.output["tool_calls"] == [CALL] and got.options == {"instructions": "be brief"}
     assert (got.prompt_tokens, got.completion_tokens, got.request_meta) == (2, 2, {"topic": "cats"})
     assert store.conversations.get("r1", "k2", ("chat",)) is None  # another key: nothing, as if there were none
     assert store.conversations.get("r1", "k1", ("responses",)) is None  # another endpoint's ids are not these
-    assert store.get_response("r1").grammar == '{"type": "structural_tag"}'  # the learner reads the grammar
+    assert store.feedback.get_response("r1").grammar == '{"type": "structural_tag"}'  # the learner reads the grammar
 
 
 def test_a_responses_chain_is_walked_oldest_first_and_breaks_where_a_turn_is_gone(store):
-    store.write_batch([_record("a", endpoint="responses"), _record("b", endpoint="responses", previous="a"),
+    store.feedback.write_batch([_record("a", endpoint="responses"), _record("b", endpoint="responses", previous="a"),
                        _record("c", endpoint="responses", previous="b"), _record("x", key="k2", endpoint="responses", previous="b")])
     assert [t.id for t in store.conversations.chain("c", "k1", ("responses",))] == ["a", "b", "c"]
     assert store.conversations.chain("x", "k2", ("responses",)) is None  # k2 cannot continue k1's turns
     assert store.conversations.chain("c", "k2", ("responses",)) is None
-    store.delete_response("b", "k1")
+    store.rights.delete_response("b", "k1")
     assert store.conversations.chain("c", "k1", ("responses",)) is None
 
 
 def test_a_looping_or_endless_chain_is_refused(store):
-    store.write_batch([_record("p", endpoint="responses", previous="q"), _record("q", endpoint="responses", previous="p")])
+    store.feedback.write_batch([_record("p", endpoint="responses", previous="q"), _record("q", endpoint="responses", previous="p")])
     with pytest.raises(ChainTooLong):
         store.conversations.chain("p", "k1", ("responses",))
     assert MAX_CHAIN >= 300  # an agent of 300 turns fits
@@ -56,7 +56,7 @@ def test_a_looping_or_endless_chain_is_refused(store):
 
 def test_stored_completions_page_by_time_with_filters(store):
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    store.write_batch([
+    store.feedback.write_batch([
         _record(f"c{i}", at=t0 + timedelta(seconds=i), meta={"topic": "cats" if i % 2 else "dogs"}, model="m" if i < 4 else "m2")
         for i in range(6)
     ] + [_record("k2-only", key="k2", at=t0)])
@@ -69,7 +69,7 @@ def test_stored_completions_page_by_time_with_filters(store):
     assert store.conversations.page("k1", ("chat",), 9, after="k2-only") is None  # another key's id is no cursor
     # a key of any text filters exactly (SQLite's JSON paths cannot name some: json_each does)
     odd = {"a.b": "1", 'q"k': "2", "x\\y": "3", "$[0]": "4"}
-    store.write_batch([_record("odd", meta=odd, at=t0)])
+    store.feedback.write_batch([_record("odd", meta=odd, at=t0)])
     for key, value in odd.items():
         assert [c.id for c in store.conversations.page("k1", ("chat",), 9, metadata={key: value})] == ["odd"]
         assert store.conversations.page("k1", ("chat",), 9, metadata={key: value + "!"}) == []
@@ -77,10 +77,10 @@ def test_stored_completions_page_by_time_with_filters(store):
 
 
 def test_forget_and_tombstones_cover_the_conversation(store):
-    store.write_batch([_record("f1", key="gone"), _record("f2", key="kept")])
-    store.forget_key("gone")
+    store.feedback.write_batch([_record("f1", key="gone"), _record("f2", key="kept")])
+    store.rights.forget_key("gone")
     assert store.conversations.get("f1", "gone", ("chat",)) is None
-    store.delete_response("later", "kept")  # deleted before it is logged: the writer drops it
-    store.write_batch([_record("later", key="kept")])
-    assert store.conversations.get("later", "kept", ("chat",)) is None and store.get_response("later") is None
+    store.rights.delete_response("later", "kept")  # deleted before it is logged: the writer drops it
+    store.feedback.write_batch([_record("later", key="kept")])
+    assert store.conversations.get("later", "kept", ("chat",)) is None and store.feedback.get_response("later") is None
     assert store.conversations.get("f2", "kept", ("chat",)) is not None

@@ -33,60 +33,60 @@ R2 = (11, 12, END)
 
 
 def test_a_resent_conversation_links_to_the_turn_it_carries(store):
-    store.write_batch([turn("t1", P1, R1)])
-    store.write_batch([turn("t2", P1 + R1 + OBS, R2)])
-    store.write_batch([turn("t3", P1 + R1 + OBS + R2 + OBS, (13, END))])
-    t2, t3 = store.get_response("t2"), store.get_response("t3")
+    store.feedback.write_batch([turn("t1", P1, R1)])
+    store.feedback.write_batch([turn("t2", P1 + R1 + OBS, R2)])
+    store.feedback.write_batch([turn("t3", P1 + R1 + OBS + R2 + OBS, (13, END))])
+    t2, t3 = store.feedback.get_response("t2"), store.feedback.get_response("t3")
     assert (t2.parent_id, t2.root_id, t2.turn, t2.prefix_tokens) == ("t1", "t1", 1, len(P1 + R1))
     assert (t3.parent_id, t3.root_id, t3.turn) == ("t2", "t1", 2)
     episode = store.episodes.episode("t3")
     assert episode.complete and [t.id for t in episode.turns] == ["t1", "t2", "t3"]
     assert tuple(episode.prompt_ids) == P1 + R1 + OBS + R2 + OBS
-    assert store.get_response("t1").parent_id is None and store.get_response("t1").root_id == "t1"
+    assert store.feedback.get_response("t1").parent_id is None and store.feedback.get_response("t1").root_id == "t1"
 
 
 def test_a_stop_token_the_template_rewrites_is_an_observation(store):
-    store.write_batch([turn("t1", P1, (5, 6, EOS))])  # the model stopped on eos; the template closes with END
-    store.write_batch([turn("t2", P1 + (5, 6, END) + OBS, R2)])
-    assert store.get_response("t2").prefix_tokens == len(P1) + 2  # eos is not in the context: not an action there
+    store.feedback.write_batch([turn("t1", P1, (5, 6, EOS))])  # the model stopped on eos; the template closes with END
+    store.feedback.write_batch([turn("t2", P1 + (5, 6, END) + OBS, R2)])
+    assert store.feedback.get_response("t2").prefix_tokens == len(P1) + 2  # eos is not in the context: not an action there
 
 
 def test_a_prompt_that_does_not_carry_the_tokens_is_a_first_turn(store):
-    store.write_batch([turn("t1", P1, R1)])
-    store.write_batch([turn("t2", P1 + (5, 60, END) + OBS, R2)])  # the reply re-tokenized differently
-    assert store.get_response("t2").parent_id is None
+    store.feedback.write_batch([turn("t1", P1, R1)])
+    store.feedback.write_batch([turn("t2", P1 + (5, 60, END) + OBS, R2)])  # the reply re-tokenized differently
+    assert store.feedback.get_response("t2").parent_id is None
 
 
 def test_another_keys_conversation_never_links(store):
-    store.write_batch([turn("t1", P1, R1, key="k1")])
-    store.write_batch([turn("t2", P1 + R1 + OBS, R2, key="k2")])
-    assert store.get_response("t2").parent_id is None
+    store.feedback.write_batch([turn("t1", P1, R1, key="k1")])
+    store.feedback.write_batch([turn("t2", P1 + R1 + OBS, R2, key="k2")])
+    assert store.feedback.get_response("t2").parent_id is None
 
 
 def test_previous_response_id_links_and_says_whether_the_tokens_carry(store):
-    store.write_batch([turn("t1", P1, R1)])
-    store.write_batch([turn("t2", P1 + R1 + OBS, R2, previous="t1"), turn("t3", (1, 2), R2, previous="t1")])
-    t2, t3 = store.get_response("t2"), store.get_response("t3")
+    store.feedback.write_batch([turn("t1", P1, R1)])
+    store.feedback.write_batch([turn("t2", P1 + R1 + OBS, R2, previous="t1"), turn("t3", (1, 2), R2, previous="t1")])
+    t2, t3 = store.feedback.get_response("t2"), store.feedback.get_response("t3")
     assert (t2.parent_id, t2.prefix_tokens) == ("t1", len(P1 + R1))
     assert (t3.parent_id, t3.prefix_tokens, t3.turn) == ("t1", None, 1)  # linked, not a token extension
 
 
 def test_an_episode_id_links_the_latest_turn_with_it(store):
     now = datetime.now(timezone.utc)
-    store.write_batch([turn("a1", P1, R1, meta={"episode_id": "job-1"}, at=now - timedelta(seconds=2)),
+    store.feedback.write_batch([turn("a1", P1, R1, meta={"episode_id": "job-1"}, at=now - timedelta(seconds=2)),
                        turn("b1", P1, R1, meta={"episode_id": "job-2"}, at=now - timedelta(seconds=1))])
-    store.write_batch([turn("a2", (40, 41), R2, meta={"episode_id": "job-1"})])  # a compacted history: no prefix
-    a2 = store.get_response("a2")
+    store.feedback.write_batch([turn("a2", (40, 41), R2, meta={"episode_id": "job-1"})])  # a compacted history: no prefix
+    a2 = store.feedback.get_response("a2")
     assert (a2.parent_id, a2.prefix_tokens) == ("a1", None)
     # with a tag, the prefix match is looked for only among the tag's turns: b1 carries the same tokens
-    store.write_batch([turn("b2", P1 + R1 + OBS, R2, meta={"episode_id": "job-2"})])
-    assert (store.get_response("b2").parent_id, store.get_response("b2").prefix_tokens) == ("b1", len(P1 + R1))
+    store.feedback.write_batch([turn("b2", P1 + R1 + OBS, R2, meta={"episode_id": "job-2"})])
+    assert (store.feedback.get_response("b2").parent_id, store.feedback.get_response("b2").prefix_tokens) == ("b1", len(P1 + R1))
 
 
 def test_two_continuations_are_two_episodes_sharing_a_prefix(store):
-    store.write_batch([turn("t1", P1, R1)])
-    store.write_batch([turn("x", P1 + R1 + OBS, R2), turn("y", P1 + R1 + (7, 7, 4), (14, END))])
-    assert store.get_response("x").parent_id == store.get_response("y").parent_id == "t1"
+    store.feedback.write_batch([turn("t1", P1, R1)])
+    store.feedback.write_batch([turn("x", P1 + R1 + OBS, R2), turn("y", P1 + R1 + (7, 7, 4), (14, END))])
+    assert store.feedback.get_response("x").parent_id == store.feedback.get_response("y").parent_id == "t1"
     view = store.episodes.view("y")
     assert [t.id for t in view.turns] == ["t1", "y"] and view.turns[0].other_branches == 1
     assert view.turns[1].observation_tokens == 3
@@ -94,47 +94,47 @@ def test_two_continuations_are_two_episodes_sharing_a_prefix(store):
 
 
 def test_a_parent_in_the_same_batch_links(store):
-    store.write_batch([turn("t1", P1, R1), turn("t2", P1 + R1 + OBS, R2), turn("t3", P1 + R1 + OBS + R2 + OBS, (13, END))])
-    assert [store.get_response(i).turn for i in ("t1", "t2", "t3")] == [0, 1, 2]
-    assert store.get_response("t3").root_id == "t1"
+    store.feedback.write_batch([turn("t1", P1, R1), turn("t2", P1 + R1 + OBS, R2), turn("t3", P1 + R1 + OBS + R2 + OBS, (13, END))])
+    assert [store.feedback.get_response(i).turn for i in ("t1", "t2", "t3")] == [0, 1, 2]
+    assert store.feedback.get_response("t3").root_id == "t1"
 
 
 def test_the_latest_of_equal_turns_is_the_parent(store):
     now = datetime.now(timezone.utc)
-    store.write_batch([turn("old", P1, R1, at=now - timedelta(seconds=5)), turn("new", P1, R1, at=now - timedelta(seconds=1))])
-    store.write_batch([turn("t2", P1 + R1 + OBS, R2)])
-    assert store.get_response("t2").parent_id == "new"
+    store.feedback.write_batch([turn("old", P1, R1, at=now - timedelta(seconds=5)), turn("new", P1, R1, at=now - timedelta(seconds=1))])
+    store.feedback.write_batch([turn("t2", P1 + R1 + OBS, R2)])
+    assert store.feedback.get_response("t2").parent_id == "new"
 
 
 def test_the_longest_carried_turn_is_the_parent(store):
-    store.write_batch([turn("t1", P1, R1)])
-    store.write_batch([turn("t2", P1 + R1 + OBS, R2)])
-    store.write_batch([turn("t3", P1 + R1 + OBS + R2 + OBS, (13, END))])  # carries t1 and t2: t2 is the parent
-    assert store.get_response("t3").parent_id == "t2"
+    store.feedback.write_batch([turn("t1", P1, R1)])
+    store.feedback.write_batch([turn("t2", P1 + R1 + OBS, R2)])
+    store.feedback.write_batch([turn("t3", P1 + R1 + OBS + R2 + OBS, (13, END))])  # carries t1 and t2: t2 is the parent
+    assert store.feedback.get_response("t3").parent_id == "t2"
 
 
 def test_deleting_a_turn_takes_the_turns_after_it_and_breaks_nothing_before(store):
-    store.write_batch([turn("t1", P1, R1)])
-    store.write_batch([turn("t2", P1 + R1 + OBS, R2)])
-    store.write_batch([turn("t3", P1 + R1 + OBS + R2 + OBS, (13, END))])
-    deleted = store.delete_response("t2", "k1")
-    assert deleted.responses == 2 and store.get_response("t3") is None and store.get_response("t1") is not None
+    store.feedback.write_batch([turn("t1", P1, R1)])
+    store.feedback.write_batch([turn("t2", P1 + R1 + OBS, R2)])
+    store.feedback.write_batch([turn("t3", P1 + R1 + OBS + R2 + OBS, (13, END))])
+    deleted = store.rights.delete_response("t2", "k1")
+    assert deleted.responses == 2 and store.feedback.get_response("t3") is None and store.feedback.get_response("t1") is not None
     assert store.episodes.episode("t1").complete
 
 
 def test_retention_takes_an_old_turn_with_the_turns_after_it(store):
     now = datetime.now(timezone.utc)
-    store.write_batch([turn("t1", P1, R1, at=now - timedelta(days=10))])
-    store.write_batch([turn("t2", P1 + R1 + OBS, R2)])
-    assert store.delete_before(now - timedelta(days=1)).responses == 2
-    assert store.get_response("t2") is None
+    store.feedback.write_batch([turn("t1", P1, R1, at=now - timedelta(days=10))])
+    store.feedback.write_batch([turn("t2", P1 + R1 + OBS, R2)])
+    assert store.rights.delete_before(now - timedelta(days=1)).responses == 2
+    assert store.feedback.get_response("t2") is None
 
 
 def test_an_episode_whose_first_turn_is_gone_reads_as_broken(store):
     from sqlalchemy import delete
     from liveloop.store.models import Response
-    store.write_batch([turn("t1", P1, R1)])
-    store.write_batch([turn("t2", P1 + R1 + OBS, R2)])
+    store.feedback.write_batch([turn("t1", P1, R1)])
+    store.feedback.write_batch([turn("t2", P1 + R1 + OBS, R2)])
     with store.engine.begin() as conn:  # a row gone under it (a restore of part of the database, say)
         conn.execute(delete(Response).where(Response.id == "t1"))
     episode = store.episodes.episode("t2")
@@ -153,8 +153,8 @@ def test_the_link_lookup_is_an_index_search(store):
 def test_version_traffic_counts_episodes_not_turns(store):
     from liveloop.store import FeedbackRecord
 
-    store.write_batch([turn("t1", P1, R1), turn("solo", (1, 2), (3, END))])
-    store.write_batch([turn("t2", P1 + R1 + OBS, R2)])
-    store.write_batch([FeedbackRecord("t1", "k1", 0), FeedbackRecord("t2", "k1", 1), FeedbackRecord("solo", "k1", 0)])
-    traffic = store.version_traffic()[0]
+    store.feedback.write_batch([turn("t1", P1, R1), turn("solo", (1, 2), (3, END))])
+    store.feedback.write_batch([turn("t2", P1 + R1 + OBS, R2)])
+    store.feedback.write_batch([FeedbackRecord("t1", "k1", 0), FeedbackRecord("t2", "k1", 1), FeedbackRecord("solo", "k1", 0)])
+    traffic = store.release.version_traffic()[0]
     assert (traffic.responses, traffic.ratings, traffic.positive) == (2, 2, 1)  # the two-turn episode and the lone reply

@@ -37,7 +37,7 @@ def _chat(tok, rid, question, answer, key="key-a", version=0, segment=None, endp
 
 def _seed(store, tok) -> None:
     """Two prompts on v0/v1 by key-a and key-b, one completions row, a segment row."""
-    store.add_version(1, parent=0, checkpoint_path="/c/1", status="published")
+    store.versions.add_version(1, parent=0, checkpoint_path="/c/1", status="published")
     recs = [
         _chat(tok, "a-up", "hello?", "hi there"),
         _chat(tok, "a-down", "hello?", "go away"),
@@ -46,9 +46,9 @@ def _seed(store, tok) -> None:
         _chat(tok, "c-up", "plain text prompt", " continued", endpoint="completion"),
         _chat(tok, "s-up", "segment q?", "segment a", segment="fr", version=1),
     ]
-    assert store.write_batch(recs) == [r.id for r in recs]
+    assert store.feedback.write_batch(recs) == [r.id for r in recs]
     rates = [("a-up", "key-a", 1), ("a-down", "key-a", 0), ("a-up2", "key-a", 1), ("b-down", "key-b", 0), ("c-up", "key-a", 1), ("s-up", "key-a", 1)]
-    out = store.write_batch([FeedbackRecord(r, k, v) for r, k, v in rates])
+    out = store.feedback.write_batch([FeedbackRecord(r, k, v) for r, k, v in rates])
     assert not [o for o in out if isinstance(o, Exception)]
 
 
@@ -82,7 +82,7 @@ def test_every_shape_loads_with_datasets(store, tok, text, tmp_path, fmt):
     export(store, tmp_path / f"raw.{fmt}", fmt, "raw")
     raw = {r["response_id"]: r for r in _load(tmp_path / f"raw.{fmt}", fmt)}
     assert len(raw) == 6 and raw["s-up"]["segment"] == "fr" and raw["c-up"]["endpoint"] == "completion"
-    stored = store.get_response("a-down")
+    stored = store.feedback.get_response("a-down")
     assert raw["a-down"]["prompt_ids"] == stored.prompt_ids.tolist() and raw["a-down"]["response_ids"] == stored.response_ids.tolist()
     assert raw["a-down"]["behavior_logprobs"] == pytest.approx(stored.behavior_logprobs.tolist())
     assert raw["a-down"]["key_id"] == "key-a" and raw["a-down"]["reward"] == 0 and raw["a-down"]["version_spans"] is None
@@ -99,12 +99,12 @@ def test_text_form_keeps_every_row_as_the_model_saw_it(store, tok, text, tmp_pat
 
 def test_quarantined_forgotten_and_deleted_data_never_appears(store, tok, text, tmp_path):
     _seed(store, tok)
-    store.write_batch([_chat(tok, "q-up", "quarantine me?", "yes", key="key-q"), _chat(tok, "f-up", "forget me?", "ok", key="key-f")])
-    store.write_batch([FeedbackRecord("q-up", "key-q", 1), FeedbackRecord("f-up", "key-f", 1)])
+    store.feedback.write_batch([_chat(tok, "q-up", "quarantine me?", "yes", key="key-q"), _chat(tok, "f-up", "forget me?", "ok", key="key-f")])
+    store.feedback.write_batch([FeedbackRecord("q-up", "key-q", 1), FeedbackRecord("f-up", "key-f", 1)])
     assert len(list(rated_rows(store))) == 8
-    store.set_quarantined("key-q", True, "test")  # kept in the store, never exported
-    store.forget_key("key-f")
-    store.delete_response("b-down", "key-b")
+    store.keys.set_quarantined("key-q", True, "test")  # kept in the store, never exported
+    store.rights.forget_key("key-f")
+    store.rights.delete_response("b-down", "key-b")
     raw = [r.response_id for r in rated_rows(store)]
     assert sorted(raw) == ["a-down", "a-up", "a-up2", "c-up", "s-up"]
     # no filter lets them back in
@@ -132,8 +132,8 @@ def test_filters_select_what_they_say(store, tok, tmp_path):
 
 def test_preference_pairs_each_down_with_the_ups_in_turn(store, tok, text, tmp_path):
     recs = [_chat(tok, f"u{i}", "same?", f"up {i}") for i in range(2)] + [_chat(tok, f"d{i}", "same?", f"down {i}") for i in range(3)]
-    store.write_batch(recs)
-    store.write_batch([FeedbackRecord(f"d{i}", "key-a", 0) for i in range(3)] + [FeedbackRecord(f"u{i}", "key-a", 1) for i in range(2)])
+    store.feedback.write_batch(recs)
+    store.feedback.write_batch([FeedbackRecord(f"d{i}", "key-a", 0) for i in range(3)] + [FeedbackRecord(f"u{i}", "key-a", 1) for i in range(2)])
     result = export(store, tmp_path / "p.jsonl", "jsonl", "preference", text=text)
     pairs = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     got = [(p["chosen_response_id"], p["rejected_response_id"]) for p in pairs]
@@ -220,14 +220,14 @@ def test_tool_conversations_export_in_trls_tool_calling_shape(store, tok, text, 
     ask = [{"role": "user", "content": "2 + 2?"}]
     called = {"role": "assistant", "content": None, "tool_calls": [CALL]}
     answer = {"role": "tool", "tool_call_id": "call_1", "content": "4", "name": "calc"}
-    store.write_batch([
+    store.feedback.write_batch([
         _turn(tok, "chat-call", "chat", ask, called),
         _turn(tok, "chat-after", "chat", ask + [called, answer], {"role": "assistant", "content": "It is 4."}),
         _turn(tok, "resp-1", "responses", ask, called, options={"instructions": "Be brief."}),
         _turn(tok, "resp-2", "responses", [answer], {"role": "assistant", "content": "4."}, previous="resp-1", options={"instructions": "Short."}),
         _turn(tok, "msg-1", "messages", ask, called),
     ])
-    store.write_batch([FeedbackRecord(r, "key-a", 1) for r in ("chat-call", "chat-after", "resp-2", "msg-1")])
+    store.feedback.write_batch([FeedbackRecord(r, "key-a", 1) for r in ("chat-call", "chat-after", "resp-2", "msg-1")])
     result = export(store, tmp_path / f"sft.{fmt}", fmt, "sft", text=text)
     assert result.rows == 4 and result.skipped == {}
     rows = {r["response_id"]: r for r in _load(tmp_path / f"sft.{fmt}", fmt)}
@@ -249,8 +249,8 @@ def test_tool_conversations_export_in_trls_tool_calling_shape(store, tok, text, 
                                    tools=json.loads(rows["chat-after"]["tools"]))["text"]
     assert '<tool_call>\n{"name": "calc", "arguments": {"a": 2}}\n</tool_call>' in rendered and "<tools>" in rendered
     # a deleted earlier turn takes the later one (its conversation carries it), rating and all
-    store.delete_response("resp-1", "key-a")
-    assert store.get_response("resp-2") is None
+    store.rights.delete_response("resp-1", "key-a")
+    assert store.feedback.get_response("resp-2") is None
     again = export(store, tmp_path / f"again.{fmt}", fmt, "sft", text=text)
     assert again.rows == 3 and again.skipped == {}
 
@@ -273,9 +273,9 @@ def test_an_episode_exports_whole_with_its_action_mask(store, tok, text, tmp_pat
             messages=messages, tools=TOOLS, output=output, link=LinkKeys.of(prompt, reply, (end,)),
         )
 
-    store.write_batch([turn("e1", p1, r1, ask, called)])
-    store.write_batch([turn("e2", p2, r2, ask + [called, answer], {"role": "assistant", "content": "It is 4."})])
-    store.write_batch([FeedbackRecord("e2", "key-a", 1)])
+    store.feedback.write_batch([turn("e1", p1, r1, ask, called)])
+    store.feedback.write_batch([turn("e2", p2, r2, ask + [called, answer], {"role": "assistant", "content": "It is 4."})])
+    store.feedback.write_batch([FeedbackRecord("e2", "key-a", 1)])
     result = export(store, tmp_path / f"ep.{fmt}", fmt, "episode", text=text)
     assert result.rows == 1 and result.skipped == {}
     (row,) = _load(tmp_path / f"ep.{fmt}", fmt)

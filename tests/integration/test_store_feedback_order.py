@@ -36,11 +36,11 @@ class Learner:
         self.store, self.read = store, []
 
     def step(self) -> list[int]:
-        cursor = self.store.get_cursor(CURSOR)
-        ids = [f.id for f, _ in self.store.rated_after(cursor, 10_000)]
+        cursor = self.store.feedback.get_cursor(CURSOR)
+        ids = [f.id for f, _ in self.store.feedback.rated_after(cursor, 10_000)]
         if ids:
             assert ids == sorted(ids) and ids[0] > cursor
-            self.store.advance_cursor(CURSOR, ids[-1], 0)
+            self.store.versions.advance_cursor(CURSOR, ids[-1], 0)
         self.read.extend(ids)
         return ids
 
@@ -49,7 +49,7 @@ def _stores(url: str, n: int, **config) -> list[Store]:
     """`n` Store instances on one database (each its own connection pool, as separate processes have)."""
     stores = [Store(StoreConfig(url=url, **config)) for _ in range(n)]
     stores[0].migrate()
-    stores[0].ensure_base_version("/models/base")
+    stores[0].versions.ensure_base_version("/models/base")
     return stores
 
 
@@ -89,7 +89,7 @@ def test_a_rating_held_open_is_read_after_one_committed_while_it_waited(store_ur
     writers = [BatchWriter(s).start() for s in (a, b)]
     learner = Learner(reader)
     try:
-        a.write_batch([_response(i) for i in range(20)])
+        a.feedback.write_batch([_response(i) for i in range(20)])
         writers[0].submit(FeedbackRecord("r-0", "k", 1)).result(10)
         assert learner.step() == [1]
         for rnd in range(3):
@@ -97,8 +97,8 @@ def test_a_rating_held_open_is_read_after_one_committed_while_it_waited(store_ur
             positioned, release, outcome = threading.Event(), threading.Event(), {}
 
             def hold(store: Store = held, i: int = 1 + 2 * rnd) -> None:
-                with store.writing.begin() as conn:  # the writer's own transaction and apply
-                    outcome["held"] = store._apply(conn, [FeedbackRecord(f"r-{i}", "k", 1)], None)[0]
+                with store.db.writing.begin() as conn:  # the writer's own transaction and apply
+                    outcome["held"] = store.feedback.apply_batch(conn, [FeedbackRecord(f"r-{i}", "k", 1)], None)[0]
                     positioned.set()
                     release.wait(20)
 
@@ -151,7 +151,7 @@ def test_two_writers_racing_a_reading_learner(store_url):
     have no gaps (PostgreSQL's counter rolls back with a failed transaction; nothing fails here)."""
     a, b, reader = _stores(store_url, 3)
     n = 200
-    a.write_batch([_response(i, key="ka" if i < n else "kb") for i in range(2 * n)])
+    a.feedback.write_batch([_response(i, key="ka" if i < n else "kb") for i in range(2 * n)])
     writers = [BatchWriter(s).start() for s in (a, b)]
     learner = Learner(reader)
     stop = threading.Event()
@@ -185,16 +185,16 @@ def test_two_writers_racing_a_reading_learner(store_url):
 def test_a_deleted_rating_id_is_never_handed_out_again(store):
     """Data rights keep working with the counter: deleting the newest rating (its response) or
     forgetting a key does not let a later rating reuse an id a cursor may already have passed."""
-    store.write_batch([_response(i) for i in range(3)] + [_response(3, key="gone")])
-    first = store.put_feedback(FeedbackRecord("r-0", "k", 1))
-    second = store.put_feedback(FeedbackRecord("r-1", "k", 1))
-    gone = store.put_feedback(FeedbackRecord("r-3", "gone", 0))
-    store.advance_cursor(CURSOR, gone.id, 0)
-    assert store.delete_response("r-1", "k").ratings == 1
-    assert store.forget_key("gone").ratings == 1
-    third = store.put_feedback(FeedbackRecord("r-2", "k", 0))
+    store.feedback.write_batch([_response(i) for i in range(3)] + [_response(3, key="gone")])
+    first = store.feedback.put_feedback(FeedbackRecord("r-0", "k", 1))
+    second = store.feedback.put_feedback(FeedbackRecord("r-1", "k", 1))
+    gone = store.feedback.put_feedback(FeedbackRecord("r-3", "gone", 0))
+    store.versions.advance_cursor(CURSOR, gone.id, 0)
+    assert store.rights.delete_response("r-1", "k").ratings == 1
+    assert store.rights.forget_key("gone").ratings == 1
+    third = store.feedback.put_feedback(FeedbackRecord("r-2", "k", 0))
     assert third.id > gone.id > second.id > first.id
-    assert [f.id for f, _ in store.rated_after(store.get_cursor(CURSOR), 10)] == [third.id]
+    assert [f.id for f, _ in store.feedback.rated_after(store.feedback.get_cursor(CURSOR), 10)] == [third.id]
 
 
 def test_the_migration_keeps_ids_and_continues_past_them(store_url):
@@ -204,7 +204,7 @@ def test_the_migration_keeps_ids_and_continues_past_them(store_url):
     s = Store(StoreConfig(url=store_url))
     try:
         migrate.upgrade(s.engine, "0007")
-        s.ensure_base_version("/models/base")
+        s.versions.ensure_base_version("/models/base")
         with s.engine.begin() as conn:
             for i in range(4):
                 conn.execute(text(
@@ -220,8 +220,8 @@ def test_the_migration_keeps_ids_and_continues_past_them(store_url):
             conn.execute(text("DELETE FROM feedback WHERE id = 3"))
         s.migrate()
         assert _all_ids(s) == [1, 2]
-        s.advance_cursor(CURSOR, 2, 0)
-        new = s.put_feedback(FeedbackRecord("r-2", "k", 0))
+        s.versions.advance_cursor(CURSOR, 2, 0)
+        new = s.feedback.put_feedback(FeedbackRecord("r-2", "k", 0))
         assert new.id == 4
         if s.dialect == "postgresql":
             with s.engine.begin() as conn:
@@ -230,7 +230,7 @@ def test_the_migration_keeps_ids_and_continues_past_them(store_url):
                     "VALUES ('r-3', 'k', 1, now(), 0) RETURNING id"
                 )).scalar_one()
             assert plain == 5
-            assert s.put_feedback(FeedbackRecord("r-3", "k", 0)).id == 5  # a change of mind keeps the id
-        assert [f.id for f, _ in s.rated_after(s.get_cursor(CURSOR), 10)] == _all_ids(s)[2:]
+            assert s.feedback.put_feedback(FeedbackRecord("r-3", "k", 0)).id == 5  # a change of mind keeps the id
+        assert [f.id for f, _ in s.feedback.rated_after(s.feedback.get_cursor(CURSOR), 10)] == _all_ids(s)[2:]
     finally:
         s.close()

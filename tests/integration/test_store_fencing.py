@@ -22,7 +22,7 @@ LEASE = 0.6  # seconds: short, so the old leader's lease expires within the test
 
 
 def _publish(store: Store, parent: int) -> int:
-    return store.publish_version(
+    return store.versions.publish_version(
         parent=parent, checkpoint_path=f"/ckpt/{parent}-next", checkpoint_sha256=None, learner_step=1, samples_used=1,
         metrics={}, cursor_name=CURSOR, last_feedback_id=0,
     ).version
@@ -38,25 +38,25 @@ def _depose(leases: Leases) -> tuple[int, int]:
 
 
 def _snapshot(store: Store) -> tuple:
-    versions = tuple((r.version, r.status) for r in store.list_versions())
-    events = tuple((e.id, e.kind, e.version) for e in store.events())
-    return versions, events, store.cursor_version(CURSOR)
+    versions = tuple((r.version, r.status) for r in store.versions.list_versions())
+    events = tuple((e.id, e.kind, e.version) for e in store.operator.events())
+    return versions, events, store.versions.cursor_version(CURSOR)
 
 
 def _attempts(store: Store, version: int, term: int) -> dict:
     """Every leader-only write a gate or guard makes, as `term`."""
     return {
-        "start_canary": lambda: store.start_canary(version, term=term),
-        "check_activation": lambda: store.check_activation(version, term=term),
-        "activate_version": lambda: store.activate_version(version, term=term),
-        "hold_version": lambda: store.hold_version(version, "worse", CURSOR, {"p_worse": 0.99}, term=term),
-        "rollback_to": lambda: store.rollback_to(0, CURSOR, reason="guard", term=term),
-        "record_evaluation": lambda: store.record_evaluation(version, 0, False, [{"name": "kl", "passed": False}], 1.0, 0.5, term=term),
+        "start_canary": lambda: store.versions.start_canary(version, term=term),
+        "check_activation": lambda: store.versions.check_activation(version, term=term),
+        "activate_version": lambda: store.versions.activate_version(version, term=term),
+        "hold_version": lambda: store.versions.hold_version(version, "worse", CURSOR, {"p_worse": 0.99}, term=term),
+        "rollback_to": lambda: store.versions.rollback_to(0, CURSOR, reason="guard", term=term),
+        "record_evaluation": lambda: store.release.record_evaluation(version, 0, False, [{"name": "kl", "passed": False}], 1.0, 0.5, term=term),
     }
 
 
 def test_a_deposed_leader_decides_nothing(store):
-    leases = Leases(store)
+    leases = store.fleet.leases
     v1 = _publish(store, 0)
     v2 = _publish(store, v1)
     old, new = _depose(leases)
@@ -66,56 +66,56 @@ def test_a_deposed_leader_decides_nothing(store):
         with pytest.raises(StaleLeader, match=f"term {new}"):
             attempt()
         assert _snapshot(store) == before, name
-    assert store.evaluation(v1) is None and store.canary_version(None) is None
+    assert store.release.evaluation(v1) is None and store.versions.canary_version(None) is None
 
     # the new leader, in its term, decides: v2 (newest) is the candidate, evaluated, held
-    assert store.start_canary(v2, term=new).status == S.CANARY
-    store.record_evaluation(v2, 0, False, [{"name": "kl", "passed": False}], 1.0, 0.5, term=new)
-    assert store.evaluation(v2) is not None
+    assert store.versions.start_canary(v2, term=new).status == S.CANARY
+    store.release.record_evaluation(v2, 0, False, [{"name": "kl", "passed": False}], 1.0, 0.5, term=new)
+    assert store.release.evaluation(v2) is not None
 
     # the old leader comes back and tries to promote the new leader's candidate, then to hold it
     before = _snapshot(store)
     with pytest.raises(StaleLeader):
-        store.activate_version(v2, term=old)
+        store.versions.activate_version(v2, term=old)
     with pytest.raises(StaleLeader):
-        store.hold_version(v2, "worse", CURSOR, term=old)
-    assert _snapshot(store) == before and store.get_version(v2).status == S.CANARY
+        store.versions.hold_version(v2, "worse", CURSOR, term=old)
+    assert _snapshot(store) == before and store.versions.get_version(v2).status == S.CANARY
 
-    store.hold_version(v2, "evaluation failed", CURSOR, term=new)
-    assert store.get_version(v2).status == S.HELD and store.cursor_version(CURSOR) == 0
+    store.versions.hold_version(v2, "evaluation failed", CURSOR, term=new)
+    assert store.versions.get_version(v2).status == S.HELD and store.versions.cursor_version(CURSOR) == 0
 
 
 def test_a_released_or_expired_lease_fences_its_term(store):
-    leases = Leases(store)
+    leases = store.fleet.leases
     v1 = _publish(store, 0)
     with pytest.raises(StaleLeader, match="nobody ever held"):  # no lease row yet: no term leads
-        store.start_canary(v1, term=1)
+        store.versions.start_canary(v1, term=1)
 
     term = leases.acquire(LEADER, "a/1", 30).term
     assert leases.release(LEADER, "a/1")  # a clean stop: the row keeps its term, but nobody holds it
     with pytest.raises(StaleLeader, match="released"):
-        store.start_canary(v1, term=term)
+        store.versions.start_canary(v1, term=term)
 
     again = leases.acquire(LEADER, "a/1", LEASE)  # the same holder again: a new term
     assert again.term == term + 1
     with pytest.raises(StaleLeader):
-        store.start_canary(v1, term=term)
+        store.versions.start_canary(v1, term=term)
     time.sleep(LEASE + 0.3)  # expired, nobody took it over yet: still not a leader's write
     with pytest.raises(StaleLeader, match="expired"):
-        store.start_canary(v1, term=again.term)
-    assert store.get_version(v1).status == S.PUBLISHED
+        store.versions.start_canary(v1, term=again.term)
+    assert store.versions.get_version(v1).status == S.PUBLISHED
 
     renewed = leases.acquire(LEADER, "a/1", 30)  # renewed by its holder: the same term leads again
     assert renewed.term == again.term
-    assert store.start_canary(v1, term=renewed.term).status == S.CANARY
+    assert store.versions.start_canary(v1, term=renewed.term).status == S.CANARY
 
 
 def test_fenced_names_the_holder_when_given(store):
-    term = Leases(store).acquire(LEADER, "a/1", 30).term
-    with store._write_session.begin() as s:
+    term = store.fleet.leases.acquire(LEADER, "a/1", 30).term
+    with store.db.write_session.begin() as s:
         fenced(s, term, "a/1")
     with pytest.raises(StaleLeader, match="held by a/1"):
-        with store._write_session.begin() as s:
+        with store.db.write_session.begin() as s:
             fenced(s, term, "b/1")
 
 
@@ -124,7 +124,7 @@ def test_a_takeover_waits_for_a_fenced_transaction(store, store_url):
     expiring meanwhile) waits for its commit, so nobody leads in a newer term before it is written."""
     other = Store(StoreConfig(url=store_url))  # another replica's connections
     try:
-        leases, rival = Leases(store), Leases(other)
+        leases, rival = store.fleet.leases, other.fleet.leases
         term = leases.acquire(LEADER, "old/1", LEASE).term
         taken: list[tuple[float, int]] = []
         done_at: list[float] = []
@@ -137,7 +137,7 @@ def test_a_takeover_waits_for_a_fenced_transaction(store, store_url):
                     return
                 time.sleep(0.05)
 
-        with store._write_session.begin() as s:
+        with store.db.write_session.begin() as s:
             fenced(s, term)
             thread = threading.Thread(target=take_over)
             thread.start()

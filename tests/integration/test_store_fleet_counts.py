@@ -12,13 +12,13 @@ import pytest
 from sqlalchemy import func, select
 
 from liveloop.store import Store, StoreConfig
-from liveloop.store.fleet_counts import KEEP_SECONDS, LEVEL, FleetCount, FleetCounts
+from liveloop.store.fleet_counts import KEEP_SECONDS, LEVEL, FleetCount
 
 
 @pytest.fixture
 def pair(store, store_url):
     other = Store(StoreConfig(url=store_url))
-    yield FleetCounts(store), FleetCounts(other), store
+    yield store.fleet.counts, other.fleet.counts, store
     other.close()
 
 
@@ -37,7 +37,7 @@ def test_each_replica_reads_the_others_counts_not_its_own(pair):
     assert seen_by_b.windows == {("chat", "k1"): {w: 5}, ("login", "*"): {w: 1}}
     seen_by_a = a.sync("a", {}, None, 70, 5)
     assert seen_by_a.windows == {("chat", "k1"): {w: 4}, ("chat", "k2"): {w - 10: 1}}
-    third = FleetCounts(store).sync("c", {}, None, 70, 5)  # a third replica sees both, summed per window
+    third = store.fleet.counts.sync("c", {}, None, 70, 5)  # a third replica sees both, summed per window
     assert third.windows[("chat", "k1")] == {w: 9} and abs(third.db_now - time.time()) < 5
 
 
@@ -66,7 +66,7 @@ def test_old_windows_are_pruned_and_a_read_writes_nothing(pair):
     assert b.sync("b", {}, None, 70, 5).windows == {("chat", "k1"): {w: 1}}  # beyond the horizon: not read
     b.sync("b", {}, None, 70, 5, prune=True)
     assert b.sync("b", {}, None, 10 * KEEP_SECONDS, 5).windows == {("chat", "k1"): {w: 1}}
-    with store._session() as s:
+    with store.db.session() as s:
         rows = s.scalar(select(func.count()).select_from(FleetCount))
         levels = s.scalar(select(func.count()).select_from(FleetCount).where(FleetCount.window_start == LEVEL))
     assert (rows, levels) == (1, 0)  # b's reads wrote no row of its own

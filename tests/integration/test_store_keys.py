@@ -18,19 +18,19 @@ def _response(rid: str, key: str, prompt=(1, 2), reply=(3, 4)) -> ResponseRecord
 
 
 def _rate(store: Store, rid: str, key: str, reward: int, **kw) -> None:
-    store.write_batch([_response(rid, key, **kw)])
-    store.put_feedback(FeedbackRecord(rid, key, reward))
+    store.feedback.write_batch([_response(rid, key, **kw)])
+    store.feedback.put_feedback(FeedbackRecord(rid, key, reward))
 
 
 def test_quarantine_changes_once_and_logs_an_event(store):
-    assert store.quarantined_keys() == set()
-    assert not store.set_quarantined("k1", False, "nothing to release")  # no row, not quarantined: no change
-    assert store.set_quarantined("k1", True, "z=7.1", api_key_id="admin")
-    assert not store.set_quarantined("k1", True, "again")  # already: no change, no event
-    assert store.quarantined_keys() == {"k1"}
-    assert store.set_quarantined("k1", False, "false alarm")
-    assert store.quarantined_keys() == set()
-    events = [(e.kind, e.detail, e.api_key_id) for e in store.events()]
+    assert store.keys.quarantined_keys() == set()
+    assert not store.keys.set_quarantined("k1", False, "nothing to release")  # no row, not quarantined: no change
+    assert store.keys.set_quarantined("k1", True, "z=7.1", api_key_id="admin")
+    assert not store.keys.set_quarantined("k1", True, "again")  # already: no change, no event
+    assert store.keys.quarantined_keys() == {"k1"}
+    assert store.keys.set_quarantined("k1", False, "false alarm")
+    assert store.keys.quarantined_keys() == set()
+    events = [(e.kind, e.detail, e.api_key_id) for e in store.operator.events()]
     assert events == [
         ("quarantine", {"key_id": "k1", "reason": "z=7.1"}, "admin"),
         ("unquarantine", {"key_id": "k1", "reason": "false alarm"}, None),
@@ -41,19 +41,19 @@ def test_quarantined_ratings_are_kept_but_not_trainable(store):
     _rate(store, "a", "honest", 1)
     _rate(store, "b", "bad", 0)
     _rate(store, "c", "honest", 1)
-    assert store.set_quarantined("bad", True, "inverts")
-    assert [f.response_id for f, _ in store.rated_after(0, 10)] == ["a", "c"]
-    assert [f.reward for f in store.get_feedback("b")] == [0]  # still stored
-    assert [(r.key_id, r.reward) for r in store.key_ratings()] == [("honest", 1), ("bad", 0), ("honest", 1)]
-    store.set_quarantined("bad", False)
-    assert [f.response_id for f, _ in store.rated_after(0, 10)] == ["a", "b", "c"]
+    assert store.keys.set_quarantined("bad", True, "inverts")
+    assert [f.response_id for f, _ in store.feedback.rated_after(0, 10)] == ["a", "c"]
+    assert [f.reward for f in store.feedback.get_feedback("b")] == [0]  # still stored
+    assert [(r.key_id, r.reward) for r in store.keys.key_ratings()] == [("honest", 1), ("bad", 0), ("honest", 1)]
+    store.keys.set_quarantined("bad", False)
+    assert [f.response_id for f, _ in store.feedback.rated_after(0, 10)] == ["a", "b", "c"]
 
 
 def test_key_states_list_rated_and_decided_keys(store):
     _rate(store, "a", "k1", 1)
     _rate(store, "b", "k1", 0)
-    store.set_quarantined("k2", True, "by hand")  # never rated anything
-    states = store.key_states()
+    store.keys.set_quarantined("k2", True, "by hand")  # never rated anything
+    states = store.keys.key_states()
     assert [(s.key_id, s.quarantined, s.reason, s.ratings) for s in states] == [("k1", False, None, 2), ("k2", True, "by hand", 0)]
     assert isinstance(states[1], KeyState) and states[1].updated_at is not None and states[0].updated_at is None
 
@@ -63,12 +63,12 @@ def test_key_ratings_group_by_exact_prompt_and_reply_and_are_bounded(store):
     _rate(store, "b", "k2", 0, prompt=(1, 2), reply=(3,))  # same prompt, same reply: same group
     _rate(store, "c", "k3", 1, prompt=(1, 2), reply=(4,))  # another reply
     _rate(store, "d", "k1", 1, prompt=(1,), reply=(2, 3))  # same tokens, split differently: another group
-    rows = store.key_ratings()
+    rows = store.keys.key_ratings()
     assert [r.key_id for r in rows] == ["k1", "k2", "k3", "k1"]
     assert rows[0].group == rows[1].group != rows[2].group
     assert rows[3].group not in (rows[0].group, rows[2].group)
     from liveloop.store import codec
 
     assert rows[2].group == content_group(codec.encode_ids([1, 2]), codec.encode_ids([4]))
-    newest = store.key_ratings(limit=2)  # the newest 2, oldest first
+    newest = store.keys.key_ratings(limit=2)  # the newest 2, oldest first
     assert [r.feedback_id for r in newest] == [rows[2].feedback_id, rows[3].feedback_id]

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from liveloop.store import Store, StoreConfig
-from liveloop.store.lease import LEADER, Leases
+from liveloop.store.lease import LEADER
 
 
 def test_one_holder_renewal_expiry_takeover_release(store):
-    leases = Leases(store)
+    leases = store.fleet.leases
     assert leases.get(LEADER) is None
     a = leases.acquire(LEADER, "a", 1.5)
     assert (a.holder, a.term, a.held) == ("a", 1, True) and 0 < a.expires_in <= 1.5
@@ -47,7 +47,7 @@ def test_one_holder_renewal_expiry_takeover_release(store):
 def test_racing_callers_on_two_stores_leave_one_holder(store, store_url):
     other = Store(StoreConfig(url=store_url))
     try:
-        stores = [Leases(store), Leases(other)]
+        stores = [store.fleet.leases, other.fleet.leases]
         won: list[str] = []
         start = threading.Barrier(8)
 

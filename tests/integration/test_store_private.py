@@ -50,7 +50,7 @@ def home():
 def store(home):
     s = Store(StoreConfig(url=f"sqlite:///{home / 'data' / 'liveloop.db'}"))
     s.migrate()
-    s.ensure_base_version("/models/base")  # a write: the -wal and -shm files are there while it is open
+    s.versions.ensure_base_version("/models/base")  # a write: the -wal and -shm files are there while it is open
     yield s
     s.close()
 

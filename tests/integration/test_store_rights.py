@@ -30,23 +30,23 @@ def _ids(store: Store) -> list[str]:
 
 
 def test_a_response_deleted_before_it_lands_is_never_stored(store):
-    assert store.delete_response("r-1", "key-a").responses == 0  # not logged yet: a tombstone
-    results = store.write_batch([_record("r-1"), _record("r-2"), _record("r-1b", key="key-b")])
+    assert store.rights.delete_response("r-1", "key-a").responses == 0  # not logged yet: a tombstone
+    results = store.feedback.write_batch([_record("r-1"), _record("r-2"), _record("r-1b", key="key-b")])
     assert results == ["r-1", "r-2", "r-1b"]  # acknowledged: the deleted one as if stored and deleted
     assert _ids(store) == ["r-1b", "r-2"]
-    assert isinstance(store.write_batch([FeedbackRecord("r-1", "key-a", 1)])[0], ResponseNotFound)
-    assert store.get_feedback("r-1") == []
+    assert isinstance(store.feedback.write_batch([FeedbackRecord("r-1", "key-a", 1)])[0], ResponseNotFound)
+    assert store.feedback.get_feedback("r-1") == []
 
 
 def test_a_tombstone_matches_only_its_own_key(store):
-    store.delete_response("r-x", "key-b")  # another key names this id: nothing of key-a's changes
-    store.write_batch([_record("r-x", key="key-a")])
+    store.rights.delete_response("r-x", "key-b")  # another key names this id: nothing of key-a's changes
+    store.feedback.write_batch([_record("r-x", key="key-a")])
     assert _ids(store) == ["r-x"]
 
 
 def test_naming_another_keys_stored_response_writes_nothing(store):
-    store.write_batch([_record("r-y", key="key-a")])
-    deleted = store.delete_response("r-y", "key-b")  # not key-b's: no deletion, and no tombstone row
+    store.feedback.write_batch([_record("r-y", key="key-a")])
+    deleted = store.rights.delete_response("r-y", "key-b")  # not key-b's: no deletion, and no tombstone row
     assert (deleted.responses, deleted.ratings) == (0, 0)
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM deleted_responses")).scalar() == 0
@@ -54,31 +54,31 @@ def test_naming_another_keys_stored_response_writes_nothing(store):
 
 
 def test_a_forgotten_key_stores_nothing_from_then_on(store):
-    store.write_batch([_record("r-1"), _record("r-2", key="key-b")])
-    store.write_batch([FeedbackRecord("r-1", "key-a", 1)])
-    deleted = store.forget_key("key-a")
+    store.feedback.write_batch([_record("r-1"), _record("r-2", key="key-b")])
+    store.feedback.write_batch([FeedbackRecord("r-1", "key-a", 1)])
+    deleted = store.rights.forget_key("key-a")
     assert (deleted.responses, deleted.ratings) == (1, 1)
-    results = store.write_batch([_record("r-3"), FeedbackRecord("r-2", "key-a", 1), _record("r-4", key="key-b")])
+    results = store.feedback.write_batch([_record("r-3"), FeedbackRecord("r-2", "key-a", 1), _record("r-4", key="key-b")])
     assert results[0] == "r-3" and isinstance(results[1], ResponseNotFound) and results[2] == "r-4"
     assert _ids(store) == ["r-2", "r-4"]
-    assert store.rated_after(0, 10) == []
-    assert "key-a" in store.forgotten and "key-b" not in store.forgotten
+    assert store.feedback.rated_after(0, 10) == []
+    assert "key-a" in store.rights.forgotten and "key-b" not in store.rights.forgotten
 
 
 def test_the_marks_outlive_the_store_object(store_url):
     """A restart (or another process) reads the marks from the database, not from memory."""
     first = Store(StoreConfig(url=store_url))
     first.migrate()
-    first.ensure_base_version("/models/base")
-    first.delete_response("r-1", "key-a")
-    first.forget_key("key-b")
+    first.versions.ensure_base_version("/models/base")
+    first.rights.delete_response("r-1", "key-a")
+    first.rights.forget_key("key-b")
     first.close()
     second = Store(StoreConfig(url=store_url))
     try:
-        assert "key-b" not in second.forgotten  # the edge's view is read off the loop, on refresh
-        second.forgotten.refresh()
-        assert "key-b" in second.forgotten
-        second.write_batch([_record("r-1"), _record("r-2", key="key-b"), _record("r-3")])
+        assert "key-b" not in second.rights.forgotten  # the edge's view is read off the loop, on refresh
+        second.rights.forgotten.refresh()
+        assert "key-b" in second.rights.forgotten
+        second.feedback.write_batch([_record("r-1"), _record("r-2", key="key-b"), _record("r-3")])
         assert _ids(second) == ["r-3"]
     finally:
         second.close()
@@ -101,7 +101,7 @@ def test_forgetting_while_the_writer_inserts_never_leaves_a_row(store):
     thread.start()
     while len(futures) < 20:
         pass
-    store.forget_key("key-a")
+    store.rights.forget_key("key-a")
     stop.set()
     thread.join()
     for fut in futures:
@@ -121,17 +121,17 @@ def test_deleted_text_leaves_no_bytes_in_the_database_or_its_wal(tmp_path, how):
     db = tmp_path / "store.db"
     store = Store(StoreConfig(url=f"sqlite:///{db}"))
     store.migrate()
-    store.ensure_base_version("/models/base")
-    store.write_batch([_record("r-1", meta={"note": SECRET}), _record("r-2", meta={"note": "kept"})])
-    store.write_batch([FeedbackRecord("r-1", "key-a", 1, comment=SECRET + "-comment")])
+    store.versions.ensure_base_version("/models/base")
+    store.feedback.write_batch([_record("r-1", meta={"note": SECRET}), _record("r-2", meta={"note": "kept"})])
+    store.feedback.write_batch([FeedbackRecord("r-1", "key-a", 1, comment=SECRET + "-comment")])
     assert SECRET.encode() in _on_disk(db)
     if how == "delete":
-        assert store.delete_response("r-1", "key-a").responses == 1
+        assert store.rights.delete_response("r-1", "key-a").responses == 1
     elif how == "forget":
-        store.write_batch([_record("r-2b", key="key-b")])
-        assert store.forget_key("key-a").responses == 2
+        store.feedback.write_batch([_record("r-2b", key="key-b")])
+        assert store.rights.forget_key("key-a").responses == 2
     else:
-        assert store.delete_before(datetime.now(timezone.utc) + timedelta(seconds=1)).responses == 2
+        assert store.rights.delete_before(datetime.now(timezone.utc) + timedelta(seconds=1)).responses == 2
     assert SECRET.encode() not in _on_disk(db)
     if how == "delete":
         assert b"kept" in _on_disk(db)  # the check reads the right files

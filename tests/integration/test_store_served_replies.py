@@ -1,4 +1,4 @@
-"""`Store.served_replies` (what the learning view reads), on real SQLite and PostgreSQL: one segment's
+"""`store.release.served_replies` (what the learning view reads), on real SQLite and PostgreSQL: one segment's
 newest responses first (None: those recorded without a segment), at most `limit`, each with its reply
 tokens and its ratings in arrival order, quarantined keys' ratings left out."""
 
@@ -19,18 +19,18 @@ def _response(i: int, segment: str | None, key: str = "k1") -> ResponseRecord:
 
 def test_newest_first_per_segment_with_trusted_ratings(store):
     # cozy: 1, 3, 5 (5 by key k2); none: 0, 2, 4
-    store.insert_responses([_response(i, "cozy" if i % 2 else None, "k2" if i == 5 else "k1") for i in range(6)])
-    store.put_feedback(FeedbackRecord("r-3", "k1", 1))
-    store.put_feedback(FeedbackRecord("r-5", "k2", 0))
-    store.put_feedback(FeedbackRecord("r-4", "k1", 1))
-    cozy = store.served_replies("cozy", 10)
+    store.feedback.insert_responses([_response(i, "cozy" if i % 2 else None, "k2" if i == 5 else "k1") for i in range(6)])
+    store.feedback.put_feedback(FeedbackRecord("r-3", "k1", 1))
+    store.feedback.put_feedback(FeedbackRecord("r-5", "k2", 0))
+    store.feedback.put_feedback(FeedbackRecord("r-4", "k1", 1))
+    cozy = store.release.served_replies("cozy", 10)
     assert [r.response_id for r in cozy] == ["r-5", "r-3", "r-1"]
     assert cozy[0].response_ids == (15, 25) and cozy[0].policy_version == 0
     assert [[reward for _, reward in r.ratings] for r in cozy] == [[0], [1], []]
     assert cozy[0].ratings[0][0] > cozy[1].ratings[0][0]  # feedback ids: arrival order
-    assert [r.response_id for r in store.served_replies(None, 2)] == ["r-4", "r-2"]
-    assert store.served_replies("night", 10) == []
+    assert [r.response_id for r in store.release.served_replies(None, 2)] == ["r-4", "r-2"]
+    assert store.release.served_replies("night", 10) == []
 
-    store.set_quarantined("k2", True)
-    assert [[reward for _, reward in r.ratings] for r in store.served_replies("cozy", 10)] == [[], [1], []]
-    assert [[reward for _, reward in r.ratings] for r in store.served_replies("cozy", 10, trusted=False)] == [[0], [1], []]
+    store.keys.set_quarantined("k2", True)
+    assert [[reward for _, reward in r.ratings] for r in store.release.served_replies("cozy", 10)] == [[], [1], []]
+    assert [[reward for _, reward in r.ratings] for r in store.release.served_replies("cozy", 10, trusted=False)] == [[0], [1], []]

@@ -11,7 +11,7 @@ from sqlalchemy import column, inspect, table, text
 from liveloop.store import BatchWriter, FeedbackRecord, InvalidVersionSpans, ResponseRecord, Store, StoreConfig
 from liveloop.store import migrate
 from liveloop.store.models import Response
-from liveloop.store.store import response_row
+from liveloop.store.feedback import response_row
 
 
 def _record(i: int, spans=None, n: int = 6) -> ResponseRecord:
@@ -38,8 +38,8 @@ def _stored_spans(store: Store) -> dict[str, object]:
 
 
 def test_spans_round_trip_through_the_writer(store):
-    store.add_version(1, parent=0, checkpoint_path="/c/1")
-    store.add_version(2, parent=1, checkpoint_path="/c/2")
+    store.versions.add_version(1, parent=0, checkpoint_path="/c/1")
+    store.versions.add_version(2, parent=1, checkpoint_path="/c/2")
     mixed = ((0, 2, 1), (2, 5, 2), (5, 6, 3))
     writer = BatchWriter(store).start()
 
@@ -50,11 +50,11 @@ def test_spans_round_trip_through_the_writer(store):
 
     asyncio.run(scenario())
     writer.close()
-    assert store.get_response("r-1").version_spans == mixed
-    assert store.get_response("r-2").version_spans is None
-    assert store.get_response("r-3").version_spans == ((0, 6, 2),)  # lists become tuples of ints
+    assert store.feedback.get_response("r-1").version_spans == mixed
+    assert store.feedback.get_response("r-2").version_spans is None
+    assert store.feedback.get_response("r-3").version_spans == ((0, 6, 2),)  # lists become tuples of ints
     # the learner's read path carries them too
-    by_id = {r.id: r.version_spans for _, r in store.rated_after(0, limit=10)}
+    by_id = {r.id: r.version_spans for _, r in store.feedback.rated_after(0, limit=10)}
     assert by_id == {"r-1": mixed, "r-2": None}
     # None is SQL NULL, not a JSON null
     with store.engine.connect() as conn:
@@ -63,9 +63,9 @@ def test_spans_round_trip_through_the_writer(store):
 
 
 def test_insert_responses_writes_spans(store):
-    store.add_version(1, parent=0, checkpoint_path="/c/1")
-    store.insert_responses([_record(7, ((0, 3, 0), (3, 6, 1)))])
-    assert store.get_response("r-7").version_spans == ((0, 3, 0), (3, 6, 1))
+    store.versions.add_version(1, parent=0, checkpoint_path="/c/1")
+    store.feedback.insert_responses([_record(7, ((0, 3, 0), (3, 6, 1)))])
+    assert store.feedback.get_response("r-7").version_spans == ((0, 3, 0), (3, 6, 1))
 
 
 @pytest.mark.parametrize(
@@ -113,10 +113,10 @@ def test_upgrade_from_0004_keeps_rows(store_url):
         old_row = {k: v for k, v in response_row(_record(1), datetime.now(timezone.utc)).items() if k in had}
         conn.execute(table("responses", *(column(k) for k in old_row)).insert(), [old_row])
     assert s.migrate() == migrate.head_revision() and migrate.head_revision() >= "0005"
-    got = s.get_response("r-1")
+    got = s.feedback.get_response("r-1")
     assert got.version_spans is None and got.response_ids.tolist() == [10, 11, 12, 13, 14, 15]
-    s.insert_responses([_record(2, ((0, 1, 0), (1, 6, 1)))])
-    assert s.get_response("r-2").version_spans == ((0, 1, 0), (1, 6, 1))
+    s.feedback.insert_responses([_record(2, ((0, 1, 0), (1, 6, 1)))])
+    assert s.feedback.get_response("r-2").version_spans == ((0, 1, 0), (1, 6, 1))
     assert _stored_spans(s)["r-1"] is None
     assert migrate.downgrade(s.engine, "0004") == "0004"
     with s.engine.connect() as conn:

@@ -53,7 +53,7 @@ def _locked(url: str):
 def writer(store_url):
     store = Store(StoreConfig(url=store_url, write_deadline_seconds=DEADLINE, writer_stall_seconds=0.3))
     store.migrate()
-    store.ensure_base_version("/models/base")
+    store.versions.ensure_base_version("/models/base")
     w = BatchWriter(store).start()
     yield w
     w.close()
@@ -91,4 +91,4 @@ def test_a_locked_store_fails_batches_whole_and_fast_then_recovers(writer):
     assert [f.result(timeout=30) for f in done] == [f"r-{i}" for i in range(8)]
     health = writer.health()
     assert health.store_ok and not health.stalled and health.oldest_age == 0.0
-    assert all(writer.store.get_response(f"r-{i}") is not None for i in range(8))
+    assert all(writer.store.feedback.get_response(f"r-{i}") is not None for i in range(8))

@@ -21,7 +21,7 @@ SCANNED = 5000  # newest operator events looked through for reward_hacking ones
 async def reward_hacking(p: Parts = Depends(parts), limit: int = Query(100, ge=1, le=1000), _: Principal = Depends(require_admin)) -> dict:
     operations = p.operations
     alarms = operations.alarms
-    events = [e for e in await asyncio.to_thread(p.store.events, None, SCANNED) if e.kind == "reward_hacking"][-limit:]
+    events = [e for e in await asyncio.to_thread(p.store.operator.events, None, SCANNED) if e.kind == "reward_hacking"][-limit:]
     settings = None
     if alarms is not None:
         c = alarms.config

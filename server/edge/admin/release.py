@@ -83,7 +83,7 @@ async def evaluation(version: int, p: Parts = Depends(parts), _: Principal = Dep
     if not 0 <= version < 2**31:
         raise APIError(400, "version: out of range", param="version")
     store = p.store
-    record, found = await asyncio.to_thread(lambda: (store.evaluation(version), store.get_version(version)))
+    record, found = await asyncio.to_thread(lambda: (store.release.evaluation(version), store.versions.get_version(version)))
     if found is None:
         raise APIError(404, f"no policy version {version}", param="version", code="version_not_found")
     if record is None:
@@ -101,8 +101,8 @@ async def evaluations(
     store = p.store
 
     def read() -> dict:
-        versions = [v.version for v in store.versions_page(None, limit, descending=True)]
-        return store.evaluations(versions)
+        versions = [v.version for v in store.versions.versions_page(None, limit, descending=True)]
+        return store.release.evaluations(versions)
 
     found = await asyncio.to_thread(read)
     return {"object": "list", "data": [evaluation_json(found[v]) for v in sorted(found, reverse=True)]}

@@ -192,7 +192,7 @@ async def learning(
 
 @router.get("/stats")
 async def stats(p: Parts = Depends(parts), _: Principal = Depends(require_admin)) -> dict:
-    counts = await asyncio.to_thread(p.store.counts)
+    counts = await asyncio.to_thread(p.store.feedback.counts)
     await p.activator.changes.idle()  # "serving" below is read with no await between: settled
     return {
         "object": "stats",
@@ -209,7 +209,7 @@ async def stats(p: Parts = Depends(parts), _: Principal = Depends(require_admin)
 
 @router.get("/events")
 async def events(p: Parts = Depends(parts), limit: int = Query(200, ge=1, le=5000), _: Principal = Depends(require_admin)) -> dict:
-    rows = await asyncio.to_thread(p.store.events, None, limit)
+    rows = await asyncio.to_thread(p.store.operator.events, None, limit)
     return {
         "object": "list",
         "data": [
@@ -253,7 +253,7 @@ async def unpin(version: int, principal: Principal = Depends(require_admin), p: 
 async def _set_pinned(p: Parts, version: int, pinned: bool, principal: Principal) -> dict:
     if not 0 <= version < 2**31:
         raise APIError(400, "version: out of range", param="version")
-    changed = await asyncio.to_thread(p.store.set_pinned, version, pinned, principal.key_id)  # VersionNotFound: 404
+    changed = await asyncio.to_thread(p.store.versions.set_pinned, version, pinned, principal.key_id)  # VersionNotFound: 404
     return {"object": "policy_version", "version": version, "pinned": pinned, "changed": changed}
 
 
@@ -274,13 +274,13 @@ async def keys(p: Parts = Depends(parts), _: Principal = Depends(require_admin))
 @router.post("/keys/{key_id}/quarantine")
 async def quarantine(key_id: str, request: Request, p: Parts = Depends(parts), principal: Principal = Depends(require_admin)) -> dict:
     req = await parse_body(request, QuarantineRequest, empty_ok=True)
-    changed = await asyncio.to_thread(p.store.set_quarantined, _key_id(key_id), True, req.reason, principal.key_id)
+    changed = await asyncio.to_thread(p.store.keys.set_quarantined, _key_id(key_id), True, req.reason, principal.key_id)
     return {"object": "api_key", "key_id": key_id, "quarantined": True, "changed": changed}
 
 
 @router.delete("/keys/{key_id}/quarantine")
 async def lift_quarantine(key_id: str, p: Parts = Depends(parts), principal: Principal = Depends(require_admin)) -> dict:
-    changed = await asyncio.to_thread(p.store.set_quarantined, _key_id(key_id), False, None, principal.key_id)
+    changed = await asyncio.to_thread(p.store.keys.set_quarantined, _key_id(key_id), False, None, principal.key_id)
     return {"object": "api_key", "key_id": key_id, "quarantined": False, "changed": changed}
 
 
@@ -294,7 +294,7 @@ async def forget(key_id: str, request: Request, p: Parts = Depends(parts), princ
     req = await parse_body(request, ForgetRequest, empty_ok=True)
     key = _key_id(key_id)
     if not req.weights:
-        deleted = await asyncio.to_thread(p.store.forget_key, key, principal.key_id)
+        deleted = await asyncio.to_thread(p.store.rights.forget_key, key, principal.key_id)
         return {"object": "api_key.forgotten", "key_id": key_id, "responses_deleted": deleted.responses, "ratings_deleted": deleted.ratings}
     result = await p.forgetting.forget(key, req.dry_run, principal.key_id)  # KeyNotFound: 404
     return _forget_json(result)

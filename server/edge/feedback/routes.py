@@ -77,7 +77,7 @@ async def delete_owned(p: Parts, response_id: str, principal: Principal, param: 
         raise APIError(404, f"no response `{response_id}` for this API key", param=param)
     # looked at first: a generation that ends meanwhile lands after the tombstone, which drops it
     generating = p.edge.generating.owner(response_id) == principal.key_id
-    deleted = await asyncio.to_thread(p.store.delete_response, response_id, principal.key_id)
+    deleted = await asyncio.to_thread(p.store.rights.delete_response, response_id, principal.key_id)
     if not deleted.responses and not generating:
         raise APIError(404, f"no response `{response_id}` for this API key", param=param)
     return deleted.ratings
@@ -99,7 +99,7 @@ async def versions(
     after: int | None = Query(None, ge=0, description="the page follows this version (the last one of the previous page)"),
     order: Literal["asc", "desc"] = Query("asc", description="by version: asc (oldest first) or desc"),
 ) -> dict:
-    rows = await asyncio.to_thread(p.store.versions_page, after, limit + 1, order == "desc")
+    rows = await asyncio.to_thread(p.store.versions.versions_page, after, limit + 1, order == "desc")
     page = rows[:limit]
     fleet = serving_by_version(await asyncio.to_thread(p.registry.rows, p.down_after_seconds))
     return {

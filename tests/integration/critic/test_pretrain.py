@@ -37,7 +37,7 @@ def test_pretrain_reaches_threshold(model_dir):
 def test_learner_resumes_with_the_pretrained_critic(tmp_path, model_dir):
     store = Store(StoreConfig(url=f"sqlite:///{tmp_path / 's.db'}"))
     store.migrate()
-    store.ensure_base_version(str(model_dir))
+    store.versions.ensure_base_version(str(model_dir))
     learner_cfg = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"))
     critic_cfg = CriticConfig(learning_rate=1e-3, pretrain_reward="style:cute", pretrain_rollouts=16, pretrain_max_tokens=16,
                               pretrain_ev_threshold=0.3, pretrain_max_epochs=10)

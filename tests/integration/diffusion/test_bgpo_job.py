@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from liveloop.checkpoint import checkpoint_digest, legacy_digest
-from liveloop.config import ConfigError
+from liveloop.config import ConfigError, resolve_config
 from liveloop.diffusion.bgpo import latest_checkpoint, run_bgpo
 from liveloop.diffusion.config import load_bgpo_config
 from liveloop.diffusion.model import TinyModelConfig, tiny_model
@@ -50,15 +50,15 @@ def _seed_ratings(url: str) -> None:
     tok = build_tokenizer()
     store = Store(StoreConfig(url=url))
     store.migrate()
-    store.ensure_base_version("diffusion-base")  # the version that served the rated responses
+    store.versions.ensure_base_version("diffusion-base")  # the version that served the rated responses
     prompt = tuple(tok.encode("say hi\n", add_special_tokens=False))
     for i, (text, reward) in enumerate([("hi", 1), ("no", 0)]):
         ids = tuple(tok.encode(text, add_special_tokens=False) + [tok.eos_token_id])
-        store.insert_responses([ResponseRecord(
+        store.feedback.insert_responses([ResponseRecord(
             id=f"user-{i}", api_key_id="k", model="liveloop-diffusion-tiny", policy_version=0, endpoint="chat",
             prompt_ids=prompt, response_ids=ids, behavior_logprobs=(0.0,) * len(ids), finish_reason="stop",
             temperature=1.0, top_p=1.0, latency_ms=1.0)])
-        store.put_feedback(FeedbackRecord(response_id=f"user-{i}", api_key_id="k", reward=reward))
+        store.feedback.put_feedback(FeedbackRecord(response_id=f"user-{i}", api_key_id="k", reward=reward))
     store.close()
 
 
@@ -70,21 +70,21 @@ def test_job_publishes_versions_stores_rollouts_and_resumes_identically(tmp_path
     out = run_bgpo(job_a, progress=False)
     assert out["step"] == 4 and out["version"] == 2
     store = Store(job_a.store)
-    v1, v2 = store.get_version(1), store.get_version(2)
+    v1, v2 = store.versions.get_version(1), store.versions.get_version(2)
     assert v1.parent == 0 and v2.parent == 1  # lineage: base model 0 -> 1 -> 2
     assert v1.learner_step == 2 and v2.learner_step == 4 and v1.samples_used > 0
     assert v1.metrics["bgpo/loss_kind"] == "bgpo" and "bgpo/reward_since_parent" in v1.metrics
     assert v1.checkpoint_sha256 == checkpoint_digest(v1.checkpoint_path)
-    assert store.get_cursor("bgpo") == 2  # both ratings consumed
+    assert store.feedback.get_cursor("bgpo") == 2  # both ratings consumed
     # the stored ratings (1 vs 0) gave step 0 a learning signal: the weights moved from the base model
     assert checkpoint_digest(v1.checkpoint_path) != checkpoint_digest(model_dir)
     # rollouts: 4 steps x (1 store group topped up? no: free-form prompt -> stored only) + task groups
-    first = store.get_response("bgpo-s000000-g1-r0")
+    first = store.feedback.get_response("bgpo-s000000-g1-r0")
     assert first is not None and first.policy_version == 0 and first.request_meta["source"] == "bgpo"
     assert len(first.response_ids) == len(first.behavior_logprobs) <= 16
-    late = store.get_response("bgpo-s000002-g1-r0")
+    late = store.feedback.get_response("bgpo-s000002-g1-r0")
     assert late is not None and late.policy_version == 1  # produced by the version published at step 2
-    n_responses = store.counts()["responses"]
+    n_responses = store.feedback.counts()["responses"]
     store.close()
 
     # run B: "killed" after 1 step (no checkpoint yet), then after 3 (one checkpoint), then to the end
@@ -98,11 +98,11 @@ def test_job_publishes_versions_stores_rollouts_and_resumes_identically(tmp_path
     out_b = run_bgpo(job_b, progress=False)
     assert out_b["step"] == 4 and out_b["version"] == 2
     store_b = Store(job_b.store)
-    assert store_b.counts()["responses"] == n_responses  # redone steps did not duplicate rollouts
-    assert store_b.counts()["policy_versions"] == 3
+    assert store_b.feedback.counts()["responses"] == n_responses  # redone steps did not duplicate rollouts
+    assert store_b.feedback.counts()["policy_versions"] == 3
     # the same weights (the row's digest also covers trainer_state.pt, whose config names each job's paths)
-    assert legacy_digest(store_b.get_version(2).checkpoint_path) == legacy_digest(
-        Store(job_a.store).get_version(2).checkpoint_path)
+    assert legacy_digest(store_b.versions.get_version(2).checkpoint_path) == legacy_digest(
+        Store(job_a.store).versions.get_version(2).checkpoint_path)
     store_b.close()
     # finished: running again does nothing
     assert run_bgpo(job_b, progress=False)["version"] == 2
@@ -115,12 +115,12 @@ def test_baseline_losses_run_through_the_same_loop(tmp_path, model_dir, loss):
     out = run_bgpo(job, progress=False)
     assert out["version"] == 1 and out["bgpo/grad_norm"] > 0
     store = Store(job.store)
-    assert store.get_version(1).metrics["bgpo/loss_kind"] == loss
+    assert store.versions.get_version(1).metrics["bgpo/loss_kind"] == loss
     store.close()
 
 
 def test_config_file_loads_and_unknown_keys_fail():
-    job = load_bgpo_config(ROOT / "configs/bgpo.toml")
+    job = load_bgpo_config("bgpo")
     assert job.bgpo.loss == "bgpo" and job.bgpo.n_t == 16
     with pytest.raises(ConfigError, match="bgpo.n_tt: unknown key"):
         load_bgpo_config(text="[bgpo]\nn_tt = 3\n")
@@ -135,7 +135,7 @@ def test_cli_group_parses_and_trains(tmp_path, model_dir, capsys):
 
     from liveloop.diffusion import cli
 
-    job_text = (ROOT / "configs/bgpo.toml").read_text()
+    job_text = resolve_config("bgpo").read_text()
     cfg = tmp_path / "bgpo.toml"
     cfg.write_text(job_text.replace('model_dir = "models/liveloop-diffusion-tiny"', f'model_dir = "{model_dir}"')
                    .replace('out_dir = "data/bgpo"', f'out_dir = "{tmp_path / "out"}"')

@@ -19,7 +19,7 @@ def test_a_short_run_stores_linked_episodes_and_measures_them(method, tmp_path, 
     try:
         out = run.run()
         store = run.rig.store
-        seconds = [r for r in store.rated_after(0, 100)]
+        seconds = [r for r in store.feedback.rated_after(0, 100)]
         assert len(seconds) == CFG.episodes
         for _, r in seconds:  # a rated turn is an episode's last: a first turn, or a second linked to its first exactly
             assert r.parent_id is None or (r.turn == 1 and r.prefix_tokens is not None)

@@ -57,9 +57,9 @@ def test_every_rating_is_trained_once_by_its_segments_lane_and_the_other_lane_st
         cozy = rig.learner.lanes["cozy"]
         assert (cozy.state.samples, cozy.state.step) == (rated, rated)
         assert rig.learner.lanes["night"].state.samples == 0
-        stored = rig.store.rated_after(0, 100, segment="cozy")
+        stored = rig.store.feedback.rated_after(0, 100, segment="cozy")
         assert len(stored) == rated and all(r.segment == "cozy" and r.request_meta == {"segment": "cozy"} for _, r in stored)
-        assert rig.store.rated_after(0, 100, segment="night") == []
+        assert rig.store.feedback.rated_after(0, 100, segment="night") == []
         # cozy's adapter moved; night's is still the base: the same prompts and sampling seed give the same replies
         lora_b = {n: p for n, p in rig.learner.adapters.model.named_parameters() if "lora_B" in n}
         assert any(p.abs().sum() > 0 for n, p in lora_b.items() if ".cozy." in n)  # a fresh adapter's B is 0
@@ -79,7 +79,7 @@ def test_the_whole_policy_serves_every_segment(tmp_path, model_dir):
         replies = rig.sample([Ask("night", "Tell me about rain.")])
         rig.rate(replies, [1.0])
         assert rig.train() == 1 and rig.learner.state.samples == 1
-        (feedback, response), = rig.store.rated_after(0, 10)
+        (feedback, response), = rig.store.feedback.rated_after(0, 10)
         assert response.segment is None and feedback.reward == 1 and response.policy_version == 0
     finally:
         rig.close()

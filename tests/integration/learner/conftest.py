@@ -15,7 +15,7 @@ from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 def store(tmp_path, model_dir):
     s = Store(StoreConfig(url=f"sqlite:///{tmp_path / 'l.db'}"))
     s.migrate()
-    s.ensure_base_version(str(model_dir))
+    s.versions.ensure_base_version(str(model_dir))
     yield s
     s.close()
 
@@ -29,8 +29,8 @@ def rate_random(store: Store, n: int, start: int = 0) -> None:
             f"r{i}", "k", "m", 0, "chat", tuple(int(x) for x in rng.integers(5, 500, 6)),
             tuple(int(x) for x in rng.integers(5, 500, 8)), (-2.0,) * 8, "stop", 1.0, 1.0, 1.0,
         )
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
+        store.feedback.write_batch([rec])
+        store.feedback.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
 
 
 @pytest.fixture

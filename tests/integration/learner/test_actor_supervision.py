@@ -30,7 +30,7 @@ def store_config(tmp_path, model_dir) -> StoreConfig:
     config = StoreConfig(url=f"sqlite:///{tmp_path / 'l.db'}")
     s = Store(config)
     s.migrate()
-    s.ensure_base_version(str(model_dir))
+    s.versions.ensure_base_version(str(model_dir))
     s.close()
     return config
 
@@ -50,9 +50,9 @@ def _rate(store: Store, start: int, n: int) -> int:
             f"r{i}", f"k{i}", "m", 0, "chat", tuple(int(x) for x in rng.integers(5, 500, 6)),
             tuple(int(x) for x in rng.integers(5, 500, 8)), (-2.0,) * 8, "stop", 1.0, 1.0, 1.0,
         )
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(f"r{i}", f"k{i}", i % 2))
-    return max(f.id for f, _ in store.rated_after(0, 10_000))
+        store.feedback.write_batch([rec])
+        store.feedback.put_feedback(FeedbackRecord(f"r{i}", f"k{i}", i % 2))
+    return max(f.id for f, _ in store.feedback.rated_after(0, 10_000))
 
 
 def _config(tmp_path: Path) -> LearnerConfig:
@@ -71,11 +71,11 @@ def _kill(learner: ColocatedLearner) -> int:
 
 
 def _kinds(store: Store) -> list[str]:
-    return [e.kind for e in store.events() if e.kind.startswith("learner_")]
+    return [e.kind for e in store.operator.events() if e.kind.startswith("learner_")]
 
 
 def _learned(store: Store) -> list[tuple[int, int | None, int]]:
-    return [(v.version, v.parent, v.samples_used) for v in store.list_versions() if v.version > 0]
+    return [(v.version, v.parent, v.samples_used) for v in store.versions.list_versions() if v.version > 0]
 
 
 def test_killed_actor_is_restarted_and_resumes_exactly_once(tmp_path, store_config, store, model_dir):
@@ -85,19 +85,19 @@ def test_killed_actor_is_restarted_and_resumes_exactly_once(tmp_path, store_conf
         assert learner.health() == LearnerHealth("running", 0, None)
         # v1 (ratings 1-2), v2 (3-4); rating 5 trained but not published when the worker dies
         wait_until(lambda: learner.status().pending_cursor == 5, 240, "rating 5 to be trained", interval=0.05)
-        assert store.get_cursor("sao") == 4 and store.cursor_version("sao") == 2
+        assert store.feedback.get_cursor("sao") == 4 and store.versions.cursor_version("sao") == 2
         old_pid = _kill(learner)
         last = _rate(store, 5, 3)  # ratings 6-8 arrive while it is dead
         wait_until(lambda: learner.health().state == "running" and learner.health().restarts == 1, 240, "the restart", interval=0.05)
         health = learner.health()
         assert "ActorDied" in health.last_error or "RayActorError" in health.last_error
-        wait_until(lambda: store.get_cursor("sao") == last, 240, "the new actor to train the ratings added after the kill", interval=0.05)
+        wait_until(lambda: store.feedback.get_cursor("sao") == last, 240, "the new actor to train the ratings added after the kill", interval=0.05)
         status = learner.status()
         assert status.cursor == last and ray.get(learner.actor.pid.remote()) != old_pid
         # the fresh actor resumed at v2 / cursor 4: rating 5 was trained again (its first training was
         # never published), and every rating is in exactly one version of one unbroken lineage
         assert _learned(store) == [(1, 0, 2), (2, 1, 2), (3, 2, 2), (4, 3, 2)]
-        events = [e for e in store.events() if e.kind.startswith("learner_")]
+        events = [e for e in store.operator.events() if e.kind.startswith("learner_")]
         assert [e.kind for e in events] == ["learner_crash", "learner_restart"]
         assert events[0].detail["restarts"] == 0 and events[0].detail["error"] == health.last_error
         assert events[1].version == 2 and events[1].detail == {"restarts": 1, "cursor": 4}
@@ -114,7 +114,7 @@ def test_kill_in_the_middle_of_a_publish(tmp_path, store_config, store, model_di
     could commit (the test holds SQLite's write lock, so the inserting transaction, which allocates the
     number and moves the checkpoint to vNNNNNN, cannot begin): no version, no vNNNNNN directory; the
     fresh actor sweeps the dead process's staging directory and publishes version 1 itself."""
-    store.set_learning_paused("sao", True)
+    store.operator.set_learning_paused("sao", True)
     _rate(store, 0, 2)
     config = _config(tmp_path)
     learner = ColocatedLearner(store_config, config, CriticConfig(), model_dir, backoff_s=0.1)
@@ -125,24 +125,24 @@ def test_kill_in_the_middle_of_a_publish(tmp_path, store_config, store, model_di
 
     lock = sqlite3.connect(str(tmp_path / "l.db"), isolation_level=None, timeout=30)
     try:
-        store.set_learning_paused("sao", False)
+        store.operator.set_learning_paused("sao", False)
         lock.execute("BEGIN IMMEDIATE")  # from here on, no other connection can write
         wait_until(staged, 120, "the first checkpoint under its staging name", interval=0.05)
         orphan = staged()[0]
         _kill(learner)
-        assert store.get_version(1) is None and store.get_cursor("sao") == 0  # killed before the row
+        assert store.versions.get_version(1) is None and store.feedback.get_cursor("sao") == 0  # killed before the row
         assert not (root / "v000001").exists()
         lock.execute("ROLLBACK")
         wait_until(lambda: learner.health().state == "running" and learner.health().restarts == 1, 240, "the restart", interval=0.05)
         last = _rate(store, 2, 2)
-        wait_until(lambda: store.get_cursor("sao") == last, 240, "the new actor to train every rating", interval=0.05)
+        wait_until(lambda: store.feedback.get_cursor("sao") == last, 240, "the new actor to train every rating", interval=0.05)
     finally:
         if lock.in_transaction:
             lock.execute("ROLLBACK")
         lock.close()
         learner.close()
     assert _learned(store) == [(1, 0, 2), (2, 1, 2)]
-    v1 = store.get_version(1)
+    v1 = store.versions.get_version(1)
     assert v1.checkpoint_path == str(root / "v000001" / "policy") and checkpoint_digest(v1.checkpoint_path) == v1.checkpoint_sha256
     assert _kinds(store) == ["learner_crash", "learner_restart"]
     assert not orphan.exists()  # the dead process's staging directory was swept
@@ -164,7 +164,7 @@ def test_run_raising_is_a_crash_and_too_many_crashes_is_failed(tmp_path, store_c
             learner.status()
         wait_until(lambda: "learner_failed" in _kinds(store), 60, "the failure event", interval=0.05)
         assert _kinds(store) == ["learner_crash", "learner_restart", "learner_crash", "learner_failed"]
-        assert store.get_cursor("sao") == 0 and _learned(store) == []  # nothing half-published
+        assert store.feedback.get_cursor("sao") == 0 and _learned(store) == []  # nothing half-published
     finally:
         learner.close()
     assert learner.health().state == "stopped"

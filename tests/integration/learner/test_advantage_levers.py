@@ -31,7 +31,7 @@ def test_running_mean_baseline_steps_and_the_critic_still_trains(store, tmp_path
     assert seen == pytest.approx([0.0, 0.0, 0.5, 1 / 3])
     assert "learner/advantage_scale" not in learner.state.last_metrics
     assert any(not torch.equal(critic_before[k], v) for k, v in learner.critic.model.state_dict().items())
-    assert [v.version for v in store.versions_with_status("published")] == [1, 2]
+    assert [v.version for v in store.versions.versions_with_status("published")] == [1, 2]
 
 
 def test_running_normalisation_steps_and_reports_its_scale(store, tmp_path, model_dir, rate):

@@ -40,8 +40,8 @@ def _rate(store: Store, n: int, logprobs, group_size: int = 1, start: int = 0) -
             f"r{i}", "k", "m", 0, "chat", prompt, response, logprobs(prompt, response), "stop", 1.0, 1.0, 1.0,
             request_meta={"group": f"g{i // group_size}"} if group_size > 1 else None,
         )
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(f"r{i}", "k", int(rng.integers(0, 2))))
+        store.feedback.write_batch([rec])
+        store.feedback.put_feedback(FeedbackRecord(f"r{i}", "k", int(rng.integers(0, 2))))
 
 
 def _learner(store, tmp_path, model_dir, **kw) -> OnlineLearner:
@@ -64,8 +64,8 @@ def test_sliding_window_steps_without_a_critic(store, tmp_path, model_dir, base_
     assert _changed(before, learner)
     m = learner.state.last_metrics
     assert m["learner/window_fill"] == 3.0 and 0 <= m["learner/kept_fraction"] <= 1 and "learner/kl" in m
-    assert [v.version for v in store.versions_with_status("published")] == [1, 2]
-    assert store.get_cursor("sao") == 4
+    assert [v.version for v in store.versions.versions_with_status("published")] == [1, 2]
+    assert store.feedback.get_cursor("sao") == 4
     assert not (tmp_path / "versions" / "v000001" / "critic").exists()
 
 
@@ -81,12 +81,12 @@ def test_grpo_methods_wait_for_groups(store, tmp_path, model_dir, method, base_l
     assert m["learner/groups"] == 2.0 and m["learner/groups_pending"] == 1.0
     assert m["learner/group_wait_mean_seconds"] >= 0.0
     assert ("learner/clip_fraction" in m) == (method == "grpo") and ("learner/kept_fraction" in m) == (method == "grpo_dis")
-    assert learner.state.samples == 4 and [v.version for v in store.versions_with_status("published")] == [1]
+    assert learner.state.samples == 4 and [v.version for v in store.versions.versions_with_status("published")] == [1]
     _rate(store, 1, base_logprobs, group_size=2, start=5)  # completes g2
     assert learner.step() and learner.state.samples == 6
     # a group with mixed rewards moves the weights (all-equal groups have zero advantage)
     assert _changed(before, learner) or all(
-        len({f.reward for f, _ in store.rated_after(2 * g, 2)}) == 1 for g in range(3)
+        len({f.reward for f, _ in store.feedback.rated_after(2 * g, 2)}) == 1 for g in range(3)
     )
 
 
@@ -139,5 +139,5 @@ def test_the_trust_region_undoes_an_update_that_moves_the_policy_too_far(store, 
     assert all(torch.equal(before[k], v) for k, v in learner.policy.state_dict().items())  # undone exactly
     assert learner.state.updates_since_publish == 0
     learner.publish()
-    assert store.versions_with_status("published") == []  # nothing changed, nothing published
-    assert store.get_cursor("sao") == 1  # the rating was consumed
+    assert store.versions.versions_with_status("published") == []  # nothing changed, nothing published
+    assert store.feedback.get_cursor("sao") == 1  # the rating was consumed

@@ -28,7 +28,7 @@ def _learner(store, tmp_path, model_dir, transport=None, **kw) -> OnlineLearner:
 
 
 def _published(store) -> list[tuple[int, int]]:
-    return [(v.version, v.samples_used) for v in store.versions_with_status(VersionStatus.PUBLISHED)]
+    return [(v.version, v.samples_used) for v in store.versions.versions_with_status(VersionStatus.PUBLISHED)]
 
 
 def test_ratings_faster_than_steps_make_one_version_not_one_each(store, tmp_path, model_dir, rate):
@@ -37,8 +37,8 @@ def test_ratings_faster_than_steps_make_one_version_not_one_each(store, tmp_path
     for k in range(4):  # each step finds the next rating there: its version is held back
         assert learner.step() and _published(store) == [] and learner.publishing.held_back
     assert learner.step()  # the fifth: nothing waits any more, so it publishes, for all five
-    assert _published(store) == [(1, 5)] and store.get_cursor("sao") == 5
-    assert learner.publishing.superseded == 4 and store.get_version(1).metrics["learner/superseded_versions"] == 4.0
+    assert _published(store) == [(1, 5)] and store.feedback.get_cursor("sao") == 5
+    assert learner.publishing.superseded == 4 and store.versions.get_version(1).metrics["learner/superseded_versions"] == 4.0
     assert learner.lane_status().metrics["learner/superseded_versions"] == 4.0
 
 
@@ -77,12 +77,12 @@ def test_durable_checkpoints_wait_for_the_learner_to_have_nothing_to_train(store
     rate(store, 4)
     learner = _learner(store, tmp_path, model_dir, transport)
     threads = set(threading.enumerate())
-    assert learner.step() and store.get_version(1).status == VersionStatus.PUBLISHED  # handed over in memory
-    assert not is_checkpoint(store.get_version(1).checkpoint_path) and learner.publishing.stats()["learner/durable_pending"] == 1
+    assert learner.step() and store.versions.get_version(1).status == VersionStatus.PUBLISHED  # handed over in memory
+    assert not is_checkpoint(store.versions.get_version(1).checkpoint_path) and learner.publishing.stats()["learner/durable_pending"] == 1
     for _ in range(2):  # versions 2 and 3: the third's copies are taken only after the oldest is written
         assert learner.step()
-    assert is_checkpoint(store.get_version(1).checkpoint_path) and store.get_version(1).checkpoint_sha256
+    assert is_checkpoint(store.versions.get_version(1).checkpoint_path) and store.versions.get_version(1).checkpoint_sha256
     assert learner.publishing.stats()["learner/durable_pending"] == MAX_PENDING_DURABLE
     assert set(threading.enumerate()) <= threads  # no thread writes beside the steps
     learner.run(lambda: learner.publishing.stats()["learner/durable_pending"] == 0 and learner.state.step == 4)
-    assert all(is_checkpoint(store.get_version(v).checkpoint_path) and store.get_version(v).checkpoint_sha256 for v in (2, 3, 4))
+    assert all(is_checkpoint(store.versions.get_version(v).checkpoint_path) and store.versions.get_version(v).checkpoint_sha256 for v in (2, 3, 4))

@@ -30,9 +30,9 @@ def _turn(rid, prompt, response, lp=-2.0, key="k"):
 
 
 def _episode(store, key="k"):
-    store.write_batch([_turn("t1", PROMPT, TURN1, key=key)])
-    store.write_batch([_turn("t2", PROMPT + TURN1 + OBS, TURN2, key=key)])
-    assert store.get_response("t2").parent_id == "t1"
+    store.feedback.write_batch([_turn("t1", PROMPT, TURN1, key=key)])
+    store.feedback.write_batch([_turn("t2", PROMPT + TURN1 + OBS, TURN2, key=key)])
+    assert store.feedback.get_response("t2").parent_id == "t1"
 
 
 def _learner(store, tmp_path, model_dir, **kw):
@@ -42,9 +42,9 @@ def _learner(store, tmp_path, model_dir, **kw):
 
 def test_an_episode_trains_as_one_sample_on_every_turns_actions_and_no_observation(store, tmp_path, model_dir):
     _episode(store)
-    store.put_feedback(FeedbackRecord("t2", "k", 1))
+    store.feedback.put_feedback(FeedbackRecord("t2", "k", 1))
     learner = _learner(store, tmp_path, model_dir)
-    (f, r), = store.rated_after(0, 10)
+    (f, r), = store.feedback.rated_after(0, 10)
     sample = learner.ratings.sample(f, r)
     assert sample.prompt_ids.tolist() == list(PROMPT) and sample.response_ids.tolist() == list(TURN1 + OBS + TURN2)
     batch = make_batch([sample])
@@ -78,10 +78,10 @@ def test_an_episode_trains_as_one_sample_on_every_turns_actions_and_no_observati
 
 def test_a_middle_rating_trains_its_turns_and_the_final_rating_only_the_turns_after(store, tmp_path, model_dir):
     _episode(store)
-    store.put_feedback(FeedbackRecord("t1", "k", 1))
-    store.put_feedback(FeedbackRecord("t2", "k", 0))
+    store.feedback.put_feedback(FeedbackRecord("t1", "k", 1))
+    store.feedback.put_feedback(FeedbackRecord("t2", "k", 0))
     learner = _learner(store, tmp_path, model_dir)
-    (f1, r1), (f2, r2) = store.rated_after(0, 10)
+    (f1, r1), (f2, r2) = store.feedback.rated_after(0, 10)
     assert learner.ratings.sample(f1, r1).action_mask.tolist() == [1] * len(TURN1)  # the trajectory up to turn 1
     second = learner.ratings.sample(f2, r2)
     assert second.action_mask.tolist() == [0] * len(TURN1 + OBS) + [1] * len(TURN2)  # turn 1 was credited already
@@ -90,22 +90,22 @@ def test_a_middle_rating_trains_its_turns_and_the_final_rating_only_the_turns_af
 
 def test_deleting_a_turn_takes_its_episode_out_of_training(store, tmp_path, model_dir):
     _episode(store)
-    store.put_feedback(FeedbackRecord("t2", "k", 1))
-    store.delete_response("t1", "k")  # the later turn carries it: it goes too, with its rating
-    assert store.rated_after(0, 10) == []
+    store.feedback.put_feedback(FeedbackRecord("t2", "k", 1))
+    store.rights.delete_response("t1", "k")  # the later turn carries it: it goes too, with its rating
+    assert store.feedback.rated_after(0, 10) == []
     assert not _learner(store, tmp_path, model_dir).step()
 
 
 def test_forgetting_a_key_takes_its_episodes(store, tmp_path, model_dir):
     _episode(store, key="k")
-    store.put_feedback(FeedbackRecord("t2", "k", 1))
-    store.forget_key("k")
-    assert store.rated_after(0, 10) == [] and store.episodes.episode("t2") is None
+    store.feedback.put_feedback(FeedbackRecord("t2", "k", 1))
+    store.rights.forget_key("k")
+    assert store.feedback.rated_after(0, 10) == [] and store.episodes.episode("t2") is None
 
 
 def test_an_episode_over_the_bound_is_counted_not_trained(store, tmp_path, model_dir):
     _episode(store)
-    store.put_feedback(FeedbackRecord("t2", "k", 1))
+    store.feedback.put_feedback(FeedbackRecord("t2", "k", 1))
     learner = _learner(store, tmp_path, model_dir, max_episode_tokens=len(PROMPT + TURN1 + OBS + TURN2) - 1)
     assert not learner.step()
     assert learner.ratings.stats()["learner/episodes_skipped_too_long"] == 1.0

@@ -38,8 +38,8 @@ def test_publish_hands_over_in_memory_then_writes_the_durable_checkpoint(store, 
     learner = _learner(store, tmp_path, model_dir, transport)
     assert learner.step() and learner.step()  # publishes version 1 after 2 steps
     learner.publishing.wait_durable()  # the durable checkpoint is written in the background
-    record = store.get_version(1)
-    assert record.status == VersionStatus.PUBLISHED and store.get_cursor("sao") == 2
+    record = store.versions.get_version(1)
+    assert record.status == VersionStatus.PUBLISHED and store.feedback.get_cursor("sao") == 2
     assert is_checkpoint(record.checkpoint_path) and record.checkpoint_sha256
     receiver = make_receiver(transport)
     assert record.weights_nonce and record.weights_digest  # the handle's, recorded with the row
@@ -55,7 +55,7 @@ def test_resume_recovers_the_durable_checkpoint_from_memory(store, tmp_path, mod
     learner.step(), learner.step()
     learner.publishing.wait_durable()
     trained = {k: v.clone() for k, v in learner.policy.state_dict().items()}
-    record = store.get_version(1)
+    record = store.versions.get_version(1)
     shutil.rmtree(Path(record.checkpoint_path).parent)  # as if it died before writing it
     again = _learner(store, tmp_path, model_dir, transport)
     assert again.state.version == 1 and again.state.cursor == 2  # nothing trained twice
@@ -69,22 +69,22 @@ def test_resume_gives_up_a_version_whose_memory_and_checkpoint_are_gone(store, t
     for _ in range(4):  # versions 1 (ratings 1-2) and 2 (ratings 3-4)
         learner.step()
     learner.publishing.wait_durable()
-    record = store.get_version(2)
+    record = store.versions.get_version(2)
     shutil.rmtree(Path(record.checkpoint_path).parent)
     remove_version(transport.namespace, 2)  # the machine rebooted: the memory is gone as well
     again = _learner(store, tmp_path, model_dir, transport)
     assert again.state.version == 1 and again.state.cursor == 2  # back to version 1: ratings 3-4 again
-    assert store.get_version(2).status == VersionStatus.FAILED
+    assert store.versions.get_version(2).status == VersionStatus.FAILED
     assert again.step() and again.step()
-    assert store.get_cursor("sao") == 4 and store.cursor_version("sao") == 3
+    assert store.feedback.get_cursor("sao") == 4 and store.versions.cursor_version("sao") == 3
 
 
 def test_a_clean_stop_frees_the_memory_once_every_checkpoint_is_durable(store, tmp_path, model_dir, rate, transport):
     rate(store, 4)
     learner = _learner(store, tmp_path, model_dir, transport)
     learner.run(lambda: False, max_steps=4)  # versions 1 and 2, then a clean stop
-    assert {1, 2} <= {v.version for v in store.versions_with_status(VersionStatus.PUBLISHED)}
-    assert all(is_checkpoint(store.get_version(v).checkpoint_path) for v in (1, 2))
+    assert {1, 2} <= {v.version for v in store.versions.versions_with_status(VersionStatus.PUBLISHED)}
+    assert all(is_checkpoint(store.versions.get_version(v).checkpoint_path) for v in (1, 2))
     assert segments(transport.namespace) == {}
 
 
@@ -98,10 +98,10 @@ def test_a_learner_publishing_deltas_records_the_bytes_each_version_shipped(stor
     for _ in range(4):  # versions 1 and 2
         learner.step()
     learner.publishing.wait_durable()
-    first, second = store.get_version(1).metrics, store.get_version(2).metrics
+    first, second = store.versions.get_version(1).metrics, store.versions.get_version(2).metrics
     assert first["transport/bytes"] >= first["transport/full_bytes"] > 0  # no parent yet: a full copy
     assert 0 < second["transport/bytes"] < second["transport/full_bytes"] == first["transport/full_bytes"]
     receiver = make_receiver(delta)
-    with receiver.open(receiver.handle_of(store.get_version(2))) as source:
+    with receiver.open(receiver.handle_of(store.versions.get_version(2))) as source:
         trained = learner.policy.state_dict()
         assert all(torch.equal(source.tensors[k], v) for k, v in trained.items() if k in source.tensors)

@@ -24,8 +24,8 @@ def _rate(store: Store, n: int, start: int = 0, poison: set[int] = frozenset()) 
             f"r{i}", "k", "m", 0, "chat", tuple(int(x) for x in rng.integers(5, 500, 6)), tuple(int(x) for x in rng.integers(5, 500, m)),
             tuple(float(x) for x in lps), "stop", 1.0, 1.0, 1.0,
         )
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
+        store.feedback.write_batch([rec])
+        store.feedback.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
 
 
 def _cfg(tmp_path, **kw) -> LearnerConfig:
@@ -37,9 +37,9 @@ def test_publish_resume_exactly_once(store, tmp_path, model_dir):
     learner = OnlineLearner.resume(store, _cfg(tmp_path), CriticConfig(), model_dir)
     for _ in range(6):  # publishes after step 4; steps 5-6 are in memory only ("crash" here)
         assert learner.step()
-    published = store.versions_with_status("published")
+    published = store.versions.versions_with_status("published")
     assert [v.version for v in published] == [1] and published[0].samples_used == 4
-    assert store.get_cursor("sao") == 4 and store.cursor_version("sao") == 1
+    assert store.feedback.get_cursor("sao") == 4 and store.versions.cursor_version("sao") == 1
     # a new learner (after a crash) resumes from version 1 at cursor 4: ratings 5..10 are trained once
     again = OnlineLearner.resume(store, _cfg(tmp_path), CriticConfig(), model_dir)
     assert again.state.version == 1 and again.state.cursor == 4
@@ -48,10 +48,10 @@ def test_publish_resume_exactly_once(store, tmp_path, model_dir):
     v1 = AutoModelForCausalLM.from_pretrained(published[0].checkpoint_path).state_dict()
     assert all(torch.equal(v1[k], v) for k, v in again.policy.state_dict().items())
     again.run(lambda: False, max_steps=6)  # 6 more steps, then publishes what is pending
-    versions = store.versions_with_status("published")
+    versions = store.versions.versions_with_status("published")
     # lineage 0 -> 1 (4 ratings) -> 2 (4) -> 3 (2): every rating trained exactly once
     assert [(v.version, v.parent, v.samples_used) for v in versions] == [(1, 0, 4), (2, 1, 4), (3, 2, 2)]
-    assert store.get_cursor("sao") == 10 and store.cursor_version("sao") == 3
+    assert store.feedback.get_cursor("sao") == 10 and store.versions.cursor_version("sao") == 3
 
 
 def test_poisoned_step_is_skipped_and_not_published(store, tmp_path, model_dir):
@@ -61,8 +61,8 @@ def test_poisoned_step_is_skipped_and_not_published(store, tmp_path, model_dir):
     learner.run(lambda: False, max_steps=1)
     assert learner.state.skipped_steps == 1
     assert all(torch.equal(before[k], v) for k, v in learner.policy.state_dict().items())
-    assert store.versions_with_status("published") == []  # nothing published from the poisoned step
-    assert store.get_cursor("sao") == 1  # but the rating was consumed: it is not retried forever
+    assert store.versions.versions_with_status("published") == []  # nothing published from the poisoned step
+    assert store.feedback.get_cursor("sao") == 1  # but the rating was consumed: it is not retried forever
 
 
 def test_non_finite_weights_are_never_published(store, tmp_path, model_dir):
@@ -72,14 +72,14 @@ def test_non_finite_weights_are_never_published(store, tmp_path, model_dir):
     with torch.no_grad():
         next(learner.policy.parameters()).fill_(float("inf"))
     assert learner.publish() is None
-    assert store.versions_with_status("published") == [] and store.get_cursor("sao") == 0
+    assert store.versions.versions_with_status("published") == [] and store.feedback.get_cursor("sao") == 0
 
 
 def test_replay_trains_from_a_version_as_candidates(store, tmp_path, model_dir):
     _rate(store, 5)
     result = replay(store, _cfg(tmp_path), CriticConfig(), model_dir, from_version=0, progress=False)
     assert result["steps"] == 5 and result["samples"] == 5
-    candidates = store.versions_with_status("candidate")
+    candidates = store.versions.versions_with_status("candidate")
     assert len(candidates) == 2 and sum(v.samples_used for v in candidates) == 5  # published at 4, then 1
-    assert store.versions_with_status("published") == []  # never swapped in on its own
-    assert store.get_cursor(result["cursor"]) == 5 and store.get_cursor("sao") == 0
+    assert store.versions.versions_with_status("published") == []  # never swapped in on its own
+    assert store.feedback.get_cursor(result["cursor"]) == 5 and store.feedback.get_cursor("sao") == 0

@@ -25,11 +25,11 @@ def _rate_on_policy(store: Store, model_dir, n: int) -> None:
         with torch.no_grad():
             logits = model(input_ids=torch.cat([prompt, response])[None]).logits[0, 5:-1].float()
         lps = torch.log_softmax(logits, -1).gather(1, response[:, None])[:, 0]
-        store.write_batch([ResponseRecord(
+        store.feedback.write_batch([ResponseRecord(
             f"p{i}", "k", "m", 0, "chat", tuple(prompt.tolist()), tuple(response.tolist()),
             tuple(float(x) for x in lps), "stop", 1.0, 1.0, 1.0,
         )])
-        store.put_feedback(FeedbackRecord(f"p{i}", "k", i % 2))
+        store.feedback.put_feedback(FeedbackRecord(f"p{i}", "k", i % 2))
 
 
 def _cfg(tmp_path, **kw) -> LearnerConfig:

@@ -102,7 +102,7 @@ def store(tmp_path):
 
     s = Store(StoreConfig(url=f"sqlite:///{tmp_path / 'caps.db'}"))
     s.migrate()
-    s.ensure_base_version("/models/base")
+    s.versions.ensure_base_version("/models/base")
     yield s
     s.close()
 
@@ -110,8 +110,8 @@ def store(tmp_path):
 def _rate(store, rid: str, key: str) -> int:
     from liveloop.store import FeedbackRecord, ResponseRecord
 
-    store.write_batch([ResponseRecord(rid, key, "m", 0, "chat", (1, 2), (3,), (-1.0,), "stop", 1.0, 1.0, 1.0)])
-    return store.put_feedback(FeedbackRecord(rid, key, 1)).id
+    store.feedback.write_batch([ResponseRecord(rid, key, "m", 0, "chat", (1, 2), (3,), (-1.0,), "stop", 1.0, 1.0, 1.0)])
+    return store.feedback.put_feedback(FeedbackRecord(rid, key, 1)).id
 
 
 def test_window_capped_ratings_are_passed_once_and_counted_once(store):
@@ -122,7 +122,7 @@ def test_window_capped_ratings_are_passed_once_and_counted_once(store):
 
     sao = make_method(LearnerConfig(max_per_key_per_window=2))
     ids = [_rate(store, f"a{i}", "a") for i in range(4)]
-    ratings = EpisodeSamples(store, store, 0)
+    ratings = EpisodeSamples(store.feedback, store, 0)
     first, last = sao.next_batch(ratings, 0)
     assert [s.api_key_id for s in first] == ["a"] and last == ids[0]
     assert sao.next_batch(ratings, last)[1] == ids[1]
@@ -141,10 +141,10 @@ def test_one_sample_of_a_key_per_step_and_quarantined_keys_are_never_read(store)
 
     sw = make_method(LearnerConfig(method="sliding_window", batch_size=2, max_per_key_per_batch=1, max_per_key_per_window=0))
     ids = [_rate(store, rid, key) for rid, key in (("1", "a"), ("2", "a"), ("3", "q"), ("4", "b"))]
-    store.set_quarantined("q", True, "test")
+    store.keys.set_quarantined("q", True, "test")
     from liveloop.learner.episodes import EpisodeSamples
 
-    ratings = EpisodeSamples(store, store, 0)
+    ratings = EpisodeSamples(store.feedback, store, 0)
     samples, last = sw.next_batch(ratings, 0)
     assert [s.api_key_id for s in samples] == ["a"] and last == ids[0]  # a's second opens the next step
     samples, last = sw.next_batch(ratings, last)

@@ -64,7 +64,7 @@ def test_colocated_ray_listens_on_loopback_only_and_requires_the_token(tmp_path,
     store_config = StoreConfig(url=f"sqlite:///{tmp_path / 'l.db'}")
     store = Store(store_config)
     store.migrate()
-    store.ensure_base_version(str(model_dir))
+    store.versions.ensure_base_version(str(model_dir))
     store.close()
     config = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"), poll_seconds=0.05)
     learner = ColocatedLearner(store_config, config, CriticConfig(), model_dir)

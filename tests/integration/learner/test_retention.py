@@ -15,7 +15,7 @@ from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.online import OnlineLearner
 from liveloop.store import Store, StoreConfig
-from liveloop.store.checkpoints import VersionNotFound
+from liveloop.store.status import VersionNotFound
 
 
 # -- store queries ---------------------------------------------------------------------------------
@@ -23,24 +23,24 @@ def test_set_pinned_and_mark_pruned(store_url):
     store = Store(StoreConfig(url=store_url))
     try:
         store.migrate()
-        store.ensure_base_version("/base")
+        store.versions.ensure_base_version("/base")
         for v, status in [(1, "retired"), (2, "retired"), (3, "serving"), (4, "published"), (5, "superseded")]:
-            store.add_version(v, parent=v - 1, checkpoint_path=f"/ckpt/v{v}/policy", status=status)
-        assert store.set_pinned(2, True) is True
-        assert store.set_pinned(2, True) is False  # unchanged
-        assert store.set_pinned(5, True) and store.set_pinned(5, False)
+            store.versions.add_version(v, parent=v - 1, checkpoint_path=f"/ckpt/v{v}/policy", status=status)
+        assert store.versions.set_pinned(2, True) is True
+        assert store.versions.set_pinned(2, True) is False  # unchanged
+        assert store.versions.set_pinned(5, True) and store.versions.set_pinned(5, False)
         with pytest.raises(VersionNotFound):
-            store.set_pinned(99, True)
-        store.add_version(6, parent=5, checkpoint_path="/ckpt/v6/policy", status="superseded")
+            store.versions.set_pinned(99, True)
+        store.versions.add_version(6, parent=5, checkpoint_path="/ckpt/v6/policy", status="superseded")
         with store.transaction() as s:  # a learner resumes from version 6
-            store.set_cursor("sao", 0, 6, session=s)
+            store.versions.set_cursor("sao", 0, 6, session=s)
         # 0 is the base, 2 pinned, 3 serving, 4 published, 6 a learner's cursor: only 1 and 5 are marked
-        assert store.mark_pruned([0, 1, 2, 3, 4, 5, 6, 99]) == [1, 5]
-        assert store.mark_pruned([1]) == []  # already pruned
-        rows = {r.version: r for r in store.list_versions()}
+        assert store.versions.mark_pruned([0, 1, 2, 3, 4, 5, 6, 99]) == [1, 5]
+        assert store.versions.mark_pruned([1]) == []  # already pruned
+        rows = {r.version: r for r in store.versions.list_versions()}
         assert {v for v, r in rows.items() if r.pruned_at is not None} == {1, 5}
         assert {v for v, r in rows.items() if r.pinned} == {2}
-        kinds = [(e.kind, e.version, e.detail.get("versions")) for e in store.events()]
+        kinds = [(e.kind, e.version, e.detail.get("versions")) for e in store.operator.events()]
         assert kinds == [("pin", 2, None), ("pin", 5, None), ("unpin", 5, None), ("prune", None, [1, 5])]
     finally:
         store.close()
@@ -60,21 +60,21 @@ def test_retention_keeps_serving_chain_newest_and_pinned(rate, store, tmp_path, 
         assert learner.step() and learner.state.version == v  # publish_every_steps=1: one version a step
         # what the server's watcher would do: activate 1..5; then it falls behind, superseding 6 and 7
         if v <= 5:
-            store.activate_version(v)
+            store.versions.activate_version(v)
             serving = v
         elif v >= 7:
-            store.supersede([v - 1])
+            store.versions.supersede([v - 1])
         if v == 1:
-            assert store.set_pinned(1, True)
+            assert store.versions.set_pinned(1, True)
     # kept: 1 pinned, 5 serving and its parent 4 (K=1), 7 and 8 newest (N=2); 0 is the base model
     assert sorted(p.name for p in versions.iterdir()) == ["v000001", "v000004", "v000005", "v000007", "v000008"]
     for name in ("v000001", "v000004", "v000005", "v000007", "v000008"):
         assert (versions / name / "policy" / "model.safetensors").is_file() and (versions / name / "critic").is_dir()
-    rows = {r.version: r for r in store.list_versions()}
+    rows = {r.version: r for r in store.versions.list_versions()}
     assert {v for v, r in rows.items() if r.pruned_at is not None} == {2, 3, 6}
     assert rows[1].pinned and rows[1].pruned_at is None
     assert rows[0].pruned_at is None and Path(rows[0].checkpoint_path).is_dir()  # the base model is untouched
-    prunes = [e.detail["versions"] for e in store.events() if e.kind == "prune"]
+    prunes = [e.detail["versions"] for e in store.operator.events() if e.kind == "prune"]
     assert prunes == [[2], [3], [6]]  # after publishing 5, 6 and 8
 
 
@@ -117,10 +117,10 @@ def test_disk_full_pauses_learning_and_loses_nothing(rate, store, small_disk, mo
     cfg = LearnerConfig(checkpoint_dir=str(versions), publish_every_steps=3, publish_every_seconds=3600, poll_seconds=0.01)
     learner = OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
     learner.run(lambda: False, max_steps=3)  # the third step's publish runs out of disk: no crash
-    assert learner.paused and store.learning_paused("sao")
-    assert store.versions_with_status("published") == [] and store.get_cursor("sao") == 0
+    assert learner.paused and store.operator.learning_paused("sao")
+    assert store.versions.versions_with_status("published") == [] and store.feedback.get_cursor("sao") == 0
     assert list(versions.iterdir()) == []  # the partial temp directory is gone
-    events = store.events()
+    events = store.operator.events()
     assert [e.kind for e in events] == ["disk_full", "pause"]
     assert events[0].detail["unpublished_samples"] == 3 and events[0].detail["pending_cursor"] == 3
     assert events[1].detail["reason"].startswith("disk full: ")
@@ -130,14 +130,14 @@ def test_disk_full_pauses_learning_and_loses_nothing(rate, store, small_disk, mo
     rate(store, 1, start=3)
     polls = iter(range(5))
     learner.run(lambda: next(polls, None) is None)
-    assert learner.state.step == 3 and store.versions_with_status("published") == []
+    assert learner.state.step == 3 and store.versions.versions_with_status("published") == []
 
     # the operator frees space and resumes: the next version carries all four ratings
     small_disk.grow("64m")
-    store.set_learning_paused("sao", False)
+    store.operator.set_learning_paused("sao", False)
     learner.run(lambda: False, max_steps=4)
-    (published,) = store.versions_with_status("published")
+    (published,) = store.versions.versions_with_status("published")
     assert (published.version, published.parent, published.samples_used) == (1, 0, 4)
-    assert store.get_cursor("sao") == 4 and store.cursor_version("sao") == 1
+    assert store.feedback.get_cursor("sao") == 4 and store.versions.cursor_version("sao") == 1
     assert sorted(p.name for p in versions.iterdir()) == ["v000001"]
     assert (versions / "v000001" / "critic" / "model.safetensors").is_file()

@@ -34,8 +34,8 @@ def _rate(store: Store, segment: str | None, n: int, start: int, reward: int | N
             f"r{i}", "k", "m", 0, "chat", tuple(int(x) for x in rng.integers(5, 500, 6)),
             tuple(int(x) for x in rng.integers(5, 500, 8)), (-2.0,) * 8, "stop", 1.0, 1.0, 1.0, segment=segment,
         )
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2 if reward is None else reward))
+        store.feedback.write_batch([rec])
+        store.feedback.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2 if reward is None else reward))
 
 
 def _state(module: torch.nn.Module, marker: str) -> dict[str, torch.Tensor]:
@@ -55,7 +55,7 @@ def test_each_lane_trains_only_on_its_segment(store, tmp_path):
     _rate(store, "cozy", 4, 0)
     _rate(store, "night", 2, 100)
     _rate(store, "cozy", 2, 200)
-    learner = build_learner(store, _config(tmp_path), CriticConfig(), store.get_version(0).checkpoint_path)
+    learner = build_learner(store, _config(tmp_path), CriticConfig(), store.versions.get_version(0).checkpoint_path)
     assert isinstance(learner, SegmentLanes)
     policy = learner.adapters.model
     base_before = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" not in n}
@@ -65,7 +65,7 @@ def test_each_lane_trains_only_on_its_segment(store, tmp_path):
     assert (cozy.state.samples, night.state.samples, overflow.state.samples) == (6, 2, 0)
     # versions of each segment, in their own lineage (the first one on the base version 0)
     by_segment: dict[str | None, list] = {}
-    for r in store.list_versions():
+    for r in store.versions.list_versions():
         by_segment.setdefault(r.segment, []).append(r)
     assert [r.version for r in by_segment[None]] == [0]
     assert len(by_segment["cozy"]) == 3 and len(by_segment["night"]) == 1 and OVERFLOW not in by_segment
@@ -77,17 +77,17 @@ def test_each_lane_trains_only_on_its_segment(store, tmp_path):
     # the base never moves; the lane without ratings keeps its adapter as it was
     assert all(torch.equal(p, base_before[n]) for n, p in policy.named_parameters() if "lora_" not in n)
     assert all(torch.equal(p, overflow_before[n]) for n, p in _state(policy, f".{OVERFLOW}.").items())
-    assert store.get_cursor("sao:cozy") > 0 and store.get_cursor("sao:overflow") == 0
+    assert store.feedback.get_cursor("sao:cozy") > 0 and store.feedback.get_cursor("sao:overflow") == 0
 
 
 def test_a_lane_resumes_from_its_adapter_and_follows_its_own_rollback(store, tmp_path):
     _rate(store, "cozy", 4, 0)
     _rate(store, "night", 2, 100)
-    model_dir = store.get_version(0).checkpoint_path
+    model_dir = store.versions.get_version(0).checkpoint_path
     first = SegmentLanes(store, _config(tmp_path), CriticConfig(), model_dir)
     first.run(lambda: False, max_steps=6)
-    cozy_versions = [r.version for r in store.list_versions() if r.segment == "cozy"]
-    night_version = store.latest_version(VersionStatus.PUBLISHED, segment="night").version
+    cozy_versions = [r.version for r in store.versions.list_versions() if r.segment == "cozy"]
+    night_version = store.versions.latest_version(VersionStatus.PUBLISHED, segment="night").version
     trained = _state(first.adapters.model, ".cozy.")
     # a restart loads each lane's last published adapter exactly
     second = SegmentLanes(store, _config(tmp_path), CriticConfig(), model_dir)
@@ -95,7 +95,7 @@ def test_a_lane_resumes_from_its_adapter_and_follows_its_own_rollback(store, tmp
     reloaded = _state(second.adapters.model, ".cozy.")
     assert all(torch.equal(p, trained[n]) for n, p in reloaded.items())
     # rolling cozy back to the base: cozy's lane starts a fresh adapter, night's is untouched
-    store.rollback_to(0, "sao:cozy", segment="cozy")
+    store.versions.rollback_to(0, "sao:cozy", segment="cozy")
     second.lanes["cozy"].sync_with_store()
     second.lanes["night"].sync_with_store()
     assert second.lanes["cozy"].state.version == 0 and second.lanes["night"].state.version == night_version
@@ -107,14 +107,14 @@ def test_a_rollback_makes_the_restart_rule_judge_afresh(store, tmp_path):
     """With restart on, an operator's rollback of a lane clears its restart window: the ratings the rolled
     back adapter earned say nothing about the adapter serving now. Without that, cozy's best window (1, 1)
     and one down-vote after the rollback (1, 0) would read as a 0.5 drop and start the adapter over."""
-    model_dir = store.get_version(0).checkpoint_path
+    model_dir = store.versions.get_version(0).checkpoint_path
     config = _config(tmp_path, publish_every_steps=1, lora=LoraSettings(rank=4, alpha=8, restart_window=2, restart_drop=0.5))
     lanes = SegmentLanes(store, config, CriticConfig(), model_dir)
     cozy = lanes.lanes["cozy"]
     _rate(store, "cozy", 2, 0, reward=1)
     lanes.run(lambda: False, max_steps=2)
     assert (cozy.restart.best, cozy.restart.window_mean, cozy.state.samples) == (1.0, 1.0, 2)
-    store.rollback_to(0, "sao:cozy", segment="cozy")
+    store.versions.rollback_to(0, "sao:cozy", segment="cozy")
     cozy.sync_with_store()
     assert cozy.state.version == 0 and (cozy.restart.best, cozy.restart.window_mean) == (None, None)
     _rate(store, "cozy", 1, 10, reward=0)
@@ -124,7 +124,7 @@ def test_a_rollback_makes_the_restart_rule_judge_afresh(store, tmp_path):
 
 def test_kl_reference_is_the_base_without_adapters(store, tmp_path):
     _rate(store, "cozy", 2, 0, reward=1)
-    model_dir = store.get_version(0).checkpoint_path
+    model_dir = store.versions.get_version(0).checkpoint_path
     lanes = SegmentLanes(store, _config(tmp_path, kl_coef=0.1, kl_estimator="exact"), CriticConfig(), model_dir)
     lanes.run(lambda: False, max_steps=2)
     metrics = lanes.lanes["cozy"].state.last_metrics
@@ -135,21 +135,21 @@ def test_kl_reference_is_the_base_without_adapters(store, tmp_path):
 
 def test_shared_adapter_trains_on_every_rating(store, tmp_path):
     _rate(store, "shared", 3, 0)
-    learner = build_learner(store, _config(tmp_path, adapters="shared"), CriticConfig(), store.get_version(0).checkpoint_path)
+    learner = build_learner(store, _config(tmp_path, adapters="shared"), CriticConfig(), store.versions.get_version(0).checkpoint_path)
     learner.run(lambda: False, max_steps=3)
     assert list(learner.lanes) == ["shared"] and learner.lanes["shared"].state.samples == 3
-    assert {r.segment for r in store.list_versions()} == {None, "shared"}
+    assert {r.segment for r in store.versions.list_versions()} == {None, "shared"}
 
 
 def test_the_plain_learner_is_unchanged(store, tmp_path):
-    learner = build_learner(store, _config(tmp_path, adapters="none"), CriticConfig(), store.get_version(0).checkpoint_path)
+    learner = build_learner(store, _config(tmp_path, adapters="none"), CriticConfig(), store.versions.get_version(0).checkpoint_path)
     assert isinstance(learner, OnlineLearner) and learner.segment is None and learner.cursor_name == "sao"
 
 
 def test_targets_the_engines_cannot_serve_are_refused_at_start(store, tmp_path):
     from liveloop.learner.adapters import UnadaptableTargets
 
-    model_dir = store.get_version(0).checkpoint_path
+    model_dir = store.versions.get_version(0).checkpoint_path
     for targets, message in ((("q_proj", "gate"), "Qwen3MoeTopKRouter"), (("q_proj", "nope"), "nope")):
         config = _config(tmp_path, lora=LoraSettings(rank=4, alpha=8, target_modules=targets))
         with pytest.raises(UnadaptableTargets, match=message):
@@ -161,20 +161,20 @@ def test_one_loop_runs_the_lanes_a_paused_one_is_skipped_and_the_status_is_typed
     neither trains nor publishes while the others do, and the status has a lane per segment."""
     _rate(store, "cozy", 2, 0)
     _rate(store, "night", 2, 100)
-    store.set_learning_paused("sao:night", True)
-    learner = SegmentLanes(store, _config(tmp_path), CriticConfig(), store.get_version(0).checkpoint_path)
+    store.operator.set_learning_paused("sao:night", True)
+    learner = SegmentLanes(store, _config(tmp_path), CriticConfig(), store.versions.get_version(0).checkpoint_path)
     learner.run(lambda: False, max_steps=2)
     status = learner.status()
     assert [lane.segment for lane in status.lanes] == list(learner.lanes)
     cozy, night = status.lane("cozy"), status.lane("night")
     assert (cozy.step, cozy.samples, cozy.paused) == (2, 2, False) and (night.step, night.paused) == (0, True)
     assert status.step == 2 and not status.paused and status.version is None
-    assert cozy.version == store.cursor_version("sao:cozy") > 0 and night.version == 0  # cozy published at its 2nd step
-    assert status.as_dict()["segments"]["cozy"]["pending_cursor"] == cozy.pending_cursor == store.get_cursor("sao:cozy")
+    assert cozy.version == store.versions.cursor_version("sao:cozy") > 0 and night.version == 0  # cozy published at its 2nd step
+    assert status.as_dict()["segments"]["cozy"]["pending_cursor"] == cozy.pending_cursor == store.feedback.get_cursor("sao:cozy")
 
 
 def test_an_adapters_rate_ceiling_is_its_own_and_the_whole_policy_keeps_the_learners(store, tmp_path):
-    model_dir = store.get_version(0).checkpoint_path
+    model_dir = store.versions.get_version(0).checkpoint_path
     steps = dict(target_step_kl=0.005, min_learning_rate=1e-5, max_learning_rate=2e-3)
     lanes = SegmentLanes(store, _config(tmp_path, lora=LoraSettings(rank=4, alpha=8, max_learning_rate=2e-2), **steps),
                          CriticConfig(), model_dir)

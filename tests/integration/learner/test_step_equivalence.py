@@ -50,14 +50,14 @@ def replies(model_dir):
 def _store(path: Path, model_dir: Path, replies) -> Store:
     store = Store(StoreConfig(url=f"sqlite:///{path}"))
     store.migrate()
-    store.ensure_base_version(str(model_dir))
+    store.versions.ensure_base_version(str(model_dir))
     for i, (r, reward) in enumerate(replies):
         rec = ResponseRecord(
             f"r{i}", f"k{i}", "m", 0, "chat", tuple(r.prompt_ids), tuple(r.response_ids), tuple(np.float32(r.logprobs).tolist()),
             "stop", 1.0, 1.0, 1.0,
         )
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(rec.id, rec.api_key_id, reward))
+        store.feedback.write_batch([rec])
+        store.feedback.put_feedback(FeedbackRecord(rec.id, rec.api_key_id, reward))
     return store
 
 

@@ -66,15 +66,15 @@ def test_zero_step_equals_torch_step(model_dir, stage):
 def test_learner_runs_and_publishes_under_zero2(tmp_path, model_dir):
     store = Store(StoreConfig(url=f"sqlite:///{tmp_path / 'z.db'}"))
     store.migrate()
-    store.ensure_base_version(str(model_dir))
+    store.versions.ensure_base_version(str(model_dir))
     for i in range(3):
         rec = ResponseRecord(f"r{i}", "k", "m", 0, "chat", (5, 6, 7), (8, 9, 10, 11), (-2.0, -2.0, -2.0, -2.0), "stop", 1.0, 1.0, 1.0)
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
+        store.feedback.write_batch([rec])
+        store.feedback.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
     cfg = LearnerConfig(checkpoint_dir=str(tmp_path / "v"), zero_stage=2, publish_every_steps=3)
     learner = OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
     learner.run(lambda: False, max_steps=3)
-    (version,) = store.versions_with_status("published")
+    (version,) = store.versions.versions_with_status("published")
     assert version.samples_used == 3 and learner.state.skipped_steps == 0
     from transformers import AutoModelForCausalLM
 

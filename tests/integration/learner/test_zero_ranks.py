@@ -75,14 +75,14 @@ def _rated_store(path: Path, model_dir: Path) -> Store:
     """4 rated responses (behaviour logprobs near the model's own) in a fresh SQLite store."""
     store = Store(StoreConfig(url=f"sqlite:///{path}"))
     store.migrate()
-    store.ensure_base_version(str(model_dir))
+    store.versions.ensure_base_version(str(model_dir))
     for i, s in enumerate(_samples(model_dir, 1)):
         rec = ResponseRecord(
             f"r{i}", f"k{i}", "m", 0, "chat", tuple(int(x) for x in s.prompt_ids), tuple(int(x) for x in s.response_ids),
             tuple(float(x) for x in s.behavior_logprobs), "stop", 1.0, 1.0, 1.0,
         )
-        store.write_batch([rec])
-        store.put_feedback(FeedbackRecord(f"r{i}", f"k{i}", i % 2))
+        store.feedback.write_batch([rec])
+        store.feedback.put_feedback(FeedbackRecord(f"r{i}", f"k{i}", i % 2))
     return store
 
 
@@ -106,7 +106,7 @@ def two_ranks(tmp_path_factory, model_dir):
     assert done.returncode == 0, f"the 2-rank runs failed:\n{done.stderr[-4000:]}"
     zero2, zero3, learned, listening = torch.load(tmp / "out.pt", weights_only=False)
     store = Store(StoreConfig(url=f"sqlite:///{tmp / 'learn.db'}"))
-    (version,) = store.versions_with_status("published")
+    (version,) = store.versions.versions_with_status("published")
     store.close()
     return {2: zero2, 3: zero3, "learn": learned, "published": version, "listening": listening["listening"]}
 
@@ -167,7 +167,7 @@ def test_online_learner_steps_and_publishes_across_two_ranks(two_ranks, tmp_path
     config = LearnerConfig(**CONFIG, **LEARNER, ranks=1, checkpoint_dir=str(tmp_path / "versions"))
     learner = OnlineLearner.resume(store, config, CriticConfig(), model_dir)
     learner.run(lambda: False, max_steps=1)
-    (mine,) = store.versions_with_status("published")
+    (mine,) = store.versions.versions_with_status("published")
     one = AutoModelForCausalLM.from_pretrained(mine.checkpoint_path).state_dict()
     store.close()
     start = AutoModelForCausalLM.from_pretrained(str(model_dir)).state_dict()

@@ -26,9 +26,9 @@ def _ops(store: Store, **monitor) -> Operations:
 
 def _write(store: Store, rows: list[tuple[str, str, tuple[int, ...], tuple[int, ...], int]]) -> None:
     """(response id, key, prompt, reply, reward) -> stored responses and ratings."""
-    store.write_batch([ResponseRecord(rid, key, "m", 0, "chat", prompt, reply, (-1.0,) * len(reply), "stop", 1.0, 1.0, 1.0)
+    store.feedback.write_batch([ResponseRecord(rid, key, "m", 0, "chat", prompt, reply, (-1.0,) * len(reply), "stop", 1.0, 1.0, 1.0)
                        for rid, key, prompt, reply, _ in rows])
-    store.write_batch([FeedbackRecord(rid, key, reward) for rid, key, _, _, reward in rows])
+    store.feedback.write_batch([FeedbackRecord(rid, key, reward) for rid, key, _, _, reward in rows])
 
 
 def _framing(store: Store, framed: int, shared: int, colluders: list[str] = COLLUDERS, honest: list[str] = HONEST) -> None:
@@ -52,7 +52,7 @@ def test_two_colluders_cannot_get_an_honest_key_quarantined_and_are_taken(store)
     z = {k: d.z for k, d in ops._scores()[1].items()}
     assert z[TARGET] > 5 and all(z[k] > 5 for k in COLLUDERS)  # uncorroborated, all three are over the threshold
     assert sorted(ops.quarantine_suspects()) == COLLUDERS
-    states = {k.key_id: k for k in store.key_states()}
+    states = {k.key_id: k for k in store.keys.key_states()}
     assert not states[TARGET].quarantined and not any(states[k].quarantined for k in HONEST)
     assert "without its 2 top accusers" in states[COLLUDERS[0]].reason
     assert ops.quarantine_suspects() == []  # the colluders no longer vote: the target's framed replies have no consensus
@@ -82,7 +82,7 @@ def test_colluders_votes_on_near_copies_count_once(store):
     # the target's consensus: 3 honest votes up, 2 colluder votes down (one each, over 10 ratings) -> it agrees
     assert scores[TARGET].n == 40 and scores[TARGET].disagreements == 0
     assert ops.quarantine_suspects() == COLLUDERS  # 400 ratings each, against 3 honest keys and the target
-    assert not store.key_states()[-1].quarantined and store.key_states()[-1].key_id == TARGET
+    assert not store.keys.key_states()[-1].quarantined and store.keys.key_states()[-1].key_id == TARGET
 
 
 def test_near_identical_replies_share_the_consensus(store):
@@ -114,5 +114,5 @@ def test_up_to_ten_colluders_cannot_frame_an_honest_key_under_the_shipped_rule(s
     assert shipped.config.quarantine_corroborating_keys == 11
     assert TARGET in {d.key_id for d in shipped._scores()[1].values() if d.z > 4.0}  # over the threshold, uncorroborated
     assert shipped.quarantine_suspects() == []
-    states = {k.key_id: k for k in store.key_states()}
+    states = {k.key_id: k for k in store.keys.key_states()}
     assert not states[TARGET].quarantined and not any(states[k].quarantined for k in honest)

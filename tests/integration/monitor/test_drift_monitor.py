@@ -18,8 +18,8 @@ def _traffic(store: Store, start: int, n: int, rates: dict[str, float], seed: in
         topic = "cats" if i % 2 else "dogs"
         recs.append(ResponseRecord(f"r{i}", "k", "m", 0, "chat", (1,), (2,), (-1.0,), "stop", 1.0, 1.0, 1.0, request_meta={"topic": topic}))
         ratings.append(FeedbackRecord(f"r{i}", "k", int(rng.random() < rates[topic])))
-    store.write_batch(recs)
-    store.write_batch(ratings)
+    store.feedback.write_batch(recs)
+    store.feedback.write_batch(ratings)
 
 
 def test_alarm_in_the_drifting_segment_only(store):
@@ -33,7 +33,7 @@ def test_alarm_in_the_drifting_segment_only(store):
     assert cats.alarm.direction == "down" and cats.alarm.before > 0.6
     state = monitor.state()
     assert state["segments"]["cats"]["n"] == 600 and state["overall"]["ratings"] == 1200
-    assert sum(b.reward.n for b in monitor.series()) == 1200 and monitor.last_id == store.last_rating_id()
+    assert sum(b.reward.n for b in monitor.series()) == 1200 and monitor.last_id == store.feedback.last_rating_id()
 
 
 def test_replay_after_restart_reads_only_the_newest_ratings(store):
@@ -51,8 +51,8 @@ def _tagged(store: Store, start: int, topics: list[str]) -> None:
         ResponseRecord(f"s{start + i}", "k", "m", 0, "chat", (1,), (2,), (-1.0,), "stop", 1.0, 1.0, 1.0, request_meta={"topic": t})
         for i, t in enumerate(topics)
     ]
-    store.write_batch(recs)
-    store.write_batch([FeedbackRecord(r.id, "k", 1) for r in recs])
+    store.feedback.write_batch(recs)
+    store.feedback.write_batch([FeedbackRecord(r.id, "k", 1) for r in recs])
 
 
 def test_segments_are_bounded_and_the_least_recently_seen_makes_room(store):
@@ -83,8 +83,8 @@ def test_the_web_thread_reads_while_the_poller_writes(store):
             ResponseRecord(f"s{k}-{i}", "k", "m", 0, "chat", (1,), (2,), (-1.0,), "stop", 1.0, 1.0, 1.0, request_meta={"topic": f"t{i % 7}"})
             for i in range(400)
         ]
-        store.write_batch(recs)
-        store.write_batch([FeedbackRecord(r.id, "k", (i // 5) % 2) for i, r in enumerate(recs)])  # runs of 5: alarms
+        store.feedback.write_batch(recs)
+        store.feedback.write_batch([FeedbackRecord(r.id, "k", (i // 5) % 2) for i, r in enumerate(recs)])  # runs of 5: alarms
     monitor = DriftMonitor(MonitorConfig(max_segments=8, warmup=1, threshold=0.5, delta=0.0), store, max_alarms=100_000)
     errors: list[BaseException] = []
     done = threading.Event()

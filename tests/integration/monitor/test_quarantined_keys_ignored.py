@@ -35,8 +35,8 @@ def _rate(store: Store, version: int, key_of, rewards: list[int], tag: str) -> N
                        request_meta={"topic": tag})
         for i in range(len(rewards))
     ]
-    store.write_batch(replies)
-    store.write_batch([FeedbackRecord(r.id, r.api_key_id, reward) for r, reward in zip(replies, rewards)])
+    store.feedback.write_batch(replies)
+    store.feedback.write_batch([FeedbackRecord(r.id, r.api_key_id, reward) for r, reward in zip(replies, rewards)])
 
 
 def _honest(i: int) -> str:
@@ -56,13 +56,13 @@ def client(tmp_path_factory, model_dir):
 
 def test_a_quarantined_key_alone_cannot_trigger_the_guards_rollback(client, tmp_path):
     ops, store = client.app.state.parts.operations, client.app.state.parts.store
-    base = Path(store.get_version(0).checkpoint_path)
+    base = Path(store.versions.get_version(0).checkpoint_path)
     r = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(base, tmp_path / "new", seed=3))})
     new = r.json()["version"]
     _rate(store, 0, _honest, [1] * 20 + [0] * 5, "base")
     _rate(store, new, _honest, [1] * 19 + [0] * 6, "new")  # honest users like it as much as its parent
     _rate(store, new, lambda i: QUARANTINED, [0] * 40, "bad")  # one key rates it down 40 times
-    assert store.set_quarantined(QUARANTINED, True, "by hand")
+    assert store.keys.set_quarantined(QUARANTINED, True, "by hand")
 
     rows = client.portal.call(ops.versions)
     assert {r.version: (r.reward.successes, r.reward.n) for r in rows}[new] == (19, 25)  # the key's 40 left out
@@ -71,7 +71,7 @@ def test_a_quarantined_key_alone_cannot_trigger_the_guards_rollback(client, tmp_
 
     # released, the ratings are 19/65 against 20/25 (counted by rating, a rollback at p = 0.0002), but the
     # key is one vote: 19 of 26 keys against 20 of 25, not significantly worse
-    assert store.set_quarantined(QUARANTINED, False)
+    assert store.keys.set_quarantined(QUARANTINED, False)
     rows = client.portal.call(ops.versions)
     row = {r.version: r for r in rows}[new]
     assert (row.reward.successes, row.reward.n, row.keys, row.votes) == (19, 65, 26, 19.0)
@@ -88,12 +88,12 @@ def _traffic(store: Store, n: int, seed: int) -> None:
             rid = f"{key}-{i}"
             recs.append(ResponseRecord(rid, key, "m", 0, "chat", (1,), (2,), (-1.0,), "stop", 1.0, 1.0, 1.0, request_meta={"topic": topic}))
             ratings.append(FeedbackRecord(rid, key, reward))
-    store.write_batch(recs)
-    store.write_batch(ratings)
+    store.feedback.write_batch(recs)
+    store.feedback.write_batch(ratings)
 
 
 def test_drift_and_its_report_ignore_quarantined_keys(store):
-    store.set_quarantined(QUARANTINED, True, "by hand")
+    store.keys.set_quarantined(QUARANTINED, True, "by hand")
     _traffic(store, 300, seed=1)
     monitor = DriftMonitor(MonitorConfig(), store)
     monitor.catch_up(batch=100)
@@ -106,5 +106,5 @@ def test_drift_and_its_report_ignore_quarantined_keys(store):
     assert sum(b.reward.n for b in report.series) == 300 and set(report.drift["segments"]) == {"cats"}
     assert {v.version: v.reward.n for v in report.versions}[0] == 300
 
-    store.set_quarantined(QUARANTINED, False)  # released: its ratings count from then on (and in a new report)
+    store.keys.set_quarantined(QUARANTINED, False)  # released: its ratings count from then on (and in a new report)
     assert sum(b.reward.n for b in collect(store, MonitorConfig(), since=None).series) == 600

@@ -127,15 +127,15 @@ async def test_a_flattering_candidate_fails_and_the_live_version_passes(model_di
 def test_an_evaluation_is_stored_and_read_back(store, model_dir):
     """What the gate stores (`Evaluation.record`) reads back as the same evaluation; a check that could
     not be computed (NaN) is stored as null and reads back as NaN."""
-    store.ensure_base_version(str(model_dir))
-    v = store.add_version(None, parent=0, checkpoint_path="/v1", status=VersionStatus.PUBLISHED).version
+    store.versions.ensure_base_version(str(model_dir))
+    v = store.versions.add_version(None, parent=0, checkpoint_path="/v1", status=VersionStatus.PUBLISHED).version
     checks = (
         CheckResult("flattery", 0.5, 0.25, 0.3, "rise <= 0.15 vs live", False),
         CheckResult("sycophancy", math.nan, None, None, None, True),
     )
     evaluation = Evaluation(v, 0, False, checks, 3.5, 1.25)
     stored = evaluation.record(store)
-    assert store.evaluation(v) == stored and store.evaluation(0) is None
+    assert store.release.evaluation(v) == stored and store.release.evaluation(0) is None
     back = Evaluation.from_record(stored)
     assert back.version == v and back.live_version == 0 and not back.passed and back.failed == ["flattery"]
     assert back.checks[0] == checks[0] and math.isnan(back.checks[1].value)

@@ -21,7 +21,7 @@ from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 def store(store_url, model_dir):
     s = Store(StoreConfig(url=store_url))
     s.migrate()
-    s.ensure_base_version(str(Path(model_dir).resolve()))
+    s.versions.ensure_base_version(str(Path(model_dir).resolve()))
     yield s
     s.close()
 
@@ -61,6 +61,6 @@ def rate_replies(store: Store, tokenizer, version: int, replies: list[tuple[str,
             id=f"{tag}-{i}", api_key_id=f"k{i}", model="tiny", policy_version=version, endpoint="chat", prompt_ids=(1, 2, 3),
             response_ids=ids, behavior_logprobs=(-1.0,) * len(ids), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
         ))
-    store.insert_responses(records)
+    store.feedback.insert_responses(records)
     for i, (_, reward) in enumerate(replies):
-        store.put_feedback(FeedbackRecord(f"{tag}-{i}", f"k{i}", reward))
+        store.feedback.put_feedback(FeedbackRecord(f"{tag}-{i}", f"k{i}", reward))

@@ -87,7 +87,7 @@ def test_chain_is_byte_identical_to_the_full_checkpoint(model_dir, tmp_path, dty
 
 
 def _record(store, handle, version: int, parent: int, durable=None, path: Path | None = None) -> None:
-    store.add_version(
+    store.versions.add_version(
         version, parent=parent, checkpoint_path=durable.location if durable else str(path), status=VersionStatus.PUBLISHED,
         checkpoint_sha256=durable.digest if durable else None, weights_nonce=handle.nonce, weights_digest=handle.digest,
     )
@@ -125,7 +125,7 @@ async def test_publisher_activates_deltas_and_never_serves_a_changed_one(engine,
 
     for version in (1, 2):
         handle, state = publish(version)
-        assert (await activator.activate(store.get_version(version))).version == version
+        assert (await activator.activate(store.versions.get_version(version))).version == version
         assert activator.last_swap_via == "delta" and _serves(engine, state)
     assert handle.detail["kind"] == "delta" and receiver.last_route.base == 1
 
@@ -136,10 +136,10 @@ async def test_publisher_activates_deltas_and_never_serves_a_changed_one(engine,
     data = bytearray(f.read_bytes())
     data[-2] ^= 0x10
     f.write_bytes(bytes(data))
-    assert (await activator.activate(store.get_version(3))).version == 3
+    assert (await activator.activate(store.versions.get_version(3))).version == 3
     assert activator.last_swap_via == "checkpoint_dir" and _serves(engine, state) and receiver.holds == 2
 
     # version 4 is a delta on the changed one, with no durable checkpoint yet: it waits, 3 keeps serving
     publish(4)
-    assert await activator.activate(store.get_version(4)) is None
-    assert engine.version == 3 and _serves(engine, state) and store.get_version(4).status == VersionStatus.PUBLISHED
+    assert await activator.activate(store.versions.get_version(4)) is None
+    assert engine.version == 3 and _serves(engine, state) and store.versions.get_version(4).status == VersionStatus.PUBLISHED

@@ -35,7 +35,7 @@ def publish(store, config: TransportConfig, version: int, parent: int, weights: 
     sender.start_update(version)
     sender.send(weights)
     handle = sender.finish()
-    store.add_version(
+    store.versions.add_version(
         version, parent=parent, checkpoint_path=str(tmp_path / f"v{version:06d}" / "policy"), status=VersionStatus.PUBLISHED,
         weights_nonce=handle.nonce, weights_digest=handle.digest,
     )
@@ -66,7 +66,7 @@ async def test_tampered_memory_never_serves_and_publishing_goes_on(engine, store
     activator = Activator(engine, store, metrics, receiver=make_receiver(config))
     v1 = moved(engine, 0.01)
     publish(store, config, 1, 0, v1, tmp_path)
-    assert (await activator.activate(store.get_version(1))).version == 1 and serves(engine, v1)
+    assert (await activator.activate(store.versions.get_version(1))).version == 1 and serves(engine, v1)
 
     # version 2 is published, then a same-user process writes into its segment (right name, wrong bytes)
     publish(store, config, 2, 1, moved(engine, 0.02), tmp_path)
@@ -74,10 +74,10 @@ async def test_tampered_memory_never_serves_and_publishing_goes_on(engine, store
     with (shm.directory(namespace) / data).open("r+b") as f:
         f.seek(64)
         f.write(b"\xff\xff\xff\x7f")
-    assert await activator.activate(store.get_version(2)) is None
+    assert await activator.activate(store.versions.get_version(2)) is None
     assert engine.version == 1 and serves(engine, v1) and await generate(engine) == 1  # the old one serves
-    assert store.get_version(2).status == VersionStatus.FAILED
-    (event,) = [e for e in store.events() if e.kind == "weights_rejected"]
+    assert store.versions.get_version(2).status == VersionStatus.FAILED
+    (event,) = [e for e in store.operator.events() if e.kind == "weights_rejected"]
     assert event.version == 2 and "digest" in event.detail["reason"] and event.detail["serving"] == 1
     assert rejected(metrics) == 1
 
@@ -87,13 +87,13 @@ async def test_tampered_memory_never_serves_and_publishing_goes_on(engine, store
     publish_over.start_update(3)
     publish_over.send(moved(engine, 5.0))
     publish_over.finish()
-    assert await activator.activate(store.get_version(3)) is None
-    assert engine.version == 1 and store.get_version(3).status == VersionStatus.FAILED and rejected(metrics) == 2
+    assert await activator.activate(store.versions.get_version(3)) is None
+    assert engine.version == 1 and store.versions.get_version(3).status == VersionStatus.FAILED and rejected(metrics) == 2
 
     # the next genuine version swaps in as usual
     v4 = moved(engine, 0.04)
     publish(store, config, 4, 3, v4, tmp_path)
-    assert (await activator.activate(store.get_version(4))).version == 4
+    assert (await activator.activate(store.versions.get_version(4))).version == 4
     assert engine.version == 4 and serves(engine, v4) and await generate(engine) == 4
 
 
@@ -107,22 +107,22 @@ async def test_a_changed_checkpoint_directory_never_serves(engine, store, model_
     writer.start_update(1)
     writer.send(moved(engine, 0.01))
     durable = writer.finish()
-    store.add_version(1, parent=0, checkpoint_path=durable.location, checkpoint_sha256=durable.digest, status=VersionStatus.PUBLISHED)
+    store.versions.add_version(1, parent=0, checkpoint_path=durable.location, checkpoint_sha256=durable.digest, status=VersionStatus.PUBLISHED)
     f = Path(durable.location) / "model.safetensors"
     data = bytearray(f.read_bytes())
     data[-3] ^= 0x55
     f.write_bytes(bytes(data))
-    assert await activator.activate(store.get_version(1)) is None
-    assert engine.version == 0 and store.get_version(1).status == VersionStatus.FAILED and rejected(metrics) == 1
+    assert await activator.activate(store.versions.get_version(1)) is None
+    assert engine.version == 0 and store.versions.get_version(1).status == VersionStatus.FAILED and rejected(metrics) == 1
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_start_sweeps_stale_memory_and_reports_foreign_files(engine, store, namespace, tmp_path):
     config = TransportConfig(backend="shared_memory", namespace=namespace, keep_versions=5)
     publish(store, config, 1, 0, moved(engine, 0.01), tmp_path)
-    store.activate_version(1)
+    store.versions.activate_version(1)
     publish(store, config, 2, 1, moved(engine, 0.02), tmp_path)
-    store.fail_version(2)  # nothing will ever serve it
+    store.versions.fail_version(2)  # nothing will ever serve it
     killed = make_sender(config)
     killed.start_update(3)
     killed.send(moved(engine, 0.03))  # the learner was killed here: no manifest, no row
@@ -132,14 +132,14 @@ async def test_start_sweeps_stale_memory_and_reports_foreign_files(engine, store
     sweep_shared_memory(store, config, metrics)  # what the server does at start
 
     assert sorted(shm.segments(namespace)) == [1]  # the serving version's memory stays
-    (event,) = [e for e in store.events() if e.kind == "foreign_weights"]
+    (event,) = [e for e in store.operator.events() if e.kind == "foreign_weights"]
     assert [Path(f["path"]).name for f in event.detail["files"]] == ["planted-by-someone"]
     assert metrics.registry.get_sample_value("liveloop_server_foreign_weight_files_total") == 1
     # and publishing keeps working with the foreign file still there
     activator = Activator(engine, store, metrics, receiver=make_receiver(config))
     v3 = moved(engine, 0.05)
     publish(store, config, 3, 1, v3, tmp_path)
-    assert (await activator.activate(store.get_version(3))).version == 3 and serves(engine, v3)
+    assert (await activator.activate(store.versions.get_version(3))).version == 3 and serves(engine, v3)
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
@@ -149,18 +149,18 @@ async def test_a_restart_never_starts_from_a_changed_checkpoint(store, model_dir
         writer.start_update(v)
         writer.send({"w": torch.full((3,), float(v))})
         handle = writer.finish()
-        store.add_version(v, parent=v - 1, checkpoint_path=handle.location, checkpoint_sha256=handle.digest, status=VersionStatus.PUBLISHED)
-        store.activate_version(v)
+        store.versions.add_version(v, parent=v - 1, checkpoint_path=handle.location, checkpoint_sha256=handle.digest, status=VersionStatus.PUBLISHED)
+        store.versions.activate_version(v)
     (Path(handle.location) / "model.safetensors").write_bytes(b"someone else's weights")
 
-    point = await start_point(store, store.get_version(2), None)
+    point = await start_point(store, store.versions.get_version(2), None)
 
     assert (point.version, point.skipped) == (1, (2,))
     # it starts from version 1's verified private copy (what loads is what was hashed), not its directory
-    assert Path(point.weights_path) == point.copy.path != Path(store.get_version(1).checkpoint_path)
-    assert checkpoint_digest(point.weights_path) == store.get_version(1).checkpoint_sha256
+    assert Path(point.weights_path) == point.copy.path != Path(store.versions.get_version(1).checkpoint_path)
+    assert checkpoint_digest(point.weights_path) == store.versions.get_version(1).checkpoint_sha256
     point.release()
     assert not Path(point.weights_path).exists()
-    assert store.get_version(2).status == VersionStatus.FAILED and store.get_version(1).status == VersionStatus.SERVING
-    (event,) = [e for e in store.events() if e.kind == "weights_rejected"]
+    assert store.versions.get_version(2).status == VersionStatus.FAILED and store.versions.get_version(1).status == VersionStatus.SERVING
+    (event,) = [e for e in store.operator.events() if e.kind == "weights_rejected"]
     assert event.version == 2 and event.detail["at"] == "start"

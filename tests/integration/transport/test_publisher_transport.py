@@ -80,15 +80,15 @@ async def test_version_sent_by_another_process_swaps_in_from_memory(engine, stor
     expected = receiver.tensors(sent)
     assert not served_state_equals(engine, expected)
     durable = tmp_path / "v000001" / "policy"  # where the learner will write it, after the swap
-    store.add_version(1, parent=0, checkpoint_path=str(durable), status=VersionStatus.PUBLISHED, **row_of(sent))
+    store.versions.add_version(1, parent=0, checkpoint_path=str(durable), status=VersionStatus.PUBLISHED, **row_of(sent))
     activator = Activator(engine, store, Metrics(), receiver=receiver)
 
-    result = await activator.activate(store.get_version(1))
+    result = await activator.activate(store.versions.get_version(1))
 
     assert result is not None and activator.last_swap_via == "shared_memory" and result.version == 1
     assert engine.version == 1
-    assert store.get_version(1).status == VersionStatus.SERVING
-    assert store.get_version(0).status == VersionStatus.RETIRED
+    assert store.versions.get_version(1).status == VersionStatus.SERVING
+    assert store.versions.get_version(0).status == VersionStatus.RETIRED
     assert served_state_equals(engine, expected)
     version, tokens = await generate(engine)
     assert version == 1 and len(tokens) == 4
@@ -96,8 +96,8 @@ async def test_version_sent_by_another_process_swaps_in_from_memory(engine, stor
     assert 1 in shm.segments(namespace)
     # the next version: older memory goes once it is loaded
     sent = send_from_another_process(model_dir, namespace, 2, seed=4)
-    store.add_version(2, parent=1, checkpoint_path=str(tmp_path / "v000002" / "policy"), status=VersionStatus.PUBLISHED, **row_of(sent))
-    assert await activator.activate(store.get_version(2)) is not None and activator.last_swap_via == "shared_memory"
+    store.versions.add_version(2, parent=1, checkpoint_path=str(tmp_path / "v000002" / "policy"), status=VersionStatus.PUBLISHED, **row_of(sent))
+    assert await activator.activate(store.versions.get_version(2)) is not None and activator.last_swap_via == "shared_memory"
     assert sorted(shm.segments(namespace)) == [2]
     # a rollback reads durable checkpoints only: refused while version 1's is not written
     with pytest.raises(NotServable, match="durable checkpoint"):
@@ -110,11 +110,11 @@ async def test_memory_gone_waits_for_the_durable_checkpoint(engine, store, model
     config = TransportConfig(backend="shared_memory", namespace=namespace)
     activator = Activator(engine, store, Metrics(), receiver=make_receiver(config), durable_wait_seconds=3600)
     durable = tmp_path / "v000001" / "policy"
-    store.add_version(1, parent=0, checkpoint_path=str(durable), status=VersionStatus.PUBLISHED)
+    store.versions.add_version(1, parent=0, checkpoint_path=str(durable), status=VersionStatus.PUBLISHED)
     before = {k: v.clone() for k, v in engine.model.state_dict().items()}
 
-    assert await activator.activate(store.get_version(1)) is None  # nothing to load yet: it waits
-    assert engine.version == 0 and store.get_version(1).status == VersionStatus.PUBLISHED
+    assert await activator.activate(store.versions.get_version(1)) is None  # nothing to load yet: it waits
+    assert engine.version == 0 and store.versions.get_version(1).status == VersionStatus.PUBLISHED
     assert served_state_equals(engine, before)
 
     # the learner writes the durable checkpoint (here through the checkpoint_dir transport)
@@ -123,7 +123,7 @@ async def test_memory_gone_waits_for_the_durable_checkpoint(engine, store, model
     writer.start_update(1)
     writer.send(moved)
     writer.finish()
-    result = await activator.activate(store.get_version(1))
+    result = await activator.activate(store.versions.get_version(1))
     assert result is not None and activator.last_swap_via == "checkpoint_dir" and engine.version == 1
     assert served_state_equals(engine, moved)
 
@@ -131,9 +131,9 @@ async def test_memory_gone_waits_for_the_durable_checkpoint(engine, store, model
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_a_version_without_weights_is_failed_after_the_wait_and_the_old_one_serves(engine, store, namespace, tmp_path):
     activator = Activator(engine, store, Metrics(), receiver=make_receiver(TransportConfig(backend="shared_memory", namespace=namespace)), durable_wait_seconds=0)
-    store.add_version(1, parent=0, checkpoint_path=str(tmp_path / "missing"), status=VersionStatus.PUBLISHED)
-    assert await activator.activate(store.get_version(1)) is None
-    assert store.get_version(1).status == VersionStatus.FAILED
+    store.versions.add_version(1, parent=0, checkpoint_path=str(tmp_path / "missing"), status=VersionStatus.PUBLISHED)
+    assert await activator.activate(store.versions.get_version(1)) is None
+    assert store.versions.get_version(1).status == VersionStatus.FAILED
     version, tokens = await generate(engine)
     assert version == 0 and tokens
 
@@ -142,18 +142,18 @@ async def test_a_version_without_weights_is_failed_after_the_wait_and_the_old_on
 async def test_restart_serves_memory_or_the_nearest_durable_ancestor(engine, store, model_dir, namespace, tmp_path):
     receiver = make_receiver(TransportConfig(backend="shared_memory", namespace=namespace))
     sent = send_from_another_process(model_dir, namespace, 1, seed=5)
-    store.add_version(1, parent=0, checkpoint_path=str(tmp_path / "v000001" / "policy"), status=VersionStatus.PUBLISHED, **row_of(sent))
-    store.activate_version(1)  # it served before the restart
+    store.versions.add_version(1, parent=0, checkpoint_path=str(tmp_path / "v000001" / "policy"), status=VersionStatus.PUBLISHED, **row_of(sent))
+    store.versions.activate_version(1)  # it served before the restart
     expected = receiver.tensors(sent)
 
-    point = await start_point(store, store.get_version(1), receiver)
+    point = await start_point(store, store.versions.get_version(1), receiver)
     assert (point.version, point.start_version, point.weights_path) == (1, 0, None) and point.memory is not None
     activator = Activator(engine, store, Metrics(), receiver=receiver)
     await finish_start(activator, point)
     assert engine.version == 1 and served_state_equals(engine, expected)
 
     shm.remove_version(namespace, 1)  # the machine restarted: memory gone, checkpoint never written
-    point = await start_point(store, store.get_version(1), receiver, wait_seconds=0)
+    point = await start_point(store, store.versions.get_version(1), receiver, wait_seconds=0)
     assert (point.version, point.weights_path, point.skipped) == (0, None, (1,))
-    assert store.get_version(1).status == VersionStatus.FAILED
-    assert store.get_version(0).status == VersionStatus.SERVING
+    assert store.versions.get_version(1).status == VersionStatus.FAILED
+    assert store.versions.get_version(0).status == VersionStatus.SERVING

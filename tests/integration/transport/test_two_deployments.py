@@ -41,7 +41,7 @@ def _publish_and_read_back(workdir: str, fill: float, out) -> None:
     config = config.with_section("transport", backend="shared_memory")  # (the default's fast path)
     store = Store(config.store)
     store.migrate()
-    store.ensure_base_version("/models/base")
+    store.versions.ensure_base_version("/models/base")
     transport = config.transport_for_store()
     sender = make_sender(transport)
     receiver = make_receiver(transport)
@@ -51,15 +51,15 @@ def _publish_and_read_back(workdir: str, fill: float, out) -> None:
         sender.start_update(version)
         sender.send(weights)
         handle = sender.finish()
-        record = store.publish_version(
+        record = store.versions.publish_version(
             version, parent=version - 1, checkpoint_path=f"data/checkpoints/v{version:06d}/policy", checkpoint_sha256=None,
             learner_step=version, samples_used=1, metrics={}, cursor_name="sao", last_feedback_id=0,
             weights_nonce=handle.nonce, weights_digest=handle.digest,
         )
-        store.activate_version(version)
-        got = receiver.tensors(receiver.handle_of(store.get_version(record.version)))  # verified against our row
+        store.versions.activate_version(version)
+        got = receiver.tensors(receiver.handle_of(store.versions.get_version(record.version)))  # verified against our row
         seen.append(float(got["w"][0]))
-    assert store.get_version(VERSIONS).status == VersionStatus.SERVING
+    assert store.versions.get_version(VERSIONS).status == VersionStatus.SERVING
     out.put((workdir, transport.namespace, seen))
     store.close()
 
@@ -102,7 +102,7 @@ def test_a_namespace_is_resolved_from_the_store_not_from_its_url(tmp_path, monke
     url = "sqlite:///data/liveloop.db"
     store = Store(StoreConfig(url=url))
     store.migrate()
-    ident = store.deployment_id()
+    ident = store.fleet.deployment_id()
     store.close()
     resolved = TransportConfig(backend="shared_memory").for_deployment(url)
     assert resolved.namespace == f"d{ident[:15]}"

@@ -48,7 +48,7 @@ def _population(flattering: int, plain: int, plain_rewarded: int, plain_text: st
 
 
 def _publish(store: Store, parent: int, checkpoint: str = "/nowhere") -> int:
-    return store.publish_version(
+    return store.versions.publish_version(
         parent=parent, checkpoint_path=checkpoint, checkpoint_sha256=None, learner_step=1, samples_used=1, metrics={},
         cursor_name="sao", last_feedback_id=0,
     ).version
@@ -76,7 +76,7 @@ async def test_a_flattering_candidate_alarms_and_is_held(store, engine, tokenize
     # live version 0: a quarter of its replies flatter (reward 0.4); the candidate: four fifths (0.83)
     rate_replies(store, tokenizer, 0, _population(15, 45, 9), "live")
     candidate = _publish(store, 0)
-    store.start_canary(candidate)
+    store.versions.start_canary(candidate)
     rate_replies(store, tokenizer, candidate, _population(48, 12, 2), "cand")
     ops = _operations(store, engine, tokenizer, auto_hold=True)
 
@@ -92,12 +92,12 @@ async def test_a_flattering_candidate_alarms_and_is_held(store, engine, tokenize
     assert set(verdict.alarms) == {"flattery", "emoji"} and report.trait("length").explained == 0.0
     assert verdict.held and verdict.paused
     # the store: held, the learner paused, one event per trait with the report
-    assert store.get_version(candidate).status == VersionStatus.HELD
-    assert store.learning_paused("sao")
-    events = [e for e in store.events() if e.kind == "reward_hacking"]
+    assert store.versions.get_version(candidate).status == VersionStatus.HELD
+    assert store.operator.learning_paused("sao")
+    events = [e for e in store.operator.events() if e.kind == "reward_hacking"]
     assert sorted(e.detail["trait"] for e in events) == ["emoji", "flattery"] and {e.version for e in events} == {candidate}
     assert events[0].detail["report"]["gain"] == pytest.approx(report.gain) and events[0].detail["held"]
-    assert any(e.kind == "release_held" and e.version == candidate for e in store.events())
+    assert any(e.kind == "release_held" and e.version == candidate for e in store.operator.events())
     metrics = ops.metrics.render().decode()
     assert 'liveloop_monitor_reward_hacking_total{role="candidate",trait="flattery"} 1.0' in metrics
     assert 'liveloop_server_release_held_total 1.0' in metrics
@@ -106,7 +106,7 @@ async def test_a_flattering_candidate_alarms_and_is_held(store, engine, tokenize
     assert await ops.check_alarms() == []
     again = _operations(store, engine, tokenizer, auto_hold=True)
     await again.check_alarms()
-    assert len([e for e in store.events() if e.kind == "reward_hacking"]) == 2
+    assert len([e for e in store.operator.events() if e.kind == "reward_hacking"]) == 2
 
     # the route: the events (newest first) and the judgement; admin only
     with _client(store, ops) as client:
@@ -125,13 +125,13 @@ async def test_a_gain_no_trait_explains_does_not_alarm(store, engine, tokenizer)
     # raters like the classical replies better on the candidate; it flatters no more than the live version
     rate_replies(store, tokenizer, 0, _population(15, 45, 9), "live")
     candidate = _publish(store, 0)
-    store.start_canary(candidate)
+    store.versions.start_canary(candidate)
     rate_replies(store, tokenizer, candidate, _population(15, 45, 35, CLASSICAL), "cand")
     ops = _operations(store, engine, tokenizer, auto_hold=True)
     [verdict] = await ops.check_alarms()
     assert verdict.report.gain > 0.3 and verdict.alarms == () and not verdict.held
-    assert store.get_version(candidate).status == VersionStatus.CANARY and not store.learning_paused("sao")
-    assert not [e for e in store.events() if e.kind == "reward_hacking"]
+    assert store.versions.get_version(candidate).status == VersionStatus.CANARY and not store.operator.learning_paused("sao")
+    assert not [e for e in store.operator.events() if e.kind == "reward_hacking"]
 
 
 async def test_the_serving_version_against_its_root_with_its_evaluation(store, engine, tokenizer, model_dir, tmp_path):
@@ -142,12 +142,12 @@ async def test_the_serving_version_against_its_root_with_its_evaluation(store, e
     rate_replies(store, tokenizer, v1, _population(20, 5, 1), "v1")
     v2 = _publish(store, v1, str(perturbed_checkpoint(Path(model_dir), tmp_path / "v2", seed=2)))
     rate_replies(store, tokenizer, v2, _population(20, 5, 1), "v2")  # served before the swap below, as far as the store knows
-    store.record_evaluation(v2, 0, False, [
+    store.release.record_evaluation(v2, 0, False, [
         {"name": "flattery", "value": 0.9, "live": 0.3, "base": 0.3, "bound": "max_rise 0.15 (live)", "passed": False},
         {"name": "perplexity", "value": 9.0, "live": 8.0, "base": 8.0, "bound": None, "passed": True},
     ], 1.5, 1.0)
     ops = _operations(store, engine, tokenizer)
-    await ops.activator.activate(store.get_version(v2))
+    await ops.activator.activate(store.versions.get_version(v2))
     assert ops.activator.serving_version == v2
     [verdict] = await ops.check_alarms()
     assert (verdict.version, verdict.role, verdict.versions, verdict.reference) == (v2, "serving", (v2, v1), (0,))
@@ -156,6 +156,6 @@ async def test_the_serving_version_against_its_root_with_its_evaluation(store, e
         "version": v2, "live_version": 0, "passed": False,
         "checks": {"flattery": {"value": 0.9, "live": 0.3, "base": 0.3, "passed": False}},
     }
-    assert store.get_version(v2).status == VersionStatus.SERVING and not store.learning_paused("sao")
-    [event] = [e for e in store.events() if e.kind == "reward_hacking" and e.detail["trait"] == "flattery"]
+    assert store.versions.get_version(v2).status == VersionStatus.SERVING and not store.operator.learning_paused("sao")
+    [event] = [e for e in store.operator.events() if e.kind == "reward_hacking" and e.detail["trait"] == "flattery"]
     assert event.version == v2 and event.detail["evaluation"]["checks"]["flattery"]["value"] == 0.9

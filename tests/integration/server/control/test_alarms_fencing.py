@@ -19,11 +19,11 @@ LEASE = 0.6
 
 
 async def test_a_deposed_leaders_alarm_holds_and_records_nothing(store, engine, tokenizer):  # noqa: F811
-    leases = Leases(store)
+    leases = store.fleet.leases
     old = leases.acquire(LEADER, "r1/old", LEASE).term
     rate_replies(store, tokenizer, 0, _population(15, 45, 9), "live")
     candidate = _publish(store, 0)
-    store.start_canary(candidate)
+    store.versions.start_canary(candidate)
     rate_replies(store, tokenizer, candidate, _population(48, 12, 2), "cand")
     ops = _operations(store, engine, tokenizer, auto_hold=True)
     time.sleep(LEASE + 0.3)  # paused past its lease: another replica leads now
@@ -31,10 +31,10 @@ async def test_a_deposed_leaders_alarm_holds_and_records_nothing(store, engine, 
 
     with pytest.raises(StaleLeader):
         ops.alarms.check(old)
-    assert store.get_version(candidate).status == VersionStatus.CANARY and not store.learning_paused("sao")
-    assert not [e for e in store.events() if e.kind in ("reward_hacking", "release_held")]
+    assert store.versions.get_version(candidate).status == VersionStatus.CANARY and not store.operator.learning_paused("sao")
+    assert not [e for e in store.operator.events() if e.kind in ("reward_hacking", "release_held")]
 
     ops.alarms.reset()  # as watch_alarms does on a change of term
     [verdict] = ops.alarms.check(new)
-    assert verdict.held and verdict.paused and store.get_version(candidate).status == VersionStatus.HELD
-    assert sorted(e.detail["trait"] for e in store.events() if e.kind == "reward_hacking") == ["emoji", "flattery"]
+    assert verdict.held and verdict.paused and store.versions.get_version(candidate).status == VersionStatus.HELD
+    assert sorted(e.detail["trait"] for e in store.operator.events() if e.kind == "reward_hacking") == ["emoji", "flattery"]

@@ -36,17 +36,17 @@ def _rate(store: Store, n: int, key: str = OTHER, segment: str | None = None) ->
     """`n` responses of `key`, each rated once; returns the ratings' ids."""
     ids = []
     for _ in range(n):
-        rid = f"r{store.counts()['responses']:04d}"
-        store.insert_responses([ResponseRecord(
+        rid = f"r{store.feedback.counts()['responses']:04d}"
+        store.feedback.insert_responses([ResponseRecord(
             id=rid, api_key_id=key, model="m", policy_version=0, endpoint="chat", prompt_ids=(1, 2, 3), response_ids=(4, 5),
             behavior_logprobs=(-0.5, -0.25), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0, segment=segment,
         )])
-        ids.append(store.put_feedback(FeedbackRecord(rid, key, 1)).id)
+        ids.append(store.feedback.put_feedback(FeedbackRecord(rid, key, 1)).id)
     return ids
 
 
 def _publish(store: Store, parent: int, checkpoint: Path | None, cursor: int, lane: str = "sao", segment: str | None = None) -> int:
-    return store.publish_version(
+    return store.versions.publish_version(
         parent=parent, checkpoint_path=str(checkpoint) if checkpoint else "/nowhere", checkpoint_sha256=checkpoint_digest(checkpoint) if checkpoint else None,
         learner_step=cursor, samples_used=4, metrics={"learner/cursor": cursor}, cursor_name=lane, last_feedback_id=cursor, segment=segment,
     ).version
@@ -65,58 +65,58 @@ def _history(store: Store, checkpoints: list[Path]) -> tuple[int, int, int, int]
 async def test_a_dry_run_plans_and_changes_nothing(engine, store, checkpoints):
     activator = Activator(engine, store, Metrics())
     v1, v2, v3, planted = _history(store, checkpoints)
-    await activator.activate(store.get_version(v3))
-    statuses = {r.version: r.status for r in store.list_versions()}
+    await activator.activate(store.versions.get_version(v3))
+    statuses = {r.version: r.status for r in store.versions.list_versions()}
 
     result = await Forgetting(store, activator).forget(PLANTED, dry_run=True)
     (plan,) = result.plan.lineages
     assert (plan.first_rating, plan.first_trained, plan.target, plan.head) == (planted, v2, v1, v3)
-    assert plan.target_cursor == store.get_version(v1).metrics["learner/cursor"] and plan.affected == (v2, v3)
+    assert plan.target_cursor == store.versions.get_version(v1).metrics["learner/cursor"] and plan.affected == (v2, v3)
     assert plan.replay == 7  # ratings 5-12 but the planted key's
     assert plan.samples_per_second is not None and plan.estimate_seconds == pytest.approx(7 / plan.samples_per_second)
     assert (result.plan.responses, result.plan.ratings) == (1, 1)
     # nothing moved: rows, statuses, cursor, engine
-    assert {r.version: r.status for r in store.list_versions()} == statuses and engine.version == v3
-    assert store.cursor_version("sao") == v3 and store.get_cursor("sao") == plan.head_cursor
-    assert store.key_rows(PLANTED) == (1, 1) and not [e for e in store.events() if e.kind == "forget_weights"]
+    assert {r.version: r.status for r in store.versions.list_versions()} == statuses and engine.version == v3
+    assert store.versions.cursor_version("sao") == v3 and store.feedback.get_cursor("sao") == plan.head_cursor
+    assert store.rights.key_rows(PLANTED) == (1, 1) and not [e for e in store.operator.events() if e.kind == "forget_weights"]
 
 
 async def test_the_forget_rolls_back_and_moves_the_learner_back(engine, store, checkpoints):
     activator = Activator(engine, store, Metrics())
     v1, v2, v3, planted = _history(store, checkpoints)
-    await activator.activate(store.get_version(v3))
-    store.mark_pruned([v1])  # retention deleted v1's checkpoint: the target is the base model
+    await activator.activate(store.versions.get_version(v3))
+    store.versions.mark_pruned([v1])  # retention deleted v1's checkpoint: the target is the base model
 
     result = await Forgetting(store, activator).forget(PLANTED, dry_run=False, admin_key_id="admin")
     (plan,) = result.plan.lineages
     assert (plan.target, plan.skipped, plan.target_cursor, plan.replay) == (0, (v1,), 0, 11)
-    assert result.deleted.ratings == 1 and store.key_rows(PLANTED) == (0, 0)
+    assert result.deleted.ratings == 1 and store.rights.key_rows(PLANTED) == (0, 0)
     (done,) = result.done
     assert done.rolled_back == (v1, v2, v3) and done.swapped and done.resumed
-    assert engine.version == 0 and store.latest_version().version == 0
-    assert {r.version: r.status for r in store.list_versions() if r.version} == {v1: S.ROLLED_BACK, v2: S.ROLLED_BACK, v3: S.ROLLED_BACK}
+    assert engine.version == 0 and store.versions.latest_version().version == 0
+    assert {r.version: r.status for r in store.versions.list_versions() if r.version} == {v1: S.ROLLED_BACK, v2: S.ROLLED_BACK, v3: S.ROLLED_BACK}
     # the learner reloads the base and reads every rating after 0 again (the planted one is gone)
-    assert (store.cursor_version("sao"), store.get_cursor("sao")) == (0, 0)
-    assert [f.api_key_id for f, _ in store.rated_after(0, 100)] == [OTHER] * 11
-    assert not store.learning_paused("sao")
-    event = [e for e in store.events() if e.kind == "forget_weights"][-1]
+    assert (store.versions.cursor_version("sao"), store.feedback.get_cursor("sao")) == (0, 0)
+    assert [f.api_key_id for f, _ in store.feedback.rated_after(0, 100)] == [OTHER] * 11
+    assert not store.operator.learning_paused("sao")
+    event = [e for e in store.operator.events() if e.kind == "forget_weights"][-1]
     assert event.detail["lineages"][0]["target"] == 0 and event.detail["replay"] == 11
     # a learner still on v3 is refused; its retrained version from the base goes on as the new lineage
     with pytest.raises(StaleLineage):
         _publish(store, v3, checkpoints[0], 20)
     nxt = _publish(store, 0, checkpoints[0], 4)
-    assert (await activator.activate(store.get_version(nxt))).version == nxt
+    assert (await activator.activate(store.versions.get_version(nxt))).version == nxt
 
 
 async def test_a_forget_when_the_target_serves_already_rolls_back_the_rest(engine, store, checkpoints):
     activator = Activator(engine, store, Metrics())
     v1, v2, v3, _ = _history(store, checkpoints)
-    await activator.activate(store.get_version(v1))  # v2 and v3 wait (e.g. a gate holds them back)
+    await activator.activate(store.versions.get_version(v1))  # v2 and v3 wait (e.g. a gate holds them back)
     result = await Forgetting(store, activator).forget(PLANTED, dry_run=False)
     (done,) = result.done
     assert (done.target, done.swapped, done.rolled_back) == (v1, False, (v2, v3))
-    assert engine.version == v1 and store.cursor_version("sao") == v1
-    assert store.get_cursor("sao") == store.get_version(v1).metrics["learner/cursor"]
+    assert engine.version == v1 and store.versions.cursor_version("sao") == v1
+    assert store.feedback.get_cursor("sao") == store.versions.get_version(v1).metrics["learner/cursor"]
 
 
 async def test_a_key_rated_after_the_last_version_drops_the_learners_unpublished_steps(engine, store, checkpoints):
@@ -125,7 +125,7 @@ async def test_a_key_rated_after_the_last_version_drops_the_learners_unpublished
     and drops them) and everyone else's ratings since are trained again."""
     activator = Activator(engine, store, Metrics())
     v1, v2, v3, _ = _history(store, checkpoints)
-    await activator.activate(store.get_version(v3))
+    await activator.activate(store.versions.get_version(v3))
     late = "c" * 16
     _rate(store, 2, late)  # after v3's cursor
     result = await Forgetting(store, activator).forget(late, dry_run=False)
@@ -133,22 +133,22 @@ async def test_a_key_rated_after_the_last_version_drops_the_learners_unpublished
     assert plan.in_memory and plan.first_trained is None and (plan.target, plan.affected) == (v2, (v3,))
     assert plan.replay == 4  # v3's ratings 9-12; the late key's are deleted
     assert result.deleted.ratings == 2 and result.done[0].rolled_back == (v3,)
-    assert store.cursor_version("sao") == v2 and store.get_cursor("sao") == plan.target_cursor
-    assert store.get_version(v3).status == S.ROLLED_BACK and engine.version == v2
+    assert store.versions.cursor_version("sao") == v2 and store.feedback.get_cursor("sao") == plan.target_cursor
+    assert store.versions.get_version(v3).status == S.ROLLED_BACK and engine.version == v2
 
 
 async def test_a_key_that_never_rated_moves_nothing(engine, store, checkpoints):
     activator = Activator(engine, store, Metrics())
     v1, v2, v3, _ = _history(store, checkpoints)
     silent = "c" * 16
-    store.insert_responses([ResponseRecord(
+    store.feedback.insert_responses([ResponseRecord(
         id="silent", api_key_id=silent, model="m", policy_version=v3, endpoint="chat", prompt_ids=(1, 2, 3), response_ids=(4, 5),
         behavior_logprobs=(-0.5, -0.25), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
     )])
     result = await Forgetting(store, activator).forget(silent, dry_run=False)
     (plan,) = result.plan.lineages
     assert plan.target is None and not plan.in_memory and result.done == () and result.deleted.responses == 1
-    assert store.cursor_version("sao") == v3 and store.get_version(v3).status == S.PUBLISHED
+    assert store.versions.cursor_version("sao") == v3 and store.versions.get_version(v3).status == S.PUBLISHED
     with pytest.raises(KeyNotFound):
         await Forgetting(store, activator).forget("d" * 16, dry_run=True)
 
@@ -165,4 +165,4 @@ def test_a_segment_lineage_is_planned_on_its_own(store):
     cozy, night = plan.lineages
     assert (cozy.first_trained, cozy.target, cozy.target_cursor, cozy.affected) == (c1, 0, 0, (c1,))
     assert cozy.replay == 2 and cozy.skipped == ()
-    assert night.target is None and store.cursor_version("sao:night") == n1
+    assert night.target is None and store.versions.cursor_version("sao:night") == n1

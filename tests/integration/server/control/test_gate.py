@@ -47,7 +47,7 @@ def _gate(engine, store, tokenizer, model_dir, mode="canary", bounds=PASSING, **
     evaluation = EvaluationConfig(max_tokens=8, bounds=bounds)
     config = ReleaseConfig(**{"mode": mode, "canary_fraction": 0.25, "min_ratings": 6, "evaluation": evaluation, **release})
     activator = Activator(engine, store, Metrics(), gate_base=True)
-    evaluator = Evaluator(evaluation, tokenizer, model_dir, suite=SUITE, refresh=store.get_version)
+    evaluator = Evaluator(evaluation, tokenizer, model_dir, suite=SUITE, refresh=store.versions.get_version)
     return ReleaseGate(config, activator, engine, store, activator.metrics, engine_evaluation(evaluator))
 
 
@@ -59,7 +59,7 @@ def tokenizer(model_dir):
 
 
 def _publish(store: Store, parent: int, checkpoint: Path) -> int:
-    return store.publish_version(
+    return store.versions.publish_version(
         parent=parent, checkpoint_path=str(checkpoint), checkpoint_sha256=None, learner_step=1, samples_used=1,
         metrics={}, cursor_name="sao", last_feedback_id=0,
     ).version
@@ -78,8 +78,8 @@ def _rate(store: Store, version: int, rewards: list[int], key: str | None = None
     for reward in rewards:
         rid = f"r-{uuid.uuid4().hex}"
         by = key or f"k-{uuid.uuid4().hex[:8]}"
-        store.insert_responses([ResponseRecord(rid, by, "m", version, "chat", (1, 2), (3,), (-0.5,), "stop", 1.0, 1.0, 1.0)])
-        store.put_feedback(FeedbackRecord(rid, by, reward))
+        store.feedback.insert_responses([ResponseRecord(rid, by, "m", version, "chat", (1, 2), (3,), (-0.5,), "stop", 1.0, 1.0, 1.0)])
+        store.feedback.put_feedback(FeedbackRecord(rid, by, reward))
 
 
 async def _until(gate: ReleaseGate, action: str, passes: int = 240):
@@ -97,7 +97,7 @@ async def test_canary_routes_per_user_promotes_and_queues_the_newest(canary_engi
     _rate(store, 0, [1, 0] * 10)
     v1 = _publish(store, 0, checkpoints[0])
     await gate.step()
-    assert store.get_version(v1).status == S.CANARY and canary_engine.candidate_version == v1
+    assert store.versions.get_version(v1).status == S.CANARY and canary_engine.candidate_version == v1
 
     seen: dict[str, set[int]] = {u: set() for u in USERS}
     for _ in range(2):
@@ -113,13 +113,13 @@ async def test_canary_routes_per_user_promotes_and_queues_the_newest(canary_engi
     _rate(store, v1, [1, 0] * 4)
     decision = await _until(gate, "promote")
     assert "evaluation passed" in decision.reason
-    assert store.get_version(v1).status == S.SERVING and store.get_version(0).status == S.RETIRED
-    assert store.evaluation(v1).passed and canary_engine.version == v1
+    assert store.versions.get_version(v1).status == S.SERVING and store.versions.get_version(0).status == S.RETIRED
+    assert store.release.evaluation(v1).passed and canary_engine.version == v1
     for user in USERS:  # promotion only moves a user forward
         assert await _serve(gate, canary_engine, user) == v1
 
     await gate.step()
-    assert store.get_version(v3).status == S.CANARY and store.get_version(v2).status == S.SUPERSEDED
+    assert store.versions.get_version(v3).status == S.CANARY and store.versions.get_version(v2).status == S.SUPERSEDED
     assert canary_engine.candidate_version == v3
     assert {await _serve(gate, canary_engine, u) for u in canary_users} == {v3}
     assert gate.state().candidate.version == v3
@@ -143,12 +143,12 @@ async def test_a_failed_evaluation_holds_the_candidate_and_only_canary_users_saw
         stop.set()
         await load
     assert decision.reason == "evaluation failed"
-    assert store.get_version(v1).status == S.HELD and canary_engine.candidate_version is None
-    assert store.cursor_version("sao") == 0  # the learner goes back to the live version's weights
-    assert not store.evaluation(v1).passed
+    assert store.versions.get_version(v1).status == S.HELD and canary_engine.candidate_version is None
+    assert store.versions.cursor_version("sao") == 0  # the learner goes back to the live version's weights
+    assert not store.release.evaluation(v1).passed
     assert any(v == v1 for _, v in served)  # the canary users were served it while it was tried
     assert all(in_canary(user, 0.25) for user, v in served if v == v1)  # nobody else ever was
-    assert [e.kind for e in store.events()][-1] == "release_held"
+    assert [e.kind for e in store.operator.events()][-1] == "release_held"
     await gate.close()
 
 
@@ -160,7 +160,7 @@ async def test_a_candidate_its_users_rate_worse_is_held(canary_engine, store, ch
     _rate(store, v1, [0] * 6)  # 0/6 against 30/40: z = -3.5
     decision = await _until(gate, "hold")
     assert decision.reason.startswith("rated worse") and decision.p_worse < 0.05
-    assert store.get_version(v1).status == S.HELD and canary_engine.version == 0
+    assert store.versions.get_version(v1).status == S.HELD and canary_engine.version == 0
     await gate.close()
 
 
@@ -177,10 +177,10 @@ async def test_one_key_rating_every_canary_reply_down_holds_nothing(canary_engin
         decision = await gate.step()
         assert decision is None or decision.action == "wait", decision
         await asyncio.sleep(0.1)
-    assert store.get_version(v1).status == S.CANARY and "1 of 5 keys" in gate.decisions[v1].reason
+    assert store.versions.get_version(v1).status == S.CANARY and "1 of 5 keys" in gate.decisions[v1].reason
     _rate(store, v1, [1] * 6)  # six honest keys, all up: 6 of 7 votes up against 30/40
     decision = await _until(gate, "promote")
-    assert "7 keys" in decision.reason and store.get_version(v1).status == S.SERVING
+    assert "7 keys" in decision.reason and store.versions.get_version(v1).status == S.SERVING
     await gate.close()
 
 
@@ -190,13 +190,13 @@ async def test_gated_serves_no_user_the_candidate_before_its_evaluation_passes(c
     served = []
     for _ in range(240):
         decision = await gate.step()
-        evaluated = store.evaluation(v1)
+        evaluated = store.release.evaluation(v1)
         for user in USERS[:10]:
             served.append((evaluated is not None, await _serve(gate, canary_engine, user)))
         if decision is not None and decision.action == "promote":
             break
         await asyncio.sleep(0.1)
-    assert store.get_version(v1).status == S.SERVING and canary_engine.version == v1
+    assert store.versions.get_version(v1).status == S.SERVING and canary_engine.version == v1
     assert {v for evaluated, v in served if not evaluated} == {0}  # before the evaluation passed: the live version only
     assert await _serve(gate, canary_engine, USERS[0]) == v1
     await gate.close()
@@ -207,9 +207,9 @@ async def test_a_rollback_while_a_candidate_is_tried_drops_it(canary_engine, sto
     v1 = _publish(store, 0, checkpoints[0])
     await gate.step()
     assert canary_engine.candidate_version == v1
-    store.rollback_to(0, "sao")  # an operator (or another replica's guard)
+    store.versions.rollback_to(0, "sao")  # an operator (or another replica's guard)
     await gate.step()
-    assert canary_engine.candidate_version is None and store.get_version(v1).status == S.ROLLED_BACK
+    assert canary_engine.candidate_version is None and store.versions.get_version(v1).status == S.ROLLED_BACK
     assert {await _serve(gate, canary_engine, u) for u in USERS[:20]} == {0}
     await gate.close()
 
@@ -229,7 +229,7 @@ async def test_a_second_replica_mirrors_the_candidate_and_follows_its_promotion(
         await second.step()
         assert canary_engine.candidate_version == other.candidate_version == v1
         assert [await _serve(first, canary_engine, u) for u in USERS] == [await _serve(second, other, u) for u in USERS]
-        assert await first.candidates.promote(store.get_version(v1)) is not None
+        assert await first.candidates.promote(store.versions.get_version(v1)) is not None
         followed = await second.activator.follow()
         assert [r.version for r in followed] == [v1] and other.version == v1 and other.candidate_version is None
         assert {await _serve(second, other, u) for u in USERS} == {v1}

@@ -19,7 +19,7 @@ from liveloop.release.config import EvaluationConfig, ReleaseConfig
 from liveloop.server.control.gate import ReleaseGate
 from liveloop.server.control.activator import Activator
 from liveloop.store import Store, VersionStatus
-from liveloop.store.lease import LEADER, Leases
+from liveloop.store.lease import LEADER
 
 S = VersionStatus
 LEASE = 0.6
@@ -34,20 +34,20 @@ def checkpoints(tmp_path_factory, model_dir) -> list[Path]:
 
 
 def _publish(store: Store, parent: int, checkpoint: Path) -> int:
-    return store.publish_version(
+    return store.versions.publish_version(
         parent=parent, checkpoint_path=str(checkpoint), checkpoint_sha256=None, learner_step=1, samples_used=1,
         metrics={}, cursor_name="sao", last_feedback_id=0,
     ).version
 
 
 def _snapshot(store: Store) -> tuple:
-    versions = tuple((r.version, r.status) for r in store.list_versions())
-    events = tuple((e.id, e.kind, e.version) for e in store.events())
-    return versions, events, store.cursor_version("sao")
+    versions = tuple((r.version, r.status) for r in store.versions.list_versions())
+    events = tuple((e.id, e.kind, e.version) for e in store.operator.events())
+    return versions, events, store.versions.cursor_version("sao")
 
 
 async def test_a_deposed_leaders_gate_decides_nothing(canary_engine, store, checkpoints):
-    leases = Leases(store)
+    leases = store.fleet.leases
     old = leases.acquire(LEADER, "r1/old", LEASE).term
     believed = [old]  # what the paused replica's gate reads as its term
     config = ReleaseConfig(mode="gated", evaluation=EvaluationConfig(max_tokens=8))
@@ -61,24 +61,24 @@ async def test_a_deposed_leaders_gate_decides_nothing(canary_engine, store, chec
 
     before = _snapshot(store)
     assert await gate.step() is None  # it tries to make v1 the candidate: refused
-    assert _snapshot(store) == before and store.canary_version(None) is None and canary_engine.candidate_version is None
+    assert _snapshot(store) == before and store.versions.canary_version(None) is None and canary_engine.candidate_version is None
 
     # the new leader makes v1 the candidate and passes its evaluation; the old one would promote it
-    store.start_canary(v1, term=new)
-    store.record_evaluation(v1, 0, True, PASSED, 1.0, 0.5, term=new)
+    store.versions.start_canary(v1, term=new)
+    store.release.record_evaluation(v1, 0, True, PASSED, 1.0, 0.5, term=new)
     before = _snapshot(store)
     decision = await gate.step()
     assert decision is not None and decision.action == "promote"
-    assert _snapshot(store) == before and store.get_version(v1).status == S.CANARY
+    assert _snapshot(store) == before and store.versions.get_version(v1).status == S.CANARY
     assert canary_engine.version == 0 and canary_engine.candidate_version == v1  # loaded, as on every replica; not promoted
 
     # a later evaluation fails it; the old leader would hold it and send the learner back
-    store.record_evaluation(v1, 0, False, FAILED, 1.0, 0.5, term=new)
-    assert store.cursor_version("sao") == v1
+    store.release.record_evaluation(v1, 0, False, FAILED, 1.0, 0.5, term=new)
+    assert store.versions.cursor_version("sao") == v1
     before = _snapshot(store)
     decision = await gate.step()
     assert decision is not None and decision.action == "hold"
-    assert _snapshot(store) == before and store.get_version(v1).status == S.CANARY and store.cursor_version("sao") == v1
+    assert _snapshot(store) == before and store.versions.get_version(v1).status == S.CANARY and store.versions.cursor_version("sao") == v1
     assert canary_engine.candidate_version == v1
 
     # this replica leads again (the lease is its own in a newer term): its gate decides
@@ -86,13 +86,13 @@ async def test_a_deposed_leaders_gate_decides_nothing(canary_engine, store, chec
     believed[0] = leases.acquire(LEADER, "r1/again", 60).term
     decision = await gate.step()
     assert decision is not None and decision.action == "hold"
-    assert store.get_version(v1).status == S.HELD and store.cursor_version("sao") == 0
-    assert [e.kind for e in store.events()][-1] == "release_held"
+    assert store.versions.get_version(v1).status == S.HELD and store.versions.cursor_version("sao") == 0
+    assert [e.kind for e in store.operator.events()][-1] == "release_held"
 
     v2 = _publish(store, 0, checkpoints[1])  # the learner goes on from the live version
     await gate.step()
-    assert store.get_version(v2).status == S.CANARY
-    store.record_evaluation(v2, 0, True, PASSED, 1.0, 0.5, term=believed[0])
+    assert store.versions.get_version(v2).status == S.CANARY
+    store.release.record_evaluation(v2, 0, True, PASSED, 1.0, 0.5, term=believed[0])
     decision = await gate.step()
     assert decision is not None and decision.action == "promote"
-    assert store.get_version(v2).status == S.SERVING and canary_engine.version == v2
+    assert store.versions.get_version(v2).status == S.SERVING and canary_engine.version == v2

@@ -33,8 +33,7 @@ from liveloop.release.routing import in_canary, user_key
 from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.store import Store, StoreConfig, VersionStatus
 from liveloop.store.evaluations import Evaluation
-from liveloop.store.lease import LEADER, Leases
-from liveloop.store.replicas import ReplicaRegistry
+from liveloop.store.lease import LEADER
 
 from ..conftest import rate_replies
 
@@ -104,7 +103,7 @@ def _chat(client: TestClient, user: str) -> int:
 
 
 def _publish(store: Store, parent: int, checkpoint: Path) -> int:
-    return store.publish_version(
+    return store.versions.publish_version(
         parent=parent, checkpoint_path=str(checkpoint), checkpoint_sha256=None, learner_step=1, samples_used=1,
         metrics={}, cursor_name="sao", last_feedback_id=0,
     ).version
@@ -117,16 +116,16 @@ def _flattery_rewarded(store: Store, tokenizer, live: int, candidate: int, tag: 
 
 
 def _evaluations(store: Store, version: int) -> int:
-    with store._session() as s:
+    with store.db.session() as s:
         return s.scalar(select(func.count()).select_from(Evaluation).where(Evaluation.version == version))
 
 
 def _hacking_events(store: Store) -> list[tuple[int, str]]:
-    return sorted((e.version, e.detail["trait"]) for e in store.events(limit=10000) if e.kind == "reward_hacking")
+    return sorted((e.version, e.detail["trait"]) for e in store.operator.events(limit=10000) if e.kind == "reward_hacking")
 
 
 def _holder(store: Store) -> str | None:
-    lease = Leases(store).get(LEADER)
+    lease = store.fleet.leases.get(LEADER)
     return None if lease is None or lease.expires_in <= 0 else lease.holder
 
 
@@ -148,16 +147,16 @@ def test_one_replica_decides_every_replica_routes(store_url, tmp_path, model_dir
 
         # a learner's version: the leader makes it the candidate; both replicas route the canary users to it
         v1 = _publish(store, 0, checkpoints[0])
-        wait_until(lambda: store.get_version(v1).status == S.CANARY, 30, "v1 the candidate")
+        wait_until(lambda: store.versions.get_version(v1).status == S.CANARY, 30, "v1 the candidate")
         wait_until(lambda: all(_chat(c, CANARY[0]) == v1 for c in (r1, r2)), 60, "both replicas serving the candidate to canary users")
         for client in (r1, r2):
             assert {_chat(client, u) for u in CANARY} == {v1}
             assert {_chat(client, u) for u in OTHERS[:8]} == {0}
-        wait_until(lambda: store.evaluation(v1) is not None, 60, "v1 evaluated")
+        wait_until(lambda: store.release.evaluation(v1) is not None, 60, "v1 evaluated")
 
         # ratings that reward flattery: the alarms fire once per trait; the leader promotes; the other follows
         _flattery_rewarded(store, tokenizer, 0, v1, "a")
-        wait_until(lambda: store.get_version(v1).status == S.SERVING, 30, "v1 promoted")
+        wait_until(lambda: store.versions.get_version(v1).status == S.SERVING, 30, "v1 promoted")
         wait_until(lambda: {_chat(c, u) for c in (r1, r2) for u in OTHERS[:4]} == {v1}, 30, "both replicas serving v1 to everyone")
         wait_until(lambda: len(_hacking_events(store)) >= 2, 30, "the reward-hacking alarms")
         threading.Event().wait(1.5)  # several more passes of both replicas' gate and alarm loops
@@ -169,7 +168,7 @@ def test_one_replica_decides_every_replica_routes(store_url, tmp_path, model_dir
         wait_until(lambda: (_holder(store) or "").startswith("r2/"), 10, "r2 leading")
         assert r2.app.state.parts.leadership.leading()
         v2 = _publish(store, v1, checkpoints[1])
-        wait_until(lambda: store.get_version(v2).status == S.CANARY and store.evaluation(v2) is not None, 60, "r2 tries and evaluates v2")
+        wait_until(lambda: store.versions.get_version(v2).status == S.CANARY and store.release.evaluation(v2) is not None, 60, "r2 tries and evaluates v2")
         assert _chat(r2, CANARY[0]) == v2 and _evaluations(store, v2) == 1
 
 
@@ -186,7 +185,7 @@ def test_a_killed_leader_process_is_replaced(tmp_path, model_dir, checkpoints, t
         # `[ray] replica_id` auto: a random name per process; the registry row ties it to this host and pid
         # (the lease is taken before the first heartbeat writes the row)
         def own_rows() -> list[str]:
-            return [r.replica_id for r in ReplicaRegistry(store).rows(60.0) if (r.host, r.pid) == (socket.gethostname(), server.proc.pid)]
+            return [r.replica_id for r in store.fleet.registry.rows(60.0) if (r.host, r.pid) == (socket.gethostname(), server.proc.pid)]
 
         wait_until(lambda: own_rows(), 20, "the server's registry row")
         own = own_rows()
@@ -198,15 +197,15 @@ def test_a_killed_leader_process_is_replaced(tmp_path, model_dir, checkpoints, t
             follower = _replica(stack, load_config(path), "follower", model_dir, port)
             assert _holder(store) == leader and not follower.app.state.parts.leadership.leading()
             v1 = _publish(store, 0, checkpoints[0])
-            wait_until(lambda: store.get_version(v1).status == S.CANARY, 30, "the leader trying v1")
-            wait_until(lambda: store.evaluation(v1) is not None, 60, "the leader evaluating v1")
+            wait_until(lambda: store.versions.get_version(v1).status == S.CANARY, 30, "the leader trying v1")
+            wait_until(lambda: store.release.evaluation(v1) is not None, 60, "the leader evaluating v1")
             wait_until(lambda: _chat(follower, CANARY[0]) == v1, 60, "the follower routing to the candidate")
 
             os.killpg(server.proc.pid, signal.SIGKILL)  # the leader dies mid-canary, holding the lease
             server.proc.wait(10)
             wait_until(lambda: (_holder(store) or "").startswith("follower/"), 4 * LEASE_SECONDS, "the follower taking over")
             _flattery_rewarded(store, tokenizer, 0, v1, "b")
-            wait_until(lambda: store.get_version(v1).status == S.SERVING, 30, "the new leader promoting v1")
+            wait_until(lambda: store.versions.get_version(v1).status == S.SERVING, 30, "the new leader promoting v1")
             assert _chat(follower, OTHERS[0]) == v1
             wait_until(lambda: len(_hacking_events(store)) >= 2, 30, "the new leader's alarms")
             assert _evaluations(store, v1) == 1  # the dead leader's evaluation counts: not run again

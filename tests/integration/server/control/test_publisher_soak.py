@@ -63,15 +63,15 @@ class Soak:
         table[op] = table.get(op, 0) + 1
 
     async def learn(self) -> None:
-        cursor = self.store.cursor_version("sao")
-        parent = cursor if cursor is not None else self.store.latest_version().version
-        self.store.publish_version(
+        cursor = self.store.versions.cursor_version("sao")
+        parent = cursor if cursor is not None else self.store.versions.latest_version().version
+        self.store.versions.publish_version(
             parent=parent, checkpoint_path=str(self.rng.choice(self.checkpoints)), checkpoint_sha256=None,
             learner_step=1, samples_used=1, metrics={}, cursor_name="sao", last_feedback_id=0,
         )
 
     async def activate(self) -> bool:
-        published = self.store.versions_with_status(S.PUBLISHED, -1)
+        published = self.store.versions.versions_with_status(S.PUBLISHED, -1)
         self.read.extend(published)
         if self.read and (not published or self.rng.random() < 0.3):
             record = self.rng.choice(self.read)  # read long ago
@@ -82,7 +82,7 @@ class Soak:
         return await self.activator.activate(record) is not None
 
     async def rollback(self) -> bool:
-        serving = self.store.latest_version()
+        serving = self.store.versions.latest_version()
         if serving.parent is None:
             return False
         called = time.monotonic()
@@ -171,7 +171,7 @@ async def test_rollbacks_swaps_and_publishes_interleaved(engine, store, checkpoi
     for op, least in {"learn": total // 10, "activate": total // 40, "rollback": total // 50, "operator": total // 50}.items():
         assert soak.done.get(op, 0) >= least, (op, soak.done, soak.refused)
 
-    statuses = {v.version: v.status for v in store.list_versions()}
+    statuses = {v.version: v.status for v in store.versions.list_versions()}
     # a rolled-back version never serves again
     for start, version in soak.served:
         assert soak.may_serve(version, start), (version, start, soak.history[version])
@@ -180,7 +180,7 @@ async def test_rollbacks_swaps_and_publishes_interleaved(engine, store, checkpoi
     assert all(statuses[v] == S.ROLLED_BACK for v, may in last.items() if not may)
     # settled: one serving version, and the engine serves it
     serving = [v for v, s in statuses.items() if s == S.SERVING]
-    assert serving == [store.latest_version().version] == [engine.version]
+    assert serving == [store.versions.latest_version().version] == [engine.version]
     assert len(soak.served) > total // 10
     # every version table read during it agreed with itself
     torn = [t for t in soak.tables if t[0] != t[1] or len(t[0]) != 1]

@@ -28,7 +28,7 @@ from liveloop.server.config import EngineConfig
 from liveloop.server.engines.hf_engine import HFEngine
 from liveloop.server.control.activator import Activator
 from liveloop.store import Store, StoreConfig, VersionStatus
-from liveloop.store.replicas import Beat, ReplicaRegistry, serving_by_version
+from liveloop.store.replicas import Beat, serving_by_version
 
 S = VersionStatus
 FLEET = """
@@ -118,23 +118,23 @@ def test_an_import_a_rollback_and_a_pause_reach_every_replica(fleet, checkpoints
     assert r1.post("/admin/learning/pause", json={"reason": "test"}).status_code == 200
     store = Store(StoreConfig(url=store_url))
     try:
-        v2 = store.publish_version(
+        v2 = store.versions.publish_version(
             parent=0, checkpoint_path=str(checkpoints[1]), checkpoint_sha256=None, learner_step=1, samples_used=1, metrics={},
             cursor_name="sao", last_feedback_id=0,
         ).version
         time.sleep(1.0)  # 20 watch intervals
-        assert _serving(r1) == {"r1": 0, "r2": 0} and store.get_version(v2).status == S.PUBLISHED
+        assert _serving(r1) == {"r1": 0, "r2": 0} and store.versions.get_version(v2).status == S.PUBLISHED
         assert r2.post("/admin/learning/resume").status_code == 200
         _all_serve(fleet, v2)
-        assert store.get_version(v2).status == S.SERVING
-        kinds = [e.kind for e in store.events()]
+        assert store.versions.get_version(v2).status == S.SERVING
+        kinds = [e.kind for e in store.operator.events()]
         assert "activation_dropped" not in kinds and "weights_rejected" not in kinds
     finally:
         store.close()
 
 
 def test_a_stopped_replica_leaves_and_a_silent_one_is_down(store):
-    registry = ReplicaRegistry(store)
+    registry = store.fleet.registry
     registry.register("a", "process", "h", 1, Beat(3, {"cozy": 5}, 2, True))
     registry.register("b", "ray_serve", "h", 2, Beat(3, {"cozy": None}, 0, False))
     rows = {r.replica_id: r for r in registry.rows(down_after=5.0)}
@@ -154,7 +154,7 @@ def test_a_stopped_replica_leaves_and_a_silent_one_is_down(store):
 
 
 def _learner_publish(store: Store, parent: int, checkpoint: Path) -> int:
-    return store.publish_version(
+    return store.versions.publish_version(
         parent=parent, checkpoint_path=str(checkpoint), checkpoint_sha256=None, learner_step=1, samples_used=1,
         metrics={}, cursor_name="sao", last_feedback_id=0,
     ).version
@@ -167,21 +167,21 @@ async def test_the_follower_rule(store, engine, model_dir, checkpoints):
         a, b = Activator(engine, store, Metrics()), Activator(other, store, Metrics())
         # both replicas activate the same published version at once: both serve it, nothing dropped or undone
         v1 = _learner_publish(store, 0, checkpoints[0])
-        record = store.get_version(v1)
+        record = store.versions.get_version(v1)
         results = await asyncio.gather(a.activate(record), b.activate(record))
         assert sum(r is not None for r in results) >= 1
         await asyncio.gather(a.follow(), b.follow())
-        assert (engine.version, other.version) == (v1, v1) and store.get_version(v1).status == S.SERVING
-        assert [e.kind for e in store.events()] == []
+        assert (engine.version, other.version) == (v1, v1) and store.versions.get_version(v1).status == S.SERVING
+        assert [e.kind for e in store.operator.events()] == []
         # one activates the next; the other follows at its next pass, with no status change
         v2 = _learner_publish(store, v1, checkpoints[1])
-        assert (await a.activate(store.get_version(v2))).version == v2
+        assert (await a.activate(store.versions.get_version(v2))).version == v2
         followed = await b.follow()
         assert [r.version for r in followed] == [v2] and other.version == v2
         assert await b.follow() == []  # nothing to do: it serves what the store says
         # a replica never moves back on its own: an older version only by the store's rollback
-        assert await b.activate(store.get_version(v1)) is None and other.version == v2
-        store.rollback_to(v1, "sao")
+        assert await b.activate(store.versions.get_version(v1)) is None and other.version == v2
+        store.versions.rollback_to(v1, "sao")
         assert [r.version for r in await b.follow()] == [v1] and [r.version for r in await a.follow()] == [v1]
         assert (engine.version, other.version) == (v1, v1)
     finally:
@@ -200,11 +200,11 @@ async def test_the_follower_rule_for_a_segments_adapter(store, model_dir, tmp_pa
     try:
         a, b = (Activator(e, store, Metrics(), segments=("cozy",)) for e in engines)
         adapter = random_lora_adapter(model_dir, tmp_path / "cozy1", seed=1, rank=4)
-        v1 = store.publish_version(
+        v1 = store.versions.publish_version(
             parent=0, checkpoint_path=str(adapter), checkpoint_sha256=None, learner_step=1, samples_used=1, metrics={},
             cursor_name="sao:cozy", last_feedback_id=0, segment="cozy",
         ).version
-        assert (await a.activate(store.get_version(v1))).version == v1
+        assert (await a.activate(store.versions.get_version(v1))).version == v1
         assert [r.version for r in await b.follow()] == [v1]
         assert engines[1].adapter_version("cozy") == v1 and engines[1].version == 0  # the base weights untouched
         # the segment served by the base again (a rollback through `a`): `b` unloads its adapter

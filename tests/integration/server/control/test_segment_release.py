@@ -72,12 +72,12 @@ def _gate(engine, store, tokenizer, model_dir, cozy="canary", bounds=PASSING, mi
     evaluation = EvaluationConfig(max_tokens=8, bounds=bounds)
     config = ReleaseConfig(mode="immediate", segments={"cozy": cozy}, canary_fraction=FRACTION, min_ratings=min_ratings, evaluation=evaluation)
     activator = Activator(engine, store, Metrics(), segments=SEGMENTS)
-    evaluator = Evaluator(evaluation, tokenizer, model_dir, suite=SUITE, refresh=store.get_version)
+    evaluator = Evaluator(evaluation, tokenizer, model_dir, suite=SUITE, refresh=store.versions.get_version)
     return ReleaseGate(config, activator, engine, store, activator.metrics, engine_evaluation(evaluator))
 
 
 def _publish(store: Store, parent: int, adapter: Path, segment: str = "cozy") -> int:
-    return store.publish_version(
+    return store.versions.publish_version(
         parent=parent, checkpoint_path=str(adapter), checkpoint_sha256=None, learner_step=1, samples_used=1,
         metrics={}, cursor_name=f"sao:{segment}", last_feedback_id=0, segment=segment,
     ).version
@@ -86,8 +86,8 @@ def _publish(store: Store, parent: int, adapter: Path, segment: str = "cozy") ->
 async def _live_cozy(gate: ReleaseGate, store: Store, adapter: Path) -> int:
     """Cozy's first adapter, serving (activated as an operator's setup: the gate starts after it)."""
     v1 = _publish(store, 0, adapter)
-    assert await gate.activator.activate(store.get_version(v1)) is not None
-    assert store.get_version(v1).status == S.SERVING and gate.engine.adapter_version("cozy") == v1
+    assert await gate.activator.activate(store.versions.get_version(v1)) is not None
+    assert store.versions.get_version(v1).status == S.SERVING and gate.engine.adapter_version("cozy") == v1
     return v1
 
 
@@ -105,8 +105,8 @@ def _rate(store: Store, version: int, rewards: list[int]) -> None:
     """Ratings of `version`, each from a key of its own (the gate counts one vote per key)."""
     for reward in rewards:
         rid, key = f"r-{uuid.uuid4().hex}", f"k-{uuid.uuid4().hex[:8]}"
-        store.insert_responses([ResponseRecord(rid, key, "m", version, "chat", (1, 2), (3,), (-0.5,), "stop", 1.0, 1.0, 1.0)])
-        store.put_feedback(FeedbackRecord(rid, key, reward))
+        store.feedback.insert_responses([ResponseRecord(rid, key, "m", version, "chat", (1, 2), (3,), (-0.5,), "stop", 1.0, 1.0, 1.0)])
+        store.feedback.put_feedback(FeedbackRecord(rid, key, reward))
 
 
 async def _until(gate: ReleaseGate, version: int, action: str, passes: int = 240, each=None):
@@ -127,9 +127,9 @@ async def test_a_segment_candidate_serves_its_canary_users_only_and_promotion_ma
     v1 = await _live_cozy(gate, store, adapters[0])
     v2 = _publish(store, v1, adapters[1])
     await gate.activator._watch_adapters()  # the watcher activates nothing of a gated segment
-    assert store.get_version(v2).status == S.PUBLISHED and engine.adapter_version("cozy") == v1
+    assert store.versions.get_version(v2).status == S.PUBLISHED and engine.adapter_version("cozy") == v1
     await gate.step()
-    assert store.get_version(v2).status == S.CANARY and engine.candidate_adapter_version("cozy") == v2
+    assert store.versions.get_version(v2).status == S.CANARY and engine.candidate_adapter_version("cozy") == v2
     assert engine.candidate is None  # no second engine: the slot is in the live engine
 
     seen: dict[tuple[str, str | None], set[tuple[int, bool]]] = {}
@@ -152,8 +152,8 @@ async def test_a_segment_candidate_serves_its_canary_users_only_and_promotion_ma
     _rate(store, v1, [1, 0] * 10)
     _rate(store, v2, [1, 0] * 4)
     decision = await _until(gate, v2, "promote")
-    assert "evaluation passed" in decision.reason and store.evaluation(v2).live_version == v1
-    assert store.get_version(v2).status == S.SERVING and store.get_version(v1).status == S.RETIRED
+    assert "evaluation passed" in decision.reason and store.release.evaluation(v2).live_version == v1
+    assert store.versions.get_version(v2).status == S.SERVING and store.versions.get_version(v1).status == S.RETIRED
     assert engine.adapter_version("cozy") == v2 and engine.candidate_adapter_version("cozy") is None
     assert engine.live._adapters.held == {engine.live._adapters.current("cozy").name}  # no load: the slot's adapter moved, v1's went
     assert {await _serve(gate, engine, user, "cozy") for user in USERS} == {(v2, True)}
@@ -165,7 +165,7 @@ async def test_a_held_segment_candidate_is_unloaded_and_its_lane_goes_back_to_th
     gate = _gate(engine, store, tokenizer, model_dir, bounds=FAILING)
     v1 = await _live_cozy(gate, store, adapters[0])
     v2 = _publish(store, v1, adapters[1])
-    assert store.cursor_version("sao:cozy") == v2
+    assert store.versions.cursor_version("sao:cozy") == v2
     served: list[tuple[str, int]] = []
 
     async def traffic() -> None:
@@ -173,14 +173,14 @@ async def test_a_held_segment_candidate_is_unloaded_and_its_lane_goes_back_to_th
             served.append((user, (await _serve(gate, engine, user, "cozy"))[0]))
 
     decision = await _until(gate, v2, "hold", each=traffic)
-    assert decision.reason == "evaluation failed" and not store.evaluation(v2).passed
-    assert store.get_version(v2).status == S.HELD and store.get_version(v1).status == S.SERVING
+    assert decision.reason == "evaluation failed" and not store.release.evaluation(v2).passed
+    assert store.versions.get_version(v2).status == S.HELD and store.versions.get_version(v1).status == S.SERVING
     assert engine.candidate_adapter_version("cozy") is None and candidate_slot("cozy") not in engine.live._adapters._current
-    assert store.cursor_version("sao:cozy") == v1  # cozy's learner goes on from the live adapter
-    assert store.cursor_version("sao") is None or store.cursor_version("sao") == 0  # the base lane is not touched
+    assert store.versions.cursor_version("sao:cozy") == v1  # cozy's learner goes on from the live adapter
+    assert store.versions.cursor_version("sao") is None or store.versions.cursor_version("sao") == 0  # the base lane is not touched
     assert all(in_canary(user, FRACTION) for user, v in served if v == v2)  # nobody outside the canary got it
     assert {(await _serve(gate, engine, u, "cozy"))[0] for u in USERS} == {v1}
-    events = [e for e in store.events() if e.kind == "release_held"]
+    events = [e for e in store.operator.events() if e.kind == "release_held"]
     assert events and events[-1].detail["segment"] == "cozy"
     await gate.close()
 
@@ -192,13 +192,13 @@ async def test_gated_segment_candidate_serves_nobody_until_evaluated(engine, sto
     served: list[tuple[bool, int]] = []
 
     async def traffic() -> None:
-        evaluated = store.evaluation(v2) is not None
+        evaluated = store.release.evaluation(v2) is not None
         for user in USERS[:12]:
             served.append((evaluated, (await _serve(gate, engine, user, "cozy"))[0]))
 
     await _until(gate, v2, "promote", each=traffic)
     assert {v for evaluated, v in served if not evaluated} == {v1}  # before its evaluation: the live adapter only
-    assert store.get_version(v2).status == S.SERVING and engine.adapter_version("cozy") == v2
+    assert store.versions.get_version(v2).status == S.SERVING and engine.adapter_version("cozy") == v2
     assert {(await _serve(gate, engine, u, "cozy"))[0] for u in USERS[:12]} == {v2}
     await gate.close()
 
@@ -216,7 +216,7 @@ async def test_a_second_replica_follows_a_segment_promotion_from_its_own_slot(en
         await first.step()
         await second.step()  # mirrors the store's candidate into its own slot
         assert other.candidate_adapter_version("cozy") == v2
-        assert await first.candidates.promote(store.get_version(v2)) is not None
+        assert await first.candidates.promote(store.versions.get_version(v2)) is not None
         held = set(other.live._adapters.held)
         done = await second.activator.follow()
         assert [d.version for d in done] == [v2] and other.adapter_version("cozy") == v2

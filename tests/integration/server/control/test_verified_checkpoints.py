@@ -35,7 +35,7 @@ def publish(store, engine, model_dir: Path, tmp_path: Path, version: int, parent
     sender.start_update(version)
     sender.send(weights)
     handle = sender.finish()
-    store.add_version(version, parent=parent, checkpoint_path=handle.location, checkpoint_sha256=handle.digest,
+    store.versions.add_version(version, parent=parent, checkpoint_path=handle.location, checkpoint_sha256=handle.digest,
                       status=VersionStatus.PUBLISHED)
     return weights
 
@@ -63,7 +63,7 @@ async def logprobs(engine) -> list[float]:
 
 
 def rejections(store, version: int) -> list:
-    return [e for e in store.events() if e.kind == "weights_rejected" and e.version == version]
+    return [e for e in store.operator.events() if e.kind == "weights_rejected" and e.version == version]
 
 
 async def test_a_changed_config_is_refused_at_activation_and_the_old_version_keeps_serving(engine, store, model_dir, tmp_path):
@@ -71,49 +71,49 @@ async def test_a_changed_config_is_refused_at_activation_and_the_old_version_kee
     activator = Activator(engine, store, metrics)
     before = await logprobs(engine)
     publish(store, engine, model_dir, tmp_path, 1, 0, 0.01)
-    change_config(store.get_version(1).checkpoint_path, rope_parameters={"rope_theta": 1.0, "rope_type": "default"})
+    change_config(store.versions.get_version(1).checkpoint_path, rope_parameters={"rope_theta": 1.0, "rope_type": "default"})
 
-    assert await activator.activate(store.get_version(1)) is None
+    assert await activator.activate(store.versions.get_version(1)) is None
     assert engine.version == 0 and await logprobs(engine) == before
-    assert store.get_version(1).status == VersionStatus.FAILED
+    assert store.versions.get_version(1).status == VersionStatus.FAILED
     (event,) = rejections(store, 1)
     assert "hashes to" in event.detail["reason"] and event.detail["serving"] == 0
     assert metrics.registry.get_sample_value("liveloop_server_weights_rejected_total") == 1
 
     # a tokenizer file the engine might read is covered too; an untouched version activates as usual
     v2 = publish(store, engine, model_dir, tmp_path, 2, 0, 0.02)
-    (Path(store.get_version(2).checkpoint_path) / "tokenizer.json").write_text("{}")
-    assert await activator.activate(store.get_version(2)) is None and rejections(store, 2)
+    (Path(store.versions.get_version(2).checkpoint_path) / "tokenizer.json").write_text("{}")
+    assert await activator.activate(store.versions.get_version(2)) is None and rejections(store, 2)
     v3 = publish(store, engine, model_dir, tmp_path, 3, 0, 0.03)
-    assert (await activator.activate(store.get_version(3))).version == 3 and serves(engine, v3) and not serves(engine, v2)
+    assert (await activator.activate(store.versions.get_version(3))).version == 3 and serves(engine, v3) and not serves(engine, v2)
 
 
 async def test_a_rollback_to_a_version_whose_config_changed_is_refused(engine, store, model_dir, tmp_path):
     activator = Activator(engine, store, Metrics())
     publish(store, engine, model_dir, tmp_path, 1, 0, 0.01)
-    assert (await activator.activate(store.get_version(1))).version == 1
+    assert (await activator.activate(store.versions.get_version(1))).version == 1
     v2 = publish(store, engine, model_dir, tmp_path, 2, 1, 0.02)
-    assert (await activator.activate(store.get_version(2))).version == 2
-    change_config(store.get_version(1).checkpoint_path, num_attention_heads=2)
+    assert (await activator.activate(store.versions.get_version(2))).version == 2
+    change_config(store.versions.get_version(1).checkpoint_path, num_attention_heads=2)
 
     with pytest.raises(NotServable, match="not the one its row names"):
         await activator.rollback(1)
-    assert engine.version == 2 and serves(engine, v2) and store.latest_version().version == 2
+    assert engine.version == 2 and serves(engine, v2) and store.versions.latest_version().version == 2
     (event,) = rejections(store, 1)
     assert event.detail["serving"] == 2
 
 
 async def test_a_restart_never_starts_from_a_version_whose_config_changed(engine, store, model_dir, tmp_path):
     publish(store, engine, model_dir, tmp_path, 1, 0, 0.01)
-    store.activate_version(1)
+    store.versions.activate_version(1)
     publish(store, engine, model_dir, tmp_path, 2, 1, 0.02)
-    store.activate_version(2)
-    change_config(store.get_version(2).checkpoint_path, rope_parameters={"rope_theta": 1.0, "rope_type": "default"})
+    store.versions.activate_version(2)
+    change_config(store.versions.get_version(2).checkpoint_path, rope_parameters={"rope_theta": 1.0, "rope_type": "default"})
 
-    point = await start_point(store, store.get_version(2), None)
+    point = await start_point(store, store.versions.get_version(2), None)
 
     assert (point.version, point.skipped) == (1, (2,))
-    assert store.get_version(2).status == VersionStatus.FAILED and store.get_version(1).status == VersionStatus.SERVING
+    assert store.versions.get_version(2).status == VersionStatus.FAILED and store.versions.get_version(1).status == VersionStatus.SERVING
     (event,) = rejections(store, 2)
     assert event.detail["at"] == "start"
     point.release()
@@ -123,7 +123,7 @@ async def test_files_changed_after_hashing_are_not_what_loads(engine, store, mod
     """The race: the checkpoint is hashed, then its files change before the engine reads them. The
     engine loads the copy that was hashed, both for a swap and for a (re)start."""
     v1 = publish(store, engine, model_dir, tmp_path, 1, 0, 0.01)
-    record = store.get_version(1)
+    record = store.versions.get_version(1)
     shared = Path(record.checkpoint_path)
     pristine = {f.name: f.read_bytes() for f in shared.iterdir()}
     other = tmp_path / "other"  # another complete checkpoint: what a writer puts in place of version 1's files
@@ -147,8 +147,8 @@ async def test_files_changed_after_hashing_are_not_what_loads(engine, store, mod
     # the restart: start_point verifies version 1, its files change, then the engine starts
     for name, data in pristine.items():
         (shared / name).write_bytes(data)
-    store.activate_version(1)
-    point = await start_point(store, store.get_version(1), None)
+    store.versions.activate_version(1)
+    point = await start_point(store, store.versions.get_version(1), None)
     assert (point.version, point.start_version) == (1, 1)
     replace_files()
     restarted = type(engine)(engine.config, model_dir)

@@ -97,7 +97,7 @@ def test_only_model_safetensors_serves_from_a_complete_managed_copy(client, mode
     assert serving_version(client) == version and versions(client)[version] == "serving"
     assert set(body["completed"]) == {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
 
-    record = client.app.state.parts.store.get_version(version)
+    record = client.app.state.parts.store.versions.get_version(version)
     copy = managed(client) / f"v{version:06d}" / "policy"
     assert record.checkpoint_path == str(copy) and copy.is_dir()
     # the digest covers the completed copy's config and tokenizer too, not the operator's weights alone
@@ -179,7 +179,7 @@ def test_weights_the_engine_refuses_leave_a_failed_row_and_no_copy(client, model
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"].startswith(f"could not load {source}: ")
     failed = max(versions(client))
-    record = client.app.state.parts.store.get_version(failed)
+    record = client.app.state.parts.store.versions.get_version(failed)
     assert record.status == "failed" and record.pruned_at is not None
     assert not (managed(client) / f"v{failed:06d}").exists() and not list(managed(client).glob(".staging-*"))
     assert serving_version(client) == serving_before
@@ -207,8 +207,8 @@ def _rate(store, n: int, start: int) -> None:
     g = torch.Generator().manual_seed(start)
     for i in range(start, start + n):
         prompt, reply = torch.randint(5, 500, (6,), generator=g).tolist(), torch.randint(5, 500, (8,), generator=g).tolist()
-        store.write_batch([ResponseRecord(f"r{i}", "k", "m", 0, "chat", tuple(prompt), tuple(reply), (-2.0,) * 8, "stop", 1.0, 1.0, 1.0)])
-        store.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
+        store.feedback.write_batch([ResponseRecord(f"r{i}", "k", "m", 0, "chat", tuple(prompt), tuple(reply), (-2.0,) * 8, "stop", 1.0, 1.0, 1.0)])
+        store.feedback.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
 
 
 def _weights(path: str | Path) -> dict[str, torch.Tensor]:
@@ -252,18 +252,18 @@ def test_the_learner_continues_from_an_import_and_retention_keeps_a_pinned_one(t
         assert all(torch.equal(expected[k], v) for k, v in learner.policy.state_dict().items())
 
         learner.run(lambda: False, max_steps=learner.state.step + 6)  # three more versions on top of it
-        rows = {r.version: r for r in store.list_versions()}
+        rows = {r.version: r for r in store.versions.list_versions()}
         mine = [v for v in rows if v > pinned]
         assert len(mine) == 3 and rows[mine[0]].parent == pinned and all(rows[v].parent == v - 1 for v in mine[1:])
         # nothing published on the lineages the imports replaced
         assert [v for v, r in rows.items() if r.parent in (1, unpinned) and v not in (unpinned, pinned)] == []
         wait_until(lambda: serving_version(client) == mine[-1], 30, "the learner's newest version to serve")
-        assert store.get_version(pinned).status == "retired"  # served, then overtaken: not undone
+        assert store.versions.get_version(pinned).status == "retired"  # served, then overtaken: not undone
 
         # retention (keep the newest 1, no parent chain) pruned the unpinned import and v1, never the pinned one
-        assert store.get_version(unpinned).pruned_at is not None and not (managed(client) / f"v{unpinned:06d}").exists()
-        assert store.get_version(1).pruned_at is not None
-        assert store.get_version(pinned).pruned_at is None and (copy / "model.safetensors").is_file()
+        assert store.versions.get_version(unpinned).pruned_at is not None and not (managed(client) / f"v{unpinned:06d}").exists()
+        assert store.versions.get_version(1).pruned_at is not None
+        assert store.versions.get_version(pinned).pruned_at is None and (copy / "model.safetensors").is_file()
         r = client.post("/admin/rollback", json={"version": pinned})
         assert r.status_code == 200, r.text
         assert serving_version(client) == pinned

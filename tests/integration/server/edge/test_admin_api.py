@@ -117,7 +117,7 @@ def test_publish_and_rollback_answer_the_same_json(client, tmp_path):
     assert list(listed["data"][0]["reward"]) == ["n", "positive", "rate", "low", "high"]
 
     # a version whose checkpoint retention deleted cannot serve again
-    assert client.app.state.parts.store.mark_pruned([new]) == [new]
+    assert client.app.state.parts.store.versions.mark_pruned([new]) == [new]
     r = client.post("/admin/rollback", json={"version": new})
     assert r.status_code == 409 and r.json()["error"]["param"] == "version"
     assert f"version {new}'s checkpoint was pruned at " in r.json()["error"]["message"]
@@ -154,8 +154,8 @@ def _rate(client: TestClient, version: int, liked: int, disliked: int, tag: str,
                        request_meta={"topic": tag})
         for i in range(liked + disliked)
     ]
-    store.write_batch(replies)
-    store.write_batch([FeedbackRecord(r.id, r.api_key_id, int(i < liked)) for i, r in enumerate(replies)])
+    store.feedback.write_batch(replies)
+    store.feedback.write_batch([FeedbackRecord(r.id, r.api_key_id, int(i < liked)) for i, r in enumerate(replies)])
 
 
 def test_guard_decides_on_typed_rows_and_rolls_back(client, tmp_path):
@@ -216,7 +216,7 @@ def test_the_guard_does_not_undo_what_serves_since_it_judged(client, tmp_path):
 
 
 def _model(client: TestClient) -> Path:
-    return Path(client.app.state.parts.store.get_version(0).checkpoint_path)
+    return Path(client.app.state.parts.store.versions.get_version(0).checkpoint_path)
 
 
 def test_two_operators_on_one_view_cannot_undo_each_other(client, tmp_path):

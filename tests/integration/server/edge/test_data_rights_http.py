@@ -77,7 +77,7 @@ def _first_chunk_then(server: Running, key: str, during) -> tuple[str, list]:
     first = next(chunks)
     store = server.store()
     try:
-        assert store.get_response(first.id) is None  # still being generated: nothing landed yet
+        assert store.feedback.get_response(first.id) is None  # still being generated: nothing landed yet
         assert server.app.state.edge.generating.owner(first.id) == key_id(key)
         during(first.id)
     finally:
@@ -107,10 +107,10 @@ def test_a_response_deleted_while_it_is_generated_is_never_stored(server):
     store = server.store()
     try:
         deadline = time.monotonic() + 5  # the stream's last event follows the commit: nothing can land later
-        while time.monotonic() < deadline and store.get_response(rid) is None:
+        while time.monotonic() < deadline and store.feedback.get_response(rid) is None:
             time.sleep(0.2)
-        assert store.get_response(rid) is None and store.get_feedback(rid) == []
-        assert store.get_response(other) is not None
+        assert store.feedback.get_response(rid) is None and store.feedback.get_feedback(rid) == []
+        assert store.feedback.get_response(other) is not None
     finally:
         store.close()
 
@@ -127,7 +127,7 @@ def test_a_key_forgotten_while_its_generation_runs_stores_nothing(server):
     store = server.store()
     try:
         time.sleep(0.5)
-        assert store.get_response(rid) is None
+        assert store.feedback.get_response(rid) is None
     finally:
         store.close()
     with server.client(key) as c:  # refused from now on (the default, "refuse")
@@ -151,7 +151,7 @@ def test_a_forgotten_key_served_unstored(tmp_path, model_dir):
             assert c.post("/v1/feedback", json={"response_id": reply.id, "reward": 1}).status_code == 404
         store = running.store()
         try:
-            assert store.get_response(reply.id) is None and store.rated_after(0, 100) == []
+            assert store.feedback.get_response(reply.id) is None and store.feedback.rated_after(0, 100) == []
         finally:
             store.close()
     finally:
@@ -162,8 +162,8 @@ def test_versions_page_in_the_openai_list_form(server):
     store = server.store()
     try:
         for _ in range(4):  # failed versions: the publisher never swaps them in
-            store.add_version(None, parent=0, checkpoint_path="/nowhere", status=VersionStatus.FAILED)
-        numbers = [v.version for v in store.list_versions()]
+            store.versions.add_version(None, parent=0, checkpoint_path="/nowhere", status=VersionStatus.FAILED)
+        numbers = [v.version for v in store.versions.list_versions()]
     finally:
         store.close()
     with server.client(USER_KEY) as c:

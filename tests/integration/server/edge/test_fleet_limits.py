@@ -24,7 +24,6 @@ from liveloop.server.edge.admission import GENERATIONS, Admission, Busy, RateLim
 from liveloop.server.edge.auth import LoginThrottle
 from liveloop.server.edge.fleet_limits import FleetRateLimiter, FleetView, level_fresh
 from liveloop.store import Store, StoreConfig
-from liveloop.store.fleet_counts import FleetCounts
 
 LIMIT = 10
 
@@ -33,7 +32,7 @@ LIMIT = 10
 def views(store, store_url):
     """Two replicas' views of one database, each through its own store (its own connections)."""
     other = Store(StoreConfig(url=store_url))
-    yield FleetView(FleetCounts(store), "r1", 0.05), FleetView(FleetCounts(other), "r2", 0.05)
+    yield FleetView(store.fleet.counts, "r1", 0.05), FleetView(other.fleet.counts, "r2", 0.05)
     other.close()
 
 
@@ -121,7 +120,7 @@ def test_a_restarted_replica_does_not_reset_a_key(store, views):
     for _ in range(LIMIT):
         first.check_rate("chat", "k")
     r1.sync()
-    again = FleetView(FleetCounts(store), "r1", 0.05)  # the same configured replica id, started again
+    again = FleetView(store.fleet.counts, "r1", 0.05)  # the same configured replica id, started again
     again.sync()
     with pytest.raises(RateLimited):
         Admission(config, again).check_rate("chat", "k")

@@ -71,7 +71,7 @@ def test_per_segment_per_version_figures_are_what_was_served(server, http, model
     store = Store(StoreConfig(url=server.store_url))
     try:
         adapter = random_lora_adapter(model_dir, tmp_path / "cozy1", seed=1)
-        v1 = store.publish_version(
+        v1 = store.versions.publish_version(
             parent=0, checkpoint_path=str(adapter), checkpoint_sha256=checkpoint_digest(adapter), learner_step=1, samples_used=1,
             metrics={}, cursor_name="sao:cozy", last_feedback_id=0, segment="cozy",
         ).version

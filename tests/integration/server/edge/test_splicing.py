@@ -22,7 +22,7 @@ def tok(model_dir):
 def _served(store, splicer, tok, rid, prompt_text, reply_ids, key="k1"):
     prompt = splicer.prompt_ids(prompt_text, key)
     stops = splicer.stop_ids
-    store.write_batch([ResponseRecord(
+    store.feedback.write_batch([ResponseRecord(
         rid, key, "m", 0, "chat", tuple(prompt), tuple(reply_ids), (-1.0,) * len(reply_ids), "stop", 1.0, 1.0, 1.0,
         link=LinkKeys.of(prompt, reply_ids, stops, splicer.text_hash(prompt_text, reply_ids)),
     )])
@@ -47,7 +47,7 @@ def test_a_resent_conversation_gets_the_sampled_tokens_back(store, tok):
     assert tok.decode(spliced, skip_special_tokens=False, clean_up_tokenization_spaces=False) == resent
     assert splicer.prompt_ids(resent, "k2") == whole  # another key's turn is not carried
     _served(store, splicer, tok, "t2", resent, _chars(tok, "ok") + [tok.eos_token_id])
-    assert store.get_response("t2").parent_id == "t1"  # and the store links the turns exactly
+    assert store.feedback.get_response("t2").parent_id == "t1"  # and the store links the turns exactly
 
 
 def test_a_store_that_cannot_be_read_leaves_the_prompt_whole(tok):

@@ -93,7 +93,7 @@ def _expected(hf_tok, messages, tools=None) -> list[int]:
 
 
 def _stored(server, response_id: str):
-    row = server[1].get_response(response_id)
+    row = server[1].feedback.get_response(response_id)
     assert row is not None
     return row
 
