@@ -96,7 +96,7 @@ def linking(stored: int, batch: int = 64) -> dict:
     """Seconds per response for a batch of continuing turns, linked against not linked (same rows)."""
     from liveloop.store import ResponseRecord, Store, StoreConfig
     from liveloop.store.linking import LinkKeys
-    from liveloop.store import store as store_module
+    from liveloop.store import feedback as store_module
 
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(StoreConfig(url=f"sqlite:///{tmp}/s.db"))
