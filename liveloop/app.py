@@ -247,7 +247,7 @@ async def running(config: Config, model_dir: Path, edge: EdgeState) -> AsyncIter
     if p.gate is not None:
         tasks.append(p.gate.run(max(config.server.watch_seconds, GATE_SECONDS)))
     if config.store.retain_days > 0:
-        tasks.append(apply_retention(p.store, config.store.retain_days, config.store.retention_interval_seconds, p.leadership.leading))
+        tasks.append(apply_retention(p.store, config.store.retain_days, config.store.retention_interval_seconds, p.leadership.held_term))
     if p.serving.admission.fleet is not None:  # the fleet-wide limits' sync (a last one when cancelled)
         tasks.append(p.serving.admission.fleet.run())
     started = [asyncio.create_task(t) for t in tasks]

@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from liveloop.store import codec
 from liveloop.store.db import Part
 from liveloop.store.models import ApiKey, Feedback, Response, aware, utcnow
+from liveloop.store.lease import fenced
 from liveloop.store.operator import add_event
 
 
@@ -65,11 +66,16 @@ class KeyQueries(Part):
     """The store's keys part: quarantine and each key's ratings and state."""
 
     # -- quarantine -------------------------------------------------------------------------------
-    def set_quarantined(self, key_id: str, quarantined: bool, reason: str | None = None, api_key_id: str | None = None) -> bool:
+    def set_quarantined(
+        self, key_id: str, quarantined: bool, reason: str | None = None, api_key_id: str | None = None, term: int | None = None,
+    ) -> bool:
         """Quarantine (or release) `key_id`; returns whether its state changed. A change is logged as
         an operator event ("quarantine" / "unquarantine", detail {key_id, reason}) in the same
-        transaction; `api_key_id` is who did it (None: the monitor)."""
-        with self._session.begin() as s:
+        transaction; `api_key_id` is who did it (None: the monitor). `term`: the leader lease's term of
+        the monitor's automatic quarantine: StaleLeader, and nothing written, once it no longer leads."""
+        with (self._write_session if term is not None else self._session).begin() as s:
+            if term is not None:
+                fenced(s, term)
             row = s.get(ApiKey, key_id, with_for_update=True)
             if row is None:
                 if not quarantined:

@@ -15,6 +15,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from liveloop.store.db import Part
+from liveloop.store.lease import fenced
 from liveloop.store.models import ApiKey, Feedback, LearnerControl, OperatorEvent, utcnow
 from liveloop.store.records import OperatorEventRecord
 
@@ -74,8 +75,15 @@ class OperatorQueries(Part):
             return True
 
     # -- events ---------------------------------------------------------------------------------
-    def record_event(self, kind: str, version: int | None = None, detail: dict[str, Any] | None = None, api_key_id: str | None = None) -> None:
-        with self._session.begin() as s:
+    def record_event(
+        self, kind: str, version: int | None = None, detail: dict[str, Any] | None = None, api_key_id: str | None = None,
+        term: int | None = None,
+    ) -> None:
+        """One operator event. `term`: the leader lease's term of a leader's event (the drift monitor's
+        alarms): StaleLeader, and nothing recorded, when the writer no longer leads (store/lease.py)."""
+        with (self._write_session if term is not None else self._session).begin() as s:
+            if term is not None:
+                fenced(s, term)
             add_event(s, kind, version, detail or {}, api_key_id)
 
     def events(self, since: datetime | None = None, limit: int = 1000) -> list[OperatorEventRecord]:

@@ -49,6 +49,7 @@ from sqlalchemy.orm import Session
 from liveloop.store.db import Part, busy_timeout
 from liveloop.store.episodes import descendants_cte
 from liveloop.store.models import ApiKey, DeletedResponse, Feedback, LearnerCursor, Response, utcnow
+from liveloop.store.lease import fenced
 from liveloop.store.operator import add_event
 
 log = logging.getLogger(__name__)
@@ -141,9 +142,12 @@ class RightsQueries(Part):
             return set(s.scalars(select(ApiKey.key_id).where(ApiKey.forgotten_at.is_not(None))))
 
     @contextlib.contextmanager
-    def _deleting(self) -> Iterator[Session]:
-        """A deletion's transaction: the write lock from its start (SQLite), the rights lock (PostgreSQL)."""
+    def _deleting(self, term: int | None = None) -> Iterator[Session]:
+        """A deletion's transaction: the write lock from its start (SQLite), the rights lock (PostgreSQL);
+        with `term`, a leader's (store/lease.py `fenced`)."""
         with self._write_session.begin() as s:
+            if term is not None:
+                fenced(s, term)
             hold_rights(s.connection(), shared=False)
             yield s
 
@@ -187,12 +191,13 @@ class RightsQueries(Part):
         self.scrub()
         return Deleted(responses, ratings)
 
-    def delete_before(self, cutoff: datetime, batch: int = 1000) -> Deleted:
+    def delete_before(self, cutoff: datetime, batch: int = 1000, term: int | None = None) -> Deleted:
         """Retention: delete responses created before `cutoff` with their ratings, in transactions of
-        at most `batch` responses (a big first run never holds one long lock)."""
+        at most `batch` responses (a big first run never holds one long lock). `term`: the leader's
+        (retention runs on the leader): each transaction is fenced, StaleLeader once it no longer leads."""
         total = Deleted(0, 0)
         while True:
-            with self._deleting() as s:
+            with self._deleting(term) as s:
                 ids = list(s.scalars(select(Response.id).where(Response.created_at < cutoff).limit(batch)))
                 if not ids:
                     break

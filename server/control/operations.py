@@ -190,9 +190,10 @@ class Operations:
         states, scores, _ = await asyncio.to_thread(self._scores)
         return [KeyRow(k, scores.get(k.key_id)) for k in states]
 
-    def quarantine_suspects(self) -> list[str]:
+    def quarantine_suspects(self, term: int | None = None) -> list[str]:
         """Quarantine every key whose disagreement z passes `quarantine_z`, corroborated by
-        `quarantine_corroborating_keys` distinct other keys (runs in a worker thread)."""
+        `quarantine_corroborating_keys` distinct other keys (runs in a worker thread), as the leader of
+        `term` (None: unfenced): a deposed leader's quarantine is refused (StaleLeader) and stops the pass."""
         states, _, found = self._scores()
         done = []
         quarantined = {k.key_id for k in states if k.quarantined}
@@ -204,7 +205,7 @@ class Operations:
                 f"automatic: disagreement z = {d.z:.1f} over {d.n} ratings (threshold {self.config.quarantine_z}); "
                 f"z = {again.z:.1f} over {again.n} without its {len(suspect.left_out)} top accusers"
             )
-            if self.store.keys.set_quarantined(d.key_id, True, reason, None):
+            if self.store.keys.set_quarantined(d.key_id, True, reason, None, term=term or None):
                 self.metrics.inc("monitor/quarantined")
                 log.warning("quarantined key %s: %s", d.key_id, reason)
                 done.append(d.key_id)
@@ -219,10 +220,15 @@ class Operations:
         self._replayed = True
         if replay:
             raised = []  # alarms of replayed ratings were recorded when they were first seen
-        if self.leader() is None:
+        term = self.leader()
+        if term is None:
             raised = []  # the leader records them
         for alarm in raised:
-            self.store.operator.record_event("alarm", alarm.policy_version, alarm.as_dict())
+            try:  # fenced: a leader deposed since it read the ratings records nothing (the new one does)
+                self.store.operator.record_event("alarm", alarm.policy_version, alarm.as_dict(), term=term or None)
+            except StaleLeader as exc:
+                log.warning("drift alarm not recorded: %s", exc)
+                break
             self.metrics.inc("monitor/alarms", segment=alarm.segment, direction=alarm.alarm.direction)
             log.warning("drift alarm: %s", alarm.as_dict())
         overall = self.monitor.detectors[ALL]
@@ -331,11 +337,14 @@ class Operations:
                     exported_at, exported_id = now, self.monitor.last_id
                     rows = await self.versions()
                     self.export_versions(rows)
-                    leading = self.leader() is not None
-                    if self.config.guard and leading:
+                    term = self.leader()
+                    if self.config.guard and term is not None:
                         await self.guard(rows)
-                    if self.config.quarantine_z > 0 and leading:
-                        await asyncio.to_thread(self.quarantine_suspects)
+                    if self.config.quarantine_z > 0 and term is not None:
+                        try:
+                            await asyncio.to_thread(self.quarantine_suspects, term)
+                        except StaleLeader as exc:
+                            log.warning("quarantine pass stopped: %s", exc)
             except asyncio.CancelledError:
                 raise
             except Exception:

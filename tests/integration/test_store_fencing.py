@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from liveloop.store import Store, StoreConfig, VersionStatus
+from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig, VersionStatus
 from liveloop.store.lease import LEADER, Leases, StaleLeader, fenced
 
 S = VersionStatus
@@ -40,7 +41,8 @@ def _depose(leases: Leases) -> tuple[int, int]:
 def _snapshot(store: Store) -> tuple:
     versions = tuple((r.version, r.status) for r in store.versions.list_versions())
     events = tuple((e.id, e.kind, e.version) for e in store.operator.events())
-    return versions, events, store.versions.cursor_version(CURSOR)
+    keys = tuple((k.key_id, k.quarantined) for k in store.keys.key_states())
+    return versions, events, store.versions.cursor_version(CURSOR), keys, store.feedback.counts()["responses"]
 
 
 def _attempts(store: Store, version: int, term: int) -> dict:
@@ -52,13 +54,24 @@ def _attempts(store: Store, version: int, term: int) -> dict:
         "hold_version": lambda: store.versions.hold_version(version, "worse", CURSOR, {"p_worse": 0.99}, term=term),
         "rollback_to": lambda: store.versions.rollback_to(0, CURSOR, reason="guard", term=term),
         "record_evaluation": lambda: store.release.record_evaluation(version, 0, False, [{"name": "kl", "passed": False}], 1.0, 0.5, term=term),
+        # the monitor loop's: an automatic quarantine, a drift alarm, retention's deletion
+        "set_quarantined": lambda: store.keys.set_quarantined("k-honest", True, "automatic", None, term=term),
+        "record_event": lambda: store.operator.record_event("alarm", version, {"direction": "down"}, term=term),
+        "delete_before": lambda: store.rights.delete_before(datetime.now(timezone.utc) + timedelta(days=1), term=term),
     }
+
+
+def _served(store: Store) -> None:
+    """One served response of a key, rated: what the monitor's writes would act on."""
+    store.feedback.insert_responses([ResponseRecord("r-1", "k-honest", "m", 0, "chat", (1, 2), (3,), (-0.5,), "stop", 1.0, 1.0, 1.0)])
+    store.feedback.put_feedback(FeedbackRecord("r-1", "k-honest", 1))
 
 
 def test_a_deposed_leader_decides_nothing(store):
     leases = store.fleet.leases
     v1 = _publish(store, 0)
     v2 = _publish(store, v1)
+    _served(store)
     old, new = _depose(leases)
 
     before = _snapshot(store)
