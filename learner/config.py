@@ -197,10 +197,9 @@ class LearnerConfig:
     )
     segments: tuple[str, ...] = field(
         default=(),
-        metadata={"help": "adapters = segment: the segments with their own adapter (request metadata[segment_key]); "
-                  "any other value, or none, is served and trained as the shared 'overflow' segment"},
+        metadata={"help": "adapters = segment: the segments with their own adapter (the request metadata key [server] "
+                  "segment_key names one); any other value, or none, is served and trained as the shared 'overflow' segment"},
     )
-    segment_key: str = field(default="segment", metadata={"help": "the request metadata key that names a segment"})
     lora: LoraSettings = field(default_factory=LoraSettings, metadata={"help": "[learner.lora]: the adapters' shape"})
     advantage_norm: Literal["none", "running"] = field(
         default="none",

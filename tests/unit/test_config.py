@@ -317,6 +317,7 @@ def test_config_dir_is_package_data_of_liveloop_configs():
 def test_the_segment_key_is_the_servers(caplog):
     """The request metadata key that names a segment is read by the server alone: `[server] segment_key`
     (it was `[learner] segment_key`: an older file still loads, with a warning)."""
+    from liveloop.learner.config import LearnerConfig
     from liveloop.segments import segment_of
 
     cfg = load_config(text="[server]\nsegment_key = 'team'\n[learner]\nadapters = 'segment'\nsegments = ['a']\n")
@@ -329,3 +330,5 @@ def test_the_segment_key_is_the_servers(caplog):
     assert load_config(text="[learner]\nsegment_key = 'team'\n[server]\nsegment_key = 'team'\n").server.segment_key == "team"
     with pytest.raises(ConfigError, match="learner.segment_key: moved to server.segment_key, which <text> sets to another value"):
         load_config(text="[learner]\nsegment_key = 'team'\n[server]\nsegment_key = 'org'\n")
+    with pytest.raises(ConfigError, match="learner.segment_key: unknown key"):  # the learner's own section has none
+        load_section(LearnerConfig, {"segment_key": "team"}, "learner")
