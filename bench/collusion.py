@@ -188,7 +188,7 @@ def run_framing(f: Framing, workdir: Path) -> dict:
     store.feedback.write_batch([ResponseRecord(rid, k, "m", 0, "chat", prompt, reply, (-1.0,) * len(reply), "stop", 1.0, 1.0, 1.0)
                        for rid, k, prompt, _ in rows])
     store.feedback.write_batch([FeedbackRecord(rid, k, reward) for rid, k, _, reward in rows])
-    m = MonitorConfig()  # the shipped similarity; z and min ratings as configs/default.toml ships them (4.0, 30)
+    m = MonitorConfig()  # the shipped similarity; z and min ratings as configs/serve/default.toml ships them (4.0, 30)
     _, found = find_suspects(store.keys.key_ratings(100000), 4.0, 30, f.corroborating_keys,
                              similarity=Similarity(m.similar_reply_jaccard, m.similar_reply_shingle))
     taken = {s.score.key_id for s in found}

@@ -354,7 +354,7 @@ def dir_mb(path: Path) -> float:
 # -- the embedded default shape --------------------------------------------------------------------
 def learner_overrides(overrides: dict[str, str]) -> str:
     """`[learner]` keys (TOML values as text) over the default preset's: the server's config extends
-    configs/default.toml by name, so its [learner], [critic] and [monitor] hold (paths, keys and
+    configs/serve/default.toml by name, so its [learner], [critic] and [monitor] hold (paths, keys and
     `enabled` come from devtools.write_config)."""
     return "\n".join(f"{k.strip()} = {v.strip()}" for k, v in overrides.items())
 

@@ -6,7 +6,7 @@ monitor/poisoning.py).
                               [--learner default|bare] [--model DIR]
 
 The world (in-process, a real SQLite store, the real `OnlineLearner` running the sliding-window method
-with the shipped learning rule of configs/default.toml, or `--learner bare`, on the tiny model):
+with the shipped learning rule of configs/serve/default.toml, or `--learner bare`, on the tiny model):
 - fixed chat prompts; every reply is ONE token sampled from the learner's current policy (so replies
   repeat and the disagreement score has groups to compare);
 - honest users, each with its own key, rate up exactly when the reply is the target token ("Behold");
@@ -51,7 +51,7 @@ class Scenario:
     quarantine_z: float = 3.0
     quarantine_min_ratings: int = 30
     check_every: int = 8  # ratings between two quarantine checks (the server's loop)
-    # the learning rule: "default" is the shipped one (configs/default.toml's [learner]: step-size control,
+    # the learning rule: "default" is the shipped one (configs/serve/default.toml's [learner]: step-size control,
     # trust region, exact KL anchor); "bare" is the LearnerConfig dataclass alone (a fixed learning rate,
     # no anchor), which overshoots on one-token replies (docs/design.md, "Reproducible verdicts")
     learner: str = "default"
@@ -115,7 +115,7 @@ def schedule(s: Scenario) -> list[tuple[str, int]]:
 
 
 def learning_rule(name: str):
-    """The [learner] settings a run learns with: "default" (configs/default.toml's) or "bare" (the dataclass's)."""
+    """The [learner] settings a run learns with: "default" (configs/serve/default.toml's) or "bare" (the dataclass's)."""
     from liveloop.config import load_config
     from liveloop.learner.config import LearnerConfig
 

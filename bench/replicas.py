@@ -7,7 +7,7 @@ that only serving competes for the CPUs).
         .venv/bin/python bench/replicas.py [--arms process,1,2] [--users 8] [--seconds 20] [--pushes 12]
 
 Arms: `process` is a plain `liveloop serve` (uvicorn, one engine, no Ray); `N` is `liveloop serve`
-with `configs/ray.toml` and `[ray] replicas = N` (Serve's proxy in front, N engines).
+with `configs/serve/ray.toml` and `[ray] replicas = N` (Serve's proxy in front, N engines).
 
 - throughput: `--users` threads chat back to back (64 tokens, non-streaming) for `--seconds`:
   requests/s, completion tokens/s, latency p50/p99, which replicas answered;

@@ -1,6 +1,6 @@
 """`liveloop experiment agent`: an agent learns to use its tools from binary ratings of its final
 answers, each two-turn trajectory one episode (docs/design.md, "Episodes"; results: docs/results/agent.md;
-the settings and the methods' learner keys: configs/agent_experiment.toml).
+the settings and the methods' learner keys: configs/experiments/agent_experiment.toml).
 
 The task (liveloop/model/tool_corpus.py, clients/tool_env.py): a calculator or a city lookup question,
 the two tools offered. The model is the default build with tool dialogues in its corpus (AGENT_MODEL:

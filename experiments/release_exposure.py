@@ -1,5 +1,5 @@
 """The sycophancy exposure experiment (issue 21): how many users a bad candidate reaches in each release
-mode. A population of simulated users whose thumbs reward flattery (configs/sycophancy.toml, the
+mode. A population of simulated users whose thumbs reward flattery (configs/scenarios/sycophancy.toml, the
 flattery judge, each request sent with OpenAI's `user` field) against a real `liveloop serve` (hf
 engine, SQLite) with the co-located learner (a Ray actor, the tuned preset, a critic pre-trained on the
 same judge), in one release mode:

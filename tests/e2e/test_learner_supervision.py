@@ -16,7 +16,7 @@ from liveloop.devtools import wait_until
 from .conftest import ADMIN_KEY, USER_KEY, open_store, start_server, stop_server
 
 pytestmark = pytest.mark.slow
-# over the tuned learner preset (configs/tuned_learner.toml): publish after every step; no pre-trained
+# over the tuned learner preset (configs/fragments/tuned_learner.toml): publish after every step; no pre-trained
 # critic here, so near-Monte-Carlo advantages (alpha = 1), and no KL anchor (no reference model to load)
 PRESET = "tuned_learner"
 LEARNER = """

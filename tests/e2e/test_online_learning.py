@@ -22,7 +22,7 @@ from liveloop.model.corpus import TOPICS
 from .conftest import open_store, start_server, stop_server
 
 TARGET = "behold"
-# The tuned learner preset (configs/tuned_learner.toml): the spec's length-adaptive lambda (alpha = 0.05)
+# The tuned learner preset (configs/fragments/tuned_learner.toml): the spec's length-adaptive lambda (alpha = 0.05)
 # on a critic pre-trained first (`liveloop critic pretrain`), with a KL anchor to the base policy.
 # Measured in-process: with a cold critic and alpha = 0.05 the rate does not move; without the anchor
 # some seeds collapse to one degenerate 48-token reply (rate 0, ratio 1, zero gradient) and never recover.

@@ -1,5 +1,5 @@
 """One key cannot steer the model for everyone: an in-process `OnlineLearner` (sliding-window method,
-B = 8, the shipped learning rule of configs/default.toml: step-size control, trust region, exact KL
+B = 8, the shipped learning rule of configs/serve/default.toml: step-size control, trust region, exact KL
 anchor) on a real SQLite store, honest simulated users on 64 keys who rate up exactly the target reply,
 and one attacker key that rates its own replies inverted, 5% of all ratings in the first half, 50% in
 the second (the harness is bench/poisoning.py; the bench runs it bigger).

@@ -1,4 +1,4 @@
-"""Two deployments on one machine, each a checkout with the DEFAULT config (`configs/default.toml`: the
+"""Two deployments on one machine, each a checkout with the DEFAULT config (`configs/serve/default.toml`: the
 relative SQLite URL sqlite:///data/liveloop.db, shared-memory transport, namespace "auto") in its own
 working directory, publish versions 1..N at the same time, under the same numbers. Each resolves its
 own namespace from the random id its store's migration generated (the URL is the same string for
