@@ -12,6 +12,7 @@ import asyncio
 
 from fastapi import APIRouter, Depends, Query
 
+from liveloop.server.edge.admin.views import settled_body
 from liveloop.server.edge.dependencies import Parts, parts
 from liveloop.server.edge.auth import Principal, require_admin
 from liveloop.server.edge.errors import APIError
@@ -64,7 +65,7 @@ async def release(p: Parts = Depends(parts), _: Principal = Depends(require_admi
         snapshot = await asyncio.to_thread(gate.state) if gate is not None else None
         return release_json(snapshot, p.engine.version)
 
-    return await p.activator.changes.settled(read)
+    return settled_body(await p.activator.changes.read(read))
 
 
 # -- evaluations (the evaluation suite's results, release/evaluation.py) -----------------------------

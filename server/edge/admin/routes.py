@@ -23,6 +23,7 @@ import time
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from liveloop.server.edge.admin.views import settled_body
 from liveloop.server.edge.dependencies import Parts, parts
 from liveloop.server.edge.auth import Principal, require_admin
 from liveloop.server.edge.body import parse_body
@@ -57,7 +58,7 @@ async def versions(
                 body |= {"segment": segment, "adapter": p.activator.serving_adapters().get(segment)}
         return body | {"data": [admin_json.version(r) for r in rows]}
 
-    return await p.activator.changes.settled(read)
+    return settled_body(await p.activator.changes.read(read))
 
 
 def adapter_mode(segments: tuple[str, ...]) -> str:
@@ -93,7 +94,7 @@ async def adapters(p: Parts = Depends(parts), _: Principal = Depends(require_adm
             )
         return admin_json.adapters(adapter_mode(activator.segments), p.engine.version, segments)
 
-    return await activator.changes.settled(read)
+    return settled_body(await activator.changes.read(read))
 
 
 @router.get("/replicas")

@@ -15,6 +15,7 @@ from liveloop.monitor.drift import Bucket
 from liveloop.monitor.learning import SegmentLearning
 from liveloop.monitor.versions import VersionRow
 from liveloop.server.control.operations import KeyRow, LearningState, WeightsImported
+from liveloop.server.control.settled import Read
 from liveloop.server.control.activator import RollbackResult, SwapResult
 from liveloop.store import VersionStatus
 from liveloop.store.replicas import ReplicaRow
@@ -146,3 +147,10 @@ def key(row: KeyRow) -> dict[str, Any]:
 def statuses() -> list[dict[str, Any]]:
     """Every version status with what it means and whether a version in it can be served again."""
     return [{"status": s.value, "servable": s.servable, "description": s.description} for s in VersionStatus]
+
+
+def settled_body(done: Read[dict[str, Any]]) -> dict[str, Any]:
+    """An admin view read between changes of what serves (server/control/settled.py), saying whether it
+    was: `settled` False when a change overlapped every try and the view may mix one change's two sides
+    (the next read shows it resolved)."""
+    return {**done.value, "settled": done.settled}

@@ -112,7 +112,7 @@ def test_publish_and_rollback_answer_the_same_json(client, tmp_path):
     assert (body["object"], body["version"], body["previous"], body["rolled_back"]) == ("rollback", 0, new, [new])
 
     listed = client.get("/admin/versions").json()
-    assert listed["serving"] == 0 and all(list(v) == VERSION_KEYS for v in listed["data"])
+    assert listed["serving"] == 0 and listed["settled"] is True and all(list(v) == VERSION_KEYS for v in listed["data"])
     assert _statuses(client) == {0: "serving", failed: "failed", new: "rolled_back"}
     assert list(listed["data"][0]["reward"]) == ["n", "positive", "rate", "low", "high"]
 
