@@ -98,3 +98,13 @@ def namespace():
     for version in shm.segments(ns):
         shm.remove_version(ns, version)
     shutil.rmtree(shm.directory(ns), ignore_errors=True)  # its private directory, with what a test planted there
+
+
+@pytest.fixture(autouse=True)
+def _umask_restored() -> Iterator[None]:
+    """A test that runs a liveloop command in-process (cli.main) sets the process umask to 077, as every
+    liveloop command does: put the suite's back after it, so no later test's files depend on the order."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)
