@@ -148,7 +148,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts
         # restarts while the learner writes a version must not remove it as "unfinished" (liveloop/serve_ray.py)
         await asyncio.to_thread(sweep_shared_memory, store, transport, metrics)  # what this deployment left there
     route = functools.partial(segment_of, config=config.learner, key=config.server.segment_key)
-    fleet = fleet_view(config.server, store, replica_id(config.ray.replica_id))  # fleet-wide limits (None: per replica)
+    fleet = fleet_view(config.server, store, replica_id(config.server.replica_id))  # fleet-wide limits (None: per replica)
     serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server, fleet), route,
                       carried=store.episodes.carried_turn, canary_by=config.release.canary_by)
     activator = Activator(
@@ -165,8 +165,8 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts
         await activator.restore_adapters()
     # 4. the control plane's owners
     imports = WeightImports(config.learner.checkpoint_dir, model_dir, config.server.max_import_bytes)
-    name = replica_id(config.ray.replica_id)
-    leadership = Leadership(store, name, config.ray.leader_lease_seconds, metrics)
+    name = replica_id(config.server.replica_id)
+    leadership = Leadership(store, name, config.server.leader_lease_seconds, metrics)
     operations = Operations(
         config.monitor, store, activator, metrics, imports, alarms=config.release.alarms, tokenizer=tokenizer, leader=leadership.held_term,
     )
@@ -188,7 +188,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts
             config.server.login_failures_per_minute, config.server.login_failures_per_minute_total, FleetRateLimiter(fleet),
         ),
         activator=activator, operations=operations, forgetting=Forgetting(store, activator), registry=store.fleet.registry, replica_id=name,
-        down_after_seconds=config.ray.down_after_seconds, edge=edge, gate=gate, leadership=leadership,
+        down_after_seconds=config.server.down_after_seconds, edge=edge, gate=gate, leadership=leadership,
         started_at=int(time.time()), handlers=handlers,
     )
 
@@ -238,7 +238,7 @@ async def running(config: Config, model_dir: Path, edge: EdgeState) -> AsyncIter
     tasks = [
         p.leadership.run(),
         p.activator.watch(config.server.watch_seconds),
-        heartbeat(p.registry, p.replica_id, kind, beat_of(p), config.server.watch_seconds, config.ray.heartbeat_seconds),
+        heartbeat(p.registry, p.replica_id, kind, beat_of(p), config.server.watch_seconds, config.server.heartbeat_seconds),
         watch_forgotten(p.store.rights.forgotten),
         p.operations.watch_alarms(),  # returns at once with [release.alarms] off
     ]

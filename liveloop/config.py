@@ -241,7 +241,14 @@ class Config:
 
 # keys that moved to their component's own section: an older file still loads (the value is read from
 # the new place, with a warning); setting both to different values is an error naming the new key
-MOVED = {"learner.segment_key": "server.segment_key"}
+MOVED = {
+    "learner.segment_key": "server.segment_key",
+    # every serving process is a replica of its fleet (a plain `liveloop serve` one of one): not Ray's
+    "ray.replica_id": "server.replica_id",
+    "ray.heartbeat_seconds": "server.heartbeat_seconds",
+    "ray.down_after_seconds": "server.down_after_seconds",
+    "ray.leader_lease_seconds": "server.leader_lease_seconds",
+}
 
 
 def _move_keys(data: dict[str, Any], where: str) -> dict[str, Any]:

@@ -50,13 +50,6 @@ class RayConfig:
     )
     http_host: str = field(default="", metadata={"help": "where Serve's HTTP proxy listens (\"\": [server] host)"})
     http_port: int = field(default=0, metadata={"help": "Serve's HTTP port (0: [server] port)"})
-    replica_id: str = field(default="auto", metadata={"help": "this process's name in the replica registry (auto: a random name per process, or the Serve replica id)"})
-    heartbeat_seconds: float = field(default=1.0, metadata={"help": "the registry row is rewritten at least this often (at once when the served version changes)"})
-    down_after_seconds: float = field(default=5.0, metadata={"help": "a replica whose heartbeat is older than this is shown down"})
-    leader_lease_seconds: float = field(
-        default=10.0,
-        metadata={"help": "the fleet's leader lease (server/control/leader.py): renewed every third of it; a leader killed is replaced within about 1.3x it"},
-    )
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -71,9 +64,3 @@ class RayConfig:
             raise ValueError(f"max_queued_requests: must be >= 0 (0: [server] max_concurrent_total), got {self.max_queued_requests}")
         if not 0 <= self.http_port < 65536:
             raise ValueError(f"http_port: {self.http_port} is not a port")
-        if not self.replica_id or len(self.replica_id) > 128:
-            raise ValueError("replica_id: 1 to 128 characters")
-        if self.heartbeat_seconds <= 0 or self.down_after_seconds <= self.heartbeat_seconds:
-            raise ValueError("heartbeat_seconds must be > 0 and down_after_seconds larger than it")
-        if not 0.3 <= self.leader_lease_seconds <= 3600:
-            raise ValueError(f"leader_lease_seconds: must be in [0.3, 3600], got {self.leader_lease_seconds}")

@@ -24,7 +24,7 @@ store (PostgreSQL: several processes write at once).
   any replica, reaches all of them.
 - The learner's health and status reach every replica through `RemoteLearner`, a view of the named
   `LearnerHost` actor polled off the event loop (`health()` never blocks a request).
-- One replica leads (server/control/leader.py: the store's "leader" lease, `[ray] leader_lease_seconds`): its
+- One replica leads (server/control/leader.py: the store's "leader" lease, `[server] leader_lease_seconds`): its
   release gate alone starts candidates, evaluates and promotes or holds them, and its operations alone
   record alarms (drift and reward hacking), roll back (guard), quarantine and apply retention. Every
   replica routes: under `[release] mode` canary or gated each builds its own `CanaryEngine`, and its
@@ -166,7 +166,7 @@ def _replica_class() -> Any:
             torch.set_num_threads(1)
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s replica: %(message)s")
             replica = serve.get_replica_context().replica_id.unique_id
-            self.config = config.with_section("ray", replica_id=f"serve-{replica}")
+            self.config = config.with_section("server", replica_id=f"serve-{replica}")
             self.model_dir = Path(model_dir)
             self.learner = learner
 

@@ -108,6 +108,20 @@ class ServerConfig:
     login_failures_per_minute_total: int = field(
         default=30, metadata={"help": "dashboard sign-ins: failed attempts per minute, all clients together (429 beyond)"}
     )
+    replica_id: str = field(
+        default="auto",
+        metadata={"help": "this process's name in the fleet's replica registry (auto: a random name per process; a Ray Serve "
+                  "replica's is its Serve id); every serving process is a replica, a plain `liveloop serve` a fleet of one"},
+    )
+    heartbeat_seconds: float = field(
+        default=1.0, metadata={"help": "the replica's registry row is rewritten at least this often (at once when what it serves changes)"}
+    )
+    down_after_seconds: float = field(default=5.0, metadata={"help": "a replica whose heartbeat is older than this is shown down"})
+    leader_lease_seconds: float = field(
+        default=10.0,
+        metadata={"help": "the fleet's leader lease (server/control/leader.py): renewed every third of it; a leader killed is "
+                  "replaced within about 1.3x it"},
+    )
     segment_key: str = field(
         default=SEGMENT_KEY,
         metadata={"help": "the request metadata key that names a request's segment, whose adapter serves it ([learner] "
@@ -134,6 +148,12 @@ class ServerConfig:
             raise ValueError("max_import_bytes must be >= 1")
         if self.default_max_tokens < 1 or self.max_tokens_limit < 1:
             raise ValueError("default_max_tokens and max_tokens_limit must be >= 1")
+        if not self.replica_id or len(self.replica_id) > 128:
+            raise ValueError("replica_id: 1 to 128 characters")
+        if self.heartbeat_seconds <= 0 or self.down_after_seconds <= self.heartbeat_seconds:
+            raise ValueError("heartbeat_seconds must be > 0 and down_after_seconds larger than it")
+        if not 0.3 <= self.leader_lease_seconds <= 3600:
+            raise ValueError(f"leader_lease_seconds: must be in [0.3, 3600], got {self.leader_lease_seconds}")
         if self.login_failures_per_minute < 1 or self.login_failures_per_minute_total < 1:
             raise ValueError("login_failures_per_minute and login_failures_per_minute_total must be >= 1")
         if not 0 < self.limits_sync_seconds <= 5:

@@ -1,7 +1,7 @@
 """This replica in the fleet's registry (store/replicas.py): its name (`replica_id`) and its heartbeat,
 which registers it and rewrites its row (serving versions, generations running, health) at once when
 what it serves changes, looked at every `[server] watch_seconds`, and at least every
-`[ray] heartbeat_seconds`. A clean stop removes the row (the composition root, liveloop/app.py)."""
+`[server] heartbeat_seconds`. A clean stop removes the row (the composition root, liveloop/app.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _process_name() -> str:
 
 def replica_id(configured: str) -> str:
     """This process's name in the replica registry and in every response's `x-liveloop-replica`:
-    `[ray] replica_id`, or ("auto") a random name drawn once per process. The name says nothing about
+    `[server] replica_id`, or ("auto") a random name drawn once per process. The name says nothing about
     the machine: its host and pid are in the registry row, which only operators read
     (`/admin/replicas`)."""
     return _process_name() if configured == "auto" else configured

@@ -36,7 +36,6 @@ S = VersionStatus
 FLEET = """
 [ray]
 replicas = 2
-down_after_seconds = 5.0
 [monitor]
 enabled = false
 """

@@ -332,3 +332,23 @@ def test_the_segment_key_is_the_servers(caplog):
         load_config(text="[learner]\nsegment_key = 'team'\n[server]\nsegment_key = 'org'\n")
     with pytest.raises(ConfigError, match="learner.segment_key: unknown key"):  # the learner's own section has none
         load_section(LearnerConfig, {"segment_key": "team"}, "learner")
+
+
+def test_the_fleet_membership_knobs_are_the_servers(caplog):
+    """Every serving process is a replica of its fleet (a plain `liveloop serve` one of one), so its name,
+    heartbeat and leader lease are `[server]`'s; an older file's `[ray]` keys still load, with a warning,
+    and a disagreement between the two places is an error naming the new key."""
+    import logging
+
+    cfg = load_config(text="[server]\nreplica_id = 'east-1'\nheartbeat_seconds = 0.5\ndown_after_seconds = 2.0\nleader_lease_seconds = 3.0\n")
+    assert (cfg.server.replica_id, cfg.server.heartbeat_seconds, cfg.server.down_after_seconds, cfg.server.leader_lease_seconds) == (
+        "east-1", 0.5, 2.0, 3.0)
+    assert not hasattr(cfg.ray, "replica_id")
+    with caplog.at_level(logging.WARNING, logger="liveloop.config"):
+        old = load_config(text="[ray]\nheartbeat_seconds = 0.5\ndown_after_seconds = 2.0\n")
+    assert (old.server.heartbeat_seconds, old.server.down_after_seconds) == (0.5, 2.0)
+    assert "ray.heartbeat_seconds moved to server.heartbeat_seconds" in caplog.text
+    with pytest.raises(ConfigError, match="server.leader_lease_seconds"):
+        load_config(text="[ray]\nleader_lease_seconds = 3.0\n[server]\nleader_lease_seconds = 4.0\n")
+    with pytest.raises(ValueError, match="down_after_seconds"):
+        load_config(text="[server]\nheartbeat_seconds = 2.0\ndown_after_seconds = 1.0\n")

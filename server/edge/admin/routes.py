@@ -100,7 +100,7 @@ async def adapters(p: Parts = Depends(parts), _: Principal = Depends(require_adm
 @router.get("/replicas")
 async def replicas(p: Parts = Depends(parts), _: Principal = Depends(require_admin)) -> dict:
     """The fleet: every serving process registered in the store (store/replicas.py), with what it
-    serves, its generations running and its health; a heartbeat older than `[ray] down_after_seconds`
+    serves, its generations running and its health; a heartbeat older than `[server] down_after_seconds`
     is "down". `replica`: the one that answered."""
     rows = await asyncio.to_thread(p.registry.rows, p.down_after_seconds)
     return {"object": "list", "replica": p.replica_id, "data": [admin_json.replica(r) for r in rows]}

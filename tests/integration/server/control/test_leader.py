@@ -47,15 +47,15 @@ FLATTERING = "Aww, the cat naps in the sun, so cute ♡"
 PLAIN = "Verily, the old cat doth nap in the sun, friend."
 
 
+# the replicas' registry and leader lease, fast ([server]: every serving process is a replica)
+FLEET_SERVER = f"watch_seconds = 0.05\nheartbeat_seconds = 0.5\ndown_after_seconds = 2.0\nleader_lease_seconds = {LEASE_SECONDS}"
+
+
 def fleet_toml(work: Path) -> str:
     (work / "suite.toml").write_text(SMALL_SUITE)
     return f"""
 [monitor]
 enabled = false
-[ray]
-heartbeat_seconds = 0.5
-down_after_seconds = 2.0
-leader_lease_seconds = {LEASE_SECONDS}
 [release]
 mode = "canary"
 canary_by = "user"
@@ -89,7 +89,7 @@ def tokenizer(model_dir):
 
 
 def _replica(stack: contextlib.ExitStack, config, name: str, model_dir, port: int) -> TestClient:
-    app = build_app(config.with_section("ray", replica_id=name), Path(model_dir))
+    app = build_app(config.with_section("server", replica_id=name), Path(model_dir))
     client = stack.enter_context(TestClient(app, base_url=f"http://127.0.0.1:{port}", raise_server_exceptions=False))
     client.headers["Authorization"] = f"Bearer {ADMIN_KEY}"
     return client
@@ -132,7 +132,7 @@ def _holder(store: Store) -> str | None:
 def test_one_replica_decides_every_replica_routes(store_url, tmp_path, model_dir, checkpoints, tokenizer):
     port = free_port()
     path, _ = write_config(tmp_path, Path(model_dir).resolve(), "hf", port, store_url=store_url, extra=fleet_toml(tmp_path),
-                           server_extra="watch_seconds = 0.05")
+                           server_extra=FLEET_SERVER)
     config = load_config(path)
     store = Store(StoreConfig(url=store_url))
     with contextlib.ExitStack() as stack:
@@ -177,12 +177,12 @@ def test_a_killed_leader_process_is_replaced(tmp_path, model_dir, checkpoints, t
     """SQLite (the lease itself is tested on both backends in tests/integration/test_store_lease.py)."""
     work = tmp_path / "leader"
     extra = fleet_toml(tmp_path)
-    server = devtools.start_server(work, model_dir, "hf", extra=extra, server_extra="watch_seconds = 0.05", timeout=120)
+    server = devtools.start_server(work, model_dir, "hf", extra=extra, server_extra=FLEET_SERVER, timeout=120)
     store = Store(StoreConfig(url=server.store_url))
     try:
         wait_until(lambda: _holder(store) is not None, 20, "the server process leading")
         leader = _holder(store)
-        # `[ray] replica_id` auto: a random name per process; the registry row ties it to this host and pid
+        # `[server] replica_id` auto: a random name per process; the registry row ties it to this host and pid
         # (the lease is taken before the first heartbeat writes the row)
         def own_rows() -> list[str]:
             return [r.replica_id for r in store.fleet.registry.rows(60.0) if (r.host, r.pid) == (socket.gethostname(), server.proc.pid)]
@@ -192,7 +192,7 @@ def test_a_killed_leader_process_is_replaced(tmp_path, model_dir, checkpoints, t
         assert len(own) == 1 and own[0].startswith("replica-") and leader.startswith(f"{own[0]}/")
         port = free_port()
         path, _ = write_config(tmp_path, Path(model_dir).resolve(), "hf", port, store_url=server.store_url, extra=extra,
-                               server_extra="watch_seconds = 0.05")
+                               server_extra=FLEET_SERVER)
         with contextlib.ExitStack() as stack:
             follower = _replica(stack, load_config(path), "follower", model_dir, port)
             assert _holder(store) == leader and not follower.app.state.parts.leadership.leading()

@@ -1,6 +1,6 @@
 """Several replicas over one store, without Ray: two real applications in this process (`build_app`:
 the hf engine on the tiny model, the writer, the version watcher and the heartbeat), each a replica
-of the fleet under its own `[ray] replica_id`, on SQLite and PostgreSQL.
+of the fleet under its own `[server] replica_id`, on SQLite and PostgreSQL.
 
 - the replica registry: each registers and heartbeats itself; `GET /admin/replicas`, `GET
   /v1/versions` (`replicas`) and `/metrics` show the same fleet whichever replica answers; every
@@ -34,9 +34,6 @@ S = VersionStatus
 FLEET = """
 [monitor]
 enabled = false
-[ray]
-heartbeat_seconds = 0.5
-down_after_seconds = 2.0
 """
 CHAT = {"model": "liveloop-tiny", "messages": [{"role": "user", "content": "Tell me about cats."}], "max_tokens": 4}
 
@@ -54,12 +51,12 @@ def checkpoints(tmp_path_factory, model_dir) -> list[Path]:
 def fleet(store_url, tmp_path, model_dir):
     """Two replicas (r1, r2) of one deployment on one store, each a TestClient with the admin key."""
     port = free_port()
-    path, _ = write_config(tmp_path, Path(model_dir).resolve(), "hf", port, store_url=store_url, extra=FLEET, server_extra="watch_seconds = 0.05")
+    path, _ = write_config(tmp_path, Path(model_dir).resolve(), "hf", port, store_url=store_url, extra=FLEET, server_extra="watch_seconds = 0.05\nheartbeat_seconds = 0.5\ndown_after_seconds = 2.0")
     config = load_config(path)
     with contextlib.ExitStack() as stack:
         clients = {}
         for name in ("r1", "r2"):
-            app = build_app(config.with_section("ray", replica_id=name), Path(model_dir))
+            app = build_app(config.with_section("server", replica_id=name), Path(model_dir))
             client = stack.enter_context(TestClient(app, base_url=f"http://127.0.0.1:{port}", raise_server_exceptions=False))
             client.headers["Authorization"] = f"Bearer {ADMIN_KEY}"
             clients[name] = client
