@@ -29,6 +29,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from liveloop.segments import Lineage
 from liveloop.server.engines.canary import CandidateBusy, CanaryEngine
 from liveloop.store import TransitionRefused, VersionRecord, VersionStatus
 from liveloop.store.lease import StaleLeader
@@ -58,15 +59,13 @@ class Candidates:
     # -- load ----------------------------------------------------------------------------------------
     async def load(self, record: VersionRecord) -> bool:
         """Load `record` into its lineage's candidate slot (users reach it only as the gate routes
-        them). True once it is the loaded candidate (at once when it is already); False otherwise (also
-        when the candidate engine is still busy: tried again at the next pass). Changes no status but
-        FAILED for weights that fail verification or do not load."""
-        if record.segment is not None:
-            return await self._load_adapter(record)
-        a = self.activator
+        them): the base lineage's candidate engine, or a segment's candidate adapter slot. True once it
+        is the loaded candidate (at once when it is already); False otherwise (also when the candidate
+        engine is still busy, or the weights are not written yet: tried again at the next pass). Changes
+        no status but FAILED for weights that fail verification or do not load."""
+        a, lineage = self.activator, Lineage.of(record)
         async with a.lock:
-            engine = self.engine
-            if engine.candidate_version == record.version:
+            if self.loaded(lineage.segment) == record.version:
                 return True
             with contextlib.ExitStack() as stack:
                 try:
@@ -78,41 +77,19 @@ class Candidates:
                     await a.wait_for_weights(record)
                     return False
                 try:
-                    seconds = await engine.load_candidate(source, record.version)
+                    if lineage.is_base:
+                        seconds = await self.engine.load_candidate(source, record.version)
+                    else:
+                        seconds = await self.engine.load_candidate_adapter(lineage.segment, source, record.version)
                 except CandidateBusy as exc:
                     log.info("candidate %d not loaded yet: %s", record.version, exc)
                     return False
                 except Exception:
-                    log.exception("could not load version %d as the candidate", record.version)
+                    log.exception("%s: could not load version %d as the candidate", lineage, record.version)
                     await self._failed_load(record)
                     return False
         a.metrics.observe("server/candidate_load_seconds", seconds, transport=via)
-        log.info("version %d loaded as the candidate in %.0f ms via %s", record.version, seconds * 1000, via)
-        return True
-
-    async def _load_adapter(self, record: VersionRecord) -> bool:
-        a, segment = self.activator, record.segment
-        assert segment is not None
-        async with a.lock:
-            if self.engine.candidate_adapter_version(segment) == record.version:
-                return True
-            with contextlib.ExitStack() as stack:
-                try:
-                    source, _, _ = await asyncio.to_thread(a.weights, record, stack)
-                except WeightsUnverified as exc:
-                    await a.reject(record, exc)
-                    return False
-                if source is None:
-                    await self._failed_load(record)
-                    return False
-                try:
-                    seconds = await self.engine.load_candidate_adapter(segment, source, record.version)
-                except Exception:
-                    log.exception("segment %s: could not load adapter version %d as the candidate", segment, record.version)
-                    await self._failed_load(record)
-                    return False
-        a.metrics.observe("server/candidate_load_seconds", seconds, transport="checkpoint_dir")
-        log.info("segment %s: adapter version %d loaded as the candidate in %.0f ms", segment, record.version, seconds * 1000)
+        log.info("%s: version %d loaded as the candidate in %.0f ms via %s", lineage, record.version, seconds * 1000, via)
         return True
 
     async def _failed_load(self, record: VersionRecord) -> None:
