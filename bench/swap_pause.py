@@ -5,7 +5,12 @@ drain and the load; keep mode: what the engine's own load held them, vLLM's paus
 copy). The swaps are operator checkpoints (`POST /admin/weights`), read from disk at each swap.
 
     .venv/bin/python bench/swap_pause.py [--concurrency 8] [--phase-seconds 15] [--swap-every 2] [--backend vllm|hf]
-        [--swap-mode drain|keep] [--tag NAME]
+        [--swap-mode drain|keep] [--loads staged,reload] [--tag NAME]
+
+vLLM: `--loads` runs one server per `[engine] vllm_weight_load` (staged: the weights loaded beside the
+serving model, the pause copies them in; reload: vLLM's reload_weights inside the pause, the path
+before), all started up front and loaded in turns (steady, then swapping, arm after arm, `--repeats`
+times), so drift in the machine's load hits every arm alike: the holds side by side in one run.
 
 Results: bench/results/swap_pause_<backend>_<mode>[_<tag>].json.
 """
@@ -74,38 +79,68 @@ async def swapper(admin: httpx.AsyncClient, dirs: list[Path], every: float, seco
     return swaps
 
 
+def _empty() -> dict:
+    return {"ttft": [], "total": [], "failures": 0}
+
+
 async def run(args) -> dict:
     from liveloop.devtools import ADMIN_KEY, USER_KEY, perturbed_checkpoint, start_server
 
     model_dir = default_model()
+    loads = args.loads.split(",") if args.backend == "vllm" else ["-"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         dirs = [perturbed_checkpoint(model_dir, tmp / f"w{s}", seed=s) for s in (1, 2)]
-        server = await asyncio.to_thread(
-            start_server, tmp / "server", model_dir, args.backend, engine_extra=f'swap_mode = "{args.swap_mode}"'
-        )
-        results: dict[str, dict] = {"steady": {"ttft": [], "total": [], "failures": 0}, "swapping": {"ttft": [], "total": [], "failures": 0}}
-        swaps: list[dict] = []
+        servers = {}
+        out: dict[str, dict] = {}
         try:
-            user = httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=120)
-            admin = httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=120)
-            await load_phase(user, 3, args.concurrency, args.max_tokens)  # warm-up
-            for _ in range(args.repeats):  # alternate, so drift in machine load hits both alike
-                for phase in ("steady", "swapping"):
-                    tasks = [load_phase(user, args.phase_seconds, args.concurrency, args.max_tokens)]
-                    if phase == "swapping":
-                        tasks.append(swapper(admin, dirs, args.swap_every, args.phase_seconds))
-                    out = await asyncio.gather(*tasks)
-                    for key in ("ttft", "total"):
-                        results[phase][key] += out[0][key]
-                    results[phase]["failures"] += out[0]["failures"]
-                    if phase == "swapping":
-                        swaps += out[1]
-            await user.aclose()
-            await admin.aclose()
+            for load in loads:
+                extra = f'swap_mode = "{args.swap_mode}"' + (f'\nvllm_weight_load = "{load}"' if load != "-" else "")
+                servers[load] = await asyncio.to_thread(start_server, tmp / f"server-{load}", model_dir, args.backend, engine_extra=extra)
+                out[load] = {"results": {"steady": _empty(), "swapping": _empty()}, "swaps": []}
+            clients = {
+                load: (
+                    httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=120),
+                    httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=120),
+                )
+                for load, server in servers.items()
+            }
+            for user, _ in clients.values():
+                await load_phase(user, 3, args.concurrency, args.max_tokens)  # warm-up
+            for _ in range(args.repeats):  # alternate, so drift in machine load hits every phase and arm alike
+                for load, (user, admin) in clients.items():
+                    results = out[load]["results"]
+                    for phase in ("steady", "swapping"):
+                        tasks = [load_phase(user, args.phase_seconds, args.concurrency, args.max_tokens)]
+                        if phase == "swapping":
+                            tasks.append(swapper(admin, dirs, args.swap_every, args.phase_seconds))
+                        got = await asyncio.gather(*tasks)
+                        for key in ("ttft", "total"):
+                            results[phase][key] += got[0][key]
+                        results[phase]["failures"] += got[0]["failures"]
+                        if phase == "swapping":
+                            out[load]["swaps"] += got[1]
+            for user, admin in clients.values():
+                await user.aclose()
+                await admin.aclose()
         finally:
-            server.stop()
-    return {"results": results, "swaps": swaps}
+            for server in servers.values():
+                server.stop()
+    return out
+
+
+def summarize(res: dict) -> dict:
+    return {
+        phase: {
+            "requests": len(r["total"]),
+            "failures": r["failures"],
+            "p50_s": percentile(r["total"], 50),
+            "p99_s": percentile(r["total"], 99),
+            "ttft_p50_s": percentile(r["ttft"], 50),
+            "ttft_p99_s": percentile(r["ttft"], 99),
+        }
+        for phase, r in res.items()
+    }
 
 
 def main() -> None:
@@ -118,39 +153,40 @@ def main() -> None:
     parser.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
     parser.add_argument("--swap-mode", default="keep", choices=["drain", "keep"],
                         help="keep (the default preset's): running generations continue under the new weights; drain: a swap waits for them")
+    parser.add_argument("--loads", default="staged,reload",
+                        help="vllm: the [engine] vllm_weight_load of each arm's server (staged, reload), loaded in turns")
     parser.add_argument("--tag", default="", help="appended to the result's file name (to keep several runs)")
     args = parser.parse_args()
     out = asyncio.run(run(args))
-    res, swaps = out["results"], out["swaps"]
-    summary = {}
-    for phase, r in res.items():
-        summary[phase] = {
-            "requests": len(r["total"]),
-            "failures": r["failures"],
-            "p50_s": percentile(r["total"], 50),
-            "p99_s": percentile(r["total"], 99),
-            "ttft_p50_s": percentile(r["ttft"], 50),
-            "ttft_p99_s": percentile(r["ttft"], 99),
-        }
-    swap_ms = [s["swap_ms"] for s in swaps]
-    held_ms = [s["held_ms"] for s in swaps]
-    s, w = summary["steady"], summary["swapping"]
-    print("| load | requests | failures | latency p50 | p99 | first token p50 | p99 |")
+    arms = {}
+    print("| arm | load | requests | failures | latency p50 | p99 | first token p50 | p99 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for load, got in out.items():
+        summary = summarize(got["results"])
+        s, w = summary["steady"], summary["swapping"]
+        arm = f"{args.backend} {args.swap_mode}" + (f" {load}" if load != "-" else "")
+        for name, x in (("no swaps", s), (f"swap every {args.swap_every:g}s", w)):
+            print(
+                f"| {arm} | {name} | {x['requests']} | {x['failures']} | {x['p50_s']*1000:.0f} ms | {x['p99_s']*1000:.0f} ms "
+                f"| {x['ttft_p50_s']*1000:.0f} ms | {x['ttft_p99_s']*1000:.0f} ms |"
+            )
+        print(f"| {arm} | ratio (swaps / none) | | | {w['p50_s']/s['p50_s']:.2f} | {w['p99_s']/s['p99_s']:.2f} "
+              f"| {w['ttft_p50_s']/s['ttft_p50_s']:.2f} | {w['ttft_p99_s']/s['ttft_p99_s']:.2f} |")
+        swap_ms = [x["swap_ms"] for x in got["swaps"]]
+        held_ms = [x["held_ms"] for x in got["swaps"]]
+        arms[load] = {"summary": summary, "swap_ms": swap_ms, "held_ms": held_ms}
+    print()
+    print("| arm | swaps | admin call p50 | p99 | new requests held p50 | p90 | max |")
     print("|---|---|---|---|---|---|---|")
-    for name, x in (("no swaps", s), (f"swap every {args.swap_every:g}s", w)):
-        print(
-            f"| {name} | {x['requests']} | {x['failures']} | {x['p50_s']*1000:.0f} ms | {x['p99_s']*1000:.0f} ms "
-            f"| {x['ttft_p50_s']*1000:.0f} ms | {x['ttft_p99_s']*1000:.0f} ms |"
-        )
-    print(f"| ratio (swaps / none) | | | {w['p50_s']/s['p50_s']:.2f} | {w['p99_s']/s['p99_s']:.2f} "
-          f"| {w['ttft_p50_s']/s['ttft_p50_s']:.2f} | {w['ttft_p99_s']/s['ttft_p99_s']:.2f} |")
-    print(
-        f"swaps: {len(swaps)}; admin call p50 {median(swap_ms):.0f} ms, p99 {percentile(swap_ms, 99):.0f} ms; "
-        f"new requests held p50 {median(held_ms):.0f} ms, max {max(held_ms):.0f} ms"
-    )
-    result = {"config": vars(args), "summary": summary, "swap_ms": swap_ms, "held_ms": held_ms}
+    for load, a in arms.items():
+        arm = f"{args.backend} {args.swap_mode}" + (f" {load}" if load != "-" else "")
+        h = a["held_ms"]
+        print(f"| {arm} | {len(h)} | {median(a['swap_ms']):.0f} ms | {percentile(a['swap_ms'], 99):.0f} ms "
+              f"| {median(h):.1f} ms | {percentile(h, 90):.1f} ms | {max(h):.1f} ms |")
+    if "staged" in arms and "reload" in arms:
+        print(f"held p50, staged / reload: {median(arms['staged']['held_ms']) / median(arms['reload']['held_ms']):.2f}")
+    result = {"config": vars(args), "arms": arms}
     print(f"saved {save(f'swap_pause_{args.backend}_{args.swap_mode}' + (f'_{args.tag}' if args.tag else ''), result)}")
-    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -155,6 +155,12 @@ def create(path: Path, size: int) -> mmap.mmap:
 def open_mapped(path: Path) -> mmap.mmap:
     """An existing file of ours, mapped copy-on-write (our writes never reach it; its pages are shared
     until then). FileNotFoundError if it is not there, ForeignFile if it is not ours."""
+    return open_mapped_stat(path)[0]
+
+
+def open_mapped_stat(path: Path) -> tuple[mmap.mmap, os.stat_result]:
+    """`open_mapped`, with the fstat of the file that was mapped (its device and inode name exactly the
+    bytes mapped: another process can map the same file and check it is the one)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -165,7 +171,7 @@ def open_mapped(path: Path) -> mmap.mmap:
         st = check_file(fd, path)
         if st.st_size == 0:
             raise ForeignFile(f"{path} is empty")
-        return mmap.mmap(fd, st.st_size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        return mmap.mmap(fd, st.st_size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE), st
     finally:
         os.close(fd)
 

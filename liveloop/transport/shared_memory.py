@@ -27,7 +27,9 @@ a version is `release`d (its durable checkpoint exists); a receiver has loaded a
 (`loaded`: older ones), and its own when its durable checkpoint exists; more than `keep_versions`
 finished versions exist (the oldest); or a starting server `sweep`s the versions nothing can serve.
 A receiver's tensors are views into the mapped files (no copy until the engine's own); they are valid
-inside `open`'s block only.
+inside `open`'s block only. They come with their `FileLayout` (each segment's path, device and inode as
+mapped, each tensor's place): an engine in another process (vLLM's worker) maps the same files itself,
+checked to be the very files verified, instead of being handed a copy.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from liveloop.transport.base import (
 )
 from liveloop.transport.config import TransportConfig
 from liveloop.transport.private_dir import Foreign, ForeignFile
-from liveloop.transport.weights import NamedTensors, WeightSource
+from liveloop.transport.weights import FileLayout, MappedFile, NamedTensors, TensorPlace, WeightSource
 
 log = logging.getLogger(__name__)
 
@@ -368,24 +370,27 @@ class SharedMemoryReceiver(Receiver):
         verify(handle, manifest.get("nonce"), handle.digest, handle.location)
         folder = Path(handle.location).parent
         mapped: list[mmap.mmap] = []
+        files: list[MappedFile] = []
         try:
             for s in manifest["segments"]:
                 m = _FILE.fullmatch(str(s["name"]))
                 if m is None or int(m.group(1)) != handle.version or m.group(3) != handle.nonce:
                     raise WeightsUnverified(f"shared_memory: the manifest of version {handle.version} names {s['name']!r}")
                 try:
-                    buf = private_dir.open_mapped(folder / s["name"])
+                    buf, st = private_dir.open_mapped_stat(folder / s["name"])
                 except FileNotFoundError:
                     raise HandleGone(f"shared_memory: version {handle.version}'s segment {s['name']} is gone") from None
                 except ForeignFile as exc:
                     raise WeightsUnverified(f"shared_memory: {exc}") from None
                 mapped.append(buf)
+                files.append(MappedFile(str(folder / s["name"]), len(buf), st.st_dev, st.st_ino))
                 if len(buf) < s["size"]:
                     raise WeightsUnverified(f"shared_memory: segment {s['name']} is shorter than its manifest says")
             tensors = _verified(handle, manifest, mapped)
             # the bytes are the ones the row names, and a learner publishes finite weights only: the
-            # engine need not scan them again (the digest replaces that pass)
-            yield NamedTensors(tensors, verified=True)
+            # engine need not scan them again (the digest replaces that pass); an engine in another
+            # process maps these same files (the layout names them by inode) rather than copy them
+            yield NamedTensors(tensors, verified=True, layout=_layout(manifest, files))
             del tensors
         finally:
             for buf in mapped:
@@ -400,6 +405,13 @@ class SharedMemoryReceiver(Receiver):
         for version in segments(self.namespace):
             if version < handle.version or (version == handle.version and durable):
                 remove_version(self.namespace, version)
+
+
+def _layout(manifest: dict, files: list[MappedFile]) -> FileLayout:
+    """Where the manifest's (verified) tensors lie in the mapped segment files."""
+    return FileLayout(tuple(files), tuple(
+        TensorPlace(t["name"], t["dtype"], tuple(t["shape"]), t["segment"], t["offset"], t["nbytes"]) for t in manifest["tensors"]
+    ))
 
 
 def _verified(handle: WeightHandle, manifest: dict, mapped: list[mmap.mmap]) -> dict[str, torch.Tensor]:

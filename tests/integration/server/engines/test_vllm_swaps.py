@@ -5,7 +5,13 @@ the weights), a non-finite tensor is refused before vLLM is paused and leaves th
 and a `keep` swap under concurrent streams continues them under the new weights, and admits requests
 that arrive while it loads: every delta names the version that sampled it, and each token's logprob is
 what that version's weights give on a fresh forward over the whole prefix (so no token came from old KV
-under new weights).
+under new weights), whether the weights were staged beside the serving model or reloaded in the pause.
+
+Staged swaps (`vllm_weight_load = "staged"`, server/engines/vllm_staging.py): the shared_memory
+transport's files go into the worker with no copy of the engine's, the staged weights serve exactly what
+vLLM's own reload serves (the same engine, the same weights: equal logprobs), weights refused while
+staging (a tensor missing) leave the serving version serving and the engine healthy, and a transport
+file removed before the worker opened it is staged from the server's verified mapping.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams, create_engine
-from liveloop.transport.weights import NamedTensors
+from liveloop.transport.weights import NamedTensors, WeightsRejected
 from liveloop.server.engines.vllm_worker import SHM_ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -133,8 +139,9 @@ async def test_swaps_through_the_worker_extension_without_insecure_serialization
     assert INSECURE not in os.environ
 
 
-async def test_keep_swap_continues_running_streams_under_the_new_weights(model_dir, v1_dir):
-    config = EngineConfig(backend="vllm", model=str(model_dir), swap_mode="keep", max_model_len=512)
+@pytest.mark.parametrize("load", ["staged", "reload"])
+async def test_keep_swap_continues_running_streams_under_the_new_weights(model_dir, v1_dir, load):
+    config = EngineConfig(backend="vllm", model=str(model_dir), swap_mode="keep", max_model_len=512, vllm_weight_load=load)
     engine = create_engine(config, model_dir)
     await engine.start()
     prompts = [(5, 6, 7, 8), (9, 10, 11), (12, 13, 14, 15, 16), (17, 18)]
@@ -163,7 +170,7 @@ async def test_keep_swap_continues_running_streams_under_the_new_weights(model_d
         # arrives while the weights load: admitted at once (no gate), its tokens named by version
         during = asyncio.create_task(_generate(engine, (19, 20, 21), "during", max_tokens=16, temperature=1.0, seed=7))
         held = await swap
-        assert held >= 0 and engine.version == 1 and engine.swap_preempted == 0
+        assert held >= 0 and engine.version == 1 and engine.swap_preempted == 0 and engine.last_load == load
         late = await _generate(engine, (5, 6, 7, 8), "after", max_tokens=8)  # admitted after the swap
         streams.append(await asyncio.wait_for(during, 120))
         await asyncio.wait_for(asyncio.gather(*tasks), 300)
@@ -188,3 +195,64 @@ async def test_keep_swap_continues_running_streams_under_the_new_weights(model_d
             other = _reference_logprobs(ref[0], s.prompt, s.ids)[cut:]
             assert _close(s.logprobs[cut:], other) > 10 * TOL
     assert spanning >= 1, "no stream was running across the swap"
+
+
+async def test_staged_swaps_map_the_transport_and_serve_what_a_reload_serves(model_dir, v1_dir, namespace):
+    from liveloop.transport import TransportConfig, make_receiver, make_sender
+    from liveloop.transport import shared_memory as shm
+
+    config = TransportConfig(backend="shared_memory", namespace=namespace)
+    sender, receiver = make_sender(config), make_receiver(config)
+    ref0, ref1 = _hf(model_dir), _hf(v1_dir)
+
+    def publish(version: int, state: dict) -> object:
+        sender.start_update(version)
+        sender.send(state)
+        return sender.finish()
+
+    engine = create_engine(EngineConfig(backend="vllm", model=str(model_dir), swap_mode="keep"), model_dir)
+    before = _our_files()
+    await engine.start()
+    try:
+        prompt = (5, 6, 7, 8)
+        seen: set[str] = set()
+
+        async def watch() -> None:  # every engine copy made while the swap runs
+            while True:
+                seen.update(_our_files() - before)
+                await asyncio.sleep(0.001)
+
+        handle = publish(1, ref1.state_dict())
+        watcher = asyncio.create_task(watch())
+        with receiver.open(handle) as source:
+            await engine.update_weights(source, 1)
+        watcher.cancel()
+        assert engine.last_load == "staged" and engine.version == 1
+        assert not seen, f"the engine copied the transport's memory: {seen}"
+        staged = await _generate(engine, prompt, "staged")
+        assert _close(staged.logprobs, _reference_logprobs(ref1, prompt, staged.ids)) <= TOL
+
+        engine._unstaged = "this test compares with vLLM's reload"  # the same weights, reloaded in the pause
+        await engine.update_weights(NamedTensors(ref1.state_dict()), 2)
+        assert engine.last_load == "reload"
+        reloaded = await _generate(engine, prompt, "reloaded")
+        assert (reloaded.ids, reloaded.logprobs) == (staged.ids, staged.logprobs), "staged and reloaded weights differ"
+        engine._unstaged = None
+
+        missing = {k: v for k, v in ref0.state_dict().items() if k != "model.layers.2.self_attn.q_norm.weight"}
+        with pytest.raises(WeightsRejected, match="missing tensors.*layers.2.self_attn.q_norm"):
+            await engine.update_weights(NamedTensors(missing), 3)
+        assert engine.healthy() and engine.version == 2
+        again = await _generate(engine, prompt, "after-refusal")
+        assert (again.ids, again.logprobs) == (staged.ids, staged.logprobs), "a refused swap changed the weights"
+
+        handle = publish(4, ref0.state_dict())
+        with receiver.open(handle) as source:
+            shm.remove_version(namespace, 4)  # a newer publish removed its files: the server's mapping stays
+            await engine.update_weights(source, 4)
+        assert engine.last_load == "staged" and engine.version == 4
+        v4 = await _generate(engine, prompt, "moved")
+        assert _close(v4.logprobs, _reference_logprobs(ref0, prompt, v4.ids)) <= TOL
+        assert _our_files() == before, "the copy staged for the moved files was left behind"
+    finally:
+        await engine.close()

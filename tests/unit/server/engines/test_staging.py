@@ -50,8 +50,10 @@ def test_the_vllm_engine_reads_and_checks_a_checkpoint_one_tensor_at_a_time(tmp_
     save_file({"a": torch.arange(6, dtype=torch.float32).view(2, 3), "b": torch.tensor([1, 2])}, str(tmp_path / "model.safetensors"))
     packed = engine._stage(CheckpointDir(tmp_path))
     try:
-        got = dict(read_shared(packed.wire()))
-        assert torch.equal(got["a"], torch.arange(6, dtype=torch.float32).view(2, 3)) and torch.equal(got["b"], torch.tensor([1, 2]))
+        with read_shared(packed.wire()) as views:
+            got = dict(views)
+            assert torch.equal(got["a"], torch.arange(6, dtype=torch.float32).view(2, 3)) and torch.equal(got["b"], torch.tensor([1, 2]))
+            del got
     finally:
         packed.release()
     save_file({"a": torch.ones(2), "b": torch.tensor([float("inf")])}, str(tmp_path / "model.safetensors"))
