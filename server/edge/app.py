@@ -11,10 +11,13 @@ keys (they are public: anyone could use them).
 
 Slow clients cannot hold connections: `create_app` bounds a request body's arrival
 (`[server] body_timeout_seconds`, 408), and `uvicorn_options` gives uvicorn what bounds the headers'
-(`[server] header_timeout_seconds`): uvicorn's h11 protocol has no header timeout (a connection that
-sends half a request line is kept for ever), so `HeaderDeadline` is h11's protocol with one timer,
-armed when a connection opens and after each response, cancelled once a request's headers are in,
-closing the connection when it fires first.
+(`[server] header_timeout_seconds`): uvicorn's HTTP protocols have no header timeout (a connection
+that sends half a request line is kept for ever), so `HeaderDeadline` is uvicorn's httptools protocol
+(llhttp, a C parser: what uvicorn and vLLM's own server pick by default) with one timer, armed when a
+connection opens and when a later request's first byte arrives, cancelled once a request's headers are
+in, closing the connection when it fires first; a request's line and headers over `MAX_HEADER_BYTES`
+get a 400 and a close, as with h11. (It was h11's protocol, pure Python on every request and every
+event a stream writes.)
 """
 
 from __future__ import annotations
@@ -24,9 +27,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-import h11
 from fastapi import FastAPI
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from liveloop.config import Config
 from liveloop.server.config import ServerConfig
@@ -48,6 +50,7 @@ from liveloop.server.edge.responses import routes as responses
 from liveloop.server.edge.tokens import routes as tokens
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_HEADER_BYTES = 16 * 1024  # a request's line and headers at most (h11's bound, kept with httptools)
 ROUTERS = (
     models.router, chat.router, completions.router, stored.router, messages.router, responses.router, tokens.router,
     feedback.router, ops.router, admin.router, episodes.router, dashboard.router, release.router, alarms.router,
@@ -114,8 +117,8 @@ class ReplicaHeader:
         await self.app(scope, receive, send_named)
 
 
-class HeaderDeadline(H11Protocol):
-    """uvicorn's h11 protocol, closing a connection whose request headers are not complete within
+class HeaderDeadline(HttpToolsProtocol):
+    """uvicorn's httptools protocol, closing a connection whose request headers are not complete within
     `header_timeout` seconds of its opening, or of the first byte of a later request on it. Between
     requests an idle connection is uvicorn's: `timeout_keep_alive` (`[server] keep_alive_seconds`) closes
     it. That idle limit sits well above the clients' own pool expiry (httpx's 5 s): a server that closes
@@ -124,23 +127,36 @@ class HeaderDeadline(H11Protocol):
 
     header_timeout = 10.0
     _header_timer: asyncio.TimerHandle | None = None
+    _header_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value))
+        super().on_header(name, value)
+
+    def _count(self, n: int) -> None:
+        """llhttp bounds no header's size (h11 held a request's head to 16 KiB): past MAX_HEADER_BYTES the
+        parse fails, which uvicorn answers with a 400 and a close."""
+        self._header_bytes += n
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise ValueError(f"request line and headers over {MAX_HEADER_BYTES} bytes")
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_header_timer()
 
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:  # a request's headers are in
-            self._cancel_header_timer()
-        elif self._header_timer is None and not self.transport.is_closing():  # a later request has begun
+    def on_message_begin(self) -> None:  # the parser met a request's first byte
+        super().on_message_begin()
+        self._header_bytes = 0
+        if self._header_timer is None and not self.transport.is_closing():
             self._arm_header_timer()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()  # may start a pipelined request at once
-        pipelined = bool(self.conn.trailing_data[0])  # part of the next request came with the last one
-        if pipelined and not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
-            self._arm_header_timer()
+    def on_headers_complete(self) -> None:
+        self._cancel_header_timer()
+        super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
@@ -157,7 +173,7 @@ class HeaderDeadline(H11Protocol):
 
     def _headers_late(self) -> None:
         self._header_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if not self.transport.is_closing():
             self.transport.close()
 
 

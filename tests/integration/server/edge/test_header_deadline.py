@@ -1,7 +1,8 @@
 """Half-sent requests cannot hold connections, and idle keep-alive connections outlive the clients'
 pools: uvicorn run with `uvicorn_options` (server/edge/app.py) closes a connection whose request headers are
 not complete within `[server] header_timeout_seconds` of its opening or of a later request's first byte
-(uvicorn's own h11 protocol keeps it for ever), while a normal client is served throughout; an idle
+(uvicorn's own protocols keep it for ever), while a normal client is served throughout; headers too large
+get a 400 and a close (httptools bounds none itself); an idle
 connection between requests stays open for `[server] keep_alive_seconds`, longer than httpx's (and so
 the openai and anthropic clients') pool expiry, so the client always drops it first and never sends a
 request into a connection the server is closing. A real uvicorn server on 127.0.0.1 with a trivial
@@ -112,3 +113,16 @@ def test_an_idle_keep_alive_connection_is_closed_after_keep_alive_seconds(server
     assert _get(sock, "/a").startswith(b"HTTP/1.1 200")
     assert _closed(sock, 1.0 + 5)
     sock.close()
+
+
+def test_a_request_head_too_large_gets_a_400_and_a_close_and_a_normal_one_is_served(server):
+    """h11 held a request's line and headers to 16 KiB; llhttp bounds nothing, so the protocol counts."""
+    from liveloop.server.edge.app import MAX_HEADER_BYTES
+
+    base, port = server
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"GET /a HTTP/1.1\r\nHost: x\r\nx-big: " + b"a" * MAX_HEADER_BYTES + b"\r\n\r\n")
+    assert sock.recv(1024).startswith(b"HTTP/1.1 400")
+    assert _closed(sock, 5)
+    sock.close()
+    assert httpx.get(base + "/a", headers={"x-fine": "a" * (MAX_HEADER_BYTES // 2)}, timeout=5).text == "ok"
