@@ -9,6 +9,8 @@ is handed only what it uses. Nothing else builds a component.
    configured model) and starts the engine on it (a `CanaryEngine` pair when the release gate runs);
 3. starts the group-commit writer, the serving pipeline and the activation side of the control plane
    (`Activator`), restoring the segments' adapters;
+   then runs a warm-up generation through the serving pipeline (server/control/readiness.py: nothing
+   logged), so the first reply after /healthz says ok is as fast as the second;
 4. builds the control plane's loops' owners: `Operations` (drift monitor, guard, alarms, imports),
    `Leadership`, the release gate, the replica registry;
 5. starts the background tasks (`running`): the version watcher, the heartbeat, the forgotten keys'
@@ -16,10 +18,11 @@ is handed only what it uses. Nothing else builds a component.
    (server/edge/fleet_limits.py: the rates and the sign-in throttle count every replica on the store);
 6. starts the co-located learner (`start_learner`, a Ray actor, when `[learner] enabled`: it gets
    `[store]`, `[learner]`, `[critic]` and the model directory and meets the server only in the store);
-7. attaches the parts to the app (server/edge/dependencies.py), where the routes take them as typed
-   dependencies. /healthz answers only then.
-Shut-down reverses it: the learner first (it publishes what it has), then the tasks, the lease and the
-registry row, then the engine, the writer (every queued row flushed) and the store.
+7. freezes the start's objects out of the garbage collector's full passes (`freeze_heap`) and attaches
+   the parts to the app (server/edge/dependencies.py), where the routes take them as typed
+   dependencies. /healthz answers only then (its details say how the warm-up went).
+Shut-down reverses it: the learner first (it publishes what it has; the heap is thawed), then the tasks,
+the lease and the registry row, then the engine, the writer (every queued row flushed) and the store.
 
 A Ray Serve replica (liveloop/serve_ray.py) builds the same app with another `learner` factory: a view
 of the ONE learner the fleet shares (`RemoteLearner`), whose `close` only stops looking at it.
@@ -48,6 +51,7 @@ from liveloop.server.control.gate import ReleaseGate, gated_segments, wants_gate
 from liveloop.server.control.leader import Leadership
 from liveloop.server.control.operations import Operations
 from liveloop.server.control.activator import Activator
+from liveloop.server.control.readiness import freeze_heap, thaw_heap, warm_up
 from liveloop.server.control.retention import apply_retention
 from liveloop.server.control.startup import finish_start, record_fallback, start_instead, start_point, sweep_shared_memory
 from liveloop.server.control.weights_import import WeightImports
@@ -94,6 +98,7 @@ def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config
     async def lifespan(app: FastAPI):
         async with running(config, model_dir, edge_state(app)) as parts:
             learner = await asyncio.to_thread(learner_factory, config, model_dir)
+            freeze_heap()  # what the start made stays out of the collector's full passes (server/control/readiness.py)
             attach(app, dataclasses.replace(parts, learner=learner))
             try:
                 yield
@@ -101,6 +106,7 @@ def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config
                 detach(app)
                 if learner is not None:
                     await asyncio.to_thread(learner.close)
+                thaw_heap()
 
     return create_app(config.server, lifespan)
 
@@ -229,6 +235,8 @@ async def running(config: Config, model_dir: Path, edge: EdgeState) -> AsyncIter
     """Step 5: the server's parts, started, with their background tasks; on exit the tasks are cancelled,
     the lease released, the replica row removed and the parts stopped, every queued row flushed."""
     p = await start_parts(config, model_dir, edge)
+    # a first generation through the pipeline before anything answers: the first reply is as fast as the second
+    p = dataclasses.replace(p, warm_up=await warm_up(p.serving))
     assert p.leadership is not None
     try:  # lead at once if nobody does (a lone server): the loops below start as the leader
         await asyncio.to_thread(p.leadership.renew)

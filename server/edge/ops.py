@@ -1,8 +1,10 @@
 """Operations: GET /healthz (each part's health + what is serving) and GET /metrics (Prometheus text).
 
-/healthz answers 503 when serving cannot log (the writer thread is gone, or the store refuses
-commits and does not answer a ping); a learner that is down or restarting makes it "degraded" with
-200: users are still served and logged, and the learner's ratings wait in the store. A stalled store
+/healthz answers only once the server has started, its warm-up generation included
+(server/control/readiness.py: its details say how it went, `warm_up`). It answers 503 when serving
+cannot log (the writer thread is gone, or the store refuses commits and does not answer a ping); a
+learner that is down or restarting makes it "degraded" with 200: users are still served and logged,
+and the learner's ratings wait in the store. A stalled store
 (locked, slow) makes it "degraded" too while the writer's oldest waiting write is older than
 `[store] writer_stall_seconds` (`writer.oldest_age_seconds` says how old).
 
@@ -72,6 +74,7 @@ async def healthz(request: Request, state: Parts = Depends(parts)) -> JSONRespon
         },
         "store": {"ok": store_ok, "last_error": None if store_ok else writer.last_error},
         "learner": learner,
+        "warm_up": None if state.warm_up is None else state.warm_up.details(),
     }
     return JSONResponse(body, status_code=code)
 
