@@ -47,7 +47,7 @@ from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams, TokenDelta
 from liveloop.server.edge.pipeline.prompting import Prompter
 from liveloop.server.edge.response_ids import new_response_id
-from liveloop.server.edge.pipeline.splicing import CarriedTurn, Splicer
+from liveloop.server.edge.pipeline.splicing import CarriedTurn, Splicer, carries
 from liveloop.server.edge.chat.protocol import ChatCompletionRequest
 from liveloop.server.edge.completions.protocol import CompletionRequest
 from liveloop.server.edge.messages.protocol import MessagesRequest
@@ -360,7 +360,8 @@ class Serving:
         check_tool_results(messages)
         tool_use = self.prompter.tool_use(tools, choice, parallel)
         prompt = self.prompter.render(messages, tool_use, generation_prompt)  # typed markers stay text (markers.py)
-        return tool_use, self.splicer.prompt_ids(prompt, key_id), prompt.text
+        carried = key_id if carries(messages) else None  # no assistant message, no earlier turn: no store read
+        return tool_use, self.splicer.prompt_ids(prompt, carried), prompt.text
 
     async def count_tokens(self, req: Any, key_id: str | None = None) -> int:
         """The prompt tokens of an Anthropic conversation (its tools rendered with it), as

@@ -9,7 +9,9 @@ wrote token by token. So before a chat prompt is tokenized, the server looks for
 turn of the same key whose prompt text and reply text the rendered text starts with (hashes at the
 places a stop token's text starts, one indexed store read), checks it by decoding those tokens, and
 then takes its prompt and sampled tokens as they are and tokenizes only the rest. The store's linking
-(store/episode_links.py) then finds them exactly.
+(store/episode_links.py) then finds them exactly. An earlier turn comes back as an assistant message,
+so a conversation without one carries none and is not looked up (`carries`): a first turn costs no
+store read.
 
 A turn's text hash is its prompt's text and its sampled tokens' text without a final stop token (the
 template writes its own end marker after a reply). Nothing is reused when the store cannot be read
@@ -36,6 +38,12 @@ log = logging.getLogger(__name__)
 
 # (key id, text hashes longest first) -> (the hash found, its prompt ids, its sampled ids) or None
 CarriedTurn = Callable[[str, Sequence[int]], tuple[int, np.ndarray, np.ndarray] | None]
+
+
+def carries(messages: Sequence[dict[str, Any]]) -> bool:
+    """Whether a conversation can carry an earlier served turn: that turn comes back as an assistant
+    message, so a conversation without one carries none (and costs no store read)."""
+    return any(m.get("role") == "assistant" for m in messages)
 
 
 class Splicer:

@@ -1,7 +1,8 @@
 """Token in, token out (server/edge/pipeline/splicing.py) with the tiny model's tokenizer and a real SQLite store: a
 resent conversation carrying an earlier turn's text gets that turn's sampled tokens, even where the
 tokenizer would have merged them otherwise; another key's turn, a text that does not decode back and a
-store that cannot be read all leave the prompt tokenized whole (the last one counted)."""
+store that cannot be read all leave the prompt tokenized whole (the last one counted); a conversation
+without an assistant message carries nothing, so the server does not look (`carries`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from liveloop.metrics import Metrics
-from liveloop.server.edge.pipeline.splicing import Splicer
+from liveloop.server.edge.pipeline.splicing import Splicer, carries
 from liveloop.store import ResponseRecord
 from liveloop.store.linking import LinkKeys
 
@@ -60,3 +61,13 @@ def test_a_store_that_cannot_be_read_leaves_the_prompt_whole(tok):
                                     {"role": "user", "content": "c"}], add_generation_prompt=True, tokenize=False)
     assert splicer.prompt_ids(text, "k1") == tok(text, add_special_tokens=False)["input_ids"]
     assert b"server_splice_failures_total 1.0" in metrics.render() or b"server_splice_failures 1.0" in metrics.render(), metrics.render()
+
+
+def test_only_a_conversation_with_an_assistant_message_can_carry_a_turn():
+    """A served turn comes back as an assistant message: a first turn (system, user, tool results of a
+    client's own) costs no store read."""
+    assert not carries([{"role": "user", "content": "hi"}])
+    assert not carries([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+    assert carries([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}])
+    assert carries([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": None, "tool_calls": []},
+                    {"role": "tool", "tool_call_id": "c", "content": "4"}])
