@@ -1,22 +1,35 @@
 """Feedback-to-live latency: from `POST /v1/feedback` to the first response served by a version that
-was trained on that rating, on the embedded default shape (vLLM engine + co-located Ray learner,
-SQLite), with one user chatting and rating every reply. Also the learner's throughput and idle
-fraction while serving runs.
+was trained on that rating (admitted at that version or a later one), with one user chatting and rating
+every reply, and where that time goes. Also the learner's throughput and idle fraction while serving runs.
 
-    .venv/bin/python bench/feedback_to_live.py [--seconds 90] [--backend vllm] [--arms today,live] [--think 0]
+    .venv/bin/python bench/feedback_to_live.py [--seconds 90] [--backend vllm] [--arms default_before,default] [--think 0]
 
 Arms, one server each, run one after the other in this script:
-  today  the former defaults: versions published every 4 steps or 5 s, saved as checkpoint directories
-         and swapped in by draining (what this benchmark measured before the memory path);
-  live   configs/serve/default.toml's values now (the fast path): a version after every step (adaptive
-         batch up to 16 ratings), handed to the engine through shared memory (the durable checkpoint
-         written after), swapped in `keep` mode; the learner looks for ratings every 20 ms (not 100)
-         and the server for versions every 50 ms (not 100). `--arms live` runs the default alone.
+  default         configs/serve/default.toml as it ships (`extends = "default"`: its learner, step control,
+                  trust region and KL anchor, no overrides): the goal's arm;
+  default_before  the same, with the serving side as it was before issue 36.3: vLLM reloads inside the
+                  swap's pause (`[engine] vllm_weight_load = "reload"`) and the server finds a version
+                  at its next `watch_seconds` poll only (`[transport] bell = false`);
+  today           the former defaults: versions published every 4 steps or 5 s, saved as checkpoint directories
+                  and swapped in by draining (what this benchmark measured before the memory path);
+  live            the fast path with the tuned learner preset (configs/fragments/tuned_learner.toml, no KL
+                  anchor): a version after every step (adaptive batch up to 16 ratings), handed to the
+                  engine through shared memory, swapped in `keep` mode; the learner looks for ratings every
+                  20 ms and the server for versions every 50 ms.
+
+The timeline (each rating, then the median and p90 of each stage): `learner` from the rating to the
+publish of the first version that trained on it and served (the version row's created_at: the learner's
+poll, waiting for the step before, its own step, the publish); the server's stages from its log line for
+that version (server/control/activator.py `_timeline`): `found` (the publish until the watcher looked),
+`checked` (the store's word), `weights` (opened and verified), `swap` (the engine's, of which `held` held new
+requests), `recorded` (the store's transaction), `freed`; `client` from the version serving to the end of
+the first reply admitted at it (the bench's own loop: the reply running then, the next rating, a whole reply).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -27,29 +40,47 @@ from common import chat_messages, default_model, percentile, save  # noqa: E402
 
 
 ARMS = {
-    "today": {"publish_every": 4, "publish_seconds": 5.0, "max_batch": 0, "transport": "checkpoint_dir", "swap_mode": "drain",
+    "default": {"extends": "default"},
+    "default_before": {"extends": "default", "engine": 'vllm_weight_load = "reload"', "transport": "bell = false"},
+    "today": {"publish_every": 4, "publish_seconds": 5.0, "max_batch": 0, "transport_backend": "checkpoint_dir", "swap_mode": "drain",
               "poll": 0.1, "watch": 0.1},
-    "live": {"publish_every": 1, "publish_seconds": 0.5, "max_batch": 16, "transport": "shared_memory", "swap_mode": "keep",
+    "live": {"publish_every": 1, "publish_seconds": 0.5, "max_batch": 16, "transport_backend": "shared_memory", "swap_mode": "keep",
              "poll": 0.02, "watch": 0.05},
 }
+STAGES = ("learner", "found", "checked", "weights", "swap", "held", "recorded", "freed", "client")
+_SERVED = re.compile(
+    r"version (\d+) served ([\d.]+) ms after its publish: found after ([-\d.]+) ms, checked ([\d.]+) ms, weights ([\d.]+) ms, "
+    r"swap ([\d.]+) ms \(held ([\d.]+) ms\), recorded ([-\d.]+) ms, freed ([\d.]+) ms"
+)
 
 
-def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> dict:
-    from liveloop.devtools import ADMIN_KEY, USER_KEYS, start_server
+def server_of(name: str, arm: dict, args: argparse.Namespace, model_dir: Path, workdir: Path):
+    from liveloop.devtools import start_server
 
+    if "extends" in arm:  # a preset as it ships: its own learner, nothing overridden but what the arm names
+        engine, transport = arm.get("engine", ""), arm.get("transport", "")
+        return start_server(workdir, model_dir, args.backend, learner="", extends=arm["extends"], engine_extra=engine,
+                            extra=f"[transport]\n{transport}\n" if transport else "")
     # over the tuned learner preset (configs/fragments/tuned_learner.toml): no pre-trained critic here, so
     # near-Monte-Carlo advantages (alpha = 1), and no KL anchor, as this benchmark has always measured
     learner = (
         f"publish_every_steps = {arm['publish_every']}\npublish_every_seconds = {arm['publish_seconds']}\n"
         f"max_batch_size = {arm['max_batch']}\npoll_seconds = {arm['poll']}\nlambda_alpha = 1.0\nkl_coef = 0.0\n"
     )
-    posts: list[tuple[float, int]] = []  # (time of POST /v1/feedback, feedback id)
-    served: list[tuple[float, int]] = []  # (time a response completed, its version)
+    return start_server(
+        workdir, model_dir, args.backend, learner=learner, extends="tuned_learner",
+        engine_extra=f'swap_mode = "{arm["swap_mode"]}"', server_extra=f"watch_seconds = {arm['watch']}",
+        extra=f'[transport]\nbackend = "{arm["transport_backend"]}"\n',
+    )
+
+
+def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> dict:
+    from liveloop.devtools import ADMIN_KEY, USER_KEYS
+
+    posts: list[tuple[float, int]] = []  # (wall time of POST /v1/feedback, feedback id)
+    served: list[tuple[float, int]] = []  # (wall time a response completed, the version it was admitted at)
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_server(
-            Path(tmp), model_dir, args.backend, learner=learner, extends="tuned_learner",
-            engine_extra=f'swap_mode = "{arm["swap_mode"]}"', server_extra=f"watch_seconds = {arm['watch']}", extra=f'[transport]\nbackend = "{arm["transport"]}"\n',
-        )
+        server = server_of(name, arm, args, model_dir, Path(tmp))
         try:
             # 16 users take turns, each chatting and rating every reply (one key per user: the learner's
             # per-key influence cap sees 16 people, not one)
@@ -63,9 +94,9 @@ def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> 
                     headers=auth[i % len(auth)],
                 )
                 r.raise_for_status()
-                served.append((time.monotonic(), r.json()["policy_version"]))
+                served.append((time.time(), r.json()["policy_version"]))
                 reward = int("behold" in r.json()["choices"][0]["message"]["content"].lower())
-                t = time.monotonic()
+                t = time.time()
                 f = user.post("/v1/feedback", json={"response_id": r.json()["id"], "reward": reward}, headers=auth[i % len(auth)])
                 f.raise_for_status()
                 posts.append((t, f.json()["id"]))
@@ -75,7 +106,7 @@ def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> 
                 r = user.post(
                     "/v1/chat/completions", json={"model": "liveloop-tiny", "messages": chat_messages(0), "max_tokens": 8}, headers=auth[0]
                 )
-                served.append((time.monotonic(), r.json()["policy_version"]))
+                served.append((time.time(), r.json()["policy_version"]))
                 time.sleep(0.5)
             versions = user.get("/v1/versions", headers=auth[0], params={"limit": 1000}).json()["data"]
             swaps = _swap_seconds(user.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text)
@@ -83,8 +114,10 @@ def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> 
             user.close()
         finally:
             server.stop()
+        stages = _server_stages(server.log_path.read_text(errors="replace"))
+        created = _created(server.store_url)
     cursor_of = {v["version"]: v["metrics"].get("learner/cursor", 0) for v in versions if v["version"] > 0}
-    latencies, missing = [], 0
+    latencies, missing, timeline = [], 0, []
     for t_post, fid in posts:
         trained_in = [v for v, c in cursor_of.items() if c >= fid]
         if not trained_in:
@@ -92,12 +125,19 @@ def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> 
             continue
         v_f = min(trained_in)
         live = [t for t, v in served if t >= t_post and v >= v_f]
-        if live:
-            latencies.append(min(live) - t_post)
-        else:
+        if not live:
             missing += 1
+            continue
+        latencies.append(min(live) - t_post)
+        went = min((v for v in stages if v >= v_f), default=None)  # the version that brought it live here
+        if went is not None and went in created:
+            s = stages[went]
+            live_at = created[went] + s["served"] / 1000
+            row = {k: s[k] for k in STAGES if k in s}
+            row |= {"learner": 1000 * (created[went] - t_post), "client": 1000 * (min(live) - live_at)}
+            timeline.append(row)
     busy, idle = status.get("busy_seconds", 0.0), status.get("idle_seconds", 0.0)
-    result = {
+    return {
         "arm": name,
         "config": arm | {"backend": args.backend, "seconds": args.seconds, "think": args.think},
         "ratings": len(posts),
@@ -106,12 +146,35 @@ def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> 
         "p50_s": percentile(latencies, 50),
         "p99_s": percentile(latencies, 99),
         "versions_published": len(cursor_of),
+        "versions_served": len(stages),
         "learner_samples": status.get("samples"),
         "learner_samples_per_busy_s": status.get("samples", 0) / busy if busy else None,
         "learner_idle_fraction": status.get("idle_fraction"),
         "swap_mean_s": swaps,
+        "timeline_ms": {k: {"p50": percentile([r[k] for r in timeline if k in r], 50), "p90": percentile([r[k] for r in timeline if k in r], 90)}
+                        for k in STAGES},
+        "timeline_rows": timeline,
     }
-    return result
+
+
+def _server_stages(log: str) -> dict[int, dict[str, float]]:
+    """Each served version's stages from the server's log lines (server/control/activator.py `_timeline`)."""
+    out = {}
+    for m in _SERVED.finditer(log):
+        v, *ms = m.groups()
+        out[int(v)] = dict(zip(("served", "found", "checked", "weights", "swap", "held", "recorded", "freed"), map(float, ms)))
+    return out
+
+
+def _created(store_url: str) -> dict[int, float]:
+    """Each version's publish (its row's created_at, wall clock) from the arm's store."""
+    from liveloop.store import Store, StoreConfig
+
+    store = Store(StoreConfig(url=store_url))
+    try:
+        return {r.version: r.created_at.timestamp() for r in store.versions.list_versions()}
+    finally:
+        store.close()
 
 
 def _swap_seconds(metrics: str) -> float | None:
@@ -130,21 +193,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=90)
     parser.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
-    parser.add_argument("--arms", default="today,live")
+    parser.add_argument("--arms", default="default_before,default")
     parser.add_argument("--think", type=float, default=0.0, help="seconds between a rating and the next chat (0: back to back)")
+    parser.add_argument("--tag", default="", help="appended to the result's file name (to keep several runs)")
     args = parser.parse_args()
     model_dir = default_model()
     results = [run_arm(name, ARMS[name], args, model_dir) for name in args.arms.split(",")]
     print(f"\n{args.backend} engine, {args.seconds:.0f} s per arm, think time {args.think:g} s")
-    print("| arm | ratings | live | feedback-to-live p50 | p99 | versions | mean swap | learner samples/s (busy) | learner idle |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| arm | ratings | live | feedback-to-live p50 | p99 | versions | served | mean swap | learner samples/s (busy) | learner idle |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(
             f"| {r['arm']} | {r['ratings']} | {r['went_live']} | {r['p50_s']:.2f} s | {r['p99_s']:.2f} s | "
-            f"{r['versions_published']} | {(r['swap_mean_s'] or 0) * 1000:.0f} ms | {r['learner_samples_per_busy_s'] or 0:.1f} | "
-            f"{r['learner_idle_fraction']:.2f} |"
+            f"{r['versions_published']} | {r['versions_served']} | {(r['swap_mean_s'] or 0) * 1000:.0f} ms | "
+            f"{r['learner_samples_per_busy_s'] or 0:.1f} | {r['learner_idle_fraction']:.2f} |"
         )
-    print(f"saved {save(f'feedback_to_live_{args.backend}_think{args.think:g}', {'arms': results})}")
+    print("\nwhere the time goes (ms, p50 / p90 over the ratings that went live):")
+    print("| arm | " + " | ".join(STAGES) + " |")
+    print("|---|" + "---|" * len(STAGES))
+    for r in results:
+        t = r["timeline_ms"]
+        print(f"| {r['arm']} | " + " | ".join(f"{t[k]['p50']:.0f} / {t[k]['p90']:.0f}" for k in STAGES) + " |")
+    tag = f"_{args.tag}" if args.tag else ""
+    print(f"saved {save(f'feedback_to_live_{args.backend}_think{args.think:g}{tag}', {'arms': results})}")
 
 
 if __name__ == "__main__":

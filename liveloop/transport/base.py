@@ -284,6 +284,12 @@ class Receiver:
         """`handle`'s version serves now: memory of older versions may go, and its own too once its
         durable checkpoint exists (`durable`). No-op by default."""
 
+    def bell(self) -> Any:
+        """Something the server's version watcher can wait on for a co-located learner's publish (an
+        object with `async wait(timeout) -> list[int]` and `close()`: liveloop/transport/bell.py), or
+        None: this backend rings nothing and the watcher polls."""
+        return None
+
     def close(self) -> None:
         pass
 

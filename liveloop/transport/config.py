@@ -4,6 +4,7 @@
     backend = "shared_memory"    # checkpoint_dir | shared_memory | ipc | nccl | delta
     namespace = "auto"           # this deployment's private directory (auto: its random id, from the store)
     keep_versions = 2            # memory backends: versions whose memory may stay alive at once
+    bell = true                  # shared_memory: the learner wakes the co-located servers' watchers at a publish
 
 `checkpoint_dir` is today's path (a directory on disk; works across machines and is itself durable).
 `shared_memory` hands tensors to a co-located CPU engine through POSIX shared memory. `ipc` (same GPU,
@@ -50,6 +51,12 @@ class TransportConfig:
     )
     keep_versions: int = field(
         default=2, metadata={"help": "memory backends: at most this many versions' memory alive at once (older ones are removed)"}
+    )
+    bell: bool = field(
+        default=True,
+        metadata={"help": "shared_memory: the learner rings the co-located servers when a version's memory is finished, so "
+                  "they look for it at once (liveloop/transport/bell.py); false: they find it at their next [server] "
+                  "watch_seconds poll"},
     )
     durable_wait_seconds: float = field(
         default=60.0,

@@ -20,6 +20,10 @@ are stored once and listed under each name. Files are 0600, created O_EXCL | O_N
 anything in the namespace that is not our own regular 0600 file is foreign: `scan` reports it, and
 nothing reads it.
 
+A finished version rings the bells of the servers on this machine (`bell-<pid>-<hex>.sock` in the same
+directory, liveloop/transport/bell.py): their version watchers look at once rather than at their next
+poll (`[transport] bell`). Bells are neither versions nor foreign to `scan`.
+
 Lifetime: files are not tied to the process that made them (they must outlive the learner that sent
 them while no durable checkpoint exists). They go when: an update is aborted or fails (its own files,
 at once); the sender `init`s (every unfinished version of the namespace: what a crashed sender left);
@@ -49,7 +53,7 @@ from typing import Any
 
 import torch
 
-from liveloop.transport import private_dir
+from liveloop.transport import bell, private_dir
 from liveloop.transport.base import (
     HandleGone, Receiver, Sender, TensorDigest, TransportFailed, TransportUnavailable, WeightHandle, WeightsUnverified, new_nonce,
     require_authenticated, verify,
@@ -133,6 +137,8 @@ def scan(namespace: str) -> Scan:
             st = os.lstat(path / name)
         except FileNotFoundError:
             continue
+        if bell.NAME.fullmatch(name) and stat.S_ISSOCK(st.st_mode) and st.st_uid == uid:
+            continue  # a server's bell (liveloop/transport/bell.py): neither a version nor foreign
         m = _FILE.fullmatch(name)
         if m is None:
             foreign.append(Foreign(str(path / name), "not a name this deployment makes"))
@@ -247,10 +253,11 @@ class _Update:
 class SharedMemorySender(Sender):
     backend = "shared_memory"
 
-    def __init__(self, namespace: str, keep_versions: int = 2):
+    def __init__(self, namespace: str, keep_versions: int = 2, ring: bool = True):
         super().__init__()
         self.namespace = namespace
         self.keep_versions = keep_versions
+        self.ring = ring  # ring the co-located servers' bells at each finished version
         self._update: _Update | None = None
 
     def _init(self) -> None:
@@ -325,6 +332,8 @@ class SharedMemorySender(Sender):
         write_doc(name, {"version": version, "nonce": u.nonce, "digest": digest, "segments": u.segments, "tensors": u.tensors})
         self._update = None
         self._keep_newest()
+        if self.ring:  # the servers' watchers look now rather than at their next poll
+            bell.ring(directory(self.namespace), version)
         detail = {"segments": len(u.segments), "tensors": len(u.tensors)}
         return WeightHandle(self.backend, version, name, detail, nonce=u.nonce, digest=digest)
 
@@ -353,8 +362,18 @@ def _memory_key(t: torch.Tensor) -> tuple | None:
 class SharedMemoryReceiver(Receiver):
     backend = "shared_memory"
 
-    def __init__(self, namespace: str):
+    def __init__(self, namespace: str, ring: bool = True):
         self.namespace = namespace
+        self.ring = ring  # whether this deployment's senders ring (`[transport] bell`)
+
+    def bell(self) -> bell.Bell | None:
+        if not self.ring:
+            return None
+        try:
+            return bell.Bell(directory(self.namespace))
+        except OSError as exc:  # no socket here: the watcher polls
+            log.warning("shared memory: no bell in %s (%s): the version watcher polls", self.namespace, exc)
+            return None
 
     def handle_for(
         self, version: int, checkpoint_path: str | None = None, *, nonce: str | None = None, digest: str | None = None
@@ -448,8 +467,8 @@ def _view(buf: mmap.mmap, t: dict) -> torch.Tensor:
 def sender(config: TransportConfig, path_for: Callable[[int], Path] | None = None, base_model: str | Path | None = None,
            client: Any = None) -> SharedMemorySender:
     """The registry's constructor (`liveloop.transport.make_sender`)."""
-    return SharedMemorySender(config.namespace, config.keep_versions)
+    return SharedMemorySender(config.namespace, config.keep_versions, ring=config.bell)
 
 
 def receiver(config: TransportConfig) -> SharedMemoryReceiver:
-    return SharedMemoryReceiver(config.namespace)
+    return SharedMemoryReceiver(config.namespace, ring=config.bell)

@@ -39,6 +39,12 @@ Results are typed (`SwapResult`, `RollbackResult`); refusals are domain exceptio
 `VersionNotFound`, `NotServable`, `AlreadyServing`, `SwapFailed`, the store's `RollbackRefused` and
 `TransitionRefused`) that the HTTP edge maps to statuses (server/edge/errors.py) and the background guard logs.
 
+The watcher (`watch`) looks every `[server] watch_seconds`, and at once when a co-located learner rings
+the transport's bell at a publish (liveloop/transport/bell.py; `[transport] bell`): the version serves
+about a swap after its row is written, not a poll interval later. Each learner activation logs where its
+time went (`_timeline`: the publish until the watcher looked, the store's word, the weights, the swap,
+the record; metric `server/publish_to_serve_seconds`).
+
 Weights come through the transport seam (liveloop/transport): with a `receiver`, `activate` reads a
 published version from memory first (the learner sent it before recording the row, and writes the
 durable checkpoint after, off the critical path), then from its checkpoint directory. A version whose
@@ -100,6 +106,9 @@ from liveloop.transport.checkpoint_dir import is_checkpoint, verified_copy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+RING_RETRY_SECONDS = 0.002  # after a ring, how soon the watcher looks again for the rung version's row (then doubling)
+RING_PATIENCE_SECONDS = 0.25  # and for how long (then its polls find it, or it was never recorded)
 
 
 class CheckpointUnusable(ValueError):
@@ -183,6 +192,7 @@ class Activator:
         self.gate_segments = frozenset(gate_segments)  # and of these segments' adapter lineages
         self.lock = asyncio.Lock()  # one change of what serves at a time (the gate's candidates take it too)
         self.changes = Changes()  # the swap-to-record windows; admin views read between them
+        self.looked_at = 0.0  # when the watcher's last pass began (wall clock)
 
     # -- lineages -------------------------------------------------------------------------------------
     def lineage(self, segment: str | None) -> Lineage:
@@ -412,6 +422,7 @@ class Activator:
         the lock), then `switch` (the engine swap, then the store's transaction that checks again and
         makes it SERVING; refused there, the old version swaps back). A refusal before the swap drops
         it. For an operator's publish (`operator`) refusals raise instead, and its row is marked FAILED."""
+        began = time.time()
         try:
             record = await asyncio.to_thread(self.store.versions.check_activation, version)
         except TransitionRefused as exc:
@@ -434,6 +445,7 @@ class Activator:
                     return None
                 raise
 
+        checked = time.time()
         with contextlib.ExitStack() as stack:
             try:  # the weights are verified against the row (nonce, digest) before anything serves
                 source, via, handle = await asyncio.to_thread(self.weights, record, stack, not operator)
@@ -442,6 +454,7 @@ class Activator:
                 if operator:
                     raise SwapFailed(version, f"version {version}'s weights failed verification") from exc
                 return None
+            opened = time.time()
             if source is None:
                 if operator:
                     await self.fail(version)
@@ -464,8 +477,25 @@ class Activator:
         if activation is not None and activation.superseded:
             log.info("version %d superseded %s", version, activation.superseded)
         if not operator:
+            switched = time.time()
             await self.loaded(record, handle)
+            self._timeline(record, began, checked, opened, switched, result)
         return result
+
+    def _timeline(self, record: VersionRecord, began: float, checked: float, opened: float, switched: float, result: SwapResult) -> None:
+        """How long a published version took to serve here, by stage (wall clock: the row's created_at is
+        the learner's publish, on the same machine): the metric `server/publish_to_serve_seconds` and one
+        log line (bench/feedback_to_live.py reads it for its timeline)."""
+        now = time.time()
+        published = record.created_at.timestamp()
+        looked = self.looked_at if self.looked_at >= published else began
+        self.metrics.observe("server/publish_to_serve_seconds", now - published)
+        log.info(
+            "version %d served %.1f ms after its publish: found after %.1f ms, checked %.1f ms, weights %.1f ms, swap %.1f ms "
+            "(held %.1f ms), recorded %.1f ms, freed %.1f ms",
+            record.version, 1000 * (now - published), 1000 * (looked - published), 1000 * (checked - began), 1000 * (opened - checked),
+            result.swap_ms, result.held_ms, 1000 * (switched - opened) - result.swap_ms, 1000 * (now - switched),
+        )
 
     # -- rollback --------------------------------------------------------------------------------------
     async def rollback(
@@ -657,22 +687,41 @@ class Activator:
         """Each pass: follow the store's serving versions (`follow`: what another replica activated or
         rolled back), then activate what learners publish: the newest PUBLISHED version past the
         serving one (its activation supersedes the older published ones), unless learning is paused.
-        Runs until cancelled."""
-        while True:
-            try:
-                await self.follow()
-                if self.segments:
-                    await self._watch_adapters()
-                if self.gate_base or await asyncio.to_thread(self.store.operator.learning_paused, self.learner_name):
+        Passes run every `poll_seconds`, and at once when a co-located learner rings the transport's
+        bell (liveloop/transport/bell.py: a version's memory is finished). Its row is written just
+        after its memory, so until a pass sees the rung version's row the watcher looks again after
+        RING_RETRY_SECONDS, doubling, for up to RING_PATIENCE_SECONDS. Runs until cancelled."""
+        bell = self.receiver.bell() if self.receiver is not None else None
+        expected, retry, until = -1, RING_RETRY_SECONDS, 0.0  # the newest version rung whose row no pass has seen yet
+        try:
+            while True:
+                try:
+                    self.looked_at = time.time()
+                    await self.follow()
+                    if self.segments:
+                        await self._watch_adapters()
+                    if self.gate_base or await asyncio.to_thread(self.store.operator.learning_paused, self.learner_name):
+                        expected = -1  # nothing this watcher activates: no hurry
+                    else:
+                        published = await asyncio.to_thread(self.store.versions.versions_with_status, VersionStatus.PUBLISHED, self.engine.version)
+                        if published and published[-1].version >= expected:
+                            expected = -1
+                        if published:
+                            done = await self.activate(published[-1])
+                            if done:
+                                log.info("activated version %d in %.0f ms (from %s)", done.version, done.swap_ms, self.last_swap_via)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("version watcher")
+                if bell is None:
                     await asyncio.sleep(poll_seconds)
                     continue
-                published = await asyncio.to_thread(self.store.versions.versions_with_status, VersionStatus.PUBLISHED, self.engine.version)
-                if published:
-                    done = await self.activate(published[-1])
-                    if done:
-                        log.info("activated version %d in %.0f ms (from %s)", done.version, done.swap_ms, self.last_swap_via)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("version watcher")
-            await asyncio.sleep(poll_seconds)
+                hurry = expected > self.engine.version and time.monotonic() < until
+                rung = await bell.wait(retry if hurry else poll_seconds)
+                retry = min(2 * retry, poll_seconds) if hurry else RING_RETRY_SECONDS
+                if rung and max(rung) > max(expected, self.engine.version):
+                    expected, retry, until = max(rung), RING_RETRY_SECONDS, time.monotonic() + RING_PATIENCE_SECONDS
+        finally:
+            if bell is not None:
+                bell.close()
