@@ -483,8 +483,19 @@ class VLLMEngine(GatedEngine):
         try:
             if swap.ticket is not None:
                 swap.committed = True  # the ticket is used up, whatever the commit says
-                await self._rpc("liveloop_commit", swap.ticket)
+                # the label goes with the copy (vLLM is paused: no step runs, nothing is labelled, until
+                # both are done): one round trip less inside the pause
+                copied, labelled = await asyncio.gather(
+                    self._rpc("liveloop_commit", swap.ticket), self._llm.update_weight_version(str(version)), return_exceptions=True,
+                )
+                if isinstance(copied, BaseException):
+                    await self._llm.update_weight_version(str(self._gate.version))  # still paused: the old label back
+                    raise copied
+                if isinstance(labelled, BaseException):
+                    raise labelled
                 self.last_load = "staged"
+                self._serving = durable
+                return
             else:
                 await self._rpc("liveloop_reload_shared", swap.source.wire())
                 self.last_load = "reload"

@@ -119,6 +119,7 @@ class StagingJob:
         self.model = model
         self._mapped = mapped
         self._moves: list[_Move] | None = None
+        self._shadows: list[torch.nn.Module] = []  # the shadow's modules, taken apart once used (`drop`)
         self.error: str | None = None
         self.fallback = False  # the error is the method's (Unstageable), not the weights'
         self.started = time.perf_counter()
@@ -133,13 +134,15 @@ class StagingJob:
     def _run(self) -> None:
         try:
             with torch.no_grad():
-                self._moves = _stage(self.model, self._mapped)
+                self._moves = _stage(self.model, self._mapped, self._shadows)
         except Unstageable as exc:
             self.error, self.fallback = str(exc), True
         except Exception as exc:  # the weights' fault (a loader refused them): nothing was touched
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self._mapped.close()
+            if self._moves is None:
+                self.drop()
             self.seconds = time.perf_counter() - self.started
             self._done.set()
 
@@ -159,15 +162,26 @@ class StagingJob:
                 for key in move.removed:
                     move.live.__dict__.pop(key, None)
         moved = len(self._moves)
+        seconds = time.perf_counter() - start
+        self.drop()
+        return {"modules": moved, "staged_seconds": self.seconds, "commit_seconds": seconds}
+
+    def drop(self) -> None:
+        """Take the shadow apart (its modules and tensors refer to each other through bound weight
+        loaders): freed now by reference counting, not in a garbage-collector pass that would stall the
+        engine's thread at some later step."""
         self._moves = None
-        return {"modules": moved, "staged_seconds": self.seconds, "commit_seconds": time.perf_counter() - start}
+        for module in self._shadows:
+            module.__dict__.clear()
+        self._shadows = []
 
 
-def _stage(model: torch.nn.Module, mapped: Any) -> list[_Move]:
-    """Load `mapped`'s tensors into a shadow of `model`, process it, and say what the pause copies."""
+def _stage(model: torch.nn.Module, mapped: Any, copies: list[torch.nn.Module]) -> list[_Move]:
+    """Load `mapped`'s tensors into a shadow of `model` (its modules appended to `copies`), process it,
+    and say what the pause copies."""
     from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 
-    root, shadows = _shadow(model)
+    root, shadows = _shadow(model, copies)
     before = {id(s): dict(s.__dict__) for _, s in shadows}
     loaded = root.load_weights(iter(mapped.tensors))
     mapped.close()  # every tensor is copied into the shadow: let the files' pages go
@@ -184,10 +198,10 @@ def _stage(model: torch.nn.Module, mapped: Any) -> list[_Move]:
     return [_move(live, s, before[id(s)]) for live, s in shadows]
 
 
-def _shadow(model: torch.nn.Module) -> tuple[torch.nn.Module, list[tuple[torch.nn.Module, torch.nn.Module]]]:
-    """A copy of `model`'s modules that hold parameters (and the modules above them), each parameter a
-    fresh checkpoint-format tensor; tied parameters stay tied. Returns the copy's root and the (serving,
-    copy) pairs of the modules with parameters, outermost first."""
+def _shadow(model: torch.nn.Module, copies: list[torch.nn.Module]) -> tuple[torch.nn.Module, list[tuple[torch.nn.Module, torch.nn.Module]]]:
+    """A copy of `model`'s modules that hold parameters (and the modules above them; every copy appended
+    to `copies`), each parameter a fresh checkpoint-format tensor; tied parameters stay tied. Returns the
+    copy's root and the (serving, copy) pairs of the modules with parameters, outermost first."""
     from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
     from vllm.model_executor.model_loader.reload.meta import SKIP_TENSORS
 
@@ -199,6 +213,7 @@ def _shadow(model: torch.nn.Module) -> tuple[torch.nn.Module, list[tuple[torch.n
 
     def shadow(m: torch.nn.Module) -> torch.nn.Module:
         s = copy.copy(m)  # its own __dict__; the values are the serving module's until replaced
+        copies.append(s)
         s._parameters = dict(m._parameters)
         s._buffers = dict(m._buffers)
         s._non_persistent_buffers_set = set(m._non_persistent_buffers_set)

@@ -280,8 +280,11 @@ class LiveloopWorker:
         return done
 
     def liveloop_discard(self, ticket: int) -> bool:
-        """Drop staged `ticket` unused (its thread finishes into nothing)."""
-        return self.__dict__.get("_liveloop_jobs", {}).pop(ticket, None) is not None
+        """Drop staged `ticket` unused (a thread still staging it finishes into nothing)."""
+        job = self.__dict__.get("_liveloop_jobs", {}).pop(ticket, None)
+        if job is not None and job.status()["done"]:
+            job.drop()
+        return job is not None
 
     def _liveloop_job(self, ticket: int) -> Any:
         job = self.__dict__.get("_liveloop_jobs", {}).get(ticket)
