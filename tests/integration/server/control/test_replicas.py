@@ -212,3 +212,45 @@ async def test_the_follower_rule_for_a_segments_adapter(store, model_dir, tmp_pa
     finally:
         for e in engines:
             await e.close()
+
+
+def test_the_heartbeat_writes_at_once_what_a_replica_serves_and_its_load_only_with_the_periodic_beat(store):
+    """A change of what the replica serves (or of its health) is written at the next look; the
+    generations running, which change at every look under load, wait for the periodic beat (a write
+    transaction at every look cost the serving process under load: server/control/fleet.py)."""
+    from liveloop.server.control.fleet import heartbeat
+
+    registry = store.fleet.registry
+    now, looks = {"beat": Beat(0, {}, 0, True)}, []
+
+    def beat() -> Beat:
+        looks.append(now["beat"])
+        return now["beat"]
+
+    def row():
+        return next((r for r in registry.rows(down_after=60.0) if r.replica_id == "hb"), None)
+
+    async def until(predicate) -> None:
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(heartbeat(registry, "hb", "process", beat, 0.005, 3600.0))
+        try:
+            await asyncio.wait_for(until(lambda: row() is not None), 30)
+            for n in range(1, 10):  # the load moves at every look: no rewrite
+                now["beat"] = Beat(0, {}, n, True)
+                seen = len(looks)
+                await asyncio.wait_for(until(lambda: len(looks) >= seen + 2), 30)
+            assert (row().serving_version, row().in_flight) == (0, 0)
+            now["beat"] = Beat(1, {}, 7, True)  # what it serves changed: written at the next look, load and all
+            await asyncio.wait_for(until(lambda: row().serving_version == 1), 30)
+            assert row().in_flight == 7
+            now["beat"] = Beat(1, {}, 7, False)  # so is its health
+            await asyncio.wait_for(until(lambda: not row().healthy), 30)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())
