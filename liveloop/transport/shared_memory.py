@@ -20,7 +20,7 @@ are stored once and listed under each name. Files are 0600, created O_EXCL | O_N
 anything in the namespace that is not our own regular 0600 file is foreign: `scan` reports it, and
 nothing reads it.
 
-A finished version rings the bells of the servers on this machine (`bell-<pid>-<hex>.sock` in the same
+A finished version rings the bells of the servers on this machine (`bell-<hex>.sock` in the same
 directory, liveloop/transport/bell.py): their version watchers look at once rather than at their next
 poll (`[transport] bell`). Bells are neither versions nor foreign to `scan`.
 

@@ -13,7 +13,9 @@ Staging, before the gate or vLLM's scheduler is touched: the weights are put in 
 thread (`_stage`: values not known finite scanned once, a checkpoint directory read and checked one
 tensor at a time), then (`_prepare`, `[engine] vllm_weight_load = "staged"`, the default) the worker
 loads and processes them beside the serving model on a thread of its own while the engine keeps
-generating (server/engines/vllm_staging.py): the pause then only copies them in. Weights refused there
+generating (server/engines/vllm_staging.py), and rings the engine's bell when done (a datagram socket
+in a private directory of the engine's: liveloop/transport/bell.py): the pause then only copies them
+in. Weights refused there
 (a tensor missing, a loader error) fail the swap with nothing changed. A transport file removed since
 the server mapped it is staged from a copy of the server's verified mapping instead. Where the worker
 cannot stage the model (an accelerator, a layer kind it does not know: logged once), and with
@@ -75,9 +77,12 @@ refused (AdapterUnusable, `adapter_refusal`): vLLM's LoRA serves neither; the hf
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,13 +95,14 @@ from liveloop.transport.weights import CheckpointDir, NamedTensors, WeightSource
 from liveloop.server.engines.gated import GatedEngine
 from liveloop.server.engines.vllm_worker import WORKER_EXTENSION, SharedWeights, pack_checkpoint, pack_shared
 from liveloop.transport.weights import WeightsRejected, non_finite
+from liveloop.transport.bell import Bell
 from liveloop.transport.checkpoint_dir import PrivateCopy, private_copy
 
 log = logging.getLogger(__name__)
 
 
 CHUNK_BUDGET = 2048  # tokens one engine step prefills at most (vLLM's default), at least the context
-STAGE_POLL_SECONDS = 0.002  # how often the engine asks whether the worker has staged a swap's weights
+STAGE_POLL_SECONDS = 0.05  # how often the engine asks whether the worker has staged a swap's weights, unrung
 
 
 def _cpu_env(config: EngineConfig) -> None:
@@ -210,7 +216,7 @@ class VLLMEngine(GatedEngine):
         self._kept: list[PrivateCopy] = []  # private copies of checkpoints: the one `_serving` names
         self._lora_copies: dict[str, PrivateCopy] = {}  # adapter name -> the private copy vLLM reads
         self._unstaged: str | None = None  # why the worker cannot stage swaps (they reload inside the pause)
-        self._stage_seconds = 0.0  # running mean of how long the worker takes to stage a swap
+        self._bell: Bell | None = None  # the worker's staging thread rings it when a swap's weights are staged
         self.last_load = ""  # how the last swap's weights went in: "staged" or "reload"
 
     def healthy(self) -> bool:
@@ -234,6 +240,7 @@ class VLLMEngine(GatedEngine):
                 self.supports_adapters = False
                 log.warning("engine.max_adapters = %d, but adapters are off: %s", self.config.max_adapters, self._lora_refusal)
         self._llm = AsyncLLM.from_engine_args(args)
+        self._bell = Bell(Path(tempfile.mkdtemp(prefix="liveloop-staging-")))  # 0700: this user's alone
         self._serving = CheckpointDir(Path(weights_path or self.model_path))
         await self._llm.update_weight_version(str(version))
         self._gate.version = version
@@ -244,6 +251,10 @@ class VLLMEngine(GatedEngine):
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+        if self._bell is not None:
+            self._bell.close()
+            shutil.rmtree(self._bell.path.parent, ignore_errors=True)
+            self._bell = None
         self._loras.clear()
         for copy in [*self._kept, *self._lora_copies.values()]:
             copy.close()
@@ -409,11 +420,11 @@ class VLLMEngine(GatedEngine):
         reloads instead, from a file of the engine's own (the transport's may go before the pause).
         Raises when the weights themselves are refused: nothing has changed then."""
         if self.config.vllm_weight_load == "staged" and self._unstaged is None:
-            reply = await self._rpc("liveloop_stage", swap.source.wire())
+            reply = await self._rpc("liveloop_stage", swap.source.wire(), str(self._bell.path.parent))
             if "moved" in reply and isinstance(given, NamedTensors):
                 log.info("vllm engine: %s; staging a copy", reply["moved"])
                 await swap.replace(pack_shared, given.tensors)
-                reply = await self._rpc("liveloop_stage", swap.source.wire())
+                reply = await self._rpc("liveloop_stage", swap.source.wire(), str(self._bell.path.parent))
             if "ticket" in reply:
                 swap.ticket = reply["ticket"]
                 status = await self._staged(swap.ticket)
@@ -433,17 +444,16 @@ class VLLMEngine(GatedEngine):
             await swap.replace(pack_shared, given.tensors)
 
     async def _staged(self, ticket: int) -> dict[str, Any]:
-        """The worker's word on staged `ticket` once it is done: asked first when the last stagings
-        took (most of their running mean), then every STAGE_POLL_SECONDS."""
-        delay = max(STAGE_POLL_SECONDS, 0.8 * self._stage_seconds)
+        """The worker's word on staged `ticket` once it is done: its thread rings the engine's bell with
+        it (liveloop/transport/bell.py, in a private directory of the engine's); should a ring be lost,
+        the engine asks every STAGE_POLL_SECONDS."""
         while True:  # the worker's thread loads them; the engine keeps serving meanwhile
-            await asyncio.sleep(delay)
+            for status in await self._bell.wait(STAGE_POLL_SECONDS, json.loads):
+                if status.get("ticket") == ticket and status.get("done"):
+                    return status
             status = await self._rpc("liveloop_staged", ticket)
             if status["done"]:
-                if status["seconds"] is not None:
-                    self._stage_seconds += 0.3 * (status["seconds"] - self._stage_seconds)
                 return status
-            delay = STAGE_POLL_SECONDS
 
     async def _rpc(self, method: str, *args: Any) -> Any:
         return (await self._llm.collective_rpc(method, args=args))[0]

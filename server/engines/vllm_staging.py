@@ -41,6 +41,7 @@ What it costs: a second copy of the weights in host memory while a swap is stage
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import threading
 import time
@@ -113,11 +114,13 @@ class _Move:
 
 class StagingJob:
     """One swap's weights, staged on a thread (started at once) from `mapped` (a
-    vllm_worker.MappedWeights, closed once loaded); `commit` copies them into the model while paused."""
+    vllm_worker.MappedWeights, closed once loaded), which rings `ticket` on the bells in directory
+    `bell` when done; `commit` copies them into the model while paused."""
 
-    def __init__(self, model: torch.nn.Module, mapped: Any):
+    def __init__(self, model: torch.nn.Module, mapped: Any, ticket: int = 0, bell: str | None = None):
         self.model = model
         self._mapped = mapped
+        self._ticket, self._bell = ticket, bell
         self._moves: list[_Move] | None = None
         self._shadows: list[torch.nn.Module] = []  # the shadow's modules, taken apart once used (`drop`)
         self.error: str | None = None
@@ -145,6 +148,12 @@ class StagingJob:
                 self.drop()
             self.seconds = time.perf_counter() - self.started
             self._done.set()
+            if self._bell is not None:
+                from pathlib import Path
+
+                from liveloop.transport.bell import ring
+
+                ring(Path(self._bell), json.dumps({"ticket": self._ticket} | self.status()))
 
     def commit(self) -> dict[str, Any]:
         """Copy the staged weights into the serving model (vLLM paused: no step runs meanwhile)."""

@@ -243,10 +243,11 @@ class LiveloopWorker:
     """Mixed into vLLM's worker (every attribute name is prefixed: vLLM refuses clashes)."""
 
     # -- staged: loaded beside the serving model, copied in while paused ---------------------------------
-    def liveloop_stage(self, wire: dict[str, Any]) -> dict[str, Any]:
+    def liveloop_stage(self, wire: dict[str, Any], bell: str | None = None) -> dict[str, Any]:
         """Start loading `wire`'s weights beside the serving model, on a thread (the engine keeps
-        generating): {"ticket": n}; or {"unsupported": why} (the engine reloads instead), or
-        {"moved": why} (a file is gone or not the one named: the engine packs its own copy)."""
+        generating) that rings the bells in directory `bell` when it is done (liveloop/transport/bell.py):
+        {"ticket": n}; or {"unsupported": why} (the engine reloads instead), or {"moved": why} (a file
+        is gone or not the one named: the engine packs its own copy)."""
         from liveloop.server.engines import vllm_staging
 
         model = self.model_runner.get_model()
@@ -259,7 +260,7 @@ class LiveloopWorker:
             return {"moved": str(exc)}
         jobs = self.__dict__.setdefault("_liveloop_jobs", {})
         self._liveloop_tickets = getattr(self, "_liveloop_tickets", 0) + 1
-        jobs[self._liveloop_tickets] = vllm_staging.StagingJob(model, mapped)
+        jobs[self._liveloop_tickets] = vllm_staging.StagingJob(model, mapped, self._liveloop_tickets, bell)
         return {"ticket": self._liveloop_tickets}
 
     def liveloop_staged(self, ticket: int) -> dict[str, Any]:
