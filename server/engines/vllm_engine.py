@@ -543,8 +543,9 @@ class _Swap:
 def sampling_params(s: SamplingParams) -> Any:
     """vLLM's SamplingParams for liveloop's: logprobs of the sampled token always (raw, vLLM's default
     logprobs mode: before penalties, temperature and the top-k/top-p/min-p cuts, after the grammar's
-    mask); a constraint as a structural tag for vLLM's structured outputs (xgrammar). The stop tokens
-    are all liveloop's (`ignore_eos` at the edge leaves the model's eos out of them), so vLLM's own
+    mask; vLLM's `logprobs=k` is the sampled token's and k alternatives', so 0 when the request asks
+    for none: one Logprob a position for its frontend to build, not two); a constraint as a structural
+    tag for vLLM's structured outputs (xgrammar). The stop tokens are all liveloop's (`ignore_eos` at the edge leaves the model's eos out of them), so vLLM's own
     eos check stays off."""
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -558,7 +559,7 @@ def sampling_params(s: SamplingParams) -> Any:
         repetition_penalty=s.repetition_penalty,
         min_tokens=s.min_tokens,
         seed=s.seed,
-        logprobs=max(1, s.top_logprobs),
+        logprobs=s.top_logprobs,
         stop_token_ids=list(s.stop_token_ids),
         ignore_eos=True,
         structured_outputs=None if s.constraint is None else StructuredOutputsParams(structural_tag=s.constraint),
