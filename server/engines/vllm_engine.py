@@ -545,8 +545,8 @@ def sampling_params(s: SamplingParams) -> Any:
     logprobs mode: before penalties, temperature and the top-k/top-p/min-p cuts, after the grammar's
     mask; vLLM's `logprobs=k` is the sampled token's and k alternatives', so 0 when the request asks
     for none: one Logprob a position for its frontend to build, not two); a constraint as a structural
-    tag for vLLM's structured outputs (xgrammar). The stop tokens are all liveloop's (`ignore_eos` at the edge leaves the model's eos out of them), so vLLM's own
-    eos check stays off."""
+    tag for vLLM's structured outputs (xgrammar). The stop tokens are all liveloop's (`ignore_eos` at
+    the edge leaves the model's eos out of them), so vLLM's own eos check stays off."""
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
