@@ -9,7 +9,7 @@ is handed only what it uses. Nothing else builds a component.
    configured model) and starts the engine on it (a `CanaryEngine` pair when the release gate runs);
 3. starts the group-commit writer, the serving pipeline and the activation side of the control plane
    (`Activator`), restoring the segments' adapters;
-   then runs a warm-up generation through the serving pipeline (server/control/readiness.py: nothing
+   then runs a warm-up generation through the serving pipeline (server/edge/pipeline/readiness.py: nothing
    logged), so the first reply after /healthz says ok is as fast as the second;
 4. builds the control plane's loops' owners: `Operations` (drift monitor, guard, alarms, imports),
    `Leadership`, the release gate, the replica registry;
@@ -51,7 +51,7 @@ from liveloop.server.control.gate import ReleaseGate, gated_segments, wants_gate
 from liveloop.server.control.leader import Leadership
 from liveloop.server.control.operations import Operations
 from liveloop.server.control.activator import Activator
-from liveloop.server.control.readiness import freeze_heap, thaw_heap, warm_up
+from liveloop.server.edge.pipeline.readiness import freeze_heap, thaw_heap, warm_up
 from liveloop.server.control.retention import apply_retention
 from liveloop.server.control.startup import finish_start, record_fallback, start_instead, start_point, sweep_shared_memory
 from liveloop.server.control.weights_import import WeightImports
@@ -98,7 +98,7 @@ def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config
     async def lifespan(app: FastAPI):
         async with running(config, model_dir, edge_state(app)) as parts:
             learner = await asyncio.to_thread(learner_factory, config, model_dir)
-            freeze_heap()  # what the start made stays out of the collector's full passes (server/control/readiness.py)
+            freeze_heap()  # what the start made stays out of the collector's full passes (server/edge/pipeline/readiness.py)
             attach(app, dataclasses.replace(parts, learner=learner))
             try:
                 yield

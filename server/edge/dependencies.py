@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from liveloop.server.control.leader import Leadership
     from liveloop.server.control.operations import Operations
     from liveloop.server.control.activator import Activator
-    from liveloop.server.control.readiness import WarmUp
+    from liveloop.server.edge.pipeline.readiness import WarmUp
     from liveloop.server.edge.auth import KeyRing, LoginThrottle, Sessions
     from liveloop.server.edge.chat.serving import ServingChat
     from liveloop.server.edge.completions.serving import ServingCompletions
@@ -78,7 +78,7 @@ class Parts:
     leadership: Leadership | None = None
     started_at: int = 0
     handlers: Handlers | None = field(default=None, compare=False)
-    warm_up: WarmUp | None = None  # the start's warm-up generation (server/control/readiness.py)
+    warm_up: WarmUp | None = None  # the start's warm-up generation (server/edge/pipeline/readiness.py)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Operations: GET /healthz (each part's health + what is serving) and GET /metrics (Prometheus text).
 
 /healthz answers only once the server has started, its warm-up generation included
-(server/control/readiness.py: its details say how it went, `warm_up`). It answers 503 when serving
+(server/edge/pipeline/readiness.py: its details say how it went, `warm_up`). It answers 503 when serving
 cannot log (the writer thread is gone, or the store refuses commits and does not answer a ping); a
 learner that is down or restarting makes it "degraded" with 200: users are still served and logged,
 and the learner's ratings wait in the store. A stalled store

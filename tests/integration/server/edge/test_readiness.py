@@ -1,4 +1,4 @@
-"""Healthy means ready (server/control/readiness.py): by the time the server answers /healthz, a warm-up
+"""Healthy means ready (server/edge/pipeline/readiness.py): by the time the server answers /healthz, a warm-up
 generation has run through the serving pipeline and the engine (its details say so, and /metrics), none
 of it logged, and the start's objects are frozen out of the garbage collector's full passes; the first
 reply after /healthz says ok is served. A real server: `build_app` (hf engine on the tiny model,
@@ -16,7 +16,7 @@ import httpx
 from liveloop.app import build_app
 from liveloop.config import load_config
 from liveloop.devtools import ADMIN_KEY, USER_KEY, free_port, serve_in_thread, write_config
-from liveloop.server.control.readiness import WARM_UP_REQUESTS, WARM_UP_TOKENS
+from liveloop.server.edge.pipeline.readiness import WARM_UP_REQUESTS, WARM_UP_TOKENS
 from liveloop.store import Store, StoreConfig
 
 
