@@ -122,6 +122,8 @@ async def _user(base_url: str, objective: str, seed: int, args) -> dict:
             n = len(rewards)
             reply = await _chat(client, corpus_prompt(n, rng), seed * 1_000_003 + n)
             score = reward(reply["choices"][0]["message"]["content"])
+            if args.think:
+                await asyncio.sleep(args.think)  # a person reading the reply before the thumb
             fb = await client.post("/v1/feedback", json={"response_id": reply["id"], "reward": int(score)})
             fb.raise_for_status()
             rewards.append(score)
@@ -238,6 +240,9 @@ def main() -> None:
     parser.add_argument("--lift", type=float, default=0.25, help="the effect: the probe's rate before + this (the rig's)")
     parser.add_argument("--no-stop", action="store_true", help="rate all --max-ratings even after the effect")
     parser.add_argument("--no-rig", action="store_true", help="skip the rig's run of each seed")
+    parser.add_argument("--think", type=float, default=0.0, help="seconds the user reads a reply before rating it (0: at once)")
+    parser.add_argument("--cold-critic", action="store_true",
+                        help="no pre-trained critic, served and on the rig (the shipped default's own start: a cold critic)")
     parser.add_argument("--backend", default=None, help="the engine (default: configs/serve/default.toml's)")
     parser.add_argument("--out", default="served_learning", help="result name under bench/results/")
     parser.add_argument("--critic-cache", default=str(Path(tempfile.gettempdir()) / "liveloop-critics"),
@@ -257,10 +262,14 @@ def main() -> None:
     for objective in args.objectives:
         for seed in args.seeds:
             critic_dir, ev = cached_critic(Path(args.critic_cache), model_dir, UptakeSpec(objective, "shared", seed=seed))
+            if args.cold_critic:  # the same store, no critic where the learner looks for version 0's: it starts cold
+                cold = Path(tempfile.mkdtemp(prefix="cold-critic-")) / "start"
+                shutil.copytree(critic_dir, cold, ignore=shutil.ignore_patterns("versions"))
+                critic_dir, ev = cold, None
             rig = {} if args.no_rig else rig_run(model_dir, critic_dir, ev, objective, seed)
             for arm in arms:
                 row = {"objective": objective, "seed": seed, **served_run(model_dir, critic_dir, objective, seed, arm, args),
-                       **rig, "critic_ev": ev}
+                       **rig, "critic_ev": ev, "critic": "cold" if args.cold_critic else "pre-trained", "think": args.think}
                 print(json.dumps({k: row.get(k) for k in RUN_FIELDS}), flush=True)
                 rows.append(row)
     print(summarize(rows))
