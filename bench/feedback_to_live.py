@@ -2,9 +2,11 @@
 was trained on that rating (admitted at that version or a later one), with one user chatting and rating
 every reply, and where that time goes. Also the learner's throughput and idle fraction while serving runs.
 
-    .venv/bin/python bench/feedback_to_live.py [--seconds 90] [--backend vllm] [--arms default_before,default] [--think 0]
+    .venv/bin/python bench/feedback_to_live.py [--seconds 90] [--backend vllm] [--arms default_before,default] [--rounds 3] [--think 0]
 
-Arms, one server each, run one after the other in this script:
+Arms, one server each, all started first and then driven in turns (`--rounds`, so drift in the machine's
+load hits every arm alike; after each turn the bench chats without rating for `--tail` seconds so that
+turn's last ratings go live):
   default         configs/serve/default.toml as it ships (`extends = "default"`: its learner, step control,
                   trust region and KL anchor, no overrides): the goal's arm;
   default_before  the same, with the serving side as it was before issue 36.3: vLLM reloads inside the
@@ -74,48 +76,73 @@ def server_of(name: str, arm: dict, args: argparse.Namespace, model_dir: Path, w
     )
 
 
-def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> dict:
-    from liveloop.devtools import ADMIN_KEY, USER_KEYS
+class Arm:
+    """One arm's server and the bench's one user of it: `drive` it for a while (chats, each rated),
+    `finish` with its figures. Arms are started together and driven in turns (`--rounds`)."""
 
-    posts: list[tuple[float, int]] = []  # (wall time of POST /v1/feedback, feedback id)
-    served: list[tuple[float, int]] = []  # (wall time a response completed, the version it was admitted at)
-    with tempfile.TemporaryDirectory() as tmp:
-        server = server_of(name, arm, args, model_dir, Path(tmp))
+    def __init__(self, name: str, spec: dict, args: argparse.Namespace, model_dir: Path, workdir: Path):
+        from liveloop.devtools import USER_KEYS
+
+        self.name, self.spec, self.args = name, spec, args
+        self.server = server_of(name, spec, args, model_dir, workdir)
+        self.user = httpx.Client(base_url=self.server.base_url, timeout=60)
+        # 16 users take turns, each chatting and rating every reply (one key per user: the learner's
+        # per-key influence cap sees 16 people, not one)
+        self.auth = [{"Authorization": f"Bearer {key}"} for key in USER_KEYS]
+        self.posts: list[tuple[float, int]] = []  # (wall time of POST /v1/feedback, feedback id)
+        self.served: list[tuple[float, int]] = []  # (wall time a response completed, the version it was admitted at)
+        self.chat_s: list[float] = []  # how long each chat took, and each rating (the bench's own loop)
+        self.rate_s: list[float] = []
+        self.i = 0
+
+    def chat(self, max_tokens: int = 32) -> dict:
+        t = time.time()
+        r = self.user.post(
+            "/v1/chat/completions", json={"model": "liveloop-tiny", "messages": chat_messages(self.i), "max_tokens": max_tokens},
+            headers=self.auth[self.i % len(self.auth)],
+        )
+        r.raise_for_status()
+        self.served.append((time.time(), r.json()["policy_version"]))
+        self.chat_s.append(self.served[-1][0] - t)
+        return r.json()
+
+    def drive(self, seconds: float) -> None:
+        """Chat and rate every reply for `seconds`, then chat without rating for `--tail` seconds so the
+        last ratings can go live before the bench turns to another arm."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            body = self.chat()
+            reward = int("behold" in body["choices"][0]["message"]["content"].lower())
+            t = time.time()
+            f = self.user.post("/v1/feedback", json={"response_id": body["id"], "reward": reward}, headers=self.auth[self.i % len(self.auth)])
+            f.raise_for_status()
+            self.rate_s.append(time.time() - t)
+            self.posts.append((t, f.json()["id"]))
+            self.i += 1
+            time.sleep(self.args.think)
+        deadline = time.monotonic() + self.args.tail
+        while time.monotonic() < deadline:
+            self.chat()
+            self.i += 1
+
+    def finish(self) -> dict:
+        from liveloop.devtools import ADMIN_KEY
+
         try:
-            # 16 users take turns, each chatting and rating every reply (one key per user: the learner's
-            # per-key influence cap sees 16 people, not one)
-            user = httpx.Client(base_url=server.base_url, timeout=60)
-            auth = [{"Authorization": f"Bearer {key}"} for key in USER_KEYS]
-            deadline = time.monotonic() + args.seconds
-            i = 0
-            while time.monotonic() < deadline:
-                r = user.post(
-                    "/v1/chat/completions", json={"model": "liveloop-tiny", "messages": chat_messages(i), "max_tokens": 32},
-                    headers=auth[i % len(auth)],
-                )
-                r.raise_for_status()
-                served.append((time.time(), r.json()["policy_version"]))
-                reward = int("behold" in r.json()["choices"][0]["message"]["content"].lower())
-                t = time.time()
-                f = user.post("/v1/feedback", json={"response_id": r.json()["id"], "reward": reward}, headers=auth[i % len(auth)])
-                f.raise_for_status()
-                posts.append((t, f.json()["id"]))
-                i += 1
-                time.sleep(args.think)
-            for _ in range(20):  # keep probing a little so the last ratings can go live
-                r = user.post(
-                    "/v1/chat/completions", json={"model": "liveloop-tiny", "messages": chat_messages(0), "max_tokens": 8}, headers=auth[0]
-                )
-                served.append((time.time(), r.json()["policy_version"]))
-                time.sleep(0.5)
-            versions = user.get("/v1/versions", headers=auth[0], params={"limit": 1000}).json()["data"]
-            swaps = _swap_seconds(user.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text)
-            status = user.get("/admin/learner", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
-            user.close()
+            versions = self.user.get("/v1/versions", headers=self.auth[0], params={"limit": 1000}).json()["data"]
+            swaps = _swap_seconds(self.user.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text)
+            status = self.user.get("/admin/learner", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
+            self.user.close()
         finally:
-            server.stop()
-        stages = _server_stages(server.log_path.read_text(errors="replace"))
-        created = _created(server.store_url)
+            self.server.stop()
+        stages = _server_stages(self.server.log_path.read_text(errors="replace"))
+        created = _created(self.server.store_url)
+        return figures(self, versions, swaps, status, stages, created)
+
+
+def figures(arm: Arm, versions: list[dict], swaps: float | None, status: dict, stages: dict, created: dict) -> dict:
+    """The arm's feedback-to-live latencies and their timeline (the module docstring)."""
+    name, posts, served, args = arm.name, arm.posts, arm.served, arm.args
     cursor_of = {v["version"]: v["metrics"].get("learner/cursor", 0) for v in versions if v["version"] > 0}
     latencies, missing, timeline = [], 0, []
     for t_post, fid in posts:
@@ -136,10 +163,10 @@ def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> 
             row = {k: s[k] for k in STAGES if k in s}
             row |= {"learner": 1000 * (created[went] - t_post), "client": 1000 * (min(live) - live_at)}
             timeline.append(row)
-    busy, idle = status.get("busy_seconds", 0.0), status.get("idle_seconds", 0.0)
+    busy = status.get("busy_seconds", 0.0)
     return {
         "arm": name,
-        "config": arm | {"backend": args.backend, "seconds": args.seconds, "think": args.think},
+        "config": arm.spec | {"backend": args.backend, "seconds": args.seconds, "think": args.think, "rounds": args.rounds},
         "ratings": len(posts),
         "went_live": len(latencies),
         "not_live_by_end": missing,
@@ -151,6 +178,8 @@ def run_arm(name: str, arm: dict, args: argparse.Namespace, model_dir: Path) -> 
         "learner_samples_per_busy_s": status.get("samples", 0) / busy if busy else None,
         "learner_idle_fraction": status.get("idle_fraction"),
         "swap_mean_s": swaps,
+        "chat_p50_s": percentile(arm.chat_s, 50),
+        "rating_p50_s": percentile(arm.rate_s, 50),
         "timeline_ms": {k: {"p50": percentile([r[k] for r in timeline if k in r], 50), "p90": percentile([r[k] for r in timeline if k in r], 90)}
                         for k in STAGES},
         "timeline_rows": timeline,
@@ -196,17 +225,33 @@ def main() -> None:
     parser.add_argument("--arms", default="default_before,default")
     parser.add_argument("--think", type=float, default=0.0, help="seconds between a rating and the next chat (0: back to back)")
     parser.add_argument("--tag", default="", help="appended to the result's file name (to keep several runs)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="the arms' servers run together and the bench drives them in turns, seconds/rounds each per round")
+    parser.add_argument("--tail", type=float, default=3.0, help="seconds of chats without ratings after each turn (the last ratings go live)")
     args = parser.parse_args()
     model_dir = default_model()
-    results = [run_arm(name, ARMS[name], args, model_dir) for name in args.arms.split(",")]
-    print(f"\n{args.backend} engine, {args.seconds:.0f} s per arm, think time {args.think:g} s")
-    print("| arm | ratings | live | feedback-to-live p50 | p99 | versions | served | mean swap | learner samples/s (busy) | learner idle |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        arms: list[Arm] = []
+        try:
+            for name in args.arms.split(","):
+                arms.append(Arm(name, ARMS[name], args, model_dir, Path(tmp) / name))
+            for _ in range(args.rounds):  # in turns: drift in the machine's load hits every arm alike
+                for arm in arms:
+                    arm.drive(args.seconds / args.rounds)
+        finally:
+            results = []
+            for arm in arms:
+                results.append(arm.finish())
+    print(f"\n{args.backend} engine, {args.seconds:.0f} s per arm in {args.rounds} turns, think time {args.think:g} s")
+    print("| arm | ratings | live | feedback-to-live p50 | p99 | versions | served | mean swap | learner samples/s (busy) "
+          "| learner idle | chat p50 | rating p50 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(
             f"| {r['arm']} | {r['ratings']} | {r['went_live']} | {r['p50_s']:.2f} s | {r['p99_s']:.2f} s | "
             f"{r['versions_published']} | {r['versions_served']} | {(r['swap_mean_s'] or 0) * 1000:.0f} ms | "
-            f"{r['learner_samples_per_busy_s'] or 0:.1f} | {r['learner_idle_fraction']:.2f} |"
+            f"{r['learner_samples_per_busy_s'] or 0:.1f} | {r['learner_idle_fraction']:.2f} | "
+            f"{r['chat_p50_s'] * 1000:.0f} ms | {r['rating_p50_s'] * 1000:.0f} ms |"
         )
     print("\nwhere the time goes (ms, p50 / p90 over the ratings that went live):")
     print("| arm | " + " | ".join(STAGES) + " |")
