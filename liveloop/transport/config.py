@@ -34,6 +34,8 @@ BACKENDS: dict[str, str] = {name: f"liveloop.transport.{name}" for name in get_a
 _NAMESPACE = re.compile(r"[A-Za-z0-9_]{1,16}")
 # the backends whose weights (or mailboxes) live in the deployment's private /dev/shm directory
 _IN_SHARED_MEMORY = frozenset({"shared_memory", "ipc"})
+# addresses that bind every interface: never the nccl rendezvous's
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "*", "[::]"})
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class TransportConfig:
     packed: bool = field(default=True, metadata={"help": "ipc/nccl: send tensors packed into fixed buffers (vLLM's `packed`)"})
     packed_buffer_size_bytes: int = field(default=1 << 30, metadata={"help": "ipc/nccl: the size of one packed buffer"})
     packed_num_buffers: int = field(default=2, metadata={"help": "nccl: packed buffers in flight"})
-    master_address: str = field(default="127.0.0.1", metadata={"help": "nccl: the TCPStore rendezvous address (the learner's rank 0)"})
+    master_address: str = field(default="127.0.0.1", metadata={"help": "nccl: the TCPStore rendezvous address: the learner's rank 0 listens on it alone, the workers connect to it (a wildcard is refused)"})
     master_port: int = field(default=29555, metadata={"help": "nccl: the TCPStore rendezvous port"})
     world_size: int = field(default=2, metadata={"help": "nccl: the learner's sender plus every inference worker"})
     delta_dir: str = field(
@@ -91,6 +93,11 @@ class TransportConfig:
             raise ValueError(f"packed_buffer_size_bytes: must be at least 1 MiB, got {self.packed_buffer_size_bytes}")
         if self.packed_num_buffers < 1:
             raise ValueError(f"packed_num_buffers: must be at least 1, got {self.packed_num_buffers}")
+        if self.master_address.strip() in _WILDCARDS:
+            raise ValueError(
+                f"master_address: {self.master_address!r} would listen on every interface; the learner's rank 0 "
+                "binds the nccl rendezvous to this address, so name one the workers reach (127.0.0.1 on one machine)"
+            )
         if not 0 < self.master_port < 65536:
             raise ValueError(f"master_port: {self.master_port} is not a port")
         if self.world_size < 2:
