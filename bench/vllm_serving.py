@@ -11,7 +11,10 @@ Arms, each its own server process, all up at once:
 - `swaps`: the same liveloop server while a rater rates the replies the benchmark gets as they land
   (`--rate` a second): the learner trains and versions swap in under the benchmark's load (after each
   such run the bench waits for the learner to settle, so the next arm does not pay for it);
-- `off`: liveloop on the default preset with the learner off.
+- `off`: liveloop on the default preset with the learner off;
+- `vllm_logprobs`: vLLM's server again, each request asking for the sampled token's logprob
+  (`logprobs: true, top_logprobs: 0`), as liveloop computes for every token it serves: how much of a gap
+  is that work rather than the server's (its first run is not its server's first: compare later runs).
 (The per-key rate limits are off on the liveloop servers, as vLLM has none: a benchmark's 256 requests
 a round would meet the default 600 a minute.)
 
@@ -28,7 +31,7 @@ Ray's processes) says where the time went whatever else ran on the machine; `CPU
 total over liveloop's. Every liveloop response must be in its store (checked at the end).
 
     .venv/bin/python bench/vllm_serving.py [--prompts 256] [--concurrency 16] [--output-len 64] [--rounds 4]
-        [--arms vllm,learner,swaps,off] [--rate 2] [--bare vllm,hf]
+        [--arms vllm,vllm_logprobs,learner,swaps,off] [--rate 2] [--bare vllm,hf]
 
 `--bare vllm,hf` then runs bench/serving_overhead.py for each backend: liveloop's HTTP streaming and
 non-streaming against the bare engine (and vLLM's own server's, for vLLM).
@@ -60,7 +63,10 @@ import httpx
 from common import TOPICS, default_model, median, save  # noqa: E402
 
 MODEL = "liveloop-tiny"
-ARMS = ("vllm", "learner", "swaps", "off")
+ARMS = ("vllm", "vllm_logprobs", "learner", "swaps", "off")
+# what the `vllm_logprobs` arm adds to each request: the sampled token's logprob, which liveloop computes for every
+# token it serves (its behaviour logprobs); vLLM's client asks for none unless told
+LOGPROBS_BODY = {"logprobs": True, "top_logprobs": 0}
 # the engine arguments vLLM's server is given, by name (the rest are vLLM's defaults in both)
 ENGINE_FLAGS = (
     "model", "tokenizer", "dtype", "max_model_len", "max_num_seqs", "gpu_memory_utilization", "enforce_eager",
@@ -138,8 +144,8 @@ def dataset(path: Path, n: int) -> Path:
     return path
 
 
-def bench_run(base_url: str, key: str, data: Path, model_dir: Path, args) -> dict:
-    """One run of vLLM's serving benchmark: its summary (REPORTED)."""
+def bench_run(base_url: str, key: str, data: Path, model_dir: Path, args, extra_body: dict | None = None) -> dict:
+    """One run of vLLM's serving benchmark: its summary (REPORTED). `extra_body`: fields added to every request."""
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -151,6 +157,7 @@ def bench_run(base_url: str, key: str, data: Path, model_dir: Path, args) -> dic
         "--custom-output-len", str(args.output_len), "--num-prompts", str(args.prompts), "--max-concurrency",
         str(args.concurrency), "--ignore-eos", "--header", f"Authorization=Bearer {key}", "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--ready-check-timeout-sec", "0",
+        *(["--extra-body", json.dumps(extra_body)] if extra_body else []),
     ])
     with contextlib.redirect_stdout(open(os.devnull, "w")):
         result = main(ns)
@@ -243,6 +250,9 @@ def run(args, model_dir: Path, work: Path) -> dict:
                 servers[arm] = servers["learner"]
                 rater = Rater(servers[arm], args.rate)
                 continue
+            if arm == "vllm_logprobs":  # the same vLLM server, its requests asking for logprobs
+                servers[arm] = servers["vllm"]
+                continue
             where = work / arm
             where.mkdir()
             servers[arm] = start_vllm(model_dir, where) if arm == "vllm" else start_liveloop(model_dir, where, arm != "off")
@@ -285,7 +295,7 @@ def one_run(arm: str, server, key: str, data: Path, model_dir: Path, args, rater
         rater.on.set()
     cpu = cpu_seconds(server.proc.pid)
     try:
-        result = bench_run(server.base_url, key, data, model_dir, args)
+        result = bench_run(server.base_url, key, data, model_dir, args, LOGPROBS_BODY if arm == "vllm_logprobs" else None)
     finally:
         if rater is not None:
             rater.on.clear()
@@ -330,6 +340,7 @@ def main() -> None:
     args.arms = tuple(a for a in args.arms.split(",") if a)
     assert "vllm" in args.arms and set(args.arms) <= set(ARMS), f"--arms: vllm and any of {ARMS}"
     assert "swaps" not in args.arms or "learner" in args.arms, "--arms: swaps runs on the learner arm's server"
+    args.arms = tuple(sorted(args.arms, key=ARMS.index))  # vllm first: vllm_logprobs runs on its server
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     model_dir = default_model()
     with tempfile.TemporaryDirectory() as tmp:
