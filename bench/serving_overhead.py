@@ -11,7 +11,7 @@ included; hf: liveloop's own `HFEngine` below the edge).
 
 With `--vllm-server` (vLLM only) vLLM's own OpenAI server (bench/vllm_serving.py starts it with the
 same engine arguments) runs the same HTTP rounds beside them: what any HTTP server reaches against the
-bare engine on this machine, its client included.
+bare engine on this machine, its client included (asked for the sampled token's logprob, as the bare engine is).
 
 The HTTP client is aiohttp, as vLLM's own serving benchmark's (httpx's client, used before, was
 the bottleneck of its own rounds on this 2-core machine), in this process. Rounds interleave (bare,
@@ -41,6 +41,8 @@ from common import chat_messages, default_model, median, save  # noqa: E402
 
 PATHS = ("bare", "stream", "non_stream")
 VLLM_PATHS = ("vllm_stream", "vllm_non_stream")  # vLLM's own server, --vllm-server
+# vLLM's server is asked for the sampled token's logprob, as the bare engine and liveloop compute it for every token
+VLLM_LOGPROBS = {"logprobs": True, "top_logprobs": 0}
 
 
 class Bare:
@@ -107,12 +109,12 @@ class Bare:
         return n
 
 
-async def http_round(session, base_url: str, key: str, n: int, args, stream: bool) -> tuple[int, float]:
+async def http_round(session, base_url: str, key: str, n: int, args, stream: bool, extra: dict | None = None) -> tuple[int, float]:
     sem = asyncio.Semaphore(args.concurrency)
     headers = {"Authorization": f"Bearer {key}"}
 
     async def one(i: int) -> int:
-        body = {"model": "liveloop-tiny", "messages": chat_messages(i), "max_tokens": args.max_tokens, "ignore_eos": True}
+        body = {"model": "liveloop-tiny", "messages": chat_messages(i), "max_tokens": args.max_tokens, "ignore_eos": True, **(extra or {})}
         async with sem:
             if not stream:
                 async with session.post(base_url + "/v1/chat/completions", json=body, headers=headers) as r:
@@ -164,7 +166,8 @@ async def run_side_by_side(model_dir: Path, args) -> dict:
                     if path.startswith("bare"):
                         return await bare.round(prompts, final_only=path == "bare_final")
                     url = theirs.base_url if path.startswith("vllm_") else server.base_url
-                    return await http_round(session, url, USER_KEY, args.requests, args, stream=path.endswith("_stream") or path == "stream")
+                    return await http_round(session, url, USER_KEY, args.requests, args, stream=path.endswith("_stream") or path == "stream",
+                                            extra=VLLM_LOGPROBS if path.startswith("vllm_") else None)
 
                 await bare.round(prompts[: 2 * args.concurrency], final_only=False)  # warm-up (the server warmed itself)
                 await http_round(session, server.base_url, USER_KEY, args.concurrency, args, stream=True)
@@ -172,7 +175,7 @@ async def run_side_by_side(model_dir: Path, args) -> dict:
                 for path in paths:
                     out.setdefault(path, {"tokens": [], "tokens_per_s": []})
                 if theirs:
-                    await http_round(session, theirs.base_url, USER_KEY, args.concurrency, args, stream=True)
+                    await http_round(session, theirs.base_url, USER_KEY, args.concurrency, args, stream=True, extra=VLLM_LOGPROBS)
                 for r in range(args.rounds):
                     for path in paths[r % len(paths):] + paths[: r % len(paths)]:
                         tokens, secs = await one_round(path)
