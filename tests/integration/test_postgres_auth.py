@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import uuid
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+
+from liveloop.devtools import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "postgres.sh"
@@ -24,12 +25,6 @@ pytestmark = [
     pytest.mark.skipif(not BINS, reason="no PostgreSQL installed (scripts/postgres.sh installs it)"),
     pytest.mark.skipif(os.geteuid() != 0, reason="runs the cluster as the postgres user and acts as nobody: needs root"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

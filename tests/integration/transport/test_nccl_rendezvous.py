@@ -16,16 +16,11 @@ import threading
 import psutil
 import pytest
 
+from liveloop.devtools import free_port
 from liveloop.transport.config import TransportConfig
 from liveloop.transport.nccl import trainer_init_info, worker_init_info
 
 pytest.importorskip("vllm.distributed.weight_transfer.nccl_common")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _other_addresses() -> list[str]:
@@ -46,7 +41,7 @@ def test_the_rendezvous_listens_on_master_address_only(monkeypatch):
             self.group = group
 
     monkeypatch.setattr(pynccl, "PyNcclCommunicator", Recorder)
-    config = TransportConfig(backend="nccl", master_port=_free_port())
+    config = TransportConfig(backend="nccl", master_port=free_port())
     trainer, worker = trainer_init_info(config), worker_init_info(config)
     assert trainer.master_address == worker.master_address == "127.0.0.1"
 
