@@ -403,7 +403,7 @@ class VLLMEngine(GatedEngine):
         (a verified source): the transport's own files when it says where they lie (nothing copied),
         else packed into one file of the engine's."""
         match source:
-            case NamedTensors(tensors, verified, layout):
+            case NamedTensors(tensors, verified):
                 bad = None if verified else non_finite(tensors)
                 if bad is not None:
                     raise WeightsRejected(f"update_weights: non-finite values in {bad}")
