@@ -38,11 +38,11 @@ import time
 from pathlib import Path
 
 from common import chat_messages, default_model, median, save  # noqa: E402
+# vLLM's server is asked for the sampled token's logprob, as the bare engine and liveloop compute it for every token
+from vllm_serving import LOGPROBS_BODY, start_vllm  # noqa: E402
 
 PATHS = ("bare", "stream", "non_stream")
 VLLM_PATHS = ("vllm_stream", "vllm_non_stream")  # vLLM's own server, --vllm-server
-# vLLM's server is asked for the sampled token's logprob, as the bare engine and liveloop compute it for every token
-VLLM_LOGPROBS = {"logprobs": True, "top_logprobs": 0}
 
 
 class Bare:
@@ -152,8 +152,6 @@ async def run_side_by_side(model_dir: Path, args) -> dict:
         server = await asyncio.to_thread(start_server, Path(tmp) / "liveloop", model_dir, args.backend)
         theirs = None
         if args.vllm_server:
-            from vllm_serving import start_vllm
-
             (Path(tmp) / "vllm").mkdir()
             theirs = await asyncio.to_thread(start_vllm, model_dir, Path(tmp) / "vllm")
         bare = Bare(args.backend, model_dir, args)
@@ -167,7 +165,7 @@ async def run_side_by_side(model_dir: Path, args) -> dict:
                         return await bare.round(prompts, final_only=path == "bare_final")
                     url = theirs.base_url if path.startswith("vllm_") else server.base_url
                     return await http_round(session, url, USER_KEY, args.requests, args, stream=path.endswith("_stream") or path == "stream",
-                                            extra=VLLM_LOGPROBS if path.startswith("vllm_") else None)
+                                            extra=LOGPROBS_BODY if path.startswith("vllm_") else None)
 
                 await bare.round(prompts[: 2 * args.concurrency], final_only=False)  # warm-up (the server warmed itself)
                 await http_round(session, server.base_url, USER_KEY, args.concurrency, args, stream=True)
@@ -175,7 +173,7 @@ async def run_side_by_side(model_dir: Path, args) -> dict:
                 for path in paths:
                     out.setdefault(path, {"tokens": [], "tokens_per_s": []})
                 if theirs:
-                    await http_round(session, theirs.base_url, USER_KEY, args.concurrency, args, stream=True, extra=VLLM_LOGPROBS)
+                    await http_round(session, theirs.base_url, USER_KEY, args.concurrency, args, stream=True, extra=LOGPROBS_BODY)
                 for r in range(args.rounds):
                     for path in paths[r % len(paths):] + paths[: r % len(paths)]:
                         tokens, secs = await one_round(path)
