@@ -236,6 +236,13 @@ class EngineConfig:
             "reload_weights inside the pause (the path before, 50-125 ms at the tiny model on two busy cores)"
         },
     )
+    delta_interval_ms: float = field(
+        default=10.0,
+        metadata={
+            "help": "hf: a running generation's tokens reach the server in one piece at most this often (its first "
+            "and last token at once); 0: every token as it is sampled"
+        },
+    )
     trust_remote_code: bool = field(
         default=False,
         metadata={
@@ -301,6 +308,8 @@ class EngineConfig:
             raise ValueError("max_model_len must be >= 16")
         if self.drain_deadline_seconds <= 0:
             raise ValueError("drain_deadline_seconds must be > 0")
+        if not 0 <= self.delta_interval_ms <= 1000:
+            raise ValueError("delta_interval_ms must be in 0..1000")
         if not self.sglang_url.startswith(("http://", "https://")):
             raise ValueError(f"sglang_url must be an http:// or https:// URL, got {self.sglang_url!r}")
         if self.sglang_timeout_seconds <= 0 or self.sglang_health_seconds <= 0:

@@ -135,6 +135,8 @@ class HFEngine(ThreadedEngine):
         torch.set_num_threads(1)
         while not self._closing.is_set():
             block = not self._batches and not self._waiting
+            if block:
+                self._hand_over_carried()
             while True:
                 try:
                     message = self._inbox.get(block=block)
@@ -143,9 +145,11 @@ class HFEngine(ThreadedEngine):
                 block = False
                 if isinstance(message, Stop):
                     return
-                self._handle(message)
-            self._drop_cancelled()
-            self._step()
+                with self._one_handover():
+                    self._handle(message)
+            with self._one_handover():  # a step's tokens for every row reach the event loop at once
+                self._drop_cancelled()
+                self._step()
 
     def _rows(self) -> list[Row]:
         return [r for b in self._batches.values() for r in b.rows] + self._waiting

@@ -35,7 +35,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -126,6 +126,11 @@ class ThreadedEngine(GatedEngine):
         self._serving_version = 0  # the worker's: the version of the weights its model holds now
         self._copy_seconds = 0.0  # the worker's: how long the last swap's copy held its steps
         self._streams: set[Emit] = set()  # every live stream's emit (a broken engine ends them all)
+        # the worker's: deltas emitted inside `_one_handover`, and those carried over to a later one
+        self._held: list[_Held] | None = None
+        self._carried: list[_Held] = []
+        self._delta_interval = config.delta_interval_ms / 1000
+        self._last_handover = 0.0
 
     def healthy(self) -> bool:
         """The worker thread that owns the model is running (it never blocks)."""
@@ -159,9 +164,19 @@ class ThreadedEngine(GatedEngine):
         loop = asyncio.get_running_loop()
         out: asyncio.Queue = asyncio.Queue()
 
+        first = True
+
         def emit(item: TokenDelta | BaseException) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads any more
-                loop.call_soon_threadsafe(out.put_nowait, item)
+            nonlocal first
+            held = self._held
+            if held is not None and threading.current_thread() is self._thread:
+                # handed over with the rest of the worker's step; the first and the last at once
+                urgent = first or isinstance(item, BaseException) or item.finish_reason is not None
+                held.append(_Held(loop, out, item, urgent))
+            else:
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads any more
+                    loop.call_soon_threadsafe(out.put_nowait, item)
+            first = False
 
         seed = request.sampling.seed
         if seed is None:
@@ -184,6 +199,38 @@ class ThreadedEngine(GatedEngine):
         finally:
             self._streams.discard(emit)
             cancelled.set()
+
+    @contextlib.contextmanager
+    def _one_handover(self) -> Iterator[None]:
+        """On the worker: what is emitted inside reaches its streams when the block ends, in one
+        hand-over per event loop (one wake-up of the loop per step, not one per token of every row),
+        each stream's deltas in the order they were emitted and merged into one where they can be.
+
+        A stream's first delta, its last, and an error go at once (with the rest of that stream's);
+        other tokens are carried to a later hand-over until `engine.delta_interval_ms` has passed since
+        the last full one: the server's per-token work, which on a small model takes the interpreter
+        from the engine's steps, is done once per interval for each stream instead of once per token."""
+        self._held = []
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            held, self._held = self._carried + self._held, None
+            now = time.monotonic()
+            if failed or now - self._last_handover >= self._delta_interval:
+                self._carried, due = [], held
+                self._last_handover = now
+            else:
+                urgent = {id(h.out) for h in held if h.urgent}
+                due = [h for h in held if id(h.out) in urgent]
+                self._carried = [h for h in held if id(h.out) not in urgent]
+            _hand_over(due)
+
+    def _hand_over_carried(self) -> None:
+        """On the worker, before it waits for work: every carried delta goes now."""
+        carried, self._carried = self._carried, []
+        _hand_over(carried)
 
     def _stage(self, source: WeightSource) -> WeightSource:
         # in a thread, before the swap reaches the worker: generation goes on while a checkpoint is
@@ -263,6 +310,47 @@ class ThreadedEngine(GatedEngine):
 
     def _read_checkpoint(self, path: Path) -> Mapping[str, torch.Tensor]:
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A delta emitted on the worker, waiting for its hand-over to the event loop of its stream."""
+
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue
+    item: TokenDelta | BaseException
+    urgent: bool
+
+
+def _hand_over(held: list[_Held]) -> None:
+    """Queue `held` on their streams, one call into each event loop, consecutive deltas of a stream merged."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, TokenDelta | BaseException]]] = {}
+    for h in held:
+        items = by_loop.setdefault(h.loop, [])
+        last = next((i for i in range(len(items) - 1, -1, -1) if items[i][0] is h.out), None)
+        merged = _merged(items[last][1], h.item) if last is not None else None
+        if merged is not None:
+            items[last] = (h.out, merged)
+        else:
+            items.append((h.out, h.item))
+    for loop, items in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads any more
+            loop.call_soon_threadsafe(_deliver, items)
+
+
+def _merged(a: TokenDelta | BaseException, b: TokenDelta | BaseException) -> TokenDelta | None:
+    """`a` then `b` as one delta, or None where they must stay two: an error, an ended stream, two versions."""
+    if isinstance(a, BaseException) or isinstance(b, BaseException) or a.finish_reason is not None:
+        return None
+    if a.version != b.version or (a.top_logprobs is None) != (b.top_logprobs is None):
+        return None
+    top = None if a.top_logprobs is None else a.top_logprobs + b.top_logprobs
+    return TokenDelta(a.token_ids + b.token_ids, a.logprobs + b.logprobs, top, b.finish_reason, b.version)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, TokenDelta | BaseException]]) -> None:
+    for out, item in items:
+        out.put_nowait(item)
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:
