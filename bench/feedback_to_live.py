@@ -12,6 +12,8 @@ turn's last ratings go live):
   default_before  the same, with the serving side as it was before issue 36.3: vLLM reloads inside the
                   swap's pause (`[engine] vllm_weight_load = "reload"`) and the server finds a version
                   at its next `watch_seconds` poll only (`[transport] bell = false`);
+  default_thread  the same, with the hf engine on a thread of the server's process (`[engine] hf_worker =
+                  "thread"`, the hf default before it had a process of its own);
   today           the former defaults: versions published every 4 steps or 5 s, saved as checkpoint directories
                   and swapped in by draining (what this benchmark measured before the memory path);
   live            the fast path with the tuned learner preset (configs/fragments/tuned_learner.toml, no KL
@@ -44,6 +46,7 @@ from common import chat_messages, default_model, percentile, save  # noqa: E402
 ARMS = {
     "default": {"extends": "default"},
     "default_before": {"extends": "default", "engine": 'vllm_weight_load = "reload"', "transport": "bell = false"},
+    "default_thread": {"extends": "default", "engine": 'hf_worker = "thread"'},
     "today": {"publish_every": 4, "publish_seconds": 5.0, "max_batch": 0, "transport_backend": "checkpoint_dir", "swap_mode": "drain",
               "poll": 0.1, "watch": 0.1},
     "live": {"publish_every": 1, "publish_seconds": 0.5, "max_batch": 16, "transport_backend": "shared_memory", "swap_mode": "keep",

@@ -236,6 +236,13 @@ class EngineConfig:
             "reload_weights inside the pause (the path before, 50-125 ms at the tiny model on two busy cores)"
         },
     )
+    hf_worker: Literal["thread", "process"] = field(
+        default="process",
+        metadata={
+            "help": "hf: where the model runs. thread: a thread of the server's process; process: a process of its "
+            "own (the engine's steps then never wait for the server's Python; docs/results/serving.md)"
+        },
+    )
     delta_interval_ms: float = field(
         default=10.0,
         metadata={

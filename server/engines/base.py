@@ -283,5 +283,10 @@ class VersionGate:
 
 def create_engine(config: EngineConfig, model_path: str | Path) -> Engine:
     """Instantiate the backend named by `config.backend` (server/engines/registry.py; its module is
-    imported here, so vllm is imported only where it serves)."""
+    imported here, so vllm is imported only where it serves). The hf backend with `hf_worker =
+    "process"` is the same engine in a process of its own (hf_process.py)."""
+    if config.backend == "hf" and config.hf_worker == "process":
+        from liveloop.server.engines.hf_process import HFProcessEngine
+
+        return HFProcessEngine(config, model_path)
     return engine_class(config.backend)(config, model_path)

@@ -24,7 +24,8 @@ from liveloop.server.engines.base import (
 from liveloop.transport.weights import NamedTensors
 
 VLLM = pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])
-BACKENDS = ["hf", "diffusion", VLLM, "sglang"]  # sglang: against the stand-in (tests/standins/sglang_server.py)
+# sglang: against the stand-in (tests/standins/sglang_server.py); hf-process: hf with engine.hf_worker = "process"
+BACKENDS = ["hf", "hf-process", "diffusion", VLLM, "sglang"]
 SAME = {"hf": 1e-5, "diffusion": 1e-5, "vllm": 1e-3, "sglang": 1e-5}  # the same weights reloaded: logprobs agree to this
 
 
@@ -67,6 +68,8 @@ def subject(request, model_dir, tmp_path) -> Subject:
                               diffusion_block_length=4, diffusion_steps_per_block=2)
         return Subject(config, v0, v1, (18, 30, 36, 9, 42))
     extra = {"sglang_url": request.getfixturevalue("sglang_standin").url} if backend == "sglang" else {}
+    if backend == "hf-process":
+        backend, extra = "hf", {"hf_worker": "process"}
     config = EngineConfig(backend=backend, model=str(model_dir), checkpoint_dir=str(tmp_path / "pushed"), **extra)
     return Subject(config, model_dir, request.getfixturevalue("causal_v1"), (5, 6, 7, 8))
 
@@ -100,10 +103,11 @@ def _protocol_members() -> dict[str, object]:
     return members
 
 
-@pytest.mark.parametrize("backend", ["hf", "diffusion", "vllm", "sglang"])
+@pytest.mark.parametrize("backend", ["hf", "hf-process", "diffusion", "vllm", "sglang"])
 def test_backend_satisfies_the_protocol_as_written(backend, tmp_path):
     # building an engine loads nothing (vllm is not imported, sglang calls no server): the signatures are checked as written
-    engine = create_engine(EngineConfig(backend=backend, model=str(tmp_path)), tmp_path)
+    extra = {"hf_worker": "process"} if backend == "hf-process" else {}
+    engine = create_engine(EngineConfig(backend=backend.removesuffix("-process"), model=str(tmp_path), **extra), tmp_path)
     assert isinstance(engine, Engine)
     cls = type(engine)
     for name, member in _protocol_members().items():
