@@ -12,8 +12,8 @@ included; hf: liveloop's own `HFEngine` below the edge).
 With `--vllm-server` (vLLM only) vLLM's own OpenAI server (bench/vllm_serving.py starts it with the
 same engine arguments) runs the same HTTP rounds beside them: what any HTTP server reaches against the
 bare engine on this machine, its client included (asked for the sampled token's logprob, as the bare engine is).
-With `--hf-process-arm` (hf only) a second liveloop server whose hf engine runs in a process of its own
-(`[engine] hf_worker = "process"`) runs the same rounds beside.
+With `--hf-thread-arm` (hf only) a second liveloop server whose hf engine runs on a thread of the server's
+process (`[engine] hf_worker = "thread"`; the default is a process of its own) runs the same rounds beside.
 
 The HTTP client is aiohttp, as vLLM's own serving benchmark's (httpx's client, used before, was
 the bottleneck of its own rounds on this 2-core machine), in this process. Rounds interleave (bare,
@@ -22,7 +22,7 @@ machine; the ratio reported is the median of the per-round ratios. Both sides ar
 first round (the server by its own start: server/edge/pipeline/readiness.py).
 
     .venv/bin/python bench/serving_overhead.py [--backend vllm|hf] [--requests 256] [--concurrency 16]
-        [--max-tokens 64] [--rounds 5] [--goal 0.9] [--hf-process-arm]
+        [--max-tokens 64] [--rounds 5] [--goal 0.9] [--hf-thread-arm]
 
 The last line says PASS when both HTTP modes are at >= --goal of the bare engine, else FAIL.
 Results: bench/results/serving_overhead_<backend>.json.
@@ -45,7 +45,7 @@ from vllm_serving import LOGPROBS_BODY, start_vllm  # noqa: E402
 
 PATHS = ("bare", "stream", "non_stream")
 VLLM_PATHS = ("vllm_stream", "vllm_non_stream")  # vLLM's own server, --vllm-server
-PROCESS_PATHS = ("process_stream", "process_non_stream")  # liveloop with its hf engine in its own process, --hf-process-arm
+THREAD_PATHS = ("thread_stream", "thread_non_stream")  # liveloop with its hf engine on a thread of its process, --hf-thread-arm
 
 
 class Bare:
@@ -153,10 +153,10 @@ async def run_side_by_side(model_dir: Path, args) -> dict:
     out: dict[str, dict] = {p: {"tokens": [], "tokens_per_s": []} for p in PATHS}
     with tempfile.TemporaryDirectory() as tmp:
         server = await asyncio.to_thread(start_server, Path(tmp) / "liveloop", model_dir, args.backend)
-        process = None
-        if args.hf_process_arm:
-            process = await asyncio.to_thread(start_server, Path(tmp) / "liveloop_process", model_dir, "hf",
-                                              engine_extra='hf_worker = "process"\n')
+        threaded = None
+        if args.hf_thread_arm:
+            threaded = await asyncio.to_thread(start_server, Path(tmp) / "liveloop_thread", model_dir, "hf",
+                                               engine_extra='hf_worker = "thread"\n')
         theirs = None
         if args.vllm_server:
             (Path(tmp) / "vllm").mkdir()
@@ -170,19 +170,19 @@ async def run_side_by_side(model_dir: Path, args) -> dict:
                 async def one_round(path: str) -> tuple[int, float]:
                     if path.startswith("bare"):
                         return await bare.round(prompts, final_only=path == "bare_final")
-                    url = theirs.base_url if path.startswith("vllm_") else process.base_url if path.startswith("process_") else server.base_url
+                    url = theirs.base_url if path.startswith("vllm_") else threaded.base_url if path.startswith("thread_") else server.base_url
                     return await http_round(session, url, USER_KEY, args.requests, args, stream=not path.endswith("non_stream"),
                                             extra=LOGPROBS_BODY if path.startswith("vllm_") else None)
 
                 await bare.round(prompts[: 2 * args.concurrency], final_only=False)  # warm-up (the server warmed itself)
                 await http_round(session, server.base_url, USER_KEY, args.concurrency, args, stream=True)
-                paths = PATHS + (("bare_final",) if args.backend == "vllm" else ()) + (VLLM_PATHS if theirs else ()) + (PROCESS_PATHS if process else ())
+                paths = PATHS + (("bare_final",) if args.backend == "vllm" else ()) + (VLLM_PATHS if theirs else ()) + (THREAD_PATHS if threaded else ())
                 for path in paths:
                     out.setdefault(path, {"tokens": [], "tokens_per_s": []})
                 if theirs:
                     await http_round(session, theirs.base_url, USER_KEY, args.concurrency, args, stream=True, extra=LOGPROBS_BODY)
-                if process:
-                    await http_round(session, process.base_url, USER_KEY, args.concurrency, args, stream=True)
+                if threaded:
+                    await http_round(session, threaded.base_url, USER_KEY, args.concurrency, args, stream=True)
                 for r in range(args.rounds):
                     for path in paths[r % len(paths):] + paths[: r % len(paths)]:
                         tokens, secs = await one_round(path)
@@ -194,8 +194,8 @@ async def run_side_by_side(model_dir: Path, args) -> dict:
             server.stop()
             if theirs:
                 theirs.stop()
-            if process:
-                process.stop()
+            if threaded:
+                threaded.stop()
     return out
 
 
@@ -209,8 +209,8 @@ def overhead(model_dir: Path, args) -> dict:
     baseline = {"stream": "bare", "non_stream": "bare_final" if args.backend == "vllm" else "bare"}
     if args.vllm_server:
         baseline |= {"vllm_stream": "bare", "vllm_non_stream": "bare_final"}
-    if args.hf_process_arm:
-        baseline |= {"process_stream": "bare", "process_non_stream": "bare"}
+    if args.hf_thread_arm:
+        baseline |= {"thread_stream": "bare", "thread_non_stream": "bare"}
     ratios = {m: [h / b for h, b in zip(runs[m]["tokens_per_s"], runs[baseline[m]]["tokens_per_s"])] for m in baseline}
     result = {"config": vars(args), "rounds": runs, "ratios_per_round": ratios, **{f"ratio_{m}": median(r) for m, r in ratios.items()}}
     print(f"\n{args.backend}: | path | tokens/s (median) | ratio vs bare (median of rounds) | ratios per round |")
@@ -220,7 +220,7 @@ def overhead(model_dir: Path, args) -> dict:
             print(f"| bare engine{' (final only)' if path == 'bare_final' else ''} | {median(runs[path]['tokens_per_s']):.0f} | 1.00 | |")
     for mode in baseline:
         per_round = " ".join(f"{r:.2f}" for r in ratios[mode])
-        who = {"vllm": "vLLM's own server, ", "process": "liveloop, hf engine in its own process, "}.get(mode.split("_")[0], "liveloop, ")
+        who = {"vllm": "vLLM's own server, ", "thread": "liveloop, hf engine on a thread of the server, "}.get(mode.split("_")[0], "liveloop, ")
         what = "non-stream" if mode.endswith("non_stream") else "stream"
         print(f"| {who}HTTP {what}{' + logging' if who.startswith('liveloop') else ''} | {median(runs[mode]['tokens_per_s']):.0f} "
               f"| {median(ratios[mode]):.2f} | {per_round} |")
@@ -241,8 +241,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--goal", type=float, default=0.9)
     parser.add_argument("--vllm-server", action="store_true", help="vLLM's own OpenAI server's HTTP rounds beside")
-    parser.add_argument("--hf-process-arm", action="store_true",
-                        help="hf: a second liveloop server beside, its engine in a process of its own (engine.hf_worker = process)")
+    parser.add_argument("--hf-thread-arm", action="store_true",
+                        help="hf: a second liveloop server beside, its engine on a thread of its process (engine.hf_worker = thread)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result = overhead(default_model(), args)

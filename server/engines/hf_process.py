@@ -24,7 +24,8 @@ the child beside its generation; tensors cross by value, scanned for non-finite 
 Faults: if the child dies (killed, out of memory, its worker stopped after a failed copy), the pipe
 ends: every running stream ends with an error, every waiting swap or adapter load fails, and
 `healthy()` is False from then on; nothing is served from a half-copied model. If the parent dies the
-child reads the end of the pipe and exits.
+child reads the end of the pipe and exits. The child ignores SIGINT and SIGTERM, which a terminal or a
+supervisor sends to the whole process group: the server stops it in order once its own streams ended.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import itertools
 import logging
 import multiprocessing
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -308,6 +310,10 @@ class _PipeSink:
 
 
 def _child_main(conn: Connection) -> None:
+    # a signal to the server's process group (Ctrl-C, a supervisor's SIGTERM) reaches this process too:
+    # its server stops it in order (its streams end first); if the server is gone, the pipe's end stops it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(1)
     pipe = _Pipe(conn)
     try:

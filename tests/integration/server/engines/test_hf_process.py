@@ -208,3 +208,16 @@ async def test_a_start_that_fails_says_why_and_leaves_no_process(tmp_path):
     with pytest.raises(Exception, match="config.json|not a valid model|does not appear"):
         await engine.start()
     assert engine._process.poll() is not None and not engine.healthy()
+
+
+async def test_a_group_signal_leaves_the_engine_to_its_server(model_dir):
+    # SIGTERM to the process group reaches the engine's process too: it serves on until its server stops it
+    engine = await _started(model_dir, "process")
+    try:
+        os.kill(engine._process.pid, signal.SIGTERM)
+        os.kill(engine._process.pid, signal.SIGINT)
+        served = await _served(engine, 0, PROMPTS[0], max_tokens=6)
+        assert engine.healthy() and len(served[0]) == 6
+    finally:
+        await engine.close()
+    assert engine._process.poll() == 0  # stopped by its server, in order
