@@ -161,23 +161,8 @@ class ThreadedEngine(GatedEngine):
         if cancelled.is_set():  # ended by a swap before it started: nothing to generate
             yield aborted()
             return
-        loop = asyncio.get_running_loop()
         out: asyncio.Queue = asyncio.Queue()
-
-        first = True
-
-        def emit(item: TokenDelta | BaseException) -> None:
-            nonlocal first
-            held = self._held
-            if held is not None and threading.current_thread() is self._thread:
-                # handed over with the rest of the worker's step; the first and the last at once
-                urgent = first or isinstance(item, BaseException) or item.finish_reason is not None
-                held.append(_Held(loop, out, item, urgent))
-            else:
-                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads any more
-                    loop.call_soon_threadsafe(out.put_nowait, item)
-            first = False
-
+        emit = self._emitter(asyncio.get_running_loop(), out)
         seed = request.sampling.seed
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seed_source))
@@ -199,6 +184,26 @@ class ThreadedEngine(GatedEngine):
         finally:
             self._streams.discard(emit)
             cancelled.set()
+
+    def _emitter(self, loop: Sink, out: Any) -> Emit:
+        """How the worker emits a stream's deltas: into `out` (an asyncio.Queue) on `loop`, through
+        `_one_handover` when it emits inside one. `loop` may be any `Sink`: what the hf engine's own
+        process hands its deltas to (hf_process.py)."""
+        first = True
+
+        def emit(item: TokenDelta | BaseException) -> None:
+            nonlocal first
+            held = self._held
+            if held is not None and threading.current_thread() is self._thread:
+                # handed over with the rest of the worker's step; the first and the last at once
+                urgent = first or isinstance(item, BaseException) or item.finish_reason is not None
+                held.append(_Held(loop, out, item, urgent))
+            else:
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads any more
+                    loop.call_soon_threadsafe(_deliver, [(out, item)])
+            first = False
+
+        return emit
 
     @contextlib.contextmanager
     def _one_handover(self) -> Iterator[None]:
@@ -312,19 +317,26 @@ class ThreadedEngine(GatedEngine):
         raise NotImplementedError
 
 
+class Sink(Protocol):
+    """Where the worker hands deltas: an event loop, or anything that takes `call_soon_threadsafe(
+    _deliver, [(out, item), ...])` the same way."""
+
+    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any) -> Any: ...
+
+
 @dataclass(frozen=True)
 class _Held:
     """A delta emitted on the worker, waiting for its hand-over to the event loop of its stream."""
 
-    loop: asyncio.AbstractEventLoop
-    out: asyncio.Queue
+    loop: Sink
+    out: Any  # the stream's asyncio.Queue (or what a Sink knows the stream by)
     item: TokenDelta | BaseException
     urgent: bool
 
 
 def _hand_over(held: list[_Held]) -> None:
     """Queue `held` on their streams, one call into each event loop, consecutive deltas of a stream merged."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, TokenDelta | BaseException]]] = {}
+    by_loop: dict[Sink, list[tuple[Any, TokenDelta | BaseException]]] = {}
     for h in held:
         items = by_loop.setdefault(h.loop, [])
         last = next((i for i in range(len(items) - 1, -1, -1) if items[i][0] is h.out), None)
