@@ -148,6 +148,15 @@ def non_finite(state: Mapping[str, torch.Tensor], names: Mapping[str, object] | 
     return None
 
 
+def scanned(source: NamedTensors) -> NamedTensors:
+    """`source`'s tensors marked verified once their values are scanned finite (WeightsRejected, naming
+    the first bad tensor, if one is not): what an engine does while staging unverified tensors."""
+    bad = non_finite(source.tensors)
+    if bad is not None:
+        raise WeightsRejected(f"update_weights: non-finite values in {bad}")
+    return NamedTensors(source.tensors, verified=True, layout=source.layout)
+
+
 def _tensor_key(t: torch.Tensor) -> tuple[int, tuple[int, ...]]:
     # state_dict gives a tied parameter once per name, each a view of the same memory
     return t.data_ptr(), tuple(t.shape)

@@ -51,8 +51,8 @@ from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import GenerationRequest, Preempt, TokenDelta, aborted
 from liveloop.server.engines.gated import GatedEngine
 from liveloop.server.engines.hf_engine import HFEngine
-from liveloop.server.engines.threaded import DropAdapter, LoadAdapter, Stop, Submit, Swap, _deliver
-from liveloop.transport.weights import NamedTensors, WeightSource, WeightsRejected, non_finite
+from liveloop.server.engines.threaded import DropAdapter, LoadAdapter, Stop, Submit, Swap, _deliver, request_seed
+from liveloop.transport.weights import NamedTensors, WeightSource, scanned
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -245,9 +245,7 @@ class HFProcessEngine(GatedEngine):
             return
         if not self.healthy():
             raise EngineProcessExited("hf engine process is not running (not started, closed, or exited)")
-        seed = request.sampling.seed
-        if seed is None:
-            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seed_source))
+        seed = request_seed(request, self._seed_source)
         out: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = _Stream(asyncio.get_running_loop(), out)
         finished = False
@@ -274,10 +272,7 @@ class HFProcessEngine(GatedEngine):
     def _stage(self, source: WeightSource) -> WeightSource:
         # tensors are scanned here, before they are sent; a checkpoint is read by the child
         if isinstance(source, NamedTensors) and not source.verified:
-            bad = non_finite(source.tensors)
-            if bad is not None:
-                raise WeightsRejected(f"update_weights: non-finite values in {bad}")
-            source = NamedTensors({k: v.detach().cpu() for k, v in source.tensors.items()}, verified=True)
+            source = scanned(NamedTensors({k: v.detach().cpu() for k, v in source.tensors.items()}))
         return source
 
     async def _apply_as(self, source: WeightSource, version: int) -> float:

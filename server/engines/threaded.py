@@ -51,7 +51,7 @@ from liveloop.server.engines.base import (
 )
 from liveloop.transport.weights import CheckpointDir, NamedTensors, WeightSource
 from liveloop.server.engines.gated import GatedEngine
-from liveloop.transport.weights import WeightsRejected, check_state, copy_state, non_finite
+from liveloop.transport.weights import check_state, copy_state, scanned
 
 if TYPE_CHECKING:
     from liveloop.server.config import EngineConfig
@@ -163,9 +163,7 @@ class ThreadedEngine(GatedEngine):
             return
         out: asyncio.Queue = asyncio.Queue()
         emit = self._emitter(asyncio.get_running_loop(), out)
-        seed = request.sampling.seed
-        if seed is None:
-            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._seed_source))
+        seed = request_seed(request, self._seed_source)
         if not self.healthy():
             raise RuntimeError(f"{self.name} engine is not running (not started, closed, or broken by a failed copy)")
         self._streams.add(emit)
@@ -243,10 +241,7 @@ class ThreadedEngine(GatedEngine):
         if isinstance(source, CheckpointDir):
             source = NamedTensors(self._read_checkpoint(source.path))
         if isinstance(source, NamedTensors) and not source.verified:
-            bad = non_finite(source.tensors)
-            if bad is not None:
-                raise WeightsRejected(f"update_weights: non-finite values in {bad}")
-            source = NamedTensors(source.tensors, verified=True)
+            source = scanned(source)
         return source
 
     async def _apply_as(self, source: WeightSource, version: int) -> float:
@@ -334,16 +329,26 @@ class _Held:
     urgent: bool
 
 
+def request_seed(request: GenerationRequest, source: torch.Generator) -> int:
+    """The seed a request samples with: its own, else the next drawn from the engine's `engine.seed`
+    generator (the thread engine and the hf engine's own process draw alike: the same tokens)."""
+    if request.sampling.seed is not None:
+        return request.sampling.seed
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=source))
+
+
 def _hand_over(held: list[_Held]) -> None:
     """Queue `held` on their streams, one call into each event loop, consecutive deltas of a stream merged."""
     by_loop: dict[Sink, list[tuple[Any, TokenDelta | BaseException]]] = {}
+    last: dict[int, int] = {}  # a stream's (its out's id) latest place in its loop's items
     for h in held:
         items = by_loop.setdefault(h.loop, [])
-        last = next((i for i in range(len(items) - 1, -1, -1) if items[i][0] is h.out), None)
-        merged = _merged(items[last][1], h.item) if last is not None else None
+        i = last.get(id(h.out))
+        merged = _merged(items[i][1], h.item) if i is not None else None
         if merged is not None:
-            items[last] = (h.out, merged)
+            items[i] = (h.out, merged)
         else:
+            last[id(h.out)] = len(items)
             items.append((h.out, h.item))
     for loop, items in by_loop.items():
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads any more
