@@ -44,9 +44,9 @@ from common import chat_messages, default_model, percentile, save  # noqa: E402
 
 
 ARMS = {
-    "default": {"extends": "default"},
-    "default_before": {"extends": "default", "engine": 'vllm_weight_load = "reload"', "transport": "bell = false"},
-    "default_thread": {"extends": "default", "engine": 'hf_worker = "thread"'},
+    "default": {"extends": "tiny"},
+    "default_before": {"extends": "tiny", "engine": 'vllm_weight_load = "reload"', "transport": "bell = false"},
+    "default_thread": {"extends": "tiny", "engine": 'hf_worker = "thread"'},
     "today": {"publish_every": 4, "publish_seconds": 5.0, "max_batch": 0, "transport_backend": "checkpoint_dir", "swap_mode": "drain",
               "poll": 0.1, "watch": 0.1},
     "live": {"publish_every": 1, "publish_seconds": 0.5, "max_batch": 16, "transport_backend": "shared_memory", "swap_mode": "keep",

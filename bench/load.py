@@ -570,7 +570,7 @@ def main() -> None:
         t_start = time.monotonic()
         server = start_server(
             Path(tmp), model_dir, args.backend, timeout=600, learner=learner_toml if args.learner == "on" else None,
-            extends="default", rate_limits=True,  # the default preset's sections and per-key limits, as served
+            extends="tiny", rate_limits=True,  # the default preset's sections and per-key limits, as served
         )
         startup_s = time.monotonic() - t_start
         try:

@@ -140,7 +140,7 @@ def run_arm(arm: str, args: argparse.Namespace, model_dir: Path, checkpoints: li
     try:
         with tempfile.TemporaryDirectory() as tmp:
             started = time.monotonic()
-            server = start_server(Path(tmp), model_dir, "hf", learner=None, extra=extra, store_url=url, extends="ray" if arm != "process" else None,
+            server = start_server(Path(tmp), model_dir, "hf", learner=None, extra=extra, store_url=url, extends=["ray", "tiny"] if arm != "process" else None,
                                   timeout=600, server_extra="watch_seconds = 0.05")
             up = time.monotonic() - started
             try:

