@@ -4,6 +4,8 @@ or named, or a JSON response format), checked to compile and to be something the
 endpoints (OpenAI chat, Anthropic messages, the Responses API) each turn their own request into the
 stored message shape (server/edge/formats/tools.py) and a `ToolChoice`; everything after that is here, once.
 What the client's text spells of the model's special tokens stays text (server/edge/pipeline/markers.py).
+A template that renders no tools (plain ChatML) gets them, the calls and their results written into the
+messages' text as Qwen's template writes them (server/edge/formats/tool_rendering.py).
 
 Templating and compiling run on the serving pipeline's prompt thread, never on the event loop."""
 
@@ -14,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from liveloop.grammar import Grammars, grammars_for
-from liveloop.server.edge.formats.tool_parsers import PARSERS, detect_parser
+from liveloop.server.edge.formats.tool_parsers import PARSERS
+from liveloop.server.edge.formats.tool_rendering import TextTools, default_system, tool_format
 from liveloop.server.edge.pipeline.markers import Markers, PromptText
 from liveloop.server.edge.formats.tools import (
     JSONLayout,
@@ -45,7 +48,10 @@ class Prompter:
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.template: str | None = getattr(tokenizer, "chat_template", None)
-        self.parser_name = detect_parser(self.template) if parser == "auto" else (None if parser == "none" else parser)
+        tools = tool_format(self.template, parser)
+        self.parser_name = tools.parser
+        # a template that renders no tools: they go into the messages' text, as Qwen's template writes them
+        self.text_tools = TextTools(default_system(self._plain)) if tools.in_text else None
         self.json_layout = json_layout
         self.engine = engine  # what it can do: supports_constraints, sampling_extensions
         self.text_arguments = takes_text_arguments(self.template)
@@ -59,6 +65,9 @@ class Prompter:
             self._grammars = grammars_for(str(self.model_dir), vocab, self.tokenizer)
         return self._grammars
 
+    def _plain(self, messages: list[dict[str, Any]]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False)
+
     # -- tools --------------------------------------------------------------------------------------
     def tool_use(self, tools: list[Tool], choice: ToolChoice, parallel: bool, param: str = "tools") -> ToolUse | None:
         """The request's tools as this model family writes them; None when it offers none (then only
@@ -69,8 +78,8 @@ class Prompter:
             return None
         if self.parser_name is None:
             raise ToolsRefused(
-                "this model has no tool-call format: its chat template shows none, and [engine] tool_call_parser is "
-                "not set (hermes, llama3_json)", param, code="tools_unsupported",
+                "this model has no tool-call format: its chat template writes calls in a syntax liveloop does not "
+                "read, and [engine] tool_call_parser does not name one (hermes, llama3_json)", param, code="tools_unsupported",
             )
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
@@ -117,11 +126,14 @@ class Prompter:
         if self.template is None:
             raise ToolsRefused("this model has no chat template: use /v1/completions", "messages")
         kwargs: dict[str, Any] = {"add_generation_prompt": generation_prompt, "tokenize": False}
-        conversation = template_messages(messages, self.text_arguments)
+        # a sampled call's arguments go back as their text where the template (or text_tools) writes text as it is
+        conversation = list(messages) if self.text_tools is not None else template_messages(messages, self.text_arguments)
         tools = tool_use.definitions() if tool_use is not None else None
         masker = self.markers.masker(conversation, tools, context=str(self.template))
         if masker is not None:  # typed markers go in as placeholders and come out as text
             conversation, tools = masker.mask(conversation), masker.mask(tools)
+        if self.text_tools is not None:  # after masking: only what the client typed is masked
+            conversation, tools = self.text_tools.messages(conversation, tools), None
         if tools is not None:
             kwargs["tools"] = tools
         try:
