@@ -16,7 +16,7 @@ def default_model() -> Path:
     from liveloop.config import load_config
     from liveloop.model.build import ensure_model
 
-    cfg = load_config(ROOT / "configs/serve/default.toml")
+    cfg = load_config(ROOT / "configs/serve/tiny.toml")
     return ensure_model(cfg.model, default_model_dir())
 
 
@@ -50,10 +50,10 @@ def save(name: str, result: dict, model_dir: Path | None = None, path: Path | No
 
 
 def default_model_dir() -> Path:
-    """Where the default model lives (built or not)."""
+    """Where the tiny model the benches run on lives (built or not): the `tiny` preset's."""
     from liveloop.config import load_config
 
-    return ROOT / load_config(ROOT / "configs/serve/default.toml").model.out_dir
+    return ROOT / load_config(ROOT / "configs/serve/tiny.toml").model.out_dir
 
 
 def rated_samples(model_dir: Path, n: int, target: str = "behold", max_tokens: int = 48, seed: int = 0):
