@@ -127,7 +127,7 @@ def pretrain(
     samples = collect_rollouts(policy_dir, data, progress) if isinstance(data, RolloutPlan) else list(data)
     _require_samples(samples)
     torch.manual_seed(seed)
-    critic = Critic(build_value_model(policy_dir), config)
+    critic = Critic(build_value_model(policy_dir, lora_rank=config.lora_rank), config)
     result = pretrain_critic(critic, samples, ev_threshold, max_epochs, progress=progress)
     save_atomically(Path(out_dir), lambda tmp: critic.save(str(tmp)))
     return result | {"critic/pretrain_reward_rate": sum(s.reward for s in samples) / len(samples)}

@@ -132,12 +132,12 @@ class OnlineLearner:
             if adapters is not None and config.lora.restart_window > 0 else None
         )
         self.window = StabilityWindow(config.diagnostics_window)
-        self._load(policy_dir, critic_dir)
         # the KL anchor: the base model; a lane reaches it by turning its adapter off (no second copy)
         self.reference = (
             self.place.load_causal_lm(self.base_model_dir, trainable=False).eval()
             if config.kl_coef > 0 and adapters is None else None
         )
+        self._load(policy_dir, critic_dir)
         self.idle_seconds = 0.0
         self.busy_seconds = 0.0
         self.paused = False
@@ -169,8 +169,12 @@ class OnlineLearner:
         if not self.method.uses_critic:
             return None
         c = self.config
+        # a LoRA critic's frozen weights are the frozen base this learner holds anyway (a lane's shared base,
+        # else the KL reference): one copy of the model for policy, reference and critic
+        frozen = self.adapters.base_model if self.adapters is not None else self.reference
+        model = build_value_model(backbone, self.place.dtype, self.critic_config.lora_rank, self.base_model_dir, share=frozen)
         return Critic(
-            self.place.prepare(build_value_model(backbone, self.place.dtype).to(self.place.device)),
+            self.place.prepare(model.to(self.place.device)),
             self.critic_config, c.zero_stage if c.ranks == 1 else 0, c.batch_size, c.master_weights,
         )
 
@@ -429,15 +433,17 @@ class OnlineLearner:
 
     def host_states(self) -> tuple[HostState, HostState | None]:
         """CPU copies of the policy's and the critic's weights (what a durable checkpoint is written from)."""
-        def copy(module: torch.nn.Module) -> HostState:
-            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+        def copy(module: torch.nn.Module, keep: Callable[[str], bool] = lambda name: True) -> HostState:
+            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items() if keep(k)}
 
         with self.policy_opt.full_parameters() as policy:
             policy_state = copy(policy)
         critic_state = None
         if self.critic is not None:
+            # a LoRA critic is saved as its adapter and head (peft's save keeps those keys): no copy of the base
+            own = (lambda k: "lora_" in k or "modules_to_save" in k) if self.critic_config.lora_rank > 0 else (lambda k: True)
             with self.critic.optimizer.full_parameters() as critic:
-                critic_state = copy(critic)
+                critic_state = copy(critic, own)
         return policy_state, critic_state
 
     def save_policy(self, directory: Path, state: HostState | None = None) -> None:
