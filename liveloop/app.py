@@ -17,7 +17,8 @@ is handed only what it uses. Nothing else builds a component.
    refresh, the monitor, the alarms, the gate, retention, the leader lease, the fleet-wide limits' sync
    (server/edge/fleet_limits.py: the rates and the sign-in throttle count every replica on the store);
 6. starts the co-located learner (`start_learner`, a Ray actor, when `[learner] enabled`: it gets
-   `[store]`, `[learner]`, `[critic]` and the model directory and meets the server only in the store);
+   `[store]`, `[learner]`, `[critic]` and the model directory and meets the server only in the store),
+   and the watch on its pace (`Operations.watch_pace`, which reads its status);
 7. freezes the start's objects out of the garbage collector's full passes (`freeze_heap`) and attaches
    the parts to the app (server/edge/dependencies.py), where the routes take them as typed
    dependencies. /healthz answers only then (its details say how the warm-up went).
@@ -98,12 +99,16 @@ def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config
     async def lifespan(app: FastAPI):
         async with running(config, model_dir, edge_state(app)) as parts:
             learner = await asyncio.to_thread(learner_factory, config, model_dir)
+            # the learner's pace and its alarms read its status: watched once it is there
+            pace = asyncio.create_task(parts.operations.watch_pace(learner.status)) if learner is not None else None
             freeze_heap()  # what the start made stays out of the collector's full passes (server/edge/pipeline/readiness.py)
             attach(app, dataclasses.replace(parts, learner=learner))
             try:
                 yield
             finally:
                 detach(app)
+                if pace is not None:
+                    pace.cancel()
                 if learner is not None:
                     await asyncio.to_thread(learner.close)
                 thaw_heap()
@@ -175,6 +180,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts
     leadership = Leadership(store, name, config.server.leader_lease_seconds, metrics)
     operations = Operations(
         config.monitor, store, activator, metrics, imports, alarms=config.release.alarms, tokenizer=tokenizer, leader=leadership.held_term,
+        max_step_kl=config.learner.max_step_kl,
     )
     gate = None
     if gated:

@@ -61,6 +61,27 @@ class MonitorConfig:
         default=5, metadata={"help": "distinct unquarantined keys that must have rated a version, and its parent, before the guard judges it (one vote per key)"}
     )
     guard_p_value: float = field(default=0.01, metadata={"help": "one-sided p-value that counts as significantly worse"})
+    learner_check_seconds: float = field(
+        default=5.0, metadata={"help": "how often the server measures the learner's pace (server/control/learner_watch.py)"}
+    )
+    learner_short_window_seconds: float = field(
+        default=60.0, metadata={"help": "the short window of the learner's pace: arrival and training rates over the last N seconds"}
+    )
+    learner_long_window_seconds: float = field(
+        default=300.0, metadata={"help": "the long window of the learner's pace, the one the behind alarm judges"}
+    )
+    learner_behind_pace: float = field(
+        default=0.8,
+        metadata={"help": "a lane falls behind when it trains fewer than this share of the ratings arriving, over the long window"},
+    )
+    learner_behind_backlog: int = field(
+        default=50,
+        metadata={"help": "... and at least this many of its ratings wait untrained; it has caught up again at half as many"},
+    )
+    learner_refused_event_seconds: float = field(
+        default=60.0,
+        metadata={"help": "at most one learner_step_refused event per lane this often (the refusals between are counted in it)"},
+    )
     behaviours: tuple[str, ...] = field(
         default=(),
         metadata={
@@ -83,6 +104,10 @@ class MonitorConfig:
             raise ValueError("quarantine_corroborating_keys must be >= 1, similar_reply_jaccard in (0, 1], similar_reply_shingle >= 1")
         if self.guard_min_ratings < 1 or self.guard_min_keys < 1 or self.replay_events < 0:
             raise ValueError("guard_min_ratings and guard_min_keys must be >= 1 and replay_events >= 0")
+        if self.learner_check_seconds <= 0 or not 0 < self.learner_short_window_seconds <= self.learner_long_window_seconds:
+            raise ValueError("learner_check_seconds must be > 0 and 0 < learner_short_window_seconds <= learner_long_window_seconds")
+        if not 0 < self.learner_behind_pace <= 1 or self.learner_behind_backlog < 1 or self.learner_refused_event_seconds < 0:
+            raise ValueError("learner_behind_pace must be in (0, 1], learner_behind_backlog >= 1, learner_refused_event_seconds >= 0")
         for spec in self.behaviours:
             try:
                 make_reward(spec)

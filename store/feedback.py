@@ -4,7 +4,8 @@ bulk, feedback is validated (the response exists and was served to the same API 
 earlier rating by the same key, all in one transaction. An operation that is invalid fails alone; a
 batch that hits an unexpected database error is retried one operation at a time so that one bad row
 never loses the others. The reads: a response and its ratings, the learner's feed (`rated_after` past
-its cursor, `get_cursor`), counts, and the drift monitor's ratings in arrival order.
+its cursor, `get_cursor`), counts, the drift monitor's ratings in arrival order, and the trainable
+ratings a learner's pace is measured on (`trainable_since`).
 """
 
 from __future__ import annotations
@@ -332,6 +333,25 @@ class FeedbackQueries(Part):
                 .limit(limit)
             ).all()
             return [(_stored_feedback(f), _stored_response(r)) for f, r in rows]
+
+    def trainable_since(
+        self, since: datetime, after_id: int, segment: str | None = None, limit: int = 50_000
+    ) -> tuple[list[tuple[int, datetime]], bool]:
+        """(id, arrival time) of the trainable ratings (as `rated_after` reads them: quarantined keys'
+        left out; only `segment`'s responses, if given) that lie past `after_id` (a learner's cursor) or
+        arrived at or after `since`, newest first: what a lane's pace is measured on. At most `limit`
+        past `after_id`, the newest; returns the rows and whether that limit cut them."""
+        def trainable(*where: Any):
+            q = select(Feedback.id, Feedback.created_at).where(*where)
+            if segment is not None:
+                q = q.join(Response, Response.id == Feedback.response_id).where(Response.segment == segment)
+            return _only_trusted(q, True)
+
+        with self._session() as s:
+            past = s.execute(trainable(Feedback.id > after_id).order_by(Feedback.id.desc()).limit(limit)).all()
+            recent = s.execute(trainable(Feedback.id <= after_id, Feedback.created_at >= since).order_by(Feedback.id.desc())).all()
+        rows = [(int(i), aware(at)) for i, at in [*past, *recent]]
+        return rows, len(past) >= limit
 
     def counts(self) -> dict[str, int]:
         with self._session() as s:

@@ -12,7 +12,9 @@ checkpoint_dir and checked there (server/control/weights_import.py, in a worker 
 import that does not end up serving leaves nothing behind.
 
 The reward-hacking alarms (`[release.alarms]`, server/control/alarms.py) run in their own loop,
-`watch_alarms`, every `check_seconds`, when the wiring gives `alarms` and the tokenizer.
+`watch_alarms`, every `check_seconds`, when the wiring gives `alarms` and the tokenizer. The learner's
+pace and its behind / refused-step alarms (server/control/learner_watch.py) run in `watch_pace`, which
+the wiring starts once the learner is there (it reads the learner's status).
 
 In a fleet every replica runs these loops, but only the leader (`leader`: the term of the store's
 leader lease this replica holds, None when it does not; server/control/leader.py) writes: the drift alarms'
@@ -22,7 +24,8 @@ are the leader's; the other replicas still read the ratings and export the figur
 before it may have recorded some), so an alarm is recorded once per version and trait.
 
 Results are typed (`LearningState`, `WeightsImported`, the activator's `RollbackResult`, the monitor's
-`VersionRow`, `KeyRow`, the alarms' `HackingVerdict`); the admin routes turn them into JSON."""
+`VersionRow`, `KeyRow`, the alarms' `HackingVerdict`, the pace's `LearnerPace`); the admin routes turn
+them into JSON."""
 
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from liveloop.monitor.versions import VersionRow, version_table
 from liveloop.release.config import AlarmConfig
 from liveloop.server.control.alarms import HackingVerdict, RewardHackingAlarms
 from liveloop.server.control.activator import Activator, RollbackResult, SwapResult
+from liveloop.server.control.learner_watch import LearnerPace, LearnerWatch, StatusView
 from liveloop.server.control.weights_import import WeightImports
 from liveloop.store import Store
 from liveloop.store.keys import KeyState
@@ -85,6 +89,7 @@ class Operations:
     def __init__(
         self, config: MonitorConfig, store: Store, activator: Activator, metrics: Metrics, imports: WeightImports | None = None,
         alarms: AlarmConfig | None = None, tokenizer: Any = None, leader: Callable[[], int | None] | None = None,
+        max_step_kl: float = 0.0,
     ):
         self.config = config
         # the leader lease's term this replica holds now, None when another replica leads (server/control/leader.py);
@@ -105,6 +110,9 @@ class Operations:
         self._scoring = threading.Lock()
         # reward-hacking alarms (None: off, or no tokenizer to read the replies with)
         self.alarms = RewardHackingAlarms(alarms, store, activator, metrics, tokenizer) if alarms and alarms.enabled and tokenizer else None
+        # the learner's pace: its lanes are the segments' with adapters, else the one of the whole policy
+        lanes = [(segment, activator.lane(segment)) for segment in activator.segments] or [(None, activator.lane(None))]
+        self.pace = LearnerWatch(config, store, metrics, lanes, max_step_kl)
 
     @property
     def learner_name(self) -> str:
@@ -322,6 +330,33 @@ class Operations:
             except Exception:
                 log.exception("reward-hacking alarms")
             await asyncio.sleep(self.alarms.config.check_seconds)
+
+    # -- the learner's pace ---------------------------------------------------------------------
+    def learner_pace(self) -> LearnerPace | None:
+        """Every lane's pace at the last check (None: not measured yet, or no learner to watch)."""
+        return self.pace.latest
+
+    async def check_pace(self, status: Callable[[], StatusView], now: float | None = None) -> LearnerPace:
+        """One look at the learner's lanes (off the event loop): `status()` is the learner's (when it does
+        not answer, the store's cursors stand in); `now`: unix seconds, the clock's by default."""
+        try:
+            current: StatusView | None = await asyncio.to_thread(status)
+        except Exception as exc:  # restarting, busy, gone: the store still knows its published cursor
+            log.debug("learner pace: the learner did not answer: %s", exc)
+            current = None
+        term = self.leader()
+        return await asyncio.to_thread(self.pace.check, current, time.time() if now is None else now, term)
+
+    async def watch_pace(self, status: Callable[[], StatusView]) -> None:
+        """Measure the learner's pace every `[monitor] learner_check_seconds` until cancelled."""
+        while True:
+            try:
+                await self.check_pace(status)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("learner pace")
+            await asyncio.sleep(self.config.learner_check_seconds)
 
     async def run(self) -> None:
         """Poll until cancelled."""

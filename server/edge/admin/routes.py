@@ -222,22 +222,25 @@ async def events(p: Parts = Depends(parts), limit: int = Query(200, ge=1, le=500
 
 @router.get("/learner")
 async def learner_status(_: Principal = Depends(require_admin), p: Parts = Depends(parts)) -> dict:
-    """The co-located learner's state: version, cursor, steps, idle fraction, last metrics."""
+    """The co-located learner's state: version, cursor, steps, idle fraction, last metrics, and its pace
+    (`pace`: each lane's arrival and training rates, backlog, seconds per rating, the behind and
+    refused-step alarms; server/control/learner_watch.py)."""
     return {"object": "learner", **await _learner_status(p)}
 
 
 async def _learner_status(p: Parts) -> dict:
     learner = p.learner
     if learner is None:
-        return {"running": False, "state": "off"}
+        return {"running": False, "state": "off", "pace": None}
+    pace = admin_json.learner_pace(p.operations.learner_pace())  # measured on the store too while the learner is down
     health = dataclasses.asdict(learner.health())
     if health["state"] != "running":
-        return {"running": False, **health}
+        return {"running": False, **health, "pace": pace}
     try:
         status = await asyncio.to_thread(learner.status)
     except Exception as exc:  # busy, or it died since: say so rather than fail the page
-        return {"running": False, **health, "error": str(exc)[:200]}
-    return {"running": True, **health, **status.as_dict()}
+        return {"running": False, **health, "error": str(exc)[:200], "pace": pace}
+    return {"running": True, **health, **status.as_dict(), "pace": pace}
 
 
 # -- versions: pinning against checkpoint retention ---------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 from liveloop.monitor.drift import Bucket
 from liveloop.monitor.learning import SegmentLearning
 from liveloop.monitor.versions import VersionRow
+from liveloop.server.control.learner_watch import LanePace, LearnerPace
 from liveloop.server.control.operations import KeyRow, LearningState, WeightsImported
 from liveloop.server.control.settled import Read
 from liveloop.server.control.activator import RollbackResult, SwapResult
@@ -125,6 +126,25 @@ def segment_learning(view: SegmentLearning) -> dict[str, Any]:
             for v in view.versions
         ],
         "moving": [{"index": p.index, "version": p.version, "reward": p.reward} for p in view.moving],
+    }
+
+
+def learner_pace(paced: LearnerPace | None) -> dict[str, Any] | None:
+    """The learner's pace at the last check (`GET /admin/learner`'s `pace`, the dashboard's pace panel);
+    None before the first check, or with no learner to watch."""
+    if paced is None:
+        return None
+    return {
+        "at": paced.at, "short_seconds": paced.short_seconds, "long_seconds": paced.long_seconds,
+        "behind_pace": paced.behind_pace, "behind_backlog": paced.behind_backlog, "behind": paced.behind,
+        "lanes": [lane_pace(lane) for lane in paced.lanes],
+    }
+
+
+def lane_pace(lane: LanePace) -> dict[str, Any]:
+    return {
+        "segment": lane.segment, "lane": lane.lane, "cursor": lane.cursor, "answered": lane.answered, "paused": lane.paused,
+        "behind": lane.behind, "behind_since": lane.behind_since, "refused_steps": lane.refused_steps, **lane.pace.as_dict(),
     }
 
 

@@ -129,6 +129,7 @@ function collectMarkers() {
   }
   for (const e of state.events) {
     if (e.kind === "alarm") markers.push({ kind: "alarm", t: e.at, label: `alarm: ${segmentName(e.detail.segment)} ${e.detail.direction}` });
+    if (e.kind === "learner_behind") markers.push({ kind: "alarm", t: e.at, label: `learner behind: ${e.detail.lane}` });
     if (e.kind === "rollback" || e.kind === "guard_rollback") {
       const where = e.detail && e.detail.segment ? `${e.detail.segment} ` : "";
       markers.push({ kind: "version", t: e.at, label: `${where}rollback→v${e.version}`, version: e.version });
@@ -171,6 +172,40 @@ function drawLearner() {
     ["idle", l.running ? pct(l.idle_fraction) : "–"],
     ["responses / ratings", `${s.counts.responses} / ${s.counts.feedback} (${pct(s.rating_rate)} rated)`],
   ]);
+}
+
+// the learner's pace (GET /admin/stats' learner.pace, server/control/learner_watch.py): per lane, what arrives and
+// what it trains over the short / long window, the backlog, seconds per rating, and the behind / refused alarms
+const rate = (x) => (x === null || x === undefined ? "–" : Number(x).toPrecision(2));
+const twoWindows = (p, key, f) => `${f(p.short[key])} / ${f(p.long[key])}`;
+
+function drawPace() {
+  const pace = (state.stats.learner || {}).pace;
+  const summary = document.getElementById("pace-summary");
+  const panel = document.getElementById("pace-panel");
+  if (!pace) {
+    summary.textContent = "(no learner watched yet)";
+    document.querySelector("#pace tbody").replaceChildren();
+    return;
+  }
+  panel.dataset.behind = pace.behind;
+  summary.textContent = `(last ${pace.short_seconds} s / ${pace.long_seconds} s; behind: pace under ${pace.behind_pace} over ` +
+    `${pace.long_seconds} s with at least ${pace.behind_backlog} ratings waiting; measured ${when(pace.at)})`;
+  const refused = {}; // lane -> its newest learner_step_refused event
+  for (const e of state.events) if (e.kind === "learner_step_refused") refused[e.detail.lane] = e;
+  const rows = pace.lanes.map((l) => {
+    const status = l.paused ? "paused" : l.behind ? `BEHIND since ${when(l.behind_since)}` : l.long.full ? "keeping up" : "measuring";
+    const last = refused[l.lane];
+    const refusedText = last ? `${l.refused_steps} (last ${when(last.at)}: step KL ${num(last.detail.step_kl)}, lr ${num(last.detail.lr)})` : l.refused_steps;
+    return el("tr", { class: l.behind ? "behind" : "", "data-lane": l.lane },
+      el("td", { title: l.answered ? "" : "the learner did not answer: the store's published cursor" }, l.segment ?? "all", l.answered ? "" : " *"),
+      el("td", {}, twoWindows(l, "arriving", rate)), el("td", {}, twoWindows(l, "trained", rate)),
+      el("td", { class: l.long.pace !== null && l.long.pace < pace.behind_pace ? "worse" : "" }, twoWindows(l, "pace", rate)),
+      el("td", { class: "backlog" }, `${l.backlog}${l.backlog_capped ? "+" : ""}`),
+      el("td", {}, twoWindows(l, "seconds_per_rating", rate)),
+      el("td", { class: l.behind ? "worse" : "" }, status), el("td", { class: last ? "refused" : "" }, refusedText));
+  });
+  document.querySelector("#pace tbody").replaceChildren(...rows);
 }
 
 function drawDetector() {
@@ -319,6 +354,9 @@ function drawEvents() {
     if (e.kind === "rollback" && e.detail.segment) text += ` for segment ${e.detail.segment}`;
     if (e.kind === "rollback") text += ` (rolled back: ${(e.detail.rolled_back || []).map((v) => "v" + v).join(", ") || "none"})`;
     if ((e.kind === "pause" || e.kind === "resume") && e.detail && e.detail.learner) text += ` (${e.detail.learner})`;
+    if (e.kind === "learner_behind") text += `: ${e.detail.lane} trains ${rate(e.detail.long.trained)} of ${rate(e.detail.long.arriving)} ratings / s, ${e.detail.backlog} waiting`;
+    if (e.kind === "learner_caught_up") text += `: ${e.detail.lane}, ${e.detail.backlog} waiting, after ${Math.round(e.detail.seconds_behind ?? 0)} s behind`;
+    if (e.kind === "learner_step_refused") text += `: ${e.detail.lane}, ${e.detail.count} refused (step KL ${num(e.detail.step_kl)} > ${num(e.detail.max_step_kl)}, lr ${num(e.detail.lr)})`;
     if (e.detail && e.detail.reason) text += ` – ${e.detail.reason}`;
     return el("li", { class: e.kind }, text);
   });
@@ -460,7 +498,7 @@ async function refresh() {
     ]);
     Object.assign(state, { stats, drift, versions: versions.data, events: events.data, adapters, fleet, evaluations: evaluations.data,
                            episodes: episodes.data });
-    drawHeader(); drawLearner(); drawDetector(); drawFleet(); drawAdapters(); drawEvaluation(); drawEpisodes(); drawVersions(); drawEvents();
+    drawHeader(); drawLearner(); drawPace(); drawDetector(); drawFleet(); drawAdapters(); drawEvaluation(); drawEpisodes(); drawVersions(); drawEvents();
     collectMarkers(); drawCharts();
     document.body.dataset.loaded = "true";
     showError(null);
