@@ -167,6 +167,12 @@ class LearnerConfig:
     max_per_key_per_batch: int = field(
         default=1, metadata={"help": "influence cap: most ratings from one API key in one policy step"}
     )
+    lone_key_batches: bool = field(
+        default=False,
+        metadata={"help": "influence cap: max_per_key_per_batch binds only while another key's rating waits; a key whose "
+                  "ratings are the only ones waiting fills the step (one user, or an app rating through one key, trains "
+                  "in batches too)"},
+    )
     max_per_key_per_window: int = field(
         default=0, metadata={"help": "influence cap: most trained ratings from one API key per window (0 = no cap)"}
     )

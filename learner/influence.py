@@ -2,9 +2,11 @@
 `max_per_key_per_window`, `influence_window_seconds`).
 
 The learner reads ratings in arrival order.
-  - Per step: a policy step holds at most `per_batch` samples of one key. A rating that would exceed
-    it ends the step there (`full_for`); it opens the next step. Deferred, never dropped: a single-key
-    deployment with batch_size B simply trains smaller steps.
+  - Per step: a policy step holds at most `per_batch` samples of one key while another key's rating
+    waits. A rating that would exceed it ends the step there (`full_for`); it opens the next step.
+    Deferred, never dropped. With `lone_key_batches` a key whose ratings are the only ones waiting has
+    no share to keep (nobody else's rating is held back by it): its ratings fill the step up to the
+    batch size, so one user, or an app that rates through one key, trains in batches too.
   - Per window: a rating is trained only if its key has fewer than `per_window` trained samples whose
     rating time lies in the window (t - window_seconds, t], t being this rating's `created_at`
     (`per_window` = 0: no window cap). A rating over it is skipped: the learner's cursor moves past it
@@ -34,10 +36,12 @@ class InfluenceLimits:
     per_batch: int = 1  # >= 1
     per_window: int = 20  # 0 = no window cap
     window_seconds: float = 3600.0
+    lone_key_batches: bool = False  # a key alone in the queue fills the step (per_batch binds only while others wait)
 
     @classmethod
     def from_config(cls, config: Any) -> "InfluenceLimits":
-        return cls(config.max_per_key_per_batch, config.max_per_key_per_window, config.influence_window_seconds)
+        return cls(config.max_per_key_per_batch, config.max_per_key_per_window, config.influence_window_seconds,
+                   config.lone_key_batches)
 
 
 @dataclass(frozen=True)
@@ -59,14 +63,17 @@ class BatchPlan:
     capped_window: int = 0
     _per_key: dict[str, int] = field(default_factory=dict)
 
-    def full_for(self, key_id: str) -> bool:
-        """This step already holds its `per_batch` samples of `key_id`: end the step before its next rating."""
+    def full_for(self, key_id: str, others_wait: bool = True) -> bool:
+        """This step already holds its `per_batch` samples of `key_id`: end the step before its next rating
+        (with `lone_key_batches`, only while `others_wait`: another key's rating is waiting behind it)."""
+        if not others_wait and self.caps.limits.lone_key_batches:
+            return False
         return self._per_key.get(key_id, 0) >= self.caps.limits.per_batch
 
-    def offer(self, rating: KeyedRating) -> bool:
+    def offer(self, rating: KeyedRating, others_wait: bool = True) -> bool:
         """True: the rating goes into this batch; False: it is over a cap (skipped)."""
         limits = self.caps.limits
-        if self._per_key.get(rating.key_id, 0) >= limits.per_batch:
+        if self.full_for(rating.key_id, others_wait):
             self.capped_batch += 1
             return False
         if limits.per_window and self._in_window(rating) >= limits.per_window:

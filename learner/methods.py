@@ -115,13 +115,15 @@ class SAO:
             size = min(want if not plan.capped else max(want, self.scan_page), self.scan_limit - examined)
             rated = feed.rated_after(through, size)
             end = len(rated) < size
-            for f, r in rated:
-                if plan.full_for(f.api_key_id):  # the step has this key's share: it ends here, the rating opens the next
+            keys = [f.api_key_id for f, _ in rated]
+            for i, (f, r) in enumerate(rated):
+                others_wait = any(k != f.api_key_id for k in keys[i + 1:])  # another key's rating behind this one
+                if plan.full_for(f.api_key_id, others_wait):  # the step has this key's share: it ends here, the rating opens the next
                     cut = True
                     break
                 examined, through = examined + 1, f.id
                 sample = feed.sample(f, r)  # None: it trains nothing (a broken or too long episode: counted there)
-                if sample is not None and plan.offer(KeyedRating(f.id, f.api_key_id, f.created_at.timestamp())):
+                if sample is not None and plan.offer(KeyedRating(f.id, f.api_key_id, f.created_at.timestamp()), others_wait):
                     taken.append(sample)
                     if len(taken) == M:
                         break

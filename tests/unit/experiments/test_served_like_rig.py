@@ -15,7 +15,7 @@ from liveloop.experiments.uptake import UptakeSpec, config_for
 # how a server publishes, batches and caps (the rig: nothing published; one step per rating, 30 users)
 SERVING_ONLY = {
     "publish_every_steps", "publish_every_seconds", "coalesce_versions", "poll_seconds", "max_batch_size",
-    "checkpoint_dir", "max_per_key_per_window", "keep_last_versions", "keep_parent_chain", "seed",
+    "checkpoint_dir", "max_per_key_per_window", "lone_key_batches", "keep_last_versions", "keep_parent_chain", "seed",
 }
 
 

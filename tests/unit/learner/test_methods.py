@@ -199,3 +199,30 @@ def test_the_per_step_key_cap_defers_and_never_drops():
     # 2 + 2, then the last one waits for a full batch of 4 (more of its key could still come)
     assert steps == [2, 2] and cursor == 4
     assert sao.stats()["learner/capped_ratings"] == 0.0
+
+
+def _steps(store, config) -> list[list[str]]:
+    """The keys of each step's samples, until nothing more is taken."""
+    sao, cursor, steps = make_method(config), 0, []
+    while (taken := sao.next_batch(store, cursor)) is not None and len(steps) < 20:
+        samples, through = taken
+        steps.append([f.api_key_id for f, _ in store.rows if cursor < f.id <= through])
+        cursor = through
+    return steps
+
+
+def test_a_lone_key_fills_the_step_and_the_cap_binds_while_others_wait():
+    """One rating per key per step (the shipped cap) while another key's rating waits behind; a key whose
+    ratings are the only ones waiting fills the step (lone_key_batches), never past one step's size."""
+    lone, shared = _Store(), _Store()
+    for i in range(6):
+        lone.add([1, 2], i % 2, 100.0 + i)
+        shared.add([1, 2], i % 2, 100.0 + i)
+    shared.rows[2][0].api_key_id = "other"  # k, k, other, k, k, k
+    config = dict(batch_size=1, max_batch_size=4, max_per_key_per_batch=1)
+    assert _steps(lone, LearnerConfig(**config)) == [["k"]] * 6  # the cap alone: batch 1 for a lone key
+    assert _steps(lone, LearnerConfig(**config, lone_key_batches=True)) == [["k"] * 4, ["k"] * 2]
+    # within the first step's reach the other key's rating waits behind k's: k has its one, the step ends there;
+    # the next step holds the other key's and, with nobody else waiting behind them, k's up to the size
+    assert _steps(shared, LearnerConfig(**config, lone_key_batches=True)) == [["k"], ["k", "other", "k", "k"], ["k"]]
+    assert _steps(shared, LearnerConfig(**config)) == [["k"], ["k", "other"], ["k"], ["k"], ["k"]]
