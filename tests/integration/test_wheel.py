@@ -114,8 +114,10 @@ def test_cli_and_every_preset_work_from_another_directory(installed):
     assert listed["presets"] == sorted(p.stem for p in (ROOT / "configs").glob("*/*.toml"))
     shown = json.loads(_run([liveloop, "--config", "default", "config"], work, env))  # a preset by name, anywhere
     assert Path(shown["config"]) == package / "configs" / "serve" / "default.toml"
-    assert shown["sections"]["engine"]["model"] == "models/liveloop-tiny"
+    assert shown["sections"]["engine"]["model"] == "models/smollm2-135m-instruct"
     assert shown["sections"]["learner"]["kl_estimator"] == "exact"  # `extends = "step_control"`, from the package too
-    # the default model outside a checkout: the user's cache, where `model init` builds it
-    assert Path(shown["model"]) == Path(env["XDG_CACHE_HOME"]) / "liveloop" / "models" / "liveloop-tiny"
+    # the default model outside a checkout: the user's cache, where `model init` imports it
+    assert Path(shown["model"]) == Path(env["XDG_CACHE_HOME"]) / "liveloop" / "models" / "smollm2-135m-instruct"
+    tiny = json.loads(_run([liveloop, "--config", "tiny", "config"], work, env))  # a preset extending the default, from the package
+    assert Path(tiny["model"]) == Path(env["XDG_CACHE_HOME"]) / "liveloop" / "models" / "liveloop-tiny"
     assert not any(work.iterdir())  # nothing written into the working directory
