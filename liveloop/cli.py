@@ -262,7 +262,7 @@ def cmd_model_init(args: argparse.Namespace) -> int:
 
 
 def cmd_model_import(args: argparse.Namespace) -> int:
-    from liveloop.model.importer import ModelImportError, import_model
+    from liveloop.model.importer import ModelImportError, import_model, imported_from
 
     out = Path(args.out) if args.out else model_path(f"models/{_import_name(args.source)}")
     try:
@@ -272,6 +272,9 @@ def cmd_model_import(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps({"out_dir": str(result.out_dir), "architecture": result.architecture, "parameters": result.parameters,
                       "source_sha256": result.source_sha256, "quantization": result.quantization, "seconds": result.seconds}))
+    if not (imported_from(result.out_dir) or {}).get("chat_template"):  # a base model's GGUF (Gemma 3 270M's)
+        print(f"liveloop: model import: {args.source} has no chat template: it serves /v1/completions only "
+              "(chat, messages and responses need one)", file=sys.stderr)
     return 0
 
 

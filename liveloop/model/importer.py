@@ -48,6 +48,9 @@ class GGUFInfo:
     file_type: str              # the file's declared type (e.g. "MOSTLY_Q4_1")
     tensor_types: dict[str, int]  # GGML type name -> tensor count (what the import dequantizes)
     context_length: int | None
+    # the file's `tokenizer.ggml.add_bos_token` / `add_eos_token` (those it sets): transformers' GGUF
+    # tokenizer ignores them; Gemma's files say True, and without its <bos> Gemma degenerates
+    add_special: dict[str, bool]
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,10 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     except ValueError:
         file_type_name = f"type {file_type}"
     ctx = field(f"{arch}.context_length")
-    return GGUFInfo(arch, str(field("general.name") or path.stem), file_type_name, dict(types), int(ctx) if ctx else None)
+    add_special = {f"add_{which}_token": bool(flag) for which in ("bos", "eos")
+                   if (flag := field(f"tokenizer.ggml.add_{which}_token")) is not None}
+    return GGUFInfo(arch, str(field("general.name") or path.stem), file_type_name, dict(types), int(ctx) if ctx else None,
+                    add_special)
 
 
 def sha256_file(path: Path) -> str:
@@ -144,7 +150,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _load(source: Source):
+def _load(source: Source, info: GGUFInfo | None = None):
     """(model, tokenizer) in float32 from the source; a GGUF is dequantized by transformers."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -155,6 +161,9 @@ def _load(source: Source):
         return model, tokenizer
     kwargs = {"gguf_file": source.path.name}
     tokenizer = AutoTokenizer.from_pretrained(source.path.parent, **kwargs)
+    for name, flag in (info.add_special if info else {}).items():
+        if getattr(tokenizer, name, flag) != flag:  # the setter rebuilds the post-processor (adds <bos>/<eos>)
+            setattr(tokenizer, name, flag)
     model = AutoModelForCausalLM.from_pretrained(source.path.parent, dtype=torch.float32, **kwargs)
     # transformers marks a GGUF-loaded model as quantized and refuses to save it; the weights are plain
     # float32 tensors now, so the marker is dropped (the record says what was undone)
@@ -180,7 +189,7 @@ def import_model(source: str | Path, out_dir: Path, force: bool = False) -> Impo
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         try:
-            model, tokenizer = _load(src)
+            model, tokenizer = _load(src, info)
         except ModelImportError:
             raise
         except Exception as exc:  # transformers' own refusal (a tensor it cannot map, a missing tokenizer)

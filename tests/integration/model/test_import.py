@@ -61,12 +61,14 @@ def test_a_checkpoint_directory_round_trips_to_the_same_logits(smollm2_dir: Path
     assert torch.allclose(a, b, atol=1e-4, rtol=0)
 
 
-def _tiny_gguf(path: Path, arch: str = "llama", qtype=None) -> Path:
+def _tiny_gguf(path: Path, arch: str = "llama", qtype=None, add_bos: bool | None = None) -> Path:
     """A small, whole GGUF written by the gguf package: one tensor, of `qtype` when given."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
     data = np.zeros((4, 32), dtype=np.float32)
     if qtype is None:
         writer.add_tensor("token_embd.weight", data)
@@ -77,6 +79,16 @@ def _tiny_gguf(path: Path, arch: str = "llama", qtype=None) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def test_the_files_bos_flag_is_read_for_the_tokenizer(tmp_path: Path):
+    """transformers' GGUF tokenizer drops `tokenizer.ggml.add_bos_token` (Gemma's files say True, and
+    Gemma without its <bos> degenerates); the import reads it so `_load` can put it back."""
+    from liveloop.model.importer import inspect_gguf
+
+    assert inspect_gguf(_tiny_gguf(tmp_path / "bos.gguf", add_bos=True)).add_special == {"add_bos_token": True}
+    assert inspect_gguf(_tiny_gguf(tmp_path / "nobos.gguf", add_bos=False)).add_special == {"add_bos_token": False}
+    assert inspect_gguf(_tiny_gguf(tmp_path / "unsaid.gguf")).add_special == {}
 
 
 def _bad_sources(tmp_path: Path) -> dict[str, tuple[Path, str]]:
