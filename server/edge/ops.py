@@ -133,4 +133,9 @@ async def metrics(request: Request, state: Parts = Depends(parts)) -> Response:
                 m.set(f"learner/{key}", float(getattr(status, key)))
             for key, value in (one.metrics if one is not None else {}).items():
                 m.set(key, float(value))
+            if one is None:  # lanes (the default's shared adapter, segments): each lane's own under lane/, by segment
+                for lane in status.lanes:
+                    m.set("lane/version", float(lane.version), segment=lane.segment)
+                    for key, value in lane.metrics.items():  # lane/learner/step_kl{segment="shared"}, ...
+                        m.set(f"lane/{key}", float(value), segment=lane.segment)
     return Response(m.render(), media_type=CONTENT_TYPE)

@@ -47,6 +47,9 @@ def test_one_adapter_serves_and_learns_for_everyone(tmp_path, model_dir):
             metrics = http.get("/metrics", headers=ADMIN)  # a learner of lanes: its totals, no one version
             assert metrics.status_code == 200 and "liveloop_learner_step " in metrics.text
             assert "liveloop_learner_version " not in metrics.text
+            # ... and each lane's own figures, by its segment (the trust region's refusals among them)
+            assert f'liveloop_lane_version{{segment="shared"}} {float(version)}' in metrics.text
+            assert 'liveloop_lane_learner_rejected_steps{segment="shared"}' in metrics.text
             served = [ask(100 + i, segment)["policy_version"] for i, segment in enumerate(("cozy", "night", None))]
             assert served == [version] * 3
         store = open_store(server)
