@@ -98,7 +98,9 @@ def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         async with running(config, model_dir, edge_state(app)) as parts:
+            restore_stop_handlers = keep_stop_handlers()
             learner = await asyncio.to_thread(learner_factory, config, model_dir)
+            restore_stop_handlers()  # Ray's driver put its own over them (keep_stop_handlers)
             # the learner's pace and its alarms read its status: watched once it is there
             pace = asyncio.create_task(parts.operations.watch_pace(learner.status)) if learner is not None else None
             freeze_heap()  # what the start made stays out of the collector's full passes (server/edge/pipeline/readiness.py)
@@ -114,6 +116,27 @@ def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config
                 thaw_heap()
 
     return create_app(config.server, lifespan)
+
+
+def keep_stop_handlers() -> Callable[[], None]:
+    """A function that puts back the SIGTERM and SIGINT handlers installed now. Ray's driver (`ray.init`,
+    in the learner's start) installs its failure-signal handler over them: it logs the signal, calls the
+    handler before it and then re-raises the signal with its default action, which killed `liveloop serve`
+    in the middle of its orderly stop (exit -6, vLLM's engine core left running without it). Only on the
+    main thread (where `liveloop serve` runs its event loop and `signal.signal` works); else a no-op."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+    return restore
 
 
 async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts:

@@ -49,3 +49,23 @@ def test_a_process_group_sigterm_stops_the_server_cleanly(tmp_path, model_dir):
     finally:
         server.stop()
         store.close()
+
+
+def test_a_sigterm_to_the_server_alone_stops_its_engine_and_learner(tmp_path, model_dir):
+    """`kill PID` (a service manager's stop, a user's `kill`): only the server's process gets the signal. Ray's
+    driver installs a failure-signal handler that re-raises SIGTERM after logging it; the server must still
+    stop in order, so vLLM's engine core and the learner's Ray are not left running without it."""
+    server = start_server(tmp_path / "srv", model_dir, "vllm", learner="")
+    try:
+        children = psutil.Process(server.proc.pid).children(recursive=True)
+        assert any("EngineCore" in " ".join(c.cmdline()) or c.name().startswith("VLLM") for c in children), [c.name() for c in children]
+        os.kill(server.proc.pid, signal.SIGTERM)
+        assert server.proc.wait(120) == 0, server.log_tail()
+        assert "SIGTERM: stopping" in server.log_path.read_text(errors="replace")
+        deadline = time.monotonic() + 30  # bounded: the children's own exits after their parent's stop
+        while time.monotonic() < deadline and any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+            time.sleep(0.5)
+        left = [f"{c.pid} {c.name()}" for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        assert left == [], f"left running after the server stopped: {left}"
+    finally:
+        server.stop()
