@@ -158,8 +158,21 @@ def save_atomically(final: Path, write: Callable[[Path], None]) -> Path:
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    write(tmp)
+    try:
+        write(tmp)
+    except BaseException:  # nothing half-written stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return place(tmp, final)
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of one file's bytes, read a MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def place(tmp: Path, final: Path) -> Path:

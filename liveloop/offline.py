@@ -18,7 +18,6 @@ when complete.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -28,6 +27,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
+
+from liveloop.checkpoint import file_sha256
 
 LINEAGE_FILE = "liveloop_offline.json"
 # copied from the base model, never re-saved: the import requires them equal to the serving model's
@@ -95,14 +96,6 @@ def _data_format(path: Path) -> str:
     if name.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
         return "json"
     raise OfflineError(f"--data: {path} is neither .parquet nor .jsonl")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def load_kto(path: str | Path) -> Any:
@@ -182,7 +175,7 @@ def train_kto(job: OfflineKTO) -> OfflineResult:
             "method": "kto", "lora": job.lora, "lora_rank": job.lora_rank if job.lora else None, "steps": job.steps,
             "learning_rate": job.lr, "beta": job.beta, "batch_size": args.per_device_train_batch_size, "seed": job.seed,
             "device": device, "base_model": str(Path(job.model).resolve()),
-            "export": {"path": str(Path(job.data).resolve()), "sha256": _sha256(Path(job.data)), "rows": len(kto),
+            "export": {"path": str(Path(job.data).resolve()), "sha256": file_sha256(Path(job.data)), "rows": len(kto),
                        "desirable": desirable, "undesirable": len(kto) - desirable,
                        "policy_versions": [versions[0], versions[-1]] if versions else None},
             "loss": trained.training_loss, "trl": _version("trl"), "finished_at": datetime.now(timezone.utc).isoformat(),

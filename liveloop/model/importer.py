@@ -14,15 +14,14 @@ the file (a truncated download), an architecture transformers can load, and quan
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
-import os
-import shutil
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+from liveloop.checkpoint import checkpoint_digest, file_sha256, save_atomically
 
 IMPORT_RECORD = "liveloop_import.json"
 GGUF_MAGIC = b"GGUF"
@@ -132,14 +131,6 @@ def inspect_gguf(path: Path) -> GGUFInfo:
                     add_special)
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _versions() -> dict[str, str]:
     out = {}
     for name in ("transformers", "gguf", "torch", "safetensors"):
@@ -182,49 +173,30 @@ def import_model(source: str | Path, out_dir: Path, force: bool = False) -> Impo
     if out_dir.exists() and not force:
         raise ModelImportError(f"{out_dir} exists (pass --force to replace it)")
     info = inspect_gguf(src.path) if src.kind == "gguf" else None
-    digest = sha256_file(src.path) if src.kind == "gguf" else _checkpoint_sha256(src.path)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.importing-{os.getpid()}")
-    old = out_dir.with_name(f".{out_dir.name}.replaced-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    digest = file_sha256(src.path) if src.kind == "gguf" else checkpoint_digest(src.path)
     try:
-        try:
-            model, tokenizer = _load(src, info)
-        except ModelImportError:
-            raise
-        except Exception as exc:  # transformers' own refusal (a tensor it cannot map, a missing tokenizer)
-            raise ModelImportError(f"{src.path}: transformers could not load it: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        model, tokenizer = _load(src, info)
+    except Exception as exc:  # transformers' own refusal (a tensor it cannot map, a missing tokenizer)
+        raise ModelImportError(f"{src.path}: transformers could not load it: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    quantization = ({"file_type": info.file_type, "tensor_types": info.tensor_types, "undone_to": "float32"}
+                    if info else {"file_type": "none", "tensor_types": {}, "undone_to": "float32"})
+    result = ImportResult(out_dir, str(source), src.kind, digest, info.architecture if info else model.config.model_type,
+                          sum(p.numel() for p in model.parameters()), quantization, 0.0)
+
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        parameters = sum(p.numel() for p in model.parameters())
-        quantization = ({"file_type": info.file_type, "tensor_types": info.tensor_types, "undone_to": "float32"}
-                        if info else {"file_type": "none", "tensor_types": {}, "undone_to": "float32"})
-        result = ImportResult(out_dir, str(source), src.kind, digest, info.architecture if info else model.config.model_type,
-                              parameters, quantization, 0.0)
         record = asdict(result) | {
             "out_dir": str(out_dir), "source_file": str(src.path), "package": src.package,
             "name": info.name if info else src.path.name, "context_length": info.context_length if info else None,
             "chat_template": bool(getattr(tokenizer, "chat_template", None)), "versions": _versions(),
-            "seconds": round(time.monotonic() - start, 1),
+            "model_digest": checkpoint_digest(tmp), "seconds": round(time.monotonic() - start, 1),
         }
         (tmp / IMPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-        if out_dir.exists():
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-    return ImportResult(**{**asdict(result), "out_dir": out_dir, "seconds": round(time.monotonic() - start, 1)})
 
-
-def _checkpoint_sha256(path: Path) -> str:
-    """One digest over a checkpoint directory's weight and config files, in name order."""
-    digest = hashlib.sha256()
-    for f in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".json")):
-        digest.update(f.name.encode())
-        digest.update(sha256_file(f).encode())
-    return digest.hexdigest()
+    save_atomically(out_dir, write)  # a sibling temporary directory renamed into place; removed on any failure
+    return replace(result, seconds=round(time.monotonic() - start, 1))
 
 
 def ensure_imported(source: str, out_dir: Path) -> Path:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from liveloop.checkpoint import checkpoint_digest, save_atomically
 
 
@@ -32,3 +34,28 @@ def test_files_and_directories_are_fsynced_around_the_rename(tmp_path, monkeypat
     assert synced[-1] == str(tmp_path)  # the rename itself, last
     assert (final / "policy" / "model.safetensors").read_bytes() == b"weights"
     assert checkpoint_digest(final / "policy")
+
+
+def test_a_write_that_fails_leaves_nothing_behind(tmp_path):
+    """save_atomically: a writer that fails half-way (a full disk, a model that will not serialise) leaves
+    neither the checkpoint nor its temporary directory."""
+    from liveloop.checkpoint import save_atomically
+
+    def write(tmp):
+        tmp.mkdir()
+        (tmp / "model.safetensors").write_bytes(b"half")
+        raise OSError("No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        save_atomically(tmp_path / "model", write)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_file_sha256_is_the_bytes_digest(tmp_path):
+    import hashlib
+
+    from liveloop.checkpoint import file_sha256
+
+    data = bytes(range(256)) * 9000  # over one read block
+    (tmp_path / "f").write_bytes(data)
+    assert file_sha256(tmp_path / "f") == hashlib.sha256(data).hexdigest()
