@@ -1,17 +1,17 @@
 """vLLM's own serving benchmark as the yardstick (issue 36.2 and 36.5): `vllm.benchmarks.serve`
 (openai-chat backend, streaming, `ignore_eos`, custom prompts) against liveloop and against vLLM's own
 OpenAI server (`vllm.entrypoints.openai.api_server`) started with the engine arguments liveloop's vLLM
-engine uses (`server.engines.vllm_engine.engine_args` of the default preset's `[engine]`, turned into
+engine uses (`server.engines.vllm_engine.engine_args` of the arms' preset's `[engine]`, turned into
 its command line here, so the two cannot drift apart; the same CPU environment).
 
 Arms, each its own server process, all up at once:
 - `vllm`: vLLM's OpenAI server;
-- `learner`: liveloop on the default preset (`configs/serve/default.toml`: the co-located learner on,
+- `learner`: liveloop on the arms' preset (`--preset`: tiny, or default on `--model`: the co-located learner on,
   every response logged to SQLite), nobody rating: the learner waits;
 - `swaps`: the same liveloop server while a rater rates the replies the benchmark gets as they land
   (`--rate` a second): the learner trains and versions swap in under the benchmark's load (after each
   such run the bench waits for the learner to settle, so the next arm does not pay for it);
-- `off`: liveloop on the default preset with the learner off;
+- `off`: liveloop on that preset with the learner off;
 - `vllm_logprobs`: vLLM's server again, each request asking for the sampled token's logprob
   (`logprobs: true, top_logprobs: 0`), as liveloop computes for every token it serves: how much of a gap
   is that work rather than the server's (its first run is not its server's first: compare later runs).
@@ -32,6 +32,7 @@ total over liveloop's. Every liveloop response must be in its store (checked at 
 
     .venv/bin/python bench/vllm_serving.py [--prompts 256] [--concurrency 16] [--output-len 64] [--rounds 4]
         [--arms vllm,vllm_logprobs,learner,swaps,off] [--rate 2] [--bare vllm,hf]
+        [--model models/smollm2-135m-instruct --preset default]    # SmolLM2 with the default's learner
 
 `--bare vllm,hf` then runs bench/serving_overhead.py for each backend: liveloop's HTTP streaming and
 non-streaming against the bare engine (and vLLM's own server's, for vLLM).
@@ -62,7 +63,8 @@ import httpx
 
 from common import TOPICS, default_model, median, save  # noqa: E402
 
-MODEL = "liveloop-tiny"
+MODEL = "liveloop-tiny"  # the served name (--model: the directory's name)
+PRESET = "tiny"  # the liveloop arms' preset and the engine arguments both servers start with (--preset)
 ARMS = ("vllm", "vllm_logprobs", "learner", "swaps", "off")
 # what the `vllm_logprobs` arm adds to each request: the sampled token's logprob, which liveloop computes for every
 # token it serves (its behaviour logprobs); vLLM's client asks for none unless told
@@ -85,7 +87,8 @@ def engine_cli(model_dir: Path) -> list[str]:
     from liveloop.config import load_config
     from liveloop.server.engines.vllm_engine import engine_args
 
-    config = dataclasses.replace(load_config("default").engine, model=str(model_dir))
+    # the preset's engine on this model, at the context the liveloop arms' servers get (devtools.write_config: 512)
+    config = dataclasses.replace(load_config(PRESET).engine, model=str(model_dir), max_model_len=512)
     args = engine_args(config, str(model_dir))  # also sets the CPU environment liveloop sets (inherited below)
     flags = []
     for name in ENGINE_FLAGS:
@@ -132,7 +135,8 @@ def start_vllm(model_dir: Path, workdir: Path) -> VllmServer:
 def start_liveloop(model_dir: Path, workdir: Path, learner: bool):
     from liveloop.devtools import start_server
 
-    return start_server(workdir, model_dir, "vllm", timeout=600, extends="tiny", learner="" if learner else None)
+    return start_server(workdir, model_dir, "vllm", timeout=600, extends=PRESET, learner="" if learner else None,
+                        served_model_name=MODEL)
 
 
 # -- vLLM's client -------------------------------------------------------------------------------------
@@ -325,6 +329,8 @@ def ratios(out: dict, arm: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="", help="a checkpoint directory (default: the tiny model)")
+    parser.add_argument("--preset", default="tiny", help="the liveloop arms' preset: tiny, or default (SmolLM2's learner)")
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=64)
@@ -342,7 +348,9 @@ def main() -> None:
     assert "swaps" not in args.arms or "learner" in args.arms, "--arms: swaps runs on the learner arm's server"
     args.arms = tuple(sorted(args.arms, key=ARMS.index))  # vllm first: vllm_logprobs runs on its server
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    model_dir = default_model()
+    global MODEL, PRESET
+    model_dir = Path(args.model).resolve() if args.model else default_model()
+    MODEL, PRESET = (model_dir.name if args.model else MODEL), args.preset
     with tempfile.TemporaryDirectory() as tmp:
         out = run(args, model_dir, Path(tmp))
     result = {"config": {k: v for k, v in vars(args).items()}, **out, "ratios": {}}
