@@ -280,10 +280,7 @@ def cmd_model_import(args: argparse.Namespace) -> int:
 
 def _import_name(source: str) -> str:
     """A directory name for an import without --out: the source's file or package name, lower case."""
-    name = Path(source).name
-    for suffix in (".gguf",):
-        name = name.removesuffix(suffix)
-    return name.lower() or "imported"
+    return Path(source).name.removesuffix(".gguf").lower() or "imported"
 
 
 def cmd_store_migrate(args: argparse.Namespace) -> int:
