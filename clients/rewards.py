@@ -19,7 +19,7 @@ __all__ = ["SIX_OBJECTIVES", "corpus_prompt", "make_reward"]
 
 # One objective of each kind the issue asks for, with its base rate on the default model
 # (bench/objective_base_rates.py: 200 replies to the default prompts, max_tokens 48, temperature 1;
-# bench/results/objective_base_rates.json), each between 0.02 and 0.5 so that "base rate + 0.25" is
+# docs/results/data/objective_base_rates.json), each between 0.02 and 0.5 so that "base rate + 0.25" is
 # reachable and the learner sees some positives from the start:
 SIX_OBJECTIVES: tuple[str, ...] = (
     "contains:behold",  # a word: 0.165
