@@ -19,7 +19,11 @@ behind the replies were (ratings the user had given that the serving version had
 the reply was sampled: the rig's `lag`, which there is at most 4).
 
     .venv/bin/python bench/served_learning.py [--objectives ...] [--seeds 0 1 2] [--max-ratings 200]
-        [--arm NAME='[learner] lines;...'] [--no-rig] [--out served_learning]
+        [--arm NAME='[learner] lines;...'] [--no-rig] [--out served_learning] [--preset tiny|smollm2]
+
+`--preset smollm2` runs the same user against the shipped default on its own model (SmolLM2-135M-Instruct,
+configs/serve/default.toml as it is): there is no rig for it (the rig is the tiny model's), so no rig run and a
+cold critic (the default's LoRA critic starts from the policy's weights, as it does for a real deployment).
     .venv/bin/python bench/served_learning.py --summarize LOG...     # the table from the rows logs printed
 
 Prints one JSON row per run as it ends (`{"objective": ...}`), then the table; saves bench/results/OUT.json.
@@ -50,25 +54,42 @@ RUN_FIELDS = ("objective", "seed", "arm", "before", "goal", "after", "ratings_to
               "rig_before", "rig_after")
 
 
+PRESETS = {"tiny": "tiny", "smollm2": "default"}  # the served config each preset extends
+
+
+def smollm2_model() -> Path:
+    """The shipped default's model, imported from its package on first use (`liveloop model import`)."""
+    from liveloop.config import load_config
+    from liveloop.model.importer import ensure_imported
+
+    from common import ROOT
+
+    cfg = load_config("default")
+    return ensure_imported(cfg.model.source, ROOT / cfg.model.out_dir)
+
+
 def parse_arm(text: str) -> tuple[str, str]:
     """NAME=LINES: `[learner]` TOML lines over the default, ';'-separated (NAME alone: no lines)."""
     name, _, lines = text.partition("=")
     return name, "\n".join(line.strip() for line in lines.split(";") if line.strip())
 
 
-async def _chat(client: httpx.AsyncClient, prompt: str, seed: int) -> dict:
-    body = {"model": "liveloop-tiny", "max_tokens": MAX_TOKENS, "seed": seed, "messages": [{"role": "user", "content": prompt}]}
+SERVED = {"tiny": "liveloop-tiny", "smollm2": "smollm2-135m-instruct"}  # the presets' served model names
+
+
+async def _chat(client: httpx.AsyncClient, prompt: str, seed: int, model: str = "liveloop-tiny") -> dict:
+    body = {"model": model, "max_tokens": MAX_TOKENS, "seed": seed, "messages": [{"role": "user", "content": prompt}]}
     r = await client.post("/v1/chat/completions", json=body)
     r.raise_for_status()
     return r.json()
 
 
-async def _probe(client: httpx.AsyncClient, reward, prompts: list[str], concurrency: int = 8) -> float:
+async def _probe(client: httpx.AsyncClient, reward, prompts: list[str], model: str, concurrency: int = 8) -> float:
     gate = asyncio.Semaphore(concurrency)
 
     async def one(i: int, p: str) -> float:
         async with gate:
-            return reward((await _chat(client, p, PROBE_SEED + i))["choices"][0]["message"]["content"])
+            return reward((await _chat(client, p, PROBE_SEED + i, model))["choices"][0]["message"]["content"])
 
     scores = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     return sum(scores) / len(scores)
@@ -114,13 +135,14 @@ async def _user(base_url: str, objective: str, seed: int, args) -> dict:
     learner_trace = []
     async with admin, httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=120) as client:
         probes = probe_prompts()
-        before = await _probe(client, reward, probes)
+        model = SERVED[args.preset]
+        before = await _probe(client, reward, probes, model)
         goal = min(1.0, before + args.lift)
         rng, rewards, trace, reached = random.Random(seed), [], [], None
         started = time.monotonic()
         while len(rewards) < args.max_ratings and (reached is None or args.no_stop):
             n = len(rewards)
-            reply = await _chat(client, corpus_prompt(n, rng), seed * 1_000_003 + n)
+            reply = await _chat(client, corpus_prompt(n, rng), seed * 1_000_003 + n, model)
             score = reward(reply["choices"][0]["message"]["content"])
             if args.think:
                 await asyncio.sleep(args.think)  # a person reading the reply before the thumb
@@ -137,7 +159,7 @@ async def _user(base_url: str, objective: str, seed: int, args) -> dict:
         seconds = time.monotonic() - started
         settled = await _settle(client, trace[-1]["feedback"])
         learner = await _learner(admin)
-        after = await _probe(client, reward, probes)
+        after = await _probe(client, reward, probes, model)
     return {"before": before, "goal": goal, "after": after, "ratings_to_effect": reached, "ratings": len(rewards),
             "seconds": seconds, "ratings_per_second": len(rewards) / seconds, "settled": settled, "rewards": rewards,
             "trace": trace, "learner_trace": learner_trace, "learner": learner,
@@ -174,9 +196,11 @@ def served_run(model_dir: Path, critic_dir: Path, objective: str, seed: int, arm
     name, lines = arm
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp) / "served"
-        shutil.copytree(critic_dir, workdir)  # the rig's pre-trained critic, where the learner looks for version 0's
+        if critic_dir is not None:  # the rig's pre-trained critic, where the learner looks for version 0's
+            shutil.copytree(critic_dir, workdir)
         started = time.monotonic()
-        server = start_server(workdir, model_dir, args.backend, learner=f"seed = {seed}\n{lines}", extends="tiny", timeout=600)
+        server = start_server(workdir, model_dir, args.backend, learner=f"seed = {seed}\n{lines}", extends=PRESETS[args.preset],
+                              served_model_name=SERVED[args.preset], timeout=600)
         try:
             out = asyncio.run(_user(server.base_url, objective, seed, args))
         finally:
@@ -243,6 +267,8 @@ def main() -> None:
     parser.add_argument("--think", type=float, default=0.0, help="seconds the user reads a reply before rating it (0: at once)")
     parser.add_argument("--cold-critic", action="store_true",
                         help="no pre-trained critic, served and on the rig (the shipped default's own start: a cold critic)")
+    parser.add_argument("--preset", choices=sorted(SERVED), default="tiny",
+                        help="tiny: the tests' model beside the rig; smollm2: the shipped default on its own model")
     parser.add_argument("--backend", default=None, help="the engine (default: configs/serve/default.toml's)")
     parser.add_argument("--out", default="served_learning", help="result name under bench/results/")
     parser.add_argument("--critic-cache", default=str(Path(tempfile.gettempdir()) / "liveloop-critics"),
@@ -257,10 +283,19 @@ def main() -> None:
 
     args.backend = args.backend or load_config("default").engine.backend
     arms = [parse_arm(a) for a in (args.arm or ["default"])]
-    model_dir = default_model()
+    if args.preset == "smollm2":
+        args.no_rig, args.cold_critic = True, True
+    model_dir = default_model() if args.preset == "tiny" else smollm2_model()
     rows = []
     for objective in args.objectives:
         for seed in args.seeds:
+            if args.preset == "smollm2":  # no rig and no rig's critic for it: the learner starts its critic cold
+                for arm in arms:
+                    row = {"objective": objective, "seed": seed, **served_run(model_dir, None, objective, seed, arm, args),
+                           "critic_ev": None, "critic": "cold", "think": args.think, "preset": args.preset}
+                    print(json.dumps({k: row.get(k) for k in RUN_FIELDS}), flush=True)
+                    rows.append(row)
+                continue
             critic_dir, ev = cached_critic(Path(args.critic_cache), model_dir, UptakeSpec(objective, "shared", seed=seed))
             if args.cold_critic:  # the same store, no critic where the learner looks for version 0's: it starts cold
                 cold = Path(tempfile.mkdtemp(prefix="cold-critic-")) / "start"
