@@ -1,6 +1,6 @@
 """Nothing one client sends stalls the others, on a real server (hf engine, SQLite): 1 MiB chat bodies
 from one key are refused (400, before any rendering) while another key chats and /healthz answers
-fast; a non-stream request whose client disconnects stops generating (logged once, "abort", short);
+(how long they wait: bench/victim_latency.py); a non-stream request whose client disconnects stops generating (logged once, "abort", short);
 a client that sends its headers and then trickles the body gets a 408 and its connection closed while
 others are served; a locked store answers 503 + Retry-After within the write deadline, /healthz says
 "degraded" with the writer's oldest write's age, and everything recovers when the lock goes, with
@@ -83,8 +83,6 @@ def test_big_bodies_from_one_key_stall_nobody(server):
     big = json.dumps({"model": "liveloop-tiny", "messages": [{"role": "user", "content": words}], "max_tokens": 4}).encode()
     assert len(big) > 1_000_000
     with _client(server, USER_KEY_2) as other:
-        health_base = min(_timed(lambda: httpx.get(server.base_url + "/healthz", timeout=30))[0] for _ in range(3))
-        chat_base = min(_timed(lambda: _chat(other))[0] for _ in range(2))
         answers: list[httpx.Response] = []
 
         def flood() -> None:  # bounded: 3 big bodies per thread
@@ -102,9 +100,9 @@ def test_big_bodies_from_one_key_stall_nobody(server):
         for t in threads:
             t.join(120)
     assert all(r.status_code == 200 for _, r in health + chats)
-    print("healthz", health_base, [round(t, 3) for t, _ in health], "chat", chat_base, [round(t, 3) for t, _ in chats])
-    assert max(t for t, _ in health) < max(1.0, 10 * health_base), (health_base, [t for t, _ in health])
-    assert max(t for t, _ in chats) < 3 * chat_base + 1.0, (chat_base, [t for t, _ in chats])
+    # how long the other key waited, against its own baseline, is bench/victim_latency.py's to measure (a
+    # ratio of durations is the machine's verdict, not the code's); here: it was answered, and the big
+    # bodies were refused by the character bound before any template ran
     assert len(answers) == 24
     assert all(r.status_code == 400 for r in answers), {r.status_code for r in answers}
     error = answers[0].json()["error"]  # refused by the character bound, before the template ran
@@ -164,7 +162,6 @@ def test_a_trickled_body_gets_408_and_its_connection_closed(server):
         sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: {_host(server)}\r\nAuthorization: Bearer {USER_KEY}\r\n"
                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\": ".encode())
         slow.append(sock)
-    started = time.monotonic()
     with _client(server, USER_KEY_2) as other:
         assert _chat(other).status_code == 200  # others are served meanwhile
     answers = []
@@ -175,7 +172,6 @@ def test_a_trickled_body_gets_408_and_its_connection_closed(server):
             data += chunk
         answers.append(data)
         sock.close()
-    assert time.monotonic() - started < BODY_TIMEOUT + 20
     assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers[0][:200]
     assert b'"code":"body_timeout"' in answers[0]
 
@@ -189,7 +185,8 @@ def test_a_locked_store_answers_503_fast_reports_degraded_and_recovers(server):
         def user() -> None:  # bounded: 6 requests that must log
             with _client(server, USER_KEY) as c:
                 for i in range(6):
-                    answers.append(_timed(lambda: _chat(c, f"locked {i}")))
+                    r = _chat(c, f"locked {i}")
+                    answers.append((time.monotonic(), r))
 
         threads = [threading.Thread(target=user) for _ in range(2)]
         for t in threads:
@@ -200,12 +197,15 @@ def test_a_locked_store_answers_503_fast_reports_degraded_and_recovers(server):
         for t in threads:
             t.join(120)
     finally:
+        released = time.monotonic()
         lock.execute("ROLLBACK")
         lock.close()
+    # every answer came while the lock was still held (an order of events, not a duration): a server that
+    # waited for the lock instead of its write deadline would answer after `released`, or not within the join
     assert len(answers) == 12
-    for took, r in answers:
+    for done, r in answers:
         assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, (r.status_code, r.text)
-        assert took < WRITE_DEADLINE + 3, took  # not after the lock's end, nor 30 s x rows
+        assert done < released, (done, released)
     degraded = [h for h in health if h["status"] == "degraded"]
     assert degraded and max(h["writer"]["oldest_age_seconds"] for h in degraded) > 0.5
     # the lock is gone: serving and logging recover without a restart

@@ -66,14 +66,13 @@ def test_a_locked_store_fails_batches_whole_and_fast_then_recovers(writer):
         started = time.monotonic()
         futures = [writer.submit(_record(i)) for i in range(8)]
         stalled = False
-        while not all(f.done() for f in futures) and time.monotonic() - started < 12 * DEADLINE:
+        while not all(f.done() for f in futures) and time.monotonic() - started < 120:  # a hang guard only
             stalled = stalled or writer.health().stalled
             time.sleep(0.05)
         failures = [f.exception(timeout=0) for f in futures]  # raises TimeoutError if any is still waiting
-        elapsed = time.monotonic() - started
         assert all(exc is not None and store_unavailable(exc) for exc in failures), failures
-        # at most a batch or two, each waiting the deadline once (row by row: 8 waits of the busy timeout)
-        assert elapsed < 6 * DEADLINE, elapsed
+        # at most a batch or two, each waiting the deadline once (row by row it would be 8 failed commits, 8
+        # waits of the busy timeout): counted, not timed, so the verdict does not depend on the machine
         assert 1 <= writer.failed_commits <= 3 and stalled
         health = writer.health()
         assert not health.store_ok and health.queued == 0 and not health.stalled
