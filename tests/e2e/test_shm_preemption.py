@@ -42,7 +42,7 @@ def shm() -> Iterator[tuple[int, Path]]:
     """A mount namespace whose /dev/shm is a fresh tmpfs: (the pid holding it, that /dev/shm seen from here)."""
     holder = subprocess.Popen(["unshare", "--mount", "sh", "-c", "mount -t tmpfs -o mode=1777 liveloop-test /dev/shm && exec sleep 3600"])
     path = Path(f"/proc/{holder.pid}/root/dev/shm")
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a hang guard: a loaded machine mounts slower, it does not skip
     while holder.poll() is None and time.monotonic() < deadline and os.stat(path).st_dev == os.stat("/dev/shm").st_dev:
         time.sleep(0.05)
     if holder.poll() is not None or os.stat(path).st_dev == os.stat("/dev/shm").st_dev:
