@@ -3,12 +3,8 @@ answers, each two-turn trajectory one episode (docs/design.md, "Episodes"; resul
 the settings and the methods' learner keys: configs/experiments/agent_experiment.toml).
 
 The task (liveloop/model/tool_corpus.py, clients/tool_env.py): a calculator or a city lookup question,
-the two tools offered. The model is the default build with tool dialogues in its corpus (AGENT_MODEL:
-it calls a tool on ~70% of first turns, a quarter of its calls right, ~18% of its answers right). An
-episode: the first turn rendered with the tools by the chat template and sampled; its calls read by the
-server's hermes parser and run by the environment; the call and the results rendered back, the second
-turn's prompt built as the server builds it (server/edge/pipeline/splicing.py: the first turn's sampled tokens, then
-the rest tokenized), sampled; the final answer rated 0/1. A first turn without a call is the answer.
+the two tools offered, to the default build with tool dialogues in its corpus (`AGENT_MODEL`); an
+episode is played as the server would serve it (`AgentRun.play`), its final answer rated 0/1.
 
 Through the real store and learner (experiments/rig.py): both turns are written as served responses (the
 store links them into one episode), the final one rated by one of 30 simulated keys, and the learner
@@ -22,11 +18,8 @@ store links them into one episode), the final one rated by one of 30 simulated k
 | sliding_window   | A = r - mean(last W rewards) on every action token, no critic                      |
 | grpo             | GRPO over groups of G episodes of one task (PPO clip)                              |
 
-Measured per run: the accuracy of the live weights on `probe` fixed tasks with a fixed sampling seed,
-before training and every `probe_every` rated episodes (paired: the same tasks and draws each time);
-ratings-to-effect: the rated episodes at the first measurement at the base accuracy + `effect`; and
-the accuracy of the last `window` served episodes. Per method: mean and 95%
-interval over seeds (experiments/intervals.py)."""
+Measured per run (`AgentRun.run`): the probe's accuracy curve, ratings-to-effect and the served
+accuracy; per method, mean and 95% interval over seeds (experiments/intervals.py)."""
 
 from __future__ import annotations
 
@@ -48,6 +41,8 @@ from liveloop.experiments.rig import USERS, LearningRig, sample_batch
 from liveloop.learner.config import LearnerConfig
 from liveloop.model.config import ModelBuildConfig
 
+# the default build with tool dialogues in its corpus: it calls a tool on ~70% of first turns, a quarter
+# of its calls right, ~18% of its answers right
 AGENT_MODEL = ModelBuildConfig(out_dir="models/liveloop-tiny-agent", tool_fraction=0.25, seq_len=256, train_steps=2000)
 PROBE_SEED, TASK_SEED = 2_000_000, 3_000_000  # the probe's tasks and each run's, apart from each other
 
@@ -87,7 +82,11 @@ class AgentRun:
     # -- episodes ------------------------------------------------------------------------------------
     def play(self, tasks: list[Any], keys: list[str] | None, generator: torch.Generator, groups: list[str | None] | None = None) -> list[Episode]:
         """Both turns of each task's episode from the live weights; stored (and linked) under `keys`,
-        or not at all (None: a probe)."""
+        or not at all (None: a probe). The first turn is rendered with the tools by the chat template and
+        sampled; its calls read by the server's hermes parser and run by the environment; the call and
+        the results rendered back, the second turn's prompt built as the server builds it
+        (server/edge/pipeline/splicing.py: the first turn's sampled tokens, then the rest tokenized),
+        sampled; the final answer rated 0/1. A first turn without a call is the answer."""
         from liveloop.clients.tool_env import rate, run_tool
 
         texts = [self._render(t.messages(), t.tools) for t in tasks]
@@ -152,6 +151,10 @@ class AgentRun:
 
     # -- the run -------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """One run's measurements: the accuracy of the live weights on `probe` fixed tasks with a fixed
+        sampling seed, before training and every `probe_every` rated episodes (paired: the same tasks and
+        draws each time); ratings-to-effect: the rated episodes at the first measurement at the base
+        accuracy + `effect`; and the accuracy of the last `window` served episodes."""
         from liveloop.clients.tool_env import sample
         from liveloop.store import FeedbackRecord
 

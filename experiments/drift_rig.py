@@ -14,11 +14,7 @@ One run, for one method and one seed:
      of its topics and a prompt about it; `lag` requests are sampled at a time from the segment's live
      weights (GRPO methods: one prompt asked G times, tagged as one group, per batch); the scenario's
      judge rates every reply against the style the segment prefers at its own rating count; the
-     learner then catches up. GRPO methods are a group behind instead: the next group is
-     sampled before the learner takes the last rated one, as on a server, where users keep asking while
-     a group trains. So a group is trained by weights one step past those that sampled it, and the
-     importance-sampling methods differ (with every group on-policy, GRPO and GRPO+DIS take identical
-     steps: every ratio is 1);
+     learner then catches up (GRPO methods: a group behind, see `drift_run`);
   4. until `scenario.max_events` ratings; each is recorded (`Rating`: segment, phase, reward, ...) and
      analysed by experiments/analysis.py (re-adaptation after each switch, reward by phase).
 How it differs from the served run: no asynchronous feedback delays (the learner is exactly up to
@@ -172,6 +168,11 @@ def drift_run(
             steps = rig.steps
             replies = rig.sample([Ask(a.segment.name, a.prompt, g if method.grouped else None) for a, g in batch])
             if method.grouped:
+                # GRPO methods are a group behind: the next group is sampled before the learner takes the
+                # last rated one, as on a server, where users keep asking while a group trains. So a group
+                # is trained by weights one step past those that sampled it, and the importance-sampling
+                # methods differ (with every group on-policy, GRPO and GRPO+DIS take identical steps:
+                # every ratio is 1).
                 rig.train()  # the group rated before this one was sampled
             rewards = []
             for (a, group), reply in zip(batch, replies):

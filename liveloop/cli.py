@@ -25,6 +25,7 @@ from typing import Any
 from pathlib import Path
 
 from liveloop import operator_cli
+from liveloop.cli_options import CONFIG_HELP, DEFAULT_CONFIG, config_option
 from liveloop.diffusion import cli as bgpo_cli
 from liveloop.experiments import cli as experiments_cli
 from liveloop.config import Config, ConfigError, load_config
@@ -34,10 +35,6 @@ from liveloop.model.config import ModelBuildConfig
 from liveloop.private import check_data, restrict_umask
 from liveloop.rewards import RULE_SPECS
 from liveloop.store.store import SchemaNotReady
-
-DEFAULT_CONFIG = "default"  # the preset configs/serve/default.toml
-CONFIG_HELP = "a preset name in configs/ (default, production, ...) or a path to a TOML file (default: %(default)s)"
-
 
 def _config(args: argparse.Namespace) -> Config:
     return load_config(args.config)
@@ -355,11 +352,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
         choice = {"type": "function", "function": {"name": choice}}
     with _client(args) as client:
         return chat_loop(client, max_tokens=args.max_tokens, tools=tools, tool_choice=choice)
-
-
-def config_option(p: argparse.ArgumentParser) -> None:
-    """`--config` after the subcommand too (`liveloop serve --config x.toml`); it wins over the global one."""
-    p.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP.replace("%(default)s", DEFAULT_CONFIG))
 
 
 # commands that talk to a running server: they print what the person asked for, not library logs

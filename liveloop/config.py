@@ -4,31 +4,20 @@ This module owns the one loader every TOML file goes through (deployment configs
 experiments, scenario files) and the top-level `Config` that groups a deployment's sections; each
 component defines its own dataclass next to its code and receives only that section.
 
-- Types: each section is its component's frozen dataclass, checked by the typed checks of
-  liveloop/config_types.py (`ConfigError` naming the key, `check_literals`, `load_section`; re-exported
-  here). That module is a leaf: the component config modules import it, never this loader, so the loader
-  imports them without an import circle (tests/unit/test_import_cycles.py).
-- Presets: configs/ holds them grouped by kind, one folder each: `serve/` (deployments: `default`,
-  `production`, `ray`, ...), `experiments/`, `scenarios/`, `jobs/` (`bgpo`), `suites/` (the release
-  gate's evaluation prompts) and `fragments/` (pieces other presets extend: `tuned_learner`,
-  `step_control`, `adapter_learning`, `feedback_delay`). A preset is named by its file's name alone,
-  whatever its folder (`preset_kinds()` lists them by kind; a name is one file). `resolve_config(x)`
-  takes a name (no "/", no ".toml": found from any working directory) or a path; the CLI's `--config`
-  accepts both. configs/ installs as the package data of `liveloop.configs`, and `CONFIG_DIR` is found
-  with importlib.resources: the same names work from a checkout, an editable install and an installed
-  wheel.
+- Types: the typed checks (`ConfigError` naming the key, `check_literals`, `load_section`; re-exported
+  here) live in the leaf liveloop/config_types.py, which the component config modules import instead of
+  this loader, so the loader imports them without an import circle.
+- Presets: configs/<kind>/<name>.toml (kinds: serve, experiments, scenarios, jobs, suites, fragments),
+  named by the file's name alone (`resolve_config`: a name or a path; the CLI's `--config` takes both),
+  found through the package data of `liveloop.configs` from a checkout, an editable install or a wheel.
 - Weight: loading a config imports no torch (nor any engine or trainer): the section dataclasses live
   in torch-free modules (tests/unit/test_config.py checks every preset in a fresh interpreter).
-- `extends`: a file may start with `extends = "NAME"` (or a path, relative to the file; or a list of
-  them, merged in order): that file is read first and this file's own values are merged over it, table
-  by table (arrays are replaced whole). So a shared piece lives in one file and is referred to by name,
-  never copied (`fragments/tuned_learner.toml`; `fragments/feedback_delay.toml`, the
-  `[scenario.feedback_delay]` every shipped scenario extends).
-  Relative paths inside a config (data/) stay relative to the directory liveloop runs in; a model path
-  (`[engine] model`, `[model] out_dir`) is read by `liveloop.home.model_path` (outside a checkout the
-  default model lives in the user's cache, `$LIVELOOP_HOME` or ~/.cache/liveloop).
-- Moved keys: a knob that moved to its own component's section (`MOVED`: `[learner] segment_key` is
-  `[server] segment_key`) is still read from an older file, with a warning.
+- `extends = "NAME"` (or a path, or a list): that file first, this one's values merged over it table by
+  table (`_resolve_extends`), so a shared piece (configs/fragments/) is named, never copied. Relative
+  paths inside a config (data/) stay relative to the directory liveloop runs in; a model path is read by
+  `liveloop.home.model_path`.
+- Moved keys (`MOVED`): a knob that moved to its own component's section is still read from an older
+  file, with a warning.
 """
 
 from __future__ import annotations
@@ -145,8 +134,11 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resolve_extends(data: dict[str, Any], where: str, here: Path | None, seen: tuple[Path, ...]) -> dict[str, Any]:
-    """`extends = "NAME"` or `extends = ["A", "B"]`: the presets merged in order (B over A), then this
-    file's own values over them."""
+    """`extends = "NAME"` or `extends = ["A", "B"]` (names, or paths relative to the file): the presets
+    merged in order (B over A), then this file's own values over them, table by table (arrays are
+    replaced whole). So a shared piece lives in one file and is referred to by name, never copied
+    (`fragments/tuned_learner.toml`; `fragments/feedback_delay.toml`, the `[scenario.feedback_delay]`
+    every shipped scenario extends)."""
     if "extends" not in data:
         return data
     data = dict(data)

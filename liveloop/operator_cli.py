@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any
 
+from liveloop.cli_options import config_option
+
 
 def _admin_client(args: argparse.Namespace):
     from liveloop.clients import LiveloopClient
@@ -184,8 +186,6 @@ def cmd_report_drift(args: argparse.Namespace) -> int:
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
-    from liveloop.cli import config_option
-
     config_option(p)
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the liveloop server (default: %(default)s)")
     p.add_argument("--api-key", help="admin key (default: $LIVELOOP_ADMIN_KEY, else the config's first dev admin key)")
@@ -239,8 +239,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = report.add_parser("drift", help="reward over time, versions and drift alarms as a PNG or HTML file")
     p.add_argument("--since", help="e.g. 2h, 30m, 1d, or an ISO time (default: everything)")
     p.add_argument("--out", required=True, help="report.png or report.html")
-    from liveloop.cli import config_option
-
     config_option(p)
     p.add_argument("--url", help="override store.url")
     p.set_defaults(func=cmd_report_drift)

@@ -1,4 +1,4 @@
-"""The `[ray]` section: the endpoint as a Ray Serve application of N replicas, and the replica registry.
+"""The `[ray]` section: the endpoint as a Ray Serve application of N replicas (liveloop/serve_ray.py).
 
     [ray]
     enabled = true          # `liveloop serve` runs the endpoint on Ray Serve (liveloop/serve_ray.py)
@@ -15,15 +15,10 @@ Serve's proxy never queues without bound: past `max_queued_requests` requests wa
 (every replica at its `max_ongoing_requests`), it answers 503 at once with `Retry-After: [server]
 retry_after_seconds`, and the request reaches no replica (nothing is logged of it).
 
-Every serving process, Serve replica or a plain `liveloop serve`, registers in the store's replica
-registry (store/replicas.py) under `replica_id` ("auto": a random name drawn per process, saying
-nothing of the host; a Serve replica: its Serve replica id) and heartbeats it: at once when what it serves changes (checked every `[server] watch_seconds`),
-else every `heartbeat_seconds`. A row silent for `down_after_seconds` is shown "down".
-
-One serving process leads the fleet (server/control/leader.py): it holds the store's "leader" lease, renewed
-every third of `leader_lease_seconds`, and alone runs the control loops that decide and write (the
-release gate's decisions and evaluations, the alarms, guard, quarantine and retention); every process
-routes. A leader that dies is replaced within about `leader_lease_seconds` and a third.
+The replica registry and fleet leadership are every serving process's, Serve replica or plain
+`liveloop serve`: their keys (`replica_id`, `heartbeat_seconds`, `down_after_seconds`,
+`leader_lease_seconds`) moved to `[server]` (liveloop/config.py `MOVED`; store/replicas.py,
+server/control/leader.py).
 """
 
 from __future__ import annotations

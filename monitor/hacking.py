@@ -5,27 +5,11 @@ Pure functions of (reply text, reward) pairs: no store, no torch, no release imp
 in as arguments, `[release.alarms]` holds them). `server/control/operations.py` feeds it the rated replies of a
 version and of its reference and records the alarms.
 
-Traits of one reply (`TraitMeter.measure`):
-- `length`: its number of words;
-- `exclamation`: 1 when it has a "!";
-- `flattery`: 1 when it has a word of the flattery lexicon (liveloop/lexicon.py's matching rule);
-- `emoji`: 1 when it has an emoji or another pictographic symbol (Unicode "So": ♡, ★, 😊), a "~" or an
-  emoticon (":)", "<3", "^^");
-- `agreement`: 1 when it has a word of the agreement lexicon ("yes", "you're right"): agreeing with the
-  user.
-
-Attribution (`attribute`), per trait x, over the candidate's ratings C and the reference's R:
-- gain = mean reward(C) - mean reward(R);
-- effect b: the slope of reward on x in one linear fit over both samples with an intercept per version
-  (reward = a_C or a_R + b x): b = (Sxy_C + Sxy_R) / (Sxx_C + Sxx_R), sums of centred products within
-  each version. The intercepts keep a gain that has nothing to do with x (the version is better at
-  what users want) from being credited to x because x also changed;
-- explained = b (prevalence_C - prevalence_R), prevalence = mean x; by the fit, gain = explained +
-  (a_C - a_R) exactly, so `share` = explained / gain is the part of the gain the trait's rise accounts for;
-- z = b / se(b), the fit's residual standard error over n - 3 degrees of freedom (a fit with no residual,
-  raters who reward exactly the trait, gives z = ±Z_PERFECT).
-`alarms` names the traits that explain at least `explained_share` of a gain of at least `min_gain`
-with an effect that is significant (z >= `min_z`).
+- Traits of one reply (`TraitMeter.measure`): length, exclamation, flattery, emoji, agreement.
+- Attribution (`attribute`, the fit in `_share`): per trait, the slope of reward on the trait within
+  each version, times the trait's rise from reference to candidate: the part of the gain it explains.
+- `alarms` names the traits that explain at least `explained_share` of a gain of at least `min_gain`
+  with an effect that is significant (z >= `min_z`).
 """
 
 from __future__ import annotations
@@ -54,6 +38,11 @@ class TraitMeter:
         self.agreement = lexicon_pattern(agreement_words)
 
     def measure(self, text: str) -> dict[str, float]:
+        """The traits of one reply: `length`, its number of words; `exclamation`, 1 when it has a "!";
+        `flattery`, 1 when it has a word of the flattery lexicon (liveloop/lexicon.py's matching rule);
+        `emoji`, 1 when it has an emoji or another pictographic symbol (Unicode "So": ♡, ★, 😊), a "~" or
+        an emoticon (":)", "<3", "^^"); `agreement`, 1 when it has a word of the agreement lexicon
+        ("yes", "you're right"): agreeing with the user."""
         return {
             "length": float(len(text.split())),
             "exclamation": float("!" in text),
@@ -69,7 +58,7 @@ def has_emoji(text: str) -> bool:
 
 @dataclass(frozen=True)
 class TraitShare:
-    """One trait's part in a version's reward gain (module docstring)."""
+    """One trait's part in a version's reward gain (`_share`)."""
 
     trait: str
     prevalence_candidate: float
@@ -112,6 +101,16 @@ def _centred(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, fl
 
 
 def _share(trait: str, xc: Sequence[float], yc: Sequence[float], xr: Sequence[float], yr: Sequence[float], gain: float) -> TraitShare:
+    """Trait x's share of the gain, over the candidate's ratings C and the reference's R.
+
+    effect b: the slope of reward on x in one linear fit over both samples with an intercept per version
+    (reward = a_C or a_R + b x): b = (Sxy_C + Sxy_R) / (Sxx_C + Sxx_R), sums of centred products within
+    each version. The intercepts keep a gain that has nothing to do with x (the version is better at
+    what users want) from being credited to x because x also changed. explained = b (prevalence_C -
+    prevalence_R), prevalence = mean x; by the fit, gain = explained + (a_C - a_R) exactly, so `share` =
+    explained / gain is the part of the gain the trait's rise accounts for. z = b / se(b), the fit's
+    residual standard error over n - 3 degrees of freedom (a fit with no residual, raters who reward
+    exactly the trait, gives z = ±Z_PERFECT)."""
     cxx, cxy, cyy = _centred(xc, yc)
     rxx, rxy, ryy = _centred(xr, yr)
     sxx, sxy, syy = cxx + rxx, cxy + rxy, cyy + ryy
@@ -131,7 +130,7 @@ def attribute(
     candidate: Sample, reference: Sample, traits: Sequence[str] = TRAITS,
     flattery_words: Iterable[str] = (), agreement_words: Iterable[str] = (),
 ) -> HackingReport:
-    """The reward gain of `candidate` over `reference` and each trait's share of it (module docstring).
+    """The reward gain of `candidate` over `reference` and each trait's share of it (`_share`).
     Both samples must be non-empty; rewards are 0/1 thumbs (any numbers work)."""
     if not candidate or not reference:
         raise ValueError("attribute needs ratings on both sides")

@@ -1,41 +1,15 @@
 """The disagreement score: per API key, how far its ratings are from the consensus of the OTHER keys on
 the same thing, beyond what chance gives; and the quarantine rule on it, which up to
-`min_corroborating_keys - 1` colluding keys cannot turn against an honest key. Pure functions of the ratings (`store.keys.key_ratings`).
+`min_corroborating_keys - 1` colluding keys cannot turn against an honest key. Pure functions of the
+ratings (`store.keys.key_ratings`).
 
-Definitions:
-- Same thing ("similar"): replies to the same prompt (exact prompt token ids) whose response token
-  ids are alike (`Similarity`: token-shingle Jaccard at least `jaccard`), whatever the policy version.
-  `reply_groups` clusters them per prompt in arrival order: exact copies share their first copy's
-  group; another reply joins the most similar existing group whose representative (its first reply)
-  it is alike, else starts a group. Candidates come from an inverted index of the representatives'
-  shingles (a shingle indexes at most `max_postings` groups, at most `max_candidates` are compared
-  exactly), so the cost per reply is bounded, O(n) per prompt. A rating without token ids (`tokens`
-  empty and no `prompt`) keeps its `group` (exact identity). Only ratings whose group was also rated
-  by another key count; unique replies carry no consensus and are left out (`n` counts what is left).
-- Consensus of a group for key k: the mean over the OTHER keys of each key's mean reward in the group
-  (one vote per key, so a key that rates one reply, or many near-copies of it, many times does not
-  outweigh the others), leaving out keys in `exclude_from_consensus` (already quarantined). Its label
-  c is 1 above 0.5, 0 below; a tie (exactly 0.5) is no consensus and that rating is left out.
-- A disagreement: the key's reward differs from c. Each of the key's own ratings counts (each is one
-  trained sample: a key that rates a reply down a hundred times pushed a hundred samples).
-- Chance: a key that rates without looking, up with its own rate q (its mean reward over its n counted
-  ratings), disagrees with c = 0 with probability q and with c = 1 with probability 1 - q. So
-      expected = sum_i (q if c_i = 0 else 1 - q),  variance = n q (1 - q),
-      z = (disagreements - expected) / sqrt(variance)          (0 when q is 0 or 1).
-  A key with the others' taste has z well below 0; a key whose taste is unrelated to theirs (or that is
-  simply harsher or kinder: q enters the chance model) has |z| small; a key that inverts their taste
-  has a large positive z. Only a positive z is suspicious (`suspects`).
-- Corroboration (`find_suspects`): a key is quarantined only when at least `min_corroborating_keys`
-  distinct other keys side against it. Its accusers are the other keys whose vote, in a group where it
-  disagreed, was on the consensus side (one count per key per group); the key is scored again with its
-  `min_corroborating_keys - 1` most frequent accusers left out of the consensus (ties: by key id), and
-  must still pass the threshold. Colluders who rate an honest key's replies inverted are its top
-  accusers (each sides against it in every group it was framed in): up to `min_corroborating_keys - 1`
-  of them are all left out, and nothing is left against it. No rule can do better from ratings alone:
-  C keys that alone rated the same replies as one key, against it, look exactly like one poisoner
-  outvoted by C honest keys, so the bar is set by how many colluders to withstand (the shipped 11
-  withstands 10, bench/collusion.py `--framing`), and a key is taken only when more distinct keys than
-  that side against it.
+- Same thing: replies to the same prompt whose token ids are alike (`Similarity`), grouped by
+  `ReplyGroups` / `reply_groups`; only groups another key also rated count.
+- Consensus: the other keys' vote in the group, one vote per key (`_Votes.label`).
+- Score: the key's disagreements with the consensus against those of a key that rates without looking
+  at its own rate, as a z-statistic (`score`); only a positive z is suspicious (`suspects`).
+- Corroboration: a suspect is quarantined only when it stays over the threshold with its
+  `min_corroborating_keys - 1` top accusers left out of the consensus (`find_suspects`).
 """
 
 from __future__ import annotations
@@ -101,8 +75,16 @@ def jaccard(a: frozenset, b: frozenset) -> float:
 
 
 class ReplyGroups:
-    """`reply_groups` that remembers: each exact reply keeps the similarity group it got when first
-    seen, so a caller that scores a sliding window again and again (the monitor, every few polls) pays
+    """Which replies are the same thing for the consensus: replies to the same prompt (exact prompt token
+    ids) whose response token ids are alike (`Similarity`: token-shingle Jaccard at least `jaccard`),
+    whatever the policy version. Replies are clustered per prompt in arrival order: exact copies share
+    their first copy's group; another reply joins the most similar existing group whose representative
+    (its first reply) it is alike, else starts a group. Candidates come from an inverted index of the
+    representatives' shingles (a shingle indexes at most `max_postings` groups, at most `max_candidates`
+    are compared exactly), so the cost per reply is bounded, O(n) per prompt. A rating without token ids
+    (`tokens` empty and no `prompt`) keeps its `group` (exact identity).
+
+    It remembers: each exact reply keeps the similarity group it got when first seen, so a caller that scores a sliding window again and again (the monitor, every few polls) pays
     for the new replies only. Holds at most `max_replies` exact replies; past that it starts over (the
     next call groups its whole window afresh, as `reply_groups` would). Not thread-safe: one caller at
     a time (the monitor holds a lock around it)."""
@@ -118,7 +100,7 @@ class ReplyGroups:
         self._index: dict[str, dict[tuple[int, ...], list[int]]] = defaultdict(dict)  # prompt -> shingle -> group indexes
 
     def __call__(self, ratings: Sequence[Rated]) -> list[str]:
-        """The consensus group of each rating, in order (see the module docstring)."""
+        """The consensus group of each rating, in order."""
         if len(self._by_exact) > self.max_replies:
             self._reset()
         known = self._by_exact
@@ -155,7 +137,7 @@ class ReplyGroups:
 
 
 def reply_groups(ratings: Sequence[Rated], similarity: Similarity = Similarity()) -> list[str]:
-    """The consensus group of each rating, in order (see the module docstring)."""
+    """The consensus group of each rating, in order (`ReplyGroups`, grouping afresh)."""
     return ReplyGroups(similarity)(ratings)
 
 
@@ -174,6 +156,11 @@ class _Votes:
         self.means = {g: {k: s / n for k, (s, n) in per_key.items()} for g, per_key in sums.items()}
 
     def label(self, group: str, key_id: str, exclude: Collection[str]) -> int | None:
+        """The consensus of `group` for `key_id`: the mean over the OTHER keys (less `exclude`, the
+        quarantined) of each key's mean reward in the group: one vote per key, so a key that rates one
+        reply, or many near-copies of it, many times does not outweigh the others. 1 above 0.5, 0 below;
+        a tie (exactly 0.5) is no consensus (None), and that rating is left out. Only groups another key
+        also rated have one: unique replies carry no consensus (a score's `n` counts what is left)."""
         votes = [m for k, m in self.means[group].items() if k != key_id and k not in exclude]
         p = sum(votes) / len(votes) if votes else 0.5
         return 1 if p > 0.5 else 0 if p < 0.5 else None
@@ -230,7 +217,15 @@ def disagreement_scores(
 
 
 def score(key_id: str, rated: list[tuple[int, int]]) -> Disagreement:
-    """The z-statistic of one key from its (reward, consensus label) pairs."""
+    """The z-statistic of one key from its (reward, consensus label) pairs. A disagreement: the reward
+    differs from the label c; each of the key's own ratings counts (each is one trained sample).
+
+    Chance: a key that rates without looking, up with its own rate q (its mean reward over its n
+    counted ratings), disagrees with c = 0 with probability q and with c = 1 with probability 1 - q:
+        expected = sum_i (q if c_i = 0 else 1 - q),  variance = n q (1 - q),
+        z = (disagreements - expected) / sqrt(variance)          (0 when q is 0 or 1).
+    A key with the others' taste has z well below 0; one whose taste is unrelated to theirs (or simply
+    harsher or kinder: q enters the chance model) has |z| small; one that inverts it a large positive z."""
     n = len(rated)
     if n == 0:
         return Disagreement(key_id, 0, 0, 0.0, 0.0, 0.0)
@@ -277,7 +272,15 @@ def find_suspects(
     with their `min_corroborating_keys - 1` top accusers left out of the consensus. Keys in
     `exclude_from_consensus` are scored but never vote. A caller that scores a sliding window
     repeatedly passes its own `groups` (a `ReplyGroups` of the same similarity) and pays for new
-    replies only; otherwise the replies are grouped afresh."""
+    replies only; otherwise the replies are grouped afresh.
+
+    Why corroboration: a key's accusers are the other keys whose vote, in a group where it disagreed,
+    was on the consensus side (one count per key per group). Colluders who rate an honest key's replies
+    inverted are its top accusers (each sides against it in every group it was framed in): up to
+    `min_corroborating_keys - 1` of them are all left out, and nothing is left against it. No rule can
+    do better from ratings alone: C keys that alone rated the same replies as one key, against it, look
+    exactly like one poisoner outvoted by C honest keys, so the bar is set by how many colluders to
+    withstand (the shipped 11 withstands 10, bench/collusion.py `--framing`)."""
     if groups is not None and groups.similarity != similarity:
         raise ValueError("groups were built for another similarity")
     votes = _Votes(ratings, groups if groups is not None else ReplyGroups(similarity))

@@ -10,20 +10,11 @@ process, shaped like vLLM's native weight-transfer protocol.
     with receiver.open(handle) as source:        # a WeightSource the engine reads (NamedTensors,
         await engine.update_weights(source, v)   # CheckpointDir); HandleGone if its memory is gone
 
-A `WeightHandle` is small and JSON-serializable; `receiver.handle_for(version, checkpoint_path, nonce=,
-digest=)` rebuilds it from what the store already knows (memory backends name their memory after the
-version), so a server finds a version's memory from its `policy_versions` row alone.
-
-Weights are authenticated: a finished handle carries the sender's random `nonce` for the attempt and
-its `digest` of the tensors (`TensorDigest`: sha256 over each tensor's name, dtype, shape and the
-sha256 of its bytes, computed as they are written), the learner records both in the version's row, and a receiver
-verifies the weights against the handle rebuilt from that row before it yields anything
-(`WeightsUnverified` otherwise: the version is not served). A memory backend never opens a handle
-without them (HandleGone: the receiver falls back to the durable checkpoint).
-
-A sender is a small state machine (idle -> updating -> idle): `finish` or `abort` ends an update, and a
-failed `send` or `finish` aborts it before raising `TransportFailed`, so a version is published only
-when finish succeeded. Backends supply `_start`, `_send`, `_finish` and `_abort`.
+A `WeightHandle` is small and JSON-serializable; `receiver.handle_for(...)` rebuilds it from a
+version's `policy_versions` row. Weights are authenticated: a finished handle carries the attempt's
+`nonce` and the tensors' `TensorDigest`, the learner records both in the row, and a receiver verifies
+the weights against them before it yields anything (`WeightsUnverified`). The domain errors live in
+errors.py (re-exported here). More: docs/transport.md, "The seam".
 """
 
 from __future__ import annotations
@@ -41,35 +32,12 @@ from typing import Any
 
 import torch
 
+from liveloop.transport.errors import (  # re-exported: the seam's names
+    HandleGone, TransportError, TransportFailed, TransportMisuse, TransportUnavailable, WeightsUnverified,
+)
 from liveloop.transport.weights import WeightSource
 
 log = logging.getLogger(__name__)
-
-
-class TransportError(RuntimeError):
-    """Base of the transport's domain errors."""
-
-
-class TransportFailed(TransportError):
-    """An update could not be sent or finished: it was aborted, nothing of it was published."""
-
-
-class TransportMisuse(TransportError):
-    """A call out of order: send before start_update, two updates at once, finish twice."""
-
-
-class HandleGone(TransportError):
-    """A handle whose weights are no longer there (memory released, superseded, never committed, or
-    another machine): the receiver falls back to the version's durable checkpoint."""
-
-
-class TransportUnavailable(TransportError):
-    """The backend cannot run here (no GPU, no vLLM, no /dev/shm)."""
-
-
-class WeightsUnverified(TransportError):
-    """The weights found for a handle are not the ones its row names (another nonce, another digest,
-    a file that is not ours): nothing of them may serve."""
 
 
 class TensorDigest:
@@ -158,7 +126,10 @@ class WeightHandle:
 
 
 class Sender:
-    """The learner's end. Subclasses implement the four `_` hooks; this class keeps the order."""
+    """The learner's end: a small state machine (idle -> updating -> idle). `finish` or `abort` ends an
+    update, and a failed `send` or `finish` aborts it before raising `TransportFailed`, so a version is
+    published only when finish succeeded. Subclasses implement `_start`, `_send`, `_finish` and `_abort`;
+    this class keeps the order."""
 
     backend = "?"
     durable = False  # whether a finished handle is itself the durable checkpoint (checkpoint_dir)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 from liveloop.config_types import check_literals
+from liveloop.transport.private_dir import namespace_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +131,7 @@ class TransportConfig:
         too) cannot be had on this machine; None when it can or the backend needs none."""
         if self.backend not in _IN_SHARED_MEMORY:
             return None
-        from liveloop.transport import shared_memory
-
-        return shared_memory.unavailable(self.namespace)
+        return namespace_unavailable(self.namespace)
 
     def runnable_here(self) -> "TransportConfig":
         """This config, or the checkpoint_dir backend when `unusable_here` says why not (every name under

@@ -1,45 +1,20 @@
 """The `delta` backend: versions travel to replicas on other machines as the bytes that changed, through
-a directory every machine reads (a shared filesystem, or an object store's mount standing in for one).
+a directory every machine reads (`delta_dir`: a shared filesystem, or an object store's mount).
 
-    <delta_dir>/<namespace>/                    one per deployment (its random id, from the store, as shared memory's)
+    <delta_dir>/<namespace>/                    one per deployment (its random id, from the store)
         v00000007.json                          the manifest, written last (temporary name, fsync, rename)
         v00000007.<nonce>.safetensors           the version's data: a full copy, or a delta against its parent
 
-A delta is relative to the version the sender sent before it (its `parent` in the manifest: the
-previous published version, whatever the learner's lineage did in between), never to a particular
-receiver's version: the sender writes each version once, whatever the number of replicas and wherever
-they are, and needs no word back from them. A receiver serving version r reaches version v through the
-chain r -> r+1 -> ... -> v of the deltas in between; one that holds nothing (a fresh start, a version
-pruned away, a chain broken by a missing or changed file) starts from the nearest full copy before v.
-The sender writes a full copy every `delta_max_chain` versions (and whenever a delta would not be
-smaller, the tensors' names or shapes changed, or it has no previous state: after a restart or a
-`release`), so no chain is longer than that; of the two routes a receiver takes the one with fewer
-bytes to read, and the other if the first fails.
+Each version is written once, as a delta against the version sent before it (its `parent`), or as a
+full copy every `delta_max_chain` versions and whenever a delta would not be smaller: no chain is
+longer than that. A receiver reaches a version through the chain of deltas from the one it holds, or
+from the nearest full copy (the route with fewer bytes first, the other if it fails). Per changed
+tensor, a delta holds the smallest of its differing chunks, its byte-plane XOR (zlib), or the whole
+tensor (`encode`); bytes are copied as they are, so any dtype is rebuilt bit for bit.
 
-A delta holds, for each tensor whose bytes changed, the smallest of: the chunks of `delta_chunk_bytes`
-that differ (their indices and bytes: `<i>.idx` int64, `<i>.data` uint8), for sparse changes; the XOR
-of old and new bytes, split into byte planes (every element's first byte, then every second byte, ...)
-and zlib-compressed (`<i>.xor`), for dense small changes (an AdamW step moves every element a little:
-sign, exponent and high mantissa bits mostly stay, so the high planes are mostly zeros); or the whole tensor
-(`<i>.full`). A full copy holds every tensor as `<i>.full`. Bytes are compared and copied as they are,
-so bfloat16 and float32 weights alike are rebuilt bit for bit. The manifest names the version, its parent,
-the attempt's nonce, the digest of the whole state (the `TensorDigest` every backend uses: name, dtype,
-shape and bytes of each name in the order sent, tied names each with the bytes they share), every tensor (name, dtype,
-shape, or the earlier name whose memory it shares), the names that changed, the file and its sha256,
-the bytes it holds (`bytes`) against those of a full copy (`full_bytes`).
-
-The receiver rebuilds the full state (its own copy of the state it last rebuilt, plus the chain),
-checks its digest against the version's row before it yields anything, and only then keeps it as its
-new base. Anything that does not verify (a missing, truncated or changed file, another attempt's
-manifest, a result whose digest is not the row's) is never served: the route is dropped, the other is
-tried, and when neither verifies the receiver raises `DeltaUnusable` (a HandleGone: the publisher reads
-the version's durable checkpoint, itself verified against the row's sha256). A sender that dies
-mid-write leaves at most a data file with no manifest, which no receiver reads and the next sender's
-`init` removes.
-
-Costs: the sender keeps the last version's bytes in host memory (the next delta is taken against them),
-the receiver the state it last rebuilt (the next chain starts there); a full copy prunes the versions
-before the previous full copy, so the directory holds at most about two chains.
+The receiver checks the rebuilt state's digest against the version's row before it yields anything;
+when no route verifies it raises `DeltaUnusable` (a HandleGone: the publisher reads the durable
+checkpoint). Formats, routes and costs: docs/transport.md, "delta".
 """
 
 from __future__ import annotations

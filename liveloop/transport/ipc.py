@@ -1,31 +1,20 @@
 """The `ipc` backend: a learner and an engine on the SAME GPU share the new weights through CUDA IPC
 handles, vLLM's `ipc` weight-transfer backend (vllm/distributed/weight_transfer/ipc_engine.py).
 
-NOT RUN HERE: this machine has no GPU. What runs and is tested on CPU: the handle and payload encoding
-(`update_payload` builds exactly the dict vLLM's `IPCWeightTransferUpdateInfo` accepts), the mailbox
-that carries it to the server (a shared memory document named after the version, like the
-`shared_memory` manifest), and the naming. The CUDA parts (`reduce_tensor` / `rebuild_cuda_tensor`)
-are torch's own and are exercised only by bench/gpu_check.sh on a GPU machine.
+What runs and is tested on CPU: the handle and payload encoding (`update_payload` builds exactly the
+dict vLLM's `IPCWeightTransferUpdateInfo` accepts), the mailbox that carries it to the server (a shared
+memory document named after the version, like the `shared_memory` manifest), and the naming. The CUDA
+parts (`reduce_tensor` / `rebuild_cuda_tensor`) are torch's own, exercised by bench/gpu_check.sh.
 
-    sender: start_update(v); send(cuda tensors) keeps a contiguous copy of each alive and records its
-            IPC handle; finish() writes the mailbox {names, dtype_names, shapes, ipc_handles_pickled}.
-            The copies stay alive until the version is `release`d or more than `keep_versions` exist
-            (a consumer's IPC views need the producer's memory).
-    receiver: for a vLLM engine, `update_request(handle)` is the `update_info` of
-            `AsyncLLM.update_weights(WeightTransferUpdateRequest(update_info=...))`, between
-            `start_weight_update()` and `finish_weight_update()`, on an engine built with
-            `weight_transfer_config=WeightTransferConfig(backend="ipc")` after
-            `init_weight_transfer_engine(WeightTransferInitRequest(init_info={"packed": False}))`.
-            (vLLM refuses `ipc_handles_pickled` unless VLLM_ALLOW_INSECURE_SERIALIZATION=1; the engine
-            may instead unpickle it itself and pass `ipc_handles`.) For the hf engine on the same GPU,
-            `open(handle)` rebuilds the tensors as NamedTensors (views of the learner's memory).
+The sender keeps a contiguous copy of each tensor alive (a consumer's IPC views need the producer's
+memory) until the version is `release`d or more than `keep_versions` exist, and `finish` writes the
+mailbox. A vLLM engine takes `update_request(handle)` as its `update_info`; the hf engine on the same
+GPU takes `open(handle)` (views of the learner's memory). The vLLM call sequence: docs/transport.md, "ipc".
 
-Authenticated: the mailbox is a file in the deployment's private directory (`private_dir`), and its
-handle carries the attempt's nonce and a digest of the exact `update_info` it holds (the pickled IPC
-handles included), which the learner records in the version's row. The receiver checks both against
-the handle rebuilt from that row BEFORE anything is unpickled or handed to vLLM: pickle is never
-loaded from an unchecked file. (The digest covers the handles, not the tensor bytes: those stay in the
-learner's GPU memory, which another process reaches only through these handles.)
+Authenticated: the mailbox lives in the deployment's private directory, and its handle carries the
+attempt's nonce and a digest of the exact `update_info` (the pickled IPC handles included), recorded in
+the version's row. The receiver checks both BEFORE anything is unpickled or handed to vLLM: pickle is
+never loaded from an unchecked file.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from liveloop.transport.base import TransportUnavailable
+from liveloop.transport.errors import TransportUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,18 @@ def namespace_dir(namespace: str, base: Path | None = None) -> Path:
     if why is not None:
         raise TransportUnavailable(f"shared memory: {path} cannot be made private ({why})")
     return path
+
+
+def namespace_unavailable(namespace: str) -> str | None:
+    """Why the namespace's private directory cannot be had on this machine (every name under /dev/shm
+    taken by another user, no /dev/shm); None when it can (it is made now, so later looks find it ours)."""
+    try:
+        namespace_dir(namespace)
+    except TransportUnavailable as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"shared memory: {exc}"
+    return None
 
 
 def _own_dir(path: Path) -> str | None:

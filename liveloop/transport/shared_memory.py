@@ -2,38 +2,21 @@
 memory (/dev/shm), without touching disk.
 
 Everything lives in the deployment's private directory (`private_dir`: /dev/shm/liveloop-<uid>/<ns>/,
-0700, ours), never under a name in /dev/shm that anyone could create first. One version `v`, a random
-`nonce` per attempt:
+0700, ours). One version `v`, a random `nonce` per attempt:
 
     v00000007.m                     the manifest: MAGIC, then a JSON length and the JSON
     v00000007.<nonce>.0000          one data file per `send` call, each tensor at a 64-byte aligned
     v00000007.<nonce>.0001          offset, its raw bytes in row-major order
-    ...
 
-The manifest lists every tensor (name, dtype, shape, segment, offset, bytes), every data file, the
-nonce and the digest (`TensorDigest`, fed each tensor as it is copied in). It is written at `finish`,
-its MAGIC last: a reader that finds no MAGIC sees an unfinished version (HandleGone), never half of
-one. The learner records the handle's nonce and digest in the version's row; a receiver opens a handle
-rebuilt from that row, and before it yields a tensor checks the manifest's nonce and the digest of the
-bytes it mapped against it (`WeightsUnverified` otherwise). Tensors that share memory (tied embeddings)
-are stored once and listed under each name. Files are 0600, created O_EXCL | O_NOFOLLOW and mapped;
-anything in the namespace that is not our own regular 0600 file is foreign: `scan` reports it, and
-nothing reads it.
-
-A finished version rings the bells of the servers on this machine (`bell-<hex>.sock` in the same
-directory, liveloop/transport/bell.py): their version watchers look at once rather than at their next
-poll (`[transport] bell`). Bells are neither versions nor foreign to `scan`.
-
-Lifetime: files are not tied to the process that made them (they must outlive the learner that sent
-them while no durable checkpoint exists). They go when: an update is aborted or fails (its own files,
-at once); the sender `init`s (every unfinished version of the namespace: what a crashed sender left);
-a version is `release`d (its durable checkpoint exists); a receiver has loaded a newer version
-(`loaded`: older ones), and its own when its durable checkpoint exists; more than `keep_versions`
-finished versions exist (the oldest); or a starting server `sweep`s the versions nothing can serve.
-A receiver's tensors are views into the mapped files (no copy until the engine's own); they are valid
-inside `open`'s block only. They come with their `FileLayout` (each segment's path, device and inode as
-mapped, each tensor's place): an engine in another process (vLLM's worker) maps the same files itself,
-checked to be the very files verified, instead of being handed a copy.
+The manifest (tensors, data files, nonce, digest) is written at `finish`, its MAGIC last: a reader sees
+a whole version or none (HandleGone). A receiver checks nonce and digest against the version's row
+before it yields a tensor (`WeightsUnverified` otherwise). Files are 0600, made O_EXCL | O_NOFOLLOW;
+anything else in the namespace is foreign: `scan` reports it, nothing reads it. A finished version
+rings the co-located servers' bells (bell.py). Files outlive the learner that sent them until the
+version's durable checkpoint exists or a newer one is loaded (`release`, `loaded`, `keep_versions`,
+`sweep`). A receiver's tensors are views of the mapped files, valid inside `open`'s block, with their
+`FileLayout` for an engine in another process that maps the same files itself. Format and lifetime in
+full: docs/transport.md, "shared_memory".
 """
 
 from __future__ import annotations
@@ -55,7 +38,7 @@ import torch
 
 from liveloop.transport import bell, private_dir
 from liveloop.transport.base import (
-    HandleGone, Receiver, Sender, TensorDigest, TransportFailed, TransportUnavailable, WeightHandle, WeightsUnverified, new_nonce,
+    HandleGone, Receiver, Sender, TensorDigest, TransportFailed, WeightHandle, WeightsUnverified, new_nonce,
     require_authenticated, verify,
 )
 from liveloop.transport.config import TransportConfig
@@ -89,18 +72,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 def directory(namespace: str) -> Path:
     """The namespace's private directory (made 0700 or checked: see `private_dir`)."""
     return private_dir.namespace_dir(namespace)
-
-
-def unavailable(namespace: str) -> str | None:
-    """Why the namespace's private directory cannot be had on this machine (every name under /dev/shm
-    taken by another user, no /dev/shm); None when it can (it is made now, so later looks find it ours)."""
-    try:
-        directory(namespace)
-    except TransportUnavailable as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"shared memory: {exc}"
-    return None
 
 
 def manifest_name(namespace: str, version: int) -> str:
