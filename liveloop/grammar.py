@@ -25,6 +25,9 @@ from typing import Any
 import torch
 
 DISALLOWED = -1e9  # what `mask_logits` writes over a forbidden logit: exp() is 0 in float32, yet finite (no 0 * inf)
+# the compiled-grammar cache's bound per process (xgrammar's default is none: one 1.1 KB schema of nested
+# quantified patterns grew a process by ~360 MB); a grammar evicted is compiled again when next asked for
+CACHE_LIMIT_BYTES = 64 << 20
 
 
 class InvalidConstraint(ValueError):
@@ -39,13 +42,13 @@ class Grammars:
     """Compiles constraints for one tokenizer (compiled grammars are cached by their text). Thread-safe:
     xgrammar's compiler is; each `Walk` belongs to one request."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int):
+    def __init__(self, tokenizer: Any, vocab_size: int, cache_limit_bytes: int = CACHE_LIMIT_BYTES):
         import xgrammar as xgr
 
         self._xgr = xgr
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.vocab_size = vocab_size
-        self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=True)
+        self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=True, cache_limit_bytes=cache_limit_bytes)
         self._lock = threading.Lock()
 
     def compile(self, constraint: str) -> Any:
@@ -85,6 +88,13 @@ class Walk:
         """The packed mask of the tokens allowed next, [words] int32 (a view: copy it to keep it)."""
         self._matcher.fill_next_token_bitmask(self._bitmask)
         return self._bitmask[0]
+
+    @property
+    def dead_end(self) -> bool:
+        """No token is allowed next and the grammar has not ended: the constraint cannot be satisfied from
+        here (a `pattern` that matches nothing compiles; it shows only when the walk reaches it). Reads
+        the mask the last `fill` or `mask` wrote."""
+        return not bool(self._bitmask[0].any()) and not self.finished
 
     def mask(self, logits: torch.Tensor) -> None:
         """Set the logits (one row [V], float32, on the CPU) of the tokens not allowed next to -inf."""

@@ -71,3 +71,37 @@ def test_replaying_a_grammar_gives_each_positions_allowed_tokens(grammars, model
         grammars.allowed(_tag("yes"), tok("no", add_special_tokens=False)["input_ids"])
     with pytest.raises(InvalidConstraint):
         grammars.compile('{"type": "structural_tag", "format": {"type": "nonsense"}}')
+
+
+def _schema_tag(schema: dict) -> str:
+    from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag
+
+    return StructuralTag(format=JSONSchemaFormat(json_schema=schema)).model_dump_json()
+
+
+def test_a_pattern_that_matches_nothing_is_a_dead_end_where_the_walk_reaches_it(grammars):
+    """It compiles (xgrammar checks the regex, not that it matches anything); the walk finds the dead end
+    at the string's first character: no token allowed, the grammar not ended."""
+    walk = grammars.walk(_schema_tag({"type": "object", "properties": {"a": {"type": "string", "pattern": "^[^\\s\\S]$"}},
+                                      "required": ["a"]}))
+    steps = 0
+    while True:
+        mask = unpack(walk.fill()[None], grammars.info.vocab_size)[0]
+        if walk.dead_end:
+            break
+        assert steps < 64, "no dead end"
+        assert walk.accept(int(torch.nonzero(mask)[0]))  # any allowed token: the prefix `{"a":"` is forced
+        steps += 1
+    assert steps > 0 and not walk.finished
+    ok = grammars.walk(_schema_tag({"type": "string"}))
+    ok.fill()
+    assert not ok.dead_end
+
+
+def test_the_compiled_grammar_cache_is_bounded(model_dir):
+    from transformers import AutoTokenizer
+
+    small = Grammars(AutoTokenizer.from_pretrained(str(model_dir)), 1024, cache_limit_bytes=1 << 16)
+    for n in range(40):  # bounded: distinct grammars, each cached until the bound evicts the oldest
+        small.compile(_schema_tag({"type": "object", "properties": {f"k{n}_{i}": {"type": "integer"} for i in range(8)}}))
+    assert 0 < small._compiler.get_cache_size_bytes() <= 2 * (1 << 16)  # xgrammar: "may slightly exceed"
