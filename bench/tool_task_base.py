@@ -4,7 +4,7 @@ Builds (once) the default model with tool dialogues in its corpus (`ModelBuildCo
 liveloop/model/tool_corpus.py) and plays `--n` episodes of the environment (liveloop.clients.tool_env)
 with plain transformers, the way a client of the server would: the first user turn is rendered with the
 offered tools by the model's chat template and sampled (temperature `--temperature`, torch seeded per
-episode); its calls are read by the server's hermes parser (server/edge/formats/tool_parsers.py); the calls run in
+episode); its calls are read by the server's hermes parser (server/edge/formats/tool_parsers/); the calls run in
 the environment; the assistant turn (its arguments as the text the model wrote) and the results go back
 through the chat template; the final answer is sampled and rated 0/1 by the environment. A reply
 without calls is the final answer. One tool round: a call in the second turn is not run (its text, less

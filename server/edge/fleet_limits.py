@@ -11,26 +11,12 @@ the replica's own rows and reads what the OTHER replicas' rows add up to (store/
 request is admitted when its replica's exact count, plus the others' count as last read, plus its
 cost, is within the limit; with one replica the others' count is 0 and admission is what it was.
 
-The others' count of a (bucket, subject) is the sum of their slices that overlap the last `period`
-seconds: a slice counts whole until it has entirely left the window, so the estimate is never below
-the others' true count at the last sync (a key that reached its limit may wait up to one slice,
-10 s, longer than an exact window would make it; Retry-After says when the slices leave).
+A replica sees another's admissions up to about `2 * limits_sync_seconds` late, so the fleet may admit
+somewhat more than a limit, never more than N times it (the bounds: `FleetView`, docs/api.md).
 
-Bounds (documented in docs/api.md): a replica does not see what another admitted since that one's
-last push before its own last read, at most about `2 * limits_sync_seconds` plus one sync's duration.
-So in any `period` the fleet admits at most the limit plus what the OTHER replicas admit in that lag
-(N replicas taking a key's requests at r each per second: about `(N - 1) * r * 2 * limits_sync_seconds`
-beyond it), and never more than N times the limit (each replica's own window is exact). The same bound
-holds for levels (generations running per key, `max_concurrent_per_key_fleet`): a level is what each
-replica holds as of its last push; a replica that stops pushing (killed) counts for `level_fresh`
-seconds more. A store that does not answer: increments are kept for the next sync, the others'
-counts stay as last read and leave the window as their slices pass (the limits fall back to each
-replica's own), and the failure is logged once until a sync succeeds again.
-
-Why not the `limits` library's own distributed storages: they are Redis, Memcached, MongoDB or etcd
+Not the `limits` library's own distributed storages: they are Redis, Memcached, MongoDB or etcd
 (another service to run; liveloop's only shared service is its SQL store), and each hit is a network
-round trip on the request's path. The local exact window stays the library's.
-"""
+round trip on the request's path. The local exact window stays the library's."""
 
 from __future__ import annotations
 
@@ -67,7 +53,16 @@ def level_fresh(sync_seconds: float) -> float:
 class FleetView:
     """This replica's view of the fleet's counts: its own increments not yet pushed, the other replicas'
     counts and levels as last read, and the database's clock (offset from this host's). Thread-safe:
-    requests count on the event loop (or in worker threads), `sync` runs in a thread."""
+    requests count on the event loop (or in worker threads), `sync` runs in a thread.
+
+    Bounds (documented in docs/api.md): a replica does not see what another admitted since that one's
+    last push before its own last read, at most about `2 * limits_sync_seconds` plus one sync's
+    duration. So in any `period` the fleet admits at most the limit plus what the OTHER replicas admit
+    in that lag (N replicas taking a key's requests at r each per second: about
+    `(N - 1) * r * 2 * limits_sync_seconds` beyond it), and never more than N times the limit (each
+    replica's own window is exact). The same bound holds for levels (generations running per key,
+    `max_concurrent_per_key_fleet`): a level is what each replica holds as of its last push; a replica
+    that stops pushing (killed) counts for `level_fresh` seconds more."""
 
     def __init__(self, counts: FleetCounts, replica: str, sync_seconds: float, period: float = PERIOD,
                  clock: Callable[[], float] = time.time):
@@ -99,7 +94,10 @@ class FleetView:
         return self._clock() + self._offset
 
     def others(self, bucket: str, subject: str) -> int:
-        """The other replicas' count of (bucket, subject) in the last period: their slices that overlap it."""
+        """The other replicas' count of (bucket, subject) in the last period: their slices that overlap it.
+        A slice counts whole until it has entirely left the window, so the estimate is never below the
+        others' true count at the last sync (a key that reached its limit may wait up to one slice, 10 s,
+        longer than an exact window would make it; Retry-After says when the slices leave)."""
         known = self._others.get((bucket, subject))
         if known is None:
             return 0
@@ -146,7 +144,9 @@ class FleetView:
     # -- the sync (in a thread) ----------------------------------------------------------------------
     def sync(self) -> None:
         """Push this replica's increments (and its levels, when they changed or are due again), read the
-        others' counts. Increments that could not be pushed are kept for the next sync."""
+        others' counts. Increments that could not be pushed are kept for the next sync. While the store
+        does not answer, the others' counts stay as last read and leave the window as their slices pass
+        (the limits fall back to each replica's own); `run` logs the failure once until a sync succeeds."""
         with self._sync_lock:
             mono = time.monotonic()
             with self._lock:

@@ -81,3 +81,56 @@ def test_a_thumbs_up_changes_what_smollm2_serves(server, smollm2_dir):
         assert np.abs(row.behavior_logprobs - base).max() > 1e-4, "the adapter changed nothing: the second reply is the base's"
     finally:
         store.close()
+
+
+def _learner_worker(server):
+    import psutil
+
+    for p in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if "LearnerActor" in " ".join(p.cmdline()):
+                return p
+        except psutil.Error:
+            continue
+    return None
+
+
+def test_a_learner_killed_mid_step_on_smollm2_leaves_what_serves(server):
+    """kill -9 of the learner's worker right after three SmolLM2 ratings (a step of them is seconds of
+    work: it is almost always mid-step, and the verdict holds wherever it lands): what serves is a whole
+    published version (no half-trained weights reach the engine, no version appears while the learner is
+    down), /healthz says the learner is down, the supervisor restarts it (events learner_crash,
+    learner_restart) and the restarted learner trains those ratings."""
+    import os
+    import signal
+
+    from openai import OpenAI
+
+    from liveloop.segments import Lineage
+
+    client = OpenAI(base_url=f"{server.base_url}/v1", api_key=USER_KEY, max_retries=0, timeout=120)
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        def health():
+            return http.get("/healthz", headers=ADMIN).json()
+
+        replies = [_ask(client, seed) for seed in range(10, 13)]
+        store = open_store(server)
+        try:
+            lane = Lineage(store.versions.get_version(replies[-1].model_extra["policy_version"]).segment).lane("sao")
+            worker = wait_until(lambda: _learner_worker(server), 30, "the learner's Ray worker")
+            for reply in replies:
+                client.post("/feedback", cast_to=object, body={"response_id": reply.id, "reward": "up"})
+            os.kill(worker.pid, signal.SIGKILL)
+            down = wait_until(lambda: (h := health())["learner"]["state"] != "running" and h, 120, "the outage to show")
+            assert down["status"] == "degraded"
+            newest = max(v.version for v in store.versions.list_versions())
+            during = _ask(client, 20).model_extra["policy_version"]  # serving goes on, on a whole version
+            assert during <= newest and store.versions.get_version(during).status == "serving"
+            assert max(v.version for v in store.versions.list_versions()) == newest, "a version appeared with the learner down"
+            wait_until(lambda: health()["learner"]["state"] == "running", 420, "the learner's restart")
+            kinds = [e["kind"] for e in http.get("/admin/events", headers=ADMIN).json()["data"]]
+            assert "learner_crash" in kinds and "learner_restart" in kinds
+            last = max(f.id for f, _ in store.feedback.rated_after(0, 1000))
+            wait_until(lambda: store.feedback.get_cursor(lane) >= last, 420, "the restarted learner to train the ratings")
+        finally:
+            store.close()

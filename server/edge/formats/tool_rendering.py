@@ -1,7 +1,7 @@
 """Tools for a chat template that renders none (SmolLM2's plain ChatML, say): which call syntax such a
 model is served with, and the conversation rewritten so that the template, given only roles and text,
 shows the tools the way Qwen2.5 / Qwen3's template does (the `hermes` syntax,
-server/edge/formats/tool_parsers.py).
+server/edge/formats/tool_parsers/).
 
 - The offered tools go into the system turn, after its text and a blank line (after the template's
   default system prompt when the conversation has none), in Qwen's words, one JSON definition a line.

@@ -4,7 +4,7 @@ messages, the Responses API): the tools a request offers and how it lets the mod
 liveloop.grammar), and the conversation in the one shape the chat template, the store and the exports
 read (OpenAI chat messages: `role`, `content`, `tool_calls`, `tool_call_id`).
 
-Which syntax a call has is the model family's (server/edge/formats/tool_parsers.py, chosen by
+Which syntax a call has is the model family's (server/edge/formats/tool_parsers/, chosen by
 `[engine] tool_call_parser`): the chat template renders the offered tools and earlier calls, the
 parser reads calls back out of what the model wrote, and for `required` or a named tool choice the
 parser's call syntax with each tool's JSON schema as the arguments' grammar is the constraint, so the

@@ -8,35 +8,18 @@ How (`Markers`, for any Hugging Face tokenizer and chat template):
 
 1. Before rendering, every string of the conversation and the offered tools (values and keys, at any
    depth, after the call arguments are parsed as the template takes them) has each special token's text
-   replaced by a placeholder: a per-request random nonce plus the token's index, ASCII letters and digits
-   only, so whatever the template does to client text (concatenation, `tojson`, `trim`) it does to the
-   placeholder alike, and no client can spell or guess it.
+   replaced by a per-request placeholder (`Masker`).
 2. The template renders; each placeholder in its output is put back as the token's text and its span
    recorded (`PromptText.typed`). The text is exactly what rendering the conversation as it is gives.
-3. Tokenizing (`Markers.ids`): a prompt with no typed span is tokenized whole, as before, so a benign
-   conversation's ids are byte-identical to the old ones (the splice of earlier turns and the episode
-   links by exact token prefix depend on it). Otherwise the text is cut at the template's own markers
-   (every special token's text that overlaps no typed span); a piece between two of them that holds a
-   typed one is tokenized with `split_special_tokens=True` (plain text); every other piece keeps
-   the ids the whole tokenization gave it, the markers their own id. Should a tokenizer still give a
-   special id for a typed marker, the request is refused (a 400), never served forged.
+3. Tokenizing (`Markers.ids`): a prompt with no typed span is tokenized whole; otherwise a piece that
+   holds a typed marker is tokenized as plain text and the template's markers keep their ids. Should a
+   tokenizer still give a special id for a typed marker, the request is refused (a 400), never served
+   forged.
 
-Where the tokenizer's matching of special tokens is not this module's (their counts or ids disagree:
-a token that strips whitespace or matches after normalization), every piece is tokenized on its own, the
-template's markers still their ids. A template that cuts client text (`content[:n]`) may cut a
-placeholder: its characters then stay as text, which spells no marker. A tokenizer that treats the start
-of a text apart (SentencePiece's `▁` before a text's first piece, Metaspace `prepend_scheme="first"`)
-gives a re-tokenized piece that `▁` where the whole text has none: still no forged id, but such a
-prompt's ids decode one space longer there, so the next turn is tokenized whole rather than spliced.
-Byte-level BPE (Qwen, Llama 3, the tiny model: the tool-calling families served) has no such start, and
-its ids decode back to the text exactly. Special tokens only: an added token that is not special
-(Qwen's `<tool_call>`, `<think>`) is the model's ordinary vocabulary, matched in client text as the
-tokenizer always matches it.
-
-The splice path (server/edge/pipeline/splicing.py) tokenizes the rest of a prompt after an earlier
-turn's carried tokens with the typed spans shifted with it (`PromptText.tail`), and refuses to carry a
-turn whose tokens hold more special ids than the template wrote in its text (a forged turn stored before
-this existed): the prompt is then tokenized here, whole."""
+Special tokens only: an added token that is not special (Qwen's `<tool_call>`, `<think>`) is the model's
+ordinary vocabulary, matched in client text as the tokenizer always matches it. The splice path
+(server/edge/pipeline/splicing.py) carries the typed spans along (`PromptText.tail`) and refuses to
+carry a forged turn (`Markers.forges`)."""
 
 from __future__ import annotations
 
@@ -78,7 +61,12 @@ def _overlapping(matches: Sequence[re.Match], typed: Sequence[Span]) -> list[boo
 
 
 class Masker:
-    """One rendering's placeholders: `mask` the strings going into the template, `unmask` its output."""
+    """One rendering's placeholders: `mask` the strings going into the template, `unmask` its output.
+
+    A placeholder is a per-request random nonce plus the token's index, ASCII letters and digits only,
+    so whatever the template does to client text (concatenation, `tojson`, `trim`) it does to the
+    placeholder alike, and no client can spell or guess it. A template that cuts client text
+    (`content[:n]`) may cut a placeholder: its characters then stay as text, which spells no marker."""
 
     def __init__(self, markers: Markers, nonce: str):
         self.markers, self.nonce = markers, nonce
@@ -164,7 +152,23 @@ class Markers:
         return ids
 
     def ids(self, prompt: PromptText | str) -> list[int]:
-        """The prompt's token ids: the template's markers as special tokens, typed ones as text."""
+        """The prompt's token ids: the template's markers as special tokens, typed ones as text.
+
+        A prompt with no typed span is tokenized whole, as before, so a benign conversation's ids are
+        byte-identical to the old ones (the splice of earlier turns and the episode links by exact
+        token prefix depend on it). Otherwise the text is cut at the template's own markers (every
+        special token's text that overlaps no typed span); a piece between two of them that holds a
+        typed one is tokenized with `split_special_tokens=True` (plain text); every other piece keeps
+        the ids the whole tokenization gave it, the markers their own id.
+
+        Where the tokenizer's matching of special tokens is not this module's (their counts or ids
+        disagree: a token that strips whitespace or matches after normalization), every piece is
+        tokenized on its own, the template's markers still their ids. A tokenizer that treats the start
+        of a text apart (SentencePiece's `▁` before a text's first piece, Metaspace
+        `prepend_scheme="first"`) gives a re-tokenized piece that `▁` where the whole text has none:
+        still no forged id, but such a prompt's ids decode one space longer there, so the next turn is
+        tokenized whole rather than spliced. Byte-level BPE (Qwen, Llama 3, the tiny model: the
+        tool-calling families served) has no such start, and its ids decode back to the text exactly."""
         if isinstance(prompt, str):
             prompt = PromptText(prompt)
         text = prompt.text
@@ -199,7 +203,10 @@ class Markers:
 
     def forges(self, ids: Sequence[int], prompt: PromptText) -> bool:
         """Whether `ids`, tokens whose text is `prompt`'s, hold a special id where the text's marker was
-        typed: more special ids than the template wrote (ids tokenized here never do)."""
+        typed: more special ids than the template wrote (ids tokenized here never do). The splice path
+        tokenizes the rest of a prompt after an earlier turn's carried tokens with the typed spans
+        shifted with it (`PromptText.tail`), and carries no turn that forges (one stored before typed
+        markers were text): the prompt is then tokenized here, whole."""
         if not prompt.typed:
             return False
         return sum(1 for t in ids if int(t) in self.special_ids) > self.template_markers(prompt)

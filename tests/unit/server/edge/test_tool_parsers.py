@@ -1,4 +1,4 @@
-"""Tool-call parsers (server/edge/formats/tool_parsers.py): whole replies and streams read the same, per family;
+"""Tool-call parsers (server/edge/formats/tool_parsers/): whole replies and streams read the same, per family;
 the content's whitespace rule; what stays text; the call formats constrained decoding forces parse
 back."""
 
