@@ -21,14 +21,16 @@ from typing import Any
 from liveloop.critic.config import CriticConfig
 from liveloop.critic.pretrain import RolloutPlan, pretrain
 from liveloop.learner.config import LearnerConfig
+from liveloop.learner.episodes import RatingReads
 from liveloop.learner.position import critic_dir_for
 from liveloop.rewards import RULE_SPECS
 from liveloop.rl.batch import Sample
 from liveloop.store import Store
 
 
-def store_samples(store: Store, limit: int = 100_000) -> list[Sample]:
-    return [Sample.from_rated(f, r) for f, r in store.feedback.rated_after(0, limit)]
+def store_samples(ratings: RatingReads, limit: int = 100_000) -> list[Sample]:
+    """The first `limit` trainable ratings' samples (the store's feedback part reads them)."""
+    return [Sample.from_rated(f, r) for f, r in ratings.rated_after(0, limit)]
 
 
 def rollout_plan(
@@ -52,7 +54,7 @@ def pretrain_for_learner(
     policy_dir = record.checkpoint_path if version > 0 and record and record.checkpoint_path else str(base_model_dir)
     # 2. rated samples
     if from_store:
-        data: RolloutPlan | list[Sample] = store_samples(store)
+        data: RolloutPlan | list[Sample] = store_samples(store.feedback)
     else:
         if reward is None or prompt is None:
             raise ValueError(f"critic.pretrain_reward is not set ({RULE_SPECS}), or use --from-store")

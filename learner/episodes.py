@@ -1,7 +1,7 @@
 """What the learner's methods read: ratings in arrival order, and for each rating its sample, which for
 a turn of an agent's episode is the whole trajectory up to the rated turn (rl/episodes.py).
 
-    samples = EpisodeSamples(ratings, store, max_episode_tokens)
+    samples = EpisodeSamples(store.feedback, store.episodes, max_episode_tokens)
     for f, r in samples.rated_after(cursor, n): sample = samples.sample(f, r)   # None: not trained (counted)
 
 What a rating means: it rates the trajectory up to and including the turn it was given for; its
@@ -25,41 +25,68 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
 from liveloop.rl.batch import Sample
 from liveloop.rl.episodes import EpisodeMismatch, episode_sample
+from liveloop.store.records import Episode, StoredFeedback, StoredResponse
 
 log = logging.getLogger(__name__)
 
 
-class RatedFeed(Protocol):
-    """What the learner reads its samples from: the trainable ratings past a feedback id, in arrival
-    order, each with its response (the store's feedback part, or one segment's view of it)."""
+class RatingReads(Protocol):
+    """The store read a learner's ratings come from: the trainable ratings past a feedback id, in
+    arrival order, each with its response (the store's feedback part, or one segment's view of it:
+    learner/online.py `SegmentRatings`)."""
 
-    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[Any, Any]]: ...
+    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[StoredFeedback, StoredResponse]]: ...
+
+
+class EpisodeReads(Protocol):
+    """The store reads an agent's episode takes (the store's episodes part, store/episodes.py)."""
+
+    def episode(self, response_id: str) -> Episode | None: ...
+
+    def rated_turns(self, turn_ids: Sequence[str], api_key_id: str, before_feedback_id: int) -> set[str]: ...
+
+
+class RatedFeed(Protocol):
+    """What a learning method reads its batches from (learner/methods.py `next_batch`): the ratings in
+    arrival order and each one's sample (None: it trains nothing). `EpisodeSamples` is the one the
+    learner builds, over the two store reads above."""
+
+    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[StoredFeedback, StoredResponse]]: ...
+
+    def sample(self, feedback: StoredFeedback, response: StoredResponse) -> Sample | None: ...
 
 
 class EpisodeSamples:
-    def __init__(self, ratings: RatedFeed, store: Any, max_episode_tokens: int, credit: str = "all", observations: str = "skip"):
-        self.ratings, self.store, self.max_tokens = ratings, store, max_episode_tokens
+    """The learner's `RatedFeed`: ratings from `ratings`, each made a sample, with its episode read
+    from `episode_reads` when the rated response is a later turn of one."""
+
+    def __init__(
+        self, ratings: RatingReads, episode_reads: EpisodeReads, max_episode_tokens: int, credit: str = "all",
+        observations: str = "skip",
+    ):
+        self.ratings, self.episode_reads, self.max_tokens = ratings, episode_reads, max_episode_tokens
         self.credit, self.observations = credit, observations  # `[learner] episode_credit`, `episode_observations`
         self.skipped: Counter[str] = Counter()
         self.episodes = 0  # multi-turn samples made
         self.turns = 0  # turns they covered
 
-    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[Any, Any]]:
+    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[StoredFeedback, StoredResponse]]:
         return self.ratings.rated_after(feedback_id, limit)
 
-    def sample(self, feedback: Any, response: Any) -> Sample | None:
+    def sample(self, feedback: StoredFeedback, response: StoredResponse) -> Sample | None:
         """The sample a rating trains (None: it trains nothing; counted)."""
         if getattr(response, "parent_id", None) is None:
             return self._bounded(Sample.from_rated(feedback, response))
-        episode = self.store.episodes.episode(response.id)
+        episode = self.episode_reads.episode(response.id)
         if episode is None or not episode.complete:
             return self._skip("broken")
         turns = episode.turns
-        rated = self.store.episodes.rated_turns([t.id for t in turns[:-1]], feedback.api_key_id, feedback.id)
+        rated = self.episode_reads.rated_turns([t.id for t in turns[:-1]], feedback.api_key_id, feedback.id)
         credited = max((k for k, t in enumerate(turns[:-1]) if t.id in rated), default=-1)
         if self.credit == "last":  # the ablation: the rated turn alone trains, the turns before are context
             credited = len(turns) - 2

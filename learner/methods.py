@@ -15,43 +15,25 @@ A method decides three things and nothing else (the loop, publishing and rollbac
 | grpo            | a complete group of G       | (r - mean_G) / std_G            | PPO clip (eps)   | no     |
 | grpo_dis        | a complete group of G       | (r - mean_G) / std_G            | two-sided mask   | no     |
 
-SAO's advantage levers (`[learner] baseline`, `advantage_norm`; off by default, SAO only: the config
-refuses them for the baselines): `baseline = "running_mean"` gives every token the value "running mean of
-this learner's earlier rewards" in GAE instead of the critic's (which still trains on the same targets),
-`advantage_norm = "running"` divides each sample's advantages by the running RMS of recent ones. Their
-state lives in this object, so each learner (each lane) has its own; a rollback's reload and a restart
-start it afresh. Metrics: `learner/baseline`, `learner/advantage_scale` (the last batch's mean).
+SAO's advantage levers (`[learner] baseline`, `advantage_norm`), the influence caps SAO and the sliding
+window apply (learner/influence.py) and what a GRPO group is: the `SAO` and `GRPO` class docstrings.
 
 The math lives in the RL core (`rl/advantages.py`, `rl/losses.py`); GRPO's group normalisation is the
 one BGPO uses too (unbiased std, an all-equal group gets A = 0).
-
-SAO and the sliding window apply the influence caps (learner/influence.py): at most
-`max_per_key_per_batch` samples of one API key per policy step (a rating past it ends the step and
-opens the next one: deferred, not dropped) and `max_per_key_per_window` per key in any
-`influence_window_seconds`. Ratings over the window cap are skipped (counted in
-`learner/capped_ratings`): the batch is filled from the ratings after them, and the cursor moves past
-them with the next batch.
-When every rating available is capped, `next_batch` says "not yet" and remembers how far it scanned,
-so the next call starts after them (nothing is trained twice, nothing capped is trained later; the
-stored cursor passes them with the next trained batch). The GRPO baselines keep their behaviour: no
-caps (their batches are whole groups).
-
-A GRPO group is the responses whose request metadata share a `group` tag (simulated users tag the G
-requests of one prompt), else those with identical prompt token ids. Its wait (first to last rating of
-the group, by the store's feedback times) is measured. Ratings of a group still incomplete when the
-learner publishes are past the cursor: a restart drops them (baselines only; SAO loses nothing).
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from typing import Any, Protocol
+from collections.abc import Hashable
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from liveloop.learner.config import LearnerConfig
+from liveloop.learner.episodes import RatedFeed
 from liveloop.learner.influence import InfluenceCaps, InfluenceLimits, KeyedRating
 from liveloop.rl.advantages import (
     RunningMean, constant_baseline_gae, gae_skip_observations, group_normalized_advantages, length_adaptive_lambda,
@@ -59,15 +41,16 @@ from liveloop.rl.advantages import (
 )
 from liveloop.rl.batch import Sample, TokenBatch
 from liveloop.rl.losses import ppo_clip_loss, sao_policy_loss, staleness_metrics
+from liveloop.store.records import StoredResponse
 
 
 class Method(Protocol):
     name: str
     uses_critic: bool
 
-    def next_batch(self, feed: Any, after_id: int) -> tuple[list[Sample], int] | None:
+    def next_batch(self, feed: RatedFeed, after_id: int) -> tuple[list[Sample], int] | None:
         """The next samples and the last feedback id they consume through; None: not yet. `feed` reads
-        ratings (`rated_after`) and makes each one's sample (`sample`: learner/episodes.py)."""
+        ratings (`rated_after`) and makes each one's sample (`sample`): learner/episodes.py `RatedFeed`."""
 
     def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Token advantages [B, W] and value targets [B, W] (None without a critic)."""
@@ -87,6 +70,24 @@ def _broadcast(per_sample: Tensor, action_mask: Tensor) -> Tensor:
 
 
 class SAO:
+    """SAO: the next B..M ratings in arrival order, GAE over action tokens, the two-sided mask.
+
+    Advantage levers (off by default, SAO only: the config refuses them for the baselines): `baseline =
+    "running_mean"` gives every token the value "running mean of this learner's earlier rewards" in GAE
+    instead of the critic's (which still trains on the same targets); `advantage_norm = "running"`
+    divides each sample's advantages by the running RMS of recent ones. Their state lives in this
+    object, so each learner (each lane) has its own; a rollback's reload and a restart start it afresh.
+    Metrics: `learner/baseline`, `learner/advantage_scale` (the last batch's mean).
+
+    Influence caps (SAO and the sliding window; the GRPO baselines have none, their batches are whole
+    groups): at most `max_per_key_per_batch` samples of one API key per policy step (a rating past it
+    ends the step and opens the next one: deferred, not dropped) and `max_per_key_per_window` per key
+    in any `influence_window_seconds`. Ratings over the window cap are skipped (counted in
+    `learner/capped_ratings`): the batch is filled from the ratings after them, and the cursor moves
+    past them with the next batch. When every rating available is capped, `next_batch` says "not yet"
+    and remembers how far it scanned, so the next call starts after them (nothing is trained twice,
+    nothing capped is trained later)."""
+
     name, uses_critic = "sao", True
     scan_page = 64  # ratings read per store query once some were capped
     scan_limit = 1024  # most ratings examined by one call
@@ -103,7 +104,7 @@ class SAO:
         self.advantage_ms = RunningMean()  # advantage_norm running: mean squared action-token advantage
         self.levers: dict[str, float] = {}  # the last batch's learner/baseline and learner/advantage_scale
 
-    def next_batch(self, feed: Any, after_id: int) -> tuple[list[Sample], int] | None:
+    def next_batch(self, feed: RatedFeed, after_id: int) -> tuple[list[Sample], int] | None:
         """The next ratings in arrival order that are within the influence caps: at least B of them,
         and with adaptive batching (`max_batch_size` M > B) as many of those waiting as fit, up to M."""
         B, M = self.config.batch_size, self.config.largest_batch
@@ -204,7 +205,12 @@ class SlidingWindow(SAO):
 
 class GRPO(SAO):
     """Waits for G rated responses to the same prompt; A = (r - mean_G) / std_G; PPO clip against the
-    behavior logprobs (the policy that served them)."""
+    behavior logprobs (the policy that served them).
+
+    A group is the responses whose request metadata share a `group` tag (simulated users tag the G
+    requests of one prompt), else those with identical prompt token ids. Its wait (first to last rating
+    of the group, by the store's feedback times) is measured. Ratings of a group still incomplete when
+    the learner publishes are past the cursor: a restart drops them (baselines only; SAO loses nothing)."""
 
     name, uses_critic = "grpo", False
     read_batch = 256  # ratings read from the store per poll
@@ -215,17 +221,17 @@ class GRPO(SAO):
 
     def reset(self) -> None:
         self.read_through = -1  # last feedback id read into the buffer
-        self.buffer: OrderedDict[Any, list[tuple[Sample, float]]] = OrderedDict()  # group key -> (sample, feedback time)
-        self.first_seen: dict[Any, float] = {}
+        self.buffer: OrderedDict[Hashable, list[tuple[Sample, float]]] = OrderedDict()  # group key -> (sample, feedback time)
+        self.first_seen: dict[Hashable, float] = {}
         self.waits: list[float] = []
         self.groups = 0
 
     @staticmethod
-    def group_key(response: Any) -> Any:
+    def group_key(response: StoredResponse) -> Hashable:
         tag = (response.request_meta or {}).get("group")
         return ("tag", tag) if tag else ("prompt", tuple(int(x) for x in response.prompt_ids))
 
-    def next_batch(self, feed: Any, after_id: int) -> tuple[list[Sample], int] | None:
+    def next_batch(self, feed: RatedFeed, after_id: int) -> tuple[list[Sample], int] | None:
         G = self.config.grpo.group_size
         self.read_through = max(self.read_through, after_id)
         # read everything new into the buffer, by group

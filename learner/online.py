@@ -9,33 +9,17 @@
   3. advantages: GAE over action tokens only, lambda_policy = 1 - 1/(alpha L); value targets with lambda_value
   4. K critic steps; 5. one policy step (two-sided ratio mask against the behavior logprobs, optional KL anchor),
      then its step KL (a forward at the new weights; the trust region measures cut-backs only as it needs them)
-  6. every N steps or T seconds, publish the next version (`self.publishing`, a `VersionPublisher`,
-     learner/publishing.py): checkpoint saved, then the version row (its number allocated there) and
-     the cursor in ONE transaction. A crash resumes from the last published version and re-reads
-     exactly the ratings it had not published yet: nothing lost, nothing trained twice. Then retention
-     (retention.py) deletes the checkpoints it no longer keeps. A disk too full for the checkpoint
-     pauses learning through the store instead: the unpublished training stays, the server keeps serving.
-With `[learner] adapters` on, one OnlineLearner is one segment's lane (learner/lanes.py runs them): its
-policy is that segment's LoRA adapter on a frozen base shared by every lane (learner/adapters.py), it
-reads only its segment's ratings, keeps its own cursor (`sao:cozy`), critic and step-size controllers,
-publishes adapter versions of its segment, and its KL reference is the base with the adapters off.
-With `[learner] ranks` N > 1 step 5 runs across N processes under DeepSpeed ZeRO, each rank on its share
-of the batch (ranks.py); this process is rank 0 and keeps the rest: store, critic, publishing.
-The baselines (`[learner] method`: sliding_window, grpo, grpo_dis; see methods.py) run through the same
-loop: the method picks the batch, the advantages and the policy loss; methods without a critic skip
-steps 2-4's critic parts. A non-finite loss or gradient skips the update (counted); a version is published only from finite
-weights. The learner never talks to the engine: the server activates published versions.
-
-`run()` is the one loop of learner/loop.py, which runs a plain learner as one lane and `SegmentLanes` as
-many; `status()` is typed (learner/status.py: `LearnerStatus` of `LaneStatus`es).
-
-Operators steer it through the store, so the same rules hold in or out of the server process: while
-its `learner_control` row says paused it neither trains nor publishes; when a rollback or an operator's
-publish (`POST /admin/weights`) moves its cursor to another version it reloads that version's weights
-and critic (a publish that races it is refused by the store's lineage check, and the learner reloads
-then). Version numbers are the store's: a publish writes the checkpoint under a staging name and the
-store's inserting transaction allocates the number and moves it to checkpoint_dir/vNNNNNN; an in-memory
-publish proposes the number its memory is named by, and the store refuses it if it was taken.
+  6. every N steps or T seconds, publish the next version (`self.publishing`, learner/publishing.py):
+     the version row and the cursor in ONE transaction, so a crash resumes from the last published
+     version and re-reads exactly the ratings it had not published yet; then retention (retention.py).
+With `[learner] adapters` on, one OnlineLearner is one segment's lane (learner/lanes.py): that segment's
+LoRA adapter on the shared frozen base (learner/adapters.py), its ratings, cursor (`sao:cozy`), critic
+and controllers; its KL reference is the base with the adapters off. With `[learner] ranks` N > 1 step 5
+runs across N DeepSpeed ZeRO processes (ranks.py); this one is rank 0 and keeps the store, critic and
+publishing. The baselines (`[learner] method`, methods.py) run through the same loop. A non-finite loss
+or gradient skips the update (counted); only finite weights are published. The learner never talks to
+the engine: the server activates published versions. `run()`: learner/loop.py; `status()`:
+learner/status.py. Operators steer it through the store (`sync_with_store`).
 """
 
 from __future__ import annotations
@@ -75,19 +59,20 @@ from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.optim import make_optimizer
 from liveloop.store import Store, VersionStatus
 from liveloop.store.feedback import FeedbackQueries
+from liveloop.store.records import StoredFeedback, StoredResponse
 from liveloop.transport import TransportConfig
 
 log = logging.getLogger(__name__)
 
 
 class SegmentRatings:
-    """The store's feed as one segment's lane reads it (a `RatedFeed`): only the ratings of responses
-    that segment served."""
+    """The store's ratings as one segment's lane reads them (a `RatingReads`, learner/episodes.py): only
+    the ratings of responses that segment served."""
 
     def __init__(self, feedback: FeedbackQueries, segment: str):
         self.feedback, self.segment = feedback, segment
 
-    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[Any, Any]]:
+    def rated_after(self, feedback_id: int, limit: int) -> list[tuple[StoredFeedback, StoredResponse]]:
         return self.feedback.rated_after(feedback_id, limit, segment=self.segment)
 
 
@@ -117,7 +102,8 @@ class OnlineLearner:
         self.adapters = adapters
         self.cursor_name = lane_cursor(config, segment)
         self.ratings = EpisodeSamples(
-            SegmentRatings(store.feedback, segment) if segment is not None else store.feedback, store, config.max_episode_tokens,
+            SegmentRatings(store.feedback, segment) if segment is not None else store.feedback, store.episodes,
+            config.max_episode_tokens,
             config.episode_credit, config.episode_observations,
         )
         self.config = config
@@ -143,7 +129,8 @@ class OnlineLearner:
         self.paused = False
         self.transport = transport
         self.publishing = self.publisher(
-            self, store, config, self.cursor_name, segment, publish_status, transport, self.base_model_dir
+            self, store.versions, store.operator, config, self.cursor_name, segment, publish_status, transport,
+            self.base_model_dir,
         )
 
     def _grammars(self, samples: list[Sample]) -> Grammars | None:
@@ -248,13 +235,17 @@ class OnlineLearner:
     @classmethod
     def resume(cls, store: Store, config: LearnerConfig, critic_config: CriticConfig, base_model_dir: Path, **kw) -> "OnlineLearner":
         """Start from the version this learner last published (or the base model), at its cursor."""
-        state, policy_dir, critic_dir = stored_position(store, config, Path(base_model_dir), kw.get("segment"), kw.get("transport"))
+        state, policy_dir, critic_dir = stored_position(
+            store.versions, store.feedback, config, Path(base_model_dir), kw.get("segment"), kw.get("transport"),
+        )
         return cls(store, config, critic_config, base_model_dir, state, policy_dir, critic_dir, **kw)
 
     def reload(self) -> None:
         """Drop what was trained since the last version and load the version the store's cursor
         names (after a rollback). Counters of steps and samples carry on."""
-        state, policy_dir, critic_dir = stored_position(self.store, self.config, self.base_model_dir, self.segment, self.transport)
+        state, policy_dir, critic_dir = stored_position(
+            self.store.versions, self.store.feedback, self.config, self.base_model_dir, self.segment, self.transport,
+        )
         state.step, state.samples, state.skipped_steps = self.state.step, self.state.samples, self.state.skipped_steps
         self._load(policy_dir, critic_dir)
         self.method.reset()
@@ -265,7 +256,13 @@ class OnlineLearner:
 
     def sync_with_store(self) -> bool:
         """Follow the operator: reload after a rollback or an operator's publish (either moves the
-        cursor); returns whether learning is paused."""
+        cursor); returns whether learning is paused.
+
+        Operators steer the learner through the store, so the same rules hold in or out of the server
+        process: while its `learner_control` row says paused it neither trains nor publishes; when a
+        rollback or an operator's publish (`POST /admin/weights`) moves its cursor to another version it
+        reloads that version's weights and critic (a publish that races it is refused by the store's
+        lineage check, and the learner reloads then)."""
         version = self.store.versions.cursor_version(self.cursor_name)
         if version is not None and version != self.state.version:
             log.warning(

@@ -17,7 +17,9 @@ from liveloop.checkpoint import checkpoint_digest, save_atomically
 from liveloop.learner.config import LearnerConfig
 from liveloop.segments import lane_cursor
 from liveloop.transport.weights import load_state
-from liveloop.store import Store, VersionRecord
+from liveloop.store import VersionRecord
+from liveloop.store.feedback import FeedbackQueries
+from liveloop.store.versions import VersionQueries
 from liveloop.transport import HandleGone, TransportConfig, WeightsUnverified, make_receiver
 from liveloop.transport.checkpoint_dir import is_checkpoint
 
@@ -48,18 +50,20 @@ def critic_dir_for(config: LearnerConfig, version: int) -> Path:
 
 
 def stored_position(
-    store: Store, config: LearnerConfig, base_model_dir: Path, segment: str | None = None, transport: TransportConfig | None = None
+    versions: VersionQueries, feedback: FeedbackQueries, config: LearnerConfig, base_model_dir: Path,
+    segment: str | None = None, transport: TransportConfig | None = None,
 ) -> tuple[LearnerState, str | None, str | None]:
-    """The version this learner's cursor names (or the base model), its weights and critic. A lane's
-    weights are its adapter directory, or None (a fresh adapter) while it is still at a base version."""
+    """The version this learner's cursor names (or the base model), its weights and critic, read from
+    the store's `versions` and `feedback` parts. A lane's weights are its adapter directory, or None (a
+    fresh adapter) while it is still at a base version."""
     name = lane_cursor(config, segment)
-    version = store.versions.cursor_version(name)
-    record = store.versions.get_version(version) if version is not None else None
+    version = versions.cursor_version(name)
+    record = versions.get_version(version) if version is not None else None
     if record is not None and record.version > 0 and record.segment is None and segment is None and not is_checkpoint(record.checkpoint_path or ""):
-        recover_durable(store, config, base_model_dir, record, name, transport)
-        version = store.versions.cursor_version(name)
-        record = store.versions.get_version(version) if version is not None else None
-    cursor = store.feedback.get_cursor(name)
+        recover_durable(versions, config, base_model_dir, record, name, transport)
+        version = versions.cursor_version(name)
+        record = versions.get_version(version) if version is not None else None
+    cursor = feedback.get_cursor(name)
     if record is None or not record.checkpoint_path or version == 0 or record.segment != segment:
         version = version if record is not None and record.segment is None and segment is not None else 0
         policy_dir = str(base_model_dir) if segment is None else None
@@ -75,7 +79,7 @@ def stored_position(
 
 
 def recover_durable(
-    store: Store, config: LearnerConfig, base_model_dir: Path, record: VersionRecord, cursor_name: str, transport: TransportConfig | None
+    versions: VersionQueries, config: LearnerConfig, base_model_dir: Path, record: VersionRecord, cursor_name: str, transport: TransportConfig | None
 ) -> None:
     """The learner died after publishing `record` in memory and before its durable checkpoint existed.
     If the transport still holds its tensors, write the checkpoint from them (with the parent's critic);
@@ -99,12 +103,12 @@ def recover_durable(
                     shutil.copytree(parent_critic, tmp / "critic")
 
             save_atomically(root, write)
-            store.versions.set_checkpoint_digest(record.version, checkpoint_digest(root / "policy"))
+            versions.set_checkpoint_digest(record.version, checkpoint_digest(root / "policy"))
             log.warning("version %d: durable checkpoint recovered from the transport's memory", record.version)
             return
-    parent = store.versions.get_version(record.parent) if record.parent is not None else None
+    parent = versions.get_version(record.parent) if record.parent is not None else None
     parent_cursor = int((parent.metrics or {}).get("learner/cursor", 0)) if parent is not None and parent.version > 0 else 0
-    store.versions.abandon_version(record.version, cursor_name, record.parent or 0, parent_cursor)
+    versions.abandon_version(record.version, cursor_name, record.parent or 0, parent_cursor)
     log.error(
         "version %d was lost before its durable checkpoint was written: back to version %d, ratings after %d are trained again",
         record.version, record.parent or 0, parent_cursor,

@@ -19,13 +19,8 @@ the publish is held back (`hold_back`) and the next step's version supersedes it
 next turn (`due`). So nothing queues: not ratings (a step takes what is there, adaptive batching), not
 versions the server would swap in only to swap them out, not durable writes.
 
-What it needs from the learner is `Trainee`: the position it advances (`state`), the weights and critic
-as they are now (saved, copied to the host, or gathered whole across ranks), `reload()` for a stale
-lineage and the `paused` flag a full disk sets. The learner replaces its state, weights and critic on a
-reload, so the publisher asks for them each time and keeps none. What it gives: `due()`, `publish()`,
-`hold_back()` and `supersede()`, `write_durable()`, `wait_durable()`, `release_memory()` and `stats()`;
-it owns the transport's sender, the pending durable checkpoints and the list of versions handed over in
-memory.
+What it needs from the learner is `Trainee`; from the store, the `versions` and `operator` parts
+(`VersionPublisher` says what it gives).
 """
 
 from __future__ import annotations
@@ -47,7 +42,9 @@ from liveloop.checkpoint import checkpoint_digest, checkpoint_root, delete_check
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.position import LearnerState
 from liveloop.learner.retention import in_checkpoint_dir, is_disk_full, versions_to_prune
-from liveloop.store import StaleLineage, Store, VersionRecord, VersionStatus, VersionTaken
+from liveloop.store import StaleLineage, VersionRecord, VersionStatus, VersionTaken
+from liveloop.store.operator import OperatorQueries
+from liveloop.store.versions import VersionQueries
 from liveloop.transport import TransportConfig, TransportFailed, WeightHandle, make_sender
 
 log = logging.getLogger(__name__)
@@ -79,10 +76,18 @@ class Trainee(Protocol):
 
 
 class VersionPublisher:
+    """Publishes the learner's versions through the store's `versions` part (and pauses learning through
+    its `operator` part on a full disk). The learner replaces its state, weights and critic on a reload,
+    so the publisher asks the `Trainee` for them each time and keeps none. What it gives: `due()`,
+    `publish()`, `hold_back()` and `supersede()`, `write_durable()`, `wait_durable()`,
+    `release_memory()` and `stats()`; it owns the transport's sender, the pending durable checkpoints and
+    the list of versions handed over in memory."""
+
     def __init__(
         self,
         learner: Trainee,
-        store: Store,
+        versions: VersionQueries,
+        operator: OperatorQueries,
         config: LearnerConfig,
         cursor_name: str,
         segment: str | None = None,
@@ -90,7 +95,7 @@ class VersionPublisher:
         transport: TransportConfig | None = None,
         base_model_dir: Path | None = None,
     ):
-        self.learner, self.store, self.config = learner, store, config
+        self.learner, self.versions, self.operator, self.config = learner, versions, operator, config
         self.cursor_name, self.segment, self.status = cursor_name, segment, status
         # versions travel to the engine in memory (the durable checkpoint follows) when the transport says
         # so; a lane's adapters stay on checkpoint directories (what engines load adapters from)
@@ -148,7 +153,7 @@ class VersionPublisher:
             return None
         if s.updates_since_publish == 0:
             try:
-                self.store.versions.advance_cursor(self.cursor_name, s.pending_cursor, s.version)
+                self.versions.advance_cursor(self.cursor_name, s.pending_cursor, s.version)
             except StaleLineage:
                 self.learner.reload()
                 return None
@@ -159,7 +164,7 @@ class VersionPublisher:
         if self.sender is not None:
             # memory is named by the version number, so the number comes first: a proposal, which the
             # store's inserting transaction accepts or refuses (VersionTaken: retried at the next publish)
-            version = self.store.versions.next_version()
+            version = self.versions.next_version()
             return self._publish_in_memory(version, checkpoint_root(self.config.checkpoint_dir, version))
         # the checkpoint is written under a staging name; the store allocates the number inside the
         # inserting transaction, which moves it to checkpoint_dir/vNNNNNN before it commits (`_place`)
@@ -268,7 +273,7 @@ class VersionPublisher:
         durable copy, and a resume recovers from it); never raises."""
         try:
             save_atomically(root, functools.partial(self._write_checkpoint, policy_state=policy_state, critic_state=critic_state))
-            self.store.versions.set_checkpoint_digest(version, checkpoint_digest(root / "policy"))
+            self.versions.set_checkpoint_digest(version, checkpoint_digest(root / "policy"))
         except Exception as exc:
             if is_disk_full(exc):
                 self._pause_for_disk_full(version, root, exc)
@@ -311,7 +316,7 @@ class VersionPublisher:
         metrics = dict(s.last_metrics) | {"learner/superseded_versions": float(self.superseded), "learner/step": s.step, "learner/samples": s.samples, "learner/cursor": s.pending_cursor}
         if handle is not None and "bytes" in handle.detail:  # what the transport shipped for this version (delta: vs full)
             metrics |= {"transport/bytes": handle.detail["bytes"], "transport/full_bytes": handle.detail.get("full_bytes", handle.detail["bytes"])}
-        return self.store.versions.publish_version(
+        return self.versions.publish_version(
             version,
             parent=s.version,
             checkpoint_path=checkpoint,
@@ -360,8 +365,8 @@ class VersionPublisher:
             "pending_cursor": s.pending_cursor,
         }
         try:
-            self.store.operator.record_event("disk_full", version=s.version, detail=detail)
-            self.store.operator.set_learning_paused(self.cursor_name, True, reason=reason)
+            self.operator.record_event("disk_full", version=s.version, detail=detail)
+            self.operator.set_learning_paused(self.cursor_name, True, reason=reason)
         except Exception:  # the store may sit on the same full disk: keep running, retry at the next publish
             log.exception("could not record the disk-full pause in the store")
 
@@ -371,10 +376,10 @@ class VersionPublisher:
         fail a publish that already happened."""
         c = self.config
         try:
-            versions = [r for r in self.store.versions.list_versions() if r.segment == self.segment]
+            versions = [r for r in self.versions.list_versions() if r.segment == self.segment]
             owned = {r.version for r in versions if in_checkpoint_dir(r, c.checkpoint_dir)}
             victims = [v for v in versions_to_prune(versions, c.keep_last_versions, c.keep_parent_chain, protect) if v in owned]
-            pruned = self.store.versions.mark_pruned(victims) if victims else []
+            pruned = self.versions.mark_pruned(victims) if victims else []
         except Exception:
             log.exception("checkpoint retention skipped")
             return

@@ -16,17 +16,10 @@ batch's), so DeepSpeed's gradient average is exactly the gradient of the whole b
 N-rank step equals the one-rank step on the same batch (tests/integration/learner/test_zero_ranks.py).
 Metrics are token-weighted means over the ranks (maxima for `*_max` keys), the same on every rank.
 
-Workers are torch.multiprocessing (spawn) children of rank 0, not Ray actors nor the DeepSpeed
-launcher: the ranks are one lock-step job bound to one process group, started and ended with the
-learner, not services to schedule or supervise one by one. As children they need no Ray (the learner
-runs outside it too: `liveloop learn`, tests) and no CPU reservation from the private Ray's two; the
-DeepSpeed launcher starts whole programs from a command line, where the learner is a part of one.
-Orders travel over a pipe per worker (a worker may wait hours for the next rating without a gloo
-timeout); only DeepSpeed's collectives use gloo, on loopback. The ranks meet through a file store in a
-private directory (0700, made by rank 0), not torch's TCP store: that one listens on every interface
-whatever MASTER_ADDR says, and any host could join or poison the group through it. A worker never outlives rank 0 (it
-watches its parent and exits when rank 0 is gone).
-A worker that dies ends rank 0's next collective with an error (or `RankFailed` before it): the
+Workers are torch.multiprocessing (spawn) children of rank 0 (`RankGroup` says why not Ray actors nor
+the DeepSpeed launcher); orders travel over a pipe per worker, only DeepSpeed's collectives use gloo, on
+loopback, and the ranks meet through a file store in a private directory. A worker never outlives rank
+0; a worker that dies ends rank 0's next collective with an error (or `RankFailed` before it): the
 learner crashes and its supervisor starts a fresh one, with a fresh group.
 """
 
@@ -234,7 +227,18 @@ _GROUP: "RankGroup | None" = None  # this process's group (torch.distributed has
 
 class RankGroup:
     """Rank 0's handle on the group: the worker processes and the pipes their orders go through. One
-    per process, for the life of the process (torch.distributed has one default group)."""
+    per process, for the life of the process (torch.distributed has one default group).
+
+    Workers are torch.multiprocessing (spawn) children of rank 0, not Ray actors nor the DeepSpeed
+    launcher: the ranks are one lock-step job bound to one process group, started and ended with the
+    learner, not services to schedule or supervise one by one. As children they need no Ray (the
+    learner runs outside it too: `liveloop learn`, tests) and no CPU reservation from the private Ray's
+    two; the DeepSpeed launcher starts whole programs from a command line, where the learner is a part
+    of one. Orders travel over a pipe per worker (a worker may wait hours for the next rating without a
+    gloo timeout). The ranks meet through a file store in a private directory (0700, made by rank 0),
+    not torch's TCP store: that one listens on every interface whatever MASTER_ADDR says, and any host
+    could join or poison the group through it. A worker watches its parent and exits when rank 0 is
+    gone."""
 
     def __init__(self, world: int, processes: list[Any], conns: list[Any]):
         self.world = world

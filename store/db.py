@@ -4,7 +4,7 @@ deleted row's bytes are overwritten with zeros, not left in free space: store/ri
 `immediate(engine)` is the same engine for transactions that must hold the write lock from their first
 statement: on SQLite it opens them with `BEGIN IMMEDIATE` (a deferred transaction that reads and then
 writes can be overtaken between the two, or fail at once with "database is locked"); on PostgreSQL it
-changes nothing (those transactions take their locks themselves, store/lifecycle.py).
+changes nothing (those transactions take their locks themselves, store/versions.py).
 
 `Database` is the one database every part of the store works on (its engine and the sessions a part
 opens); `Part` is the one way a cohesive group of queries is added to the store (store/store.py builds
@@ -99,7 +99,7 @@ class Database:
     """One database: its engine and how a part opens a session on it. `session()`: a read (or a plain
     write); `write_session`: a session whose transactions hold the write lock from their first
     statement; `writing`: the engine of the write path's Core transactions (the same lock);
-    `version_transaction(term)`: THE version-state transaction (store/lifecycle.py)."""
+    `version_transaction(term)`: THE version-state transaction (store/versions.py)."""
 
     def __init__(self, config: StoreConfig):
         self.config = config

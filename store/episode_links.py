@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import ARRAY, BigInteger, Connection, any_, bindparam, select
 
-from liveloop.store import codec
+import liveloop.store.codec as codec
 from liveloop.store.linking import sequence_hash
 from liveloop.store.models import Response
 from liveloop.store.records import ResponseRecord

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import ARRAY, BigInteger, any_, bindparam, func, literal, select
 
-from liveloop.store import codec
+import liveloop.store.codec as codec
 from liveloop.store.db import Part
 from liveloop.store.models import Feedback, Response, aware
 from liveloop.store.records import Episode, EpisodeTurn, EpisodeView, TurnView

@@ -1,61 +1,22 @@
 """The versioned feedback as a dataset offline trainers read directly (`liveloop store export`).
 
-One row per trainable rating: a rating (`feedback`) joined to the response it rates. What is never
-exported, whatever the filters say: ratings given by, or on responses served to, a quarantined or
-forgotten key (`api_keys`), and responses with a deletion tombstone (`deleted_responses`). Deleted and
-forgotten data is otherwise already gone from the tables (store/rights.py), and a `store: false`
-request is never logged (server/edge/pipeline/serving.py `commit`), so neither can appear.
+One row per trainable rating: a rating (`feedback`) joined to the response it rates. Never exported,
+whatever the filters say: ratings given by, or on responses served to, a quarantined or forgotten key,
+and responses with a deletion tombstone (deleted and forgotten data is otherwise gone from the tables:
+store/rights.py; a `store: false` request is never logged).
 
-Shapes (`SHAPES`), each with metadata columns a trainer ignores (response_id, policy_version, rated_at):
-  - `kto`: TRL's unpaired preference format, `prompt`, `completion`, `label` (True: thumbs up).
-  - `preference`: `prompt`, `chosen`, `rejected` where one prompt (the same prompt token ids on the same
-    endpoint) has both an up- and a down-rated response: each down-rated response, in rating order, is
-    paired with the prompt's up-rated responses in rating order, cycling (down k with up k mod #ups).
-    (A response has one rating, its own key's, so a pair never holds one response twice.)
-  - `sft`: `messages` (the prompt and the up-rated reply) of up-rated responses only.
-  Tool use (TRL's tool-calling shape): a chat-shaped response keeps its conversation (chat, Anthropic
-  messages, the Responses API with its `previous_response_id` turns before it), so its prompt is that
-  conversation (assistant turns with `tool_calls`, `tool` turns with `tool_call_id`) and its reply the
-  assistant message it answered with (content and `tool_calls`, arguments as the JSON text the model
-  wrote), and the row has `tools` (the tool definitions offered, as JSON text: TRL's trainers load it).
-  An export holding any tool data uses that message type (`role`, `content`, `tool_calls`,
-  `tool_call_id`, `name`) and the `tools` column throughout; one without keeps `role` and `content`.
-  - `episode`: one row per rating with the whole trajectory up to the rated turn (an agent's turns,
-    linked by the store: store/episodes.py): `messages` (the multi-turn conversation and the rated
-    reply, tool calls and results in it, TRL's tool-calling format) and `tools`, and the tokens as the
-    learner lays them out (liveloop/episodes.py): `prompt_ids`, `completion_ids` (every turn's sampled
-    tokens and the observations between them), `action_mask` (1 on the sampled tokens: what TRL calls
-    a completion mask with the tool results masked), `behavior_logprobs` (0 on observations),
-    `versions`, `turns`, `episode_id` (its first turn's id), `reward`, `label`. An episode a turn of
-    which is gone is left out (`skipped["episode_turn_deleted"]`).
-  - `raw`: everything the learner reads: token ids, behaviour logprobs, policy version, version spans,
-    segment, the rater's key id (the digest, never the key), reward, timestamps.
-The trainer shapes need text: the store keeps token ids, so they are decoded with the served model's
-tokenizer (`export_text.TokenText`). `prompt_form="messages"` (TRL's conversational format) reads a chat
-prompt back into its messages and leaves out rows whose prompt does not read back (/v1/completions
-rows), counting them in `ExportResult.skipped`; `"text"` (TRL's standard format) exports every row's
-prompt as the exact templated text the model saw. Every chat-templated endpoint (`CHAT_ENDPOINTS`: chat,
-Anthropic messages, Responses) exports alike: its stored conversation, else its prompt read back.
+Shapes (`SHAPES`): `kto` (TRL's unpaired preferences), `preference` (chosen/rejected pairs of one
+prompt), `sft` (up-rated replies as messages), `episode` (an agent's whole trajectory up to the rated
+turn, with the tokens as the learner lays them out) and `raw` (everything the learner reads). The
+trainer shapes decode token ids with the served model's tokenizer (`export_text.TokenText`), in TRL's
+conversational (`prompt_form="messages"`) or standard (`"text"`) format; tool use keeps TRL's
+tool-calling shape. No typed marker becomes a turn: text is escaped, and a row whose prompt tokens hold
+a forged turn is left out where its tokens would be given (`skipped["forged_turn"]`).
 
-No typed marker becomes a turn (a trainer templates and tokenizes what it is given, and a tokenizer reads
-its added tokens, `<|user|>`, `<|end|>`, ..., out of any text). Every message field and the `tools` text
-is escaped (`TokenText.escape`: a marker typed as text keeps its look and tokenizes as plain text), and
-text decoded from token ids has special tokens split (an id of the tokenizer's reads as its marker, a
-marker spelt by ordinary tokens is escaped). What cannot be escaped is a marker the server itself read
-as its token: a conversation whose stored text holds more markers than its prompt's ordinary tokens spelt
-(`forged_prompt`) had a turn forged in the very tokens the model saw, so where the export gives those
-tokens or their text (the text form, the `episode` shape) that row is left out and counted,
-`skipped["forged_turn"]`; its messages-form rows carry the stored conversation, escaped. A prompt read
-back from tokens alone (a row with no stored conversation) reads as the model saw it. `raw` is the
-learner's record and gives the token ids as served.
-
-Streamed in constant memory: ratings are read in pages by feedback id (keyset pagination, one short
-read transaction a page), `preference` in one streamed query ordered by prompt (only one prompt's
-ratings are held at a time); Parquet goes out in row groups of `row_group` rows through
-`pyarrow.parquet.ParquetWriter`, JSONL line by line. The file is written under a temporary name in the
-output's directory and renamed at the end, so a failed export leaves no file and never half of one; that
-temporary file is 0600 (so is the export, whatever the umask), its name unpredictable and created
-exclusively (liveloop/private.py `private_temp`): a link another user plants there redirects nothing.
+Streamed in constant memory (keyset pages by feedback id; `preference` one query ordered by prompt);
+written under a private temporary name in the output's directory and renamed when complete, so a failed
+export leaves no file. The full rules (pairing, tool columns, markers, privacy of the file):
+docs/export.md.
 """
 
 from __future__ import annotations
@@ -78,6 +39,7 @@ from liveloop.episodes import EpisodeMismatch, episode_layout
 from liveloop.private import private_temp
 from liveloop.store.codec import decode_floats, decode_ids
 from liveloop.store.models import ApiKey, DeletedResponse, Feedback, Response
+from liveloop.store.store import Store
 
 Shape = Literal["kto", "preference", "sft", "raw", "episode"]
 Format = Literal["parquet", "jsonl"]
@@ -194,13 +156,13 @@ def _row(r: Any) -> RatedRow:
     )
 
 
-def has_tools(store: Any, filt: ExportFilter = ExportFilter()) -> bool:
+def has_tools(store: Store, filt: ExportFilter = ExportFilter()) -> bool:
     """Whether any exportable rating rates a response that was offered tools (a call needs them)."""
     with store.db.session() as s:
         return s.execute(_select(filt).where(Response.tools.is_not(None)).limit(1)).first() is not None
 
 
-def rated_rows(store: Any, filt: ExportFilter = ExportFilter(), page: int = PAGE) -> Iterator[RatedRow]:
+def rated_rows(store: Store, filt: ExportFilter = ExportFilter(), page: int = PAGE) -> Iterator[RatedRow]:
     """Every exportable rating in feedback-id order, `page` at a time (keyset on the id)."""
     base, after = _select(filt), 0
     while True:
@@ -213,7 +175,7 @@ def rated_rows(store: Any, filt: ExportFilter = ExportFilter(), page: int = PAGE
         after = rows[-1][0]
 
 
-def rated_rows_by_prompt(store: Any, filt: ExportFilter = ExportFilter(), page: int = PAGE) -> Iterator[RatedRow]:
+def rated_rows_by_prompt(store: Store, filt: ExportFilter = ExportFilter(), page: int = PAGE) -> Iterator[RatedRow]:
     """Every exportable rating ordered by (endpoint, prompt token ids, feedback id): one prompt's ratings
     are contiguous. One streamed query (a server-side cursor on PostgreSQL), `page` rows a fetch."""
     q = _select(filt).order_by(Response.endpoint, Response.prompt_ids, Feedback.id).execution_options(yield_per=page)
@@ -480,7 +442,7 @@ WRITERS: dict[str, Callable[[Iterable[dict[str, Any]], Any, Any, int], int]] = {
 
 
 def export(
-    store: Any, out: str | Path, fmt: str, shape: str, filt: ExportFilter = ExportFilter(), text: Any = None,
+    store: Store, out: str | Path, fmt: str, shape: str, filt: ExportFilter = ExportFilter(), text: Any = None,
     prompt_form: str = "messages", row_group: int = 4096, page: int = PAGE,
 ) -> ExportResult:
     """Write the exportable ratings as `shape` rows in `fmt` to `out` (atomically: a temporary name in
@@ -518,7 +480,7 @@ def export(
     return ExportResult(str(out), fmt, shape, n, counted.n, dict(shaper.skipped), time.perf_counter() - started)
 
 
-def _before(store: Any, r: RatedRow) -> list[dict[str, Any]] | None:
+def _before(store: Store, r: RatedRow) -> list[dict[str, Any]] | None:
     """The conversation before a Responses turn: every earlier turn's input and output, read along its
     `previous_response_id` chain (None: a turn of it was deleted)."""
     if r.previous_response_id is None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import ARRAY, Connection, Integer, any_, bindparam, cast, func, or_, select, text, true, update
 
-from liveloop.store import codec
+import liveloop.store.codec as codec
 from liveloop.store.bulk import insert_rows
 from liveloop.store.db import Part
 from liveloop.store.episode_links import link_turns

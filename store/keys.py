@@ -12,7 +12,7 @@ from datetime import datetime
 
 from sqlalchemy import func, select
 
-from liveloop.store import codec
+import liveloop.store.codec as codec
 from liveloop.store.db import Part
 from liveloop.store.models import ApiKey, Feedback, Response, aware, utcnow
 from liveloop.store.lease import fenced

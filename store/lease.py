@@ -5,32 +5,17 @@ replica, but the store-writing control loops (the release gate's decisions and e
 reward-hacking alarms, the drift monitor's alarm events, guard and quarantine, retention) run in one:
 the holder of the `leader` lease (server/control/leader.py).
 
-`Leases.acquire(name, holder, seconds)` is ONE conditional UPDATE: it sets the holder and a new expiry
-where the row's holder is the caller (a renewal) or nobody, or its expiry has passed (a takeover);
-the row it updated, or none, is the answer. Both dialects make that atomic without anything else:
-SQLite serialises writers (the transaction takes the write lock at its start), and PostgreSQL's second
-UPDATE of the row waits for the first to commit and then re-checks the condition on the row it wrote
-(READ COMMITTED), so two callers never both hold it. The row is created by the first caller (an
-INSERT that loses a race to another caller's INSERT is that caller's lease). Chosen over PostgreSQL's
-advisory locks: those belong to a database session (one pooled connection kept open for ever, and
-held until the server notices the peer is gone), and SQLite has none; a row with an expiry is the
-same code on both, visible to operators, and a holder killed with `kill -9` loses it after `seconds`.
+`Leases.acquire(name, holder, seconds)` takes, renews or takes over a lease in ONE conditional UPDATE,
+atomic on both dialects (its docstring says why, and why a row rather than advisory locks).
 
 Expiry is judged with the DATABASE's clock (`db_seconds`: PostgreSQL's `clock_timestamp()`, SQLite's
 `julianday('now')`), so the replicas' clocks need not agree. `term` counts the takeovers: it grows
 each time the lease changes hands (a renewal keeps it), so a holder can tell it lost the lease in
 between. `release` gives it up at a clean stop (the next caller takes it at once).
 
-Fenced writes: believing it leads is not enough for a process to write as the leader (it may have
-been paused, or cut off from the store, past its lease while another replica took over). Every
-leader-only write carries the term its writer leads in and checks it, IN ITS OWN TRANSACTION, with
-`fenced(session, term)`: the `leader` row must still be in that term, held (not released) and not
-expired, else `StaleLeader` and the transaction writes nothing. A term names one holding (it grows
-each time the lease changes hands, and a release followed by any acquire is a change of hands), so
-the term is the fencing token; a writer that knows its holder may name it too. The row is read FOR
-SHARE: on PostgreSQL a takeover's UPDATE waits for the fenced transaction to end (SQLite's write
-lock, taken at the transaction's start, does so already), so the lease cannot change hands between
-the check and the commit. No column for it: the term is the row's (migration 0011).
+Fenced writes: every leader-only write checks, in its own transaction, that the `leader` lease is
+still in the term its writer leads in (`fenced`, the fencing token), else `StaleLeader` and nothing is
+written.
 
 Part of the store's `fleet` part (store/fleet.py: `store.fleet.leases`).
 """
@@ -110,9 +95,20 @@ class Leases:
         self._read = db.session
 
     def acquire(self, name: str, holder: str, seconds: float) -> LeaseState:
-        """Take or renew `name` for `seconds` if it is free, expired or `holder`'s already (one
-        conditional UPDATE; see the module docstring). The lease as it stands after, `held` True when
-        `holder` has it."""
+        """Take or renew `name` for `seconds` if it is free, expired or `holder`'s already. The lease as it
+        stands after, `held` True when `holder` has it.
+
+        ONE conditional UPDATE: it sets the holder and a new expiry where the row's holder is the caller
+        (a renewal) or nobody, or its expiry has passed (a takeover); the row it updated, or none, is the
+        answer. Both dialects make that atomic without anything else: SQLite serialises writers (the
+        transaction takes the write lock at its start), and PostgreSQL's second UPDATE of the row waits
+        for the first to commit and then re-checks the condition on the row it wrote (READ COMMITTED),
+        so two callers never both hold it. The row is created by the first caller (an INSERT that loses
+        a race to another caller's INSERT is that caller's lease). Chosen over PostgreSQL's advisory
+        locks: those belong to a database session (one pooled connection kept open for ever, and held
+        until the server notices the peer is gone), and SQLite has none; a row with an expiry is the
+        same code on both, visible to operators, and a holder killed with `kill -9` loses it after
+        `seconds`."""
         if seconds <= 0:
             raise ValueError(f"a lease lasts > 0 seconds, not {seconds}")
         now = db_seconds()
@@ -164,8 +160,16 @@ class Leases:
 
 def fenced(session: Any, term: int, holder: str | None = None, name: str = LEADER) -> None:
     """Inside a write transaction: lease `name` is still held in `term` (by `holder`, when given) and
-    has not expired, else StaleLeader (the caller's transaction rolls back: nothing is written). Locks
-    the row FOR SHARE until the transaction ends (see the module docstring)."""
+    has not expired, else StaleLeader (the caller's transaction rolls back: nothing is written).
+
+    Believing it leads is not enough for a process to write as the leader (it may have been paused, or
+    cut off from the store, past its lease while another replica took over): every leader-only write
+    carries the term its writer leads in and checks it here, IN ITS OWN TRANSACTION. A term names one
+    holding (it grows each time the lease changes hands, and a release followed by any acquire is a
+    change of hands), so the term is the fencing token. The row is read FOR SHARE: on PostgreSQL a
+    takeover's UPDATE waits for the fenced transaction to end (SQLite's write lock, taken at the
+    transaction's start, does so already), so the lease cannot change hands between the check and the
+    commit. No column for it: the term is the row's (migration 0011)."""
     row = session.execute(
         select(Lease.holder, Lease.term, Lease.expires_at - db_seconds()).where(Lease.name == name).with_for_update(read=True)
     ).first()

@@ -1,8 +1,8 @@
 """The store's operator part: learning pause and the operator event log (details made JSON both
 databases hold: `json_safe`; `add_event` writes one line in any part's transaction). Every write here
-is one transaction. Rollback and every other version-state change are lifecycle.py's; the drift
+is one transaction. Rollback and every other version-state change are versions.py's; the drift
 monitor's reads of ratings are the feedback part's (store/feedback.py), traffic per version the
-release part's (store/evaluations.py)."""
+release part's (store/release.py)."""
 
 from __future__ import annotations
 

@@ -3,9 +3,9 @@ retention deletes what is older than `[store] retain_days`. The store's `rights`
 
 Deleting a response (or retention's deleting it) deletes the later turns of its episodes too, whose
 prompts carry its text (store/episodes.py: an episode goes from the deleted turn on; the turns before
-it stay, and train as the shorter trajectory they were). Deleting a response deletes its ratings in the same transaction, so no later training run, replay,
-report or critic pre-training can read them (they all read through the store). Versions already
-trained on them stay as they are: their checkpoints are not retrained.
+it stay, and train as the shorter trajectory they were), and its ratings in the same transaction, so
+no later training run, replay, report or critic pre-training reads them. Versions already trained on
+them stay as they are.
 
 A deletion also holds for what is not logged yet. A response is written by the group-commit writer
 after (or while) it is generated, so a delete or a forget may come first: each leaves a mark the writer
@@ -16,20 +16,13 @@ both take the write lock when they begin (`BEGIN IMMEDIATE`); on PostgreSQL the 
 transaction-scoped advisory lock and a deletion an exclusive one, so either the deletion sees the
 committed row, or the writer sees the mark.
 
-Deleted text must not stay on disk: SQLite connections run with `secure_delete` (freed content is
-zeroed, store/db.py), and each deletion ends with a WAL checkpoint that truncates the `-wal` file,
-which otherwise keeps the rows' old pages until it is reused. (PostgreSQL keeps dead tuples until
-VACUUM: its autovacuum reclaims them.)
+Deleted text must not stay on disk: SQLite runs with `secure_delete` (store/db.py), and each deletion
+ends with a WAL checkpoint that truncates the `-wal` file (else it keeps the rows' old pages until they
+are reused); PostgreSQL's autovacuum reclaims dead tuples.
 
-Forget that reaches the weights (server/control/forgetting.py) reads here what it plans from: the key's first
-rating a lineage reads (`key_first_rating`), how many of everyone else's ratings a lineage would train
-again (`replay_count`), and moves a learner's cursor back to a version and its feedback position in
-one version-state transaction (`rewind_lineage`), so that the learner trains those ratings again.
-
-`forgotten` is the edge's view of the forgotten keys (what `[auth] forgotten_keys` does with their
-later requests): a set refreshed from the store every few seconds off the event loop, and at once in
-the process that forgets. The writer's check in the transaction is what guarantees nothing of theirs is
-stored; the set only decides what the key is told.
+Forget that reaches the weights (server/control/forgetting.py) plans from here: `key_first_rating`,
+`replay_count` and `rewind_lineage` (a learner's cursor moved back in one version-state transaction, so
+it trains those ratings again). `forgotten`: the edge's view of the forgotten keys (`ForgottenKeys`).
 """
 
 from __future__ import annotations
@@ -38,10 +31,9 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import Connection, delete, exists, func, or_, select, text, true
 from sqlalchemy.orm import Session
@@ -109,10 +101,13 @@ def hold_rights(conn: Connection, shared: bool) -> None:
 
 
 class ForgottenKeys:
-    """The forgotten keys as the edge sees them: `refresh()` reads them from the store (call it off the
-    event loop); `add` marks one at once (this process forgot it); `in` reads the set, never the store."""
+    """The forgotten keys as the edge sees them (what `[auth] forgotten_keys` does with their later
+    requests): `refresh()` reads them from the store (call it off the event loop, every few seconds);
+    `add` marks one at once (this process forgot it); `in` reads the set, never the store. The writer's
+    check in its transaction is what guarantees nothing of theirs is stored; the set only decides what
+    the key is told."""
 
-    def __init__(self, read: Any):
+    def __init__(self, read: Callable[[], Iterable[str]]):
         self._read = read
         self._keys: frozenset[str] = frozenset()
         self._lock = threading.Lock()

@@ -12,7 +12,7 @@ activation, and a candidate the gate refuses is HELD (it stays servable: an oper
 gate by rolling back to it). The values are the strings the `policy_versions.status`
 column holds and the API returns (a `StrEnum`: members compare equal to, and serialise as, them).
 
-`TRANSITIONS` is the table of legal moves: the store's version-state methods (store/lifecycle.py) check
+`TRANSITIONS` is the table of legal moves: the store's version-state methods (store/versions.py) check
 every status they write against it, inside their transaction, and refuse the rest (`TransitionRefused`).
 published -> (candidate | canary ->) serving -> retired; published | canary -> held; any ->
 rolled_back / failed. A rolled-back version

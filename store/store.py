@@ -2,35 +2,38 @@
 one database (`Database`, store/db.py). A component is handed the part it uses (`store.feedback` for the
 learner's feed, `store.versions` for the version control plane, ...), or names it: `store.<part>.<query>`.
 
-- `versions` (store/lifecycle.py): version rows and learner cursors; every version-state move;
-  checkpoints' pinning and pruning.
-- `feedback` (store/feedback.py): served responses and their ratings, the group-commit write path, the
+Each part lives in the module of its name (`store.<part>` is store/<part>.py) and is a plain attribute
+built once in `Store.__init__`:
+- `versions`: version rows and learner cursors; every version-state move; checkpoints' pinning and
+  pruning.
+- `feedback`: served responses and their ratings, the group-commit write path, the
   learner's feed and the drift monitor's ratings.
-- `keys` (store/keys.py): quarantine and each key's ratings.
-- `rights` (store/rights.py): deletion, forgetting, retention.
-- `release` (store/evaluations.py): evaluations, traffic per version, rated replies.
-- `operator` (store/operator.py): learning pause and the operator event log.
-- `fleet` (store/fleet.py): the deployment's id, the replica registry, the leader leases, fleet counts.
+- `keys`: quarantine and each key's ratings.
+- `rights`: deletion, forgetting, retention.
+- `release`: evaluations, traffic per version, rated replies.
+- `operator`: learning pause and the operator event log.
+- `fleet`: the deployment's id, the replica registry, the leader leases, fleet counts.
 - `conversations`, `episodes`: what chat-shaped responses asked and answered; agents' trajectories.
 
 To add a part: a `Part` subclass (store/db.py) built once here. The facade itself only opens, migrates
-and closes the database.
+and closes the database. Parts import each other's modules and the leaves (codec, models, records,
+status, version_rows), never the package `liveloop.store` or this facade (no import cycle).
 """
 
 from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from liveloop.store import migrate
+import liveloop.store.migrate as migrate
 from liveloop.store.config import StoreConfig
 from liveloop.store.conversations import ConversationQueries
 from liveloop.store.db import Database
 from liveloop.store.episodes import EpisodeQueries
-from liveloop.store.evaluations import ReleaseQueries
+from liveloop.store.release import ReleaseQueries
 from liveloop.store.feedback import FeedbackQueries, ResponseNotFound
 from liveloop.store.fleet import FleetQueries
 from liveloop.store.keys import KeyQueries
-from liveloop.store.lifecycle import VersionQueries
+from liveloop.store.versions import VersionQueries
 from liveloop.store.operator import OperatorQueries
 from liveloop.store.rights import RightsQueries
 

@@ -8,28 +8,21 @@ response is always durable, and under load many requests share one commit. Sever
 one writer at a time; PostgreSQL hands ids out from a counter whose row lock is held to commit, see
 store/feedback.py `_insert_ratings`), which the learner's cursor relies on.
 
-The write path cannot die of what its callers do: a caller that goes away (a cancelled request) only
-stops waiting; its record is still written, once, and the thread never resolves a future twice or
-one that was cancelled. The queue is bounded: when it is full `submit` raises `WriterFull` at once
-(the edge answers 503 with Retry-After) instead of blocking the event loop. `health()` says whether
-the thread lives, whether the database took the last commit, and how long the oldest waiting write has
-waited (a stalled store shows there first).
+A caller that goes away (a cancelled request) only stops waiting; its record is still written, once,
+and no future is resolved twice or after it was cancelled. The queue is bounded: when full, `submit`
+raises `WriterFull` at once (the edge answers 503 with Retry-After) instead of blocking the event loop.
+`health()` says whether the thread lives, whether the last commit took, and how long the oldest
+waiting write has waited (a stalled store shows there first).
 
 A stalled store costs a bounded wait. An async caller waits at most `[store] write_deadline_seconds`
 (`WriterSlow`: the edge answers 503 + Retry-After; the write is not acknowledged, though it may still
 land). The writer waits at most as long for a locked database, then fails the whole batch at once: a
-database that cannot take writes (locked, unreachable: SQLAlchemy's OperationalError, InterfaceError) is
-never retried row by row. Only a row-specific failure (a constraint, a value the database cannot hold)
-sends the batch to the store's row-by-row isolation.
+database that cannot take writes (locked, unreachable) is never retried row by row; only a row-specific
+failure (a constraint, a value the database cannot hold) sends the batch to row-by-row isolation.
 
 Deletions hold for what is still on its way: each transaction begins holding the write lock and drops
 what a deletion marked (a deleted response's tombstone, a forgotten key: store/rights.py), so a delete
 or a forget that came first is never undone when the row lands.
-
-Callers on an event loop (`write`, `submit_async`) get an asyncio future of their own loop, and a
-commit settles all of one loop's futures with ONE `call_soon_threadsafe`: a batch of 500 costs the
-loop one wake-up instead of 500 cross-thread callbacks, which is what kept a busy server's writer
-far below the database's pace.
 """
 
 from __future__ import annotations
@@ -133,7 +126,11 @@ def _prepared(op: WriteOp) -> dict | None:
 
 def _settle_all(batch: list[tuple], outcomes: list[object]) -> None:
     """Resolve a batch's futures with their outcomes (a result or an exception), skipping any already
-    done: thread futures here, each event loop's futures in one call on that loop."""
+    done: thread futures here, each event loop's futures in one call on that loop. Callers on an event
+    loop (`write`, `submit_async`) get an asyncio future of their own loop, and a commit settles all of
+    one loop's futures with ONE `call_soon_threadsafe`: a batch of 500 costs the loop one wake-up
+    instead of 500 cross-thread callbacks, which is what kept a busy server's writer far below the
+    database's pace."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, object]]] = {}
     for (_, fut, *_), outcome in zip(batch, outcomes):
         if isinstance(fut, Future):

@@ -1,4 +1,4 @@
-"""Fenced leader writes (store/lease.py `fenced`, store/lifecycle.py, store/evaluations.py) on real
+"""Fenced leader writes (store/lease.py `fenced`, store/versions.py, store/release.py) on real
 SQLite and PostgreSQL, as the attacker: a leader deposed while it was paused (its lease expired and
 another holder took it over, in a higher term) still carries its old term; every decision it tries
 (a candidate, a promotion, a hold, a rollback, an evaluation) is refused with StaleLeader and leaves

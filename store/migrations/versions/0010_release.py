@@ -1,5 +1,5 @@
 """the release gate: each candidate's evaluation (the suite's checks against the live and the base
-version, whether it passed, what it cost), stored per version (store/evaluations.py). The gate's
+version, whether it passed, what it cost), stored per version (store/release.py). The gate's
 statuses ("canary", "held") need no schema change: policy_versions.status is VARCHAR(16).
 
 Revision ID: 0010

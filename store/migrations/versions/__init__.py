@@ -1,0 +1,1 @@
+"""The store's schema revisions, one Alembic migration a file, in order."""

@@ -122,7 +122,7 @@ def test_window_capped_ratings_are_passed_once_and_counted_once(store):
 
     sao = make_method(LearnerConfig(max_per_key_per_window=2))
     ids = [_rate(store, f"a{i}", "a") for i in range(4)]
-    ratings = EpisodeSamples(store.feedback, store, 0)
+    ratings = EpisodeSamples(store.feedback, store.episodes, 0)
     first, last = sao.next_batch(ratings, 0)
     assert [s.api_key_id for s in first] == ["a"] and last == ids[0]
     assert sao.next_batch(ratings, last)[1] == ids[1]
@@ -144,7 +144,7 @@ def test_one_sample_of_a_key_per_step_and_quarantined_keys_are_never_read(store)
     store.keys.set_quarantined("q", True, "test")
     from liveloop.learner.episodes import EpisodeSamples
 
-    ratings = EpisodeSamples(store.feedback, store, 0)
+    ratings = EpisodeSamples(store.feedback, store.episodes, 0)
     samples, last = sw.next_batch(ratings, 0)
     assert [s.api_key_id for s in samples] == ["a"] and last == ids[0]  # a's second opens the next step
     samples, last = sw.next_batch(ratings, last)

@@ -1,33 +1,26 @@
-"""The owner of version state: a policy version's number and status are written here and nowhere else.
+"""The store's `versions` part (`VersionQueries`), the owner of version state: a policy version's
+number and status are written here and nowhere else; also the reads of version rows and learner
+cursors, and the checkpoints' pinning and pruning.
 
-Every method is ONE transaction that takes the version-state write lock before it reads (`_write`:
-SQLite `BEGIN IMMEDIATE`; PostgreSQL a transaction-scoped advisory lock every version-state writer
-takes, and `FOR UPDATE` on the rows it reads), checks inside it that each status it writes is a legal
-move (`status.TRANSITIONS`, else `TransitionRefused`) and that the lineage holds, then writes. So two
-writers never decide on the same stale read: a rollback, an activation, an operator's publish and a
-learner's publish are serialised, and whatever loses a race is refused rather than applied.
+Every move is ONE transaction that takes the version-state write lock before it reads
+(`Database.version_transaction`: SQLite `BEGIN IMMEDIATE`; PostgreSQL a transaction-scoped advisory
+lock every version-state writer takes, and `FOR UPDATE` on the rows it reads), checks inside it that
+each status it writes is a legal move (`status.TRANSITIONS`, else `TransitionRefused`) and that the
+lineage holds, then writes. So two writers never decide on the same stale read: a rollback, an
+activation, an operator's publish and a learner's publish are serialised, and whatever loses a race
+is refused rather than applied.
 
-- Numbers: `add_version` / `publish_version` without a number allocate max + 1 inside the inserting
-  transaction; a caller that must know its number beforehand (the in-memory transport names memory by
-  it) proposes one and gets `VersionTaken` if another writer took it first.
-- Activation (`check_activation`, `activate_version`): only a PUBLISHED or LOADING version that
-  descends from its lineage's serving version may serve, and activating it retires that version,
-  supersedes every published version it overtakes or leaves off its line, and (an operator's publish)
-  points the learner's cursor at it: the learner's next publish on the old parent is refused by the
-  lineage check (`StaleLineage`) and the learner reloads, as after a rollback.
-- The release gate (`start_canary`, `hold_version`): one CANARY candidate per lineage, descending
-  from the serving version; promotion is `activate_version` of it; holding it sends the learner's
-  cursor back to the serving version (its feedback position kept).
-- Rollback (`rollback_to`), giving up a version (`fail_version`, `abandon_version`, `reject_weights`
-  when its weights fail verification), superseding
-  (`supersede`), dropping an activation that lost a race (`drop_activation`) and a restarting server's
-  fall-back to an ancestor (`recover_serving`) are the other moves.
-- Fenced moves: the leader's decisions (`start_canary`, `activate_version` of a candidate,
-  `hold_version`, the guard's `rollback_to`; `check_activation` asks ahead) take `term`, the leader
-  lease's term their writer leads in (server/control/leader.py), and check it first in the same transaction
-  (store/lease.py `fenced`): a deposed leader's decision raises StaleLeader and writes nothing.
-  `term` None: not a leader's write (an operator's, a learner's, an activation every replica makes).
-The store's `versions` part (`VersionQueries`).
+The moves: numbering (`add_version`, `publish_version`: max + 1 inside the inserting transaction, or a
+proposed number, `VersionTaken` if taken), activation (`check_activation`, `activate_version`), the
+release gate (`start_canary`, `hold_version`), rollback (`rollback_to`), giving a version up
+(`fail_version`, `abandon_version`, `reject_weights`, `recover_serving`), `supersede` and
+`drop_activation`; each method's docstring says what it moves.
+
+Fenced moves: the leader's decisions (`start_canary`, `activate_version` of a candidate, `hold_version`,
+the guard's `rollback_to`; `check_activation` asks ahead) take `term`, the leader lease's term
+(server/control/leader.py), checked first in the same transaction (store/lease.py `fenced`): a deposed
+leader's decision raises StaleLeader and writes nothing. `term` None: not a leader's write.
+Row helpers and the errors raised here: store/version_rows.py.
 """
 
 from __future__ import annotations
@@ -39,66 +32,18 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from liveloop.store.db import Part
-from liveloop.store.models import Feedback, LearnerCursor, OperatorEvent, PolicyVersion, aware, utcnow
+from liveloop.store.models import LearnerCursor, OperatorEvent, PolicyVersion, utcnow
 from liveloop.store.operator import add_event
 from liveloop.store.records import Activation, VersionRecord
 from liveloop.store.status import (
-    ACTIVATABLE, NEVER_PRUNED, NOT_ROLLED_BACK, UNSERVABLE, TransitionRefused, VersionNotFound, VersionStatus, check_transition,
+    ACTIVATABLE, NEVER_PRUNED, NOT_ROLLED_BACK, UNSERVABLE, TransitionRefused, VersionNotFound, VersionStatus,
+)
+from liveloop.store.version_rows import (
+    PUBLISHABLE, WAITING, RollbackRefused, ServingChanged, StaleLineage, VersionTaken, descends, in_lineage, move,
+    point_cursor, serving_rows, version_record,
 )
 
-# what a learner's publish may write (offline replay: candidates, which the server never activates)
-PUBLISHABLE = frozenset({VersionStatus.PUBLISHED, VersionStatus.CANDIDATE})
-# versions waiting to serve that an activation overtakes (or leaves off its line): superseded by it
-WAITING = (VersionStatus.PUBLISHED, VersionStatus.CANARY)
-
-
-class StaleLineage(RuntimeError):
-    """A learner tried to publish on top of a version that is no longer its lineage (a rollback or an
-    operator's publish moved its cursor): it must reload from the store instead."""
-
-
-class RollbackRefused(ValueError):
-    """The target version cannot be served (unknown, failed, or without weights)."""
-
-
-class ServingChanged(RollbackRefused):
-    """The rollback named the version its operator saw serving (`expect_serving`), and another serves
-    now (a second operator, the guard or the learner acted first): nothing was changed."""
-
-
-class VersionTaken(RuntimeError):
-    """The version number a writer proposed was taken by another writer first: nothing was written."""
-
-
-def version_record(row: PolicyVersion) -> VersionRecord:
-    return VersionRecord(
-        version=row.version,
-        parent=row.parent,
-        created_at=aware(row.created_at),
-        checkpoint_path=row.checkpoint_path,
-        checkpoint_sha256=row.checkpoint_sha256,
-        learner_step=row.learner_step,
-        samples_used=row.samples_used,
-        metrics=dict(row.metrics or {}),
-        status=row.status,
-        note=row.note,
-        pinned=bool(row.pinned),
-        pruned_at=aware(row.pruned_at) if row.pruned_at else None,
-        segment=row.segment,
-        weights_nonce=row.weights_nonce,
-        weights_digest=row.weights_digest,
-    )
-
-
-def in_lineage(segment: str | None):
-    """The SQL condition "this version belongs to lineage `segment`" (None: the base weights)."""
-    return PolicyVersion.segment.is_(None) if segment is None else PolicyVersion.segment == segment
-
-
-def _move(row: PolicyVersion, status: VersionStatus) -> None:
-    """THE status write: legal per TRANSITIONS, else TransitionRefused (the transaction rolls back)."""
-    check_transition(row.version, row.status, status)
-    row.status = status
+__all__ = ["RollbackRefused", "ServingChanged", "StaleLineage", "VersionQueries", "VersionTaken"]
 
 
 class VersionQueries(Part):
@@ -233,7 +178,6 @@ class VersionQueries(Part):
         with self._session.begin() as s:
             s.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(checkpoint_sha256=sha256))
 
-
     # -- numbers and rows ---------------------------------------------------------------------------
     def next_version(self) -> int:
         """The number the next insert would get now: a proposal only (the inserting transaction decides)."""
@@ -340,24 +284,6 @@ class VersionQueries(Part):
             raise StaleLineage(f"learner {cursor_name} publishes on version {parent}, but its lineage is now {current}")
 
     # -- activation ---------------------------------------------------------------------------------
-    def _serving(self, s: Session, segment: str | None) -> list[PolicyVersion]:
-        """The lineage's serving rows, newest first (one, unless something went wrong before)."""
-        q = select(PolicyVersion).where(in_lineage(segment), PolicyVersion.status == VersionStatus.SERVING)
-        return list(s.scalars(q.order_by(PolicyVersion.version.desc()).with_for_update()))
-
-    @staticmethod
-    def _descends(s: Session, row: PolicyVersion, ancestor: int) -> bool:
-        """Whether `ancestor` is on `row`'s parent chain (numbers fall along it) with no rolled-back
-        version between them (a version built on one a rollback undid is off the line too)."""
-        current = row
-        while current.parent is not None and current.parent >= ancestor:
-            if current.parent == ancestor:
-                return True
-            current = s.get(PolicyVersion, current.parent)
-            if current is None or current.status == VersionStatus.ROLLED_BACK:
-                return False
-        return False
-
     def _activatable(self, s: Session, version: int) -> tuple[PolicyVersion, list[PolicyVersion]]:
         """`version`'s row and its lineage's serving rows, if it may serve now; else TransitionRefused
         (VersionNotFound for an unknown number)."""
@@ -368,8 +294,8 @@ class VersionQueries(Part):
             raise TransitionRefused(f"version {version} is {row.status}: only a published or loading version is activated")
         if row.pruned_at is not None:
             raise TransitionRefused(f"version {version} was pruned")
-        serving = self._serving(s, row.segment)
-        if serving and not self._descends(s, row, serving[0].version):
+        serving = serving_rows(s, row.segment)
+        if serving and not descends(s, row, serving[0].version):
             raise TransitionRefused(
                 f"version {version} (parent {row.parent}) does not descend from the serving version {serving[0].version}: "
                 "its lineage was rolled back or replaced"
@@ -398,8 +324,8 @@ class VersionQueries(Part):
             row, serving = self._activatable(s, version)
             previous = serving[0].version if serving else None
             for old in serving:
-                _move(old, VersionStatus.RETIRED)
-            _move(row, VersionStatus.SERVING)
+                move(old, VersionStatus.RETIRED)
+            move(row, VersionStatus.SERVING)
             waiting = s.scalars(
                 select(PolicyVersion)
                 .where(in_lineage(row.segment), PolicyVersion.status.in_(WAITING), PolicyVersion.version != version)
@@ -408,11 +334,11 @@ class VersionQueries(Part):
             ).all()
             superseded = []
             for other in waiting:
-                if other.version < version or not self._descends(s, other, version):
-                    _move(other, VersionStatus.SUPERSEDED)
+                if other.version < version or not descends(s, other, version):
+                    move(other, VersionStatus.SUPERSEDED)
                     superseded.append(other.version)
             if cursor_name is not None:
-                self._point_cursor(s, cursor_name, version)
+                point_cursor(s, cursor_name, version)
                 add_event(s, "publish", version, {"learner": cursor_name, "previous": previous}, None)
             return Activation(version, previous, superseded)
 
@@ -437,12 +363,12 @@ class VersionQueries(Part):
             ).first()
             if other is not None:
                 raise TransitionRefused(f"version {other} is its lineage's candidate already: one at a time")
-            serving = self._serving(s, row.segment)
-            if serving and not self._descends(s, row, serving[0].version):
+            serving = serving_rows(s, row.segment)
+            if serving and not descends(s, row, serving[0].version):
                 raise TransitionRefused(
                     f"version {version} (parent {row.parent}) does not descend from the serving version {serving[0].version}"
                 )
-            _move(row, VersionStatus.CANARY)
+            move(row, VersionStatus.CANARY)
             older = s.scalars(
                 select(PolicyVersion)
                 .where(in_lineage(row.segment), PolicyVersion.status == VersionStatus.PUBLISHED, PolicyVersion.version < version)
@@ -450,7 +376,7 @@ class VersionQueries(Part):
                 .with_for_update()
             ).all()
             for old in older:
-                _move(old, VersionStatus.SUPERSEDED)
+                move(old, VersionStatus.SUPERSEDED)
             detail: dict[str, Any] = {"superseded": [old.version for old in older], "serving": serving[0].version if serving else None}
             if row.segment is not None:
                 detail["segment"] = row.segment
@@ -475,7 +401,7 @@ class VersionQueries(Part):
                 raise VersionNotFound(f"no policy version {version}")
             if row.status not in (VersionStatus.CANARY, VersionStatus.PUBLISHED):
                 raise TransitionRefused(f"version {version} is {row.status}: only a candidate or a published version is held")
-            _move(row, VersionStatus.HELD)
+            move(row, VersionStatus.HELD)
             later = s.scalars(
                 select(PolicyVersion)
                 .where(in_lineage(row.segment), PolicyVersion.status == VersionStatus.PUBLISHED, PolicyVersion.version > version)
@@ -484,16 +410,16 @@ class VersionQueries(Part):
             ).all()
             superseded = []
             for other in later:
-                if self._descends(s, other, version):
-                    _move(other, VersionStatus.SUPERSEDED)
+                if descends(s, other, version):
+                    move(other, VersionStatus.SUPERSEDED)
                     superseded.append(other.version)
-            serving = self._serving(s, row.segment) or (self._serving(s, None) if row.segment is not None else [])
+            serving = serving_rows(s, row.segment) or (serving_rows(s, None) if row.segment is not None else [])
             live = serving[0].version if serving else None
             moved = None
             cursor = s.get(LearnerCursor, cursor_name, with_for_update=True)
             if cursor is not None and cursor.policy_version is not None and live is not None:
                 at = s.get(PolicyVersion, cursor.policy_version)
-                if at is not None and (at.version == version or self._descends(s, at, version)):
+                if at is not None and (at.version == version or descends(s, at, version)):
                     moved = {"from": cursor.policy_version, "to": live}
                     cursor.policy_version, cursor.updated_at = live, utcnow()
             event = {
@@ -513,9 +439,9 @@ class VersionQueries(Part):
             row = s.get(PolicyVersion, version, with_for_update=True)
             superseded = False
             if row is not None and row.status == VersionStatus.PUBLISHED:
-                serving = self._serving(s, row.segment)
-                if serving and not self._descends(s, row, serving[0].version):
-                    _move(row, VersionStatus.SUPERSEDED)
+                serving = serving_rows(s, row.segment)
+                if serving and not descends(s, row, serving[0].version):
+                    move(row, VersionStatus.SUPERSEDED)
                     superseded = True
             add_event(s, "activation_dropped", version, {"reason": reason, "superseded": superseded}, None)
             return superseded
@@ -531,7 +457,7 @@ class VersionQueries(Part):
             done = []
             for row in rows:
                 if row.status == VersionStatus.PUBLISHED:
-                    _move(row, VersionStatus.SUPERSEDED)
+                    move(row, VersionStatus.SUPERSEDED)
                     done.append(row.version)
             return done
 
@@ -546,7 +472,7 @@ class VersionQueries(Part):
                 raise VersionNotFound(f"no policy version {version}")
             if row.status not in ACTIVATABLE:
                 raise TransitionRefused(f"version {version} is {row.status}: only a version being activated is failed here")
-            _move(row, VersionStatus.FAILED)
+            move(row, VersionStatus.FAILED)
             return version_record(row)
 
     def reject_weights(self, version: int, detail: dict[str, Any]) -> bool:
@@ -560,7 +486,7 @@ class VersionQueries(Part):
                 raise VersionNotFound(f"no policy version {version}")
             failed = row.status in ACTIVATABLE
             if failed:
-                _move(row, VersionStatus.FAILED)
+                move(row, VersionStatus.FAILED)
             add_event(s, "weights_rejected", version, dict(detail) | {"failed": failed}, None)
             return failed
 
@@ -605,7 +531,7 @@ class VersionQueries(Part):
             if target.segment is not None and target.segment != lineage:
                 raise RollbackRefused(f"version {version} is segment {target.segment!r}'s adapter, not {lineage!r}'s")
             if expect_serving is not None:  # a segment without an adapter is served by the base
-                serving = [row.version for row in self._serving(s, lineage) or (self._serving(s, None) if lineage is not None else [])]
+                serving = [row.version for row in serving_rows(s, lineage) or (serving_rows(s, None) if lineage is not None else [])]
                 if expect_serving not in serving:
                     raise ServingChanged(f"version {expect_serving} no longer serves (now: {', '.join(f'v{v}' for v in serving) or 'none'})")
             later = s.scalars(
@@ -615,13 +541,13 @@ class VersionQueries(Part):
                 .with_for_update()
             ).all()
             for row in later:
-                _move(row, VersionStatus.ROLLED_BACK)
-            for row in self._serving(s, lineage):
+                move(row, VersionStatus.ROLLED_BACK)
+            for row in serving_rows(s, lineage):
                 if row.version != version:
-                    _move(row, VersionStatus.RETIRED)
+                    move(row, VersionStatus.RETIRED)
             if target.segment == lineage and target.status != VersionStatus.SERVING:
-                _move(target, VersionStatus.SERVING)
-            self._point_cursor(s, cursor_name, version)
+                move(target, VersionStatus.SERVING)
+            point_cursor(s, cursor_name, version)
             rolled = [row.version for row in later]
             detail = {"rolled_back": rolled, "learner": cursor_name, "reason": reason}
             if lineage is not None:
@@ -630,16 +556,6 @@ class VersionQueries(Part):
             if event is not None:
                 add_event(s, event[0], version, event[1], api_key_id)
         return rolled
-
-    def _point_cursor(self, s: Session, cursor_name: str, version: int) -> None:
-        """The learner's lineage is `version` now; its feedback position is kept (a learner without a
-        cursor row starts at the newest rating)."""
-        cursor = s.get(LearnerCursor, cursor_name, with_for_update=True)
-        if cursor is None:
-            last = s.scalar(select(func.max(Feedback.id))) or 0
-            s.add(LearnerCursor(name=cursor_name, last_feedback_id=last, policy_version=version))
-        else:
-            cursor.policy_version, cursor.updated_at = version, utcnow()
 
     # -- versions given up --------------------------------------------------------------------------
     def abandon_version(self, version: int, cursor_name: str, parent: int, parent_cursor: int) -> None:
@@ -651,7 +567,7 @@ class VersionQueries(Part):
             self.check_lineage(s, cursor_name, version)
             row = s.get(PolicyVersion, version, with_for_update=True)
             if row is not None and row.status != VersionStatus.FAILED:
-                _move(row, VersionStatus.FAILED)
+                move(row, VersionStatus.FAILED)
             self.set_cursor(cursor_name, parent_cursor, parent, session=s)
             detail = {"learner": cursor_name, "parent": parent, "cursor": parent_cursor, "reason": "no durable checkpoint and no memory"}
             add_event(s, "version_lost", version, detail, None)
@@ -664,12 +580,12 @@ class VersionQueries(Part):
             for version in sorted({int(v) for v in lost}):
                 row = s.get(PolicyVersion, version, with_for_update=True)
                 if row is not None and row.status != VersionStatus.FAILED:
-                    _move(row, VersionStatus.FAILED)
+                    move(row, VersionStatus.FAILED)
             row = s.get(PolicyVersion, ancestor, with_for_update=True)
             if row is None:
                 raise VersionNotFound(f"no policy version {ancestor}")
-            for other in self._serving(s, row.segment):
+            for other in serving_rows(s, row.segment):
                 if other.version != ancestor:
-                    _move(other, VersionStatus.RETIRED)
+                    move(other, VersionStatus.RETIRED)
             if row.status != VersionStatus.SERVING:
-                _move(row, VersionStatus.SERVING)
+                move(row, VersionStatus.SERVING)

@@ -1,7 +1,7 @@
 """The release gate's queries: each candidate's evaluation (written by the gate once its evaluation
 has run, read by the admin API, the CLI and the dashboard) and the rated replies of a version that the
 reward-hacking alarms judge (monitor/hacking.py). The store's `release` part; every write is one transaction.
-The gate's version-state moves (candidate, hold, promotion) are lifecycle.py's. The gate's write
+The gate's version-state moves (candidate, hold, promotion) are versions.py's. The gate's write
 carries the leader lease's term, checked in its transaction (store/lease.py `fenced`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import case, distinct, func, select, true
 
-from liveloop.store import codec
+import liveloop.store.codec as codec
 from liveloop.store.db import Part
 from liveloop.store.lease import fenced
 from liveloop.store.models import Evaluation, Feedback, PolicyVersion, Response, aware, utcnow
