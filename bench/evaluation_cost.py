@@ -35,7 +35,7 @@ async def run(args: argparse.Namespace) -> dict:
     from liveloop.release.evaluation import Evaluator
     from liveloop.release.scoring import Scorer
     from liveloop.server.config import EngineConfig
-    from liveloop.server.engines.hf_engine import HFEngine
+    from liveloop.server.engines.hf.engine import HFEngine
     from liveloop.server.control.evaluating import engine_evaluation
     from liveloop.store import VersionStatus
     from liveloop.store.records import VersionRecord

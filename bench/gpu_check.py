@@ -67,7 +67,7 @@ async def agreement(model: Path, device: str, dtype: str, n: int = 8, tokens: in
     from liveloop.rl.batch import Sample, make_batch, response_log_dists, token_logprobs
     from liveloop.server.config import EngineConfig
     from liveloop.server.engines.base import GenerationRequest, SamplingParams
-    from liveloop.server.engines.hf_engine import HFEngine
+    from liveloop.server.engines.hf.engine import HFEngine
 
     engine = HFEngine(EngineConfig(backend="hf", model=str(model), device=device, dtype=dtype, max_model_len=256), model)
     await engine.start()

@@ -52,7 +52,7 @@ async def drain_stream(engine, req) -> list[int]:
 
 
 async def bench_engine(args, batch: list[tuple[int, ...]]) -> tuple[float, list[list[int]]]:
-    from liveloop.server.engines.hf_engine import HFEngine
+    from liveloop.server.engines.hf.engine import HFEngine
 
     engine = HFEngine(engine_config(args), args.model)
     await engine.start()
@@ -115,7 +115,7 @@ async def bench_swaps(args, mode: str, state: dict[str, torch.Tensor]) -> dict:
     """First-token latency of new requests: while a swap is made under `args.concurrency[-1] // 2`
     long generations, and with none (the baseline), in `mode`."""
     from liveloop.transport.weights import NamedTensors
-    from liveloop.server.engines.hf_engine import HFEngine
+    from liveloop.server.engines.hf.engine import HFEngine
 
     engine = HFEngine(engine_config(args, swap_mode=mode, drain_deadline_seconds=60.0), args.model)
     await engine.start()

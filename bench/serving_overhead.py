@@ -61,11 +61,11 @@ class Bare:
         if self.backend == "vllm":
             from vllm.v1.engine.async_llm import AsyncLLM
 
-            from liveloop.server.engines.vllm_engine import engine_args
+            from liveloop.server.engines.vllm.engine import engine_args
 
             self.engine = AsyncLLM.from_engine_args(engine_args(EngineConfig(model=str(self.model_dir)), str(self.model_dir)))
         else:
-            from liveloop.server.engines.hf_engine import HFEngine
+            from liveloop.server.engines.hf.engine import HFEngine
 
             self.engine = HFEngine(EngineConfig(backend="hf", model=str(self.model_dir)), self.model_dir)
             await self.engine.start()
@@ -101,7 +101,7 @@ class Bare:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        from liveloop.server.engines.vllm_engine import sampling_params
+        from liveloop.server.engines.vllm.engine import sampling_params
 
         params = sampling_params(sampling)  # a liveloop request's (logprobs, DELTA outputs)
         if final_only:

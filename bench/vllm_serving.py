@@ -1,7 +1,7 @@
 """vLLM's own serving benchmark as the yardstick (issue 36.2 and 36.5): `vllm.benchmarks.serve`
 (openai-chat backend, streaming, `ignore_eos`, custom prompts) against liveloop and against vLLM's own
 OpenAI server (`vllm.entrypoints.openai.api_server`) started with the engine arguments liveloop's vLLM
-engine uses (`server.engines.vllm_engine.engine_args` of the arms' preset's `[engine]`, turned into
+engine uses (`server.engines.vllm.engine.engine_args` of the arms' preset's `[engine]`, turned into
 its command line here, so the two cannot drift apart; the same CPU environment).
 
 Arms, each its own server process, all up at once:
@@ -85,7 +85,7 @@ CPU_PARTS = ("server", "engine", "learner")  # the server process, vLLM's engine
 def engine_cli(model_dir: Path) -> list[str]:
     """vLLM's server flags for the engine arguments liveloop's vLLM engine starts with on the default preset."""
     from liveloop.config import load_config
-    from liveloop.server.engines.vllm_engine import engine_args
+    from liveloop.server.engines.vllm.engine import engine_args
 
     # the preset's engine on this model, at the context the liveloop arms' servers get (devtools.write_config: 512)
     config = dataclasses.replace(load_config(PRESET).engine, model=str(model_dir), max_model_len=512)

@@ -57,7 +57,7 @@ async def measure(model_dir: Path, dtype: str, repeats: int, work: Path, device:
                   transports: tuple[str, ...] = ("checkpoint_dir", "shared_memory")) -> dict:
     from liveloop.server.config import EngineConfig
     from liveloop.transport.weights import CheckpointDir
-    from liveloop.server.engines.hf_engine import HFEngine
+    from liveloop.server.engines.hf.engine import HFEngine
     from liveloop.transport import TransportConfig, make_receiver, make_sender
     from liveloop.transport import shared_memory as shm
 

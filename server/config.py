@@ -227,6 +227,9 @@ class EngineConfig:
             "each response records which version sampled which tokens (version spans)"
         },
     )
+    # "reload" stays as the baseline arm of bench/feedback_to_live.py (default_before) and bench/swap_pause.py
+    # --loads, whose results docs/results records (the reload code runs anyway where staging does not apply);
+    # the value goes 2027-03-31, once those arms are re-measured without it
     vllm_weight_load: Literal["staged", "reload"] = field(
         default="staged",
         metadata={
@@ -236,6 +239,9 @@ class EngineConfig:
             "reload_weights inside the pause (the path before, 50-125 ms at the tiny model on two busy cores)"
         },
     )
+    # "thread" stays as the baseline arm of bench/serving_overhead.py and bench/feedback_to_live.py
+    # (default_thread), whose results docs/results/serving.md records (the process's child runs the same
+    # thread engine anyway); the value goes 2027-03-31, once those arms are re-measured without it
     hf_worker: Literal["thread", "process"] = field(
         default="process",
         metadata={
@@ -269,7 +275,7 @@ class EngineConfig:
 
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "none"] = field(
         default="auto",
-        metadata={"help": "how tool calls are written by this model family (server/edge/formats/tool_parsers.py): hermes (Hermes, "
+        metadata={"help": "how tool calls are written by this model family (server/edge/formats/tool_parsers/): hermes (Hermes, "
                   "Qwen2.5/3, liveloop-tiny), llama3_json (Llama 3.1/3.2); auto: read from the chat template; none: "
                   "requests with tools are refused"},
     )

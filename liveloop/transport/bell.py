@@ -13,7 +13,7 @@ published (the version's row, written after its memory, names the digest the mem
 against), and a lost ring only means the next poll finds the version. Nothing here can fail a publish.
 
 The vLLM engine uses the same bell, in a private directory of its own, for its worker's word that a
-swap's weights are staged (server/engines/vllm_staging.py rings the status as JSON).
+swap's weights are staged (server/engines/vllm/staging.py rings the status as JSON).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The Engine protocol every backend satisfies, the typed values it speaks (requests, deltas, weight
-sources are the transport layer's: `liveloop.transport.weights`), the drain gate that makes swaps atomic, and the backend registry.
+"""The Engine protocol every backend satisfies, the typed values it speaks (requests, deltas; weight
+sources are the transport layer's: `liveloop.transport.weights`), the version gate that makes swaps
+atomic, and `create_engine` (the backend's row in registry.py).
 
     await engine.start(version, weights_path)      # load the model (and that version's checkpoint)
     async with engine.generate(request) as gen:    # admitted: gen.version is fixed for the whole response
@@ -7,24 +8,15 @@ sources are the transport layer's: `liveloop.transport.weights`), the drain gate
             ...
     await engine.update_weights(checkpoint_dir, version)   # drains in-flight generations, swaps, resumes
 
-Weights reach an engine through one typed seam, `WeightSource` (`liveloop.transport.weights`): a
-`CheckpointDir` (what the activator swaps in; a plain path means one) or `NamedTensors` (tensors in this
-process). Each backend reads every source; a later transport is one more source type.
+Weights reach an engine through one typed seam, `WeightSource`: a `CheckpointDir` (a plain path means
+one) or `NamedTensors` (tensors in this process); each backend reads every source.
 
 Atomicity is the engine's invariant, not the backend's: `VersionGate` admits a generation only while
-no swap is pending, and a swap waits until every admitted generation has finished, for at most the
-drain deadline. A generation still running then (a client that stopped reading keeps its generation
-admitted) is ended through its `preempt` callback: the backend stops it at a token boundary before the
-new weights are applied and its stream ends with finish_reason "abort". So each response is produced
-entirely by the one version it records, and new weights never continue a KV cache that old weights
-computed. `gated.GatedEngine` holds this plumbing once for every backend.
-
-A `keep` swap (`swap(..., drain=False)`, `engine.swap_mode = "keep"` on a backend that supports it)
-never closes the gate: admitted generations are neither waited for nor ended, and new ones are admitted
-while the weights load (under the version serving until the load is done). The backend continues
-every generation under the new weights at its next token boundary with its KV cache recomputed, and
-each delta names the version that sampled it (`TokenDelta.version`), so a response admitted during a
-swap whose tokens all come from the new weights records that in its spans.
+no swap is pending, a swap waits for every admitted generation up to the drain deadline, and ends the
+stragglers through their `preempt` callbacks (finish_reason "abort"), so each response is produced by
+the one version it records. A `keep` swap never closes the gate; the backend continues running
+generations under the new weights, KV recomputed, each delta naming the version that sampled it.
+The whole argument: docs/engines.md, "The version gate: drain and keep swaps".
 """
 
 from __future__ import annotations
@@ -282,11 +274,6 @@ class VersionGate:
 
 
 def create_engine(config: EngineConfig, model_path: str | Path) -> Engine:
-    """Instantiate the backend named by `config.backend` (server/engines/registry.py; its module is
-    imported here, so vllm is imported only where it serves). The hf backend with `hf_worker =
-    "process"` is the same engine in a process of its own (hf_process.py)."""
-    if config.backend == "hf" and config.hf_worker == "process":
-        from liveloop.server.engines.hf_process import HFProcessEngine
-
-        return HFProcessEngine(config, model_path)
-    return engine_class(config.backend)(config, model_path)
+    """Instantiate the backend named by `config.backend` on `config.hf_worker` (its row in
+    server/engines/registry.py; its module is imported here, so vllm is imported only where it serves)."""
+    return engine_class(config.backend, config.hf_worker)(config, model_path)

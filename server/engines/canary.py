@@ -3,33 +3,18 @@ gate is trying (server/control/gate.py), behind the one `Engine` protocol the re
 
 Everything of the protocol goes to the live engine (its version, swaps, adapters, health), except that a
 request marked `canary` (its user is in the canary share, release/routing.py) is served by the
-candidate engine while a candidate is loaded there. A response records the version of the engine that
-served it, so a canary user's response names the candidate.
+candidate engine while a candidate is loaded there; its response records the candidate's version.
 
-- `load_candidate(weights, version)` loads a version into the second engine (created and started at the
-  first candidate, or by `prepare`: with the tiny model a second copy is cheap; with vLLM it doubles the
-  GPU memory the engines take, `gpu_memory_utilization` each, and its start blocks the event loop, so the
-  server prepares it before it serves: liveloop/app.py). Before loading it stops routing to the old candidate and
-  waits until no generation runs on that engine any more (a canary user's response from the previous
-  candidate, or a response the old live engine was still finishing after a promotion), so a swap there
-  never continues anyone's response under the new candidate's weights: a user outside the canary never
-  gets a candidate's token. An engine still busy after `idle_seconds` raises `CandidateBusy` (nothing
-  changed; the gate tries again at its next pass).
-- `promote()` makes the candidate engine the live one at once (no second load; in-flight responses
-  finish on the engine they started on), and the old live engine the slot of the next candidate.
-- `drop_candidate()` stops routing to the candidate (its running responses finish).
+- `load_candidate(weights, version)` loads a version into the second engine (created at the first
+  candidate, or by `prepare`), once no generation runs on it any more (else `CandidateBusy`): a user
+  outside the canary never gets a candidate's token.
+- `promote()` makes the candidate engine the live one at once (no second load), and the old live engine
+  the slot of the next candidate; `drop_candidate()` stops routing to the candidate.
 - `candidate` is the candidate engine (for the evaluation), `live` the live one.
 
-Segment adapters are served by the live engine only, and so are their candidates: a segment lineage
-under the gate gets a second adapter slot in the live engine, `candidate_slot(segment)`
-(`<segment>@candidate`: the hf engine's peft adapters and vLLM's LoRA ids are per loaded adapter, so
-no second engine is needed). A canary request of a segment whose slot holds an adapter is served by
-that slot (its response records the candidate adapter's version); every other request of the segment
-by its own adapter. `load_candidate_adapter` / `drop_candidate_adapter` fill and empty the slot
-(`update_adapter` on the slot's key: running generations keep the adapter they started with), and
-`promote_adapter` makes the slot's adapter the segment's, with no load (`GatedEngine.move_adapter`).
-The slots live in the live engine: a base promotion (the engines trade places) leaves the new live
-engine with the slots it held before, and the gate reloads what the store names (server/control/gate.py).
+Segment candidates are served by the live engine, from a second adapter slot,
+`candidate_slot(segment)`; `load_candidate_adapter`, `drop_candidate_adapter` and `promote_adapter`
+(no load) fill, empty and promote it. The reasons and the details: docs/engines.md, "The canary engine".
 """
 
 from __future__ import annotations

@@ -4,29 +4,18 @@ reports, the weight swap's shape (stage the source; then close the gate, drain, 
 keep swap apply alone), and the per-segment LoRA adapters' bookkeeping (`adapters.AdapterTable`).
 
 A backend supplies `start`, `close`, `healthy`, `_admit` (one request's preempt callback and its delta
-stream) and `_apply` (load a weight source into the model; in drain mode it runs with the gate closed
-and drained; it must leave the old weights serving if it raises). `_stage` brings a source into the
-form `_apply` reads, in a thread, before anything is closed or paused (reading a checkpoint, scanning
-values not known finite, packing tensors for another process): the swap's critical section is the
+stream) and `_apply` (load a weight source into the model; in drain mode with the gate closed and
+drained; it must leave the old weights serving if it raises). `_stage` brings a source into the form
+`_apply` reads, in a thread, before anything is closed or paused: the swap's critical section is the
 load alone.
 
-Adapters: by default an engine has none (`supports_adapters` False, every request is served by the
-base weights, `update_adapter` raises AdaptersUnsupported). A backend that serves them sets
-`supports_adapters` (from `config.max_adapters > 0`), accepts the adapter's name in `_admit(request,
-adapter)`, and supplies `_load_adapter` (load a checked directory under a new name; raise
-AdapterUnusable and leave the others untouched if it cannot) and `_unload_adapter`. An adapter swap
-goes around the gate: nothing drains; the segment's entry is repointed once the new adapter is loaded,
-and each generation keeps the adapter it was admitted with (counted in the table) until it ends.
-`move_adapter` hands one key's loaded adapter to another key (the release gate promoting a segment's
-candidate adapter: no second load).
-
-Keep swaps (`engine.swap_mode = "keep"`): a backend that can continue running generations under new
-weights (recomputing their KV, naming the sampling version on each delta) sets `keeps_generations`
-and reads the target version in `_apply_as(source, version)`; the gate then neither drains nor closes
-(new generations are admitted while the weights load, and their deltas name the version that sampled
-them), and `_apply_as` returns the seconds its own load held new generations back. On a backend
-without it a keep swap drains (logged once at construction), so each response still records true
-versions.
+Adapters: a backend that serves them sets `supports_adapters` (from `config.max_adapters > 0`), takes
+the adapter's name in `_admit(request, adapter)`, and supplies `_load_adapter` and `_unload_adapter`.
+An adapter swap goes around the gate: the segment's entry is repointed once the new adapter is loaded,
+and each generation keeps the adapter it was admitted with. `move_adapter` hands one key's adapter to
+another (the release gate promoting a candidate). Keep swaps: a backend that can continue running
+generations under new weights sets `keeps_generations` and reads the target version in `_apply_as`;
+on one without it a keep swap drains. Details: docs/engines.md, "Gated engines".
 """
 
 from __future__ import annotations

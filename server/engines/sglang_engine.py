@@ -3,67 +3,19 @@ through SGLang's native API (python/sglang/srt/entrypoints/http_server.py; reque
 from python/sglang/srt/managers/io_struct.py and tokenizer_manager.py).
 
 SGLang runs the model in its own processes; liveloop owns what it serves: the version label, the swaps,
-the adapters. Start SGLang on the same machine (it reads the checkpoint directories liveloop names) with
-the served model, e.g.
+the adapters. Start SGLang on the same machine, with `--api-key` (sent from the variable
+`[engine] sglang_api_key_env` names), `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (raw behaviour logprobs) and
+`--disable-radix-cache` (keep swaps need it; with it on they drain):
 
     SGLANG_RETURN_ORIGINAL_LOGPROB=1 python -m sglang.launch_server --model-path models/liveloop-tiny \\
-        --port 30000 --disable-radix-cache --api-key "$SGLANG_API_KEY" [--enable-lora --max-loras-per-batch N --max-lora-rank R]
+        --port 30000 --disable-radix-cache --api-key "$SGLANG_API_KEY" [--enable-lora ...]
 
-- `--api-key`: SGLang then answers only callers with the key; liveloop sends it (a bearer token on every
-  call) from the environment variable `[engine] sglang_api_key_env` names (default SGLANG_API_KEY). Without
-  one, any local process can swap SGLang's weights or read its generations.
-
-- `SGLANG_RETURN_ORIGINAL_LOGPROB=1`: SGLang's `output_token_logprobs` are then the raw (temperature-1,
-  unfiltered) log-softmax, the behaviour logprobs liveloop records (without it they are taken after the
-  temperature for sampled requests).
-- `--disable-radix-cache`: no prefix KV outlives a swap (SGLang's radix cache would serve a prompt's old
-  KV under new weights). Keep swaps need it: `start` reads `disable_radix_cache` from /get_server_info and
-  drains instead when it is off (logged).
-
-Generation: POST /generate with `input_ids`, `sampling_params` (`max_new_tokens`, `temperature`, `top_p`,
-`stop_token_ids`, `sampling_seed`), `return_logprob`, `logprob_start_len` = -1 (no prompt logprobs),
-`top_logprobs_num`, `stream`, `rid`, and `lora_path` (the name of a loaded adapter). SGLang streams
-server-sent events (`data: {...}`, then `data: [DONE]`); each carries `meta_info` with `completion_tokens`
-(tokens so far), `output_token_logprobs` ([logprob, token_id, text] triples: all so far, or only the new
-ones with `--incremental-streaming-output`; the last `completion_tokens - sent` are the new ones either
-way), `finish_reason` (None or {"type": "stop" | "length" | "abort", ...}) and `weight_version` (the
-server's label when it sent the chunk). Each delta's `TokenDelta.version` is that label, an integer
-liveloop set (start and every swap set it to liveloop's version), so a keep swap mid-response yields
-version spans. Adapter generations keep `version` None (their version is the adapter's).
-
-Swaps (`engine.swap_mode`): a checkpoint directory goes by path, POST /update_weights_from_disk
-{`model_path`, `weight_version`}. Named tensors are written as a checkpoint directory under
-`engine.checkpoint_dir` first (`write_checkpoint`, staged in a thread; SGLang's /update_weights_from_tensor
-takes tensors pickled by its own MultiprocessingSerializer, CUDA handles on a GPU: not an HTTP payload
-liveloop can send faithfully); that directory is removed once a later swap replaces it (or at the next
-start, which loads `engine.model`).
-- drain: the gate drains liveloop's generations, then the update (SGLang flushes its cache after it).
-- keep: POST /pause_generation {"mode": "retract"} (running requests go back to SGLang's waiting queue and
-  their KV is freed; they are recomputed from prompt and tokens so far when generation continues), the
-  update with `flush_cache` false (SGLang's flush refuses while retracted requests wait; with the radix
-  cache off there is nothing to flush), then POST /continue_generation. New requests are admitted
-  meanwhile and wait in SGLang's queue. Returns the seconds generation was paused.
-A refused update (SGLang answers `success` false with HTTP 400, having reloaded the weights it served)
-raises `WeightsRejected` and the old version keeps serving under its label.
-
-A straggler the gate ends at the drain deadline is aborted (POST /abort_request {"rid"}); its stream ends
-with an "abort" delta. SGLang's weight update waits for its requests to leave (its model-update lock), so
-no token of an aborted request is computed by the new weights.
-
-Start: GET /get_model_info. SGLang serves its `model_path` (a successful update moves it there): when
-that is `engine.model` and no other weights are given, only the label is set (POST
-/update_weight_version {`new_version`}); otherwise (an earlier run's swap left other weights, or `start`
-was given a checkpoint) that checkpoint is loaded from disk under the label, so the version liveloop
-records is what SGLang serves.
-
-Health: `healthy()` never blocks: it reads what the last GET /health said (polled every
-`engine.sglang_health_seconds`; SGLang answers 200 once it has generated a token) and whether a call
-since found the server unreachable. Adapters (`engine.max_adapters > 0`): POST /load_lora_adapter
-{`lora_name`, `lora_path`} and /unload_lora_adapter {`lora_name`}.
-
-Unknown here (it cannot be run on a CPU machine; `bench/gpu_check.py --sglang` runs these steps against a
-real server): whether every SGLang version orders a chunk's tokens and its `weight_version` label exactly
-at a pause (tokens sampled before the pause but sent after the label changed would name the new version).
+Generation: POST /generate, streamed as server-sent events; each delta's `TokenDelta.version` is the
+chunk's `weight_version` label, which liveloop sets at start and every swap. Swaps: a checkpoint by
+path (/update_weights_from_disk; named tensors are written as a checkpoint first); keep swaps pause
+with "retract" and continue. Stragglers: /abort_request. `healthy()` reads the last polled /health.
+Adapters: /load_lora_adapter, /unload_lora_adapter. Each call's fields and what is still unknown:
+docs/engines.md, "The sglang engine".
 """
 
 from __future__ import annotations

@@ -3,28 +3,17 @@ backends): the inbox the thread reads, holding typed messages (`Submit` a reques
 `LoadAdapter` / `DropAdapter` a LoRA adapter, `Stop`), the bridge that turns a request's deltas from
 the thread into an async stream, per-request seeded generators, and the weight swap.
 
-A swap's weights are staged before the swap reaches the worker, off the worker and off the event loop
-(`_stage`): a checkpoint directory is read, and tensors not known finite (`NamedTensors.verified`)
-are scanned. The worker then checks only names and shapes (`weights.check_state`) and copies in place:
-what passed the checks cannot fail half-way, so no backup of the old weights is taken. A copy that
-fails anyway (a fault of the machine) leaves the model part old, part new: the engine then stops
-(unhealthy, every stream ends with the error) rather than serve it.
+A swap's weights are staged off the worker and off the event loop (`_stage`: a checkpoint read, values
+not known finite scanned); the worker then checks names and shapes and copies in place. A copy that
+fails anyway (a fault of the machine) stops the engine rather than serve a half-old model. A swap that
+ends a straggler sets its job's `cancelled` event before it queues its `Swap`, so the worker never
+computes a token of it under the new weights.
 
-A swap that ends a straggler (drain deadline) sets its job's `cancelled` event, then queues its `Swap`
-on the same inbox; the worker reads the inbox in order and checks `cancelled` before every step, so it
-never computes a token of that job once the swap has run. Its stream ends with an "abort" delta at the
-next read (what the worker produced and the stream had not handed over yet is dropped), and a stream
-that had not started yet never starts.
-
-A backend supplies `start` (load the model, then `_start_worker`), `_job` (its per-request state,
-holding the given `cancelled` event), `_run` (the worker loop: how requests are scheduled; it emits
-`aborted()` for each job it drops as cancelled, drops every job still held when a `Swap` arrives and
-then calls `_swap`; a `Swap` with `keep` set instead continues them under the new weights once
-`_swap` succeeds, naming `_serving_version` on their deltas), `_weights_module` (the module, or a
-view of its weights, whose state a swap replaces) and `_read_checkpoint` (a checkpoint directory's state, by that module's names). A backend
-that serves adapters also reads `Submit.adapter` (the loaded adapter the job is served with) and
-handles `LoadAdapter` and `DropAdapter`; adapters load on the worker thread, between two steps, so no
-step ever sees one half-loaded.
+The worker's public interface (`submit`, `stage`, `post_swap`, `post_load_adapter`,
+`post_drop_adapter`, `copy_seconds`, `stop_worker`) drives it from outside an event loop: the hf
+engine's own process (hf/child.py). A backend supplies `start` (load the model, then
+`_start_worker`), `_job`, `_run` (the worker loop), `_weights_module` and `_read_checkpoint`; what each
+must do: docs/engines.md, "Threaded engines".
 """
 
 from __future__ import annotations
@@ -143,8 +132,7 @@ class ThreadedEngine(GatedEngine):
         self._thread.start()
 
     async def close(self) -> None:
-        self._closing.set()
-        self._inbox.put(Stop())
+        self._request_stop()
         if self._thread:
             await asyncio.to_thread(self._thread.join, 10)
 
@@ -167,7 +155,7 @@ class ThreadedEngine(GatedEngine):
         if not self.healthy():
             raise RuntimeError(f"{self.name} engine is not running (not started, closed, or broken by a failed copy)")
         self._streams.add(emit)
-        self._inbox.put(Submit(self._job(request, emit, torch.Generator().manual_seed(seed), cancelled), adapter))
+        self._submit_job(request, emit, seed, adapter, cancelled)
         try:
             while not cancelled.is_set():
                 item = await out.get()
@@ -183,10 +171,53 @@ class ThreadedEngine(GatedEngine):
             self._streams.discard(emit)
             cancelled.set()
 
+    # -- the worker driven from outside an event loop (the hf engine's own process: hf/child.py) ------
+    def submit(self, request: GenerationRequest, seed: int, adapter: str | None, sink: Sink, key: Any,
+               cancelled: threading.Event) -> None:
+        """Queue `request` on the worker, sampling with `seed`, served with the loaded adapter `adapter`;
+        its deltas go to `sink` as `(key, delta)` items, one call per hand-over. Setting `cancelled`
+        ends it at the next token boundary."""
+        self._submit_job(request, self._emitter(sink, key), seed, adapter, cancelled)
+
+    def stage(self, source: WeightSource) -> WeightSource:
+        """`source` in the form the worker loads (a checkpoint read, values scanned), in the caller's thread."""
+        return self._stage(source)
+
+    def post_swap(self, staged: WeightSource, version: int, keep: bool, done: Done) -> None:
+        """Queue a swap to the `stage`d weights as `version`; `done` reports its outcome from the worker."""
+        self._inbox.put(Swap(staged, done, version, keep))
+
+    def post_load_adapter(self, spec: AdapterSpec, name: str, done: Done) -> None:
+        """Queue loading the checked adapter `spec` under `name`; `done` reports its outcome from the worker."""
+        self._inbox.put(LoadAdapter(spec, name, done))
+
+    def post_drop_adapter(self, name: str) -> None:
+        """Queue unloading adapter `name` (no generation runs on it any more)."""
+        self._inbox.put(DropAdapter(name))
+
+    @property
+    def copy_seconds(self) -> float:
+        """How long the last swap's copy held the worker's steps."""
+        return self._copy_seconds
+
+    def stop_worker(self, timeout: float = 10.0) -> None:
+        """End the worker loop and wait up to `timeout` seconds for its thread (blocks)."""
+        self._request_stop()
+        if self._thread:
+            self._thread.join(timeout)
+
+    def _request_stop(self) -> None:
+        self._closing.set()
+        self._inbox.put(Stop())
+
+    def _submit_job(self, request: GenerationRequest, emit: Emit, seed: int, adapter: str | None,
+                    cancelled: threading.Event) -> None:
+        self._inbox.put(Submit(self._job(request, emit, torch.Generator().manual_seed(seed), cancelled), adapter))
+
     def _emitter(self, loop: Sink, out: Any) -> Emit:
         """How the worker emits a stream's deltas: into `out` (an asyncio.Queue) on `loop`, through
         `_one_handover` when it emits inside one. `loop` may be any `Sink`: what the hf engine's own
-        process hands its deltas to (hf_process.py)."""
+        process hands its deltas to (hf/child.py)."""
         first = True
 
         def emit(item: TokenDelta | BaseException) -> None:
@@ -198,7 +229,7 @@ class ThreadedEngine(GatedEngine):
                 held.append(_Held(loop, out, item, urgent))
             else:
                 with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads any more
-                    loop.call_soon_threadsafe(_deliver, [(out, item)])
+                    loop.call_soon_threadsafe(deliver, [(out, item)])
             first = False
 
         return emit
@@ -252,7 +283,7 @@ class ThreadedEngine(GatedEngine):
         await self._on_worker(lambda report: LoadAdapter(spec, name, report))
 
     def _unload_adapter(self, name: str) -> None:
-        self._inbox.put(DropAdapter(name))
+        self.post_drop_adapter(name)
 
     async def _on_worker(self, message: Callable[[Done], Message]) -> None:
         """Queue the message `message(report)` builds and wait until the worker reports its outcome."""
@@ -314,7 +345,7 @@ class ThreadedEngine(GatedEngine):
 
 class Sink(Protocol):
     """Where the worker hands deltas: an event loop, or anything that takes `call_soon_threadsafe(
-    _deliver, [(out, item), ...])` the same way."""
+    deliver, [(out, item), ...])` the same way."""
 
     def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any) -> Any: ...
 
@@ -352,7 +383,7 @@ def _hand_over(held: list[_Held]) -> None:
             items.append((h.out, h.item))
     for loop, items in by_loop.items():
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads any more
-            loop.call_soon_threadsafe(_deliver, items)
+            loop.call_soon_threadsafe(deliver, items)
 
 
 def _merged(a: TokenDelta | BaseException, b: TokenDelta | BaseException) -> TokenDelta | None:
@@ -365,7 +396,8 @@ def _merged(a: TokenDelta | BaseException, b: TokenDelta | BaseException) -> Tok
     return TokenDelta(a.token_ids + b.token_ids, a.logprobs + b.logprobs, top, b.finish_reason, b.version)
 
 
-def _deliver(items: list[tuple[asyncio.Queue, TokenDelta | BaseException]]) -> None:
+def deliver(items: list[tuple[asyncio.Queue, TokenDelta | BaseException]]) -> None:
+    """Put each item on its stream's queue (called on the stream's event loop)."""
     for out, item in items:
         out.put_nowait(item)
 

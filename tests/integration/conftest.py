@@ -11,7 +11,7 @@ import pytest
 async def engine(model_dir):
     """The hf engine serving version 0, with a 5 s drain deadline (what the publisher tests swap)."""
     from liveloop.server.config import EngineConfig
-    from liveloop.server.engines.hf_engine import HFEngine
+    from liveloop.server.engines.hf.engine import HFEngine
 
     eng = HFEngine(EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0), model_dir)
     await eng.start(version=0)

@@ -11,7 +11,7 @@ import torch
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.transport.weights import NamedTensors
-from liveloop.server.engines.hf_engine import HFEngine
+from liveloop.server.engines.hf.engine import HFEngine
 
 
 @pytest.fixture

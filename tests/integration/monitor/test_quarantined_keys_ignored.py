@@ -55,7 +55,7 @@ def client(tmp_path_factory, model_dir):
 
 
 def test_a_quarantined_key_alone_cannot_trigger_the_guards_rollback(client, tmp_path):
-    ops, store = client.app.state.parts.operations, client.app.state.parts.store
+    ops, store = client.app.state.server.operations, client.app.state.server.store
     base = Path(store.versions.get_version(0).checkpoint_path)
     r = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(base, tmp_path / "new", seed=3))})
     new = r.json()["version"]

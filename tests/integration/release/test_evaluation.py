@@ -22,7 +22,7 @@ from liveloop.release.evaluation import Evaluation, EvaluationUnavailable, Evalu
 from liveloop.release.scoring import Scorer
 from liveloop.release.suite import Reference, Suite, load_suite
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.hf_engine import HFEngine
+from liveloop.server.engines.hf.engine import HFEngine
 from liveloop.server.control.evaluating import engine_evaluation, engine_sampler
 from liveloop.store import VersionStatus
 from liveloop.store.records import VersionRecord

@@ -87,7 +87,7 @@ def test_shared_memory_source_is_the_bytes_without_copies(tmp_path, namespace):
 def test_shared_memory_source_says_where_its_bytes_lie_for_another_process_to_map(tmp_path, namespace):
     """The layout a co-located engine maps instead of copying (vLLM's worker: vllm_worker.read_shared):
     the same bytes, and only from the very files verified: one put at a file's path since is refused."""
-    from liveloop.server.engines.vllm_worker import SharedWeights, WeightsMoved, read_shared
+    from liveloop.server.engines.vllm.worker import SharedWeights, WeightsMoved, read_shared
 
     sender, receiver = pair("shared_memory", tmp_path, namespace)
     state = weights()

@@ -19,8 +19,8 @@ from liveloop.devtools import perturbed_checkpoint
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.adapters import AdapterSpec, read_adapter
 from liveloop.server.engines.base import AdapterUnusable, GenerationRequest, SamplingParams
-from liveloop.server.engines.hf_engine import HFEngine
-from liveloop.server.engines.vllm_engine import adapter_refusal
+from liveloop.server.engines.hf.engine import HFEngine
+from liveloop.server.engines.vllm.engine import adapter_refusal
 from liveloop.transport.weights import CheckpointDir
 
 from .test_adapters import PROMPT, _edited, _reference

@@ -29,7 +29,7 @@ from liveloop.server.engines.base import (
     create_engine,
 )
 from liveloop.transport.weights import CheckpointDir, NamedTensors
-from liveloop.server.engines.hf_engine import HFEngine
+from liveloop.server.engines.hf.engine import HFEngine
 
 PROMPT = (5, 6, 7, 8)
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]

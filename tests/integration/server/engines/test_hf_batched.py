@@ -15,7 +15,7 @@ import torch
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.transport.weights import NamedTensors
-from liveloop.server.engines.hf_engine import HFEngine, engine_device
+from liveloop.server.engines.hf.engine import HFEngine, engine_device
 
 PROMPTS = [(5, 6, 7, 8), (9, 10), (11, 12, 13, 14, 15, 16, 17), (18,), (19, 20, 21), (22, 23, 24, 25, 26)]
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from liveloop.grammar import Grammars, mask_logits
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
-from liveloop.server.engines.hf_engine import HFEngine
+from liveloop.server.engines.hf.engine import HFEngine
 from liveloop.server.edge.formats.tool_parsers import PARSERS
 from liveloop.server.edge.formats.tools import Tool, ToolChoice, ToolUse
 

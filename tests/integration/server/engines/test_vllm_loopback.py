@@ -13,7 +13,7 @@ import sys
 PROBE = """
 import json, os
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.vllm_engine import _cpu_env
+from liveloop.server.engines.vllm.engine import _cpu_env
 _cpu_env(EngineConfig())
 from vllm.utils.network_utils import get_ip
 print(json.dumps([get_ip(), os.environ.get("GLOO_SOCKET_IFNAME")]))

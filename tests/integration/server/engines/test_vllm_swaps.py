@@ -7,7 +7,7 @@ that arrive while it loads: every delta names the version that sampled it, and e
 what that version's weights give on a fresh forward over the whole prefix (so no token came from old KV
 under new weights), whether the weights were staged beside the serving model or reloaded in the pause.
 
-Staged swaps (`vllm_weight_load = "staged"`, server/engines/vllm_staging.py): the shared_memory
+Staged swaps (`vllm_weight_load = "staged"`, server/engines/vllm/staging.py): the shared_memory
 transport's files go into the worker with no copy of the engine's, the staged weights serve exactly what
 vLLM's own reload serves (the same engine, the same weights: equal logprobs), weights refused while
 staging (a tensor missing) leave the serving version serving and the engine healthy, and a transport
@@ -28,7 +28,7 @@ from liveloop.devtools import perturbed_checkpoint
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams, create_engine
 from liveloop.transport.weights import NamedTensors, WeightsRejected
-from liveloop.server.engines.vllm_worker import SHM_ROOT
+from liveloop.server.engines.vllm.worker import SHM_ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import pytest
 
 from liveloop.config import ConfigError, load_config
 from liveloop.server.config import EngineConfig
-from liveloop.server.engines.registry import BACKENDS, HELP, NAMES, backend, names_with
+from liveloop.server.engines.registry import HELP, NAMES, ROWS, backend, engine_class, names_with, row
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[4]
 def test_each_backend_names_its_module_class_and_engine_name():
     """Read on the source (importing vllm is not free): the module defines the class, whose `name` is the
     backend's."""
-    for b in BACKENDS:
-        tree = ast.parse((ROOT / "server" / "engines" / f"{b.module}.py").read_text())
+    for b in ROWS:
+        tree = ast.parse((ROOT / "server" / "engines" / f"{b.module.replace('.', '/')}.py").read_text())
         classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
         assert b.cls in classes, b
         names = [
@@ -51,3 +51,11 @@ def test_capabilities_and_unknown_names():
     from liveloop.server.control.gate import GATED_BACKENDS, SLOT_BACKENDS
 
     assert (GATED_BACKENDS, SLOT_BACKENDS) == (names_with("release_gate"), names_with("adapter_slots"))
+
+
+def test_the_hf_worker_picks_the_hf_row_and_no_other():
+    assert row("hf", "process").cls == "HFProcessEngine" and row("hf", "thread").cls == "HFEngine"
+    assert row("vllm", "process").cls == "VLLMEngine" and row("sglang", "thread").cls == "SGLangEngine"
+    assert engine_class("hf", "process").__name__ == "HFProcessEngine"
+    with pytest.raises(ValueError, match="unknown backend 'tgi'"):
+        row("tgi", "process")

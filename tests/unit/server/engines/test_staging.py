@@ -10,9 +10,9 @@ import torch
 
 from liveloop.server.config import EngineConfig
 from liveloop.transport.weights import CheckpointDir, NamedTensors
-from liveloop.server.engines.hf_engine import HFEngine
-from liveloop.server.engines.vllm_engine import VLLMEngine
-from liveloop.server.engines.vllm_worker import SHM_ROOT, SharedWeights
+from liveloop.server.engines.hf.engine import HFEngine
+from liveloop.server.engines.vllm.engine import VLLMEngine
+from liveloop.server.engines.vllm.worker import SHM_ROOT, SharedWeights
 from liveloop.transport.weights import WeightsRejected, check_state, copy_state
 
 NAN = {"w": torch.tensor([1.0, float("nan")])}
@@ -44,7 +44,7 @@ def test_the_vllm_engine_refuses_non_finite_tensors_before_packing_them():
 def test_the_vllm_engine_reads_and_checks_a_checkpoint_one_tensor_at_a_time(tmp_path):
     from safetensors.torch import save_file
 
-    from liveloop.server.engines.vllm_worker import read_shared
+    from liveloop.server.engines.vllm.worker import read_shared
 
     engine = VLLMEngine(EngineConfig(backend="vllm"), "unused")
     save_file({"a": torch.arange(6, dtype=torch.float32).view(2, 3), "b": torch.tensor([1, 2])}, str(tmp_path / "model.safetensors"))

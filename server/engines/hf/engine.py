@@ -1,39 +1,18 @@
 """The `hf` backend: plain transformers, no extra install, CPU or GPU (`engine.device`).
 
-One worker thread owns the model and runs a batched decode loop (`hf_batch`): all running requests
+One worker thread owns the model and runs a batched decode loop (hf/batch.py): all running requests
 advance together, one forward per step with one left-padded KV cache, and requests join and leave at
-every step. A step first decodes the running batch (one token each), prefills the requests that
-arrived since (one forward for all of them, their first token sampled from it) and merges them in;
-rows that finished or were cancelled leave the batch. At most `engine.max_num_seqs` rows run; the rest
-wait in arrival order. Sampling happens on the CPU with each request's own seeded generator;
-behavior logprobs are the raw log-softmax of the model's logits for the sampled token.
+every step (at most `engine.max_num_seqs` rows run; the rest wait in arrival order). Sampling happens
+on the CPU with each request's own seeded generator, in vLLM's order: the behaviour logprobs first (raw
+logits at temperature 1, under the request's grammar when it has one), then what shapes only the draw
+(`_shaped`, `_sample`). Constrained rows walk their grammar (liveloop.grammar): forbidden tokens are
+masked before the draw and the logprob.
 
-Sampling follows vLLM's order: the behaviour logprobs first (raw logits at temperature 1, under the
-request's grammar when it has one), then what shapes only the draw (stop tokens banned before
-`min_tokens`, the repetition penalty over prompt and output, temperature, min-p, top-k, top-p).
-Constrained decoding (`SamplingParams.constraint`): each constrained row walks its grammar
-(liveloop.grammar, xgrammar): before its token is drawn the logits of the tokens the grammar forbids
-are set to -inf, so the draw and the logprob are those of the allowed tokens, as vLLM's structured
-outputs do; the grammar is compiled on the worker thread when the row first samples (the serving edge
-compiled it already while checking the request, so this is the process-wide cache's).
-
-Swaps (`engine.swap_mode`): in `drain` mode the gate drains, then the worker drops every job it still
-holds (the stragglers the swap ended: "abort" deltas) and copies the new state into the model. In
-`keep` mode the gate does not drain: at the next token boundary the worker loads the new weights and
-moves every running row back to the waiting queue with its tokens, so its next step re-prefills
-prompt + tokens under the new weights (never old KV under new weights); each delta names the version
-whose weights sampled it. A swap that fails restores the old weights bit for bit and the rows keep
-their caches.
-
-LoRA adapters (`engine.max_adapters > 0`): the first adapter loaded wraps the model with peft (its
-adapted projections become LoRA layers around their `base_layer`), further ones are added beside it,
-and the wrapper is removed again when the last one goes, so an engine with no adapter loaded runs the
-plain model. Each request keeps the adapter it was admitted with; rows are batched per adapter (one
-batch and one forward per adapter group per step), and before a group's forward the worker makes its
-adapter the active one on every LoRA layer (none for base requests: the layers then compute their base
-layer alone, the plain model's result bit for bit). A full-weight swap writes the base layers
-(`BaseWeights` maps the plain model's names onto them) and keeps the adapters. Deltas of adapter rows
-leave `version` unset: their generation records its adapter's version.
+Swaps (`engine.swap_mode`): drain drops every job still held (the stragglers: "abort") and copies;
+keep moves every running row back to the waiting queue so its next step re-prefills under the new
+weights, each delta naming the version that sampled it. LoRA adapters (`engine.max_adapters > 0`,
+hf/lora.py): rows are batched per adapter, one forward per adapter group per step, and a full-weight
+swap keeps the adapters. The whole story: docs/engines.md, "The hf engine".
 """
 
 from __future__ import annotations
@@ -50,8 +29,8 @@ import torch
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import AdapterUnusable, GenerationRequest, SamplingParams, TokenDelta, aborted
-from liveloop.server.engines.hf_batch import Batch, Row, decode, merge, prefill
-from liveloop.server.engines.lora import BaseWeights, LoraSlots
+from liveloop.server.engines.hf.batch import Batch, Row, decode, merge, prefill
+from liveloop.server.engines.hf.lora import BaseWeights, LoraSlots
 from liveloop.server.engines.threaded import (
     DropAdapter,
     Emit,
