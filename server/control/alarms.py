@@ -1,32 +1,19 @@
-"""Reward-hacking alarms on the live stream (`[release.alarms]`), run by `Operations.watch_alarms`
-every `check_seconds` in a worker thread: for each lineage (the base weights', each segment's adapters)
-the serving version, and the gate's CANARY candidate when there is one, are judged by
-monitor/hacking.py on their rated replies (texts decoded from `store.release.rated_tokens`).
-
-What a version is compared with:
-- the CANARY candidate: its own ratings against the live (serving) version's;
-- the serving version: its ratings against its lineage's root (the base model, version 0, or the
-  segment's first adapter): "how much of what the learning gained since the base is a cheap trait".
-  Against its parent instead, a learner that publishes every few seconds would compare two stretches
-  of one slow drift and never see it.
-A side with fewer than `min_ratings` ratings of its own is pooled with its nearest versions along the
-lineage (the judged version's ancestors, newest first; the root's descendants, oldest first) until it
-has them, never sharing a version with the other side; with too few in all nothing is judged. At most
-`MAX_SAMPLE` ratings per side, the newest.
+"""Reward-hacking alarms on the live stream (`[release.alarms]`; the operator's view: docs/operations.md,
+"Reward-hacking alarms"), run by `Operations.watch_alarms` every `check_seconds` in a worker thread: for
+each lineage (the base weights', each segment's adapters) the serving version, and the gate's CANARY
+candidate when there is one, are judged by monitor/hacking.py on their rated replies (texts decoded from
+`store.release.rated_tokens`), against a reference stretch of the lineage (`RewardHackingAlarms.check`).
 
 An alarm (a trait explaining at least `explained_share` of a gain of at least `min_gain`, significant)
 is recorded once per version and trait: an operator event `reward_hacking` with the report, the
 version's stored evaluation of the same traits ("versus the evaluation": does the gain show on the
 evaluation suite, or only in the live ratings?) and the `monitor/reward_hacking` metric. With
-`auto_hold` it also holds a CANARY candidate (`store.versions.hold_version`: the gate's next pass drops it from
-the candidate engine) and pauses the lineage's learning (the serving version is the guard's and the
+`auto_hold` it also holds a CANARY candidate (`store.versions.hold_version`: the gate's next pass drops it
+from the candidate engine) and pauses the lineage's learning (the serving version is the guard's and the
 operator's to roll back). The latest judgement of each version is kept for `GET /admin/alarms`.
 
-In a fleet only the leader judges (server/control/operations.py `watch_alarms`; server/control/leader.py): the other
-replicas' `GET /admin/alarms` show the recorded events but no judgements of their own. `check(term)`:
-the leader lease's term the judging replica leads in; its hold carries it (store/lease.py `fenced`),
-and a deposed leader's is refused with StaleLeader, which ends the pass before it pauses or records
-anything (the new leader judges again).
+In a fleet only the leader judges (server/control/operations.py `watch_alarms`; server/control/leader.py):
+the other replicas' `GET /admin/alarms` show the recorded events but no judgements of their own.
 """
 
 from __future__ import annotations
@@ -126,7 +113,19 @@ class RewardHackingAlarms:
     def check(self, term: int | None = None) -> list[HackingVerdict]:
         """Judge every lineage's serving version and CANARY candidate whose ratings changed since it was
         last judged; record new alarms, as the leader of `term` (None: unfenced). Runs in a worker
-        thread. Returns this pass's judgements. Raises StaleLeader when no longer the leader of `term`."""
+        thread. Returns this pass's judgements. Raises StaleLeader when no longer the leader of `term`
+        (its hold carries the term, store/lease.py `fenced`: the pass ends before it pauses or records
+        anything, and the new leader judges again).
+
+        What a version is compared with: the CANARY candidate, its own ratings against the live
+        (serving) version's; the serving version, its ratings against its lineage's root (the base
+        model, version 0, or the segment's first adapter): "how much of what the learning gained since
+        the base is a cheap trait". Against its parent instead, a learner that publishes every few
+        seconds would compare two stretches of one slow drift and never see it. A side with fewer than
+        `min_ratings` ratings of its own is pooled with its nearest versions along the lineage (the
+        judged version's ancestors, newest first; the root's descendants, oldest first: `stretch`) until
+        it has them, never sharing a version with the other side; with too few in all nothing is judged.
+        At most `MAX_SAMPLE` ratings per side, the newest."""
         if self._alarmed is None:
             self._alarmed = {
                 (e.version, e.detail.get("trait")) for e in self.store.operator.events(limit=10000) if e.kind == "reward_hacking"

@@ -5,17 +5,17 @@ interleave and a candidate's weights are checked exactly as an activation's. It 
 the promotion's (`activate_version`, asked of the store as every activation is).
 
 - The base lineage: the candidate engine of the `CanaryEngine` (server/engines/canary.py). `load`
-  finds the weights (`Activator.weights`: memory, then the durable checkpoint); unverified weights mark the row
+  finds the weights (`Activator.weights`, server/control/version_weights.py: memory, then the durable checkpoint); unverified weights mark the row
   FAILED, missing ones are waited for, a load that fails marks a candidate FAILED. `promote`: the store
   is asked first (`check_activation`), the candidate engine becomes the live one at once
   (`CanaryEngine.promote`, no load), then one store transaction makes it SERVING (`Activator.change`); refused there, the
   engines swap back and the activation is dropped, unless another replica promoted it first.
 - A segment's adapter lineage: the segment's candidate slot in the live engine
   (`CanaryEngine.load_candidate_adapter`, from the version's durable checkpoint, verified against its
-  row as an adapter activation is: the slot loads the verified private copy, removed after the load). `promote`: the store is asked (`check_activation`), then makes it
-  SERVING (`activate_version`), then the slot's adapter becomes the segment's (`promote_adapter`: a
+  row as an adapter activation is: the slot loads the verified private copy, removed after the load). `promote`: the store
+  makes it SERVING (`activate_version`), then the slot's adapter becomes the segment's (`promote_adapter`: a
   table repoint, no load, that cannot fail once the slot holds it; the store goes first so that nothing
-  has to be undone in the engine when it refuses). `drop` unloads the slot.
+  has to be undone in the engine when it refuses: `Activator.record_then_repoint`). `drop` unloads the slot.
 - A promotion is the leader's: it carries the gate's lease term (`term`), and a store that refuses it
   as a deposed leader's (StaleLeader) changes nothing; the engines swap back, the candidate stays
   loaded and no activation is dropped (the new leader decides on it).
@@ -26,17 +26,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from liveloop.segments import Lineage
+from liveloop.server.control.outcomes import SwapResult
 from liveloop.server.engines.canary import CandidateBusy, CanaryEngine
 from liveloop.store import TransitionRefused, VersionRecord, VersionStatus
 from liveloop.store.lease import StaleLeader
 from liveloop.transport import WeightsUnverified
 
 if TYPE_CHECKING:
-    from liveloop.server.control.activator import Activator, SwapResult
+    from liveloop.server.control.activator import Activator
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class Candidates:
                 return True
             with contextlib.ExitStack() as stack:
                 try:
-                    source, via, _ = await asyncio.to_thread(a.weights, record, stack)
+                    source, via, _ = await asyncio.to_thread(a.weights.find, record, stack)
                 except WeightsUnverified as exc:
                     await a.reject(record, exc)
                     return False
@@ -102,8 +102,6 @@ class Candidates:
         """Promote the loaded candidate `record` as the leader of `term` (see the module docstring).
         None when it was not promoted (not the loaded candidate; the store refused: the activation is
         dropped; or this replica no longer leads in `term`: nothing changed)."""
-        from liveloop.server.control.activator import SwapResult
-
         if record.segment is not None:
             return await self._promote_adapter(record, term)
         a, engine = self.activator, self.engine
@@ -148,35 +146,40 @@ class Candidates:
                 return None
             a.metrics.inc("server/swaps")
             a.last_swap_via = "promotion"
-            await a.loaded(record, None)
+            await a.weights.loaded(record, None)
             return SwapResult(record.version, previous, seconds * 1000, 0.0)
 
     async def _promote_adapter(self, record: VersionRecord, term: int | None) -> SwapResult | None:
-        from liveloop.server.control.activator import SwapResult
-
         a, segment = self.activator, record.segment
         assert segment is not None
         async with a.lock:
             if self.engine.candidate_adapter_version(segment) != record.version:
                 return None
             previous = self.engine.adapter_version(segment)
-            start = time.perf_counter()
-            with a.changes.changing():  # the store first, then the slot repointed (nothing to undo in the engine)
+
+            async def commit() -> bool:
                 try:
                     await asyncio.to_thread(a.store.versions.activate_version, record.version, None, term)
                 except StaleLeader as exc:  # nothing to undo: the slot's adapter was not repointed yet
                     log.warning("segment %s: candidate adapter %d not promoted: %s", segment, record.version, exc)
-                    return None
+                    return False
                 except TransitionRefused as exc:
                     if not await a.serves_now(record.version):  # rolled back or replaced: never serves
                         await a.drop(record.version, str(exc))
                         await self.engine.drop_candidate_adapter(segment)
-                        return None
+                        return False
+                return True  # recorded (or another replica promoted it first: it serves)
+
+            async def repoint() -> None:
                 await self.engine.promote_adapter(segment)
+
+            seconds = await a.record_then_repoint(commit, repoint)  # the store first, then the slot repointed
+            if seconds is None:
+                return None
             a.metrics.inc("server/adapter_swaps", segment=segment)
             log.info("segment %s: candidate adapter %d promoted over %s", segment, record.version, previous)
             parent = previous if previous is not None else self.engine.version
-            return SwapResult(record.version, parent, (time.perf_counter() - start) * 1000, 0.0)
+            return SwapResult(record.version, parent, seconds * 1000, 0.0)
 
     # -- drop ----------------------------------------------------------------------------------------
     async def drop(self, segment: str | None = None) -> int | None:

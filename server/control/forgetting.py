@@ -1,45 +1,19 @@
-"""Forget that reaches the weights (`POST /admin/keys/{key_id}/forget` with `weights: true`).
+"""Forget that reaches the weights (`POST /admin/keys/{key_id}/forget` with `weights: true`; the operator's
+view: docs/operations.md, "Forgetting a key, weights included").
 
-A plain forget deletes a key's responses and ratings (store/rights.py); the versions already trained
-on them keep what they learned. With `weights` each lineage the learner trains (the base weights', or
-each segment adapter's when `[learner] adapters` is on; the frozen base then has no learner) is also
-moved back to before the key's first trained rating and trained again from there on everyone else's
-ratings:
+A plain forget deletes a key's responses and ratings (store/rights.py); the versions already trained on
+them keep what they learned. With `weights` each lineage the learner trains (the base weights', or each
+segment adapter's when `[learner] adapters` is on; the frozen base then has no learner) is also moved back
+to before the key's first trained rating and trained again from there on everyone else's ratings.
 
-- the key's first rating that lineage reads (`store.rights.key_first_rating`, planned before anything is
-  deleted);
-- the first version of the lineage's chain (from the learner's cursor version back through the
-  parents) whose recorded feedback position (`learner/cursor` in its row's metrics; an operator's
-  import inherits its parent's) reached that rating: the first version that can have trained it;
-- the rollback target: the newest older version on that chain that can still serve (servable status,
-  not pruned, its checkpoint on disk), else the lineage's root (version 0, or for a segment the base
-  weights with no adapter); versions passed over for a missing checkpoint are reported (`skipped`);
-- the ratings replayed: everyone else's trainable ratings between the target's position and the
-  learner's cursor (`store.rights.replay_count`), and the estimate: those over the rate the lineage's recent
-  versions consumed ratings (their `samples_used` over the time between them). That rate is what the
-  learner was fed, not what it can do, so the estimate is an upper bound when ratings came slowly.
-
-A dry run returns that `ForgetPlan` and changes nothing. Otherwise, in this order: the key's data is
-forgotten as a plain forget does (`store.rights.forget_key`); then per affected lineage the lane is paused
-(unless the operator had paused it), the learner's cursor is pointed at the target AND moved back to
-its feedback position in one version-state transaction (`store.rights.rewind_lineage`: a publish on the old
-lineage racing it is refused by the lineage check; the paused learner reloads the target and trains
-nothing meanwhile), then `Activator.rollback` serves the target and marks every later version of the
-lineage rolled back (when the target serves already, the store's `rollback_to` alone marks them);
-then the lane is resumed. The learner trains the ratings after the target's position again, without
-the key's (deleted), as a new lineage of versions from the target, and each goes through the release
-gate of the lineage's mode like any other version. If the rollback fails the cursor is put back. An
-operator event `forget_weights` records the plan and what was done.
-
-Ratings the learner may have trained but not yet published: when the key's first rating comes after
-the head's feedback position, no version trained it, but the learner may hold it in steps it has not
-published (at most `[learner] publish_every_steps`; whether it read it yet is the learner's to know,
-and a separate `liveloop learn` process cannot be asked). The plan is then made as if the head had
-trained it (`in_memory`): the target is the newest servable version before the head, so the cursor's
-version changes and the learner reloads, dropping its unpublished steps; the head's own ratings are
-everyone else's and are trained again. The one case left: a lineage whose head is still its root (it
-never published), where no older version exists to move to; its first version may carry those steps.
-A lineage the key never rated is left alone.
+`plan_forget` makes the `ForgetPlan` (reads only; per lineage `plan_lineage`: the key's first rating it
+read, the first version that can have trained it, the rollback target before it, the ratings replayed and
+an estimate of how long). A dry run returns it and changes nothing. Otherwise `Forgetting.forget` deletes
+the key's data as a plain forget does, then per affected lineage moves the learner's cursor back and rolls
+the lineage back to the target (`Forgetting._roll_back`), and records an operator event `forget_weights`.
+The learner trains the ratings after the target's position again, without the key's, as a new lineage of
+versions from the target, each through the release gate of the lineage's mode like any other version. A
+lineage the key never rated is left alone.
 """
 
 from __future__ import annotations
@@ -48,7 +22,8 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from liveloop.server.control.activator import AlreadyServing, Activator, RollbackResult
+from liveloop.server.control.activator import Activator
+from liveloop.server.control.outcomes import AlreadyServing, RollbackResult
 from liveloop.store import Store, VersionRecord
 from liveloop.store.rights import Deleted, KeyNotFound
 from liveloop.store.status import NOT_ROLLED_BACK
@@ -157,7 +132,27 @@ def _throughput(versions: list[VersionRecord]) -> float | None:
 
 
 def plan_lineage(store: Store, key_id: str, lane: str, segment: str | None, versions: dict[int, VersionRecord]) -> LineagePlan:
-    """One lineage's part of a forget (reads only)."""
+    """One lineage's part of a forget (reads only):
+    - the key's first rating that lineage reads (`store.rights.key_first_rating`, planned before anything
+      is deleted);
+    - the first version of the lineage's chain (from the learner's cursor version back through the
+      parents) whose recorded feedback position (`learner/cursor` in its row's metrics; an operator's
+      import inherits its parent's) reached that rating: the first version that can have trained it;
+    - the rollback target: the newest older version on that chain that can still serve (servable status,
+      not pruned, its checkpoint on disk), else the lineage's root (version 0, or for a segment the base
+      weights with no adapter); versions passed over for a missing checkpoint are reported (`skipped`);
+    - the ratings replayed: everyone else's trainable ratings between the target's position and the
+      learner's cursor (`store.rights.replay_count`), and the estimate: those over the rate the lineage's
+      recent versions consumed ratings (their `samples_used` over the time between them). That rate is
+      what the learner was fed, not what it can do: an upper bound when ratings came slowly.
+
+    Ratings trained but not yet published: when the key's first rating comes after the head's feedback
+    position, no version trained it, but the learner may hold it in steps it has not published (at most
+    `[learner] publish_every_steps`; a separate `liveloop learn` process cannot be asked). The plan is
+    then made as if the head had trained it (`in_memory`): the target is the newest servable version
+    before the head, so the cursor's version changes and the learner reloads, dropping its unpublished
+    steps; the head's own ratings are everyone else's and are trained again. The one case left: a lineage
+    whose head is still its root (it never published); its first version may carry those steps."""
     first = store.rights.key_first_rating(key_id, segment)
     head = store.versions.cursor_version(lane)
     head_cursor = store.feedback.get_cursor(lane)
@@ -251,6 +246,13 @@ class Forgetting:
             return result
 
     async def _roll_back(self, plan: LineagePlan, key_id: str, admin_key_id: str | None) -> LineageDone:
+        """The lane paused (unless the operator had paused it), the learner's cursor pointed at the target
+        AND moved back to its feedback position in one version-state transaction
+        (`store.rights.rewind_lineage`: a publish on the old lineage racing it is refused by the lineage
+        check; the paused learner reloads the target and trains nothing meanwhile), then
+        `Activator.rollback` serves the target and marks every later version of the lineage rolled back
+        (when the target serves already, the store's `rollback_to` alone marks them); then the lane
+        resumed. If the rollback fails the cursor is put back."""
         assert plan.target is not None
         store, lane = self.store, plan.lane
         reason = f"forget key {key_id}: retrain from version {plan.target} without it"

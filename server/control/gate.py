@@ -1,60 +1,26 @@
-"""The release gate: how a learner's version reaches users under `[release] mode` (liveloop.release).
+"""The release gate: how a learner's version reaches users under `[release] mode` (liveloop.release;
+operator's view: docs/operations.md, "Releasing versions").
 
 `ReleaseGate.run` is a loop beside the activator's watcher (started by liveloop/app.py), every `[server]
 watch_seconds`. The store owns the statuses (`start_canary`, `activate_version`, `hold_version`); the
-candidates' engine side is server/control/candidates.py (`load`, `promote`, `drop`, under the activator's lock,
-with the weights found and verified as for every activation); the gate decides (release/decision.py)
-and evaluates.
+candidates' engine side is server/control/candidates.py (`load`, `promote`, `drop`, under the activator's
+lock, with the weights found and verified as for every activation); the gate decides (release/decision.py)
+and evaluates. Each gated lineage (the base weights' under `canary` / `gated`: `Activator.gate_base`; a
+segment's adapters whose mode is not `immediate`: `Activator.gate_segments`) is activated by the gate
+alone, one pass (`_step`) at a time: mirror the store's candidate, start the next, evaluate, decide.
 
-- `canary` / `gated` (the base weights' lineage): the activator's watcher activates nothing of the
-  lineage (`Activator.gate_base`). Each pass the gate (1) mirrors the store's CANARY version into the
-  engine's candidate slot (so every replica of a fleet holds the same candidate and routes the same users
-  to it; a candidate the store no longer names, rolled back or held by another replica, is dropped);
-  (2) with none, makes the newest PUBLISHED version descending from the serving one the candidate
-  (`start_canary`, which supersedes the older ones: each newer version holds their training, "newest
-  wins"), unless learning is paused; (3) starts its evaluation in the background (once per version, on
-  the candidate engine, against the live engine) and stores it (`record_evaluation`); an evaluation that
-  raises is stored as failed (a candidate nobody could evaluate does not pass); (4) decides: promote
-  (the candidate engine becomes the live one at once, the store makes it SERVING), hold (the store's
-  `hold_version`: HELD, the versions trained on from it superseded, the learner back on the live
-  version's weights with its feedback position kept; the candidate engine serves no one; an event
-  `release_held` and the `server/release_held` metric), or wait. A pause also holds back promotion.
-  While one candidate is tried the learner trains on from it and publishes; those versions wait, and
-  when the candidate is decided the newest of those descending from the (new) serving version is next.
-- In a fleet (several replicas on one store) every replica's gate does (1), so each routes the same
-  users to the same candidate, but only the leader (`leader`, server/control/leader.py) starts candidates,
-  evaluates and decides (and evaluates in immediate mode): one evaluation per candidate, one decision;
-  the others follow a promotion (the activator's follower rule) and a hold (the candidate the store no
-  longer names is dropped). `leader` gives the leader lease's term this replica leads in, and each of
-  the gate's store writes (candidate, evaluation, promotion, hold) carries the term its pass began in:
-  the store refuses it (StaleLeader, nothing written; store/lease.py) when the lease has changed
-  hands since, so a leader paused or cut off past its lease decides nothing; a refused promotion
-  swaps the engines back (server/control/candidates.py) and the new leader decides.
-- In `canary` mode a request is served by the candidate when its user (the request's `user` field, else
-  its API key; release/routing.py) falls in `canary_fraction` and the request has no segment; in
-  `gated` mode no user is served by it.
-- `immediate` with `[release.evaluation] immediate = true`: the watcher activates
-  as before; the gate evaluates the serving version when it is new
-  (newest first: versions replaced before the gate was free are skipped), on the candidate engine so
-  the evaluation neither runs on nor is disturbed by the swaps of the engine users are on. Gates nothing.
+- `canary`: a request is served by the candidate when its user (the request's `user` field, else its API
+  key; release/routing.py) falls in `canary_fraction` and the request has no segment (a segment's
+  candidate: its canary requests only); `gated`: no user is served by it.
+- `immediate` (with `[release.evaluation] immediate`): gates nothing; evaluates new serving versions.
+- In a fleet every replica mirrors the store's candidate, so each routes the same users to it; only the
+  leader (server/control/leader.py) starts candidates, evaluates and decides, each store write fenced by
+  its lease term (store/lease.py).
 
-On vLLM the candidate engine starts with the server (its start blocks the event loop: liveloop/app.py);
-on hf it starts, off the loop, at the first candidate.
-
-Segment adapter lineages (`[release] segments`, each segment taking `mode` unless overridden): each
-segment whose mode is not `immediate` is a lineage of its own, run by the same pass with the same
-decision (release/decision.py) and the same store calls (one CANARY per lineage; `hold_version` moves
-that lane's learner cursor, `sao:<segment>`, back to the segment's live adapter, or the base version
-when the segment has none yet). Its candidate is not a second engine but a second adapter slot of the
-live engine (`<segment>@candidate`, server/engines/canary.py): a canary request of the segment whose
-user falls in `canary_fraction` is served by the slot (its response records the candidate's version),
-everyone else of the segment by its adapter, other segments and base requests never by it. Promotion
-repoints the slot's adapter to the segment (no load); a hold unloads it. The evaluation samples the
-slot against the segment's live adapter (or the base weights when none serves it yet), on the live
-engine. A segment candidate's ratings are compared with its live adapter's (with the base version's
-when the segment has none: the base version's ratings then include every base request's). The
-activator activates nothing of a gated segment (`Activator.gate_segments`, set by the gate). Adapter
-slots are built on the hf engine's adapters; on vLLM a non-immediate segment mode is refused at start
+The base lineage's candidate is a second engine (`CanaryEngine`, server/engines/canary.py): on vLLM it
+starts with the server (its start blocks the event loop: liveloop/app.py), on hf off the loop at the first
+candidate. A segment's candidate is a second adapter slot of the live engine (`<segment>@candidate`),
+built on the hf engine's adapters; on vLLM a non-immediate segment mode is refused at start
 (`gated_segments`: a ConfigError) until its LoRA slots are verified on a GPU.
 """
 
@@ -281,6 +247,24 @@ class ReleaseGate:
         return await self._step(self._segments[segment])
 
     async def _step(self, lineage: GatedLineage) -> Decision | None:
+        """One pass over one gated lineage: (1) mirror the store's CANARY version into the candidate
+        slot (a candidate the store no longer names, rolled back or held by another replica, is
+        dropped); (2) with none, make the newest PUBLISHED version descending from the serving one the
+        candidate (`start_canary`, which supersedes the older ones: each newer version holds their
+        training, "newest wins"), unless learning is paused; (3) start its evaluation in the background
+        (once per version, against the live version) and store it; an evaluation that raises is stored
+        as failed (a candidate nobody could evaluate does not pass); (4) decide: promote (the candidate
+        becomes the live one at once, the store makes it SERVING), hold (the store's `hold_version`:
+        HELD, the versions trained on from it superseded, the lane's learner cursor back on the live
+        version or adapter, its feedback position kept; an event `release_held` and the
+        `server/release_held` metric), or wait. A pause also holds back promotion. While a candidate is
+        tried the learner trains on from it; those versions wait, and the newest descending from the
+        (new) serving version is next. Followers in a fleet stop after (1): they follow a promotion (the
+        activator's follower rule) and a hold (the dropped candidate). Each of the leader's store writes
+        carries the term its pass began in: refused (StaleLeader) once the lease changed hands, so a
+        leader paused or cut off past its lease decides nothing. A segment's candidate is evaluated
+        through its slot against the segment's live adapter (or the base weights), and its ratings are
+        compared with that adapter's (the base version's, all base requests included, when it has none)."""
         segment = lineage.segment
         canary = await asyncio.to_thread(self.store.versions.canary_version, segment)
         paused = await asyncio.to_thread(self.store.operator.learning_paused, self.activator.lane(segment))

@@ -8,24 +8,21 @@ of the drift monitor, the per-version rates (the version table, its metrics and 
 and the consensus.
 
 An operator's weights (`publish_weights`, `POST /admin/weights`) are copied into the learner's
-checkpoint_dir and checked there (server/control/weights_import.py, in a worker thread), then published; an
-import that does not end up serving leaves nothing behind.
+checkpoint_dir and checked there (server/control/weights_import.py), then published; an import that does
+not end up serving leaves nothing behind.
 
 The reward-hacking alarms (`[release.alarms]`, server/control/alarms.py) run in their own loop,
 `watch_alarms`, every `check_seconds`, when the wiring gives `alarms` and the tokenizer. The learner's
 pace and its behind / refused-step alarms (server/control/learner_watch.py) run in `watch_pace`, which
 the wiring starts once the learner is there (it reads the learner's status).
 
-In a fleet every replica runs these loops, but only the leader (`leader`: the term of the store's
-leader lease this replica holds, None when it does not; server/control/leader.py) writes: the drift alarms'
-events and counters, the guard's rollbacks, the automatic quarantine and the reward-hacking alarms
-are the leader's; the other replicas still read the ratings and export the figures (each replica's
-`/metrics`). A replica that becomes the leader re-reads which alarms are recorded already (the one
-before it may have recorded some), so an alarm is recorded once per version and trait.
+In a fleet every replica runs these loops, but only the leader (`leader`: the term of the store's leader
+lease this replica holds, None when it does not; server/control/leader.py) writes: the drift alarms, the
+guard's rollbacks, the automatic quarantine and the reward-hacking alarms; the other replicas still read
+the ratings and export the figures. A new leader re-reads which alarms are recorded already.
 
-Results are typed (`LearningState`, `WeightsImported`, the activator's `RollbackResult`, the monitor's
-`VersionRow`, `KeyRow`, the alarms' `HackingVerdict`, the pace's `LearnerPace`); the admin routes turn
-them into JSON."""
+Results are typed (`LearningState`, `WeightsImported`, `RollbackResult`, `VersionRow`, `KeyRow`,
+`HackingVerdict`, `LearnerPace`); the admin routes turn them into JSON."""
 
 from __future__ import annotations
 
@@ -45,13 +42,14 @@ from liveloop.monitor.poisoning import Disagreement, ReplyGroups, Suspect, find_
 from liveloop.monitor.versions import VersionRow, version_table
 from liveloop.release.config import AlarmConfig
 from liveloop.server.control.alarms import HackingVerdict, RewardHackingAlarms
-from liveloop.server.control.activator import Activator, RollbackResult, SwapResult
+from liveloop.server.control.activator import Activator
+from liveloop.server.control.outcomes import RollbackResult, SwapResult
 from liveloop.server.control.learner_watch import LearnerPace, LearnerWatch, StatusView
 from liveloop.server.control.weights_import import WeightImports
 from liveloop.store import Store
 from liveloop.store.keys import KeyState
 from liveloop.store.lease import StaleLeader
-from liveloop.store.lifecycle import ServingChanged
+from liveloop.store.versions import ServingChanged
 
 log = logging.getLogger(__name__)
 

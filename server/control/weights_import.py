@@ -1,31 +1,12 @@
 """An operator's checkpoint (`POST /admin/weights`) copied into managed storage before it can serve.
 
 The server never serves, restarts on or rolls back to a directory the operator owns: `WeightImports.stage`
-copies it into the learner's `checkpoint_dir`, where learner versions live, and checks the copy; the
+copies it into the learner's `checkpoint_dir`, where learner versions live, and checks the copy (regular
+files only, bounded, loadable weights of the serving model's shapes, complete, digested: `stage`); the
 activator then records the version and moves the copy under the version's own name
 (`checkpoint_dir/vNNNNNN/policy`, `StagedCheckpoint.record`). So deleting or changing the operator's
 directory afterwards changes nothing, and the version is the learner's like any other: its cursor moves
 there, it reloads from the copy, and retention prunes it like its own versions unless it is pinned.
-
-What `stage` accepts, checked on the copy (what will serve), never on the operator's files:
-  1. regular files only: every entry is `lstat`ed before anything is opened, and one that is a symlink,
-     FIFO, device, socket or directory refuses the import (a FIFO is never opened); files are opened
-     with O_NOFOLLOW | O_NONBLOCK and must still be the file that was `lstat`ed;
-  2. at most `max_bytes` copied (`[server] max_import_bytes`), checked before copying and while copying;
-  3. loadable weights: `model.safetensors`, or shards named by `model.safetensors.index.json`; every
-     header parses, its offsets cover the file, and the tensor names and shapes are the serving
-     model's (its checkpoint on disk);
-  4. complete: `config.json` must equal the serving model's apart from keys that change no computation
-     (`IGNORED_CONFIG_KEYS`), and a vocabulary file must be the serving model's byte for byte (the server
-     tokenizes with its own); what the directory lacks of both (a directory with only model.safetensors)
-     is taken from the serving model, so the copy is a complete, startable checkpoint;
-  5. its digest (`liveloop.checkpoint.checkpoint_digest` of the copy) goes in the row's checkpoint_sha256
-     (what the activator verifies before the engine loads it), and the copy is fsynced.
-Other regular files (READMEs, optimizer states, pickled weights) are left behind. A refusal is an
-`ImportRefused` (`ImportTooLarge` past the bound) naming the offending file, a copy the server could
-not write an `ImportFailed`; either way nothing stays behind: the staging directory
-(`.staging-<pid>-import-*`, which `liveloop.checkpoint.sweep_stale_staging` removes after a crash) is
-deleted, and no row exists (or a FAILED one, if placing the copy failed after its row was written).
 
 Knows the store (to record the version) and the filesystem; not HTTP, not the engine.
 """
@@ -228,8 +209,28 @@ class WeightImports:
         sweep_stale_staging(self.checkpoint_dir)  # what imports (and publishes) of processes now gone left
 
     def stage(self, path: str) -> StagedCheckpoint:
-        """Copy the checkpoint at `path` and check the copy (the module docstring's rules). Raises
-        ImportRefused, ImportTooLarge or ImportFailed, leaving nothing behind. Blocking: run it in a thread."""
+        """Copy the checkpoint at `path` and check the copy. Raises ImportRefused, ImportTooLarge or
+        ImportFailed, leaving nothing behind. Blocking: run it in a thread.
+
+        What it accepts, checked on the copy (what will serve), never on the operator's files:
+        1. regular files only: every entry is `lstat`ed before anything is opened, and one that is a symlink,
+           FIFO, device, socket or directory refuses the import (a FIFO is never opened); files are opened
+           with O_NOFOLLOW | O_NONBLOCK and must still be the file that was `lstat`ed;
+        2. at most `max_bytes` copied (`[server] max_import_bytes`), checked before copying and while copying;
+        3. loadable weights: `model.safetensors`, or shards named by `model.safetensors.index.json`; every
+           header parses, its offsets cover the file, and the tensor names and shapes are the serving
+           model's (its checkpoint on disk);
+        4. complete: `config.json` must equal the serving model's apart from keys that change no computation
+           (`IGNORED_CONFIG_KEYS`), and a vocabulary file must be the serving model's byte for byte (the server
+           tokenizes with its own); what the directory lacks of both (a directory with only model.safetensors)
+           is taken from the serving model, so the copy is a complete, startable checkpoint;
+        5. its digest (`liveloop.checkpoint.checkpoint_digest` of the copy) goes in the row's checkpoint_sha256
+           (what the activator verifies before the engine loads it), and the copy is fsynced.
+        Other regular files (READMEs, optimizer states, pickled weights) are left behind. A refusal is an
+        `ImportRefused` (`ImportTooLarge` past the bound) naming the offending file, a copy the server could
+        not write an `ImportFailed`; either way nothing stays behind: the staging directory
+        (`.staging-<pid>-import-*`, which `liveloop.checkpoint.sweep_stale_staging` removes after a crash) is
+        deleted, and no row exists (or a FAILED one, if placing the copy failed after its row was written)."""
         try:
             is_dir = stat.S_ISDIR(os.stat(path).st_mode)
         except (OSError, ValueError):  # missing, a name too long, a permission, a NUL byte
