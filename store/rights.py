@@ -18,9 +18,7 @@ committed row, or the writer sees the mark.
 
 Deleted text must not stay on disk: SQLite runs with `secure_delete` (store/db.py), and each deletion
 ends with a WAL checkpoint that truncates the `-wal` file (else it keeps the rows' old pages until they
-are reused); PostgreSQL's autovacuum reclaims dead tuples.
-
-Forget that reaches the weights (server/control/forgetting.py) plans from here: `key_first_rating`,
+are reused); PostgreSQL's autovacuum reclaims dead tuples. Forget that reaches the weights (server/control/forgetting.py) plans from here: `key_first_rating`,
 `replay_count` and `rewind_lineage` (a learner's cursor moved back in one version-state transaction, so
 it trains those ratings again). `forgotten`: the edge's view of the forgotten keys (`ForgottenKeys`).
 """

@@ -19,7 +19,6 @@ A stalled store costs a bounded wait. An async caller waits at most `[store] wri
 land). The writer waits at most as long for a locked database, then fails the whole batch at once: a
 database that cannot take writes (locked, unreachable) is never retried row by row; only a row-specific
 failure (a constraint, a value the database cannot hold) sends the batch to row-by-row isolation.
-
 Deletions hold for what is still on its way: each transaction begins holding the write lock and drops
 what a deletion marked (a deleted response's tombstone, a forgotten key: store/rights.py), so a delete
 or a forget that came first is never undone when the row lands.
