@@ -5,25 +5,20 @@ is handed only what it uses. Nothing else builds a component.
 
 `build_app` makes the HTTP edge's app (server/edge/app.py: routes only) with a lifespan that, in order:
 1. opens the store and brings its schema to head (or refuses to start);
-2. finds what serves (server/control/startup.py: the newest "serving" row, else version 0 = the
-   configured model) and starts the engine on it (a `CanaryEngine` pair when the release gate runs);
+2. finds what serves (server/control/startup.py) and starts the engine on it (a `CanaryEngine` pair
+   when the release gate runs);
 3. starts the group-commit writer, the serving pipeline and the activation side of the control plane
-   (`Activator`), restoring the segments' adapters;
-   then runs a warm-up generation through the serving pipeline (server/edge/pipeline/readiness.py: nothing
-   logged), so the first reply after /healthz says ok is as fast as the second;
-4. builds the control plane's loops' owners: `Operations` (drift monitor, guard, alarms, imports),
-   `Leadership`, the release gate, the replica registry;
+   (`Activator`), restoring the segments' adapters; then a warm-up generation (nothing logged);
+4. builds the control plane's loops' owners: `Operations`, `Leadership`, the release gate, the registry;
 5. starts the background tasks (`running`): the version watcher, the heartbeat, the forgotten keys'
-   refresh, the monitor, the alarms, the gate, retention, the leader lease, the fleet-wide limits' sync
-   (server/edge/fleet_limits.py: the rates and the sign-in throttle count every replica on the store);
-6. starts the co-located learner (`start_learner`, a Ray actor, when `[learner] enabled`: it gets
-   `[store]`, `[learner]`, `[critic]` and the model directory and meets the server only in the store),
-   and the watch on its pace (`Operations.watch_pace`, which reads its status);
-7. freezes the start's objects out of the garbage collector's full passes (`freeze_heap`) and attaches
-   the parts to the app (server/edge/dependencies.py), where the routes take them as typed
-   dependencies. /healthz answers only then (its details say how the warm-up went).
-Shut-down reverses it: the learner first (it publishes what it has; the heap is thawed), then the tasks,
-the lease and the registry row, then the engine, the writer (every queued row flushed) and the store.
+   refresh, the monitor, the alarms, the gate, retention, the leader lease, the fleet-wide limits' sync;
+6. starts the co-located learner (`start_learner`, a Ray actor, when `[learner] enabled`: it meets the
+   server only in the store), and the watch on its pace (`Operations.watch_pace`);
+7. freezes the start's objects out of the garbage collector's full passes (`freeze_heap`), builds one
+   handler per endpoint family with exactly its collaborators (`handlers_of`) and attaches them to the
+   app (server/edge/dependencies.py). /healthz answers only then.
+Shut-down reverses it: the learner first, then the tasks, the lease and the registry row, then the
+engine, the writer (every queued row flushed) and the store.
 
 A Ray Serve replica (liveloop/serve_ray.py) builds the same app with another `learner` factory: a view
 of the ONE learner the fleet shares (`RemoteLearner`), whose `close` only stops looking at it.
@@ -52,21 +47,38 @@ from liveloop.server.control.gate import ReleaseGate, gated_segments, wants_gate
 from liveloop.server.control.leader import Leadership
 from liveloop.server.control.operations import Operations
 from liveloop.server.control.activator import Activator
-from liveloop.server.edge.pipeline.readiness import freeze_heap, thaw_heap, warm_up
+from liveloop.server.edge.pipeline.readiness import WarmUp, freeze_heap, thaw_heap, warm_up
 from liveloop.server.control.retention import apply_retention
 from liveloop.server.control.startup import finish_start, record_fallback, start_instead, start_point, sweep_shared_memory
 from liveloop.server.control.weights_import import WeightImports
 from liveloop.server.edge.admission import Admission
 from liveloop.server.edge.app import check_bind, create_app
-from liveloop.server.edge.auth import KeyRing, LoginThrottle, watch_forgotten
+from liveloop.server.edge.admin.alarms import AdminAlarms
+from liveloop.server.edge.admin.dashboard import Dashboard
+from liveloop.server.edge.admin.episodes import AdminEpisodes
+from liveloop.server.edge.admin.fleet import AdminFleet
+from liveloop.server.edge.admin.keys import AdminKeys
+from liveloop.server.edge.admin.learning import AdminLearning
+from liveloop.server.edge.admin.release import AdminRelease
+from liveloop.server.edge.admin.versions import AdminVersions
+from liveloop.server.edge.auth import LoginThrottle, watch_forgotten
 from liveloop.server.edge.chat.serving import ServingChat
+from liveloop.server.edge.chat.stored import StoredChats
 from liveloop.server.edge.completions.serving import ServingCompletions
-from liveloop.server.edge.dependencies import EdgeState, Handlers, Parts, attach, detach, edge_state
+from liveloop.server.edge.dependencies import EdgeState, Handlers, LearnerView, attach, detach, edge_state
 from liveloop.server.edge.fleet_limits import FleetRateLimiter, fleet_view
+from liveloop.server.edge.feedback.serving import ServingFeedback
 from liveloop.server.edge.messages.serving import ServingMessages
+from liveloop.server.edge.models.serving import ServingModels
+from liveloop.server.edge.ops.serving import Ops
+from liveloop.server.edge.ownership import Ownership
 from liveloop.server.edge.pipeline.serving import Serving
+from liveloop.server.edge.principal import KeyRing
 from liveloop.server.edge.responses.serving import ServingResponses
-from liveloop.server.engines.base import create_engine
+from liveloop.server.edge.responses.stored import StoredResponses
+from liveloop.server.edge.tokens.serving import ServingTokens
+from liveloop.server.edge.versions.serving import ServingVersions
+from liveloop.server.engines.base import Engine, create_engine
 from liveloop.server.engines.canary import CanaryEngine
 from liveloop.server.engines.registry import names_with
 from liveloop.store import BatchWriter, Store
@@ -97,18 +109,21 @@ def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        async with running(config, model_dir, edge_state(app)) as parts:
+        edge = edge_state(app)
+        async with running(config, model_dir, edge) as server:
             restore_stop_handlers = keep_stop_handlers()
             learner = await asyncio.to_thread(learner_factory, config, model_dir)
             restore_stop_handlers()  # Ray's driver put its own over them (keep_stop_handlers)
             # the learner's pace and its alarms read its status: watched once it is there
-            pace = asyncio.create_task(parts.operations.watch_pace(learner.status)) if learner is not None else None
+            pace = asyncio.create_task(server.operations.watch_pace(learner.status)) if learner is not None else None
             freeze_heap()  # what the start made stays out of the collector's full passes (server/edge/pipeline/readiness.py)
-            attach(app, dataclasses.replace(parts, learner=learner))
+            attach(app, handlers_of(server, edge, learner), server.replica_id)
+            app.state.server = server  # for tests' inspection: no route reads it (they take their handlers)
             try:
                 yield
             finally:
                 detach(app)
+                app.state.server = None
                 if pace is not None:
                     pace.cancel()
                 if learner is not None:
@@ -139,7 +154,62 @@ def keep_stop_handlers() -> Callable[[], None]:
     return restore
 
 
-async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts:
+@dataclasses.dataclass(frozen=True)
+class Server:
+    """The server's parts, started (steps 1-4): what the background tasks run on and the handlers are
+    built from (`handlers_of`). The composition root's own: nothing outside this module sees it whole."""
+
+    store: Store
+    writer: BatchWriter
+    engine: Engine  # a CanaryEngine pair when gated
+    tokenizer: Any
+    metrics: Metrics
+    keys: KeyRing
+    login_throttle: LoginThrottle
+    serving: Serving
+    chat: ServingChat  # built first: the warm-up generates through it
+    activator: Activator
+    operations: Operations
+    forgetting: Forgetting  # the server's one: one forget at a time moves learner cursors
+    leadership: Leadership
+    replica_id: str
+    down_after_seconds: float
+    gate: ReleaseGate | None = None
+    started_at: int = 0
+    warm_up: WarmUp | None = None  # the start's warm-up generation (server/edge/pipeline/readiness.py)
+
+
+def handlers_of(s: Server, edge: EdgeState, learner: LearnerView | None) -> Handlers:
+    """One handler per endpoint family, each with exactly its collaborators (the store's parts it
+    reads, not the store)."""
+    store, generating = s.store, edge.generating
+    ownership = Ownership(store.conversations, store.rights, generating, s.serving.admission)
+    return Handlers(
+        keys=s.keys,
+        chat=s.chat,
+        stored_chats=StoredChats(store.conversations, ownership),
+        completions=ServingCompletions(s.serving, generating),
+        messages=ServingMessages(s.serving, generating),
+        responses=ServingResponses(s.serving, generating, store.conversations),
+        stored_responses=StoredResponses(ownership),
+        tokens=ServingTokens(s.serving),
+        feedback=ServingFeedback(s.serving.admission, s.writer, s.metrics),
+        versions=ServingVersions(store.versions, store.fleet.registry, s.down_after_seconds, lambda: s.engine.version),
+        models=ServingModels(s.serving, s.started_at),
+        ops=Ops(s.writer, store.ping, s.engine, s.serving, s.metrics, store.fleet.registry, s.down_after_seconds, learner, s.warm_up),
+        admin_versions=AdminVersions(s.operations, s.activator, s.engine, store.versions),
+        admin_release=AdminRelease(s.gate, s.activator, s.engine, store.release, store.versions),
+        admin_learning=AdminLearning(s.operations, s.activator, s.engine, s.tokenizer, s.serving.model_name, store.release,
+                                     store.feedback, learner, s.started_at),
+        admin_alarms=AdminAlarms(s.operations, store.operator),
+        admin_keys=AdminKeys(s.operations, store.keys, store.rights, s.forgetting),
+        admin_fleet=AdminFleet(store.fleet.registry, s.replica_id, s.down_after_seconds, store.operator),
+        admin_episodes=AdminEpisodes(store.episodes),
+        dashboard=Dashboard(s.keys, s.login_throttle, edge.sessions),
+    )
+
+
+async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Server:
     """Steps 1-4: the server's parts, started (no background task yet)."""
     from transformers import AutoTokenizer
 
@@ -211,20 +281,14 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Parts
         evaluate = evaluator(config, tokenizer, model_dir, serving.stop_token_ids, store)
         gate = ReleaseGate(config.release, activator, engine, store, metrics, evaluate, leader=leadership.held_term)
         serving.canary = gate.routes_to_candidate
-    handlers = Handlers(
-        chat=ServingChat(serving, edge.generating),
-        completions=ServingCompletions(serving, edge.generating),
-        messages=ServingMessages(serving, edge.generating),
-        responses=ServingResponses(serving, edge.generating, store.conversations),
-    )
-    return Parts(
+    return Server(
         store=store, writer=writer, engine=engine, tokenizer=tokenizer, metrics=metrics, keys=keys, serving=serving,
+        chat=ServingChat(serving, edge.generating),
         login_throttle=LoginThrottle(
             config.server.login_failures_per_minute, config.server.login_failures_per_minute_total, FleetRateLimiter(fleet),
         ),
-        activator=activator, operations=operations, forgetting=Forgetting(store, activator), registry=store.fleet.registry, replica_id=name,
-        down_after_seconds=config.server.down_after_seconds, edge=edge, gate=gate, leadership=leadership,
-        started_at=int(time.time()), handlers=handlers,
+        activator=activator, operations=operations, forgetting=Forgetting(store, activator), leadership=leadership, replica_id=name,
+        down_after_seconds=config.server.down_after_seconds, gate=gate, started_at=int(time.time()),
     )
 
 
@@ -241,32 +305,31 @@ def evaluator(config: Config, tokenizer: Any, model_dir: Path, stop_token_ids: t
     return engine_evaluation(suite, stop_token_ids)
 
 
-def beat_of(parts: Parts) -> Callable[[], Beat]:
+def beat_of(server: Server) -> Callable[[], Beat]:
     """What this replica reports in the registry: its serving versions, generations running and health."""
 
     def beat() -> Beat:
-        adapters = {segment: parts.engine.adapter_version(segment) for segment in parts.activator.segments}
-        healthy = parts.engine.healthy() and parts.writer.health().alive
-        return Beat(parts.engine.version, adapters, parts.serving.admission.total, healthy)
+        adapters = {segment: server.engine.adapter_version(segment) for segment in server.activator.segments}
+        healthy = server.engine.healthy() and server.writer.health().alive
+        return Beat(server.engine.version, adapters, server.serving.admission.total, healthy)
 
     return beat
 
 
-async def stop_parts(parts: Parts) -> None:
-    await parts.engine.close()
-    parts.serving.close()
-    await asyncio.to_thread(parts.writer.close)
-    parts.store.close()
+async def stop_parts(server: Server) -> None:
+    await server.engine.close()
+    server.serving.close()
+    await asyncio.to_thread(server.writer.close)
+    server.store.close()
 
 
 @contextlib.asynccontextmanager
-async def running(config: Config, model_dir: Path, edge: EdgeState) -> AsyncIterator[Parts]:
+async def running(config: Config, model_dir: Path, edge: EdgeState) -> AsyncIterator[Server]:
     """Step 5: the server's parts, started, with their background tasks; on exit the tasks are cancelled,
     the lease released, the replica row removed and the parts stopped, every queued row flushed."""
     p = await start_parts(config, model_dir, edge)
     # a first generation through the pipeline before anything answers: the first reply is as fast as the second
-    p = dataclasses.replace(p, warm_up=await warm_up(p.serving))
-    assert p.leadership is not None
+    p = dataclasses.replace(p, warm_up=await warm_up(p.serving, p.chat.prepare_unlogged))
     try:  # lead at once if nobody does (a lone server): the loops below start as the leader
         await asyncio.to_thread(p.leadership.renew)
     except Exception:
@@ -275,7 +338,7 @@ async def running(config: Config, model_dir: Path, edge: EdgeState) -> AsyncIter
     tasks = [
         p.leadership.run(),
         p.activator.watch(config.server.watch_seconds),
-        heartbeat(p.registry, p.replica_id, kind, beat_of(p), config.server.watch_seconds, config.server.heartbeat_seconds),
+        heartbeat(p.store.fleet.registry, p.replica_id, kind, beat_of(p), config.server.watch_seconds, config.server.heartbeat_seconds),
         watch_forgotten(p.store.rights.forgotten),
         p.operations.watch_alarms(),  # returns at once with [release.alarms] off
     ]
@@ -299,7 +362,7 @@ async def running(config: Config, model_dir: Path, edge: EdgeState) -> AsyncIter
         except Exception:
             log.exception("releasing the leader lease")
         try:
-            await asyncio.to_thread(p.registry.remove, p.replica_id)  # a clean stop leaves the fleet
+            await asyncio.to_thread(p.store.fleet.registry.remove, p.replica_id)  # a clean stop leaves the fleet
         except Exception:
             log.exception("removing replica %s from the registry", p.replica_id)
         await stop_parts(p)

@@ -13,33 +13,15 @@ store (PostgreSQL: several processes write at once).
 - The driver migrates the store, makes version 0 and sweeps the deployment's shared memory once,
   before any replica starts; replicas never migrate (`auto_migrate` off in theirs) nor sweep (one
   restarted while the learner writes a version would remove it as unfinished).
-- Each replica is `@serve.ingress` late-bound: its constructor takes the config and model directory,
-  `__serve_build_asgi_app__` builds the app with the replica's Serve id as its registry id, and Serve
-  runs the app's lifespan (the components start there and stop at the replica's shutdown; a replica
-  killed with `kill -9` is restarted by Serve and catches up from the store at start). `check_health`
-  tells Serve an engine that stopped serving.
-- Versions: the learner publishes a version once (a row, its memory in the deployment's shared
-  memory, then its durable checkpoint); every replica's watcher activates or follows it
-  (server/control/activator.py, the follower rule), so a rollback, an operator import or a pause, done through
-  any replica, reaches all of them.
+- Each replica is `@serve.ingress` late-bound: `__serve_build_asgi_app__` builds the app with the
+  replica's Serve id as its registry id, and Serve runs its lifespan (a replica killed with `kill -9`
+  is restarted by Serve and catches up from the store at start).
+- Versions: the learner publishes a version once; every replica's watcher activates or follows it
+  (server/control/watcher.py), so a rollback, an import or a pause through any replica reaches all.
 - The learner's health and status reach every replica through `RemoteLearner`, a view of the named
   `LearnerHost` actor polled off the event loop (`health()` never blocks a request).
-- One replica leads (server/control/leader.py: the store's "leader" lease, `[server] leader_lease_seconds`): its
-  release gate alone starts candidates, evaluates and promotes or holds them, and its operations alone
-  record alarms (drift and reward hacking), roll back (guard), quarantine and apply retention. Every
-  replica routes: under `[release] mode` canary or gated each builds its own `CanaryEngine`, and its
-  gate's pass loads the store's CANARY version into that replica's candidate engine (and drops one the
-  store no longer names), so every replica sends the same canary users to the same candidate; a
-  promotion reaches the others through the activator's follower rule (the candidate they hold becomes
-  their live engine, no load). A leader killed with `kill -9` (Serve restarts it as a new holder) is
-  replaced by another replica within the lease and a third; one stopped cleanly releases the lease.
-
-Serve's own HTTP proxy answers instead of uvicorn in the driver, so `[server] header_timeout_seconds`
-(a uvicorn protocol of ours) does not apply there; every route, the Host allow-list, body limits and
-admission do, in each replica. The proxy's queue is bounded (`deployment_options`): it sends a replica
-at most `[ray] max_ongoing_requests` at once and holds at most `[ray] max_queued_requests` waiting for
-one (both 0: `[server] max_concurrent_total`); past that it answers 503 at once, with `Retry-After:
-[server] retry_after_seconds`, and the request reaches no replica.
+- One replica leads (server/control/leader.py); every replica routes canaries alike (`_replica_class`).
+- Serve's HTTP proxy answers instead of uvicorn, its queue bounded (`deployment_options`).
 """
 
 from __future__ import annotations
@@ -94,9 +76,10 @@ class LearnerHost:
 
 
 class RemoteLearner:
-    """A replica's view of the fleet's learner (the edge's `Parts.learner`): `health()` answers from the
-    last poll of the named `LearnerHost` (every `poll_s`, on a thread; "starting" until it is found,
-    "unreachable" when it does not answer), `status()` asks it; `close()` stops looking."""
+    """A replica's view of the fleet's learner (the edge's `LearnerView`, read by its ops and admin
+    handlers): `health()` answers from the last poll of the named `LearnerHost` (every `poll_s`, on a
+    thread; "starting" until it is found, "unreachable" when it does not answer), `status()` asks it;
+    `close()` stops looking."""
 
     def __init__(self, name: str, poll_s: float = 0.5):
         from liveloop.learner.actor import LearnerHealth
@@ -153,7 +136,17 @@ class RemoteLearner:
 
 # -- a replica ----------------------------------------------------------------------------------------
 def _replica_class() -> Any:
-    """The Serve deployment class (built on first use: importing Serve costs a second)."""
+    """The Serve deployment class (built on first use: importing Serve costs a second).
+
+    One replica leads (server/control/leader.py: the store's "leader" lease, `[server]
+    leader_lease_seconds`): its release gate alone starts candidates, evaluates and promotes or holds them, and its operations alone
+    record alarms (drift and reward hacking), roll back (guard), quarantine and apply retention. Every
+    replica routes: under `[release] mode` canary or gated each builds its own `CanaryEngine`, and its
+    gate's pass loads the store's CANARY version into that replica's candidate engine (and drops one the
+    store no longer names), so every replica sends the same canary users to the same candidate; a
+    promotion reaches the others through the activator's follower rule (the candidate they hold becomes
+    their live engine, no load). A leader killed with `kill -9` (Serve restarts it as a new holder) is
+    replaced by another replica within the lease and a third; one stopped cleanly releases the lease."""
     from ray import serve
 
     @serve.ingress()
@@ -180,6 +173,7 @@ def _replica_class() -> Any:
             return self.fastapi
 
         def check_health(self) -> None:
+            """Tells Serve an engine that stopped serving."""
             engine = getattr(getattr(self, "fastapi", None), "state", None)
             engine = getattr(engine, "engine", None)
             if engine is not None and not engine.healthy():
@@ -226,7 +220,14 @@ def prepare_store(config: Config, model_dir: Path) -> str:
 def deployment_options(config: Config) -> dict[str, Any]:
     """The replicas' Serve deployment options: their number and CPUs, and the proxy's bounds (what one
     replica is sent at once, how many requests wait for one: never an unbounded queue; beyond, a 503
-    with Retry-After)."""
+    with Retry-After).
+
+    Serve's own HTTP proxy answers instead of uvicorn in the driver, so `[server] header_timeout_seconds`
+    (a uvicorn protocol of ours) does not apply there; every route, the Host allow-list, body limits and
+    admission do, in each replica. The proxy's queue is bounded: it sends a replica
+    at most `[ray] max_ongoing_requests` at once and holds at most `[ray] max_queued_requests` waiting for
+    one (both 0: `[server] max_concurrent_total`); past that it answers 503 at once, with `Retry-After:
+    [server] retry_after_seconds`, and the request reaches no replica."""
     from ray.serve.config import BackpressureConfig
 
     return {

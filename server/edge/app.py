@@ -1,7 +1,7 @@
 """The FastAPI app of the HTTP edge: its routes, error handlers, body limits, Host allow-list and the
-replica header; nothing is built here but the edge's own state (`EdgeState`): the server's parts are
-built by the composition root (liveloop/app.py) and attached by the lifespan it hands `create_app`
-(server/edge/dependencies.py). The routes take them as typed dependencies.
+replica header; nothing is built here but the edge's own state (`EdgeState`): the handlers are built by
+the composition root (liveloop/app.py) and attached by the lifespan it hands `create_app`
+(server/edge/dependencies.py). Each route takes its one handler as a typed dependency.
 
 Requests reach the routes only with a Host header `[server] allowed_hosts` allows (`HostAllowList`,
 server/edge/hosts.py: DNS rebinding). Every response names its replica in `x-liveloop-replica`.
@@ -32,9 +32,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from liveloop.config import Config
 from liveloop.server.config import ServerConfig
-from liveloop.server.edge import models, ops
-from liveloop.server.edge.admin import alarms, api_docs, dashboard, episodes, release
-from liveloop.server.edge.admin import routes as admin
+from liveloop.server.edge.admin import alarms, api_docs, dashboard, episodes, fleet, keys, learning, release
+from liveloop.server.edge.admin import versions as admin_versions
 from liveloop.server.edge.auth import Sessions
 from liveloop.server.edge.body import BodyDeadline, BodyLimit
 from liveloop.server.edge.chat import routes as chat
@@ -45,18 +44,21 @@ from liveloop.server.edge.errors import install_handlers
 from liveloop.server.edge.feedback import routes as feedback
 from liveloop.server.edge.hosts import HostAllowList, allowed_hosts
 from liveloop.server.edge.messages import routes as messages
+from liveloop.server.edge.models import routes as models
+from liveloop.server.edge.ops import routes as ops
 from liveloop.server.edge.pipeline.streaming import Generating
 from liveloop.server.edge.responses import routes as responses
 from liveloop.server.edge.tokens import routes as tokens
+from liveloop.server.edge.versions import routes as versions
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_HEADER_BYTES = 16 * 1024  # a request's line and headers at most (h11's bound, kept with httptools)
 ROUTERS = (
     models.router, chat.router, completions.router, stored.router, messages.router, responses.router, tokens.router,
-    feedback.router, ops.router, admin.router, episodes.router, dashboard.router, release.router, alarms.router,
+    feedback.router, versions.router, ops.router, admin_versions.router, learning.router, keys.router, fleet.router,
+    episodes.router, dashboard.router, release.router, alarms.router,
     api_docs.router,  # behind the admin key, not FastAPI's public defaults
 )
-
 
 class UnsafeBind(ValueError):
     """The server would listen beyond loopback with the public development keys."""
@@ -77,7 +79,7 @@ def check_bind(config: Config) -> None:
 
 def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]) -> FastAPI:
     """The routes, error handlers, body limits and Host allow-list, with the edge's own state; `lifespan`
-    (the composition root's) starts the server's parts and attaches them before the first request."""
+    (the composition root's) starts the server's parts and attaches their handlers before the first request."""
     app = FastAPI(title="liveloop", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     install_handlers(app)
     app.state.edge = EdgeState(
@@ -85,7 +87,8 @@ def create_app(server: ServerConfig, lifespan: Callable[[FastAPI], contextlib.Ab
         generating=Generating(),
         ops_open_on_loopback=server.ops_open_on_loopback,
     )
-    app.state.parts = None  # until the lifespan attaches them
+    app.state.handlers = None  # until the lifespan attaches them
+    app.state.replica_id = None
     for router in ROUTERS:
         app.include_router(router)
     app.add_middleware(BodyDeadline, seconds=server.body_timeout_seconds)
@@ -102,8 +105,7 @@ class ReplicaHeader:
         self.app, self.state = app, app_state
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        parts = getattr(self.state, "parts", None)
-        replica = parts.replica_id if parts is not None else None
+        replica = getattr(self.state, "replica_id", None)
         if scope["type"] != "http" or replica is None:
             await self.app(scope, receive, send)
             return

@@ -1,7 +1,5 @@
-"""API keys: who may call `/v1` (user keys) and `/admin` (admin keys).
-
-Keys come from environment variables, sha256 digests in the config, or (development only) plain text
-in the config. Keys are never stored: the store records `key_id`, a short digest of the key.
+"""API keys: who may call `/v1` (user keys) and `/admin` (admin keys), as FastAPI dependencies
+(`user`, `require_user`, `require_admin`); the keys themselves are server/edge/principal.py's.
 
 A key an operator forgot (`store.rights.forget_key`) is refused with 403, or with `[auth] forgotten_keys =
 "unstored"` served as `Principal.unstored` (nothing of it is stored: the routes do not log it, and the
@@ -15,67 +13,20 @@ SameSite=Strict, random token kept in memory only); writes made with the cookie 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
-import os
 import secrets
 import time
-from collections.abc import Container
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Depends, Request
 from limits import RateLimitItemPerMinute, storage, strategies
 
-from liveloop.server.config import AuthConfig
 from liveloop.server.edge.dependencies import edge, keyring
 from liveloop.server.edge.errors import APIError
+from liveloop.server.edge.principal import KeyRing, Principal, key_digest, key_id  # noqa: F401 (handed on: who a key is)
 
 log = logging.getLogger(__name__)
-
-
-KEY_ID_CHARS = 16  # a key's id: the first hex characters of its sha256
-
-
-def key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def key_id(key: str) -> str:
-    """The id the store records for `key` (what `Principal.key_id` holds)."""
-    return key_digest(key)[:KEY_ID_CHARS]
-
-
-@dataclass(frozen=True)
-class Principal:
-    key_id: str  # first 16 hex characters of sha256(key)
-    admin: bool
-    unstored: bool = False  # a forgotten key served under `forgotten_keys = "unstored"`: log nothing of it
-
-
-class KeyRing:
-    """The configured keys, and the forgotten ones (`forgotten`: the store's view, store/rights.py)."""
-
-    def __init__(self, config: AuthConfig, environ: dict[str, str] | None = None, forgotten: Container[str] = frozenset()):
-        self.forgotten = forgotten
-        self.forgotten_policy = config.forgotten_keys
-        env = os.environ if environ is None else environ
-        users = set(config.dev_user_keys) | _split(env.get(config.user_keys_env, ""))
-        admins = set(config.dev_admin_keys) | _split(env.get(config.admin_keys_env, ""))
-        self._user = {key_digest(k) for k in users} | {h.lower() for h in config.user_key_sha256}
-        self._admin = {key_digest(k) for k in admins} | {h.lower() for h in config.admin_key_sha256}
-        if not self._user and not self._admin:
-            raise ValueError(
-                f"auth: no API keys configured (set {config.user_keys_env} / {config.admin_keys_env}, "
-                "auth.user_key_sha256, or auth.dev_user_keys for development)"
-            )
-
-    def resolve(self, key: str) -> Principal | None:
-        digest = key_digest(key)
-        admin = any(hmac.compare_digest(digest, d) for d in self._admin)
-        user = admin or any(hmac.compare_digest(digest, d) for d in self._user)
-        return Principal(digest[:KEY_ID_CHARS], admin) if user else None
 
 
 SESSION_COOKIE = "liveloop_session"
@@ -136,10 +87,6 @@ class LoginThrottle:
     def failed(self, client: str) -> None:
         self._limiter.hit(self._per_client, "login", client)
         self._limiter.hit(self._total, "login", "*")
-
-
-def _split(value: str) -> set[str]:
-    return {k.strip() for k in value.split(",") if k.strip()}
 
 
 def _bearer(request: Request) -> str:

@@ -1,15 +1,15 @@
-"""What the routes are handed. The composition root (liveloop/app.py) builds the server's parts once and
-attaches them to the app in one place (`attach`); a route names the parts it uses as a FastAPI
-dependency (`parts: Parts = Depends(parts)`, or a handler object such as `Depends(chat)`), never
+"""What the routes are handed: one handler per endpoint family, each built by the composition root
+(liveloop/app.py) with exactly its collaborators and attached to the app in one place (`attach`). A
+route takes its one handler as a FastAPI dependency (`h: ServingChat = Depends(chat)`), never
 `request.app.state`. Until the lifespan has attached them (a request that raced the start) the
 dependency answers 503 with Retry-After, never a 500.
 
-The edge's own state (dashboard sessions, the responses being generated) lives
-here too: built with the app from `[server]`, it is the edge's, not a component's."""
+The edge's own state (dashboard sessions, the responses being generated) lives here too: built with
+the app from `[server]`, it is the edge's, not a component's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -17,23 +17,28 @@ from fastapi import FastAPI, Request
 from liveloop.server.edge.errors import APIError
 
 if TYPE_CHECKING:
-    from liveloop.metrics import Metrics
-    from liveloop.server.control.forgetting import Forgetting
-    from liveloop.server.control.gate import ReleaseGate
-    from liveloop.server.control.leader import Leadership
-    from liveloop.server.control.operations import Operations
-    from liveloop.server.control.activator import Activator
-    from liveloop.server.edge.pipeline.readiness import WarmUp
-    from liveloop.server.edge.auth import KeyRing, LoginThrottle, Sessions
+    from liveloop.server.edge.admin.alarms import AdminAlarms
+    from liveloop.server.edge.admin.dashboard import Dashboard
+    from liveloop.server.edge.admin.episodes import AdminEpisodes
+    from liveloop.server.edge.admin.fleet import AdminFleet
+    from liveloop.server.edge.admin.keys import AdminKeys
+    from liveloop.server.edge.admin.learning import AdminLearning
+    from liveloop.server.edge.admin.release import AdminRelease
+    from liveloop.server.edge.admin.versions import AdminVersions
+    from liveloop.server.edge.auth import Sessions
     from liveloop.server.edge.chat.serving import ServingChat
+    from liveloop.server.edge.chat.stored import StoredChats
     from liveloop.server.edge.completions.serving import ServingCompletions
+    from liveloop.server.edge.feedback.serving import ServingFeedback
     from liveloop.server.edge.messages.serving import ServingMessages
-    from liveloop.server.edge.pipeline.serving import Serving
+    from liveloop.server.edge.models.serving import ServingModels
+    from liveloop.server.edge.ops.serving import Ops
     from liveloop.server.edge.pipeline.streaming import Generating
+    from liveloop.server.edge.principal import KeyRing
     from liveloop.server.edge.responses.serving import ServingResponses
-    from liveloop.server.engines.base import Engine
-    from liveloop.store import BatchWriter, Store
-    from liveloop.store.replicas import ReplicaRegistry
+    from liveloop.server.edge.responses.stored import StoredResponses
+    from liveloop.server.edge.tokens.serving import ServingTokens
+    from liveloop.server.edge.versions.serving import ServingVersions
 
 
 class LearnerView(Protocol):
@@ -42,7 +47,7 @@ class LearnerView(Protocol):
 
     def health(self) -> Any: ...
 
-    def status(self) -> dict: ...
+    def status(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -55,57 +60,55 @@ class EdgeState:
 
 
 @dataclass(frozen=True)
-class Parts:
-    """The server's parts the routes use, typed: built by the composition root, attached once."""
-
-    store: Store
-    writer: BatchWriter
-    engine: Engine
-    tokenizer: Any
-    metrics: Metrics
-    keys: KeyRing
-    login_throttle: LoginThrottle
-    serving: Serving
-    activator: Activator
-    operations: Operations
-    forgetting: Forgetting  # the server's one: one forget at a time moves learner cursors
-    registry: ReplicaRegistry
-    replica_id: str
-    down_after_seconds: float
-    edge: EdgeState
-    learner: LearnerView | None = None
-    gate: ReleaseGate | None = None
-    leadership: Leadership | None = None
-    started_at: int = 0
-    handlers: Handlers | None = field(default=None, compare=False)
-    warm_up: WarmUp | None = None  # the start's warm-up generation (server/edge/pipeline/readiness.py)
-
-
-@dataclass(frozen=True)
 class Handlers:
-    """One handler object per generating endpoint family, built once (liveloop/app.py)."""
+    """One handler per endpoint family (and the API keys every authenticated route checks first), built
+    once by the composition root."""
 
+    keys: KeyRing
     chat: ServingChat
+    stored_chats: StoredChats
     completions: ServingCompletions
     messages: ServingMessages
     responses: ServingResponses
+    stored_responses: StoredResponses
+    tokens: ServingTokens
+    feedback: ServingFeedback
+    versions: ServingVersions
+    models: ServingModels
+    ops: Ops
+    admin_versions: AdminVersions
+    admin_release: AdminRelease
+    admin_learning: AdminLearning
+    admin_alarms: AdminAlarms
+    admin_keys: AdminKeys
+    admin_fleet: AdminFleet
+    admin_episodes: AdminEpisodes
+    dashboard: Dashboard
 
 
-def attach(app: FastAPI, built: Parts) -> None:
-    """The one place the parts meet the app (the lifespan calls it before the first request)."""
-    app.state.parts = built
+def attach(app: FastAPI, built: Handlers, replica_id: str) -> None:
+    """The one place the handlers meet the app (the lifespan calls it before the first request);
+    `replica_id` names this replica in every response (server/edge/app.py `ReplicaHeader`)."""
+    app.state.handlers = built
+    app.state.replica_id = replica_id
 
 
 def detach(app: FastAPI) -> None:
-    app.state.parts = None
+    app.state.handlers = None
+    app.state.replica_id = None
 
 
 def edge_state(app: FastAPI) -> EdgeState:
     return app.state.edge
 
 
-def parts(request: Request) -> Parts:
-    built = getattr(request.app.state, "parts", None)
+def edge(request: Request) -> EdgeState:
+    """The edge's own state: there from the app's creation, before and after the handlers."""
+    return request.app.state.edge
+
+
+def handlers(request: Request) -> Handlers:
+    built = getattr(request.app.state, "handlers", None)
     if built is None:
         raise APIError(503, "the server is starting or stopping", code="not_ready", retry_after=1)
     return built
@@ -113,15 +116,81 @@ def parts(request: Request) -> Parts:
 
 def keyring(request: Request) -> KeyRing:
     """The API keys (what every authenticated route depends on first)."""
-    return parts(request).keys
+    return handlers(request).keys
 
 
-def edge(request: Request) -> EdgeState:
-    """The edge's own state: there from the app's creation, before and after the parts."""
-    return request.app.state.edge
+# -- one dependency per handler: what a route names in `Depends(...)` -------------------------------
+def chat(request: Request) -> ServingChat:
+    return handlers(request).chat
 
 
-def handlers(request: Request) -> Handlers:
-    built = parts(request).handlers
-    assert built is not None, "the composition root builds the handlers with the parts"
-    return built
+def stored_chats(request: Request) -> StoredChats:
+    return handlers(request).stored_chats
+
+
+def completions(request: Request) -> ServingCompletions:
+    return handlers(request).completions
+
+
+def messages(request: Request) -> ServingMessages:
+    return handlers(request).messages
+
+
+def responses(request: Request) -> ServingResponses:
+    return handlers(request).responses
+
+
+def stored_responses(request: Request) -> StoredResponses:
+    return handlers(request).stored_responses
+
+
+def tokens(request: Request) -> ServingTokens:
+    return handlers(request).tokens
+
+
+def feedback(request: Request) -> ServingFeedback:
+    return handlers(request).feedback
+
+
+def versions(request: Request) -> ServingVersions:
+    return handlers(request).versions
+
+
+def models(request: Request) -> ServingModels:
+    return handlers(request).models
+
+
+def ops(request: Request) -> Ops:
+    return handlers(request).ops
+
+
+def admin_versions(request: Request) -> AdminVersions:
+    return handlers(request).admin_versions
+
+
+def admin_release(request: Request) -> AdminRelease:
+    return handlers(request).admin_release
+
+
+def admin_learning(request: Request) -> AdminLearning:
+    return handlers(request).admin_learning
+
+
+def admin_alarms(request: Request) -> AdminAlarms:
+    return handlers(request).admin_alarms
+
+
+def admin_keys(request: Request) -> AdminKeys:
+    return handlers(request).admin_keys
+
+
+def admin_fleet(request: Request) -> AdminFleet:
+    return handlers(request).admin_fleet
+
+
+def admin_episodes(request: Request) -> AdminEpisodes:
+    return handlers(request).admin_episodes
+
+
+def dashboard(request: Request) -> Dashboard:
+    return handlers(request).dashboard

@@ -9,11 +9,15 @@ may import no component.
 Inside `server/` the three rooms have their own arrows (`ROOMS`): the HTTP edge (`server/edge/`) may
 use the version control plane (`server/control/`) and the engines (`server/engines/`); the control
 plane never imports the edge; the engines import neither. `server/config.py` (the server's typed
-settings) is shared by all three."""
+settings) is shared by all three. Inside the edge, the generation pipeline imports no endpoint folder,
+no endpoint folder imports another (`ENDPOINT_EXCEPTIONS` names the one that does, and why), and the
+routes' dependencies (server/edge/dependencies.py) hold no control-plane object: each route takes its
+endpoint's handler, built with what it uses."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +182,78 @@ def test_loading_a_config_imports_no_torch(preset):
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# -- inside the edge ------------------------------------------------------------------------------------
+EDGE = ROOT / "server" / "edge"
+ENDPOINTS = ("chat", "completions", "messages", "responses", "feedback", "tokens", "admin", "versions", "models", "ops")
+# (importer, imported) endpoint folders allowed: vLLM's /tokenize takes chat messages and tools exactly as
+# /v1/chat/completions does, so tokens/protocol.py builds on chat/protocol.py's request models
+ENDPOINT_EXCEPTIONS = {("tokens", "chat")}
+
+
+def _endpoint(module: str) -> str | None:
+    for name in ENDPOINTS:
+        if module == f"liveloop.server.edge.{name}" or module.startswith(f"liveloop.server.edge.{name}."):
+            return name
+    return None
+
+
+def test_the_pipeline_imports_no_endpoint_folder():
+    """The generation every endpoint shares knows none of them: each endpoint prepares its own request."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((EDGE / "pipeline").rglob("*.py"))
+        for line, module in imports(path)
+        if _endpoint(module) is not None
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_endpoint_folder_imports_another():
+    wrong = []
+    for name in ENDPOINTS:
+        for path in sorted((EDGE / name).rglob("*.py")):
+            for line, module in imports(path):
+                target = _endpoint(module)
+                if target is not None and target != name and (name, target) not in ENDPOINT_EXCEPTIONS:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not wrong, "endpoint folders importing each other:\n" + "\n".join(wrong)
+
+
+def _classes(folder: Path) -> set[str]:
+    return {
+        node.name
+        for path in folder.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def fields_named_after(path: Path, classes: set[str]) -> list[str]:
+    """`Class.field: Type` of every class field in `path` whose annotation names one of `classes`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                named = {n.id for n in ast.walk(item.annotation) if isinstance(n, ast.Name)}
+                named |= {n.attr for n in ast.walk(item.annotation) if isinstance(n, ast.Attribute)}
+                if isinstance(item.annotation, ast.Constant) and isinstance(item.annotation.value, str):
+                    named |= set(re.findall(r"\w+", item.annotation.value))
+                if named & classes:
+                    found.append(f"{node.name}.{item.target.id}: {ast.unparse(item.annotation)}")
+    return found
+
+
+def test_the_routes_dependencies_hold_no_control_plane_object():
+    """What the routes are handed is their handlers, not the control plane's objects (`Parts` was)."""
+    wrong = fields_named_after(EDGE / "dependencies.py", _classes(ROOT / "server" / "control"))
+    assert not wrong, "fields of server/edge/dependencies.py typed with a control-plane class:\n" + "\n".join(wrong)
+
+
+def test_the_field_check_sees_a_control_plane_field(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("class Parts:\n    activator: Activator\n    gate: 'ReleaseGate | None'\n    keys: KeyRing\n")
+    assert fields_named_after(src, {"Activator", "ReleaseGate"}) == ["Parts.activator: Activator", "Parts.gate: 'ReleaseGate | None'"]

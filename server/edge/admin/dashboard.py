@@ -15,9 +15,11 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
-from liveloop.server.edge.auth import SESSION_COOKIE, session_principal
-from liveloop.server.edge.dependencies import Parts, edge, parts
+from liveloop.server.edge.auth import SESSION_COOKIE, LoginThrottle, Sessions, session_principal
+from liveloop.server.edge.dependencies import dashboard as handler
+from liveloop.server.edge.dependencies import edge
 from liveloop.server.edge.errors import APIError
+from liveloop.server.edge.principal import KeyRing, Principal
 
 router = APIRouter(prefix="/dashboard")
 
@@ -41,38 +43,49 @@ def _login_page(message: str = "Sign in with an admin API key.", status: int = 2
     return HTMLResponse(_LOGIN.format(message=html.escape(message)), status_code=status)
 
 
-def _admin(request: Request, p: Parts):
-    principal = session_principal(request)
-    if principal is None and "authorization" in request.headers:
-        key = request.headers["authorization"].partition(" ")[2].strip()
-        principal = p.keys.resolve(key)
-    return principal if principal is not None and principal.admin else None
+class Dashboard:
+    """Sign-in to the dashboard: an admin key (bearer, or the sign-in form) for a session cookie."""
+
+    def __init__(self, keys: KeyRing, throttle: LoginThrottle, sessions: Sessions):
+        self.keys = keys
+        self.throttle = throttle
+        self.sessions = sessions
+
+    def admin(self, request: Request) -> Principal | None:
+        principal = session_principal(request)
+        if principal is None and "authorization" in request.headers:
+            key = request.headers["authorization"].partition(" ")[2].strip()
+            principal = self.keys.resolve(key)
+        return principal if principal is not None and principal.admin else None
+
+    async def login(self, request: Request) -> Response:
+        throttle = self.throttle
+        client = request.client.host if request.client else "?"
+        wait = throttle.retry_after(client)
+        if wait is not None:
+            raise APIError(429, f"too many failed sign-ins: try again in {wait} s", code="rate_limit_exceeded", retry_after=wait)
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        key = (form.get("key") or [""])[0].strip()
+        principal = self.keys.resolve(key) if key else None
+        if principal is None or not principal.admin:
+            throttle.failed(client)
+            return _login_page("That is not an admin key.", status=401)
+        token = self.sessions.create(principal)
+        response = RedirectResponse("/dashboard", status_code=303)
+        response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="strict", path="/", max_age=int(self.sessions.ttl))
+        return response
 
 
 @router.get("")
-async def page(request: Request, p: Parts = Depends(parts)) -> Response:
-    if _admin(request, p) is None:
+async def page(request: Request, h: Dashboard = Depends(handler)) -> Response:
+    if h.admin(request) is None:
         return _login_page()
     return FileResponse(STATIC / "dashboard.html", media_type="text/html", headers={"Cache-Control": "no-store"})
 
 
 @router.post("/login")
-async def login(request: Request, p: Parts = Depends(parts)) -> Response:
-    throttle = p.login_throttle
-    client = request.client.host if request.client else "?"
-    wait = throttle.retry_after(client)
-    if wait is not None:
-        raise APIError(429, f"too many failed sign-ins: try again in {wait} s", code="rate_limit_exceeded", retry_after=wait)
-    form = parse_qs((await request.body()).decode("utf-8", "replace"))
-    key = (form.get("key") or [""])[0].strip()
-    principal = p.keys.resolve(key) if key else None
-    if principal is None or not principal.admin:
-        throttle.failed(client)
-        return _login_page("That is not an admin key.", status=401)
-    token = p.edge.sessions.create(principal)
-    response = RedirectResponse("/dashboard", status_code=303)
-    response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="strict", path="/", max_age=int(p.edge.sessions.ttl))
-    return response
+async def login(request: Request, h: Dashboard = Depends(handler)) -> Response:
+    return await h.login(request)
 
 
 @router.post("/logout")

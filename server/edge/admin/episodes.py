@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 from fastapi import APIRouter, Depends, Query
 
-from liveloop.server.edge.dependencies import Parts, parts
 from liveloop.server.edge.auth import Principal, require_admin
+from liveloop.server.edge.dependencies import admin_episodes as handler
 from liveloop.server.edge.errors import APIError
+from liveloop.store.episodes import EpisodeQueries
 
 router = APIRouter(prefix="/admin")
 
@@ -31,22 +33,35 @@ def _view(response_id: str, view) -> dict:
     }
 
 
+class AdminEpisodes:
+    """Agents' episodes as operators read them."""
+
+    def __init__(self, episodes: EpisodeQueries):
+        self.episodes = episodes
+
+    async def latest(self, limit: int, version: int | None, key_id: str | None) -> dict[str, Any]:
+        episodes = self.episodes
+        ids = await asyncio.to_thread(episodes.latest, limit, version, key_id)
+        views = await asyncio.to_thread(lambda: [(i, episodes.view(i)) for i in ids])
+        return {"object": "list", "data": [_view(i, v) for i, v in views if v is not None]}
+
+    async def one(self, response_id: str) -> dict[str, Any]:
+        if len(response_id) > 64:
+            raise APIError(400, "response_id: at most 64 characters", param="response_id")
+        view = await asyncio.to_thread(self.episodes.view, response_id)
+        if view is None:
+            raise APIError(404, f"no response `{response_id}`", param="response_id", code="not_found")
+        return _view(response_id, view)
+
+
 @router.get("/episodes")
 async def episodes(
-    p: Parts = Depends(parts), limit: int = Query(50, ge=1, le=500), version: int | None = Query(None, ge=0, le=2**31 - 1),
+    h: AdminEpisodes = Depends(handler), limit: int = Query(50, ge=1, le=500), version: int | None = Query(None, ge=0, le=2**31 - 1),
     key_id: str | None = Query(None, max_length=64), _: Principal = Depends(require_admin),
 ) -> dict:
-    store = p.store
-    ids = await asyncio.to_thread(store.episodes.latest, limit, version, key_id)
-    views = await asyncio.to_thread(lambda: [(i, store.episodes.view(i)) for i in ids])
-    return {"object": "list", "data": [_view(i, v) for i, v in views if v is not None]}
+    return await h.latest(limit, version, key_id)
 
 
 @router.get("/episodes/{response_id}")
-async def episode(response_id: str, p: Parts = Depends(parts), _: Principal = Depends(require_admin)) -> dict:
-    if len(response_id) > 64:
-        raise APIError(400, "response_id: at most 64 characters", param="response_id")
-    view = await asyncio.to_thread(p.store.episodes.view, response_id)
-    if view is None:
-        raise APIError(404, f"no response `{response_id}`", param="response_id", code="not_found")
-    return _view(response_id, view)
+async def episode(response_id: str, h: AdminEpisodes = Depends(handler), _: Principal = Depends(require_admin)) -> dict:
+    return await h.one(response_id)

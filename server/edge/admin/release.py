@@ -9,15 +9,20 @@ session."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Depends, Query
 
+from liveloop.server.control.activator import Activator
+from liveloop.server.control.gate import CandidateState, ReleaseGate, ReleaseState
 from liveloop.server.edge.admin.views import settled_body
-from liveloop.server.edge.dependencies import Parts, parts
 from liveloop.server.edge.auth import Principal, require_admin
+from liveloop.server.edge.dependencies import admin_release as handler
 from liveloop.server.edge.errors import APIError
-from liveloop.server.control.gate import CandidateState, ReleaseState
+from liveloop.server.engines.base import Engine
 from liveloop.store.records import EvaluationRecord, VersionTraffic
+from liveloop.store.release import ReleaseQueries
+from liveloop.store.versions import VersionQueries
 
 router = APIRouter(prefix="/admin")
 
@@ -56,18 +61,6 @@ def release_json(state: ReleaseState | None, serving: int) -> dict:
     }
 
 
-@router.get("/release")
-async def release(p: Parts = Depends(parts), _: Principal = Depends(require_admin)) -> dict:
-    """How versions reach users now: the mode, the candidate (traffic vs live, evaluation, verdict)."""
-    gate = getattr(p, "gate", None)
-
-    async def read() -> dict:
-        snapshot = await asyncio.to_thread(gate.state) if gate is not None else None
-        return release_json(snapshot, p.engine.version)
-
-    return settled_body(await p.activator.changes.read(read))
-
-
 # -- evaluations (the evaluation suite's results, release/evaluation.py) -----------------------------
 def evaluation_json(e: EvaluationRecord) -> dict:
     return {
@@ -77,33 +70,63 @@ def evaluation_json(e: EvaluationRecord) -> dict:
     }
 
 
+class AdminRelease:
+    """How versions reach users: the release gate's state and the evaluations of versions."""
+
+    def __init__(self, gate: ReleaseGate | None, activator: Activator, engine: Engine, release: ReleaseQueries, versions: VersionQueries):
+        self.gate = gate  # None: no gate (immediate mode with the evaluation off)
+        self.activator = activator
+        self.engine = engine
+        self.release = release
+        self.versions = versions
+
+    async def state(self) -> dict[str, Any]:
+        gate = self.gate
+
+        async def read() -> dict:
+            snapshot = await asyncio.to_thread(gate.state) if gate is not None else None
+            return release_json(snapshot, self.engine.version)
+
+        return settled_body(await self.activator.changes.read(read))
+
+    async def evaluation(self, version: int) -> dict[str, Any]:
+        if not 0 <= version < 2**31:
+            raise APIError(400, "version: out of range", param="version")
+        record, found = await asyncio.to_thread(lambda: (self.release.evaluation(version), self.versions.get_version(version)))
+        if found is None:
+            raise APIError(404, f"no policy version {version}", param="version", code="version_not_found")
+        if record is None:
+            raise APIError(404, f"version {version} has not been evaluated (yet: a candidate's evaluation runs in the background; "
+                           "none runs with [release.evaluation] enabled = false)", param="version", code="evaluation_not_found")
+        return evaluation_json(record)
+
+    async def evaluations(self, limit: int) -> dict[str, Any]:
+        def read() -> dict:
+            versions = [v.version for v in self.versions.versions_page(None, limit, descending=True)]
+            return self.release.evaluations(versions)
+
+        found = await asyncio.to_thread(read)
+        return {"object": "list", "data": [evaluation_json(found[v]) for v in sorted(found, reverse=True)]}
+
+
+@router.get("/release")
+async def release(h: AdminRelease = Depends(handler), _: Principal = Depends(require_admin)) -> dict:
+    """How versions reach users now: the mode, the candidate (traffic vs live, evaluation, verdict)."""
+    return await h.state()
+
+
 @router.get("/versions/{version}/evaluation")
-async def evaluation(version: int, p: Parts = Depends(parts), _: Principal = Depends(require_admin)) -> dict:
+async def evaluation(version: int, h: AdminRelease = Depends(handler), _: Principal = Depends(require_admin)) -> dict:
     """The latest evaluation of `version`: each check's value, the live version's and the base model's,
     its bounds and whether it held. 404 version_not_found / evaluation_not_found."""
-    if not 0 <= version < 2**31:
-        raise APIError(400, "version: out of range", param="version")
-    store = p.store
-    record, found = await asyncio.to_thread(lambda: (store.release.evaluation(version), store.versions.get_version(version)))
-    if found is None:
-        raise APIError(404, f"no policy version {version}", param="version", code="version_not_found")
-    if record is None:
-        raise APIError(404, f"version {version} has not been evaluated (yet: a candidate's evaluation runs in the background; "
-                       "none runs with [release.evaluation] enabled = false)", param="version", code="evaluation_not_found")
-    return evaluation_json(record)
+    return await h.evaluation(version)
 
 
 @router.get("/evaluations")
 async def evaluations(
-    p: Parts = Depends(parts), limit: int = Query(50, ge=1, le=500, description="the newest versions to look at"), _: Principal = Depends(require_admin)
+    h: AdminRelease = Depends(handler), limit: int = Query(50, ge=1, le=500, description="the newest versions to look at"),
+    _: Principal = Depends(require_admin),
 ) -> dict:
     """The latest evaluation of each of the newest `limit` versions that has one (the dashboard's
     version table), newest version first."""
-    store = p.store
-
-    def read() -> dict:
-        versions = [v.version for v in store.versions.versions_page(None, limit, descending=True)]
-        return store.release.evaluations(versions)
-
-    found = await asyncio.to_thread(read)
-    return {"object": "list", "data": [evaluation_json(found[v]) for v in sorted(found, reverse=True)]}
+    return await h.evaluations(limit)

@@ -15,11 +15,10 @@ from liveloop.monitor.drift import Bucket
 from liveloop.monitor.learning import SegmentLearning
 from liveloop.monitor.versions import VersionRow
 from liveloop.server.control.learner_watch import LanePace, LearnerPace
-from liveloop.server.control.operations import KeyRow, LearningState, WeightsImported
+from liveloop.server.control.operations import LearningState, WeightsImported
 from liveloop.server.control.settled import Read
 from liveloop.server.control.activator import RollbackResult, SwapResult
 from liveloop.store import VersionStatus
-from liveloop.store.replicas import ReplicaRow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,16 +31,6 @@ class SegmentState:
     policy_version: int  # what its responses record now: `serving`, or the base version
     paused: bool  # its lane neither trains nor activates
     versions: list[VersionRow]  # its adapter versions, oldest first
-
-
-def replica(row: ReplicaRow) -> dict[str, Any]:
-    """One replica of the fleet (`GET /admin/replicas`, the dashboard's fleet panel)."""
-    return {
-        "id": row.replica_id, "kind": row.kind, "host": row.host, "pid": row.pid, "state": row.state,
-        "serving_version": row.serving_version, "adapter_versions": row.adapter_versions, "in_flight": row.in_flight,
-        "healthy": row.healthy, "started_at": row.started_at.timestamp(), "heartbeat_at": row.heartbeat_at.timestamp(),
-        "heartbeat_age_seconds": row.age_seconds,
-    }
 
 
 def swap(result: SwapResult) -> dict[str, Any]:
@@ -150,18 +139,6 @@ def lane_pace(lane: LanePace) -> dict[str, Any]:
 
 def bucket(b: Bucket) -> dict[str, Any]:
     return {"t": b.t, **b.reward.as_dict()}
-
-
-def key(row: KeyRow) -> dict[str, Any]:
-    k, d = row.state, row.disagreement
-    return {
-        "key_id": k.key_id,
-        "quarantined": k.quarantined,
-        "reason": k.reason,
-        "ratings": k.ratings,
-        "forgotten_at": k.forgotten_at.timestamp() if k.forgotten_at else None,
-        "disagreement": None if d is None else {"n": d.n, "disagreements": d.disagreements, "expected": d.expected, "z": d.z},
-    }
 
 
 def statuses() -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ by server/edge/chat/serving.py. A message an SDK echoes back from a response (`r
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -132,6 +132,7 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    chars_param: ClassVar[str] = "messages"
 
     @field_validator("messages")
     @classmethod
@@ -147,6 +148,10 @@ class ChatCompletionRequest(_Sampling):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true")
         return self
+
+    def chars(self) -> int:
+        """The text's length, bounded before the chat template sees it (pipeline/serving.py `check_chars`)."""
+        return sum(m.chars() for m in self.messages)
 
     def tool_setup(self) -> tuple[list[Tool], ToolChoice, bool]:
         """The tools offered, the choice (OpenAI's rule) and whether several calls may come at once."""

@@ -7,11 +7,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 
 from liveloop.server.edge.auth import Principal, user
-from liveloop.server.edge.dependencies import Handlers, handlers
+from liveloop.server.edge.chat.serving import ServingChat
+from liveloop.server.edge.dependencies import chat
 
 router = APIRouter(prefix="/v1")
 
 
 @router.post("/chat/completions")
-async def chat_completions(request: Request, principal: Principal = Depends(user), h: Handlers = Depends(handlers)):
-    return await h.chat.handle(request, principal)
+async def chat_completions(request: Request, principal: Principal = Depends(user), h: ServingChat = Depends(chat)):
+    return await h.handle(request, principal)

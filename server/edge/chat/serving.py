@@ -17,6 +17,7 @@ from typing import Any
 
 from liveloop.server.edge.chat.protocol import ChatCompletionRequest
 from liveloop.server.edge.pipeline.serving import Piece, Prepared, Run
+from liveloop.server.edge.principal import Principal
 from liveloop.server.edge.formats.openai import OpenAIFormat, sse
 from liveloop.server.edge.pipeline.streaming import EndpointServing
 from liveloop.server.edge.pipeline.text import token_bytes
@@ -153,6 +154,26 @@ class ChatFormat(OpenAIFormat):
 
 class ServingChat(EndpointServing):
     request_model = ChatCompletionRequest
+
+    def prepare(self, req: ChatCompletionRequest, principal: Principal, loaded: Any = None) -> Prepared:
+        """The messages through the chat template with their tools; `response_format` as a constraint."""
+        serving = self.serving
+        serving.check_model(req.model)
+        tools, choice, parallel = req.tool_setup()
+        top = (req.top_logprobs or 0) if req.logprobs else 0
+        ask = serving.conversation([m.stored() for m in req.messages], tools, choice, parallel, req.json_reply(),
+                                   "response_format.json_schema.schema", max_tokens=req.max_completion_tokens or req.max_tokens,
+                                   top_logprobs=top, meta=req.metadata, user=req.user, key_id=principal.key_id)
+        return serving.prepared("chat", "chatcmpl", ask.prompt_ids, ask.ask, req, principal, ask.text)
+
+    async def prepare_unlogged(self, text: str, principal: Principal, max_tokens: int) -> Prepared:
+        """A one-message chat request served as `store: false` to its end (`ignore_eos`): the start's
+        warm-up generation (server/edge/pipeline/readiness.py)."""
+        req = ChatCompletionRequest(
+            model=self.serving.model_name, messages=[{"role": "user", "content": text}],
+            max_tokens=max_tokens, store=False, ignore_eos=True,
+        )
+        return await self.serving.prepare(req, principal, self.prepare)
 
     def format(self, req: ChatCompletionRequest, prepared: Prepared) -> ChatFormat:
         return ChatFormat(self.serving, req, prepared)

@@ -3,7 +3,7 @@ server/edge/completions/serving.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -15,6 +15,11 @@ class CompletionRequest(_Sampling):
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: Literal[False] = False
     suffix: None = None
+    chars_param: ClassVar[str] = "prompt"
+
+    def chars(self) -> int:
+        """A text prompt's length (token ids are bounded by the context, not counted here)."""
+        return len(self.prompt) if isinstance(self.prompt, str) else 0
 
     @field_validator("prompt")
     @classmethod

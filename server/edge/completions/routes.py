@@ -6,11 +6,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 
 from liveloop.server.edge.auth import Principal, user
-from liveloop.server.edge.dependencies import Handlers, handlers
+from liveloop.server.edge.completions.serving import ServingCompletions
+from liveloop.server.edge.dependencies import completions as handler
 
 router = APIRouter(prefix="/v1")
 
 
 @router.post("/completions")
-async def completions(request: Request, principal: Principal = Depends(user), h: Handlers = Depends(handlers)):
-    return await h.completions.handle(request, principal)
+async def completions(request: Request, principal: Principal = Depends(user), h: ServingCompletions = Depends(handler)):
+    return await h.handle(request, principal)

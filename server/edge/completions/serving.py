@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from liveloop.server.edge.completions.protocol import CompletionRequest
-from liveloop.server.edge.pipeline.serving import Piece, Prepared, Run
+from liveloop.server.edge.pipeline.serving import Ask, InvalidRequest, Piece, Prepared, Run
+from liveloop.server.edge.principal import Principal
 from liveloop.server.edge.formats.openai import OpenAIFormat
 from liveloop.server.edge.pipeline.streaming import EndpointServing
 
@@ -70,6 +71,19 @@ class CompletionFormat(OpenAIFormat):
 
 class ServingCompletions(EndpointServing):
     request_model = CompletionRequest
+
+    def prepare(self, req: CompletionRequest, principal: Principal, loaded: Any = None) -> Prepared:
+        """A text prompt tokenized (special tokens added), or the token ids as sent (each in the vocabulary)."""
+        serving = self.serving
+        serving.check_model(req.model)
+        if isinstance(req.prompt, str):
+            prompt_ids = serving.tokenizer(req.prompt, add_special_tokens=True)["input_ids"]
+        else:
+            prompt_ids = list(req.prompt)
+            if max(prompt_ids) >= serving.vocab_size:
+                raise InvalidRequest(f"prompt: token ids must be < {serving.vocab_size}", "prompt")
+        ask = Ask(max_tokens=req.max_tokens, top_logprobs=req.logprobs or 0, meta=req.metadata, user=req.user)
+        return serving.prepared("completion", "cmpl", prompt_ids, ask, req, principal)
 
     def format(self, req: CompletionRequest, prepared: Prepared) -> CompletionFormat:
         return CompletionFormat(self.serving, req, prepared)

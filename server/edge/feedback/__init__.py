@@ -1,1 +1,1 @@
-"""Feedback: ratings, deletions, and the per-version view users may read."""
+"""Feedback: ratings of the responses a key received."""

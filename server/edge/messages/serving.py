@@ -25,9 +25,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from fastapi import Request
+
+from liveloop.server.edge.body import parse_body
 from liveloop.server.edge.errors import anthropic_error_body
 from liveloop.server.edge.messages.protocol import CountTokensRequest, MessagesRequest
 from liveloop.server.edge.pipeline.serving import Piece, Prepared, Run, Serving
+from liveloop.server.edge.principal import Principal
 from liveloop.server.edge.pipeline.streaming import EndpointServing, Format, json_text, spans
 from liveloop.server.edge.formats.tool_parsers import StreamDelta, ToolStream
 
@@ -188,8 +192,28 @@ class ServingMessages(EndpointServing):
     def format(self, req: MessagesRequest, prepared: Prepared) -> MessagesFormat:
         return MessagesFormat(self.serving, req, prepared)
 
+    def prepare(self, req: MessagesRequest, principal: Principal, loaded: Any = None) -> Prepared:
+        """The system prompt first, then the turns (tool uses as assistant calls, tool results as tool
+        turns), through the same chat template; `metadata.user_id` is who the canary routes by (as
+        chat's `user`), and no segment tags. A max_tokens past the context is clamped to what fits
+        (the response says so)."""
+        serving = self.serving
+        serving.check_model(req.model)
+        tools, choice, parallel = req.tool_setup()
+        ask = serving.conversation(req.conversation(), tools, choice, parallel, None, "tools",
+                                   max_tokens=req.max_tokens, user=req.user(), clamp=True, key_id=principal.key_id)
+        return serving.prepared("messages", "msg", ask.prompt_ids, ask.ask, req, principal, ask.text)
 
-async def count_tokens(serving: Serving, req: CountTokensRequest, key_id: str) -> dict[str, int]:
-    """POST /v1/messages/count_tokens: the prompt's tokens as /v1/messages would render it for this key
-    (tools included, its earlier turns' own tokens reused), on the prompt thread."""
-    return {"input_tokens": await serving.count_tokens(req, key_id)}
+    async def count_tokens(self, request: Request, principal: Principal) -> dict[str, int]:
+        """POST /v1/messages/count_tokens: the prompt's tokens as /v1/messages would render them for
+        this key (tools included, its earlier turns' own tokens reused), on the prompt thread."""
+        serving = self.serving
+        serving.admission.check_rate(self.rate_bucket, principal.key_id)
+        req = await parse_body(request, CountTokensRequest)
+        serving.check_model(req.model)
+        serving.check_chars(req)
+
+        def work() -> int:
+            return len(serving.render_chat(req.conversation(), *req.tool_setup(), key_id=principal.key_id)[1])
+
+        return {"input_tokens": await serving.on_prompt_thread(work)}

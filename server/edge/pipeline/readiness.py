@@ -1,7 +1,7 @@
 """Readiness: what runs once at start, before the server answers anything (its /healthz included), so
 that the first reply after /healthz says ok is as fast as the second.
 
-- `warm_up(serving)`: `WARM_UP_REQUESTS` chat generations at once through the serving pipeline as a
+- `warm_up(serving, prepare)`: `WARM_UP_REQUESTS` chat generations at once through the serving pipeline as a
   request's (the chat template and the tokenizer on the prompt thread, admission, the engine with the
   sampling every request gets, logprobs included, the text stream), none of them logged (no user sent
   them: they are served as `store: false`). Measured: vLLM compiles its sampler's logprobs kernel
@@ -25,11 +25,11 @@ import asyncio
 import gc
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from liveloop.server.edge.auth import Principal
-from liveloop.server.edge.chat.protocol import ChatCompletionRequest
+from liveloop.server.edge.principal import Principal
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +49,18 @@ class WarmUp:
         return {"done": self.done, "seconds": round(self.seconds, 3), "tokens": self.tokens, "error": self.error}
 
 
-async def warm_up(serving: Any, requests: int = WARM_UP_REQUESTS, max_tokens: int = WARM_UP_TOKENS) -> WarmUp:
+async def warm_up(serving: Any, prepare: Callable[[str, Principal, int], Awaitable[Any]], requests: int = WARM_UP_REQUESTS,
+                  max_tokens: int = WARM_UP_TOKENS) -> WarmUp:
     """Generate `requests` short chat replies at once through `serving` (server/edge/pipeline/serving.py),
-    nothing logged. A failure is reported, not raised: a server whose engine cannot generate is
-    unhealthy by its own check, and the warm-up only saves its first user the wait."""
+    nothing logged; `prepare(text, principal, max_tokens)` makes each one's prepared request (the chat
+    endpoint's, handed in by the composition root). A failure is reported, not raised: a server whose
+    engine cannot generate is unhealthy by its own check, and the warm-up only saves its first user the
+    wait."""
     principal = Principal(key_id=WARM_UP_KEY, admin=False, unstored=True)
     started = time.perf_counter()
 
     async def one(i: int) -> int:
-        req = ChatCompletionRequest(
-            model=serving.model_name, messages=[{"role": "user", "content": f"Say something about the number {i}."}],
-            max_tokens=max_tokens, store=False, ignore_eos=True,
-        )
-        prepared = await serving.prepare(req, principal)
+        prepared = await prepare(f"Say something about the number {i}.", principal, max_tokens)
         async with serving.runs(serving.choices(prepared, 1)) as runs:
             async for _ in runs[0]:
                 pass

@@ -2,7 +2,7 @@
 sampling params (with every limit checked before anything runs), an admitted generation whose
 version is known before the first byte goes out, text and stop strings, and the durable log record.
 
-    prepared = await serving.prepare(request, principal)     # raises InvalidRequest / UnknownModel on bad input
+    prepared = await serving.prepare(req, principal, work)   # the endpoint's `work`; InvalidRequest / UnknownModel
     async with serving.runs(serving.choices(prepared, n)) as runs:  # admitted (slots, the engine's gate): run.version
         async for piece in runs[0]: ...                      # text + tokens as they arrive
         await serving.commit(runs[0])                        # durable in the store; then reply
@@ -42,15 +42,12 @@ import anyio
 from liveloop.metrics import Metrics
 from liveloop.release.routing import user_key
 from liveloop.server.edge.admission import Admission
-from liveloop.server.edge.auth import Principal
+from liveloop.server.edge.principal import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams, TokenDelta
 from liveloop.server.edge.pipeline.prompting import Prompter
 from liveloop.server.edge.response_ids import new_response_id
 from liveloop.server.edge.pipeline.splicing import CarriedTurn, Splicer, carries
-from liveloop.server.edge.chat.protocol import ChatCompletionRequest
-from liveloop.server.edge.completions.protocol import CompletionRequest
-from liveloop.server.edge.messages.protocol import MessagesRequest
 from liveloop.server.edge.pipeline.text import TextStream
 from liveloop.server.edge.formats.tool_parsers import Parsed
 from liveloop.server.edge.formats.tools import JSONReply, Tool, ToolChoice, ToolUse, check_tool_results, output_message
@@ -290,36 +287,27 @@ class Serving:
         self.splicer = Splicer(tokenizer, self.stop_token_ids, carried, metrics)
 
     # -- 1. request -> prompt ids + sampling --------------------------------------------------------
-    def _check_model(self, model: str) -> None:
+    def check_model(self, model: str) -> None:
         if model != self.model_name:
             raise UnknownModel(model)
 
-    async def prepare(self, req: Any, principal: Principal, work: Callable[[Any, Principal], Prepared] | None = None) -> Prepared:
-        """`work(req, principal)` (by default `prepare_chat` / `prepare_messages` / `prepare_completion`
-        by the request's type) with the text's length checked here, before anything is rendered, and
-        the rendering and tokenizing on the prompt thread: the event loop never does either."""
-        self._check_model(req.model)
+    async def prepare(self, req: Any, principal: Principal, work: Callable[[Any, Principal], Prepared]) -> Prepared:
+        """`work(req, principal)` (the endpoint's own prepare) with the text's length checked here, before
+        anything is rendered, and the rendering and tokenizing on the prompt thread: the event loop never
+        does either."""
+        self.check_model(req.model)
         self.check_chars(req)
-        return await asyncio.get_running_loop().run_in_executor(self._prompts, work or self.prepare_by_type, req, principal)
+        return await self.on_prompt_thread(lambda: work(req, principal))
 
-    def prepare_by_type(self, req: Any, principal: Principal) -> Prepared:
-        if isinstance(req, ChatCompletionRequest):
-            return self.prepare_chat(req, principal)
-        if isinstance(req, MessagesRequest):
-            return self.prepare_messages(req, principal)
-        return self.prepare_completion(req, principal)
+    async def on_prompt_thread(self, work: Callable[[], Any]) -> Any:
+        """`work()` on the one prompt thread (templating and tokenizing: never two encodes at once)."""
+        return await asyncio.get_running_loop().run_in_executor(self._prompts, work)
 
-    def check_chars(self, req: ChatCompletionRequest | CompletionRequest | MessagesRequest) -> None:
+    def check_chars(self, req: Any) -> None:
         """Refuse a text longer than `max_prompt_chars` (a cheap bound: the context holds fewer tokens
-        than that), before the chat template or the tokenizer sees it."""
-        if isinstance(req, ChatCompletionRequest):
-            n, param = sum(m.chars() for m in req.messages), "messages"
-        elif isinstance(req, CompletionRequest):
-            if not isinstance(req.prompt, str):
-                return
-            n, param = len(req.prompt), "prompt"
-        else:  # Anthropic messages, the Responses API: each counts its own text
-            n, param = req.chars(), req.chars_param
+        than that), before the chat template or the tokenizer sees it. Each request model counts its
+        own text (`chars()`) and names the field it is in (`chars_param`)."""
+        n, param = req.chars(), req.chars_param
         if n > self.max_prompt_chars:
             raise InvalidRequest(
                 f"this model's maximum context length is {self.max_model_len} tokens; the text has {n} characters "
@@ -330,15 +318,6 @@ class Serving:
 
     def close(self) -> None:
         self._prompts.shutdown(wait=False, cancel_futures=True)
-
-    def prepare_chat(self, req: ChatCompletionRequest, principal: Principal) -> Prepared:
-        self._check_model(req.model)
-        tools, choice, parallel = req.tool_setup()
-        top = (req.top_logprobs or 0) if req.logprobs else 0
-        ask = self.conversation([m.stored() for m in req.messages], tools, choice, parallel, req.json_reply(),
-                                "response_format.json_schema.schema", max_tokens=req.max_completion_tokens or req.max_tokens,
-                                top_logprobs=top, meta=req.metadata, user=req.user, key_id=principal.key_id)
-        return self.prepared("chat", "chatcmpl", ask.prompt_ids, ask.ask, req, principal, ask.text)
 
     def conversation(self, messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice, parallel: bool,
                      json_reply: JSONReply | None, format_param: str,
@@ -362,60 +341,6 @@ class Serving:
         prompt = self.prompter.render(messages, tool_use, generation_prompt)  # typed markers stay text (markers.py)
         carried = key_id if carries(messages) else None  # no assistant message, no earlier turn: no store read
         return tool_use, self.splicer.prompt_ids(prompt, carried), prompt.text
-
-    async def count_tokens(self, req: Any, key_id: str | None = None) -> int:
-        """The prompt tokens of an Anthropic conversation (its tools rendered with it), as
-        `prepare_messages` would make them for `key_id`, on the prompt thread."""
-        self._check_model(req.model)
-        self.check_chars(req)
-
-        def work() -> int:
-            return len(self.render_chat(req.conversation(), *req.tool_setup(), key_id=key_id)[1])
-
-        return await asyncio.get_running_loop().run_in_executor(self._prompts, work)
-
-    async def tokenize(self, req: Any) -> list[int]:
-        """vLLM's /tokenize: a prompt's ids as /v1/completions makes them, or chat messages' (tools
-        included) as /v1/chat/completions renders them; on the prompt thread."""
-        if req.model is not None:
-            self._check_model(req.model)
-        self.check_chars(req)
-
-        def work() -> list[int]:
-            if req.prompt is not None:
-                return self.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens)["input_ids"]
-            tools = [t.tool() for t in req.tools or ()]
-            choice = ToolChoice("auto" if tools else "none")
-            return self.render_chat([m.stored() for m in req.messages], tools, choice, True, req.add_generation_prompt)[1]
-
-        return await asyncio.get_running_loop().run_in_executor(self._prompts, work)
-
-    def detokenize(self, token_ids: list[int]) -> str:
-        if any(t >= self.vocab_size for t in token_ids):
-            raise InvalidRequest(f"tokens: token ids must be < {self.vocab_size}", "tokens")
-        return self.tokenizer.decode(token_ids)
-
-    def prepare_messages(self, req: MessagesRequest, principal: Principal) -> Prepared:
-        """Anthropic messages: the system prompt first, then the turns (tool uses as assistant calls,
-        tool results as tool turns), through the same chat template; `metadata.user_id` is who the
-        canary routes by (as chat's `user`), and no segment tags. A max_tokens past the context is
-        clamped to what fits (the response says so)."""
-        self._check_model(req.model)
-        tools, choice, parallel = req.tool_setup()
-        ask = self.conversation(req.conversation(), tools, choice, parallel, None, "tools",
-                                max_tokens=req.max_tokens, user=req.user(), clamp=True, key_id=principal.key_id)
-        return self.prepared("messages", "msg", ask.prompt_ids, ask.ask, req, principal, ask.text)
-
-    def prepare_completion(self, req: CompletionRequest, principal: Principal) -> Prepared:
-        self._check_model(req.model)
-        if isinstance(req.prompt, str):
-            prompt_ids = self.tokenizer(req.prompt, add_special_tokens=True)["input_ids"]
-        else:
-            prompt_ids = list(req.prompt)
-            if max(prompt_ids) >= self.vocab_size:
-                raise InvalidRequest(f"prompt: token ids must be < {self.vocab_size}", "prompt")
-        ask = Ask(max_tokens=req.max_tokens, top_logprobs=req.logprobs or 0, meta=req.metadata, user=req.user)
-        return self.prepared("completion", "cmpl", prompt_ids, ask, req, principal)
 
     def prepared(self, endpoint: str, prefix: str, prompt_ids: list[int], ask: Ask, req: Any, principal: Principal,
                  text: str | None = None) -> Prepared:

@@ -34,7 +34,7 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from liveloop.server.edge.auth import Principal
+from liveloop.server.edge.principal import Principal
 from liveloop.server.edge.body import parse_body
 from liveloop.server.edge.errors import domain_error
 from liveloop.server.edge.pipeline.serving import Piece, Prepared, Run, Serving
@@ -108,8 +108,8 @@ class Format:
 
 class EndpointServing:
     """One generating endpoint, built once (the composition root hands it what it uses): its request
-    model, its rate bucket, how its request is prepared (`prepare`: by the request's type unless the
-    endpoint says otherwise, with what `load` read) and its `Format`. `handle` serves one request."""
+    model, its rate bucket, how its request is prepared (`prepare`, with what `load`
+    read) and its `Format`. `handle` serves one request."""
 
     request_model: ClassVar[type]
     rate_bucket: ClassVar[str] = "chat"
@@ -127,8 +127,8 @@ class EndpointServing:
         return None
 
     def prepare(self, req: Any, principal: Principal, loaded: Any) -> Prepared:
-        """On the prompt thread: the request rendered and checked."""
-        return self.serving.prepare_by_type(req, principal)
+        """On the prompt thread: the request rendered and checked (each endpoint's own)."""
+        raise NotImplementedError
 
     async def handle(self, request: Request, principal: Principal) -> Response:
         serving = self.serving

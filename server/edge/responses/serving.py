@@ -1,6 +1,5 @@
-"""The Responses API (POST /v1/responses, GET and DELETE /v1/responses/{id}, GET
-/v1/responses/{id}/input_items): the `response` object and its stream of typed events, as the official
-`openai` client reads them.
+"""The Responses API's generation (POST /v1/responses) and its bodies (GET /v1/responses/{id} too): the
+`response` object and its stream of typed events, as the official `openai` client reads them.
 
 A response: `{"id": "resp_...", "object": "response", "status": "completed" | "incomplete", "output":
 [message item, function_call items...], "usage", ...}` echoing what was asked (`instructions`,
@@ -10,7 +9,7 @@ A response: `{"id": "resp_...", "object": "response", "status": "completed" | "i
 `function_call` item (`fc_...`, its `call_id` the `call_...` id a `function_call_output` answers,
 `arguments` the JSON text the model wrote). A reply cut by `max_output_tokens` is "incomplete" with
 `incomplete_details.reason` "max_output_tokens". The id is a response id like any other: rateable with
-/v1/feedback, deleted with its ratings by DELETE (server/edge/feedback/routes.py's rule, one route for both).
+/v1/feedback, deleted with its ratings by DELETE (server/edge/ownership.py's one rule).
 
 `previous_response_id` continues a conversation server-side: the turns before are read from the
 store (the key's own, one lookup a turn), each its own input and its output, then this turn's input;
@@ -30,7 +29,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from liveloop.server.edge.auth import Principal
+from liveloop.server.edge.principal import Principal
 from liveloop.server.edge.responses.protocol import ResponsesRequest
 from liveloop.server.edge.pipeline.serving import InvalidRequest, Piece, Prepared, Run, Serving
 from liveloop.server.edge.formats.openai import sse

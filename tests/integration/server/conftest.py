@@ -13,7 +13,7 @@ import pytest
 
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.canary import CanaryEngine
-from liveloop.server.engines.hf_engine import HFEngine
+from liveloop.server.engines.hf.engine import HFEngine
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
 

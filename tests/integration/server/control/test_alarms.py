@@ -9,7 +9,6 @@ shows the events and the judgements, with admin keys only."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from fastapi import FastAPI
@@ -21,7 +20,7 @@ from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
 from liveloop.release.config import AlarmConfig
 from liveloop.server.edge.auth import KeyRing, Sessions
-from liveloop.server.edge.dependencies import EdgeState, keyring, parts
+from liveloop.server.edge.dependencies import EdgeState, admin_alarms, keyring
 from liveloop.server.edge.pipeline.streaming import Generating
 from liveloop.server.config import AuthConfig
 from liveloop.server.edge.errors import install_handlers
@@ -63,11 +62,11 @@ def _operations(store, engine, tokenizer, **alarms) -> Operations:
 def _client(store: Store, operations: Operations) -> TestClient:
     app = FastAPI()
     install_handlers(app)
-    # the route alone, handed the parts it uses (the composition root hands a whole server's)
+    # the route alone, with its handler (the composition root hands every route's)
     app.state.edge = EdgeState(sessions=Sessions(), generating=Generating(), ops_open_on_loopback=False)
     keys = KeyRing(AuthConfig(dev_user_keys=(USER_KEY,), dev_admin_keys=(ADMIN_KEY,)))
     app.dependency_overrides[keyring] = lambda: keys
-    app.dependency_overrides[parts] = lambda: SimpleNamespace(store=store, operations=operations)
+    app.dependency_overrides[admin_alarms] = lambda: alarms_route.AdminAlarms(operations, store.operator)
     app.include_router(alarms_route.router)
     return TestClient(app, base_url="http://127.0.0.1")
 

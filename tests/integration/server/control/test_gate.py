@@ -23,7 +23,7 @@ from liveloop.release.suite import Reference, Suite
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.engines.canary import CanaryEngine
-from liveloop.server.engines.hf_engine import HFEngine
+from liveloop.server.engines.hf.engine import HFEngine
 from liveloop.server.control.evaluating import engine_evaluation
 from liveloop.server.control.gate import ReleaseGate
 from liveloop.server.control.activator import Activator

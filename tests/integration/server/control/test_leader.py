@@ -30,9 +30,9 @@ from liveloop.app import build_app
 from liveloop.config import load_config
 from liveloop.devtools import ADMIN_KEY, SMALL_SUITE, USER_KEY, free_port, key_id, perturbed_checkpoint, wait_until, write_config
 from liveloop.release.routing import in_canary, user_key
-from liveloop.server.engines.hf_engine import HFEngine
+from liveloop.server.engines.hf.engine import HFEngine
 from liveloop.store import Store, StoreConfig, VersionStatus
-from liveloop.store.evaluations import Evaluation
+from liveloop.store.models import Evaluation
 from liveloop.store.lease import LEADER
 
 from ..conftest import rate_replies
@@ -142,7 +142,7 @@ def test_one_replica_decides_every_replica_routes(store_url, tmp_path, model_dir
         r2 = _replica(stack, config, "r2", model_dir, port)
         holder = _holder(store)
         assert holder is not None and holder.startswith("r1/")
-        assert r1.app.state.parts.leadership.leading() and not r2.app.state.parts.leadership.leading()
+        assert r1.app.state.server.leadership.leading() and not r2.app.state.server.leadership.leading()
         assert "liveloop_server_leader 1.0" in r1.get("/metrics").text and "liveloop_server_leader 0.0" in r2.get("/metrics").text
 
         # a learner's version: the leader makes it the candidate; both replicas route the canary users to it
@@ -166,7 +166,7 @@ def test_one_replica_decides_every_replica_routes(store_url, tmp_path, model_dir
         # the leader stops (its shutdown releases the lease): r2 leads at its next try and decides alone
         first.close()
         wait_until(lambda: (_holder(store) or "").startswith("r2/"), 10, "r2 leading")
-        assert r2.app.state.parts.leadership.leading()
+        assert r2.app.state.server.leadership.leading()
         v2 = _publish(store, v1, checkpoints[1])
         wait_until(lambda: store.versions.get_version(v2).status == S.CANARY and store.release.evaluation(v2) is not None, 60, "r2 tries and evaluates v2")
         assert _chat(r2, CANARY[0]) == v2 and _evaluations(store, v2) == 1
@@ -195,7 +195,7 @@ def test_a_killed_leader_process_is_replaced(tmp_path, model_dir, checkpoints, t
                                server_extra=FLEET_SERVER)
         with contextlib.ExitStack() as stack:
             follower = _replica(stack, load_config(path), "follower", model_dir, port)
-            assert _holder(store) == leader and not follower.app.state.parts.leadership.leading()
+            assert _holder(store) == leader and not follower.app.state.server.leadership.leading()
             v1 = _publish(store, 0, checkpoints[0])
             wait_until(lambda: store.versions.get_version(v1).status == S.CANARY, 30, "the leader trying v1")
             wait_until(lambda: store.release.evaluation(v1) is not None, 60, "the leader evaluating v1")

@@ -69,7 +69,7 @@ def operator_checkpoint(model_dir: Path, where: Path, seed: int) -> Path:
 
 def managed(client: TestClient) -> Path:
     """The learner's checkpoint_dir, where imports are copied."""
-    return client.app.state.parts.operations.imports.checkpoint_dir
+    return client.app.state.server.operations.imports.checkpoint_dir
 
 
 def versions(client: TestClient) -> dict[int, str]:
@@ -97,7 +97,7 @@ def test_only_model_safetensors_serves_from_a_complete_managed_copy(client, mode
     assert serving_version(client) == version and versions(client)[version] == "serving"
     assert set(body["completed"]) == {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
 
-    record = client.app.state.parts.store.versions.get_version(version)
+    record = client.app.state.server.store.versions.get_version(version)
     copy = managed(client) / f"v{version:06d}" / "policy"
     assert record.checkpoint_path == str(copy) and copy.is_dir()
     # the digest covers the completed copy's config and tokenizer too, not the operator's weights alone
@@ -179,7 +179,7 @@ def test_weights_the_engine_refuses_leave_a_failed_row_and_no_copy(client, model
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"].startswith(f"could not load {source}: ")
     failed = max(versions(client))
-    record = client.app.state.parts.store.versions.get_version(failed)
+    record = client.app.state.server.store.versions.get_version(failed)
     assert record.status == "failed" and record.pruned_at is not None
     assert not (managed(client) / f"v{failed:06d}").exists() and not list(managed(client).glob(".staging-*"))
     assert serving_version(client) == serving_before
@@ -225,7 +225,7 @@ def test_the_learner_continues_from_an_import_and_retention_keeps_a_pinned_one(t
     work = tmp_path / "server"
     work.mkdir()
     with serving(work, model_dir) as client:
-        store = client.app.state.parts.store
+        store = client.app.state.server.store
         config = LearnerConfig(
             checkpoint_dir=str(managed(client)), publish_every_steps=2, publish_every_seconds=3600, poll_seconds=0.01,
             keep_last_versions=1, keep_parent_chain=0,

@@ -117,7 +117,7 @@ def test_publish_and_rollback_answer_the_same_json(client, tmp_path):
     assert list(listed["data"][0]["reward"]) == ["n", "positive", "rate", "low", "high"]
 
     # a version whose checkpoint retention deleted cannot serve again
-    assert client.app.state.parts.store.versions.mark_pruned([new]) == [new]
+    assert client.app.state.server.store.versions.mark_pruned([new]) == [new]
     r = client.post("/admin/rollback", json={"version": new})
     assert r.status_code == 409 and r.json()["error"]["param"] == "version"
     assert f"version {new}'s checkpoint was pruned at " in r.json()["error"]["message"]
@@ -148,7 +148,7 @@ def test_pause_answers_the_learning_state(client):
 
 def _rate(client: TestClient, version: int, liked: int, disliked: int, tag: str, keys: int | None = None) -> None:
     """Ratings of `version`, each from a key of its own, or spread over `keys` keys."""
-    store = client.app.state.parts.store
+    store = client.app.state.server.store
     replies = [
         ResponseRecord(f"{tag}-{i}", f"{i if keys is None else i % keys:016x}", "m", version, "chat", (1, 2), (3, i % 7), (-1.0, -1.0), "stop", 1.0, 1.0, 1.0,
                        request_meta={"topic": tag})
@@ -159,7 +159,7 @@ def _rate(client: TestClient, version: int, liked: int, disliked: int, tag: str,
 
 
 def test_guard_decides_on_typed_rows_and_rolls_back(client, tmp_path):
-    ops = client.app.state.parts.operations
+    ops = client.app.state.server.operations
     r = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "worse", seed=3))})
     worse = r.json()["version"]
     _rate(client, 0, liked=20, disliked=5, tag="base")
@@ -186,7 +186,7 @@ def test_guard_decides_on_typed_rows_and_rolls_back(client, tmp_path):
 def test_one_key_rating_a_version_down_does_not_roll_it_back(client, tmp_path):
     """The attacker: one key rates 60 replies of the serving version down against an honest parent
     (20 up, 5 down, one key each): one vote of the 5 keys the guard needs, so nothing rolls back."""
-    ops = client.app.state.parts.operations
+    ops = client.app.state.server.operations
     r = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "fine", seed=4))})
     fine = r.json()["version"]
     _rate(client, 0, liked=20, disliked=5, tag="base-again")
@@ -201,7 +201,7 @@ def test_one_key_rating_a_version_down_does_not_roll_it_back(client, tmp_path):
 def test_the_guard_does_not_undo_what_serves_since_it_judged(client, tmp_path):
     """Compare-and-set: the guard judged `worse`, an operator imported a newer version meanwhile; its
     rollback is refused (the version it judged no longer serves) and the import stays."""
-    ops = client.app.state.parts.operations
+    ops = client.app.state.server.operations
     parent = client.get("/admin/stats").json()["serving"]
     _rate(client, parent, liked=20, disliked=5, tag="cas-parent")
     worse = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "w", seed=3))}).json()["version"]
@@ -216,7 +216,7 @@ def test_the_guard_does_not_undo_what_serves_since_it_judged(client, tmp_path):
 
 
 def _model(client: TestClient) -> Path:
-    return Path(client.app.state.parts.store.versions.get_version(0).checkpoint_path)
+    return Path(client.app.state.server.store.versions.get_version(0).checkpoint_path)
 
 
 def test_two_operators_on_one_view_cannot_undo_each_other(client, tmp_path):
@@ -242,7 +242,7 @@ def test_a_deposed_leaders_guard_rolls_nothing_back(client, tmp_path):
     """Fenced: the guard judges as the leader of a term the store's lease no longer has (here: a term
     nobody holds); its rollback is refused in the store's transaction, the engine swaps back, and the
     same verdict in a live term (0: no lease, unfenced) rolls back."""
-    ops = client.app.state.parts.operations
+    ops = client.app.state.server.operations
     parent = client.get("/admin/stats").json()["serving"]
     _rate(client, parent, liked=20, disliked=5, tag="fence-parent")
     worse = client.post("/admin/weights", json={"path": str(perturbed_checkpoint(_model(client), tmp_path / "f", seed=6))}).json()["version"]

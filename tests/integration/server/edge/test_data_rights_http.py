@@ -209,7 +209,7 @@ def test_failed_sign_ins_are_throttled_per_client_and_in_total(server):
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text
     assert r.json()["error"]["code"] == "rate_limit_exceeded"
     # the total (5 a minute) holds whatever address the guesses come from
-    throttle = server.app.state.parts.login_throttle
+    throttle = server.app.state.server.login_throttle
     throttle.failed("10.0.0.1")
     throttle.failed("10.0.0.2")
     assert throttle.retry_after("10.0.0.3") is not None

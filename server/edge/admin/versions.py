@@ -1,0 +1,150 @@
+"""The admin API on policy versions (admin keys, or the dashboard's session): versions with lineage and
+reward (`GET /admin/versions`, `?segment=` one lineage: a segment's adapters, or `base`), each configured
+segment's serving adapter (`GET /admin/adapters`), the version statuses, hot-swapping a checkpoint in
+(`POST /admin/weights`: copied into managed storage and checked first), rollback (`segment`: that
+lineage only; an unknown one is a 404, the activator's UnknownSegment) and pinning versions against
+checkpoint retention.
+
+Domain refusals (no such version, not servable, ...) propagate as domain exceptions and become HTTP
+errors in server/edge/errors.py; typed results become JSON in server/edge/admin/views.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from liveloop.monitor.versions import BASE, lineage
+from liveloop.segments import SHARED
+from liveloop.server.control.activator import Activator
+from liveloop.server.control.operations import Operations
+from liveloop.server.edge.admin import views as admin_json
+from liveloop.server.edge.admin.protocol import PinResult, RollbackRequest, SwapRequest
+from liveloop.server.edge.admin.views import settled_body
+from liveloop.server.edge.auth import Principal, require_admin
+from liveloop.server.edge.body import parse_body
+from liveloop.server.edge.dependencies import admin_versions as handler
+from liveloop.server.edge.errors import APIError
+from liveloop.server.engines.base import Engine
+from liveloop.store.versions import VersionQueries
+
+router = APIRouter(prefix="/admin")
+
+
+def adapter_mode(segments: tuple[str, ...]) -> str:
+    """`[learner] adapters` as the activator's segments show it (liveloop/segments.py `lanes`)."""
+    if not segments:
+        return "none"
+    return "shared" if segments == (SHARED,) else "segment"
+
+
+class AdminVersions:
+    """What operators read and do to the policy versions."""
+
+    def __init__(self, operations: Operations, activator: Activator, engine: Engine, versions: VersionQueries):
+        self.operations = operations
+        self.activator = activator
+        self.engine = engine
+        self.versions = versions
+
+    async def listed(self, segment: str | None) -> dict[str, Any]:
+        async def read() -> dict:
+            rows = await self.operations.versions()
+            body = {"object": "list", "serving": self.engine.version}
+            if segment is not None:
+                rows = lineage(rows, segment)
+                if segment != BASE:
+                    if not rows:  # a configured segment may have no versions yet; any other name: 404
+                        self.activator.lane(segment)
+                    body |= {"segment": segment, "adapter": self.activator.serving_adapters().get(segment)}
+            return body | {"data": [admin_json.version(r) for r in rows]}
+
+        return settled_body(await self.activator.changes.read(read))
+
+    async def adapters(self) -> dict[str, Any]:
+        activator, operations = self.activator, self.operations
+        if not activator.segments:
+            return admin_json.adapters("none", self.engine.version, [])
+
+        async def read() -> dict:
+            rows = await operations.versions()
+            serving = activator.serving_adapters()
+            segments = []
+            for name in activator.segments:
+                adapter = serving.get(name)
+                segments.append(
+                    admin_json.SegmentState(
+                        segment=name,
+                        learner=activator.lane(name),
+                        serving=adapter,
+                        policy_version=self.engine.version if adapter is None else adapter,
+                        paused=await operations.paused(name),
+                        versions=lineage(rows, name),
+                    )
+                )
+            return admin_json.adapters(adapter_mode(activator.segments), self.engine.version, segments)
+
+        return settled_body(await activator.changes.read(read))
+
+    async def swap(self, req: SwapRequest, principal: Principal) -> dict[str, Any]:
+        return admin_json.imported(await self.operations.publish_weights(req.path, req.note, principal.key_id))
+
+    async def rollback(self, req: RollbackRequest, principal: Principal) -> dict[str, Any]:
+        result = await self.operations.rollback(req.version, principal.key_id, req.reason, req.segment, req.expect_serving)
+        return admin_json.rollback(result)
+
+    async def set_pinned(self, version: int, pinned: bool, principal: Principal) -> PinResult:
+        if not 0 <= version < 2**31:
+            raise APIError(400, "version: out of range", param="version")
+        changed = await asyncio.to_thread(self.versions.set_pinned, version, pinned, principal.key_id)  # VersionNotFound: 404
+        return PinResult(version=version, pinned=pinned, changed=changed)
+
+
+@router.get("/versions")
+async def versions(
+    h: AdminVersions = Depends(handler),
+    segment: str | None = Query(None, min_length=1, max_length=256, description=f"one lineage: a segment's adapters, or `{BASE}`"),
+    _: Principal = Depends(require_admin),
+) -> dict:
+    """Every version with its parent, lineage (`segment`), status, traffic, reward rate (Wilson
+    interval) and the test against its parent; `segment` keeps one lineage."""
+    return await h.listed(segment)
+
+
+@router.get("/adapters")
+async def adapters(h: AdminVersions = Depends(handler), _: Principal = Depends(require_admin)) -> dict:
+    """Each configured segment: the adapter version serving it (None: the base weights), its pause
+    switch, its number of versions and its latest one's reward. Without adapters: no segments."""
+    return await h.adapters()
+
+
+@router.get("/statuses")
+async def statuses(_: Principal = Depends(require_admin)) -> dict:
+    """The version statuses: their names, meaning, and whether a version in one can be served again."""
+    return {"object": "list", "data": admin_json.statuses()}
+
+
+@router.post("/weights")
+async def swap_weights(request: Request, h: AdminVersions = Depends(handler), principal: Principal = Depends(require_admin)) -> dict:
+    """Serve the checkpoint in the directory `path` as the next version, from a checked copy in the
+    learner's checkpoint_dir (server/control/weights_import.py): the operator's directory is read once, here."""
+    return await h.swap(await parse_body(request, SwapRequest), principal)
+
+
+@router.post("/rollback")
+async def rollback(request: Request, h: AdminVersions = Depends(handler), principal: Principal = Depends(require_admin)) -> dict:
+    """Serve a stored version again. An adapter version moves its own segment only; `segment` with the
+    serving base version serves that segment the base weights again. `expect_serving`: the version the
+    operator saw serving; 409 serving_changed (nothing done) if another serves now."""
+    return await h.rollback(await parse_body(request, RollbackRequest), principal)
+
+
+@router.post("/versions/{version}/pin")
+async def pin(version: int, principal: Principal = Depends(require_admin), h: AdminVersions = Depends(handler)) -> PinResult:
+    return await h.set_pinned(version, True, principal)
+
+
+@router.post("/versions/{version}/unpin")
+async def unpin(version: int, principal: Principal = Depends(require_admin), h: AdminVersions = Depends(handler)) -> PinResult:
+    return await h.set_pinned(version, False, principal)

@@ -1,0 +1,1 @@
+"""The model this server serves: GET /v1/models."""

@@ -1,0 +1,1 @@
+"""Operations: GET /healthz and GET /metrics."""

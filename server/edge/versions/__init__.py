@@ -1,0 +1,1 @@
+"""The policy versions users may read: GET /v1/versions."""
