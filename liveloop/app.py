@@ -118,7 +118,7 @@ def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config
             pace = asyncio.create_task(server.operations.watch_pace(learner.status)) if learner is not None else None
             freeze_heap()  # what the start made stays out of the collector's full passes (server/edge/pipeline/readiness.py)
             attach(app, handlers_of(server, edge, learner), server.replica_id)
-            app.state.server = server  # for tests' inspection: no route reads it (they take their handlers)
+            app.state.server = server  # for Ray Serve's health check and tests' inspection: no route reads it
             try:
                 yield
             finally:

@@ -174,8 +174,8 @@ def _replica_class() -> Any:
 
         def check_health(self) -> None:
             """Tells Serve an engine that stopped serving."""
-            engine = getattr(getattr(self, "fastapi", None), "state", None)
-            engine = getattr(engine, "engine", None)
+            server = getattr(getattr(getattr(self, "fastapi", None), "state", None), "server", None)  # liveloop/app.py's, once started
+            engine = getattr(server, "engine", None)
             if engine is not None and not engine.healthy():
                 raise RuntimeError("the engine stopped serving")
 

@@ -50,7 +50,8 @@ ROOMS = {
     "engines": set(),
 }
 # top-level modules both sides share: they import no component at run time
-SHARED = ("checkpoint.py", "segments.py", "metrics.py", "provenance.py", "grammar.py", "episodes.py")
+SHARED = ("checkpoint.py", "segments.py", "metrics.py", "provenance.py", "grammar.py", "episodes.py", "private.py", "home.py",
+          "lexicon.py", "rewards.py", "cli_options.py", "config_types.py")
 
 
 def _component(module: str) -> str | None:
