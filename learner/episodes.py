@@ -19,16 +19,19 @@ agent experiment (experiments/agent.py); the defaults are SAO's.
 Not trained, counted in `stats()` (`learner/episodes_skipped_*`): an episode a turn of which is gone
 (`broken`: deleted under it, or a restore), one longer than `max_episode_tokens` (`too_long`; the
 prompt is the context every turn was sampled in, so it cannot be cut without changing what the
-behaviour logprobs are of), one whose turns do not sit where their links say (`mismatch`)."""
+behaviour logprobs are of), one whose turns do not sit where their links say (`mismatch`). Nor is a
+sample the learner cannot score (`check`: rl/batch.py `scorable`; a stored reply whose tokens its grammar
+forbids, say): skipped with a warning naming the response, counted in `learner/skipped_samples` and
+`learner/skipped_samples_<reason>`; it is consumed like any skipped rating, never retried."""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from liveloop.rl.batch import Sample
+from liveloop.rl.batch import Sample, Unscorable
 from liveloop.rl.episodes import EpisodeMismatch, episode_sample
 from liveloop.store.records import Episode, StoredFeedback, StoredResponse
 
@@ -67,11 +70,13 @@ class EpisodeSamples:
 
     def __init__(
         self, ratings: RatingReads, episode_reads: EpisodeReads, max_episode_tokens: int, credit: str = "all",
-        observations: str = "skip",
+        observations: str = "skip", check: Callable[[Sample], Sample] | None = None,
     ):
         self.ratings, self.episode_reads, self.max_tokens = ratings, episode_reads, max_episode_tokens
         self.credit, self.observations = credit, observations  # `[learner] episode_credit`, `episode_observations`
+        self.check = check  # the sample made scorable, or Unscorable (None: not checked)
         self.skipped: Counter[str] = Counter()
+        self.unscorable: Counter[str] = Counter()  # samples `check` refused, by reason
         self.episodes = 0  # multi-turn samples made
         self.turns = 0  # turns they covered
 
@@ -80,6 +85,17 @@ class EpisodeSamples:
 
     def sample(self, feedback: StoredFeedback, response: StoredResponse) -> Sample | None:
         """The sample a rating trains (None: it trains nothing; counted)."""
+        sample = self._sample(feedback, response)
+        if sample is None or self.check is None:
+            return sample
+        try:
+            return self.check(sample)
+        except Unscorable as exc:
+            self.unscorable[exc.reason] += 1
+            log.warning("rating %d of response %s not trained, it cannot be scored: %s", feedback.id, response.id, exc)
+            return None
+
+    def _sample(self, feedback: StoredFeedback, response: StoredResponse) -> Sample | None:
         if getattr(response, "parent_id", None) is None:
             return self._bounded(Sample.from_rated(feedback, response))
         episode = self.episode_reads.episode(response.id)
@@ -112,5 +128,7 @@ class EpisodeSamples:
         return None
 
     def stats(self) -> dict[str, float]:
-        out = {"learner/episodes": float(self.episodes), "learner/episode_turns": float(self.turns)}
+        out = {"learner/episodes": float(self.episodes), "learner/episode_turns": float(self.turns),
+               "learner/skipped_samples": float(sum(self.unscorable.values()))}
+        out |= {f"learner/skipped_samples_{reason}": float(n) for reason, n in self.unscorable.items()}
         return out | {f"learner/episodes_skipped_{reason}": float(n) for reason, n in self.skipped.items()}

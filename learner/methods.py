@@ -24,6 +24,7 @@ one BGPO uses too (unbiased std, an all-equal group gets A = 0).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict, deque
 from collections.abc import Hashable
@@ -51,6 +52,10 @@ class Method(Protocol):
     def next_batch(self, feed: RatedFeed, after_id: int) -> tuple[list[Sample], int] | None:
         """The next samples and the last feedback id they consume through; None: not yet. `feed` reads
         ratings (`rated_after`) and makes each one's sample (`sample`): learner/episodes.py `RatedFeed`."""
+
+    def passed(self, after_id: int) -> int:
+        """How far past `after_id` the last `next_batch` (which said "not yet") read ratings that train
+        nothing and are consumed (capped, or unscorable: learner/episodes.py); `after_id` if none."""
 
     def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Token advantages [B, W] and value targets [B, W] (None without a critic)."""
@@ -136,6 +141,10 @@ class SAO:
             self.caps.commit(plan)
             self._skipped = (after_id, through)
         return None
+
+    def passed(self, after_id: int) -> int:
+        """The ratings a "not yet" scanned past `after_id` (all capped or unscorable): consumed."""
+        return self._skipped[1] if self._skipped and self._skipped[0] == after_id else after_id
 
     def advantages(self, batch: TokenBatch, values: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """GAE per sample against the critic's values (`baseline` critic) or the running mean of earlier
@@ -243,6 +252,8 @@ class GRPO(SAO):
                     self.read_through = f.id
                     continue
                 key = self.group_key(r)
+                # buffered without its grammar's masks (they can be megabytes; the step replays them again)
+                sample = dataclasses.replace(sample, masks=None)
                 self.buffer.setdefault(key, []).append((sample, f.created_at.timestamp()))
                 self.first_seen.setdefault(key, time.monotonic())
                 self.read_through = f.id

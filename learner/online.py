@@ -53,7 +53,7 @@ from liveloop.learner.restart import RestartOnDrop
 from liveloop.learner.status import LaneStatus, LearnerStatus
 from liveloop.grammar import Grammars, grammars_for
 from liveloop.segments import lane_cursor
-from liveloop.rl.batch import Sample, TokenBatch, make_batch, response_log_dists
+from liveloop.rl.batch import Sample, TokenBatch, make_batch, response_log_dists, scorable
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.optim import make_optimizer
@@ -104,7 +104,7 @@ class OnlineLearner:
         self.ratings = EpisodeSamples(
             SegmentRatings(store.feedback, segment) if segment is not None else store.feedback, store.episodes,
             config.max_episode_tokens,
-            config.episode_credit, config.episode_observations,
+            config.episode_credit, config.episode_observations, check=self._scorable,
         )
         self.config = config
         self.base_model_dir = Path(base_model_dir)
@@ -139,6 +139,12 @@ class OnlineLearner:
         if all(s.grammar is None and not s.grammar_spans for s in samples):
             return None
         return grammars_for(str(self.base_model_dir), self.policy.config.vocab_size)
+
+    def _scorable(self, sample: Sample) -> Sample:
+        """`sample` if the policy can score it (its grammar's masks replayed), else Unscorable (rl/batch.py):
+        the feed skips it, counted (learner/episodes.py), instead of a step raising on it again and again."""
+        nan = self.config.episode_observations == "actions"  # NaN: a token scored on-policy (`_scored_on_policy`)
+        return scorable(sample, self.policy.config.vocab_size, self._grammars([sample]), nan_logprobs=nan)
 
     def _load(self, policy_dir: str | None, critic_dir: str | None) -> None:
         """Load the policy (a lane: its adapter from `policy_dir`, or a fresh one when None) and the critic."""
@@ -284,6 +290,7 @@ class OnlineLearner:
         # 1. the next B rated responses, in arrival order (GRPO baselines: the next complete group)
         taken = self.method.next_batch(self.ratings, s.pending_cursor)
         if taken is None:
+            self._pass_untrained()
             return False
         samples, last_id = taken
         self.publishing.supersede()  # a version held back for this step never is (coalesce_versions)
@@ -326,6 +333,17 @@ class OnlineLearner:
         if s.steps_since_publish >= c.publish_every_steps and not self.publishing.hold_back(self._rating_waiting):
             self.publish()
         return True
+
+    def _pass_untrained(self) -> None:
+        """Ratings the method read and trains none of (unscorable, capped) are consumed: the cursor moves
+        past them and the next publish records it (a version if steps since the last one updated the
+        policy, else the cursor alone: publishing.py), so a restart does not read them again."""
+        s = self.state
+        through = self.method.passed(s.pending_cursor)
+        if through > s.pending_cursor:
+            s.pending_cursor = through
+            s.steps_since_publish += 1  # a publish is due for the cursor (no update: `updates_since_publish` stays)
+            s.last_metrics = dict(s.last_metrics) | self.ratings.stats()
 
     def _rating_waiting(self) -> bool:
         """Whether a rating past the last one trained is already in the store (this lane's, for a lane)."""
@@ -463,7 +481,7 @@ class OnlineLearner:
         return LaneStatus(
             segment=self.segment, version=s.version, cursor=s.cursor, pending_cursor=s.pending_cursor, step=s.step,
             samples=s.samples, skipped_steps=s.skipped_steps, paused=self.paused, busy_seconds=self.busy_seconds,
-            idle_seconds=self.idle_seconds, metrics=dict(s.last_metrics) | self.publishing.stats(),
+            idle_seconds=self.idle_seconds, metrics=dict(s.last_metrics) | self.ratings.stats() | self.publishing.stats(),
         )
 
     def status(self) -> LearnerStatus:

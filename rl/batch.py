@@ -12,12 +12,16 @@ same way: `make_batch` replays the grammar over the response (liveloop.grammar) 
 of the allowed tokens (`TokenBatch.allowed`), and `response_log_dists` masks the logits with them
 before the log-softmax. The ratio pi/mu of a constrained token is then that of two distributions over
 the same allowed set (exactly 1 on-policy), and a token the grammar forced (the only one allowed) has
-logprob 0 under both: no ratio, no gradient, as it should be (the model had no choice)."""
+logprob 0 under both: no ratio, no gradient, as it should be (the model had no choice).
+
+A stored sample that cannot be scored (tokens its grammar forbids, ids outside the vocabulary, non-finite
+logprobs, arrays of different lengths: a corrupt or poisoned record) is refused by `scorable` with the
+reason (`Unscorable`) before it joins a batch; the learner skips it, counted (learner/episodes.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -25,7 +29,7 @@ import torch
 from torch import Tensor
 
 from liveloop.episodes import token_versions
-from liveloop.grammar import mask_logits
+from liveloop.grammar import ConstraintViolated, InvalidConstraint, mask_logits
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class Sample:
     # an episode's constrained turns (rl/episodes.py): (start, end, grammar) over response token indexes;
     # the tokens outside them were free (or are observations)
     grammar_spans: tuple[tuple[int, int, str], ...] = ()
+    # its grammar's packed masks, replayed already (`scorable`); None: `make_batch` replays them
+    masks: Tensor | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_rated(cls, feedback: Any, response: Any) -> "Sample":
@@ -136,7 +142,60 @@ def make_batch(samples: Sequence[Sample], pad_id: int = 0, grammars: Any = None)
     )
 
 
+class Unscorable(ValueError):
+    """A sample the learner cannot score; `reason` names the check it failed (one of REASONS)."""
+
+    REASONS = ("lengths", "empty_prompt", "token_ids", "logprobs", "reward", "versions", "grammar")
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+def scorable(sample: Sample, vocab_size: int, grammars: Any = None, nan_logprobs: bool = False) -> Sample:
+    """`sample`, checked that `make_batch` and a forward can score it, with its grammar's masks replayed
+    (when `grammars` is given; the masks ride along, so `make_batch` does not replay them again). Raises
+    Unscorable. `nan_logprobs`: a NaN behaviour logprob marks a token to score on-policy (the ablation's
+    observations, learner/online.py), not a corrupt one."""
+    prompt, resp = np.asarray(sample.prompt_ids), np.asarray(sample.response_ids)
+    n = len(resp)
+    shapes = {a.ndim for a in (prompt, resp, np.asarray(sample.behavior_logprobs), np.asarray(sample.action_mask))}
+    if shapes != {1} or not n == len(sample.behavior_logprobs) == len(sample.action_mask):
+        raise Unscorable("lengths", f"response {n} tokens, logprobs {len(sample.behavior_logprobs)}, mask {len(sample.action_mask)}")
+    if any(not 0 <= start <= end <= n for start, end, _ in sample.grammar_spans):
+        raise Unscorable("lengths", f"grammar spans {[s[:2] for s in sample.grammar_spans]} outside {n} tokens")
+    if len(prompt) == 0:
+        raise Unscorable("empty_prompt", "no context to score the first token in")
+    for name, ids in (("prompt", prompt), ("response", resp)):
+        if ids.size and (not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= vocab_size):
+            raise Unscorable("token_ids", f"{name} ids {ids.dtype} in [{ids.min()}, {ids.max()}], vocabulary {vocab_size}")
+    blp = np.asarray(sample.behavior_logprobs, dtype=np.float64)
+    bad = ~np.isfinite(blp)
+    if nan_logprobs:
+        bad &= ~np.isnan(blp)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise Unscorable("logprobs", f"behaviour logprob {blp[i]} at token {i}")
+    if not np.isfinite(float(sample.reward)):
+        raise Unscorable("reward", f"reward {sample.reward}")
+    try:
+        sample.token_versions()
+    except ValueError as exc:
+        raise Unscorable("versions", str(exc)) from exc
+    if grammars is None or sample.masks is not None:
+        return sample
+    try:
+        masks = _allowed(sample, grammars)
+    except (ConstraintViolated, InvalidConstraint) as exc:
+        raise Unscorable("grammar", str(exc)) from exc
+    except (RuntimeError, ValueError, TypeError) as exc:  # what xgrammar raises on a record it cannot walk
+        raise Unscorable("grammar", f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+    return replace(sample, masks=masks) if masks is not None else sample
+
+
 def _allowed(sample: Sample, grammars: Any) -> Tensor | None:
+    if sample.masks is not None:
+        return sample.masks
     spans = sample.grammar_spans or (((0, len(sample.response_ids), sample.grammar),) if sample.grammar is not None else ())
     if not spans:
         return None

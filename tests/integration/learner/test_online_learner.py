@@ -19,7 +19,9 @@ def _rate(store: Store, n: int, start: int = 0, poison: set[int] = frozenset()) 
     rng = np.random.default_rng(start)
     for i in range(start, start + n):
         m = 8
-        lps = np.full(m, -2.0, np.float32) if i not in poison else np.full(m, np.nan, np.float32)
+        # poison: finite logprobs no sampled token has (a NaN one is not even scored: test_unscorable.py), whose
+        # ratio overflows to inf and the step's loss to NaN
+        lps = np.full(m, -2.0, np.float32) if i not in poison else np.full(m, -1e30, np.float32)
         rec = ResponseRecord(
             f"r{i}", "k", "m", 0, "chat", tuple(int(x) for x in rng.integers(5, 500, 6)), tuple(int(x) for x in rng.integers(5, 500, m)),
             tuple(float(x) for x in lps), "stop", 1.0, 1.0, 1.0,
