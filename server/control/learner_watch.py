@@ -7,7 +7,9 @@ and pause when the learner does not answer), its pace measured on the store's tr
   episode), with the figures; gauge `learner/behind{segment}`;
 - `learner_step_refused` when the learner's `learner/rejected_steps` rises, with the step's KL and
   learning rate, at most one per lane every `learner_refused_event_seconds` (with a count); counter
-  `learner/refused_steps{segment}`.
+  `learner/refused_steps{segment}`;
+- `learner_samples_skipped` when the learner's `learner/skipped_samples` rises (rated replies it could
+  not score: their reasons and counts), as often; counter `learner/skipped_samples{segment}`.
 Every replica measures and exports the gauges (`learner/ratings_per_second{segment,window}`,
 `trained_per_second`, `pace`, `seconds_per_rating`, `learner/backlog{segment}`; `segment` is "" for
 the plain learner, `window` "short" or "long"); only the leader of `term` records events, fenced by it
@@ -25,7 +27,9 @@ from typing import Any, Protocol
 from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
 from liveloop.server.control.pace import Look, Pace, measure
-from liveloop.server.control.pace_alarms import BEHIND, CAUGHT_UP, REFUSED, BehindEpisodes, PaceTransition, RefusalReport, RefusedSteps
+from liveloop.server.control.pace_alarms import (
+    BEHIND, CAUGHT_UP, REFUSED, SKIPPED, BehindEpisodes, CounterReport, PaceTransition, RisingCounter,
+)
 from liveloop.store import Store
 from liveloop.store.lease import StaleLeader
 
@@ -104,7 +108,8 @@ class LearnerWatch:
         self.lanes = tuple(lanes)  # (segment, lane name)
         self.max_step_kl = max_step_kl  # `[learner] max_step_kl`, for the refusal events' context
         self.episodes = BehindEpisodes(config.learner_behind_pace, config.learner_behind_backlog)
-        self.refusals = RefusedSteps(config.learner_refused_event_seconds)
+        self.refusals = RisingCounter(config.learner_refused_event_seconds)
+        self.skips = RisingCounter(config.learner_refused_event_seconds)
         self.latest: LearnerPace | None = None
         self._looks: dict[str, list[Look]] = {}
         self._refused: dict[str, int] = {}
@@ -126,11 +131,15 @@ class LearnerWatch:
             own = next((s for s in status.lanes if s.segment == segment), None) if status is not None else None
             look, paused, pace = self._look(segment, lane, own, now)
             transition = self.episodes.judge(lane, pace, paused, now)
-            new, report = 0, None
+            new, report, skipped = 0, None, None
             if own is not None:
                 figures = {FIGURES[k]: float(v) for k, v in own.metrics.items() if k in FIGURES}
                 total = own.metrics.get("learner/rejected_steps", 0.0 if own.step == 0 else None)  # no step yet: none refused
                 new, report = self.refusals.observe(lane, None if total is None else int(total), own.step, figures, now)
+                skips = own.metrics.get("learner/skipped_samples")  # None: a learner that does not count them
+                reasons = {k.removeprefix("learner/skipped_samples_"): float(v) for k, v in own.metrics.items() if k.startswith("learner/skipped_samples_")}
+                new_skips, skipped = self.skips.observe(lane, None if skips is None else int(skips), own.step, reasons, now)
+                self.metrics.inc("learner/skipped_samples", new_skips, segment=segment or "")
             self._refused[lane] = self._refused.get(lane, 0) + new
             self.metrics.inc("learner/refused_steps", new, segment=segment or "")
             paced = LanePace(
@@ -138,7 +147,7 @@ class LearnerWatch:
                 self.episodes.behind(lane), self.episodes.since(lane), self._refused[lane],
             )
             if recording:
-                recording = self._record(paced, transition, report, None if own is None else own.version, term)
+                recording = self._record(paced, transition, report, skipped, None if own is None else own.version, term)
             done.append(paced)
         self.latest = LearnerPace(
             now, self.config.learner_short_window_seconds, self.config.learner_long_window_seconds,
@@ -179,7 +188,8 @@ class LearnerWatch:
 
     # -- events ---------------------------------------------------------------------------------
     def _record(
-        self, lane: LanePace, transition: PaceTransition | None, report: RefusalReport | None, version: int | None, term: int | None
+        self, lane: LanePace, transition: PaceTransition | None, report: CounterReport | None, skipped: CounterReport | None,
+        version: int | None, term: int | None,
     ) -> bool:
         """Record what is due for `lane`; False when this replica no longer leads (nothing more this pass)."""
         fence = term or None
@@ -197,6 +207,11 @@ class LearnerWatch:
                 }
                 self.store.operator.record_event(REFUSED, version, detail, term=fence)
                 log.warning("learner %s: %d step(s) refused by the trust region (step KL %s)", lane.lane, report.count, report.figures.get("step_kl"))
+            if skipped is not None:  # the learner's log names each reply ("not trained, it cannot be scored")
+                detail = {"lane": lane.lane, "segment": lane.segment, "count": skipped.count, "total": skipped.total,
+                          "step": skipped.step, "reasons": skipped.figures}
+                self.store.operator.record_event(SKIPPED, version, detail, term=fence)
+                log.warning("learner %s: %d rated repl(ies) not trained, they cannot be scored (%s)", lane.lane, skipped.count, skipped.figures)
         except StaleLeader as exc:
             log.warning("learner pace events not recorded: %s", exc)
             return False
@@ -206,6 +221,7 @@ class LearnerWatch:
         """Each lane's last recorded episode and refusal report, from the event log (a lane with neither
         there is not behind)."""
         reported: dict[str, float] = {}
+        skips: dict[str, float] = {}
         for _, lane in self.lanes:
             self.episodes.restore(lane, False, None)
         for e in self.store.operator.events(limit=SCANNED):  # oldest first: the last one of a lane wins
@@ -214,8 +230,11 @@ class LearnerWatch:
                 self.episodes.restore(lane, e.kind == BEHIND, at)
             elif e.kind == REFUSED:
                 reported[lane] = at
+            elif e.kind == SKIPPED:
+                skips[lane] = at
         for _, lane in self.lanes:
             self.refusals.restore(lane, reported.get(lane))
+            self.skips.restore(lane, skips.get(lane))
 
     # -- metrics --------------------------------------------------------------------------------
     def _export(self, paced: LearnerPace) -> None:

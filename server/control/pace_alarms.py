@@ -3,10 +3,11 @@
   `min_pace` of the ratings arriving and at least `backlog` of them wait; it has caught up once at most
   half as many wait. `judge` returns a `PaceTransition` at the start and at the end of an episode only.
   A paused lane is not judged (its backlog grows by the operator's choice).
-- `RefusedSteps`: the learner's counter of updates the trust region refused (undone: they moved the
-  policy past `max_step_kl`); `observe` returns the refusals new since the last look (for the counter
-  metric) and at most one `RefusalReport` per lane every `every_seconds`, counting the ones between.
-  A counter that goes back (a restarted learner) is a new start, not a refusal.
+- `RisingCounter`: one of the learner's counters of trouble (steps the trust region refused,
+  `learner/rejected_steps`; rated replies it could not score and skipped, `learner/skipped_samples`);
+  `observe` returns what is new since the last look (for the counter metric) and at most one
+  `CounterReport` per lane every `every_seconds`, counting the ones between. A counter that goes back
+  (a restarted learner) is a new start, not news.
 `restore` takes what the event log says (a replica that starts, or becomes the leader), so an episode
 is recorded once whoever records it (server/control/learner_watch.py)."""
 
@@ -18,6 +19,7 @@ from typing import Any
 from liveloop.server.control.pace import Pace
 
 BEHIND, CAUGHT_UP, REFUSED = "learner_behind", "learner_caught_up", "learner_step_refused"  # operator event kinds
+SKIPPED = "learner_samples_skipped"
 CAUGHT_UP_SHARE = 0.5  # caught up again at this share of the backlog threshold
 
 
@@ -72,10 +74,10 @@ class BehindEpisodes:
 
 
 @dataclass(frozen=True)
-class RefusalReport:
-    """Refused steps of one lane to record: how many since the last report, the learner's total, and
-    the figures of the lane's last step (`exact`: every step since the last look was refused, so they
-    are a refused step's)."""
+class CounterReport:
+    """A counter's rise in one lane to record: how many since the last report, the learner's total, and
+    the figures of the lane's last step (`exact`: every step since the last look was counted, so they
+    are a counted step's)."""
 
     lane: str
     at: float
@@ -87,37 +89,37 @@ class RefusalReport:
 
 
 @dataclass
-class _Refusals:
+class _Counted:
     total: int | None = None  # the learner's counter at the last look
     step: int | None = None
     unreported: int = 0
-    last: RefusalReport | None = None  # the newest refusal's figures, not reported yet
+    last: CounterReport | None = None  # the newest rise's figures, not reported yet
     reported_at: float | None = None
 
 
-class RefusedSteps:
+class RisingCounter:
     def __init__(self, every_seconds: float):
         self.every_seconds = every_seconds
-        self._lanes: dict[str, _Refusals] = {}
+        self._lanes: dict[str, _Counted] = {}
 
     def restore(self, lane: str, reported_at: float | None) -> None:
         """The last report recorded for `lane` (the rate limit holds across replicas and restarts)."""
-        self._lanes.setdefault(lane, _Refusals()).reported_at = reported_at
+        self._lanes.setdefault(lane, _Counted()).reported_at = reported_at
 
-    def observe(self, lane: str, total: int | None, step: int, figures: dict[str, Any], now: float) -> tuple[int, RefusalReport | None]:
-        """The lane's refused-step counter (`total`; None: not known) at its step `step`, with its last
-        step's `figures`. Returns the refusals new since the last look and the report due, if any."""
-        s = self._lanes.setdefault(lane, _Refusals())
+    def observe(self, lane: str, total: int | None, step: int, figures: dict[str, Any], now: float) -> tuple[int, CounterReport | None]:
+        """The lane's counter (`total`; None: not known) at its step `step`, with its last step's
+        `figures`. Returns what is new since the last look and the report due, if any."""
+        s = self._lanes.setdefault(lane, _Counted())
         new = 0
         if total is not None:
             if s.total is not None and s.step is not None and total >= s.total and step >= s.step:
                 new = total - s.total
             if new:
                 s.unreported += new
-                s.last = RefusalReport(lane, now, 0, total, step, exact=new == step - s.step, figures=dict(figures))
+                s.last = CounterReport(lane, now, 0, total, step, exact=new == step - s.step, figures=dict(figures))
             s.total, s.step = total, step
         if s.unreported and s.last is not None and (s.reported_at is None or now - s.reported_at >= self.every_seconds):
-            report = RefusalReport(lane, now, s.unreported, s.last.total, s.last.step, s.last.exact, s.last.figures)
+            report = CounterReport(lane, now, s.unreported, s.last.total, s.last.step, s.last.exact, s.last.figures)
             s.unreported, s.last, s.reported_at = 0, None, now
             return new, report
         return new, None

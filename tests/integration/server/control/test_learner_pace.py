@@ -3,7 +3,7 @@ real SQLite and PostgreSQL: ratings stored with arrival times set by the test, t
 its own typed `LearnerStatus`, time passed in. A learner training a fifth of what arrives records one
 `learner_behind` event (not again at the next checks, nor after a restart of the server), and
 `learner_caught_up` once it has; a refused step records `learner_step_refused` with its KL and rate,
-a second one within the minute only counts; the figures reach /metrics, and per segment with lanes;
+a second one within the minute only counts (and so do skipped replies, `learner_samples_skipped`); the figures reach /metrics, and per segment with lanes;
 without the learner's answer the store's cursor stands in, and a rollback starts the measure over."""
 
 from __future__ import annotations
@@ -47,12 +47,16 @@ def rate(store: Store, t0: float, times: list[float], segment: str | None = None
             s.execute(update(Feedback).where(Feedback.id == stored.id).values(created_at=datetime.fromtimestamp(t0 + t, tz=timezone.utc)))
 
 
-def lane(cursor: int, rejected: int = 0, segment: str | None = None, step: int | None = None, paused: bool = False) -> LaneStatus:
-    """The learner's lane having trained through `cursor` at 8 s a rating, one rating a step."""
+def lane(cursor: int, rejected: int = 0, segment: str | None = None, step: int | None = None, paused: bool = False,
+         skipped: dict[str, int] | None = None) -> LaneStatus:
+    """The learner's lane having trained through `cursor` at 8 s a rating, one rating a step (`skipped`:
+    the rated replies it could not score, by reason)."""
+    counts = {"learner/skipped_samples": float(sum((skipped or {}).values()))} | {
+        f"learner/skipped_samples_{reason}": float(n) for reason, n in (skipped or {}).items()}
     return LaneStatus(
         segment=segment, version=0, cursor=0, pending_cursor=cursor, step=cursor if step is None else step, samples=cursor,
         skipped_steps=0, paused=paused, busy_seconds=8.0 * cursor, idle_seconds=0.0,
-        metrics={"learner/rejected_steps": float(rejected), "learner/step_kl": 0.3, "learner/lr": 2e-5, "learner/kl_coef": 0.1},
+        metrics={"learner/rejected_steps": float(rejected), "learner/step_kl": 0.3, "learner/lr": 2e-5, "learner/kl_coef": 0.1} | counts,
     )
 
 
@@ -115,6 +119,28 @@ async def test_refused_steps_are_recorded_with_their_figures_at_most_once_a_minu
     assert 'liveloop_learner_refused_steps_total{segment=""} 2.0' in metrics.render().decode()
     paced = await ops.check_pace(lambda: LearnerStatus("none", (lane(3, rejected=4),)), now=t0 + 80)  # the minute is up
     assert [e.detail["count"] for e in events(store, "learner_step_refused")] == [1, 1] and paced.lanes[0].refused_steps == 2
+
+
+async def test_replies_the_learner_could_not_score_are_alarmed_with_their_reasons(store):
+    """The learner skips a rated reply it cannot score (a grammar its tokens break, ...) and counts it:
+    the rise is one `learner_samples_skipped` event with the reasons, at most one a minute, and a
+    restarted learner's counter starting over at 0 is no news."""
+    t0 = float(int(time.time()) - 3600)
+    rate(store, t0, [1.0, 2.0, 3.0, 4.0])
+    metrics = Metrics()
+    ops = operations(store, metrics)
+    await ops.check_pace(lambda: LearnerStatus("none", (lane(1),)), now=t0 + 10)
+    await ops.check_pace(lambda: LearnerStatus("none", (lane(2, skipped={"grammar": 2}),)), now=t0 + 20)
+    (skipped,) = events(store, "learner_samples_skipped")
+    assert (skipped.detail["lane"], skipped.detail["count"], skipped.detail["total"]) == ("sao", 2, 2)
+    assert skipped.detail["reasons"] == {"grammar": 2.0} and skipped.version == 0
+    assert 'liveloop_learner_skipped_samples_total{segment=""} 2.0' in metrics.render().decode()
+    await ops.check_pace(lambda: LearnerStatus("none", (lane(3, step=1),)), now=t0 + 30)  # restarted: 0 again, not news
+    await ops.check_pace(lambda: LearnerStatus("none", (lane(4, step=2, skipped={"logprobs": 1}),)), now=t0 + 40)  # within the minute
+    assert len(events(store, "learner_samples_skipped")) == 1
+    assert 'liveloop_learner_skipped_samples_total{segment=""} 3.0' in metrics.render().decode()
+    await ops.check_pace(lambda: LearnerStatus("none", (lane(4, step=2, skipped={"logprobs": 1}),)), now=t0 + 90)
+    assert [e.detail["count"] for e in events(store, "learner_samples_skipped")] == [2, 1]
 
 
 async def test_each_segment_lane_is_paced_on_its_own_ratings(store):

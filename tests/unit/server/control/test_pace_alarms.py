@@ -6,7 +6,7 @@ with how many there were."""
 from __future__ import annotations
 
 from liveloop.server.control.pace import Pace, WindowPace
-from liveloop.server.control.pace_alarms import BEHIND, CAUGHT_UP, BehindEpisodes, RefusedSteps
+from liveloop.server.control.pace_alarms import BEHIND, CAUGHT_UP, BehindEpisodes, RisingCounter
 
 
 def pace(backlog: int, long_pace: float | None, full: bool = True) -> Pace:
@@ -51,7 +51,7 @@ def test_a_restored_episode_is_not_reported_again():
 
 
 def test_refused_steps_are_counted_every_look_and_reported_at_most_once_a_minute():
-    refusals = RefusedSteps(every_seconds=60)
+    refusals = RisingCounter(every_seconds=60)
     figures = {"step_kl": 0.31, "lr": 1e-5}
     assert refusals.observe("sao", 3, 10, figures, 0) == (0, None)  # the first look: a baseline, not news
     new, report = refusals.observe("sao", 4, 11, figures, 10)
@@ -67,7 +67,7 @@ def test_refused_steps_are_counted_every_look_and_reported_at_most_once_a_minute
 
 
 def test_a_restarted_learners_counter_is_a_new_start_and_lanes_are_limited_apart():
-    refusals = RefusedSteps(every_seconds=60)
+    refusals = RisingCounter(every_seconds=60)
     refusals.observe("sao:cozy", 5, 40, {}, 0)
     assert refusals.observe("sao:cozy", 0, 0, {}, 10) == (0, None)  # restarted from its published version
     new, report = refusals.observe("sao:cozy", 1, 1, {}, 20)
@@ -79,7 +79,7 @@ def test_a_restarted_learners_counter_is_a_new_start_and_lanes_are_limited_apart
 
 
 def test_a_restored_report_time_holds_the_limit():
-    refusals = RefusedSteps(every_seconds=60)
+    refusals = RisingCounter(every_seconds=60)
     refusals.restore("sao", 100)
     refusals.observe("sao", 0, 0, {}, 110)
     assert refusals.observe("sao", 1, 1, {}, 120) == (1, None)
