@@ -38,6 +38,11 @@ class ConstraintViolated(ValueError):
     """A token sequence the constraint does not allow (a stored response replayed under another grammar)."""
 
 
+class GrammarDeadEnd(ValueError):
+    """Generation reached a point where the constraint allows no token and has not ended (a `pattern`
+    that matches nothing): that request ends, alone."""
+
+
 class Grammars:
     """Compiles constraints for one tokenizer (compiled grammars are cached by their text). Thread-safe:
     xgrammar's compiler is; each `Walk` belongs to one request."""

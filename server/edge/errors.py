@@ -96,6 +96,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
     from liveloop.server.control.weights_import import ImportFailed, ImportRefused
     from liveloop.store import RollbackRefused, ServingChanged, TransitionRefused, VersionNotFound, WriterDown, WriterFull
     from liveloop.store.rights import KeyNotFound
+    from liveloop.grammar import GrammarDeadEnd
 
     store_down = Answer(503, "store_unavailable", message="the store is unavailable; please retry", retry_after=5)
     return (
@@ -112,6 +113,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
         (UnknownModel, Answer(404, "model_not_found", param="model")),
         (InvalidRequest, Answer(400)),
         (ToolsRefused, Answer(400)),  # tools, tool choice, response format: its param and code say which
+        (GrammarDeadEnd, Answer(400, "grammar_dead_end", param="response_format")),  # a pattern that matches nothing
         # policy versions: publishing, rollback, pinning
         (ImportRefused, Answer(400, param="path")),  # its code says why (not_a_regular_file, checkpoint_too_large, ...)
         (ImportFailed, Answer(503, "import_failed", retry_after=5)),  # the server could not write the copy

@@ -92,3 +92,27 @@ def test_cli_versions_command(hf_server):
         capture_output=True, text=True, timeout=60,
     )
     assert json.loads(as_json.stdout)["data"][0]["version"] == 0
+
+
+def test_a_schema_that_cannot_be_satisfied_is_a_400_for_its_request_alone(hf_server):
+    """Its pattern matches nothing, so it compiles and generation reaches a dead end: that request gets
+    400 grammar_dead_end (param response_format), never a 500; a chat beside it is answered."""
+    import threading
+
+    import httpx
+
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[^\\s\\S]$"}}, "required": ["a"]}
+    dead = {"model": "liveloop-tiny", "max_tokens": 40, "messages": [{"role": "user", "content": "fill it"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}
+    headers = {"Authorization": f"Bearer {USER_KEY}"}
+    beside: list[httpx.Response] = []
+    other = threading.Thread(target=lambda: beside.append(httpx.post(
+        hf_server.base_url + "/v1/chat/completions", headers=headers, timeout=120,
+        json={"model": "liveloop-tiny", "max_tokens": 16, "messages": [{"role": "user", "content": "Tell me about rain."}]})))
+    other.start()
+    r = httpx.post(hf_server.base_url + "/v1/chat/completions", headers=headers, json=dead, timeout=120)
+    other.join(120)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("grammar_dead_end", "response_format")
+    assert [b.status_code for b in beside] == [200]

@@ -42,7 +42,7 @@ from liveloop.server.engines.threaded import (
     ThreadedEngine,
 )
 from liveloop.checkpoint import PRETRAINED_LOCK
-from liveloop.grammar import Grammars, Walk, grammars_for
+from liveloop.grammar import ConstraintViolated, GrammarDeadEnd, Grammars, InvalidConstraint, Walk, grammars_for
 from liveloop.transport.weights import load_state
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -226,18 +226,32 @@ class HFEngine(ThreadedEngine):
         return batch if len(keep) == len(batch.rows) else batch.select(keep)
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> list[bool]:
-        """Sample each row's next token (on the CPU, with its own generator), emit it; which finished."""
+        """Sample each row's next token (on the CPU, with its own generator), emit it; which finished.
+        A row whose grammar fails (does not compile, reaches a dead end, or refuses the token drawn)
+        ends alone with that error: the others in the batch go on."""
         logits = logits.float().cpu()
+        failed: dict[int, Exception] = {}
         for i, r in enumerate(rows):
             if r.request.sampling.constraint is not None:
-                self._walk(r).mask(logits[i])
+                try:
+                    walk = self._walk(r)
+                    walk.mask(logits[i])
+                except InvalidConstraint as exc:
+                    failed[i] = exc
+                    continue
+                if walk.dead_end:
+                    failed[i] = GrammarDeadEnd(f"the constraint allows no token after {len(r.tokens)} generated; it cannot be satisfied")
         logprobs = torch.log_softmax(logits, dim=-1)
         finished = []
         for i, r in enumerate(rows):
             s = r.request.sampling
-            token = _sample(_shaped(logits[i], r), s, r.generator)
-            if r.walk is not None and not r.walk.accept(token):
-                raise RuntimeError(f"hf engine: token {token} was drawn outside the request's grammar")
+            token = None if i in failed else _sample(_shaped(logits[i], r), s, r.generator)
+            if token is not None and r.walk is not None and not r.walk.accept(token):
+                failed[i] = ConstraintViolated(f"token {token} was drawn outside the request's grammar")
+            if i in failed:
+                r.emit(failed[i])
+                finished.append(True)
+                continue
             r.tokens.append(token)
             top = None
             if s.top_logprobs:

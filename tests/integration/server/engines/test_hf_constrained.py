@@ -128,3 +128,38 @@ def test_repetition_penalty_changes_the_draw_not_the_logprob(engine):
         logits = engine[0].model(input_ids=torch.tensor([list(PROMPT) + penalised])).logits[0, len(PROMPT) - 1 : -1].float()
     raw = torch.log_softmax(logits, -1).gather(1, torch.tensor(penalised)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(lps), raw, atol=1e-4)
+
+
+def test_a_grammar_dead_end_ends_its_request_alone(engine):
+    """A schema whose pattern matches nothing compiles; the walk reaches its dead end after `{"a":"`.
+    That request ends with GrammarDeadEnd; another generating in the same batch runs to its end."""
+    import asyncio
+
+    from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag
+
+    from liveloop.grammar import GrammarDeadEnd
+
+    eng, loop = engine
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[^\\s\\S]$"}}, "required": ["a"]}
+    dead = StructuralTag(format=JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=1)).model_dump_json()  # no endless spaces
+
+    async def one(rid: str, sampling: SamplingParams):
+        ids = []
+        try:
+            async with eng.generate(GenerationRequest(rid, PROMPT, sampling)) as gen:
+                async for d in gen:
+                    ids += d.token_ids
+        except GrammarDeadEnd as exc:
+            return ids, exc
+        return ids, None
+
+    async def both():
+        return await asyncio.gather(
+            one("dead", SamplingParams(max_tokens=40, temperature=1.0, seed=1, constraint=dead)),
+            one("free", SamplingParams(max_tokens=24, temperature=1.0, seed=2)),  # no stop token: all 24
+        )
+
+    (dead_ids, dead_error), (free_ids, free_error) = loop.run_until_complete(both())
+    assert isinstance(dead_error, GrammarDeadEnd), (dead_ids, _text(engine, dead_ids), dead_error)
+    assert "".join(_text(engine, dead_ids).split()) == '{"a":"'
+    assert free_error is None and len(free_ids) == 24
