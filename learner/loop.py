@@ -7,7 +7,7 @@ is skipped, a rolled-back one reloads), one step, and a publish when one is due 
 time has come, or the lane held one back for a step that did not come); so a busy segment cannot starve
 a quiet one, and a paused or rolled-back lane changes nothing for the others. A turn in which no lane
 stepped nor published writes one pending durable checkpoint (learner/publishing.py: never on a thread
-beside a step); with none pending it sleeps `poll_seconds`, counted as idle time of the lanes that were
+beside a step), and a busy lane writes one that waited a publish interval (`write_overdue`); with none pending it sleeps `poll_seconds`, counted as idle time of the lanes that were
 running (a paused lane is paused, not idle). `max_steps` bounds the steps of all lanes together
 (their `state.step`, which a reload carries on). On the way out each lane publishes what is pending
 (unless paused: those ratings are trained again after the next start), waits for its durable
@@ -38,6 +38,8 @@ def run_lanes(
             due = lane.publishing.due(stepped)
             if due:
                 lane.publish()
+            if stepped or due:  # busy: a durable checkpoint that waited a publish interval is written anyway
+                lane.publishing.write_overdue()
             acted = acted or stepped or due
         if not acted and any(lane.publishing.write_durable() for lane in lanes):
             continue  # nothing to train: a durable checkpoint was written meanwhile, then look again

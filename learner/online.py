@@ -248,7 +248,10 @@ class OnlineLearner:
 
     def reload(self) -> None:
         """Drop what was trained since the last version and load the version the store's cursor
-        names (after a rollback). Counters of steps and samples carry on."""
+        names (after a rollback). Counters of steps and samples carry on. The durable checkpoints this
+        learner still holds are written first: a rollback may have served one of them from memory, and the
+        position read below would otherwise take that version for lost (`recover_durable`)."""
+        self.publishing.wait_durable()
         state, policy_dir, critic_dir = stored_position(
             self.store.versions, self.store.feedback, self.config, self.base_model_dir, self.segment, self.transport,
         )

@@ -7,10 +7,13 @@ checkpoint_dir/vNNNNNN; a full disk pauses learning through the store; retention
 stale lineage (a rollback or an operator's publish moved the cursor) reloads instead of publishing.
 
 The durable checkpoint of an in-memory version is written on the learner's own thread when it has
-nothing to train (`write_durable`, from the loop's idle turns: learner/loop.py), or before a third
-version's host copies are taken (at most `MAX_PENDING_DURABLE` wait, each holding a copy of the weights).
-It used to be written by a thread beside the steps: that thread held the GIL against the step's many
-small ops and doubled the step's time (docs/results/learner_step.md).
+nothing to train (`write_durable`, from the loop's idle turns: learner/loop.py), once it has waited
+`publish_every_seconds` while ratings keep the learner busy (`write_overdue`: a version's durable write
+is bounded under traffic too, so the serving version's parent is a rollback target within about one
+publish interval; issue 46.4), or before a third version's host copies are taken (at most
+`MAX_PENDING_DURABLE` wait). Every version published in memory, superseded ones included, gets its
+durable checkpoint this way (monitor/versions.py `checkpoint`); never from a thread beside the steps,
+which held the GIL against them (docs/results/learner_step.md).
 
 Versions coalesce (`[learner] coalesce_versions`): when a publish is due but the next rating is already
 waiting (ratings come faster than steps) and the last version is younger than `publish_every_seconds`,
@@ -19,9 +22,7 @@ the publish is held back (`hold_back`) and the next step's version supersedes it
 next turn (`due`). So nothing queues: not ratings (a step takes what is there, adaptive batching), not
 versions the server would swap in only to swap them out, not durable writes.
 
-What it needs from the learner is `Trainee`; from the store, the `versions` and `operator` parts
-(`VersionPublisher` says what it gives).
-"""
+It needs `Trainee` from the learner and the store's `versions` and `operator` parts."""
 
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ class VersionPublisher:
         self.sender = None
         # (version, parent, root, policy state, critic state) of in-memory versions not durable yet, oldest first
         self._durable_pending: deque[tuple[int, int, Path, HostState, HostState | None]] = deque()
+        self._pending_since: deque[float] = deque()  # when each pending durable checkpoint was deferred (monotonic)
         self._in_memory: list[int] = []  # versions handed over in memory (freed at a clean stop)
         self.held_back = False  # a due publish waits for the next step's version (coalesce_versions)
         self.superseded = 0  # versions held back and then superseded by the next step's
@@ -257,13 +259,25 @@ class VersionPublisher:
 
     def _defer_durable(self, version: int, parent: int, root: Path, policy_state: HostState, critic_state: HostState | None) -> None:
         self._durable_pending.append((version, parent, root, policy_state, critic_state))
+        self._pending_since.append(time.monotonic())
 
     def write_durable(self) -> bool:
         """Write the oldest pending durable checkpoint; returns whether one was pending."""
         if not self._durable_pending:
             return False
+        self._pending_since.popleft()
         self._write_durable(*self._durable_pending.popleft())
         return True
+
+    def write_overdue(self) -> bool:
+        """Write the oldest pending durable checkpoint if it has waited `publish_every_seconds` (the loop's
+        turns call it whether or not the learner is busy: under steady ratings it never idles, and the
+        serving version's parent would stay in memory only, which a rollback cannot read once the server
+        freed it). Under steady traffic this writes no more checkpoints than before (one a version), only
+        sooner. Returns whether it wrote one."""
+        if not self._pending_since or time.monotonic() - self._pending_since[0] < self.config.publish_every_seconds:
+            return False
+        return self.write_durable()
 
     def _write_durable(
         self, version: int, parent: int, root: Path, policy_state: HostState, critic_state: HostState | None

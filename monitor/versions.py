@@ -35,6 +35,8 @@ class VersionRow:
     segment: str | None = None  # the adapter segment whose lineage it is; None: the base weights
     keys: int = 0  # distinct keys that rated it
     votes: float = 0.0  # one vote per key: the sum of the keys' positive shares (store/records.py VersionTraffic)
+    checkpoint: str = "durable"  # its weights on disk: `checkpoint_state`
+    rollback_target: bool = False  # whether a rollback may serve it (servable status, checkpoint durable or being written)
 
 
 BASE = "base"  # how operators name the base weights' lineage where a segment is asked for (`?segment=base`)
@@ -82,9 +84,26 @@ def version_table(
                 segment=v.segment,
                 keys=t.keys,
                 votes=t.votes,
+                checkpoint=checkpoint_state(v),
+                rollback_target=v.status.servable and checkpoint_state(v) in ROLLBACK_READABLE,
             )
         )
     return rows
+
+
+ROLLBACK_READABLE = frozenset({"durable", "writing"})  # "writing": a rollback waits a bounded time for it
+
+
+def checkpoint_state(v: VersionRecord) -> str:
+    """Where a version's weights are, as its row says: "pruned" (retention deleted them: never served
+    again), "writing" (published in memory; its learner writes the durable checkpoint within about a
+    publish interval, and a rollback waits for it: issue 46.4) or "durable" (its checkpoint is written and
+    its digest recorded; version 0 without one: the configured model's own directory)."""
+    if v.pruned_at is not None:
+        return "pruned"
+    if v.segment is None and v.weights_digest is not None and not v.checkpoint_sha256:
+        return "writing"
+    return "durable"
 
 
 def _serving(v: VersionRecord, serving: int | None, adapters: Mapping[str, int | None] | None) -> bool:

@@ -3,26 +3,31 @@
 checkpoint, then one store transaction (`store.versions.rollback_to`) marks the later versions rolled
 back and points the learner at it; refused there, the engine swaps back. An adapter version moves its
 own segment only; a base version with `segment` given serves that segment the base weights again.
-Rollbacks read durable checkpoints only, never a transport's memory. Forget-to-weights
-(server/control/forgetting.py) and the alarms' guard roll back through here too."""
+A rollback reads its target's memory while the transport holds it, else its durable checkpoint, waiting
+up to `durable_wait_seconds` for one its learner is still writing (`rollback_weights`: rolling back to
+the serving version's parent under ratings). Forget-to-weights (server/control/forgetting.py) and the
+alarms' guard roll back through here too."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from liveloop.segments import Lineage
 from liveloop.server.control.outcomes import AlreadyServing, NotServable, RollbackResult
 from liveloop.store import ServingChanged, VersionNotFound, VersionRecord
 from liveloop.transport import WeightsUnverified
-from liveloop.transport.checkpoint_dir import is_checkpoint
+from liveloop.transport.weights import WeightSource
 
 if TYPE_CHECKING:
     from liveloop.server.control.activator import Activator
 
 log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.05  # how often a rollback looks for its target's durable checkpoint being written
 
 
 async def rollback(
@@ -53,13 +58,7 @@ async def rollback(
         with contextlib.ExitStack() as stack:
             source = None
             if record.segment is not None or lineage.is_base:  # a base version into a segment: no adapter
-                try:
-                    source, _, _ = await asyncio.to_thread(a.weights.find, record, stack, False)
-                except WeightsUnverified as exc:
-                    await a.reject(record, exc)
-                    raise NotServable(f"version {version}'s checkpoint is not the one its row names: {exc}") from exc
-                if source is None:
-                    raise NotServable(f"version {version}'s durable checkpoint is not at {record.checkpoint_path} (not written yet, or lost)")
+                source = await rollback_weights(a, record, stack)
             result, rolled = await a.switch(lineage, version, source, "checkpoint_dir", commit, fail_row=False, counted=False)
         a.metrics.inc("server/rollbacks")
         a.metrics.observe("server/swap_hold_seconds", result.held_ms / 1000)
@@ -92,5 +91,36 @@ def check_rollback(a: Activator, record: VersionRecord, lineage: Lineage, previo
             f"version {version}'s checkpoint was pruned at {record.pruned_at.isoformat()}: it cannot serve again "
             "(pin versions you may roll back to)"
         )
-    if lineage.is_base and version != 0 and not is_checkpoint(record.checkpoint_path):  # rollbacks read durable checkpoints only
-        raise NotServable(f"version {version}'s durable checkpoint is not at {record.checkpoint_path} (not written yet, or lost)")
+    # its weights (memory, or the durable checkpoint waited for a bounded time) are `rollback_weights`'s
+
+
+async def rollback_weights(a: Activator, record: VersionRecord, stack: contextlib.ExitStack) -> WeightSource:
+    """A rollback target's weights, verified as every load's: its in-memory copy while the transport still
+    holds it, else its durable checkpoint. A version published in memory whose durable checkpoint its
+    learner has not written yet (learner/publishing.py writes it within about a publish interval, under
+    traffic too) is waited for, up to `durable_wait_seconds`. NotServable when the checkpoint is lost,
+    or not written within that bound (its learner died: its resume recovers it from memory)."""
+    version = record.version
+    deadline = time.monotonic() + a.weights.durable_wait_seconds
+    waited = False
+    while True:
+        try:
+            source, _, _ = await asyncio.to_thread(a.weights.find, record, stack, True)
+        except WeightsUnverified as exc:
+            await a.reject(record, exc)
+            raise NotServable(f"version {version}'s checkpoint is not the one its row names: {exc}") from exc
+        if source is not None:
+            if waited:
+                log.info("rollback: version %d's durable checkpoint was written while the rollback waited", version)
+            return source
+        pending = Lineage.of(record).is_base and record.weights_digest is not None and not record.checkpoint_sha256
+        if not pending or record.pruned_at is not None or time.monotonic() >= deadline:
+            raise NotServable(f"version {version}'s durable checkpoint is not at {record.checkpoint_path} (not written yet, or lost)")
+        if not waited:
+            log.info("rollback: waiting up to %.0f s for version %d's durable checkpoint", a.weights.durable_wait_seconds, version)
+            waited = True
+        await asyncio.sleep(POLL_SECONDS)
+        fresh = await asyncio.to_thread(a.store.versions.get_version, version)
+        if fresh is None:
+            raise VersionNotFound(f"no policy version {version}")
+        record = fresh

@@ -100,6 +100,8 @@ def version(row: VersionRow) -> dict[str, Any]:
         "rating_rate": row.rating_rate,
         "reward": row.reward.as_dict(),
         "vs_parent": None if row.vs_parent is None else dataclasses.asdict(row.vs_parent),
+        "checkpoint": row.checkpoint,  # durable | writing | pruned (monitor/versions.py `checkpoint_state`)
+        "rollback_target": row.rollback_target,
     }
 
 

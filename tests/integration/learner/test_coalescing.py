@@ -86,3 +86,19 @@ def test_durable_checkpoints_wait_for_the_learner_to_have_nothing_to_train(store
     assert set(threading.enumerate()) <= threads  # no thread writes beside the steps
     learner.run(lambda: learner.publishing.stats()["learner/durable_pending"] == 0 and learner.state.step == 4)
     assert all(is_checkpoint(store.versions.get_version(v).checkpoint_path) and store.versions.get_version(v).checkpoint_sha256 for v in (2, 3, 4))
+
+
+def test_a_busy_learner_writes_a_durable_checkpoint_that_waited_a_publish_interval(store, tmp_path, model_dir, rate, transport):
+    # issue 46.4: under steady ratings the loop never idles; the serving version's parent must still become
+    # durable (a rollback reads it), within about a publish interval, not only when a third version comes
+    rate(store, 3)
+    patient = _learner(store, tmp_path / "a", model_dir, transport)  # publish_every_seconds 3600: not overdue yet
+    assert patient.step() and not patient.publishing.write_overdue() and patient.publishing.stats()["learner/durable_pending"] == 1
+    patient.publishing.wait_durable()
+    busy = _learner(store, tmp_path / "b", model_dir, transport, publish_every_seconds=0.0)
+    assert busy.step()
+    version = busy.state.version
+    assert not is_checkpoint(store.versions.get_version(version).checkpoint_path)
+    assert busy.publishing.write_overdue() and busy.publishing.stats()["learner/durable_pending"] == 0
+    record = store.versions.get_version(version)
+    assert is_checkpoint(record.checkpoint_path) and record.checkpoint_sha256

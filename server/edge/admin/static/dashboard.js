@@ -328,7 +328,7 @@ function drawVersions() {
       ? el("td", { class: cmp.p_two_sided < 0.05 ? (cmp.difference < 0 ? "worse" : "better") : "" },
           `${cmp.difference >= 0 ? "+" : ""}${(100 * cmp.difference).toFixed(1)} pts (p=${cmp.p_two_sided.toFixed(3)})`)
       : el("td", {}, "–");
-    const canServe = !v.serving && servable(v);
+    const canServe = !v.serving && servable(v) && v.rollback_target !== false;  // pruned checkpoints are not offered
     // an adapter version is compared with what serves its segment (its rollback moves that segment only)
     const current = v.segment === null ? state.stats.serving : servingAdapter(v.segment);
     const action = canServe

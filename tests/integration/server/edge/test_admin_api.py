@@ -31,7 +31,7 @@ guard_p_value = 0.05
 """
 VERSION_KEYS = [
     "version", "parent", "segment", "created", "status", "serving", "learner_step", "samples_used", "note", "metrics", "responses",
-    "rating_rate", "reward", "vs_parent",
+    "rating_rate", "reward", "vs_parent", "checkpoint", "rollback_target",
 ]
 
 
@@ -121,6 +121,9 @@ def test_publish_and_rollback_answer_the_same_json(client, tmp_path):
     r = client.post("/admin/rollback", json={"version": new})
     assert r.status_code == 409 and r.json()["error"]["param"] == "version"
     assert f"version {new}'s checkpoint was pruned at " in r.json()["error"]["message"]
+    rows = {v["version"]: v for v in client.get("/admin/versions").json()["data"]}  # the lineage says it is no rollback target
+    assert (rows[new]["checkpoint"], rows[new]["rollback_target"]) == ("pruned", False)
+    assert (rows[0]["checkpoint"], rows[0]["rollback_target"], rows[failed]["rollback_target"]) == ("durable", True, False)
     assert client.get("/admin/stats").json()["serving"] == 0
 
 
