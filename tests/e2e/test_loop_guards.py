@@ -218,3 +218,17 @@ def test_a_locked_store_answers_503_fast_reports_degraded_and_recovers(server):
     missing = [rid for rid in ACKNOWLEDGED if store.feedback.get_response(rid) is None]
     store.close()
     assert not missing, missing
+
+
+def test_a_megabyte_of_tools_is_refused_by_the_length_bound_before_any_template(server):
+    """Tool definitions are rendered into the prompt, so they count against the same character bound as
+    the messages: ~1 MB of them is a 400 context_length_exceeded on `tools`, before the template runs."""
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "x" * 8000,
+                                               "parameters": {"type": "object", "properties": {"p": {"type": "string"}}}}}
+             for i in range(120)]  # within MAX_TOOLS, each description within its bound
+    body = {"model": "liveloop-tiny", "messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 4}
+    with _client(server, USER_KEY) as c:
+        r = c.post(CHAT, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["code"]) == ("tools", "context_length_exceeded") and "characters" in error["message"]

@@ -306,12 +306,14 @@ class Serving:
     def check_chars(self, req: Any) -> None:
         """Refuse a text longer than `max_prompt_chars` (a cheap bound: the context holds fewer tokens
         than that), before the chat template or the tokenizer sees it. Each request model counts its
-        own text (`chars()`) and names the field it is in (`chars_param`)."""
-        n, param = req.chars(), req.chars_param
+        own text (`chars()`) and names the field it is in (`chars_param`); the tool definitions, which
+        the template renders into the prompt too, count as their JSON (param `tools` when they are most)."""
+        text, tools = req.chars(), sum(len(t.model_dump_json()) for t in getattr(req, "tools", None) or ())
+        n, param = text + tools, ("tools" if tools > text else req.chars_param)
         if n > self.max_prompt_chars:
             raise InvalidRequest(
-                f"this model's maximum context length is {self.max_model_len} tokens; the text has {n} characters "
-                f"(at most {self.max_prompt_chars} are taken)",
+                f"this model's maximum context length is {self.max_model_len} tokens; the text and tools have {n} "
+                f"characters (at most {self.max_prompt_chars} are taken)",
                 param,
                 code="context_length_exceeded",
             )

@@ -15,6 +15,7 @@ from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, E
 from liveloop.server.control.activator import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
 from liveloop.server.edge.pipeline.serving import InvalidRequest, LogFailed, UnknownModel
 from liveloop.server.edge.formats.tools import ToolsRefused
+from liveloop.grammar import GrammarDeadEnd
 from liveloop.server.control.weights_import import ImportFailed, ImportRefused, ImportTooLarge
 from liveloop.store import RollbackRefused, ServingChanged, StaleLineage, TransitionRefused, VersionNotFound, WriterDown, WriterFull
 from liveloop.store.rights import KeyNotFound
@@ -38,6 +39,9 @@ EXPECTED = {
                      "context_length_exceeded", "prompt", "the prompt is empty", None),
     ToolsRefused: (ToolsRefused("tool_choice: `f` is not one of the tools offered", "tool_choice"), 400, "invalid_request_error",
                    "invalid_value", "tool_choice", "tool_choice: `f` is not one of the tools offered", None),
+    GrammarDeadEnd: (GrammarDeadEnd("the constraint allows no token after 4 generated; it cannot be satisfied"), 400,
+                     "invalid_request_error", "grammar_dead_end", "response_format",
+                     "the constraint allows no token after 4 generated; it cannot be satisfied", None),
     CheckpointUnusable: (CheckpointUnusable("/x", "path: /x is not a checkpoint directory with *.safetensors"), 400, "invalid_request_error",
                          None, "path", "path: /x is not a checkpoint directory with *.safetensors", None),
     ImportRefused: (ImportRefused("/x", "path: /x/config.json is a FIFO; a checkpoint directory to import holds regular files only",
