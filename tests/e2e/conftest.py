@@ -33,6 +33,19 @@ def stop_server(server: ServerProcess) -> None:
     server.stop()
 
 
+def learner_worker(server: ServerProcess):
+    """The co-located learner's Ray worker process under `server` (psutil.Process; None: not running)."""
+    import psutil
+
+    for p in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if "LearnerActor" in " ".join(p.cmdline()):
+                return p
+        except psutil.Error:
+            continue
+    return None
+
+
 def open_store(server: ServerProcess) -> Store:
     return Store(StoreConfig(url=server.store_url))
 

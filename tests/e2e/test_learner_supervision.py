@@ -8,12 +8,11 @@ import os
 import signal
 
 import httpx
-import psutil
 import pytest
 
 from liveloop.devtools import wait_until
 
-from .conftest import ADMIN_KEY, USER_KEY, open_store, start_server, stop_server
+from .conftest import ADMIN_KEY, USER_KEY, learner_worker, open_store, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 # over the tuned learner preset (configs/fragments/tuned_learner.toml): publish after every step; no pre-trained
@@ -28,16 +27,6 @@ kl_coef = 0.0
 """
 MSG = [{"role": "user", "content": "Tell me about the moon."}]
 
-
-
-def _learner_worker(server) -> psutil.Process | None:
-    for p in psutil.Process(server.proc.pid).children(recursive=True):
-        try:
-            if "LearnerActor" in " ".join(p.cmdline()):
-                return p
-        except psutil.Error:
-            continue
-    return None
 
 
 def _rate(c: httpx.Client, n: int) -> list[str]:
@@ -57,7 +46,7 @@ def test_learner_crash_is_reported_and_recovered(tmp_path, model_dir):
             _rate(c, 2)
             store = open_store(server)
             wait_until(lambda: store.feedback.get_cursor("sao") >= 2, 180, "the learner to train the first ratings")
-            worker = wait_until(lambda: _learner_worker(server), 30, "the learner's Ray worker")
+            worker = wait_until(lambda: learner_worker(server), 30, "the learner's Ray worker")
             os.kill(worker.pid, signal.SIGKILL)
             # serving and logging go on; the health says the learner is not running
             seen = wait_until(lambda: httpx.get(server.base_url + "/healthz", headers=admin, timeout=10).json()["learner"]["state"] != "running"

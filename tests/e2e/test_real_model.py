@@ -13,7 +13,7 @@ import pytest
 
 from liveloop.devtools import wait_until
 
-from .conftest import ADMIN_KEY, USER_KEY, Reference, open_store, start_server, stop_server
+from .conftest import ADMIN_KEY, USER_KEY, Reference, learner_worker, open_store, start_server, stop_server
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 NAME = "smollm2-135m-instruct"
@@ -83,18 +83,6 @@ def test_a_thumbs_up_changes_what_smollm2_serves(server, smollm2_dir):
         store.close()
 
 
-def _learner_worker(server):
-    import psutil
-
-    for p in psutil.Process(server.proc.pid).children(recursive=True):
-        try:
-            if "LearnerActor" in " ".join(p.cmdline()):
-                return p
-        except psutil.Error:
-            continue
-    return None
-
-
 def test_a_learner_killed_mid_step_on_smollm2_leaves_what_serves(server):
     """kill -9 of the learner's worker right after three SmolLM2 ratings (a step of them is seconds of
     work: it is almost always mid-step, and the verdict holds wherever it lands): what serves is a whole
@@ -117,7 +105,7 @@ def test_a_learner_killed_mid_step_on_smollm2_leaves_what_serves(server):
         store = open_store(server)
         try:
             lane = Lineage(store.versions.get_version(replies[-1].model_extra["policy_version"]).segment).lane("sao")
-            worker = wait_until(lambda: _learner_worker(server), 30, "the learner's Ray worker")
+            worker = wait_until(lambda: learner_worker(server), 30, "the learner's Ray worker")
             for reply in replies:
                 client.post("/feedback", cast_to=object, body={"response_id": reply.id, "reward": "up"})
             os.kill(worker.pid, signal.SIGKILL)
