@@ -1,19 +1,11 @@
-"""Property-based tests (hypothesis) over every HTTP route of one real server on the hf engine:
-generated bodies (valid-shaped ones with fields at and past their limits, arbitrary JSON, non-JSON
-bytes, NaN/Infinity literals, 5000-digit numbers, deep nesting, duplicate keys), Authorization headers,
-content types and query strings.
-
-Properties, checked on every request:
-1. never a 5xx, except a 503 that carries Retry-After (back-pressure); every 4xx (and such a 503) is
-   the OpenAI error body `{"error": {message, type, param, code}}` with a non-empty message, and a 429
-   carries Retry-After too;
-2. a rejected request writes nothing (the rows of the generating keys, their ratings' values, the
-   versions, the operator events and the learner switches are unchanged), and a 200 writes exactly
-   its own rows (one response, or none with `store: false`; one rating; one deletion);
-3. another key's steady traffic alongside (USER_KEY_2: a generation and a rating every 0.2 s) is all
-   served with 200 and all in the store at the end, and no generated request reaches its rows.
-
-The store is compared per key rather than with `store.feedback.counts()`: USER_KEY_2 writes concurrently."""
+"""Property-based tests (hypothesis) over every HTTP route of one real server on the hf engine: generated
+bodies (fields at and past their limits, arbitrary JSON, non-JSON bytes, NaN/Infinity, 5000-digit numbers,
+deep nesting, duplicate keys), Authorization headers, content types and query strings. On every request:
+1. never a 5xx but a 503 with Retry-After; every 4xx (and such a 503) is the OpenAI error body with a
+   non-empty message, and a 429 carries Retry-After too;
+2. a rejected request writes nothing (per key: responses, ratings, versions, events, learner switches), and
+   a 200 writes exactly its own rows (one response, or none with `store: false`; one rating; one deletion);
+3. another key's steady traffic alongside (USER_KEY_2, every 0.2 s) is all served and stored."""
 
 from __future__ import annotations
 
@@ -48,32 +40,24 @@ CHAT, COMPLETIONS, FEEDBACK = "/v1/chat/completions", "/v1/completions", "/v1/fe
 GENERATING_KEYS = (USER_KEY, ADMIN_KEY)  # the generated traffic's keys; USER_KEY_2 is the other user
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
-
-
 # No shrinking: every request is real, and a failure's message carries the exact request. The known
 # failing inputs are pinned as explicit examples, so they are checked on every run.
 SETTINGS = settings(
     deadline=None,
     database=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.filter_too_much,
-        HealthCheck.large_base_example,
-    ],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
+                           HealthCheck.filter_too_much, HealthCheck.large_base_example],
 )
 
 
-def budget(examples: int) -> settings:
+def budget(examples: int) -> settings:  # a test's number of examples over SETTINGS
     return settings(SETTINGS, max_examples=examples)
 
 
 # -- the server, the store and the other user ---------------------------------------------------------
 class Pacer:
-    """Keeps the generated traffic under the server's per-key rates (chat 600/min, feedback 1200/min)
-    so that rejections are about the input, not the rate: a 429 is still checked for its shape."""
+    """Keeps the generated traffic under the per-key rates, so rejections are about the input."""
 
     LIMITS = {"chat": 550, "feedback": 1100}
 
@@ -359,8 +343,7 @@ def _what(body: bytes, r: httpx.Response) -> str:
     return f"body={_show(body)} -> {r.status_code} {r.text[:600]!r}"
 
 
-# a temperature above 0 but so small that logits / temperature overflows
-TINY_TEMPERATURE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 5e-324}
+TINY_TEMPERATURE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 5e-324}  # overflows logits / T
 
 
 # -- 1. generation ------------------------------------------------------------------------------------------
