@@ -72,6 +72,12 @@ class ServerConfig:
         metadata={"help": "a connection must send a request's complete headers within this many seconds of opening "
                   "(or of the first byte of a later request on it), else it is closed"},
     )
+    trusted_proxies: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "addresses of reverse proxies whose X-Forwarded-For / X-Forwarded-Proto headers are believed "
+                  "(uvicorn's forwarded_allow_ips); empty: none, every client is who its socket says (a client that sets "
+                  "X-Forwarded-For itself cannot pose as another address, e.g. to the sign-in throttle)"},
+    )
     keep_alive_seconds: float = field(
         default=75.0,
         metadata={"help": "an idle keep-alive connection is closed after this many seconds; keep it above every client's "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +52,6 @@ from liveloop.server.edge.responses import routes as responses
 from liveloop.server.edge.tokens import routes as tokens
 from liveloop.server.edge.versions import routes as versions
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_HEADER_BYTES = 16 * 1024  # a request's line and headers at most (h11's bound, kept with httptools)
 ROUTERS = (
     models.router, chat.router, completions.router, stored.router, messages.router, responses.router, tokens.router,
@@ -64,9 +64,18 @@ class UnsafeBind(ValueError):
     """The server would listen beyond loopback with the public development keys."""
 
 
+def is_loopback(host: str) -> bool:
+    """An address of this machine alone: a loopback IP literal, or `localhost` (not a name that only starts
+    like one: `127.example.com` resolves anywhere)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def check_bind(config: Config) -> None:
     host = config.server.host
-    if host in LOOPBACK or host.startswith("127."):
+    if is_loopback(host):
         return
     if (config.auth.dev_user_keys or config.auth.dev_admin_keys) and not config.server.allow_dev_keys_on_public_bind:
         raise UnsafeBind(
@@ -182,4 +191,5 @@ class HeaderDeadline(HttpToolsProtocol):
 def uvicorn_options(server: ServerConfig) -> dict[str, Any]:
     """What `uvicorn.run` needs besides the app, host and port to bound slow clients."""
     protocol = type("HeaderDeadline", (HeaderDeadline,), {"header_timeout": server.header_timeout_seconds})
-    return {"http": protocol, "timeout_keep_alive": server.keep_alive_seconds, "log_level": server.log_level}
+    proxies = {"proxy_headers": bool(server.trusted_proxies), "forwarded_allow_ips": ",".join(server.trusted_proxies) or None}
+    return {"http": protocol, "timeout_keep_alive": server.keep_alive_seconds, "log_level": server.log_level, **proxies}
