@@ -19,10 +19,12 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import os
+import re
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,6 +68,15 @@ class _Stream:
     out: asyncio.Queue
 
 
+SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|PGPASS|CREDENTIAL", re.IGNORECASE)
+
+
+def child_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The engine process's environment: the server's without what looks like a secret (API keys, tokens,
+    passwords: the engine reads none of them, and a process that holds none can leak none)."""
+    return {k: v for k, v in environ.items() if not SECRET.search(k)}
+
+
 class HFProcessEngine(GatedEngine):
     name = "hf"
     keeps_generations = HFEngine.keeps_generations
@@ -89,8 +100,9 @@ class HFProcessEngine(GatedEngine):
         # a fresh interpreter (never a fork of a process that holds threads and a loop), started as a
         # module: nothing of the parent's main module is run again
         ours, theirs = multiprocessing.Pipe()
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "liveloop.server.engines.hf.child", str(theirs.fileno())], pass_fds=(theirs.fileno(),)
+        self._process = subprocess.Popen(  # -P: the working directory is not put first on its import path
+            [sys.executable, "-P", "-m", "liveloop.server.engines.hf.child", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+            env=child_env(os.environ),
         )
         theirs.close()
         self._pipe = Channel(ours)

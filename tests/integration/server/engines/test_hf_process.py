@@ -221,3 +221,25 @@ async def test_a_group_signal_leaves_the_engine_to_its_server(model_dir):
     finally:
         await engine.close()
     assert engine._process.poll() == 0  # stopped by its server, in order
+
+
+async def test_the_engine_process_imports_nothing_from_the_working_directory_and_holds_no_secret(model_dir, tmp_path, monkeypatch):
+    """A `torch.py` planted in a writable working directory is not what the engine process imports (it ran
+    as the service when `-m` put the directory first on its path), and the server's keys are not in the
+    engine process's environment."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    marker = tmp_path / "ran"
+    (planted / "torch.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise SystemExit('planted')\n")
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("LIVELOOP_ADMIN_KEYS", "sk-admin-secret")
+    monkeypatch.setenv("SOME_API_TOKEN", "t0ken")
+    engine = await _started(model_dir, "process")
+    try:
+        ids, *_ = await _served(engine, 1, (5, 6, 7), max_tokens=4)
+        assert len(ids) == 4 and not marker.exists()
+        environ = Path(f"/proc/{engine._process.pid}/environ").read_bytes().split(b"\0")
+        names = {e.split(b"=", 1)[0] for e in environ if e}
+        assert b"LIVELOOP_ADMIN_KEYS" not in names and b"SOME_API_TOKEN" not in names and b"PATH" in names
+    finally:
+        await engine.close()
