@@ -116,3 +116,18 @@ def test_a_schema_that_cannot_be_satisfied_is_a_400_for_its_request_alone(hf_ser
     error = r.json()["error"]
     assert (error["code"], error["param"]) == ("grammar_dead_end", "response_format")
     assert [b.status_code for b in beside] == [200]
+
+
+def test_tokenize_and_detokenize_round_trip_and_refuse_ids_outside_the_vocabulary(hf_server):
+    """vLLM's tokenizer routes: a prompt's ids back to its text (decoded on the prompt thread, not the
+    event loop), and an id past the vocabulary is a 400 on `tokens`."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {USER_KEY}"}
+    with httpx.Client(base_url=hf_server.base_url, headers=headers, timeout=60) as c:
+        ids = c.post("/tokenize", json={"model": "liveloop-tiny", "prompt": "the night sea"}).json()["tokens"]
+        assert ids and c.post("/detokenize", json={"model": "liveloop-tiny", "tokens": ids}).json()["prompt"].strip() == "the night sea"
+        long = c.post("/detokenize", json={"model": "liveloop-tiny", "tokens": ids * (8000 // len(ids))})  # within the body bound
+        assert long.status_code == 200 and long.json()["prompt"].count("sea") == 8000 // len(ids)
+        bad = c.post("/detokenize", json={"model": "liveloop-tiny", "tokens": [10**9]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"

@@ -49,4 +49,4 @@ class ServingTokens:
             raise UnknownModel(req.model)
         if any(t >= serving.vocab_size for t in req.tokens):
             raise InvalidRequest(f"tokens: token ids must be < {serving.vocab_size}", "tokens")
-        return {"prompt": serving.tokenizer.decode(req.tokens)}
+        return {"prompt": await serving.on_prompt_thread(lambda: serving.tokenizer.decode(req.tokens))}  # never on the event loop
