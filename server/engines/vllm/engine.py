@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from liveloop.grammar import CACHE_LIMIT_BYTES
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, GenerationRequest, Preempt, SamplingParams, TokenDelta, aborted
@@ -62,6 +63,9 @@ def _cpu_env(config: EngineConfig) -> None:
     # host on the network could reach them. A multi-host deployment sets both itself.
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # vLLM's compiled-grammar cache within the same bound as liveloop's own (liveloop/grammar.py; vLLM's
+    # default is 512 MB): requests' schemas cannot grow the engine past it
+    os.environ.setdefault("VLLM_XGRAMMAR_CACHE_MB", str(CACHE_LIMIT_BYTES >> 20))
 
 
 def engine_args(config: EngineConfig, model_path: str, weights_path: str | None = None):

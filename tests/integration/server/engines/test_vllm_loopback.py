@@ -33,3 +33,14 @@ def test_vllm_takes_loopback_for_its_group():
 
 def test_an_operators_choice_stands():
     assert _probe(VLLM_HOST_IP="10.1.2.3", GLOO_SOCKET_IFNAME="eth7") == ["10.1.2.3", "eth7"]
+
+
+def test_vllms_grammar_cache_is_bounded_as_liveloops():
+    """vLLM reads VLLM_XGRAMMAR_CACHE_MB for its compiled-grammar cache (512 MB by default): the engine's
+    environment bounds it as liveloop/grammar.py bounds its own (64 MiB)."""
+    probe = ("import os, vllm.envs as e\nfrom liveloop.server.config import EngineConfig\n"
+             "from liveloop.server.engines.vllm.engine import _cpu_env\n_cpu_env(EngineConfig())\nprint(e.VLLM_XGRAMMAR_CACHE_MB)")
+    base = {k: v for k, v in os.environ.items() if k != "VLLM_XGRAMMAR_CACHE_MB"}
+    out = subprocess.run([sys.executable, "-c", probe], env=base, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "64"
