@@ -20,10 +20,15 @@ def prom_name(name: str) -> str:
     return "liveloop_" + name.replace("/", "_").replace(".", "_").replace("-", "_")
 
 
+class MetricClash(ValueError):
+    """A metric name written as two kinds (a counter and a gauge) or with two sets of label names."""
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._metrics: dict[str, object] = {}
+        self._labels: dict[str, tuple[str, ...]] = {}  # each metric's label names, as its first writer gave them
         self._lock = threading.Lock()
 
     def _get(self, kind: type, name: str, labels: dict[str, str], **kw: object):
@@ -32,6 +37,11 @@ class Metrics:
             if metric is None:
                 metric = kind(prom_name(name), name, labelnames=sorted(labels), registry=self.registry, **kw)
                 self._metrics[name] = metric
+                self._labels[name] = tuple(sorted(labels))
+        if not isinstance(metric, kind):
+            raise MetricClash(f"metric {name!r} is a {type(metric).__name__.lower()}, not a {kind.__name__.lower()}")
+        if tuple(sorted(labels)) != self._labels.get(name, tuple(sorted(labels))):
+            raise MetricClash(f"metric {name!r} has labels {self._labels[name]}, not {tuple(sorted(labels))}")
         return metric.labels(**labels) if labels else metric
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
@@ -51,6 +61,7 @@ class Metrics:
             if gauge is None:
                 gauge = Gauge(prom_name(name), name, labelnames=sorted(labels), registry=self.registry)
                 self._metrics[name] = gauge
+                self._labels[name] = tuple(sorted(labels))
             gauge.clear()
             for labelset, value in series:
                 gauge.labels(**labelset).set(value)

@@ -9,7 +9,7 @@ and pause when the learner does not answer), its pace measured on the store's tr
   learning rate, at most one per lane every `learner_refused_event_seconds` (with a count); counter
   `learner/refused_steps{segment}`;
 - `learner_samples_skipped` when the learner's `learner/skipped_samples` rises (rated replies it could
-  not score: their reasons and counts), as often; counter `learner/skipped_samples{segment}`.
+  not score: their reasons and counts), as often; counter `learner/samples_skipped{segment}`.
 Every replica measures and exports the gauges (`learner/ratings_per_second{segment,window}`,
 `trained_per_second`, `pace`, `seconds_per_rating`, `learner/backlog{segment}`; `segment` is "" for
 the plain learner, `window` "short" or "long"); only the leader of `term` records events, fenced by it
@@ -139,7 +139,7 @@ class LearnerWatch:
                 skips = own.metrics.get("learner/skipped_samples")  # None: a learner that does not count them
                 reasons = {k.removeprefix("learner/skipped_samples_"): float(v) for k, v in own.metrics.items() if k.startswith("learner/skipped_samples_")}
                 new_skips, skipped = self.skips.observe(lane, None if skips is None else int(skips), own.step, reasons, now)
-                self.metrics.inc("learner/skipped_samples", new_skips, segment=segment or "")
+                self.metrics.inc("learner/samples_skipped", new_skips, segment=segment or "")  # not the learner gauge learner/skipped_samples
             self._refused[lane] = self._refused.get(lane, 0) + new
             self.metrics.inc("learner/refused_steps", new, segment=segment or "")
             paced = LanePace(

@@ -17,10 +17,11 @@ scrape shows the whole fleet."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from liveloop.metrics import Metrics
+from liveloop.metrics import MetricClash, Metrics
 from liveloop.server.edge.dependencies import LearnerView
 from liveloop.server.edge.pipeline.readiness import WarmUp
 from liveloop.server.edge.pipeline.serving import Serving
@@ -28,6 +29,8 @@ from liveloop.server.engines.base import Engine
 from liveloop.store import BatchWriter
 from liveloop.store.replicas import ReplicaRegistry
 
+
+log = logging.getLogger(__name__)
 
 class Ops:
     """What /healthz and /metrics read, handed over at construction."""
@@ -43,6 +46,7 @@ class Ops:
         self.down_after_seconds = down_after_seconds
         self.learner = learner
         self.warm_up = warm_up
+        self._clashed: set[str] = set()  # learner metrics left out (`_export`), each logged once
 
     async def health(self) -> tuple[str, int, dict[str, Any]]:
         """(status, HTTP code, the details an operator may read)."""
@@ -125,12 +129,22 @@ class Ops:
             for key in (*keys, "step", "samples", "skipped_steps", "idle_fraction"):
                 m.set(f"learner/{key}", float(getattr(status, key)))
             for key, value in (one.metrics if one is not None else {}).items():
-                m.set(key, float(value))
+                self._export(key, float(value))
             if one is None:  # lanes (the default's shared adapter, segments): each lane's own under lane/, by segment
                 for lane in status.lanes:
                     m.set("lane/version", float(lane.version), segment=lane.segment)
                     for key, value in lane.metrics.items():  # lane/learner/step_kl{segment="shared"}, ...
-                        m.set(f"lane/{key}", float(value), segment=lane.segment)
+                        self._export(f"lane/{key}", float(value), segment=lane.segment)
+
+    def _export(self, name: str, value: float, **labels: str) -> None:
+        """One of the learner's figures as a gauge. A name the server already writes as another kind (or
+        with other labels) is left out, logged once, never a failed /metrics."""
+        try:
+            self.metrics.set(name, value, **labels)
+        except MetricClash as exc:
+            if name not in self._clashed:
+                self._clashed.add(name)
+                log.warning("the learner's metric %s is not exported: %s", name, exc)
 
 
 def _learner_health(learner: LearnerView | None) -> dict[str, Any]:

@@ -134,11 +134,11 @@ async def test_replies_the_learner_could_not_score_are_alarmed_with_their_reason
     (skipped,) = events(store, "learner_samples_skipped")
     assert (skipped.detail["lane"], skipped.detail["count"], skipped.detail["total"]) == ("sao", 2, 2)
     assert skipped.detail["reasons"] == {"grammar": 2.0} and skipped.version == 0
-    assert 'liveloop_learner_skipped_samples_total{segment=""} 2.0' in metrics.render().decode()
+    assert 'liveloop_learner_samples_skipped_total{segment=""} 2.0' in metrics.render().decode()
     await ops.check_pace(lambda: LearnerStatus("none", (lane(3, step=1),)), now=t0 + 30)  # restarted: 0 again, not news
     await ops.check_pace(lambda: LearnerStatus("none", (lane(4, step=2, skipped={"logprobs": 1}),)), now=t0 + 40)  # within the minute
     assert len(events(store, "learner_samples_skipped")) == 1
-    assert 'liveloop_learner_skipped_samples_total{segment=""} 3.0' in metrics.render().decode()
+    assert 'liveloop_learner_samples_skipped_total{segment=""} 3.0' in metrics.render().decode()
     await ops.check_pace(lambda: LearnerStatus("none", (lane(4, step=2, skipped={"logprobs": 1}),)), now=t0 + 90)
     assert [e.detail["count"] for e in events(store, "learner_samples_skipped")] == [2, 1]
 
