@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from liveloop.segments import Lineage
 from liveloop.server.control.outcomes import AlreadyServing, NotServable, RollbackResult
+from liveloop.server.control.version_weights import being_written
 from liveloop.store import ServingChanged, VersionNotFound, VersionRecord
 from liveloop.transport import WeightsUnverified
 from liveloop.transport.weights import WeightSource
@@ -113,8 +114,7 @@ async def rollback_weights(a: Activator, record: VersionRecord, stack: contextli
             if waited:
                 log.info("rollback: version %d's durable checkpoint was written while the rollback waited", version)
             return source
-        pending = Lineage.of(record).is_base and record.weights_digest is not None and not record.checkpoint_sha256
-        if not pending or record.pruned_at is not None or time.monotonic() >= deadline:
+        if not being_written(record) or record.pruned_at is not None or time.monotonic() >= deadline:
             raise NotServable(f"version {version}'s durable checkpoint is not at {record.checkpoint_path} (not written yet, or lost)")
         if not waited:
             log.info("rollback: waiting up to %.0f s for version %d's durable checkpoint", a.weights.durable_wait_seconds, version)

@@ -29,6 +29,12 @@ from liveloop.transport.weights import CheckpointDir, WeightSource
 log = logging.getLogger(__name__)
 
 
+def being_written(record: VersionRecord) -> bool:
+    """A base version published in memory whose durable checkpoint its learner has not finished: the row
+    records the checkpoint's digest only once it is written and fsynced."""
+    return Lineage.of(record).is_base and bool(record.weights_digest) and not record.checkpoint_sha256
+
+
 class VersionWeights:
     """Finds a version's verified weights, waits for a durable checkpoint being written, and tells the
     transport what it may free."""
@@ -61,8 +67,8 @@ class VersionWeights:
                 log.debug("version %d: %s; trying its checkpoint directory", record.version, exc)
         path = record.checkpoint_path
         if path and (not lineage.is_base or is_checkpoint(path)):
-            if lineage.is_base and record.weights_digest and not record.checkpoint_sha256:
-                return None, "", None  # being written: its digest is recorded once it is durable
+            if being_written(record):
+                return None, "", None
             copy = stack.enter_context(verified_copy(path, record.checkpoint_sha256, record.version))
             return CheckpointDir(copy.path), "checkpoint_dir", None  # the copy that was hashed, removed with `stack`
         if record.version == 0 and path:  # the configured model's directory
