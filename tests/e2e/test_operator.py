@@ -192,32 +192,38 @@ def test_dashboard_in_a_real_browser(http, server, browser, tmp_path):
     wait = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
 
     browser.get(server.base_url + "/dashboard")
-    browser.find_element(By.ID, "key").send_keys("sk-wrong")
-    browser.find_element(By.ID, "sign-in").click()
+    _act(wait, By.ID, "key", lambda e: e.send_keys("sk-wrong"))
+    _act(wait, By.ID, "sign-in", lambda e: e.click())
     wait.until(lambda d: "not an admin key" in d.page_source)  # the form answers 401 with the page again
-    wait.until(EC.presence_of_element_located((By.ID, "key"))).send_keys(ADMIN_KEY)
-    browser.find_element(By.ID, "sign-in").click()
+    _act(wait, By.ID, "key", lambda e: e.send_keys(ADMIN_KEY))
+    _act(wait, By.ID, "sign-in", lambda e: e.click())
     wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded") == "true")
 
     # the reward chart is drawn (uPlot canvas) with a marker per version that went live
     assert browser.find_elements(By.CSS_SELECTOR, "#reward-chart canvas")
-    markers = {m.get_attribute("data-version") for m in browser.find_elements(By.CSS_SELECTOR, "#version-markers li.version")}
+    markers = _read(wait, lambda d: {m.get_attribute("data-version") for m in d.find_elements(By.CSS_SELECTOR, "#version-markers li.version")})
     assert {str(newer), str(target)} <= markers
-    rows = browser.find_elements(By.CSS_SELECTOR, "#versions tbody tr")
+    rows = _read(wait, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#versions tbody tr")))
     listed = http.get("/admin/versions", headers=ADMIN).json()["data"]
-    assert len(rows) == len(listed)
-    assert browser.find_element(By.ID, "serving").get_attribute("data-version") == str(newer)
+    assert rows == len(listed)
+    assert _read(wait, lambda d: d.find_element(By.ID, "serving").get_attribute("data-version")) == str(newer)
     assert browser.execute_script("return window.dashboard.markers.filter(m => m.kind === 'alarm').length") >= 1
     # the fleet panel: this server is a fleet of one, up, serving the newest version
-    fleet = browser.find_elements(By.CSS_SELECTOR, "#fleet tbody tr.replica")
-    assert len(fleet) == 1 and fleet[0].get_attribute("data-serving") == str(newer) and "up" in fleet[0].get_attribute("class")
+    fleet = _read(wait, lambda d: [(r.get_attribute("data-serving"), r.get_attribute("class")) for r in d.find_elements(By.CSS_SELECTOR, "#fleet tbody tr.replica")])
+    assert len(fleet) == 1 and fleet[0][0] == str(newer) and "up" in fleet[0][1]
 
     artifacts = Path(os.environ.get("LIVELOOP_ARTIFACTS", ROOT / "tests" / "artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(artifacts / "dashboard.png"))
 
+    # a refresh that changes nothing keeps the page's elements: a button is not re-created under the pointer
+    button = browser.find_element(By.CSS_SELECTOR, f'#versions button.rollback[data-version="{target}"]')
+    refreshes = browser.execute_script("return window.dashboard.refreshes")
+    wait.until(lambda d: d.execute_script("return window.dashboard.refreshes") >= refreshes + 2)
+    assert button.is_enabled()  # raises StaleElementReferenceException had the row been drawn again
+
     # roll back from the page: the button on the target's row, then confirm
-    browser.find_element(By.CSS_SELECTOR, f'#versions button.rollback[data-version="{target}"]').click()
+    _act(wait, By.CSS_SELECTOR, f'#versions button.rollback[data-version="{target}"]', lambda e: e.click())
     wait.until(EC.alert_is_present()).accept()
     wait.until(lambda d: d.find_element(By.ID, "serving").get_attribute("data-version") == str(target))
     assert _serving(http) == target
@@ -230,6 +236,18 @@ def test_dashboard_in_a_real_browser(http, server, browser, tmp_path):
     with httpx.Client(base_url=server.base_url, cookies={"liveloop_session": cookie}) as forger:
         forged = forger.post("/admin/learning/resume")
     assert forged.status_code == 403 and http.get("/admin/stats", headers=ADMIN).json()["learning_paused"]
+
+
+def _act(wait, by, locator, action):
+    """Finds an element and acts on it as one step, again if the page drew it anew in between."""
+    wait.until(lambda d: action(d.find_element(by, locator)) or True)
+
+
+def _read(wait, read):
+    """What read(driver) returns, read again if the page drew an element anew while it was read."""
+    box = []
+    wait.until(lambda d: box.append(read(d)) or True)
+    return box[-1]
 
 
 def _cli(server, *args: str) -> str:

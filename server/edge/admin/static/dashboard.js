@@ -9,7 +9,7 @@ const LEARNING_MS = 10000; // the learning view decodes up to 2,000 replies per 
 // fleet: GET /admin/replicas (every serving process: what it serves, its load, its health)
 // evaluations: GET /admin/evaluations (the release gate's latest evaluation of each recent version)
 // learning: GET /admin/learning (per segment and version: reward, moving reward, behaviours served)
-const state = { versions: [], drift: null, stats: null, events: [], markers: [], statuses: null, adapters: null, fleet: null, evaluations: [], learning: null };
+const state = { versions: [], drift: null, stats: null, events: [], markers: [], statuses: null, adapters: null, fleet: null, evaluations: [], learning: null, refreshes: 0 };
 window.dashboard = state; // for people (and tests) poking at the page
 
 function el(tag, attrs = {}, ...children) {
@@ -21,6 +21,14 @@ function el(tag, attrs = {}, ...children) {
   }
   for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c ?? "")));
   return node;
+}
+
+// Replaces a container's children only when what it would show changed: the page refreshes every 2 s,
+// and a button re-created under the pointer loses the click (and any element a script holds goes stale).
+function show(parent, nodes) {
+  const next = document.createElement(parent.tagName);
+  next.replaceChildren(...nodes);
+  if (next.innerHTML !== parent.innerHTML) parent.replaceChildren(...nodes);
 }
 
 const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
@@ -138,12 +146,12 @@ function collectMarkers() {
   markers.sort((a, b) => a.t - b.t);
   state.markers = markers;
   const list = document.getElementById("version-markers");
-  list.replaceChildren(...markers.map((m) => el("li", { class: m.kind, "data-version": m.version ?? "" }, `${m.label} @ ${when(m.t)}`)));
+  show(list, markers.map((m) => el("li", { class: m.kind, "data-version": m.version ?? "" }, `${m.label} @ ${when(m.t)}`)));
 }
 
 // -- panels ------------------------------------------------------------------------------------
 function dl(target, pairs) {
-  document.getElementById(target).replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  show(document.getElementById(target), pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }
 
 function drawHeader() {
@@ -185,7 +193,7 @@ function drawPace() {
   const panel = document.getElementById("pace-panel");
   if (!pace) {
     summary.textContent = "(no learner watched yet)";
-    document.querySelector("#pace tbody").replaceChildren();
+    show(document.querySelector("#pace tbody"), []);
     return;
   }
   panel.dataset.behind = pace.behind;
@@ -205,7 +213,7 @@ function drawPace() {
       el("td", {}, twoWindows(l, "seconds_per_rating", rate)),
       el("td", { class: l.behind ? "worse" : "" }, status), el("td", { class: last ? "refused" : "" }, refusedText));
   });
-  document.querySelector("#pace tbody").replaceChildren(...rows);
+  show(document.querySelector("#pace tbody"), rows);
 }
 
 function drawDetector() {
@@ -221,7 +229,7 @@ function drawDetector() {
   const rows = Object.entries(d.segments).map(([name, s]) =>
     el("tr", {}, el("td", {}, name), el("td", {}, s.n), el("td", {}, `${pct(s.rate)} [${pct(s.low)}, ${pct(s.high)}]`),
       el("td", {}, `${s.detector.up.toFixed(1)} / ${s.detector.down.toFixed(1)}`)));
-  document.querySelector("#segments tbody").replaceChildren(...rows);
+  show(document.querySelector("#segments tbody"), rows);
   document.getElementById("segment-key").textContent = d.segment_key ? `(metadata "${d.segment_key}")` : "";
 }
 
@@ -258,7 +266,7 @@ function drawAdapters() {
       el("td", {}, r && r.n ? `${pct(r.rate)} [${pct(r.low)}, ${pct(r.high)}] (${r.n})` : "–"),
       el("td", {}, ...buttons));
   });
-  document.querySelector("#adapters tbody").replaceChildren(...rows);
+  show(document.querySelector("#adapters tbody"), rows);
 }
 
 function drawFleet() {
@@ -274,7 +282,7 @@ function drawFleet() {
       el("td", {}, adapters || "–"), el("td", {}, r.in_flight), el("td", {}, `${r.host} / ${r.pid}`),
       el("td", {}, `${r.heartbeat_age_seconds.toFixed(1)} s ago`));
   });
-  document.querySelector("#fleet tbody").replaceChildren(...rows);
+  show(document.querySelector("#fleet tbody"), rows);
 }
 
 // the newest multi-turn episodes: one row each, its turns' tool calls and its rating
@@ -286,7 +294,7 @@ function drawEpisodes() {
       el("td", { class: "calls" }, calls.length ? calls.join(", ") : "–"), el("td", {}, e.versions.map((v) => "v" + v).join(", ")),
       el("td", { class: "reward" }, e.reward === null ? "–" : e.reward ? "👍" : "👎"), el("td", {}, e.branches));
   });
-  document.querySelector("#episodes tbody").replaceChildren(...rows);
+  show(document.querySelector("#episodes tbody"), rows);
 }
 
 const num = (x) => (x === null || x === undefined ? "–" : String(Number(Number(x).toPrecision(4))));
@@ -299,7 +307,7 @@ function drawEvaluation() {
   if (!e) {
     summary.textContent = "(no version evaluated yet)";
     panel.removeAttribute("data-version");
-    document.querySelector("#evaluation tbody").replaceChildren();
+    show(document.querySelector("#evaluation tbody"), []);
     return;
   }
   panel.dataset.version = e.version;
@@ -310,7 +318,7 @@ function drawEvaluation() {
   const rows = e.checks.map((c) => el("tr", { class: c.passed ? "check-pass" : "check-fail", "data-check": c.name },
     el("td", {}, c.name), el("td", {}, num(c.value)), el("td", {}, num(c.live)), el("td", {}, num(c.base)),
     el("td", {}, c.bound || "–"), el("td", { class: c.passed ? "better" : "worse" }, c.passed ? "pass" : "FAIL")));
-  document.querySelector("#evaluation tbody").replaceChildren(...rows);
+  show(document.querySelector("#evaluation tbody"), rows);
 }
 
 function evaluationCell(v) {
@@ -343,7 +351,7 @@ function drawVersions() {
       el("td", {}, when(v.created)), el("td", {}, v.responses), el("td", {}, r.n),
       el("td", {}, r.n ? `${pct(r.rate)} [${pct(r.low)}, ${pct(r.high)}]` : "–"), cmpCell, evaluationCell(v), el("td", {}, action));
   });
-  document.querySelector("#versions tbody").replaceChildren(...rows);
+  show(document.querySelector("#versions tbody"), rows);
 }
 
 function drawEvents() {
@@ -360,7 +368,7 @@ function drawEvents() {
     if (e.detail && e.detail.reason) text += ` – ${e.detail.reason}`;
     return el("li", { class: e.kind }, text);
   });
-  document.getElementById("events").replaceChildren(...items);
+  show(document.getElementById("events"), items);
 }
 
 // -- learning per segment -------------------------------------------------------------------------
@@ -403,7 +411,7 @@ function drawLearning() {
       box.append(block);
     }
     block.querySelector("h3").textContent = `${seg.segment} (${seg.responses} responses, ${seg.ratings} ratings)`;
-    block.querySelector(".table").replaceChildren(learningTable(seg, l.behaviours));
+    show(block.querySelector(".table"), [learningTable(seg, l.behaviours)]);
     block.querySelector(".chart").hidden = !seg.moving.length; // no ratings yet: the table says so
     const data = [seg.moving.map((p) => p.index), seg.moving.map((p) => p.reward)];
     let chart = learningCharts.get(seg.segment);
@@ -501,6 +509,7 @@ async function refresh() {
     drawHeader(); drawLearner(); drawPace(); drawDetector(); drawFleet(); drawAdapters(); drawEvaluation(); drawEpisodes(); drawVersions(); drawEvents();
     collectMarkers(); drawCharts();
     document.body.dataset.loaded = "true";
+    state.refreshes += 1;
     showError(null);
   } catch (err) {
     showError(err);
