@@ -1,28 +1,26 @@
 """The Responses API's generation (POST /v1/responses) and its bodies (GET /v1/responses/{id} too): the
-`response` object and its stream of typed events, as the official `openai` client reads them.
+`response` object and its stream of typed events, as the official `openai` client and Codex read them.
 
-A response: `{"id": "resp_...", "object": "response", "status": "completed" | "incomplete", "output":
-[message item, function_call items...], "usage", ...}` echoing what was asked (`instructions`,
-`tools`, `tool_choice`, `parallel_tool_calls`, `temperature`, `top_p`, `max_output_tokens`,
-`previous_response_id`, `metadata`, `text.format`), plus liveloop's `policy_version` and
-`version_spans`. A message item (`msg_...`) holds the text as one `output_text` part; each call is a
-`function_call` item (`fc_...`, its `call_id` the `call_...` id a `function_call_output` answers,
-`arguments` the JSON text the model wrote). A reply cut by `max_output_tokens` is "incomplete" with
-`incomplete_details.reason` "max_output_tokens". The id is a response id like any other: rateable with
-/v1/feedback, deleted with its ratings by DELETE (server/edge/ownership.py's one rule).
+A response: `{"id": "resp_...", "object": "response", "status": "completed" | "incomplete", "output",
+"usage", ...}` echoing what was asked, plus `ignored_tools` (the built-in tools not offered) and
+liveloop's `policy_version` and `version_spans`. Output items: the text as one message item (`msg_...`,
+one `output_text` part), then each call as its tool's kind says (server/edge/responses/tools.py): a
+`function_call` (`fc_...`, `call_id` the `call_...` id its output answers, `arguments` the JSON the
+model wrote, `namespace` for a namespaced function) or a `custom_tool_call` (`ctc_...`, `input`). A
+reply cut by `max_output_tokens` is "incomplete" (`incomplete_details.reason`). The id is rateable
+with /v1/feedback and deleted with its ratings by DELETE (server/edge/ownership.py's one rule).
 
 `previous_response_id` continues a conversation server-side: the turns before are read from the
-store (the key's own, one lookup a turn), each its own input and its output, then this turn's input;
-`instructions` are this turn's alone (a system turn first), as OpenAI has them. What the store keeps
-for a turn is its own input, so a 300-turn conversation is not stored 300 times over.
+store (the key's own), each its own input and its output, then this turn's input; `instructions` are
+this turn's alone. What the store keeps for a turn is its own input.
 
-A stream, each event with its `sequence_number`: `response.created`, `response.in_progress` (the
-response so far: status "in_progress", no output), then per output item `response.output_item.added`;
-for the message `response.content_part.added`, `response.output_text.delta`s, `response.output_text.done`,
-`response.content_part.done`; for a call `response.function_call_arguments.delta`s (fragments adding up
-to its arguments) and `.done`; then `response.output_item.done`; last, once the response is logged,
-`response.completed` (or `response.incomplete`) with the whole response. A failure after the status
-went out is an `error` event."""
+A stream, each event with its `sequence_number`: `response.created`, `response.in_progress`, then per
+output item `response.output_item.added`; for the message `response.content_part.added`,
+`response.output_text.delta`s, `.done`, `response.content_part.done`; for a function call
+`response.function_call_arguments.delta`s and `.done`; for a custom call one
+`response.custom_tool_call_input.delta` and `.done`; then `response.output_item.done`; last, once the
+response is logged, `response.completed` (or `response.incomplete`). A failure after the status went
+out is an `error` event and `response.failed`."""
 
 from __future__ import annotations
 
@@ -31,6 +29,7 @@ from typing import Any
 
 from liveloop.server.edge.principal import Principal
 from liveloop.server.edge.responses.protocol import ResponsesRequest
+from liveloop.server.edge.responses.tools import call_item, custom_input
 from liveloop.server.edge.pipeline.serving import InvalidRequest, Piece, Prepared, Run, Serving
 from liveloop.server.edge.formats.openai import sse
 from liveloop.server.edge.pipeline.streaming import EndpointServing, Format, Generating, spans
@@ -50,15 +49,17 @@ def call_item_id(call_id: str) -> str:
     return "fc_" + call_id.removeprefix("call_")
 
 
-def output_items(response_id: str, message: dict[str, Any] | None, status: str = "completed") -> list[dict[str, Any]]:
-    """A stored reply message as Responses output items: the text (if any), then each call."""
+def output_items(response_id: str, message: dict[str, Any] | None, status: str = "completed",
+                 options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """A stored reply message as Responses output items: the text (if any), then each call (as its
+    tool's kind says: `options`' maps, server/edge/responses/tools.py)."""
     if message is None:
         return []
     items: list[dict[str, Any]] = []
     if message.get("content"):
         items.append(_message_item(response_id, message["content"], status))
     for call in message.get("tool_calls") or ():
-        items.append(_call_item(call["id"], call["function"]["name"], call["function"]["arguments"], status))
+        items.append(_call_item(call["id"], call["function"]["name"], call["function"]["arguments"], status, options))
     return items
 
 
@@ -67,11 +68,11 @@ def _message_item(response_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": message_item_id(response_id), "type": "message", "status": status, "role": "assistant", "content": content}
 
 
-def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"id": call_item_id(call_id), "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+def _call_item(call_id: str, name: str, arguments: str, status: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    return call_item(call_item_id(call_id), call_id, name, arguments, status, options or {})
 
 
-def input_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def input_items(messages: list[dict[str, Any]], options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """A turn's stored input as Responses input items (GET /v1/responses/{id}/input_items)."""
     items: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
@@ -83,7 +84,7 @@ def input_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             items.append({"id": f"msg_in_{i}", "type": "message", "role": m["role"], "status": "completed",
                           "content": [{"type": kind, "text": m["content"]}]})
         for call in m.get("tool_calls") or ():
-            items.append(_call_item(call["id"], call["function"]["name"], call["function"]["arguments"], "completed"))
+            items.append(_call_item(call["id"], call["function"]["name"], call["function"]["arguments"], "completed", options))
     return items
 
 
@@ -112,6 +113,8 @@ def response_body(
         "text": {"format": text_format},
         "tool_choice": options.get("tool_choice", "auto"),
         "tools": [{"type": "function", **t["function"]} for t in tools or ()],
+        "ignored_tools": options.get("ignored_tools") or [],
+        "reasoning": {"effort": None, "summary": None, **(options.get("reasoning") or {})},
         "truncation": "disabled",
         "store": options.get("store", True),
         "user": options.get("user"),
@@ -136,7 +139,7 @@ def stored_body(c: StoredConversation) -> dict[str, Any]:
     return response_body(
         response_id=c.id, created=int(c.created_at.timestamp()), model=c.model, options=c.options or {}, tools=c.tools,
         metadata=c.request_meta, previous_response_id=c.previous_response_id, status=status,
-        output=output_items(c.id, c.output, status), input_tokens=c.prompt_tokens, output_tokens=c.completion_tokens,
+        output=output_items(c.id, c.output, status, c.options), input_tokens=c.prompt_tokens, output_tokens=c.completion_tokens,
         version=c.policy_version, version_spans=version_spans,
     )
 
@@ -152,6 +155,8 @@ class ResponsesFormat(Format):
         self._items: list[dict[str, Any]] = []  # the output items opened so far (completed as they close)
         self._open: dict[str, Any] | None = None  # the item being streamed
         self._text = ""  # the open message item's text so far
+        self._args = ""  # the open call's arguments so far
+        self._run: Run | None = None
 
     def _status(self, run: Run) -> str:
         return "incomplete" if run.finish_reason == "length" else "completed"
@@ -172,7 +177,7 @@ class ResponsesFormat(Format):
     def whole(self, runs: list[Run]) -> dict:
         run = runs[0]
         status = self._status(run)
-        return self._body(run, status, output_items(self.prepared.response_id, self._message(run), status))
+        return self._body(run, status, output_items(self.prepared.response_id, self._message(run), status, self.prepared.options))
 
     # -- the stream -----------------------------------------------------------------------------------
     def _event(self, kind: str, **fields: Any) -> bytes:
@@ -181,6 +186,7 @@ class ResponsesFormat(Format):
         return out
 
     def opening(self, runs: list[Run]) -> bytes:
+        self._run = runs[0]
         body = self._body(runs[0], "in_progress", [])
         return self._event("response.created", response=body) + self._event("response.in_progress", response=body)
 
@@ -202,11 +208,14 @@ class ResponsesFormat(Format):
         for c in delta.calls:
             if c.id is not None:
                 out += self._close()
-                item = _call_item(c.id, c.name, "", "in_progress")
+                item = _call_item(c.id, c.name, "", "in_progress", self.prepared.options)
                 out += self._event("response.output_item.added", output_index=len(self._items), item=item)
                 self._items.append(item)
-                self._open = item
+                self._open, self._args = item, ""
             if c.arguments:
+                self._args += c.arguments
+                if self._open["type"] == "custom_tool_call":
+                    continue  # its input is the arguments' `input`: sent whole when the call closes
                 self._open["arguments"] += c.arguments
                 out += self._event("response.function_call_arguments.delta", item_id=self._open["id"],
                                    output_index=len(self._items) - 1, delta=c.arguments)
@@ -240,6 +249,13 @@ class ResponsesFormat(Format):
             done = _message_item(self.prepared.response_id, self._text, "completed")
             out = (self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=self._text, logprobs=[])
                    + self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part))
+        elif item["type"] == "custom_tool_call":
+            text = custom_input(self._args)
+            done = {**item, "input": text, "status": "completed"}
+            out = (self._event("response.custom_tool_call_input.delta", item_id=item["id"], output_index=index,
+                               call_id=item["call_id"], delta=text) if text else b"")
+            out += self._event("response.custom_tool_call_input.done", item_id=item["id"], output_index=index,
+                               call_id=item["call_id"], input=text)
         else:
             done = {**item, "status": "completed"}
             out = self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
@@ -248,12 +264,18 @@ class ResponsesFormat(Format):
         return out + self._event("response.output_item.done", output_index=index, item=done)
 
     def error(self, status: int, message: str, code: str | None) -> bytes:
-        return self._event("error", code=code, message=message, param=None)
+        """An `error` event, then `response.failed` with the error (what Codex reads: it ignores `error`)."""
+        out = self._event("error", code=code, message=message, param=None)
+        if self._run is None:
+            return out
+        body = self._body(self._run, "failed", [i for i in self._items if i.get("status") == "completed"])
+        body["error"] = {"code": code or "server_error", "message": message}
+        return out + self._event("response.failed", response=body)
 
     def closing(self, runs: list[Run]) -> bytes:
         run = runs[0]
         status = self._status(run)
-        body = self._body(run, status, output_items(self.prepared.response_id, self._message(run), status))
+        body = self._body(run, status, output_items(self.prepared.response_id, self._message(run), status, self.prepared.options))
         return self._event("response.completed" if status == "completed" else "response.incomplete", response=body)
 
 

@@ -24,7 +24,7 @@ class StoredResponses:
     async def input_items(self, response_id: str, principal: Principal, limit: int, after: str | None, order: str) -> dict[str, Any]:
         """This turn's own input (the turns before it are their own responses' input items)."""
         found = await self.ownership.owned(response_id, principal, ENDPOINTS, "response_id", "response", code="response_not_found")
-        return page_in(input_items(found.messages), limit, after, order, "input item")
+        return page_in(input_items(found.messages, found.options), limit, after, order, "input item")
 
     async def delete(self, response_id: str, principal: Principal) -> dict[str, Any]:
         """Delete a response this key received (from any endpoint: chat, completions, messages, the
