@@ -54,7 +54,7 @@ from liveloop.server.edge.versions import routes as versions
 
 MAX_HEADER_BYTES = 16 * 1024  # a request's line and headers at most (h11's bound, kept with httptools)
 ROUTERS = (
-    models.router, chat.router, completions.router, stored.router, messages.router, responses.router, tokens.router,
+    models.router, chat.router, completions.router, stored.router, messages.router, messages.probe, responses.router, tokens.router,
     feedback.router, versions.router, ops.router, admin_versions.router, learning.router, keys.router, fleet.router,
     episodes.router, dashboard.router, release.router, alarms.router,
     api_docs.router,  # behind the admin key, not FastAPI's public defaults

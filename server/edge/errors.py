@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +154,22 @@ def anthropic_error_body(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
+def anthropic_too_long(message: str) -> str:
+    """A context-length refusal in Anthropic's words, which Claude Code reads to compact its conversation:
+    "prompt is too long: N tokens > M maximum", or "input length and `max_tokens` exceed context limit:
+    N + K > M, ..." when the prompt fits and max_tokens does not; another refusal naming the context (too many
+    characters) after "prompt is too long: "."""
+    limit = re.search(r"maximum context length is (\d+) tokens", message)
+    prompt = re.search(r"the prompt has (\d+)$", message)
+    room = re.search(r"(\d+) in the prompt \+ (\d+) max_tokens", message)
+    if limit and prompt:
+        return f"prompt is too long: {prompt[1]} tokens > {limit[1]} maximum"
+    if limit and room:
+        return (f"input length and `max_tokens` exceed context limit: {room[1]} + {room[2]} > {limit[1]}, "
+                "decrease input length or `max_tokens` and try again")
+    return f"prompt is too long: {message}" if limit else message
+
+
 def error_response(
     status: int,
     message: str,
@@ -166,6 +183,8 @@ def error_response(
     if status == 408:  # the rest of the request may still be on its way: this connection is done
         headers["connection"] = "close"
     if request is not None and request.url.path in ANTHROPIC_PATHS:
+        if code == "context_length_exceeded":
+            message = anthropic_too_long(message)
         return JSONResponse(anthropic_error_body(status, message), status_code=status, headers=headers)
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 

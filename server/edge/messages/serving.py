@@ -3,7 +3,8 @@ the official `anthropic` client reads them; and the token count of POST /v1/mess
 
 A whole response: `{"id": "msg_...", "type": "message", "role": "assistant", "content": [{"type":
 "text", "text": ...}, {"type": "tool_use", "id": "toolu_...", "name": ..., "input": {...}}, ...],
-"model", "stop_reason", "stop_sequence", "usage": {"input_tokens", "output_tokens"}}` plus liveloop's
+"model", "stop_reason", "stop_sequence", "usage": {"input_tokens", "output_tokens", "cache_creation_input_tokens": 0,
+"cache_read_input_tokens": 0}}` plus liveloop's
 `policy_version`, `version_spans` (as on chat completions) and `finish_reason` (liveloop's own: "abort"
 has no Anthropic stop reason and reads "end_turn"). The id is the response id `/v1/feedback` rates.
 `stop_reason`: "end_turn" (the model ended it), "tool_use" (it ended with tool calls), "max_tokens",
@@ -14,21 +15,26 @@ is served as the room there is, and the response says so: `max_tokens_clamped` `
 A stream: `message_start` (the message with empty content and the admitted version), `ping`, then
 each content block as `content_block_start`, its deltas (`text_delta`; a tool use's arguments as
 `input_json_delta` fragments adding up to its input's JSON), `content_block_stop`; then `message_delta`
-(stop reason, output tokens, `version_spans`), `message_stop`; the last two only once the response is
+(stop reason, the usage again with the output tokens, `version_spans`), `message_stop`; the last two only once the response is
 logged. Without tools the text block opens at once (before `ping`, as Anthropic sends it); with tools a
 block opens when its first text or call arrives, so a reply that only calls a tool has no empty text
 block. A failure after the status went out is an `error` event in Anthropic's error shape
-(server/edge/errors.py)."""
+(server/edge/errors.py). No thinking blocks: the served models do not think. A chat template that refuses
+a system turn mid-conversation gets them folded into user text (server/edge/messages/normalise.py), for
+the generation and its token count alike."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import Request
 
 from liveloop.server.edge.body import parse_body
 from liveloop.server.edge.errors import anthropic_error_body
+from liveloop.server.edge.formats.tools import ToolsRefused
+from liveloop.server.edge.messages.normalise import fold_system_turns, has_mid_system
 from liveloop.server.edge.messages.protocol import CountTokensRequest, MessagesRequest
 from liveloop.server.edge.pipeline.serving import Piece, Prepared, Run, Serving
 from liveloop.server.edge.principal import Principal
@@ -36,6 +42,24 @@ from liveloop.server.edge.pipeline.streaming import EndpointServing, Format, jso
 from liveloop.server.edge.formats.tool_parsers import StreamDelta, ToolStream
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
+T = TypeVar("T")
+
+
+def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    """Anthropic's usage object; no prompt cache is steered, so its cache counts are 0."""
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+def render_folding(messages: list[dict[str, Any]], render: Callable[[list[dict[str, Any]]], T]) -> T:
+    """`render(messages)`; where the chat template refused them and they hold a system turn after the
+    first message, `render` of them with those turns folded into user text."""
+    try:
+        return render(messages)
+    except ToolsRefused as exc:
+        if exc.param != "messages" or not has_mid_system(messages):
+            raise
+    return render(fold_system_turns(messages))
 
 
 def event(name: str, data: dict) -> bytes:
@@ -89,7 +113,7 @@ class MessagesFormat(Format):
             "model": self.serving.model_name,
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
-            "usage": {"input_tokens": len(self.prepared.prompt_ids), "output_tokens": output_tokens},
+            "usage": usage(len(self.prepared.prompt_ids), output_tokens),
             "policy_version": run.version,
         }
         if self.prepared.clamped:
@@ -178,7 +202,7 @@ class MessagesFormat(Format):
         delta = {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
-            "usage": {"output_tokens": len(run.token_ids)},
+            "usage": usage(len(self.prepared.prompt_ids), len(run.token_ids)),
             "policy_version": run.version,
             "version_spans": spans(run),
             "finish_reason": run.finish_reason,
@@ -195,13 +219,15 @@ class ServingMessages(EndpointServing):
     def prepare(self, req: MessagesRequest, principal: Principal, loaded: Any = None) -> Prepared:
         """The system prompt first, then the turns (tool uses as assistant calls, tool results as tool
         turns), through the same chat template; `metadata.user_id` is who the canary routes by (as
-        chat's `user`), and no segment tags. A max_tokens past the context is clamped to what fits
+        chat's `user`; Claude Code's JSON string whole), and no segment tags; `output_config.format`
+        constrains the reply to its JSON schema. A max_tokens past the context is clamped to what fits
         (the response says so)."""
         serving = self.serving
         serving.check_model(req.model)
         tools, choice, parallel = req.tool_setup()
-        ask = serving.conversation(req.conversation(), tools, choice, parallel, None, "tools",
-                                   max_tokens=req.max_tokens, user=req.user(), clamp=True, key_id=principal.key_id)
+        ask = render_folding(req.conversation(), lambda messages: serving.conversation(
+            messages, tools, choice, parallel, req.json_reply(), "output_config.format",
+            max_tokens=req.max_tokens, user=req.user(), clamp=True, key_id=principal.key_id))
         return serving.prepared("messages", "msg", ask.prompt_ids, ask.ask, req, principal, ask.text)
 
     async def count_tokens(self, request: Request, principal: Principal) -> dict[str, int]:
@@ -214,6 +240,7 @@ class ServingMessages(EndpointServing):
         serving.check_chars(req)
 
         def work() -> int:
-            return len(serving.render_chat(req.conversation(), *req.tool_setup(), key_id=principal.key_id)[1])
+            setup = req.tool_setup()
+            return len(render_folding(req.conversation(), lambda messages: serving.render_chat(messages, *setup, key_id=principal.key_id))[1])
 
         return {"input_tokens": await serving.on_prompt_thread(work)}

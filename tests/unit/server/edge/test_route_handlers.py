@@ -13,8 +13,9 @@ from liveloop.server.config import ServerConfig
 from liveloop.server.edge import dependencies
 from liveloop.server.edge.app import create_app
 
-# routes that read nothing of the server: the static statuses, the dashboard's sign-out and files, the API docs
-WITHOUT_HANDLER = {"/admin/statuses", "/dashboard/logout", "/dashboard/static/{name}", "/openapi.json", "/docs"}
+# routes that read nothing of the server: the static statuses, the dashboard's sign-out and files, the API docs,
+# Claude Code's reachability probe
+WITHOUT_HANDLER = {"/admin/statuses", "/dashboard/logout", "/dashboard/static/{name}", "/openapi.json", "/docs", "/api/hello", "/"}
 
 
 @contextlib.asynccontextmanager
