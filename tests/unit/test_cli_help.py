@@ -29,5 +29,5 @@ def test_every_command_that_reads_a_config_takes_it_after_the_subcommand():
     leaves = [(path, p) for path, p in _parsers(build_parser()) if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)]
     assert len(leaves) > 10
     without = [path for path, p in leaves if not any("--config" in a.option_strings for a in p._actions)]
-    # simulate reads a scenario (`--scenario`), model import a model source: neither a deployment config
-    assert without == ["liveloop model import", "liveloop simulate"]
+    # simulate reads a scenario (`--scenario`), model import and extend a model source: no deployment config
+    assert without == ["liveloop model extend", "liveloop model import", "liveloop simulate"]

