@@ -193,7 +193,7 @@ def handlers_of(s: Server, edge: EdgeState, learner: LearnerView | None) -> Hand
         responses=ServingResponses(s.serving, generating, store.conversations),
         stored_responses=StoredResponses(ownership),
         tokens=ServingTokens(s.serving),
-        feedback=ServingFeedback(s.serving.admission, s.writer, s.metrics),
+        feedback=ServingFeedback(s.serving.admission, s.writer, s.metrics, store.episodes),
         versions=ServingVersions(store.versions, store.fleet.registry, s.down_after_seconds, lambda: s.engine.version),
         models=ServingModels(s.serving, s.started_at),
         ops=Ops(s.writer, store.ping, s.engine, s.serving, s.metrics, store.fleet.registry, s.down_after_seconds, learner, s.warm_up),

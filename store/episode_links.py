@@ -6,7 +6,9 @@ The turn a response continues (its parent), in this order:
   2. else the longest earlier turn of the same key whose prompt and sampled tokens its prompt starts
      with, exactly (store/linking.py: hashes propose, tokens decide; with an episode tag, only among that
      tag's turns); the latest such turn when several are equal;
-  3. else, when its request's metadata names an `episode_id`, the key's latest turn with that tag.
+  3. else, when its request names an episode (`metadata.episode_id`, or a client's session:
+     server/edge/sessions.py), the key's latest turn with that tag; a turn whose prompt is that turn's
+     again (a retry) is linked as that turn was, its sibling, never its continuation.
 None of these: it is an episode's first turn. Another key's turns never link. A parent that already has
 a continuation gets a second one: two episodes sharing the turns up to it (a branch), each read from its
 own last turn back (store/episodes.py).
@@ -43,6 +45,7 @@ class _Turn:
     response: np.ndarray | None = None
     root_id: str | None = None
     turn: int = 0
+    link: tuple[str | None, str | None, int | None] | None = None  # a stored turn's own (parent_id, linked_by, prefix_tokens), read with its tokens
 
 
 def link_turns(conn: Connection, records: Sequence[ResponseRecord], rows: Sequence[dict[str, Any]]) -> None:
@@ -73,7 +76,24 @@ def link_turns(conn: Connection, records: Sequence[ResponseRecord], rows: Sequen
             root, turn = row_of[parent.id]["root_id"], row_of[parent.id]["turn"]
         else:
             root, turn = parent.root_id or parent.id, parent.turn
+        if how == "episode_id" and np.array_equal(parent.prompt, np.asarray(rec.prompt_ids, np.int64)):
+            _resent(rec, row, parent, row_of)
+            continue
         row.update(parent_id=parent.id, root_id=root, turn=turn + 1, linked_by=how, prefix_tokens=carried(rec.prompt_ids, parent))
+
+
+def _resent(rec: ResponseRecord, row: dict[str, Any], twin: _Turn, row_of: dict[str, dict[str, Any]]) -> None:
+    """A tagged turn's prompt sent again (a client's retry): linked as that turn was, its sibling (one more
+    branch at the same place), never its continuation, and a first turn again when it was one."""
+    if twin.order[0] == 1:
+        t = row_of[twin.id]
+        parent, how, prefix, root, turn = t["parent_id"], t["linked_by"], t["prefix_tokens"], t["root_id"], t["turn"]
+    else:
+        (parent, how, prefix), root, turn = twin.link or (None, None, None), twin.root_id, twin.turn
+    if parent is None:
+        row.update(parent_id=None, root_id=rec.id, turn=0, prefix_tokens=None, linked_by=None)
+    else:
+        row.update(parent_id=parent, root_id=root, turn=turn, linked_by=how, prefix_tokens=prefix)
 
 
 def carried(prompt_ids: Sequence[int], parent: _Turn) -> int | None:
@@ -144,8 +164,10 @@ def _load_tokens(conn: Connection, turns: list[_Turn]) -> None:
     if not turns:
         return
     wanted = {t.id: t for t in turns}
-    cols = (Response.id, Response.prompt_ids, Response.response_ids, Response.root_id, Response.turn)
+    cols = (Response.id, Response.prompt_ids, Response.response_ids, Response.root_id, Response.turn, Response.parent_id,
+            Response.linked_by, Response.prefix_tokens)
     for row in conn.execute(select(*cols).where(Response.id.in_(sorted(wanted)))):
         t = wanted[row.id]
         t.prompt, t.response = codec.decode_ids(row.prompt_ids).astype(np.int64), codec.decode_ids(row.response_ids).astype(np.int64)
         t.root_id, t.turn = row.root_id or row.id, row.turn or 0
+        t.link = (row.parent_id, row.linked_by, row.prefix_tokens)

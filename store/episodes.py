@@ -130,6 +130,15 @@ class EpisodeQueries(Part):
             ))
         return EpisodeView(rows[-1].api_key_id, tuple(turns), complete=rows[0].up is None)
 
+    def session_turn(self, api_key_id: str, tag: str) -> str | None:
+        """The latest turn of `api_key_id` with episode tag `tag` (a client session's: what rating the
+        session rates); None when the key has none. One (api_key_id, episode_tag) index search."""
+        with self._session() as s:
+            return s.scalar(
+                select(Response.id).where(Response.api_key_id == api_key_id, Response.episode_tag == tag)
+                .order_by(Response.created_at.desc(), Response.id.desc()).limit(1)
+            )
+
     def latest(self, limit: int, policy_version: int | None = None, api_key_id: str | None = None) -> list[str]:
         """The last turns of the newest multi-turn episodes (turns nothing continues), newest first."""
         child = Response.__table__.alias("child")

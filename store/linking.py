@@ -77,7 +77,13 @@ def episode_tag(metadata: dict | None) -> str | None:
     value = (metadata or {}).get(EPISODE_KEY)
     if not isinstance(value, str) or not value:
         return None
-    return hashlib.blake2b(value.encode(), digest_size=16).hexdigest()
+    return session_tag(value)
+
+
+def session_tag(session_id: str) -> str:
+    """The episode tag of a client's session id (server/edge/sessions.py): the same digest as an equal
+    `metadata.episode_id`'s, so POST /v1/feedback finds a session's turns by either."""
+    return hashlib.blake2b(session_id.encode(), digest_size=16).hexdigest()
 
 
 def text_hash(text: str) -> int:
