@@ -66,7 +66,7 @@ class ServerProcess:
 def write_config(
     workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None, learner: str | None = None,
     extra: str = "", served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "",
-    rate_limits: bool = False, extends: str | list[str] | None = None, max_body_bytes: int = 65536,
+    rate_limits: bool = False, extends: str | list[str] | None = None, max_body_bytes: int = 65536, max_model_len: int = 512,
 ) -> tuple[Path, str]:
     """A server config on loopback with the test keys; `learner` is extra `[learner]` TOML (None: off);
     `server_extra` / `engine_extra` / `store_extra` are more keys of those sections; `extra` is appended
@@ -88,7 +88,7 @@ dev_admin_keys = ["{ADMIN_KEY}"]
 backend = "{backend}"
 model = "{model_dir}"
 served_model_name = "{served_model_name}"
-max_model_len = 512
+max_model_len = {max_model_len}
 checkpoint_dir = "{workdir / 'checkpoints'}"
 {engine_extra}
 [store]
@@ -108,7 +108,7 @@ checkpoint_dir = "{workdir / 'versions'}"
 def start_server(
     workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240, learner: str | None = None, extra: str = "",
     served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "", store_url: str | None = None,
-    rate_limits: bool = False, extends: str | list[str] | None = None, max_body_bytes: int = 65536,
+    rate_limits: bool = False, extends: str | list[str] | None = None, max_body_bytes: int = 65536, max_model_len: int = 512,
 ) -> ServerProcess:
     """Start `liveloop serve` in its own process group and wait until /healthz answers (the config:
     `write_config`)."""
@@ -117,7 +117,7 @@ def start_server(
     config, store_url = write_config(
         workdir, Path(model_dir).resolve(), backend, port, store_url=store_url, learner=learner, extra=extra,
         served_model_name=served_model_name, server_extra=server_extra, engine_extra=engine_extra, store_extra=store_extra,
-        rate_limits=rate_limits, extends=extends, max_body_bytes=max_body_bytes,
+        rate_limits=rate_limits, extends=extends, max_body_bytes=max_body_bytes, max_model_len=max_model_len,
     )
     log_path = workdir / "server.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -62,6 +62,20 @@ class ServerConfig:
     max_concurrent_total: int = field(
         default=256, metadata={"help": "generations running or waiting for the engine, all keys together"}
     )
+    auto_tool_choice: Literal["auto", "required_after_user"] = field(
+        default="auto",
+        metadata={"help": "what tool_choice auto (or none given, with tools offered) means: auto (the model decides) or "
+                  "required_after_user (a reply to a user's turn must call one of the tools, under their grammar; a reply "
+                  "to a tool's result decides itself): drives an agent client's tool loop with a model that never calls "
+                  "tools on its own (the agents preset's tiny model)"},
+    )
+    store_false: Literal["nothing", "tokens"] = field(
+        default="nothing",
+        metadata={"help": "what a request's `store: false` keeps: nothing (no row, no training) or tokens (its tokens, "
+                  "logprobs, versions and episode links are logged, rated and trained on like any response's; its "
+                  "conversation text is not kept, so no API reads it back). For agent clients that always send "
+                  "store: false (Codex CLI), on a server whose users agreed that their sessions train it"},
+    )
     max_prompt_chars: int = field(
         default=0,
         metadata={"help": "most characters a chat's messages (or a completion's text prompt) may hold, checked before "
@@ -215,6 +229,11 @@ class EngineConfig:
     max_num_seqs: int = field(default=32, metadata={"help": "most requests generating at once"})
     gpu_memory_utilization: float = field(default=0.3, metadata={"help": "vLLM memory share"})
     cpu_kv_cache_gb: int = field(default=1, metadata={"help": "vLLM-CPU KV cache (VLLM_CPU_KVCACHE_SPACE)"})
+    prefix_caching: bool = field(
+        default=False,
+        metadata={"help": "vllm: reuse the KV of a prompt prefix an earlier request computed (an agent's later turns "
+                  "prefill only their new tokens); every weight swap empties the cache, in either swap_mode"},
+    )
     checkpoint_dir: str = field(
         default="data/checkpoints", metadata={"help": "where tensors pushed to update_weights are written"}
     )

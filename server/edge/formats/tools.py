@@ -125,6 +125,16 @@ def openai_choice(choice: Any, has_tools: bool) -> ToolChoice:
     return ToolChoice("named", name)
 
 
+def after_user(messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice) -> ToolChoice:
+    """`[server] auto_tool_choice = "required_after_user"`: an `auto` choice with tools offered becomes
+    `required` when the reply answers a user's turn (the last message that is not a system or developer
+    turn is the user's); a reply to a tool's result, and any other choice, stay as asked."""
+    if choice.mode != "auto" or not tools:
+        return choice
+    last = next((m for m in reversed(messages) if m.get("role") not in ("system", "developer")), None)
+    return ToolChoice("required") if last is not None and last.get("role") == "user" else choice
+
+
 def check_schema(schema: Any, param: str) -> dict[str, Any]:
     """`schema` if it is a JSON Schema (a dict that the 2020-12 meta-schema accepts, or whichever
     draft its `$schema` names) of bounded size; raises ToolsRefused otherwise. Whether constrained

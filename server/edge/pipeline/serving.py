@@ -47,10 +47,11 @@ from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams, TokenDelta
 from liveloop.server.edge.pipeline.prompting import Prompter
 from liveloop.server.edge.response_ids import new_response_id
+from liveloop.server.edge.sessions import ClientSession
 from liveloop.server.edge.pipeline.splicing import CarriedTurn, Splicer, carries
 from liveloop.server.edge.pipeline.text import TextStream
 from liveloop.server.edge.formats.tool_parsers import Parsed
-from liveloop.server.edge.formats.tools import JSONReply, Tool, ToolChoice, ToolUse, check_tool_results, output_message
+from liveloop.server.edge.formats.tools import JSONReply, Tool, ToolChoice, ToolUse, after_user, check_tool_results, output_message
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
 from liveloop.store.linking import LinkKeys, episode_tag
 from liveloop.store.writer import WriterSlow
@@ -114,6 +115,7 @@ class Prepared:
     group_id: str | None = None  # n > 1: the first choice's id, on every choice of the request
     choice_index: int = 0
     prompt_text: str | None = None  # a chat-shaped request's rendered prompt (server/edge/pipeline/splicing.py)
+    session: ClientSession | None = None  # the client's session (server/edge/sessions.py): its episode, or a side call
 
     @property
     def clamped(self) -> bool:
@@ -328,6 +330,7 @@ class Serving:
         the constraint checked (server/edge/pipeline/prompting.py). `stored`: the part of `messages` the store keeps
         (default all of it); `key_id`: whose earlier turns its text may carry as their own tokens
         (server/edge/pipeline/splicing.py). Raises ToolsRefused (a 400)."""
+        choice = after_user(messages, tools, choice) if self.server.auto_tool_choice == "required_after_user" else choice
         tool_use, prompt_ids, text = self.render_chat(messages, tools, choice, parallel, key_id=key_id)
         constraint = self.prompter.constraint(tool_use, json_reply, format_param)
         kept = tuple(messages if stored is None else stored)
@@ -518,6 +521,7 @@ class Serving:
     def _record(self, run: Run) -> ResponseRecord:
         p = run.prepared
         ended = run.ended or time.perf_counter()
+        side = p.session is not None and p.session.side is not None
         return ResponseRecord(
             id=p.response_id,
             api_key_id=p.principal.key_id,
@@ -544,8 +548,9 @@ class Serving:
             options=p.options,
             group_id=p.group_id,
             choice_index=p.choice_index,
-            link=LinkKeys.of(p.prompt_ids, run.token_ids, self.stop_token_ids, self.splicer.text_hash(p.prompt_text, run.token_ids)),
-            episode_tag=episode_tag(p.meta),
+            # a side call (server/edge/sessions.py) is stored apart: no link keys, no episode tag
+            link=None if side else LinkKeys.of(p.prompt_ids, run.token_ids, self.stop_token_ids, self.splicer.text_hash(p.prompt_text, run.token_ids)),
+            episode_tag=None if side else p.session.tag if p.session is not None else episode_tag(p.meta),
         )
 
     async def commit(self, run: Run) -> None:

@@ -11,7 +11,8 @@ only after the response is durably logged.
 While a response is generated its id and key are in `Generating` (the edge's, server/edge/dependencies.py), so that
 DELETE /v1/responses/{id} can answer for a response whose row has not landed yet (its tombstone keeps
 the row out, store/rights.py). A forgotten key served under `[auth] forgotten_keys = "unstored"`
-(`Principal.unstored`) is served as if it had sent `store: false`.
+(`Principal.unstored`) is served as if it had sent `store: false`; under `[server] store_false =
+"tokens"` a `store: false` request is logged for training without its text (`tokens_only`).
 
 Streaming costs a write (a system call, a wake-up of the client) per event: a stream writes the first
 token at once, then what arrived since its last write at most every `Serving.stream_interval` seconds;
@@ -38,6 +39,7 @@ from liveloop.server.edge.principal import Principal
 from liveloop.server.edge.body import parse_body
 from liveloop.server.edge.errors import domain_error
 from liveloop.server.edge.pipeline.serving import Piece, Prepared, Run, Serving
+from liveloop.server.edge.sessions import Asked, read_session
 
 log = logging.getLogger(__name__)
 VERSION_HEADER = "x-liveloop-policy-version"
@@ -106,6 +108,13 @@ class Format:
         return {VERSION_HEADER: str(runs[0].version)}
 
 
+def tokens_only(prepared: Prepared) -> Prepared:
+    """A `store: false` request under `[server] store_false = "tokens"`: logged like any response (its
+    tokens, logprobs, versions and episode links: it is rated and trained on), its conversation text not
+    kept (the store's conversation reads skip a row without messages, so no API reads it back)."""
+    return dataclasses.replace(prepared, store=True, messages=None, options=None)
+
+
 class EndpointServing:
     """One generating endpoint, built once (the composition root hands it what it uses): its request
     model, its rate bucket, how its request is prepared (`prepare`, with what `load`
@@ -137,8 +146,11 @@ class EndpointServing:
         loaded = await self.load(req, principal)
         # length-checked on the loop, rendered and tokenized off it
         prepared = await serving.prepare(req, principal, lambda r, p: self.prepare(r, p, loaded))
+        prepared = dataclasses.replace(prepared, session=read_session(request.headers, Asked.of_request(req)))  # its episode
         if principal.unstored:  # a forgotten key under `forgotten_keys = "unstored"`: nothing of it is logged
             prepared = dataclasses.replace(prepared, store=False)
+        elif not prepared.store and serving.server.store_false == "tokens":
+            prepared = tokens_only(prepared)
         choices = serving.choices(prepared, getattr(req, "n", 1))
         fmt = self.format(req, prepared)
         if req.stream:
