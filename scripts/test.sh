@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Sets everything up and runs the whole test suite (what .ci/run runs): the virtual environment,
 # the default model (built once), a private PostgreSQL on 127.0.0.1, Debian's Chromium for the
-# dashboard's browser test, then pytest over tests/ (two processes side by side: see below).
+# dashboard's browser test, the pinned agent CLIs (Codex CLI, Claude Code; scripts/agents.sh), then pytest over tests/ (two processes side by side: see below).
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/browser.sh
 export LIVELOOP_REQUIRE_BROWSER=1
+LIVELOOP_AGENTS_BIN=$(bash scripts/agents.sh)   # empty where npm is missing: those tests skip, saying so
+export LIVELOOP_AGENTS_BIN
 PG_URL=$(bash scripts/postgres.sh start)   # no password in it: libpq reads it from PGPASSFILE (0600)
 export LIVELOOP_TEST_PG_URL=$PG_URL
 export PGPASSFILE=$(bash scripts/postgres.sh passfile)
