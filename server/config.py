@@ -304,6 +304,13 @@ class EngineConfig:
                   "Qwen2.5/3, liveloop-tiny), llama3_json (Llama 3.1/3.2); auto: read from the chat template; none: "
                   "requests with tools are refused"},
     )
+    json_max_string: int = field(
+        default=0,
+        metadata={"help": "constrained decoding (forced tool calls, response_format): a JSON string whose schema sets no "
+                  "length bound (maxLength, enum, const, pattern, format) holds at most this many characters, and an "
+                  "unbounded integer stays within +-(2^53 - 1); 0: as the schema says (a small model may write one string "
+                  "until max_tokens, and the call never closes)"},
+    )
     constrained_json: Literal["canonical", "compact", "free"] = field(
         default="canonical",
         metadata={"help": "how constrained decoding (forced tool calls, response_format) lays out JSON: canonical (', ' "
@@ -344,6 +351,8 @@ class EngineConfig:
             raise ValueError("max_adapters must be >= 0 and max_lora_rank >= 1")
         if self.max_model_len < 16:
             raise ValueError("max_model_len must be >= 16")
+        if self.json_max_string < 0:
+            raise ValueError("json_max_string must be >= 0 (0: no bound)")
         if self.drain_deadline_seconds <= 0:
             raise ValueError("drain_deadline_seconds must be > 0")
         if not 0 <= self.delta_interval_ms <= 1000:

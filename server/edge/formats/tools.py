@@ -16,6 +16,7 @@ Knows nothing about HTTP: bad input raises ToolsRefused (the edge answers 400 in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,13 @@ class ToolUse:
     choice: ToolChoice
     parallel: bool
     parser: ToolParser
+
+    def bounded(self, max_string: int) -> "ToolUse":
+        """These tools with their parameters `bounded` for the grammar (what the prompt shows is unchanged)."""
+        if not max_string:
+            return self
+        tools = tuple(dataclasses.replace(t, parameters=bounded(t.parameters, max_string)) for t in self.tools)
+        return dataclasses.replace(self, tools=tools)
 
     def constraint(self, layout: JSONLayout) -> str | None:
         """The structural tag `required` and a named choice sample under: the parser's call syntax
@@ -169,6 +177,31 @@ class JSONReply:
 JSONLayout = Literal["canonical", "compact", "free"]
 _SEPARATORS = {"canonical": (", ", ": "), "compact": (",", ":")}
 ANY_OBJECT = {"type": "object", "additionalProperties": True}  # JSON mode: any object
+
+
+_NOT_SCHEMAS = frozenset({"enum", "const", "default", "examples", "required", "description", "title"})
+_SAFE_INTEGER = 2**53 - 1  # beyond it no JSON client reads an integer exactly
+
+
+def bounded(schema: Any, max_string: int) -> Any:
+    """`schema` with a bound where it sets none, for a grammar to sample under (`[engine]
+    json_max_string`; 0: `schema` as it is): a string with no maxLength, enum, const, pattern or format
+    at most `max_string` characters, an integer with no minimum or maximum within +-(2^53 - 1). A small
+    model under a grammar otherwise writes one string, or one 40-digit number, until max_tokens."""
+    if not max_string or isinstance(schema, bool):
+        return schema
+    if isinstance(schema, list):
+        return [bounded(s, max_string) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in _NOT_SCHEMAS else bounded(v, max_string)) for k, v in schema.items()}
+    kinds = schema.get("type")
+    kinds = {kinds} if isinstance(kinds, str) else {k for k in kinds if isinstance(k, str)} if isinstance(kinds, list) else set()
+    if "string" in kinds and not {"maxLength", "enum", "const", "pattern", "format"} & schema.keys():
+        out["maxLength"] = max_string
+    if "integer" in kinds and not {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const"} & schema.keys():
+        out |= {"minimum": -_SAFE_INTEGER, "maximum": _SAFE_INTEGER}
+    return out
 
 
 def json_format(schema: dict[str, Any] | bool, layout: JSONLayout) -> Any:

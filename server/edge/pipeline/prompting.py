@@ -26,6 +26,7 @@ from liveloop.server.edge.formats.tools import (
     ToolChoice,
     ToolsRefused,
     ToolUse,
+    bounded,
     check_schema,
     json_constraint,
     takes_text_arguments,
@@ -44,7 +45,7 @@ def model_vocab_size(model_dir: Path, tokenizer: Any) -> int:
 
 
 class Prompter:
-    def __init__(self, tokenizer: Any, model_dir: Path, parser: str, json_layout: JSONLayout, engine: Any):
+    def __init__(self, tokenizer: Any, model_dir: Path, parser: str, json_layout: JSONLayout, engine: Any, json_max_string: int = 0):
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.template: str | None = getattr(tokenizer, "chat_template", None)
@@ -53,6 +54,7 @@ class Prompter:
         # a template that renders no tools: they go into the messages' text, as Qwen's template writes them
         self.text_tools = TextTools(default_system(self._plain)) if tools.in_text else None
         self.json_layout = json_layout
+        self.json_max_string = json_max_string  # `[engine] json_max_string`: formats/tools.py `bounded`
         self.engine = engine  # what it can do: supports_constraints, sampling_extensions
         self.text_arguments = takes_text_arguments(self.template)
         self.markers = Markers(tokenizer)
@@ -96,13 +98,13 @@ class Prompter:
         to compile; None: free sampling. Raises ToolsRefused."""
         param = "tools" if json_reply is None else param
         try:
-            forced = tool_use.constraint(self.json_layout) if tool_use is not None else None
+            forced = tool_use.bounded(self.json_max_string).constraint(self.json_layout) if tool_use is not None else None
             if forced is not None and json_reply is not None:
                 raise ToolsRefused("a forced tool call (tool_choice required or named) and a JSON response format cannot both hold", "tool_choice")
             if json_reply is not None:
                 if json_reply.schema is not None:
                     check_schema(json_reply.schema, param)
-                forced = json_constraint(json_reply.schema, self.json_layout)
+                forced = json_constraint(bounded(json_reply.schema, self.json_max_string), self.json_layout)
             if forced is None:
                 return None
             self.grammars.compile(forced)

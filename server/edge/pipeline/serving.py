@@ -284,7 +284,8 @@ class Serving:
         # templating and tokenizing, off the loop: one thread, so no two encodes of the tokenizer run at once
         self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liveloop-prompts")
         self.stream_interval = server.stream_interval_ms / 1000  # seconds between a stream's writes (0: a write per delta)
-        self.prompter = Prompter(tokenizer, model_dir, engine_config.tool_call_parser, engine_config.constrained_json, engine)
+        self.prompter = Prompter(tokenizer, model_dir, engine_config.tool_call_parser, engine_config.constrained_json, engine,
+                                 engine_config.json_max_string)
         # a resent conversation's earlier turns as the tokens sampled (`carried`: the store's read of them)
         self.splicer = Splicer(tokenizer, self.stop_token_ids, carried, metrics)
 
