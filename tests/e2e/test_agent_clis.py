@@ -29,7 +29,7 @@ from liveloop.model.long_context import extend_context
 
 from .conftest import USER_KEY, open_store
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.learning]  # beside the learning tests: its learner trains a whole session
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "liveloop-tiny-agents"
