@@ -202,8 +202,9 @@ _mutation = st.sampled_from([
 @given(st.lists(_mutation, min_size=1, max_size=3))
 def test_variations_of_the_codex_request_never_fail_the_server(http, mutations):
     body = codex_body(stream=False, max_output_tokens=4)
+    captured = codex_body(stream=False, max_output_tokens=4)  # each change reads the captured request, not another change's
     for key, change in mutations:
-        body[key] = change(body)
+        body[key] = change(captured)
     r = http.post("/v1/responses", json=body)
     assert r.status_code in (200, 400), r.text
     if r.status_code == 400:

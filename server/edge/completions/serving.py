@@ -24,6 +24,7 @@ class CompletionFormat(OpenAIFormat):
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._offsets: dict[int, int] = {}  # per choice: where its next streamed chunk's first token starts
+        self._prompt_sent: set[int] = set()  # choices whose prompt ids a stream has carried (return_token_ids)
 
     def _logprobs(self, ids: list[int], lps: list[float], top: list | None, offset: int) -> tuple[dict | None, int]:
         """The logprobs of these tokens, their `text_offset`s starting at `offset`; and the offset after them."""
@@ -63,6 +64,9 @@ class CompletionFormat(OpenAIFormat):
         }
         if self.req.return_token_ids:
             choice["token_ids"] = piece.token_ids
+            if index not in self._prompt_sent:  # on a choice's first chunk, as vLLM's stream carries it
+                self._prompt_sent.add(index)
+                choice["prompt_token_ids"] = list(run.prepared.prompt_ids)
         return {**self._head(run, self.chunk_name), "choices": [choice]}
 
     def final_choice(self, run: Run) -> dict:

@@ -377,6 +377,7 @@ class MessagesRequest(_Conversation, SamplingExtensions):
     cache_control: CacheControl = None  # accepted: no prompt cache to steer
     seed: Seed | None = Field(default=None, description="extension: the sampling seed")
     store: bool = Field(default=True, description="extension: false serves the request and logs nothing")
+    return_token_ids: bool = Field(default=False, description="extension (vLLM's): the prompt's and the reply's token ids")
 
     @field_validator("stop_sequences")
     @classmethod

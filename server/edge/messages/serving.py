@@ -132,7 +132,13 @@ class MessagesFormat(Format):
         run = runs[0]
         reason, sequence = self._stop(run)
         body = self._message(run, self._content(run), reason, sequence, len(run.token_ids))
-        return {**body, "version_spans": spans(run), "finish_reason": run.finish_reason}
+        return {**body, "version_spans": spans(run), "finish_reason": run.finish_reason, **self._token_ids(run)}
+
+    def _token_ids(self, run: Run) -> dict[str, list[int]]:
+        """`return_token_ids`: the engine's own tokens, for a trainer of its own (vLLM's extension)."""
+        if not self.req.return_token_ids:
+            return {}
+        return {"prompt_token_ids": list(self.prepared.prompt_ids), "token_ids": list(run.token_ids)}
 
     def headers(self, runs: list[Run]) -> dict[str, str]:
         out = super().headers(runs)
@@ -206,6 +212,7 @@ class MessagesFormat(Format):
             "policy_version": run.version,
             "version_spans": spans(run),
             "finish_reason": run.finish_reason,
+            **self._token_ids(run),
         }
         return self._close() + event("message_delta", delta) + event("message_stop", {"type": "message_stop"})
 

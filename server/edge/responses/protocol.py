@@ -85,6 +85,7 @@ class ResponsesRequest(SamplingExtensions):
     stream_options: ResponsesStreamOptions | None = None
     truncation: Literal["disabled", "auto"] | None = None
     seed: Seed | None = Field(default=None, description="extension: the sampling seed")
+    return_token_ids: bool = Field(default=False, description="extension (vLLM's): the prompt's and the reply's token ids")
     # accepted, not acted on (the module's docstring)
     reasoning: Reasoning | None = None
     include: Annotated[list[Literal[INCLUDABLE]], Field(max_length=16)] | None = None  # type: ignore[valid-type]

@@ -163,13 +163,16 @@ class ResponsesFormat(Format):
 
     def _body(self, run: Run, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
         p = self.prepared
-        return response_body(
+        body = response_body(
             response_id=p.response_id, created=p.created, model=self.serving.model_name, options=p.options or {},
             tools=None if p.tool_use is None else p.tool_use.definitions(), metadata=p.meta,
             previous_response_id=p.previous_response_id, status=status, output=output,
             input_tokens=len(p.prompt_ids), output_tokens=len(run.token_ids), version=run.version,
             version_spans=None if status == "in_progress" else spans(run),
         )
+        if self.req.return_token_ids and status != "in_progress":  # the engine's own tokens, for a trainer of its own
+            body |= {"prompt_token_ids": list(p.prompt_ids), "token_ids": list(run.token_ids)}
+        return body
 
     def _message(self, run: Run) -> dict[str, Any]:
         return output_message(run.message())
