@@ -173,7 +173,7 @@ def _lags(store_url: str, trace: list[dict]) -> tuple[list[int], dict]:
 
     store = Store(StoreConfig(url=store_url))
     try:
-        versions = [v for v in store.versions.list_versions() if v.version > 0 and v.segment is None]
+        versions = [v for v in store.versions.list_versions() if v.version > 0]  # every lineage: the default publishes its shared adapter's
     finally:
         store.close()
     cursor = {v.version: int((v.metrics or {}).get("learner/cursor", 0)) for v in versions}
