@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from liveloop.checkpoint import save_atomically
 from liveloop.model.config import ModelBuildConfig
 
 BUILD_RECORD = "liveloop_build.json"
@@ -54,10 +54,8 @@ def extend_context(src: str | Path, out: str | Path, context_length: int) -> Pat
     src, out = Path(src), Path(out)
     config = json.loads((src / "config.json").read_text())
     extended = yarn_config(config, context_length)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp, old = out.with_name(f"{out.name}.tmp-{os.getpid()}"), out.with_name(f"{out.name}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+
+    def write(tmp: Path) -> None:
         shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("*.tmp-*", "*.old-*"))
         (tmp / "config.json").write_text(json.dumps(extended, indent=2) + "\n")
         record_path = tmp / (BUILD_RECORD if (tmp / BUILD_RECORD).exists() or not (tmp / IMPORT_RECORD).exists()
@@ -66,12 +64,8 @@ def extend_context(src: str | Path, out: str | Path, context_length: int) -> Pat
         record["context_extension"] = {"from": str(src), "method": "yarn", "trained_positions": trained_length(config),
                                        "context_length": context_length, "rope_parameters": extended["rope_parameters"]}
         record_path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+
+    save_atomically(out, write)  # a sibling temporary directory renamed into place; removed on any failure
     return out
 
 
