@@ -29,6 +29,19 @@ def start_server(tmp: Path, model_dir: Path, backend: str, learner: str | None =
         pytest.fail(str(exc))
 
 
+AGENTS_MODEL, AGENTS_CONTEXT = "liveloop-tiny-agents", 131072  # configs/serve/agents.toml's
+
+
+def start_agents_server(tmp: Path, model_dir: Path, learner: str | None = None) -> ServerProcess:
+    """`liveloop serve` on the agents preset, its model extended from the session's tiny build into `tmp`
+    (agent CLIs' bodies run to 90 KB: the body bound is 1 MiB, the preset's default)."""
+    from liveloop.model.long_context import extend_context
+
+    model = extend_context(model_dir, tmp / AGENTS_MODEL, AGENTS_CONTEXT)
+    return start_server(tmp, model, "vllm", learner=learner, extends="agents", served_model_name=AGENTS_MODEL,
+                        max_model_len=AGENTS_CONTEXT, max_body_bytes=1 << 20, extra="[monitor]\nenabled = false\n", timeout=300)
+
+
 def stop_server(server: ServerProcess) -> None:
     server.stop()
 

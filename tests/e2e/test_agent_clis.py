@@ -23,17 +23,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from liveloop import devtools
-from liveloop.devtools import ADMIN_KEY, USER_KEYS, ServerProcess
-from liveloop.model.long_context import extend_context
+from liveloop.devtools import ADMIN_KEY, ServerProcess
 
-from .conftest import USER_KEY, open_store
+from .conftest import AGENTS_MODEL as MODEL
+from .conftest import USER_KEY, open_store, start_agents_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.learning]  # beside the learning tests: its learner trains a whole session
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = "liveloop-tiny-agents"
-CONTEXT = 131072
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
@@ -50,42 +47,8 @@ def _bin(name: str) -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir) -> ServerProcess:
     """`liveloop serve` on the agents preset with a learner that publishes after every step."""
-    tmp = tmp_path_factory.mktemp("agent-clis")
-    model = extend_context(model_dir, tmp / MODEL, CONTEXT)
-    port = devtools.free_port()
-    config = tmp / "config.toml"
-    config.write_text(f"""extends = "agents"
-[server]
-host = "127.0.0.1"
-port = {port}
-{devtools._NO_KEY_LIMITS}
-[auth]
-dev_user_keys = {json.dumps(list(USER_KEYS))}
-dev_admin_keys = ["{ADMIN_KEY}"]
-[engine]
-model = "{model}"
-checkpoint_dir = "{tmp / 'checkpoints'}"
-[store]
-url = "sqlite:///{tmp / 'liveloop.db'}"
-[learner]
-enabled = true
-checkpoint_dir = "{tmp / 'versions'}"
-publish_every_steps = 1
-publish_every_seconds = 0.5
-poll_seconds = 0.2
-[monitor]
-enabled = false
-""")
-    log = tmp / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "liveloop.cli", "--config", str(config), "serve"], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
-    srv = ServerProcess(f"http://127.0.0.1:{port}", f"sqlite:///{tmp / 'liveloop.db'}", model, proc, log)
-    try:
-        devtools.wait_healthy(proc, srv.base_url + "/healthz", 300)
-    except RuntimeError as exc:
-        srv.stop()
-        pytest.fail(f"server {exc}:\n{srv.log_tail()}")
+    srv = start_agents_server(tmp_path_factory.mktemp("agent-clis"), model_dir,
+                              learner="publish_every_steps = 1\npublish_every_seconds = 0.5\npoll_seconds = 0.2\n")
     yield srv
     srv.stop()
 

@@ -5,27 +5,21 @@ and a prompt past the context is each API's own 400 on all four endpoints, never
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from liveloop import devtools
-from liveloop.devtools import ADMIN_KEY, USER_KEYS, ServerProcess
-from liveloop.model.long_context import extend_context
+from liveloop.devtools import ServerProcess
 
-from .conftest import USER_KEY
+from .conftest import AGENTS_CONTEXT as CONTEXT
+from .conftest import AGENTS_MODEL as MODEL
+from .conftest import USER_KEY, start_agents_server
 
 pytestmark = pytest.mark.vllm
 
-CONTEXT = 131072  # the agents preset's
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = "liveloop-tiny-agents"
 
 
 def _text(n_chars: int) -> str:
@@ -37,39 +31,9 @@ def _text(n_chars: int) -> str:
 @pytest.fixture(scope="module")
 def agents_server(tmp_path_factory, model_dir) -> ServerProcess:
     """`liveloop serve` on the agents preset, its model extended from the session's tiny build."""
-    tmp = tmp_path_factory.mktemp("agents")
-    model = extend_context(model_dir, tmp / "liveloop-tiny-agents", CONTEXT)
-    port = devtools.free_port()
-    config = tmp / "config.toml"
-    config.write_text(f"""extends = "agents"
-[server]
-host = "127.0.0.1"
-port = {port}
-{devtools._NO_KEY_LIMITS}
-[auth]
-dev_user_keys = {json.dumps(list(USER_KEYS))}
-dev_admin_keys = ["{ADMIN_KEY}"]
-[engine]
-model = "{model}"
-checkpoint_dir = "{tmp / 'checkpoints'}"
-[store]
-url = "sqlite:///{tmp / 'liveloop.db'}"
-[learner]
-enabled = false
-[monitor]
-enabled = false
-""")
-    log = tmp / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "liveloop.cli", "--config", str(config), "serve"], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
-    server = ServerProcess(f"http://127.0.0.1:{port}", f"sqlite:///{tmp / 'liveloop.db'}", model, proc, log)
-    try:
-        devtools.wait_healthy(proc, server.base_url + "/healthz", 240)
-    except RuntimeError as exc:
-        server.stop()
-        pytest.fail(f"server {exc}:\n{server.log_tail()}")
+    server = start_agents_server(tmp_path_factory.mktemp("agents"), model_dir)
     yield server
+    server.stop()
     server.stop()
 
 
