@@ -1,20 +1,42 @@
 """Fixtures the publisher tests share: a migrated store on each backend whose version 0 is the tiny
 model (rollbacks to it load it), a live and candidate engine pair on it (the release gate's tests), and
 checkpoint reads taking turns for tests that run two hf engines in
-one process (replicas, leaders), and rated responses whose reply tokens are given texts (alarms, leaders)."""
+one process (replicas, leaders), rated responses whose reply tokens are given texts (alarms, leaders), and
+a whole app on the hf engine under uvicorn on 127.0.0.1 (`served_app`: the edge's HTTP tests)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import contextlib
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from liveloop.app import build_app
+from liveloop.config import load_config
+from liveloop.devtools import free_port, serve_in_thread, write_config
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.canary import CanaryEngine
 from liveloop.server.engines.hf.engine import HFEngine
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
+
+
+@contextlib.contextmanager
+def served_app(work: Path, model_dir: Path, server_extra: str = "") -> Iterator[tuple[str, Store]]:
+    """`build_app` on the hf engine and the tiny model, SQLite, monitor off, under uvicorn on 127.0.0.1
+    (`server_extra`: more `[server]` keys): its base URL and its store, both closed after."""
+    port = free_port()
+    path, store_url = write_config(work, Path(model_dir).resolve(), "hf", port, server_extra=server_extra,
+                                   extra="[monitor]\nenabled = false\n")
+    srv, thread = serve_in_thread(build_app(load_config(path), Path(model_dir)), port)
+    store = Store(StoreConfig(url=store_url))
+    try:
+        yield f"http://127.0.0.1:{port}", store
+    finally:
+        store.close()
+        srv.should_exit = True
+        thread.join(60)
 
 
 @pytest.fixture

@@ -6,15 +6,13 @@ back in as a completion's prompt unchanged."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
 
-from liveloop.app import build_app
-from liveloop.config import load_config
-from liveloop.devtools import USER_KEY, free_port, serve_in_thread, write_config
-from liveloop.store import Store, StoreConfig
+from liveloop.devtools import USER_KEY
+
+from ..conftest import served_app
 
 MODEL = "liveloop-tiny"
 HEADERS = {"authorization": f"Bearer {USER_KEY}", "x-api-key": USER_KEY, "anthropic-version": "2023-06-01"}
@@ -29,15 +27,8 @@ BODIES = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):
-    work = tmp_path_factory.mktemp("token-ids")
-    port = free_port()
-    path, store_url = write_config(work, Path(model_dir).resolve(), "hf", port, extra="[monitor]\nenabled = false\n")
-    srv, thread = serve_in_thread(build_app(load_config(path), Path(model_dir)), port)
-    store = Store(StoreConfig(url=store_url))
-    yield f"http://127.0.0.1:{port}", store
-    store.close()
-    srv.should_exit = True
-    thread.join(60)
+    with served_app(tmp_path_factory.mktemp("token-ids"), model_dir) as served:
+        yield served
 
 
 def _ids(path: str, body: dict) -> tuple[str, list[int], list[int]]:

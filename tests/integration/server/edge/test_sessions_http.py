@@ -16,10 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from liveloop.app import build_app
-from liveloop.config import load_config
-from liveloop.devtools import USER_KEY, USER_KEY_2, free_port, serve_in_thread, write_config
-from liveloop.store import Store, StoreConfig
+from liveloop.devtools import USER_KEY, USER_KEY_2
+
+from ..conftest import served_app
 
 MODEL = "liveloop-tiny"
 ROOT = Path(__file__).resolve().parents[4]
@@ -32,15 +31,8 @@ ASK = [{"role": "user", "content": "What is 2 + 3?"}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):
-    work = tmp_path_factory.mktemp("sessions")
-    port = free_port()
-    path, store_url = write_config(work, Path(model_dir).resolve(), "hf", port, extra="[monitor]\nenabled = false\n")
-    srv, thread = serve_in_thread(build_app(load_config(path), Path(model_dir)), port)
-    store = Store(StoreConfig(url=store_url))
-    yield f"http://127.0.0.1:{port}", store
-    store.close()
-    srv.should_exit = True
-    thread.join(60)
+    with served_app(tmp_path_factory.mktemp("sessions"), model_dir) as served:
+        yield served
 
 
 def post(base: str, path: str, body: dict, headers: dict | None = None, key: str = USER_KEY) -> httpx.Response:

@@ -5,37 +5,23 @@ reads it back; the default (`"nothing"`) keeps no row at all."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import httpx
 import pytest
 
-from liveloop.app import build_app
-from liveloop.config import load_config
-from liveloop.devtools import USER_KEY, free_port, serve_in_thread, write_config
-from liveloop.store import Store, StoreConfig
+from liveloop.devtools import USER_KEY
+
+from ..conftest import served_app
 
 MODEL = "liveloop-tiny"
 CODEX = {"session-id": "codex-unstored", "thread-id": "codex-unstored"}  # Codex CLI's headers: one thread, one episode
 
 
-def _serve(tmp_path_factory, model_dir, name: str, server_extra: str):
-    work = tmp_path_factory.mktemp(name)
-    port = free_port()
-    path, store_url = write_config(work, Path(model_dir).resolve(), "hf", port, server_extra=server_extra,
-                                   extra="[monitor]\nenabled = false\n")
-    srv, thread = serve_in_thread(build_app(load_config(path), Path(model_dir)), port)
-    return f"http://127.0.0.1:{port}", Store(StoreConfig(url=store_url)), srv, thread
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, model_dir):
-    up = [_serve(tmp_path_factory, model_dir, "tokens", 'store_false = "tokens"'), _serve(tmp_path_factory, model_dir, "nothing", "")]
-    yield {"tokens": up[0][:2], "nothing": up[1][:2]}
-    for _, store, srv, thread in up:
-        store.close()
-        srv.should_exit = True
-        thread.join(60)
+    with served_app(tmp_path_factory.mktemp("tokens"), model_dir, 'store_false = "tokens"') as tokens, \
+            served_app(tmp_path_factory.mktemp("nothing"), model_dir) as nothing:
+        yield {"tokens": tokens, "nothing": nothing}
 
 
 def _turn(base: str, text: str) -> dict:
