@@ -128,6 +128,7 @@ def _choose(rec: ResponseRecord, stored: dict[str, _Turn], by_hash: dict, batch:
     return None
 
 
+HASHES_PER_QUERY = 8192  # prefix hashes one SQLite query binds (its variable limit: 32,766 or more by build)
 _LIGHT = (Response.id, Response.api_key_id, Response.link_hash, Response.episode_tag, Response.created_at)
 
 
@@ -142,11 +143,13 @@ def _stored_candidates(conn: Connection, records: Sequence[ResponseRecord]) -> d
         for row in rows:
             out.setdefault(row.id, _Turn(row.id, row.api_key_id, row.link_hash, row.episode_tag, (0, row.created_at, row.id)))
 
-    if hashes:
-        if conn.dialect.name == "postgresql":
-            match = Response.link_hash == any_(bindparam("hashes", hashes, type_=ARRAY(BigInteger)))
-        else:
-            match = Response.link_hash.in_(hashes)
+    if hashes and conn.dialect.name == "postgresql":  # one array parameter, however many hashes
+        match = Response.link_hash == any_(bindparam("hashes", hashes, type_=ARRAY(BigInteger)))
+        add(conn.execute(select(*_LIGHT).where(Response.api_key_id.in_(keys), match)))
+    for at in range(0, len(hashes) if conn.dialect.name != "postgresql" else 0, HASHES_PER_QUERY):
+        # SQLite binds a variable per hash: a batch of long agent prompts (up to MAX_CANDIDATES hashes
+        # each) would pass its limit (32,766 in most builds) and fail every write in the batch
+        match = Response.link_hash.in_(hashes[at:at + HASHES_PER_QUERY])
         add(conn.execute(select(*_LIGHT).where(Response.api_key_id.in_(keys), match)))
     named = sorted({r.previous_response_id for r in records if r.previous_response_id})
     if named:

@@ -57,6 +57,21 @@ def test_a_prompt_that_does_not_carry_the_tokens_is_a_first_turn(store):
     assert store.feedback.get_response("t2").parent_id is None
 
 
+def test_a_batch_of_long_agent_prompts_is_written_however_many_prefix_hashes_it_carries(store):
+    # 64 prompts of MAX_CANDIDATES turn boundaries each, distinct: 262,144 prefix hashes in one writer
+    # batch, past SQLite's variable limit in every build (32,766; 250,000 in Debian's)
+    from liveloop.store.linking import MAX_CANDIDATES
+
+    boundaries = tuple(x for i in range(MAX_CANDIDATES) for x in (100 + i % 50, END))
+    store.feedback.write_batch([turn("t1", P1, R1)])
+    batch = [turn(f"b{i}", (1000 + i,) + boundaries, R2) for i in range(63)] + [turn("t2", P1 + R1 + OBS, R2)]
+    assert sum(len(r.link.candidates) for r in batch) > 250_000
+    with store.db.writing.begin() as conn:  # one transaction (write_batch would retry each record alone)
+        store.feedback.apply_batch(conn, batch, None)
+    assert store.feedback.get_response("t2").parent_id == "t1"  # still linked, through a later chunk or not
+    assert all(store.feedback.get_response(f"b{i}").parent_id is None for i in (0, 62))
+
+
 def test_another_keys_conversation_never_links(store):
     store.feedback.write_batch([turn("t1", P1, R1, key="k1")])
     store.feedback.write_batch([turn("t2", P1 + R1 + OBS, R2, key="k2")])
