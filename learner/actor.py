@@ -24,7 +24,6 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
 import threading
 import time
 from collections import deque
@@ -36,6 +35,7 @@ from typing import Any
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.status import LearnerStatus
+from liveloop.temp_dirs import owned_temp_dir
 from liveloop.store import StoreConfig
 from liveloop.transport import TransportConfig
 
@@ -122,7 +122,7 @@ def start_private_ray(num_cpus: int = 2) -> Path:
     multi_node, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
     # Ray opens its temp dir to everyone (0777); inside a 0700 one, other users reach neither its
     # sockets nor its logs
-    temp_dir = Path(tempfile.mkdtemp(prefix="liveloop-ray-"))
+    temp_dir = owned_temp_dir("ray")  # a killed server's is swept by the next (liveloop/temp_dirs.py)
     try:
         ray.init(
             num_cpus=num_cpus,

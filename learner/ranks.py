@@ -32,7 +32,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -48,6 +47,7 @@ from liveloop.learner.placement import placement
 from liveloop.rl.batch import TokenBatch, response_log_dists
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.optim import ZeroOptimizer, extensions_dir
+from liveloop.temp_dirs import owned_temp_dir
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ class RankGroup:
             )
         if placement(config).device.type != "cpu":
             raise ValueError("ranks > 1 runs on the CPU (gloo) so far: set [learner] device = 'cpu'")
-        private = tempfile.mkdtemp(prefix="liveloop-ranks-")  # 0700, ours: only this user's processes can meet there
+        private = str(owned_temp_dir("ranks"))  # 0700, ours: only this user's processes can meet there
         rendezvous = os.path.join(private, "rendezvous")
         _rank_env(0, world)
         ctx = mp.get_context("spawn")

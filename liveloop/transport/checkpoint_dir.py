@@ -31,8 +31,6 @@ import re
 import secrets
 import shutil
 import stat
-import tempfile
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -49,8 +47,8 @@ from liveloop.checkpoint import (
     checkpoint_files,
     legacy_digest,
     place,
-    process_alive,
 )
+from liveloop.temp_dirs import owned_temp_dir, sweep
 from liveloop.transport.base import HandleGone, Receiver, Sender, WeightHandle, WeightsUnverified, new_nonce
 from liveloop.transport.config import TransportConfig
 from liveloop.transport.weights import CheckpointDir, WeightSource
@@ -146,9 +144,7 @@ class CheckpointDirReceiver(Receiver):
 
 
 _LEGACY = re.compile(r"[0-9a-f]{64}")
-COPY_PREFIX = "liveloop-verified-"
-_COPY = re.compile(rf"^{COPY_PREFIX}(\d+)-")
-_swept = threading.Event()  # this process removed the copies dead processes left (at its first copy)
+COPY_KIND = "verified"  # liveloop/temp_dirs.py: liveloop-verified-PID-*, swept when PID is gone
 
 
 class PrivateCopy:
@@ -223,23 +219,12 @@ def private_copy(path: str | Path) -> PrivateCopy:
 
 def private_copy_dir() -> PrivateCopy:
     """A new, empty 0700 directory of this process under the temporary directory, owned (removed on close)."""
-    if not _swept.is_set():
-        _swept.set()
-        sweep_stale_copies()
-    return PrivateCopy(Path(tempfile.mkdtemp(prefix=f"{COPY_PREFIX}{os.getpid()}-")), owned=True)
+    return PrivateCopy(owned_temp_dir(COPY_KIND), owned=True)
 
 
 def sweep_stale_copies(root: str | Path | None = None) -> list[Path]:
     """Remove the private copies that processes no longer alive left under the temporary directory."""
-    root = Path(root or tempfile.gettempdir())
-    stale = []
-    with contextlib.suppress(OSError):
-        for entry in root.iterdir():
-            m = _COPY.match(entry.name)
-            if m and int(m.group(1)) != os.getpid() and not process_alive(int(m.group(1))):
-                shutil.rmtree(entry, ignore_errors=True)
-                stale.append(entry)
-    return stale
+    return sweep(COPY_KIND, root)
 
 
 def _kind(path: str | Path, sha256: str, version: int | None) -> bool:

@@ -28,13 +28,13 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from liveloop.grammar import CACHE_LIMIT_BYTES
+from liveloop.temp_dirs import owned_temp_dir
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.adapters import AdapterSpec
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, GenerationRequest, Preempt, SamplingParams, TokenDelta, aborted
@@ -200,7 +200,7 @@ class VLLMEngine(GatedEngine):
                 self.supports_adapters = False
                 log.warning("engine.max_adapters = %d, but adapters are off: %s", self.config.max_adapters, self._lora_refusal)
         self._llm = AsyncLLM.from_engine_args(args)
-        self._bell = Bell(Path(tempfile.mkdtemp(prefix="liveloop-staging-")))  # 0700: this user's alone
+        self._bell = Bell(owned_temp_dir("staging"))  # 0700: this user's alone; swept once its process is gone
         self._serving = CheckpointDir(Path(weights_path or self.model_path))
         await self._llm.update_weight_version(str(version))
         self._gate.version = version
