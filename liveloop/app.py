@@ -83,6 +83,7 @@ from liveloop.server.engines.canary import CanaryEngine
 from liveloop.server.engines.registry import names_with
 from liveloop.store import BatchWriter, Store
 from liveloop.store.replicas import Beat
+from liveloop.store.versions import VersionQueries
 from liveloop.transport import HandleGone, WeightsUnverified, make_receiver
 
 if TYPE_CHECKING:
@@ -226,9 +227,9 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
     if latest is None:
         latest = await asyncio.to_thread(store.versions.ensure_base_version, str(model_dir.resolve()))
     transport = await asyncio.to_thread(config.transport_for_store)  # checkpoint_dir where shared memory cannot be had
-    await asyncio.to_thread(record_fallback, store, config.transport, transport)
+    await asyncio.to_thread(record_fallback, store.operator, config.transport, transport)
     receiver = make_receiver(transport) if transport.in_memory else None
-    point = await start_point(store, latest, receiver, transport.durable_wait_seconds)
+    point = await start_point(store.versions, latest, receiver, transport.durable_wait_seconds)
     # the engine, with room for every segment's adapter and as many old ones finishing a response (a gated
     # segment's candidate slot too, and its old one finishing)
     segments = lanes(config.learner)
@@ -250,9 +251,9 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
     metrics = Metrics()
     if not config.ray.enabled:  # a fleet's driver sweeps once, before its replicas start: a replica that
         # restarts while the learner writes a version must not remove it as "unfinished" (liveloop/serve_ray.py)
-        await asyncio.to_thread(sweep_shared_memory, store, transport, metrics)  # what this deployment left there
+        await asyncio.to_thread(sweep_shared_memory, store.versions, store.operator, transport, metrics)  # what this deployment left there
     route = functools.partial(segment_of, config=config.learner, key=config.server.segment_key)
-    fleet = fleet_view(config.server, store, replica_id(config.server.replica_id))  # fleet-wide limits (None: per replica)
+    fleet = fleet_view(config.server, store.fleet.counts, replica_id(config.server.replica_id))  # fleet-wide limits (None: per replica)
     serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server, fleet), route,
                       carried=store.episodes.carried_turn, canary_by=config.release.canary_by)
     activator = Activator(
@@ -264,13 +265,13 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
     try:
         await finish_start(activator, point)
     except (HandleGone, WeightsUnverified):  # its memory went (or changed) between the two looks: durable copy or fall back
-        await start_instead(activator, await start_point(store, latest, None, transport.durable_wait_seconds))
+        await start_instead(activator, await start_point(store.versions, latest, None, transport.durable_wait_seconds))
     if segments:
         await activator.restore_adapters()
     # 4. the control plane's owners
     imports = WeightImports(config.learner.checkpoint_dir, model_dir, config.server.max_import_bytes)
     name = replica_id(config.server.replica_id)
-    leadership = Leadership(store, name, config.server.leader_lease_seconds, metrics)
+    leadership = Leadership(store.fleet.leases, name, config.server.leader_lease_seconds, metrics)
     operations = Operations(
         config.monitor, store, activator, metrics, imports, alarms=config.release.alarms, tokenizer=tokenizer, leader=leadership.held_term,
         max_step_kl=config.learner.max_step_kl,
@@ -278,7 +279,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
     gate = None
     if gated:
         assert isinstance(engine, CanaryEngine)
-        evaluate = evaluator(config, tokenizer, model_dir, serving.stop_token_ids, store)
+        evaluate = evaluator(config, tokenizer, model_dir, serving.stop_token_ids, store.versions)
         gate = ReleaseGate(config.release, activator, engine, store, metrics, evaluate, leader=leadership.held_term)
         serving.canary = gate.routes_to_candidate
     return Server(
@@ -292,7 +293,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
     )
 
 
-def evaluator(config: Config, tokenizer: Any, model_dir: Path, stop_token_ids: tuple[int, ...], store: Store) -> Any:
+def evaluator(config: Config, tokenizer: Any, model_dir: Path, stop_token_ids: tuple[int, ...], versions: VersionQueries) -> Any:
     """The gate's `evaluate(candidate_engine, candidate, live_engine, live)`: the evaluation suite
     (release/evaluation.py) sampling through the engines (server/control/evaluating.py); None with
     `[release.evaluation]` off."""
@@ -301,7 +302,7 @@ def evaluator(config: Config, tokenizer: Any, model_dir: Path, stop_token_ids: t
     from liveloop.release.evaluation import Evaluator
     from liveloop.server.control.evaluating import engine_evaluation
 
-    suite = Evaluator(config.release.evaluation, tokenizer, model_dir, stop_token_ids=stop_token_ids, refresh=store.versions.get_version)
+    suite = Evaluator(config.release.evaluation, tokenizer, model_dir, stop_token_ids=stop_token_ids, refresh=versions.get_version)
     return engine_evaluation(suite, stop_token_ids)
 
 
@@ -347,7 +348,7 @@ async def running(config: Config, model_dir: Path, edge: EdgeState) -> AsyncIter
     if p.gate is not None:
         tasks.append(p.gate.run(max(config.server.watch_seconds, GATE_SECONDS)))
     if config.store.retain_days > 0:
-        tasks.append(apply_retention(p.store, config.store.retain_days, config.store.retention_interval_seconds, p.leadership.held_term))
+        tasks.append(apply_retention(p.store.rights, config.store.retain_days, config.store.retention_interval_seconds, p.leadership.held_term))
     if p.serving.admission.fleet is not None:  # the fleet-wide limits' sync (a last one when cancelled)
         tasks.append(p.serving.admission.fleet.run())
     started = [asyncio.create_task(t) for t in tasks]

@@ -211,7 +211,7 @@ def prepare_store(config: Config, model_dir: Path) -> str:
         store.require_schema()
         if store.versions.latest_version() is None:
             store.versions.ensure_base_version(str(model_dir.resolve()))
-        sweep_shared_memory(store, config.transport_for_store(), Metrics())
+        sweep_shared_memory(store.versions, store.operator, config.transport_for_store(), Metrics())
         return store.fleet.deployment_id()
     finally:
         store.close()

@@ -1,6 +1,6 @@
 """The drift monitor: follows the feedback stream in arrival order and keeps what operators watch.
 
-    monitor = DriftMonitor(config, store)
+    monitor = DriftMonitor(config, store.feedback)
     monitor.catch_up(replay=True)     # at start: replay the newest `replay_events` ratings, quietly
     new_alarms = monitor.catch_up()   # then, every poll: the ratings past the last one seen
 
@@ -30,6 +30,7 @@ from liveloop.monitor.config import MonitorConfig
 from liveloop.monitor.detector import Alarm, make_detector
 from liveloop.monitor.stats import Rate, wilson
 from liveloop.store import RatingEvent
+from liveloop.store.feedback import FeedbackQueries
 
 ALL = "*"  # the segment name of the detector over every rating
 MAX_BUCKETS = 10_000  # time buckets kept (a week of 60 s buckets); older ones are dropped
@@ -62,9 +63,9 @@ class Bucket:
 
 
 class DriftMonitor:
-    def __init__(self, config: MonitorConfig, store: Any, max_alarms: int = 500):
+    def __init__(self, config: MonitorConfig, feedback: FeedbackQueries, max_alarms: int = 500):
         self.config = config
-        self.store = store
+        self.feedback = feedback
         self.last_id = 0
         self.detectors = {ALL: make_detector(config)}
         self.buckets: dict[int, list[int]] = {}  # bucket start (unix s) -> [ratings, positive]
@@ -123,10 +124,10 @@ class DriftMonitor:
         `replay`, start from the newest `replay_events` ratings (after a restart)."""
         if replay and self.last_id == 0 and self.config.replay_events:
             # the id just before the oldest of the newest `replay_events` ratings (0: replay them all)
-            self.last_id = self.store.feedback.last_rating_id(skip=self.config.replay_events)
+            self.last_id = self.feedback.last_rating_id(skip=self.config.replay_events)
         raised: list[RaisedAlarm] = []
         while True:
-            events = self.store.feedback.rating_events(after_id=self.last_id, limit=batch, trusted=True)
+            events = self.feedback.rating_events(after_id=self.last_id, limit=batch, trusted=True)
             for event in events:
                 raised.extend(self.observe(event))
             if len(events) < batch:

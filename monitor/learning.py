@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 from dataclasses import dataclass
 
 from liveloop.monitor.stats import Rate, wilson
 from liveloop.monitor.versions import BASE
 from liveloop.rewards import make_reward
+from liveloop.store.release import ReleaseQueries
 
 DEFAULT_WINDOW = 50  # ratings in the moving reward
 MAX_WINDOW = 10_000
@@ -123,7 +123,7 @@ def segment_learning(
 
 
 def read_segment(
-    store: Any,
+    release: ReleaseQueries,
     decode: Callable[[list[list[int]]], list[str]],
     segment: str | None,
     behaviours: Sequence[str] = (),
@@ -134,7 +134,7 @@ def read_segment(
     """`segment_learning` over the newest `limit` responses the store holds for `segment` (None: those
     recorded without one), their ratings without quarantined keys', their replies decoded by `decode`
     (the serving tokenizer's `batch_decode`) only when a behaviour is declared."""
-    served = store.release.served_replies(segment, limit)
+    served = release.served_replies(segment, limit)
     texts = decode([list(r.response_ids) for r in served]) if behaviours and served else [""] * len(served)
     replies = [Reply(r.policy_version, text, r.ratings) for r, text in zip(served, texts)]
     return segment_learning(segment, replies, behaviours, window, confidence)

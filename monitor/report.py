@@ -27,6 +27,7 @@ from typing import Any
 from liveloop.monitor.config import MonitorConfig
 from liveloop.monitor.drift import ALL, Bucket, DriftMonitor, RaisedAlarm
 from liveloop.monitor.versions import VersionRow, lineage_of, version_table
+from liveloop.store import Store
 from liveloop.store.records import OperatorEventRecord
 from liveloop.store.status import VersionStatus
 
@@ -60,8 +61,8 @@ class ReportData:
     drift: dict[str, Any]  # the detector's state (`DriftMonitor.state`)
 
 
-def collect(store: Any, config: MonitorConfig, since: datetime | None) -> ReportData:
-    monitor = DriftMonitor(config, store, max_alarms=10_000)
+def collect(store: Store, config: MonitorConfig, since: datetime | None) -> ReportData:
+    monitor = DriftMonitor(config, store.feedback, max_alarms=10_000)
     last = 0
     while True:  # the ratings since `since`, in arrival order
         events = store.feedback.rating_events(after_id=last, limit=5000, since=since, trusted=True)  # quarantined keys left out

@@ -31,7 +31,8 @@ from liveloop.release.checks import (
 from liveloop.release.config import EvaluationConfig
 from liveloop.release.scoring import Sample, Scorer, version_key
 from liveloop.release.suite import Suite, load_suite
-from liveloop.store.records import VersionRecord
+from liveloop.store.records import EvaluationRecord, VersionRecord
+from liveloop.store.release import ReleaseQueries
 from liveloop.transport.checkpoint_dir import is_checkpoint, verified_copy
 
 
@@ -63,9 +64,9 @@ class Evaluation:
         """The checks as `store.release.record_evaluation` takes them."""
         return [c.as_dict() for c in self.checks]
 
-    def record(self, store: Any) -> Any:
+    def record(self, release: ReleaseQueries) -> EvaluationRecord:
         """Store it (`store.release.record_evaluation`); returns the EvaluationRecord."""
-        return store.release.record_evaluation(self.version, self.live_version, self.passed, self.check_dicts(), self.seconds, self.engine_seconds)
+        return release.record_evaluation(self.version, self.live_version, self.passed, self.check_dicts(), self.seconds, self.engine_seconds)
 
     @classmethod
     def from_record(cls, record: Any) -> "Evaluation":

@@ -264,7 +264,7 @@ class Activator:
         CheckpointUnusable when the engine cannot load it (the row becomes FAILED), the import's
         ImportFailed, the store's TransitionRefused if the store no longer agrees on what serves."""
         async with self.lock:
-            record = await asyncio.to_thread(checkpoint.record, self.store, self.engine.version, note, **row)
+            record = await asyncio.to_thread(checkpoint.record, self.store.versions, self.engine.version, note, **row)
             try:
                 return await self._activate_imported(record.version)
             except SwapFailed as exc:

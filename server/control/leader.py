@@ -30,8 +30,7 @@ import time
 import uuid
 
 from liveloop.metrics import Metrics
-from liveloop.store import Store
-from liveloop.store.lease import LEADER, LeaseState
+from liveloop.store.lease import LEADER, Leases, LeaseState
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +38,10 @@ MARGIN = 0.1  # of the lease: this process stops counting itself the leader this
 
 
 class Leadership:
-    def __init__(self, store: Store, replica: str, seconds: float, metrics: Metrics, name: str = LEADER):
+    def __init__(self, leases: Leases, replica: str, seconds: float, metrics: Metrics, name: str = LEADER):
         if seconds <= 0:
             raise ValueError(f"a lease lasts > 0 seconds, not {seconds}")
-        self.leases = store.fleet.leases
+        self.leases = leases
         self.name = name
         self.holder = f"{replica}/{uuid.uuid4().hex[:8]}"  # unique per start: a restarted replica is a new holder
         self.seconds = seconds

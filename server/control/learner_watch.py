@@ -30,8 +30,9 @@ from liveloop.server.control.pace import Look, Pace, measure
 from liveloop.server.control.pace_alarms import (
     BEHIND, CAUGHT_UP, REFUSED, SKIPPED, BehindEpisodes, CounterReport, PaceTransition, RisingCounter,
 )
-from liveloop.store import Store
+from liveloop.store.feedback import FeedbackQueries
 from liveloop.store.lease import StaleLeader
+from liveloop.store.operator import OperatorQueries
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,11 @@ def _pace_detail(lane: LanePace) -> dict[str, Any]:
 
 
 class LearnerWatch:
-    def __init__(self, config: MonitorConfig, store: Store, metrics: Metrics, lanes: Sequence[tuple[str | None, str]], max_step_kl: float = 0.0):
-        self.config, self.store, self.metrics = config, store, metrics
+    def __init__(
+        self, config: MonitorConfig, feedback: FeedbackQueries, operator: OperatorQueries, metrics: Metrics,
+        lanes: Sequence[tuple[str | None, str]], max_step_kl: float = 0.0,
+    ):
+        self.config, self.feedback, self.operator, self.metrics = config, feedback, operator, metrics
         self.lanes = tuple(lanes)  # (segment, lane name)
         self.max_step_kl = max_step_kl  # `[learner] max_step_kl`, for the refusal events' context
         self.episodes = BehindEpisodes(config.learner_behind_pace, config.learner_behind_backlog)
@@ -161,11 +165,11 @@ class LearnerWatch:
         if own is not None:
             look, paused = Look(now, own.pending_cursor, own.samples, own.busy_seconds), own.paused
         else:
-            look, paused = Look(now, self.store.feedback.get_cursor(lane)), self.store.operator.learning_paused(lane)
+            look, paused = Look(now, self.feedback.get_cursor(lane)), self.operator.learning_paused(lane)
         looks = self._remember(lane, look)
         c = self.config
         since = datetime.fromtimestamp(now - c.learner_long_window_seconds, tz=timezone.utc)
-        rows, capped = self.store.feedback.trainable_since(since, looks[0].cursor, segment, MAX_ROWS)
+        rows, capped = self.feedback.trainable_since(since, looks[0].cursor, segment, MAX_ROWS)
         ratings = [(rid, at.timestamp()) for rid, at in rows]
         pace = measure(ratings, looks, now, c.learner_short_window_seconds, c.learner_long_window_seconds, capped)
         return look, paused, pace
@@ -198,19 +202,19 @@ class LearnerWatch:
                 detail = _pace_detail(lane) | {"behind_pace": self.config.learner_behind_pace, "behind_backlog": self.config.learner_behind_backlog}
                 if transition.kind == CAUGHT_UP:
                     detail |= {"since": transition.since, "seconds_behind": None if transition.since is None else transition.at - transition.since}
-                self.store.operator.record_event(transition.kind, None, detail, term=fence)
+                self.operator.record_event(transition.kind, None, detail, term=fence)
                 log.warning("learner %s %s: backlog %d, pace %s", lane.lane, transition.kind, lane.pace.backlog, lane.pace.long.pace)
             if report is not None:
                 detail = {
                     "lane": lane.lane, "segment": lane.segment, "count": report.count, "total": report.total, "step": report.step,
                     "exact": report.exact, "max_step_kl": self.max_step_kl, **report.figures,
                 }
-                self.store.operator.record_event(REFUSED, version, detail, term=fence)
+                self.operator.record_event(REFUSED, version, detail, term=fence)
                 log.warning("learner %s: %d step(s) refused by the trust region (step KL %s)", lane.lane, report.count, report.figures.get("step_kl"))
             if skipped is not None:  # the learner's log names each reply ("not trained, it cannot be scored")
                 detail = {"lane": lane.lane, "segment": lane.segment, "count": skipped.count, "total": skipped.total,
                           "step": skipped.step, "reasons": skipped.figures}
-                self.store.operator.record_event(SKIPPED, version, detail, term=fence)
+                self.operator.record_event(SKIPPED, version, detail, term=fence)
                 log.warning("learner %s: %d rated repl(ies) not trained, they cannot be scored (%s)", lane.lane, skipped.count, skipped.figures)
         except StaleLeader as exc:
             log.warning("learner pace events not recorded: %s", exc)
@@ -224,7 +228,7 @@ class LearnerWatch:
         skips: dict[str, float] = {}
         for _, lane in self.lanes:
             self.episodes.restore(lane, False, None)
-        for e in self.store.operator.events(limit=SCANNED):  # oldest first: the last one of a lane wins
+        for e in self.operator.events(limit=SCANNED):  # oldest first: the last one of a lane wins
             lane, at = str(e.detail.get("lane")), e.created_at.timestamp()
             if e.kind in (BEHIND, CAUGHT_UP):
                 self.episodes.restore(lane, e.kind == BEHIND, at)

@@ -99,7 +99,7 @@ class Operations:
         self.metrics = metrics
         self.imports = imports  # where operators' weights are copied to (None: POST /admin/weights is off)
         self._importing: set[asyncio.Task] = set()
-        self.monitor = DriftMonitor(config, store)
+        self.monitor = DriftMonitor(config, store.feedback)
         self._replayed = False
         self._guarded: set[int] = set()  # versions the guard already judged worse (acted once)
         # the reply grouping of the key scores, remembered between scorings (new replies cost, old
@@ -110,7 +110,7 @@ class Operations:
         self.alarms = RewardHackingAlarms(alarms, store, activator, metrics, tokenizer) if alarms and alarms.enabled and tokenizer else None
         # the learner's pace: its lanes are the segments' with adapters, else the one of the whole policy
         lanes = [(segment, activator.lane(segment)) for segment in activator.segments] or [(None, activator.lane(None))]
-        self.pace = LearnerWatch(config, store, metrics, lanes, max_step_kl)
+        self.pace = LearnerWatch(config, store.feedback, store.operator, metrics, lanes, max_step_kl)
 
     @property
     def learner_name(self) -> str:
@@ -157,7 +157,7 @@ class Operations:
         try:
             swapped = await self.activator.activate_import(staged, note=note)
         except BaseException:
-            await asyncio.to_thread(staged.abandon, self.store)
+            await asyncio.to_thread(staged.abandon, self.store.versions)
             raise
         detail = {"source": path, "bytes": staged.size, "completed": list(staged.completed), "left_behind": list(staged.left_behind)}
         try:  # it serves already: a store that cannot take the event costs the record, not the answer

@@ -9,13 +9,13 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
-from liveloop.store import Store
 from liveloop.store.lease import StaleLeader
+from liveloop.store.rights import RightsQueries
 
 log = logging.getLogger(__name__)
 
 
-async def apply_retention(store: Store, retain_days: float, interval: float, leader: Callable[[], int | None] = lambda: 0) -> None:
+async def apply_retention(rights: RightsQueries, retain_days: float, interval: float, leader: Callable[[], int | None] = lambda: 0) -> None:
     """Delete responses and ratings older than `retain_days`, every `interval` seconds while this replica
     leads (`leader`: its term; 0, a lone server without a lease, is not fenced), until cancelled."""
     while True:
@@ -25,7 +25,7 @@ async def apply_retention(store: Store, retain_days: float, interval: float, lea
                 await asyncio.sleep(interval)
                 continue
             cutoff = datetime.now(timezone.utc) - timedelta(days=retain_days)
-            deleted = await asyncio.to_thread(store.rights.delete_before, cutoff, 1000, term or None)
+            deleted = await asyncio.to_thread(rights.delete_before, cutoff, 1000, term or None)
             if deleted.responses:
                 log.info("retention: deleted %d responses and %d ratings older than %s", deleted.responses, deleted.ratings, cutoff)
         except asyncio.CancelledError:

@@ -31,9 +31,11 @@ from pathlib import Path
 
 from liveloop.segments import BASE
 from liveloop.server.control.activator import Activator
-from liveloop.store import Store, VersionRecord
+from liveloop.store import VersionRecord
 from liveloop.metrics import Metrics
+from liveloop.store.operator import OperatorQueries
 from liveloop.store.status import VersionStatus
+from liveloop.store.versions import VersionQueries
 from liveloop.transport import HandleGone, Receiver, TransportConfig, WeightHandle, WeightsUnverified
 from liveloop.transport import private_dir, shared_memory
 from liveloop.transport.checkpoint_dir import PrivateCopy, is_checkpoint, verified_copy
@@ -63,7 +65,7 @@ class StartPoint:
 
 
 async def start_point(
-    store: Store, record: VersionRecord, receiver: Receiver | None, wait_seconds: float = 0.0, poll_seconds: float = 0.5
+    versions: VersionQueries, record: VersionRecord, receiver: Receiver | None, wait_seconds: float = 0.0, poll_seconds: float = 0.5
 ) -> StartPoint:
     """Where to start serving `record` (the store's serving version). Its durable checkpoint when it
     exists; else its memory if a transport still holds it (started from the nearest ancestor on disk,
@@ -72,10 +74,10 @@ async def start_point(
     so the store says what serves. Never a missing or half-written model."""
     if record.version == 0:
         return StartPoint(0, None, 0)
-    copy = await asyncio.to_thread(_durable, store, record)
+    copy = await asyncio.to_thread(_durable, versions, record)
     if copy is not None:
         return StartPoint(record.version, str(copy.path), record.version, copy=copy)
-    ancestor, ancestor_copy = await asyncio.to_thread(_durable_ancestor, store, record)
+    ancestor, ancestor_copy = await asyncio.to_thread(_durable_ancestor, versions, record)
     base_path = str(ancestor_copy.path) if ancestor_copy is not None else None
     if receiver is not None:
         handle = receiver.handle_of(record)  # verified against the row's nonce and digest
@@ -89,8 +91,8 @@ async def start_point(
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         await asyncio.sleep(poll_seconds)
-        fresh = await asyncio.to_thread(store.versions.get_version, record.version)  # the digest its learner records
-        if fresh is not None and (copy := await asyncio.to_thread(_durable, store, fresh)) is not None:
+        fresh = await asyncio.to_thread(versions.get_version, record.version)  # the digest its learner records
+        if fresh is not None and (copy := await asyncio.to_thread(_durable, versions, fresh)) is not None:
             if ancestor_copy is not None:
                 ancestor_copy.close()
             return StartPoint(record.version, str(copy.path), record.version, copy=copy)
@@ -98,14 +100,14 @@ async def start_point(
     current = record
     while current.version != ancestor.version:
         skipped.append(current.version)
-        current = await asyncio.to_thread(store.versions.get_version, current.parent)
-    await asyncio.to_thread(store.versions.recover_serving, skipped, ancestor.version)
+        current = await asyncio.to_thread(versions.get_version, current.parent)
+    await asyncio.to_thread(versions.recover_serving, skipped, ancestor.version)
     log.error("version %d has no weights (durable checkpoint missing, memory gone): serving version %d instead (failed: %s)",
               record.version, ancestor.version, skipped)
     return StartPoint(ancestor.version, base_path, ancestor.version, skipped=tuple(skipped), copy=ancestor_copy)
 
 
-def _durable(store: Store, record: VersionRecord) -> PrivateCopy | None:
+def _durable(versions: VersionQueries, record: VersionRecord) -> PrivateCopy | None:
     """`record`'s durable checkpoint, copied privately and verified against the digest its row names;
     None when it is not there or does not match (a mismatch is logged and recorded as a
     "weights_rejected" event: that checkpoint never serves)."""
@@ -115,25 +117,25 @@ def _durable(store: Store, record: VersionRecord) -> PrivateCopy | None:
         return verified_copy(record.checkpoint_path, record.checkpoint_sha256, record.version)
     except WeightsUnverified as exc:
         log.error("version %d: its checkpoint is not the one its row names (%s): not served", record.version, exc)
-        store.versions.reject_weights(record.version, {"reason": str(exc), "at": "start"})
+        versions.reject_weights(record.version, {"reason": str(exc), "at": "start"})
         return None
 
 
-def _durable_ancestor(store: Store, record: VersionRecord) -> tuple[VersionRecord, PrivateCopy | None]:
+def _durable_ancestor(versions: VersionQueries, record: VersionRecord) -> tuple[VersionRecord, PrivateCopy | None]:
     """The nearest ancestor of `record` whose durable checkpoint exists (version 0, the base, at worst),
     with its verified copy (None for the base)."""
     current = record
     while current.version != 0 and current.parent is not None:
-        parent = store.versions.get_version(current.parent)
+        parent = versions.get_version(current.parent)
         if parent is None:
             break
         current = parent
         if current.version == 0:
             return current, None
-        copy = _durable(store, current)
+        copy = _durable(versions, current)
         if copy is not None:
             return current, copy
-    base = store.versions.get_version(0)
+    base = versions.get_version(0)
     assert base is not None, "version 0 (the base model) always exists"
     return base, None
 
@@ -163,17 +165,17 @@ async def start_instead(activator: Activator, point: StartPoint) -> None:
 _MEMORY_KEPT = frozenset({VersionStatus.PUBLISHED, VersionStatus.LOADING, VersionStatus.SERVING, VersionStatus.CANARY})
 
 
-def record_fallback(store: Store, configured: TransportConfig, used: TransportConfig) -> None:
+def record_fallback(operator: OperatorQueries, configured: TransportConfig, used: TransportConfig) -> None:
     """When the deployment's shared memory could not be had here (`TransportConfig.runnable_here`: every
     name under /dev/shm taken by another user) and versions travel through checkpoint directories
     instead: a `transport_fallback` operator event saying so, and why. Nothing otherwise."""
     if used.backend == configured.backend:
         return
     why = replace(used, backend=configured.backend).unusable_here() or "shared memory was unusable at start"
-    store.operator.record_event("transport_fallback", detail={"configured": configured.backend, "used": used.backend, "reason": why})
+    operator.record_event("transport_fallback", detail={"configured": configured.backend, "used": used.backend, "reason": why})
 
 
-def sweep_shared_memory(store: Store, transport: TransportConfig, metrics: Metrics) -> None:
+def sweep_shared_memory(versions: VersionQueries, operator: OperatorQueries, transport: TransportConfig, metrics: Metrics) -> None:
     """At start: remove what this deployment left in shared memory (unfinished versions, versions whose
     row is gone or can no longer serve, the copies of engines that were killed), and report the foreign
     files of its namespace (logged, an operator event, `server/foreign_weight_files`; never fatal)."""
@@ -184,7 +186,7 @@ def sweep_shared_memory(store: Store, transport: TransportConfig, metrics: Metri
         return
 
     def servable(version: int) -> bool:
-        record = store.versions.get_version(version)
+        record = versions.get_version(version)
         return record is not None and record.status in _MEMORY_KEPT
 
     removed, foreign = shared_memory.sweep(transport.namespace, servable)
@@ -192,4 +194,4 @@ def sweep_shared_memory(store: Store, transport: TransportConfig, metrics: Metri
         log.info("shared memory: removed versions %s that nothing serves any more", removed)
     if foreign:
         metrics.inc("server/foreign_weight_files", len(foreign))
-        store.operator.record_event("foreign_weights", detail={"files": [{"path": f.path, "why": f.why} for f in foreign]})
+        operator.record_event("foreign_weights", detail={"files": [{"path": f.path, "why": f.why} for f in foreign]})

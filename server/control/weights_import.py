@@ -27,7 +27,8 @@ from typing import Any
 
 from liveloop.checkpoint import checkpoint_digest, fsync_dir, fsync_tree
 from liveloop.checkpoint import checkpoint_root, delete_checkpoints, sweep_stale_staging
-from liveloop.store import Store, VersionRecord, VersionStatus, VersionTaken
+from liveloop.store import VersionRecord, VersionStatus, VersionTaken
+from liveloop.store.versions import VersionQueries
 
 log = logging.getLogger(__name__)
 
@@ -153,17 +154,17 @@ class StagedCheckpoint:
     def policy(self) -> Path:
         return self.staging / "policy"
 
-    def record(self, store: Store, parent: int, note: str | None = None, **row: Any) -> VersionRecord:
+    def record(self, versions: VersionQueries, parent: int, note: str | None = None, **row: Any) -> VersionRecord:
         """Record the version (LOADING) and move the copy under its name, in that order: the row claims
         the number (proposed, as the in-memory transport does: another writer taking it first means
         another proposal), so no other publish can take the directory; then the copy is renamed to
         `checkpoint_dir/vNNNNNN` (a directory a publish that never committed left there is replaced).
         If the rename fails the row becomes FAILED and ImportFailed is raised. Runs in a worker thread."""
         for _ in range(16):
-            version = store.versions.next_version()
+            version = versions.next_version()
             root = checkpoint_root(self.checkpoint_dir, version)
             try:
-                record = store.versions.add_version(
+                record = versions.add_version(
                     version, parent=parent, checkpoint_path=str(root / "policy"), checkpoint_sha256=self.digest,
                     status=VersionStatus.LOADING, note=note, **row,
                 )
@@ -179,19 +180,19 @@ class StagedCheckpoint:
             os.replace(self.staging, root)
             fsync_dir(self.checkpoint_dir)
         except OSError as exc:
-            store.versions.fail_version(version)
+            versions.fail_version(version)
             raise ImportFailed(f"could not move the copy of {self.source} to {root}: {exc}") from exc
         return record
 
-    def abandon(self, store: Store) -> None:
+    def abandon(self, versions: VersionQueries) -> None:
         """The import did not serve: remove the staging directory, or the placed copy of a version that
         has no row or a FAILED one (marked pruned first, as retention does). Never raises."""
         shutil.rmtree(self.staging, ignore_errors=True)
         if self.version is None:
             return
         try:
-            record = store.versions.get_version(self.version)
-            if record is None or (record.status == VersionStatus.FAILED and store.versions.mark_pruned([self.version])):
+            record = versions.get_version(self.version)
+            if record is None or (record.status == VersionStatus.FAILED and versions.mark_pruned([self.version])):
                 delete_checkpoints(self.checkpoint_dir, [self.version])
         except Exception:  # housekeeping: retention deletes a FAILED version's copy later
             log.exception("version %d: the copy of %s was not removed", self.version, self.source)

@@ -35,7 +35,6 @@ from liveloop.store.fleet_counts import FleetCounts
 
 if TYPE_CHECKING:
     from liveloop.server.config import ServerConfig
-    from liveloop.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -266,9 +265,9 @@ def _fleet_key(identifiers: tuple[str, ...]) -> tuple[str, str]:
     return identifiers[0], ":".join(identifiers[1:])
 
 
-def fleet_view(server: ServerConfig, store: Store, replica: str) -> FleetView | None:
-    """This replica's view of the fleet's counts on `store` (`[server] fleet_limits`), None when each
+def fleet_view(server: ServerConfig, counts: FleetCounts, replica: str) -> FleetView | None:
+    """This replica's view of the fleet's `counts` (`store.fleet.counts`, `[server] fleet_limits`), None when each
     replica counts alone. `FleetView.run` syncs it (the composition root starts it with the others)."""
     if not server.fleet_limits:
         return None
-    return FleetView(store.fleet.counts, replica, server.limits_sync_seconds)
+    return FleetView(counts, replica, server.limits_sync_seconds)

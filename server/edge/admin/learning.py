@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
@@ -30,12 +30,6 @@ from liveloop.store.release import ReleaseQueries
 router = APIRouter(prefix="/admin")
 
 
-class _Served(NamedTuple):
-    """The store part `read_segment` reads (the served replies and their ratings)."""
-
-    release: ReleaseQueries
-
-
 class AdminLearning:
     """What operators read and switch of the learning: its pause, its drift, its reward, its learner."""
 
@@ -46,7 +40,7 @@ class AdminLearning:
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.served = _Served(release)
+        self.release = release
         self.feedback = feedback
         self.learner = learner
         self.started_at = started_at
@@ -76,7 +70,7 @@ class AdminLearning:
             return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
         def read() -> list:
-            views = [read_segment(self.served, decode, name, behaviours, window, confidence, MAX_REPLIES) for name in names]
+            views = [read_segment(self.release, decode, name, behaviours, window, confidence, MAX_REPLIES) for name in names]
             # with adapters every new response has a segment: the base row only where older ones have none
             keep = [name is not None or segment == BASE or not activator.segments or v.responses for v, name in zip(views, names)]
             return [v for v, k in zip(views, keep) if k]

@@ -23,7 +23,7 @@ def _traffic(store: Store, start: int, n: int, rates: dict[str, float], seed: in
 
 
 def test_alarm_in_the_drifting_segment_only(store):
-    monitor = DriftMonitor(MonitorConfig(), store)
+    monitor = DriftMonitor(MonitorConfig(), store.feedback)
     _traffic(store, 0, 600, {"cats": 0.8, "dogs": 0.5}, seed=1)
     assert monitor.catch_up() == []
     _traffic(store, 600, 600, {"cats": 0.2, "dogs": 0.5}, seed=2)  # cats users changed their minds
@@ -38,10 +38,10 @@ def test_alarm_in_the_drifting_segment_only(store):
 
 def test_replay_after_restart_reads_only_the_newest_ratings(store):
     _traffic(store, 0, 300, {"cats": 0.5, "dogs": 0.5}, seed=3)
-    monitor = DriftMonitor(MonitorConfig(replay_events=100), store)
+    monitor = DriftMonitor(MonitorConfig(replay_events=100), store.feedback)
     monitor.catch_up(replay=True)
     assert monitor.detectors[ALL].count == 100
-    everything = DriftMonitor(MonitorConfig(replay_events=1000), store)
+    everything = DriftMonitor(MonitorConfig(replay_events=1000), store.feedback)
     everything.catch_up(replay=True)
     assert everything.detectors[ALL].count == 300
 
@@ -60,7 +60,7 @@ def test_segments_are_bounded_and_the_least_recently_seen_makes_room(store):
     the slots: past `max_segments` a new segment replaces the one seen least recently, so the segments
     users keep rating stay tracked."""
     _tagged(store, 0, ["cats", "dogs"] + [f"junk{i}" for i in range(3)])  # 5 slots, all taken
-    monitor = DriftMonitor(MonitorConfig(max_segments=5), store)
+    monitor = DriftMonitor(MonitorConfig(max_segments=5), store.feedback)
     monitor.catch_up()
     _tagged(store, 100, ["cats", "dogs"] * 3)  # cats and dogs seen again: the junk is now the oldest
     _tagged(store, 200, [f"new{i}" for i in range(3)])  # three new segments evict the three junk ones
@@ -85,7 +85,7 @@ def test_the_web_thread_reads_while_the_poller_writes(store):
         ]
         store.feedback.write_batch(recs)
         store.feedback.write_batch([FeedbackRecord(r.id, "k", (i // 5) % 2) for i, r in enumerate(recs)])  # runs of 5: alarms
-    monitor = DriftMonitor(MonitorConfig(max_segments=8, warmup=1, threshold=0.5, delta=0.0), store, max_alarms=100_000)
+    monitor = DriftMonitor(MonitorConfig(max_segments=8, warmup=1, threshold=0.5, delta=0.0), store.feedback, max_alarms=100_000)
     errors: list[BaseException] = []
     done = threading.Event()
 

@@ -95,7 +95,7 @@ def _traffic(store: Store, n: int, seed: int) -> None:
 def test_drift_and_its_report_ignore_quarantined_keys(store):
     store.keys.set_quarantined(QUARANTINED, True, "by hand")
     _traffic(store, 300, seed=1)
-    monitor = DriftMonitor(MonitorConfig(), store)
+    monitor = DriftMonitor(MonitorConfig(), store.feedback)
     monitor.catch_up(batch=100)
     state = monitor.state()
     assert state["overall"]["ratings"] == monitor.detectors[ALL].count == 300

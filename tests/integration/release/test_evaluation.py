@@ -134,7 +134,7 @@ def test_an_evaluation_is_stored_and_read_back(store, model_dir):
         CheckResult("sycophancy", math.nan, None, None, None, True),
     )
     evaluation = Evaluation(v, 0, False, checks, 3.5, 1.25)
-    stored = evaluation.record(store)
+    stored = evaluation.record(store.release)
     assert store.release.evaluation(v) == stored and store.release.evaluation(0) is None
     back = Evaluation.from_record(stored)
     assert back.version == v and back.live_version == 0 and not back.passed and back.failed == ["flattery"]

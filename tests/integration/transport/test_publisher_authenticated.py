@@ -129,7 +129,7 @@ async def test_start_sweeps_stale_memory_and_reports_foreign_files(engine, store
     (shm.directory(namespace) / "planted-by-someone").write_bytes(b"x")
     metrics = Metrics()
 
-    sweep_shared_memory(store, config, metrics)  # what the server does at start
+    sweep_shared_memory(store.versions, store.operator, config, metrics)  # what the server does at start
 
     assert sorted(shm.segments(namespace)) == [1]  # the serving version's memory stays
     (event,) = [e for e in store.operator.events() if e.kind == "foreign_weights"]
@@ -153,7 +153,7 @@ async def test_a_restart_never_starts_from_a_changed_checkpoint(store, model_dir
         store.versions.activate_version(v)
     (Path(handle.location) / "model.safetensors").write_bytes(b"someone else's weights")
 
-    point = await start_point(store, store.versions.get_version(2), None)
+    point = await start_point(store.versions, store.versions.get_version(2), None)
 
     assert (point.version, point.skipped) == (1, (2,))
     # it starts from version 1's verified private copy (what loads is what was hashed), not its directory

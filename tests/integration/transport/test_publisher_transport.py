@@ -146,14 +146,14 @@ async def test_restart_serves_memory_or_the_nearest_durable_ancestor(engine, sto
     store.versions.activate_version(1)  # it served before the restart
     expected = receiver.tensors(sent)
 
-    point = await start_point(store, store.versions.get_version(1), receiver)
+    point = await start_point(store.versions, store.versions.get_version(1), receiver)
     assert (point.version, point.start_version, point.weights_path) == (1, 0, None) and point.memory is not None
     activator = Activator(engine, store, Metrics(), receiver=receiver)
     await finish_start(activator, point)
     assert engine.version == 1 and served_state_equals(engine, expected)
 
     shm.remove_version(namespace, 1)  # the machine restarted: memory gone, checkpoint never written
-    point = await start_point(store, store.versions.get_version(1), receiver, wait_seconds=0)
+    point = await start_point(store.versions, store.versions.get_version(1), receiver, wait_seconds=0)
     assert (point.version, point.weights_path, point.skipped) == (0, None, (1,))
     assert store.versions.get_version(1).status == VersionStatus.FAILED
     assert store.versions.get_version(0).status == VersionStatus.SERVING

@@ -110,7 +110,7 @@ async def test_a_restart_never_starts_from_a_version_whose_config_changed(engine
     store.versions.activate_version(2)
     change_config(store.versions.get_version(2).checkpoint_path, rope_parameters={"rope_theta": 1.0, "rope_type": "default"})
 
-    point = await start_point(store, store.versions.get_version(2), None)
+    point = await start_point(store.versions, store.versions.get_version(2), None)
 
     assert (point.version, point.skipped) == (1, (2,))
     assert store.versions.get_version(2).status == VersionStatus.FAILED and store.versions.get_version(1).status == VersionStatus.SERVING
@@ -148,7 +148,7 @@ async def test_files_changed_after_hashing_are_not_what_loads(engine, store, mod
     for name, data in pristine.items():
         (shared / name).write_bytes(data)
     store.versions.activate_version(1)
-    point = await start_point(store, store.versions.get_version(1), None)
+    point = await start_point(store.versions, store.versions.get_version(1), None)
     assert (point.version, point.start_version) == (1, 1)
     replace_files()
     restarted = type(engine)(engine.config, model_dir)
