@@ -39,6 +39,9 @@ from typing import TYPE_CHECKING, Any
 from liveloop.config import Config
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from liveloop.app import Server
     from liveloop.learner.status import LearnerStatus
 
 log = logging.getLogger(__name__)
@@ -162,21 +165,23 @@ def _replica_class() -> Any:
             self.config = config.with_section("server", replica_id=f"serve-{replica}")
             self.model_dir = Path(model_dir)
             self.learner = learner
+            self.fastapi: FastAPI | None = None  # `__serve_build_asgi_app__`'s
 
-        def __serve_build_asgi_app__(self) -> Any:
+        def __serve_build_asgi_app__(self) -> FastAPI:
             from liveloop.app import build_app
 
             def view(config: Config, model_dir: Path) -> RemoteLearner | None:
                 return None if self.learner is None else RemoteLearner(self.learner)
 
-            self.fastapi = build_app(self.config, self.model_dir, view)
-            return self.fastapi
+            app = build_app(self.config, self.model_dir, view)
+            app.state.server = None  # liveloop/app.py's lifespan sets its `Server` while the app runs
+            self.fastapi = app
+            return app
 
         def check_health(self) -> None:
-            """Tells Serve an engine that stopped serving."""
-            server = getattr(getattr(getattr(self, "fastapi", None), "state", None), "server", None)  # liveloop/app.py's, once started
-            engine = getattr(server, "engine", None)
-            if engine is not None and not engine.healthy():
+            """Tells Serve an engine that stopped serving (nothing before the app has started or after it stopped)."""
+            server: Server | None = None if self.fastapi is None else self.fastapi.state.server
+            if server is not None and not server.engine.healthy():
                 raise RuntimeError("the engine stopped serving")
 
     return LiveloopReplica
