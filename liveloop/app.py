@@ -131,7 +131,9 @@ def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config
                     await asyncio.to_thread(learner.close)
                 thaw_heap()
 
-    return create_app(config.server, lifespan)
+    app = create_app(config.server, lifespan)
+    app.state.server = None  # the running Server while the lifespan holds it (a Ray Serve replica's health check reads it)
+    return app
 
 
 def keep_stop_handlers() -> Callable[[], None]:
@@ -237,6 +239,8 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
     room = 2 * len(segments) + 2 * len(gated_segments(config.release, segments, config.engine.backend))
     if segments and engine_config.max_adapters < room:
         engine_config = dataclasses.replace(engine_config, max_adapters=room)
+    if segments and engine_config.max_lora_rank < config.learner.lora.rank:  # the engine's LoRA buffers fit what it trains
+        engine_config = dataclasses.replace(engine_config, max_lora_rank=config.learner.lora.rank)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     engine = create_engine(engine_config, model_dir)
     gated = wants_gate(config.release, segments, config.engine.backend)

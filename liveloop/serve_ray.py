@@ -173,10 +173,8 @@ def _replica_class() -> Any:
             def view(config: Config, model_dir: Path) -> RemoteLearner | None:
                 return None if self.learner is None else RemoteLearner(self.learner)
 
-            app = build_app(self.config, self.model_dir, view)
-            app.state.server = None  # liveloop/app.py's lifespan sets its `Server` while the app runs
-            self.fastapi = app
-            return app
+            self.fastapi = build_app(self.config, self.model_dir, view)  # state.server: its Server while it runs
+            return self.fastapi
 
         def check_health(self) -> None:
             """Tells Serve an engine that stopped serving (nothing before the app has started or after it stopped)."""
