@@ -6,6 +6,7 @@ from training; a public bind with the development keys is refused."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -149,7 +150,16 @@ def test_the_api_description_is_for_operators_only(server):
             assert anon.get(path).status_code in (401, 404), path
             assert user.get(path).status_code in (401, 403, 404), path
         assert "/v1/chat/completions" in admin.get("/openapi.json").json()["paths"]
-        assert admin.get("/docs").status_code == 200
+        page = admin.get("/docs")
+    assert page.status_code == 200
+    # every asset the page loads from elsewhere is pinned to a version and carries its hash: a changed
+    # file on the CDN is refused by the browser instead of running in an admin's session
+    tags = re.findall(r"<(?:script|link)\b[^>]*>", page.text)
+    external = [t for t in tags if re.search(r'(?:src|href)="(?!data:)[a-z]+://', t)]
+    assert len(external) == 2, tags
+    for tag in external:
+        assert re.search(r'integrity="sha384-[A-Za-z0-9+/]{64}"', tag) and 'crossorigin="anonymous"' in tag, tag
+        assert re.search(r"swagger-ui-dist@\d+\.\d+\.\d+/", tag), tag
 
 
 def test_replies_name_their_replica_without_the_host_or_pid(server):
@@ -199,7 +209,8 @@ def test_quarantine_hides_ratings_from_training_and_lifts(server):
 def test_rate_limits_and_generation_caps(tmp_path, model_dir):
     server = start_server(
         tmp_path / "limits", model_dir, "hf",
-        server_extra="chat_requests_per_minute = 5\nfeedback_per_minute = 3\nmax_concurrent_per_key = 1", rate_limits=True,
+        server_extra="chat_requests_per_minute = 5\nfeedback_per_minute = 3\nstored_reads_per_minute = 4\nmax_concurrent_per_key = 1",
+        rate_limits=True,
     )
     try:
         with _client(server, USER_KEY) as c, _client(server, USER_KEY_2) as other:
@@ -212,6 +223,13 @@ def test_rate_limits_and_generation_caps(tmp_path, model_dir):
             rid = _chat(other).json()["id"]
             fb = [other.post("/v1/feedback", json={"response_id": rid, "reward": i % 2}).status_code for i in range(4)]
             assert fb == [200, 200, 200, 429]
+            # reads of stored responses have a rate of their own, over every route that reads them
+            reads = [other.get(f"/v1/chat/completions/{rid}"), other.get("/v1/chat/completions"),
+                     other.get(f"/v1/chat/completions/{rid}/messages"), other.get(f"/v1/chat/completions/{rid}"),
+                     other.get("/v1/chat/completions")]
+            assert [r.status_code for r in reads] == [200, 200, 200, 200, 429], [r.text for r in reads]
+            assert int(reads[-1].headers["retry-after"]) >= 1 and reads[-1].json()["error"]["type"] == "rate_limit_error"
+            assert c.get("/v1/chat/completions").status_code == 200  # another key's reads are its own
         # one generation at a time per key: a second concurrent one is refused, not queued
         with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {USER_KEY_2}"}, timeout=60) as c2:
             body = {"model": "liveloop-tiny", "messages": MSG, "max_tokens": 200, "stream": True}
