@@ -18,7 +18,7 @@ import httpx
 
 USER_KEY, USER_KEY_2, ADMIN_KEY = "sk-test-user-1", "sk-test-user-2", "sk-test-admin"
 # simulated users and benchmarks send far more through one key than a person would
-_NO_KEY_LIMITS = "chat_requests_per_minute = 0\nfeedback_per_minute = 0\nmax_concurrent_per_key = 256"
+_NO_KEY_LIMITS = "chat_requests_per_minute = 0\nfeedback_per_minute = 0\nstored_reads_per_minute = 0\nmax_concurrent_per_key = 256"
 USER_KEYS = (USER_KEY, USER_KEY_2) + tuple(f"sk-test-user-{i}" for i in range(3, 17))  # every test server accepts these
 
 

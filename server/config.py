@@ -36,6 +36,11 @@ class ServerConfig:
         metadata={"help": "per API key: ratings (and deletes) per minute, fleet-wide with fleet_limits (429 beyond; "
                   "0 = no limit)"},
     )
+    stored_reads_per_minute: int = field(
+        default=1200,
+        metadata={"help": "per API key: reads of its stored responses (GET /v1/chat/completions[/ID[/messages]], "
+                  "/v1/responses/ID[/input_items]) per minute, fleet-wide with fleet_limits (429 beyond; 0 = no limit)"},
+    )
     max_concurrent_per_key: int = field(
         default=16,
         metadata={"help": "generations one API key may run at once on each replica (its share of that replica's engine, "
@@ -156,8 +161,8 @@ class ServerConfig:
             raise ValueError("watch_seconds must be > 0")
         if not 0 <= self.stream_interval_ms <= 1000:
             raise ValueError("stream_interval_ms must be in 0..1000")
-        if min(self.chat_requests_per_minute, self.feedback_per_minute) < 0:
-            raise ValueError("chat_requests_per_minute and feedback_per_minute must be >= 0 (0 = no limit)")
+        if min(self.chat_requests_per_minute, self.feedback_per_minute, self.stored_reads_per_minute) < 0:
+            raise ValueError("chat_requests_per_minute, feedback_per_minute and stored_reads_per_minute must be >= 0 (0 = no limit)")
         if self.max_concurrent_per_key < 1 or self.max_concurrent_total < 1 or self.retry_after_seconds < 1:
             raise ValueError("max_concurrent_per_key, max_concurrent_total and retry_after_seconds must be >= 1")
         if self.max_prompt_chars < 0:

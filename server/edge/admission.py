@@ -1,6 +1,7 @@
-"""Admission: who may start work now. Per-key request rates (chat and feedback, a moving window from
-the `limits` library), and caps on generations running at once per key and in total. Refusals are
-domain exceptions carrying how long to wait; the edge turns them into 429 with Retry-After.
+"""Admission: who may start work now. Per-key request rates (chat, feedback and reads of stored
+responses, a moving window from the `limits` library), and caps on generations running at once per key
+and in total. Refusals are domain exceptions carrying how long to wait; the edge turns them into 429
+with Retry-After.
 
     admission.check_rate("chat", key_id)          # raises RateLimited
     with admission.generation(key_id):            # raises Busy; the slot is held until exit
@@ -55,6 +56,7 @@ class Admission:
         self._rates = {
             "chat": RateLimitItemPerMinute(config.chat_requests_per_minute) if config.chat_requests_per_minute else None,
             "feedback": RateLimitItemPerMinute(config.feedback_per_minute) if config.feedback_per_minute else None,
+            "reads": RateLimitItemPerMinute(config.stored_reads_per_minute) if config.stored_reads_per_minute else None,
         }
         self._running: Counter[str] = Counter()
         self.total = 0

@@ -36,11 +36,16 @@ class Ownership:
                     what: str, code: str | None = None) -> StoredConversation:
         """The stored conversation of a response of `endpoints` this key received (any other key, or no
         such response, gets the same 404)."""
+        self.count_read(principal)
         check_response_id(response_id, param)
         found = await asyncio.to_thread(self.conversations.get, response_id, principal.key_id, endpoints)
         if found is None:
             raise APIError(404, f"no {what} `{response_id}` for this API key", param=param, code=code)
         return found
+
+    def count_read(self, principal: Principal) -> None:
+        """One read of this key's stored responses, against its `stored_reads_per_minute` (RateLimited)."""
+        self.admission.check_rate("reads", principal.key_id)
 
     async def delete(self, response_id: str, principal: Principal, param: str) -> int:
         """THE deletion rule, for every route that deletes a response (any endpoint's id): the key that

@@ -54,6 +54,7 @@ class StoredChats:
 
     async def page(self, principal: Principal, limit: int, after: str | None, descending: bool, model: str | None,
                    metadata: dict[str, str]) -> dict[str, Any]:
+        self.ownership.count_read(principal)
         rows = await asyncio.to_thread(
             self.conversations.page, principal.key_id, ENDPOINTS, limit + 1, after, descending, model, metadata,
         )
