@@ -211,10 +211,13 @@ class Rater:
 
 
 def version(server) -> int:
-    from liveloop.devtools import ADMIN_KEY
+    """The newest version of any lineage (the whole policy's, or an adapter's: the default's learner
+    publishes its shared adapter's, which /healthz's policy_version, the base weights', does not count)."""
+    from liveloop.devtools import USER_KEY
 
-    r = httpx.get(server.base_url + "/healthz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
-    return int(r.json()["policy_version"])
+    r = httpx.get(server.base_url + "/v1/versions", params={"order": "desc", "limit": 1},
+                  headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=30)
+    return int(r.json()["data"][0]["version"])
 
 
 def cpu_seconds(pid: int) -> dict[str, float]:
