@@ -67,6 +67,14 @@ class Generating:
         return self._owners.get(response_id)
 
 
+INLINE_ENTRIES = 4096  # a whole response of more sampled tokens and alternatives than this is built off the loop
+
+
+def _entries(runs: list[Run]) -> int:
+    """The tokens and top-logprob alternatives a whole response's body lists (what its size grows with)."""
+    return sum(len(r.token_ids) + sum(len(alts) for alts in r.top_logprobs) for r in runs)
+
+
 def json_text(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
@@ -166,7 +174,11 @@ class EndpointServing:
                 log.info("client of %s went away: generation stopped", choices[0].response_id)
                 return Response(status_code=499)  # nobody reads it
             await _commit(self.serving, runs)
-            return JSONResponse(fmt.whole(runs), headers=fmt.headers(runs))
+            if _entries(runs) <= INLINE_ENTRIES:
+                return JSONResponse(fmt.whole(runs), headers=fmt.headers(runs))
+            # n choices of per-token top logprobs: the body is built and encoded on the prompt thread
+            # (the tokenizer's one user), never on the event loop every other request shares
+            return await self.serving.on_prompt_thread(lambda: JSONResponse(fmt.whole(runs), headers=fmt.headers(runs)))
 
     async def _stream(self, choices: list[Prepared], fmt: Format) -> StreamingResponse:
         serving = self.serving
