@@ -1,6 +1,7 @@
 """The admin API on policy versions (admin keys, or the dashboard's session): versions with lineage and
-reward (`GET /admin/versions`, `?segment=` one lineage: a segment's adapters, or `base`), each configured
-segment's serving adapter (`GET /admin/adapters`), the version statuses, hot-swapping a checkpoint in
+reward (`GET /admin/versions`, the newest 200 by default, paged back by `before`; `?segment=` one
+lineage: a segment's adapters, or `base`), each configured segment's serving adapter (`GET
+/admin/adapters`), the version statuses, hot-swapping a checkpoint in
 (`POST /admin/weights`: copied into managed storage and checked first), rollback (`segment`: that
 lineage only; an unknown one is a 404, the activator's UnknownSegment) and pinning versions against
 checkpoint retention.
@@ -30,6 +31,7 @@ from liveloop.server.engines.base import Engine
 from liveloop.store.versions import VersionQueries
 
 router = APIRouter(prefix="/admin")
+VERSIONS_PAGE, VERSIONS_PAGE_MAX = 200, 1000  # a long-lived deployment has thousands (a version per step)
 
 
 def adapter_mode(segments: tuple[str, ...]) -> str:
@@ -48,7 +50,9 @@ class AdminVersions:
         self.engine = engine
         self.versions = versions
 
-    async def listed(self, segment: str | None) -> dict[str, Any]:
+    async def listed(self, segment: str | None, limit: int = VERSIONS_PAGE, before: int | None = None) -> dict[str, Any]:
+        """The newest `limit` versions (older than `before`, if given), oldest first; `has_more` when
+        older ones are left."""
         async def read() -> dict:
             rows = await self.operations.versions()
             body = {"object": "list", "serving": self.engine.version}
@@ -58,7 +62,10 @@ class AdminVersions:
                     if not rows:  # a configured segment may have no versions yet; any other name: 404
                         self.activator.lane(segment)
                     body |= {"segment": segment, "adapter": self.activator.serving_adapters().get(segment)}
-            return body | {"data": [admin_json.version(r) for r in rows]}
+            if before is not None:
+                rows = [r for r in rows if r.version < before]
+            page = rows[-limit:]
+            return body | {"data": [admin_json.version(r) for r in page], "has_more": len(rows) > len(page)}
 
         return settled_body(await self.activator.changes.read(read))
 
@@ -105,11 +112,14 @@ class AdminVersions:
 async def versions(
     h: AdminVersions = Depends(handler),
     segment: str | None = Query(None, min_length=1, max_length=256, description=f"one lineage: a segment's adapters, or `{BASE}`"),
+    limit: int = Query(VERSIONS_PAGE, ge=1, le=VERSIONS_PAGE_MAX, description="versions per page: the newest"),
+    before: int | None = Query(None, ge=0, description="the page's versions are older than this one (the previous page's first)"),
     _: Principal = Depends(require_admin),
 ) -> dict:
-    """Every version with its parent, lineage (`segment`), status, traffic, reward rate (Wilson
-    interval) and the test against its parent; `segment` keeps one lineage."""
-    return await h.listed(segment)
+    """The versions with their parent, lineage (`segment`), status, traffic, reward rate (Wilson
+    interval) and the test against its parent, newest `limit` first paged back by `before` (listed
+    oldest first; `has_more` when older ones are left); `segment` keeps one lineage."""
+    return await h.listed(segment, limit, before)
 
 
 @router.get("/adapters")

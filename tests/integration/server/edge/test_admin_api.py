@@ -115,6 +115,14 @@ def test_publish_and_rollback_answer_the_same_json(client, tmp_path):
     assert listed["serving"] == 0 and listed["settled"] is True and all(list(v) == VERSION_KEYS for v in listed["data"])
     assert _statuses(client) == {0: "serving", failed: "failed", new: "rolled_back"}
     assert list(listed["data"][0]["reward"]) == ["n", "positive", "rate", "low", "high"]
+    # paged, newest first and listed oldest first: a long-lived deployment has a version per step
+    everything = [v["version"] for v in listed["data"]]
+    assert listed["has_more"] is False and everything == sorted(everything) and len(everything) == 3
+    newest = client.get("/admin/versions", params={"limit": 2}).json()
+    assert [v["version"] for v in newest["data"]] == everything[-2:] and newest["has_more"] is True
+    older = client.get("/admin/versions", params={"limit": 2, "before": everything[-2]}).json()
+    assert [v["version"] for v in older["data"]] == everything[:1] and older["has_more"] is False
+    assert client.get("/admin/versions", params={"limit": 0}).status_code == 400
 
     # a version whose checkpoint retention deleted cannot serve again
     assert client.app.state.server.store.versions.mark_pruned([new]) == [new]
