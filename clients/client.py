@@ -125,9 +125,10 @@ class LiveloopClient:
 
     # -- operators (admin key) ---------------------------------------------------------------------
     # `segment`: one adapter segment's lineage (`[learner] adapters`); "base" lists the base weights' versions
-    def admin_versions(self, segment: str | None = None) -> dict[str, Any]:
-        params = {"segment": segment} if segment is not None else None
-        return self._check(self.http.get("/admin/versions", params=params))
+    def admin_versions(self, segment: str | None = None, limit: int | None = None, before: int | None = None) -> dict[str, Any]:
+        """A page of versions: the newest `limit` (the server's default: 200) older than `before`."""
+        params = {k: v for k, v in (("segment", segment), ("limit", limit), ("before", before)) if v is not None}
+        return self._check(self.http.get("/admin/versions", params=params or None))
 
     def adapters(self) -> dict[str, Any]:
         return self._check(self.http.get("/admin/adapters"))

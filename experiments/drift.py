@@ -259,10 +259,22 @@ def run_method(cfg: ExperimentConfig, method: MethodSpec, workdir: Path, model_d
             error = f"{type(exc).__name__}: {exc}"[:500]
         sim_seconds = time.monotonic() - t1
         status = httpx.get(server.base_url + "/admin/learner", headers=admin, timeout=30).json()
-        versions = httpx.get(server.base_url + "/admin/versions", headers=admin, timeout=30).json()["data"]
+        versions = all_versions(server.base_url, admin)
     finally:
         server.stop()
     return MethodRun(method.name, sim.events, status, versions, started, sim_seconds, error)
+
+
+def all_versions(base_url: str, headers: dict[str, str]) -> list[dict]:
+    """Every row of GET /admin/versions, oldest first (it is paged, newest first)."""
+    rows: list[dict] = []
+    params: dict[str, int] = {"limit": 1000}
+    while True:
+        page = httpx.get(base_url + "/admin/versions", headers=headers, params=params, timeout=30).json()
+        rows[:0] = page["data"]
+        if not page["has_more"] or not page["data"]:
+            return rows
+        params["before"] = page["data"][0]["version"]
 
 
 # -- the whole experiment --------------------------------------------------------------------------
