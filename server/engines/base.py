@@ -92,6 +92,8 @@ class TokenDelta:
     # `keep` swap lets a running generation continue under new weights: its later deltas name the new
     # version, and one delta never mixes versions.
     version: int | None = None
+    # prompt tokens whose KV the engine's prefix cache held (its first delta says; None: not known)
+    cached_tokens: int | None = None
 
 
 def aborted() -> TokenDelta:

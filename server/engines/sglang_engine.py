@@ -138,7 +138,9 @@ def chunk_delta(chunk: dict[str, Any], sent: int) -> tuple[TokenDelta | None, in
     finish = finish_reason(meta.get("finish_reason"))
     if not ids and finish is None:
         return None, total
-    return TokenDelta(ids, logprobs, top, finish, weight_version(meta.get("weight_version"))), total
+    cached = meta.get("cached_tokens") if sent == 0 else None  # the prompt's, said with the first tokens
+    return TokenDelta(ids, logprobs, top, finish, weight_version(meta.get("weight_version")),
+                      int(cached) if isinstance(cached, int) else None), total
 
 
 # -- the backend ------------------------------------------------------------------------------------------

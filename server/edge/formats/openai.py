@@ -34,8 +34,11 @@ def sse(obj: Any) -> bytes:
 
 
 def usage(runs: list[Run]) -> dict:
+    """OpenAI's usage: `prompt_tokens_details.cached_tokens` are the prompt tokens the engine's prefix
+    cache held (vLLM with `[engine] prefix_caching`; 0 otherwise), a part of `prompt_tokens`."""
     n_prompt, n_out = len(runs[0].prepared.prompt_ids), sum(len(r.token_ids) for r in runs)
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
+            "prompt_tokens_details": {"cached_tokens": min(n_prompt, runs[0].cached_tokens)}}
 
 
 class OpenAIFormat(Format):

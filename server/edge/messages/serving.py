@@ -4,7 +4,7 @@ the official `anthropic` client reads them; and the token count of POST /v1/mess
 A whole response: `{"id": "msg_...", "type": "message", "role": "assistant", "content": [{"type":
 "text", "text": ...}, {"type": "tool_use", "id": "toolu_...", "name": ..., "input": {...}}, ...],
 "model", "stop_reason", "stop_sequence", "usage": {"input_tokens", "output_tokens", "cache_creation_input_tokens": 0,
-"cache_read_input_tokens": 0}}` plus liveloop's
+"cache_read_input_tokens"}}` (the prompt tokens the prefix cache held; `input_tokens` the rest) plus liveloop's
 `policy_version`, `version_spans` (as on chat completions) and `finish_reason` (liveloop's own: "abort"
 has no Anthropic stop reason and reads "end_turn"). The id is the response id `/v1/feedback` rates.
 `stop_reason`: "end_turn" (the model ended it), "tool_use" (it ended with tool calls), "max_tokens",
@@ -45,10 +45,13 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 T = TypeVar("T")
 
 
-def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    """Anthropic's usage object; no prompt cache is steered, so its cache counts are 0."""
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, int]:
+    """Anthropic's usage object: the prompt tokens the engine's prefix cache held are
+    `cache_read_input_tokens` and the rest `input_tokens` (Anthropic's counts add up to the prompt);
+    no cache is written on request, so `cache_creation_input_tokens` is 0."""
+    cached = min(prompt_tokens, cached_tokens)
+    return {"input_tokens": prompt_tokens - cached, "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
 def render_folding(messages: list[dict[str, Any]], render: Callable[[list[dict[str, Any]]], T]) -> T:
@@ -113,7 +116,7 @@ class MessagesFormat(Format):
             "model": self.serving.model_name,
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
-            "usage": usage(len(self.prepared.prompt_ids), output_tokens),
+            "usage": usage(len(self.prepared.prompt_ids), output_tokens, run.cached_tokens),
             "policy_version": run.version,
         }
         if self.prepared.clamped:
@@ -208,7 +211,7 @@ class MessagesFormat(Format):
         delta = {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
-            "usage": usage(len(self.prepared.prompt_ids), len(run.token_ids)),
+            "usage": usage(len(self.prepared.prompt_ids), len(run.token_ids), run.cached_tokens),
             "policy_version": run.version,
             "version_spans": spans(run),
             "finish_reason": run.finish_reason,

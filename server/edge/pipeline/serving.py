@@ -206,6 +206,7 @@ class Run:
     committed: bool = False
     stop_sequence: str | None = None  # the stop string that ended it (finish_reason "stop")
     parsed: Parsed | None = None  # the reply read as a message (text and tool calls), once it ended
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache held (usage's cached_tokens)
     spans: VersionSpans = field(init=False)
 
     def __post_init__(self) -> None:
@@ -499,6 +500,8 @@ class Serving:
             if run.first_token_at is None and delta.token_ids:
                 run.first_token_at = time.perf_counter()
             version = run.spans.add(len(delta.token_ids), delta.version)
+            if delta.cached_tokens is not None:
+                run.cached_tokens = delta.cached_tokens
             run.token_ids += delta.token_ids
             run.logprobs += delta.logprobs
             if delta.top_logprobs:

@@ -91,9 +91,10 @@ def input_items(messages: list[dict[str, Any]], options: dict[str, Any] | None =
 def response_body(
     *, response_id: str, created: int, model: str, options: dict[str, Any], tools: list[dict[str, Any]] | None,
     metadata: dict[str, Any] | None, previous_response_id: str | None, status: str, output: list[dict[str, Any]],
-    input_tokens: int, output_tokens: int, version: int, version_spans: list[dict[str, int]] | None,
+    input_tokens: int, output_tokens: int, version: int, version_spans: list[dict[str, int]] | None, cached_tokens: int = 0,
 ) -> dict[str, Any]:
-    """The `response` object (a whole response, the stream's snapshots, a read of a stored one)."""
+    """The `response` object (a whole response, the stream's snapshots, a read of a stored one);
+    `cached_tokens`: the input tokens the engine's prefix cache held (not stored: 0 on a read)."""
     text_format = options.get("text_format") or {"type": "text"}
     return {
         "id": response_id,
@@ -121,7 +122,7 @@ def response_body(
         "metadata": metadata or {},
         "usage": None if status == "in_progress" else {
             "input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": min(input_tokens, cached_tokens)},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens,
@@ -168,7 +169,7 @@ class ResponsesFormat(Format):
             tools=None if p.tool_use is None else p.tool_use.definitions(), metadata=p.meta,
             previous_response_id=p.previous_response_id, status=status, output=output,
             input_tokens=len(p.prompt_ids), output_tokens=len(run.token_ids), version=run.version,
-            version_spans=None if status == "in_progress" else spans(run),
+            version_spans=None if status == "in_progress" else spans(run), cached_tokens=run.cached_tokens,
         )
         if self.req.return_token_ids and status != "in_progress":  # the engine's own tokens, for a trainer of its own
             body |= {"prompt_token_ids": list(p.prompt_ids), "token_ids": list(run.token_ids)}

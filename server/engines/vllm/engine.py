@@ -314,7 +314,8 @@ class VLLMEngine(GatedEngine):
                 starts = None if lora is not None else self._version_starts(request.request_id, o)
                 for version, a, b in _pieces(starts, sent, len(ids)):
                     piece_top = None if top is None else top[a:b]
-                    yield TokenDelta(ids[a:b], logprobs[a:b], piece_top, finish if b == len(ids) else None, version)
+                    cached = out.num_cached_tokens if sent == 0 and a == 0 else None  # the prompt's, said once
+                    yield TokenDelta(ids[a:b], logprobs[a:b], piece_top, finish if b == len(ids) else None, version, cached)
                 sent += len(ids)
         finally:
             handle.starting.set()

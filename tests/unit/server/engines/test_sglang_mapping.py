@@ -50,6 +50,15 @@ def test_cumulative_and_incremental_chunks_give_the_same_deltas():
             ([11], [-0.5], 3, None), ([12], [-1.25], 4, None), ([4], [-0.125], 4, "stop")]
 
 
+def test_the_prefix_caches_count_comes_with_the_first_tokens_only():
+    first, later = _chunk(1, TRIPLES[:1]), _chunk(2, TRIPLES[:2])
+    first["meta_info"]["cached_tokens"] = later["meta_info"]["cached_tokens"] = 48
+    delta, sent = chunk_delta(first, 0)
+    assert delta.cached_tokens == 48
+    assert chunk_delta(later, sent)[0].cached_tokens is None
+    assert chunk_delta(_chunk(1, TRIPLES[:1]), 0)[0].cached_tokens is None  # an SGLang that does not say
+
+
 def test_a_chunk_with_nothing_new():
     assert chunk_delta(_chunk(2, TRIPLES[:2]), 2) == (None, 2)
     delta, sent = chunk_delta(_chunk(2, TRIPLES[:2], {"type": "abort", "message": "Aborted by AbortReq."}), 2)
