@@ -38,7 +38,7 @@ def usage(runs: list[Run]) -> dict:
     cache held (vLLM with `[engine] prefix_caching`; 0 otherwise), a part of `prompt_tokens`."""
     n_prompt, n_out = len(runs[0].prepared.prompt_ids), sum(len(r.token_ids) for r in runs)
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-            "prompt_tokens_details": {"cached_tokens": min(n_prompt, runs[0].cached_tokens)}}
+            "prompt_tokens_details": {"cached_tokens": runs[0].cached_tokens}}
 
 
 class OpenAIFormat(Format):

@@ -49,9 +49,8 @@ def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dic
     """Anthropic's usage object: the prompt tokens the engine's prefix cache held are
     `cache_read_input_tokens` and the rest `input_tokens` (Anthropic's counts add up to the prompt);
     no cache is written on request, so `cache_creation_input_tokens` is 0."""
-    cached = min(prompt_tokens, cached_tokens)
-    return {"input_tokens": prompt_tokens - cached, "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+    return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached_tokens}
 
 
 def render_folding(messages: list[dict[str, Any]], render: Callable[[list[dict[str, Any]]], T]) -> T:

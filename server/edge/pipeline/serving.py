@@ -500,8 +500,8 @@ class Serving:
             if run.first_token_at is None and delta.token_ids:
                 run.first_token_at = time.perf_counter()
             version = run.spans.add(len(delta.token_ids), delta.version)
-            if delta.cached_tokens is not None:
-                run.cached_tokens = delta.cached_tokens
+            if delta.cached_tokens is not None:  # at most the prompt: every API reports it as a part of it
+                run.cached_tokens = min(delta.cached_tokens, len(run.prepared.prompt_ids))
             run.token_ids += delta.token_ids
             run.logprobs += delta.logprobs
             if delta.top_logprobs:

@@ -122,7 +122,7 @@ def response_body(
         "metadata": metadata or {},
         "usage": None if status == "in_progress" else {
             "input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": min(input_tokens, cached_tokens)},
+            "input_tokens_details": {"cached_tokens": cached_tokens},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens,
