@@ -14,8 +14,10 @@ A side call is stored but stitched into no episode (no tag, no link keys): Codex
 `x-codex-turn-metadata.request_kind` other than "turn" (its compaction); Claude Code's
 `x-claude-code-request-class` other than main / subagent / workflow (sent only under
 CLAUDE_CODE_GATEWAY_HINT_HEADERS=1), a memory pass (`x-claude-code-auxiliary-type`), and, without
-those headers, a request with no tools (its tool-free helpers: titles, summaries) or `max_tokens` 1
-(quota and model probes). Pure: headers and the request's fields in, a `ClientSession` out."""
+those headers, a request with no tools (its tool-free helpers: titles, summaries), `max_tokens` 1
+(quota and model probes) or a last user message that is its summary request (its compaction, which
+offers the session's tools to keep the prompt cache). Pure: headers and the request's fields in, a
+`ClientSession` out."""
 
 from __future__ import annotations
 
@@ -28,6 +30,10 @@ from liveloop.store.linking import session_tag
 
 MAX_SESSION_CHARS = 512  # a longer id is no session (the store keeps its digest; a client's ids are ~40)
 CLAUDE_TURN_CLASSES = frozenset({"main", "subagent", "workflow"})
+# Claude Code's compaction prompt opens so in each of its variants (the conversation so far, this
+# conversation, the recent messages), after a "CRITICAL: Respond with TEXT ONLY" preamble
+CLAUDE_SUMMARY_REQUEST = "Your task is to create a detailed summary of "
+SUMMARY_SCAN_CHARS = 4096  # how far into each text block of the last user message the prompt is looked for
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class Asked:
     client_metadata: Mapping[str, Any] | None = None
     tools: int = 0  # how many tools it offers
     max_tokens: int | None = None
+    summary_request: bool = False  # its last user message asks for Claude Code's compaction summary
 
     @classmethod
     def of_body(cls, body: Mapping[str, Any]) -> "Asked":
@@ -45,7 +52,8 @@ class Asked:
         tokens = next((body[k] for k in ("max_tokens", "max_completion_tokens", "max_output_tokens") if body.get(k) is not None), None)
         meta, client = body.get("metadata"), body.get("client_metadata")
         return cls(meta if isinstance(meta, Mapping) else None, client if isinstance(client, Mapping) else None,
-                   len(body.get("tools") or ()), tokens if isinstance(tokens, int) else None)
+                   len(body.get("tools") or ()), tokens if isinstance(tokens, int) else None,
+                   _asks_for_summary(body.get("messages")))
 
     @classmethod
     def of_request(cls, req: Any) -> "Asked":
@@ -55,7 +63,22 @@ class Asked:
             meta = meta.model_dump(exclude_none=True)  # Anthropic's metadata is a model
         fields = {k: getattr(req, k, None) for k in ("max_tokens", "max_completion_tokens", "max_output_tokens")}
         return cls.of_body({"metadata": meta, "client_metadata": getattr(req, "client_metadata", None),
-                            "tools": getattr(req, "tools", None), **fields})
+                            "tools": getattr(req, "tools", None), "messages": getattr(req, "messages", None), **fields})
+
+
+def _field(item: Any, name: str) -> Any:
+    """A field of a JSON object or of a parsed model."""
+    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
+
+
+def _asks_for_summary(messages: Any) -> bool:
+    """Whether the last message is a user's that carries Claude Code's summary request."""
+    if not isinstance(messages, list) or not messages or _field(messages[-1], "role") != "user":
+        return False
+    content = _field(messages[-1], "content")
+    blocks = [content] if isinstance(content, str) else content if isinstance(content, list) else []
+    texts = (b if isinstance(b, str) else _field(b, "text") for b in blocks)
+    return any(isinstance(t, str) and CLAUDE_SUMMARY_REQUEST in t[:SUMMARY_SCAN_CHARS] for t in texts)
 
 
 @dataclass(frozen=True)
@@ -113,6 +136,8 @@ def _claude_side(h: Mapping[str, str], asked: Asked) -> str | None:
         return None if declared in CLAUDE_TURN_CLASSES else f"claude-code:{declared}"
     if asked.max_tokens == 1:
         return "claude-code:probe"
+    if asked.summary_request:
+        return "claude-code:compaction"
     if not asked.tools:
         return "claude-code:tool-free"
     return None

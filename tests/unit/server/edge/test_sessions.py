@@ -136,3 +136,30 @@ def test_asked_of_a_parsed_request_reads_its_fields():
     asked = Asked.of_request(Req())
     assert (asked.max_tokens, asked.tools) == (1, 1)
     assert read_session({}, asked) == ClientSession("s9", "claude-code", "claude-code:probe")
+
+
+@pytest.mark.parametrize("prompt", [
+    "Your task is to create a detailed summary of the conversation so far, paying close attention to the user's explicit requests",
+    "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.\n\nYour task is to create a detailed summary of this conversation.",
+])
+def test_a_claude_code_compaction_without_its_headers_is_a_side_call(prompt):
+    """Claude Code compacts with the session's own tools offered (its cache prefix) and max_tokens as a
+    turn's: only the summary request, its last user message, tells it from a turn."""
+    headers, body = captured("claude-code-2.1.328/main-request.json")
+    assert body["tools"] and read(headers, body).side is None
+    body["messages"].append({"role": "user", "content": [{"type": "text", "text": prompt}]})
+    got = read(headers, body)
+    assert (got.id, got.side, got.tag) == (CLAUDE_ID, "claude-code:compaction", None)
+    body["messages"][-1]["content"] = prompt  # a plain string content too
+    assert read(headers, body).side == "claude-code:compaction"
+    body["messages"].append({"role": "assistant", "content": "<summary>...</summary>"})
+    assert read(headers, body).side is None  # the summary request is not the last message: a turn
+
+
+def test_a_parsed_messages_request_carries_the_summary_request():
+    from liveloop.server.edge.messages.protocol import MessagesRequest
+
+    headers, body = captured("claude-code-2.1.328/main-request.json")
+    body["messages"].append({"role": "user", "content": [{"type": "text", "text": "Your task is to create a detailed summary of the recent messages"}]})
+    asked = Asked.of_request(MessagesRequest.model_validate(body))
+    assert asked.summary_request and read_session(headers, asked).side == "claude-code:compaction"
