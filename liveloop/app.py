@@ -258,7 +258,8 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
         await asyncio.to_thread(sweep_shared_memory, store.versions, store.operator, transport, metrics)  # what this deployment left there
     route = functools.partial(segment_of, config=config.learner, key=config.server.segment_key)
     fleet = fleet_view(config.server, store.fleet.counts, replica_id(config.server.replica_id))  # fleet-wide limits (None: per replica)
-    serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, Admission(config.server, fleet), route,
+    admission = Admission(config.server, fleet, stored=store.keys.stored_bytes)
+    serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, admission, route,
                       carried=store.episodes.carried_turn, canary_by=config.release.canary_by)
     activator = Activator(
         engine, store, metrics, config.learner.cursor_name, segments,

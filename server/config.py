@@ -41,6 +41,13 @@ class ServerConfig:
         metadata={"help": "per API key: reads of its stored responses (GET /v1/chat/completions[/ID[/messages]], "
                   "/v1/responses/ID[/input_items]) per minute, fleet-wide with fleet_limits (429 beyond; 0 = no limit)"},
     )
+    stored_mb_per_day: float = field(
+        default=1024.0,
+        metadata={"help": "per API key: megabytes of responses (token arrays, conversation JSON, grammar) it may have "
+                  "stored per UTC day, fleet-wide (the store counts them); past it its generating requests that "
+                  "store get 429 until the day ends (0 = no limit). With [store] retain_days R a key holds at most "
+                  "R times this"},
+    )
     max_concurrent_per_key: int = field(
         default=16,
         metadata={"help": "generations one API key may run at once on each replica (its share of that replica's engine, "
@@ -161,8 +168,9 @@ class ServerConfig:
             raise ValueError("watch_seconds must be > 0")
         if not 0 <= self.stream_interval_ms <= 1000:
             raise ValueError("stream_interval_ms must be in 0..1000")
-        if min(self.chat_requests_per_minute, self.feedback_per_minute, self.stored_reads_per_minute) < 0:
-            raise ValueError("chat_requests_per_minute, feedback_per_minute and stored_reads_per_minute must be >= 0 (0 = no limit)")
+        if min(self.chat_requests_per_minute, self.feedback_per_minute, self.stored_reads_per_minute, self.stored_mb_per_day) < 0:
+            raise ValueError("chat_requests_per_minute, feedback_per_minute, stored_reads_per_minute and stored_mb_per_day "
+                             "must be >= 0 (0 = no limit)")
         if self.max_concurrent_per_key < 1 or self.max_concurrent_total < 1 or self.retry_after_seconds < 1:
             raise ValueError("max_concurrent_per_key, max_concurrent_total and retry_after_seconds must be >= 1")
         if self.max_prompt_chars < 0:

@@ -20,6 +20,7 @@ import liveloop.store.codec as codec
 from liveloop.store.bulk import insert_rows
 from liveloop.store.db import Part
 from liveloop.store.episode_links import link_turns
+from liveloop.store.keys import add_stored_bytes
 from liveloop.store.models import ApiKey, Feedback, LearnerCursor, PolicyVersion, Response, aware, utcnow
 from liveloop.store.operator import _only_trusted
 from liveloop.store.records import FeedbackRecord, RatingEvent, ResponseRecord, StoredFeedback, StoredResponse
@@ -233,6 +234,7 @@ class FeedbackQueries(Part):
             inserted = [_stamped(ops[i], None if rows is None else rows[i], now) for i in kept]
             link_turns(conn, [ops[i] for i in kept], inserted)
             self._insert_responses(conn, inserted)
+            add_stored_bytes(conn, inserted)
         for i in responses:
             results[i] = ops[i].id
         ratings = []

@@ -1,22 +1,62 @@
 """The store's per-API-key queries: quarantine (a quarantined key's ratings stay stored but are never
 trained or replayed, see `store.feedback.rated_after`), the keys' states for operators, the ratings the
-disagreement score reads (monitor/poisoning.py), and the ratings the monitor (drift, guard, reports)
-reads without quarantined keys. The store's `keys` part; every write here is one transaction, with its
-operator event."""
+disagreement score reads (monitor/poisoning.py), the ratings the monitor (drift, guard, reports)
+reads without quarantined keys, and the bytes each key stored per UTC day (`add_stored_bytes`, in the
+writer's inserting transaction; `stored_bytes`, what the edge's daily storage budget reads). The
+store's `keys` part; every operator write here is one transaction, with its operator event."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Connection, func, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 import liveloop.store.codec as codec
 from liveloop.store.db import Part
-from liveloop.store.models import ApiKey, Feedback, Response, aware, utcnow
+from liveloop.store.models import ApiKey, Feedback, KeyBytes, Response, aware, utcnow
 from liveloop.store.lease import fenced
 from liveloop.store.operator import add_event
+
+
+DAY_SECONDS = 86400
+ROW_OVERHEAD = 256  # a response row's ids, scalars and index entries, about
+
+
+def utc_day(ts: datetime) -> int:
+    """UTC days since 1970-01-01: the `key_bytes` row a moment counts in."""
+    return int(aware(ts).timestamp() // DAY_SECONDS)
+
+
+def row_bytes(row: dict[str, Any]) -> int:
+    """What a `responses` row (store/feedback.py `response_row`) takes, about: its encoded token arrays
+    and text as stored, its JSON as compact JSON, plus a fixed overhead."""
+    size = ROW_OVERHEAD
+    for value in row.values():
+        if isinstance(value, bytes | str):
+            size += len(value)
+        elif isinstance(value, dict | list):
+            size += len(json.dumps(value, separators=(",", ":"), default=str))
+    return size
+
+
+def add_stored_bytes(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Count inserted `responses` rows (stamped: each has its created_at) against their keys' days,
+    in the inserting transaction."""
+    added: Counter[tuple[str, int]] = Counter()
+    for row in rows:
+        added[(row["api_key_id"], utc_day(row["created_at"]))] += row_bytes(row)
+    if not added:
+        return
+    insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(KeyBytes)
+    upsert = insert.on_conflict_do_update(index_elements=["api_key_id", "day"], set_={"bytes": KeyBytes.bytes + insert.excluded.bytes})
+    conn.execute(upsert, [{"api_key_id": key, "day": day, "bytes": n} for (key, day), n in sorted(added.items())])
 
 
 @dataclass(frozen=True)
@@ -128,3 +168,8 @@ class KeyQueries(Part):
             KeyRating(fid, key, content_group(bytes(p), bytes(r)), int(reward), prompt_digest(bytes(p)), tuple(codec.decode_ids(bytes(r)).tolist()))
             for fid, key, reward, p, r in reversed(rows)
         ]
+
+    def stored_bytes(self, api_key_id: str, day: int) -> int:
+        """The bytes of responses `api_key_id` stored on UTC day `day` (`utc_day`)."""
+        with self._session() as s:
+            return s.scalar(select(KeyBytes.bytes).where(KeyBytes.api_key_id == api_key_id, KeyBytes.day == day)) or 0

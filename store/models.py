@@ -1,5 +1,5 @@
 """SQLAlchemy 2.0 typed models: policy_versions, responses, feedback, learner_cursor, learner_control,
-operator_events, api_keys, deployment, deleted_responses, evaluations.
+operator_events, api_keys, key_bytes, deployment, deleted_responses, evaluations.
 
 The schema is owned by the Alembic migrations in `migrations/`; these classes mirror it for queries.
 Token arrays are binary columns (see `codec`); a version's status is a `VersionStatus` in Python and
@@ -193,6 +193,17 @@ class ApiKey(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     forgotten_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class KeyBytes(Base):
+    """How many bytes of responses one API key had stored on one UTC day (its rows as encoded: token
+    arrays, conversation JSON, grammar), added in the inserting transaction."""
+
+    __tablename__ = "key_bytes"
+
+    api_key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    day: Mapped[int] = mapped_column(Integer, primary_key=True)  # UTC days since 1970-01-01
+    bytes: Mapped[int] = mapped_column(BigInteger)
 
 
 class DeletedResponse(Base):

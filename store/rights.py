@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 
 from liveloop.store.db import Part, busy_timeout
 from liveloop.store.episodes import descendants_cte
-from liveloop.store.models import ApiKey, DeletedResponse, Feedback, LearnerCursor, Response, utcnow
+from liveloop.store.models import ApiKey, DeletedResponse, Feedback, KeyBytes, LearnerCursor, Response, utcnow
 from liveloop.store.lease import fenced
 from liveloop.store.operator import add_event
 
@@ -166,13 +166,15 @@ class RightsQueries(Part):
         return deleted
 
     def forget_key(self, api_key_id: str, admin_key_id: str | None = None) -> Deleted:
-        """Delete every response served to `api_key_id` and every rating it gave, record when (from then
-        on the writer stores nothing of this key's), and log an operator event; one transaction."""
+        """Delete every response served to `api_key_id`, every rating it gave and its daily byte counts,
+        record when (from then on the writer stores nothing of this key's), and log an operator event; one
+        transaction."""
         with self._deleting() as s:
             ids = select(Response.id).where(Response.api_key_id == api_key_id).scalar_subquery()
             ratings = s.execute(delete(Feedback).where(Feedback.response_id.in_(ids))).rowcount or 0
             ratings += s.execute(delete(Feedback).where(Feedback.api_key_id == api_key_id)).rowcount or 0
             responses = s.execute(delete(Response).where(Response.api_key_id == api_key_id)).rowcount or 0
+            s.execute(delete(KeyBytes).where(KeyBytes.api_key_id == api_key_id))
             row = s.get(ApiKey, api_key_id)
             now = utcnow()
             if row is None:

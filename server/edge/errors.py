@@ -89,7 +89,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
     do not import this one, and this one must not load them at import time)."""
     from sqlalchemy.exc import InterfaceError, OperationalError
 
-    from liveloop.server.edge.admission import Busy, RateLimited
+    from liveloop.server.edge.admission import Busy, RateLimited, StorageSpent
     from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
     from liveloop.server.control.activator import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
     from liveloop.server.edge.pipeline.serving import InvalidRequest, LogFailed, UnknownModel
@@ -104,6 +104,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
         # back-pressure and a store that cannot take writes: retry later
         (RateLimited, Answer(429, "rate_limit_exceeded")),
         (Busy, Answer(429, "too_many_concurrent_requests")),
+        (StorageSpent, Answer(429, "storage_budget_exceeded")),
         (WriterFull, Answer(503, "log_queue_full", message="the server is busy logging; please retry", retry_after=1)),
         (WriterDown, Answer(503, "log_unavailable", message="the server cannot log responses right now; please retry", retry_after=5)),
         (OperationalError, store_down),

@@ -1,12 +1,14 @@
 """The store's per-key queries on real SQLite and PostgreSQL: quarantine with its operator event in
 the same transaction, quarantined ratings kept but not trainable, key states, and the bounded ratings
-the disagreement score reads."""
+the disagreement score reads, and the bytes each key stores per day."""
 
 from __future__ import annotations
 
+import dataclasses
 
 from liveloop.store import FeedbackRecord, ResponseRecord, Store
-from liveloop.store.keys import KeyState, content_group
+from liveloop.store.keys import KeyState, content_group, utc_day
+from liveloop.store.models import utcnow
 
 
 def _response(rid: str, key: str, prompt=(1, 2), reply=(3, 4)) -> ResponseRecord:
@@ -72,3 +74,26 @@ def test_key_ratings_group_by_exact_prompt_and_reply_and_are_bounded(store):
     assert rows[2].group == content_group(codec.encode_ids([1, 2]), codec.encode_ids([4]))
     newest = store.keys.key_ratings(limit=2)  # the newest 2, oldest first
     assert [r.feedback_id for r in newest] == [rows[2].feedback_id, rows[3].feedback_id]
+
+
+def test_each_keys_stored_bytes_are_counted_per_day_with_its_rows(store):
+    """The writer adds a key's rows to its day's count in the inserting transaction: n choices are n rows,
+    a batch of several keys counts each apart, a row dropped by a deletion counts nothing, and
+    forgetting the key removes its counts."""
+    day = utc_day(utcnow())
+    assert store.keys.stored_bytes("k1", day) == 0
+    long = _response("a", "k1", prompt=tuple(range(4000)))
+    store.feedback.write_batch([long])
+    one = store.keys.stored_bytes("k1", day)
+    assert one >= 4000 * 2  # the prompt's 4,000 ids, however the codec packs them (at least 2 bytes each here)
+    choices = [dataclasses.replace(long, id=f"a-{i}", group_id="a", choice_index=i) for i in range(1, 4)]
+    store.feedback.write_batch([*choices, _response("b", "k2")])
+    assert store.keys.stored_bytes("k1", day) >= 4 * one - 64  # each choice its own row (group fields aside)
+    assert 0 < store.keys.stored_bytes("k2", day) < one
+    assert store.keys.stored_bytes("k1", day - 1) == 0  # yesterday's count is another row
+    store.rights.delete_response("gone", "k2")  # a tombstone first: the writer drops the row
+    before = store.keys.stored_bytes("k2", day)
+    store.feedback.write_batch([_response("gone", "k2")])
+    assert store.keys.stored_bytes("k2", day) == before
+    store.rights.forget_key("k1")
+    assert store.keys.stored_bytes("k1", day) == 0 and store.keys.stored_bytes("k2", day) == before

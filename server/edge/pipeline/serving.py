@@ -453,8 +453,11 @@ class Serving:
     # -- 2. admitted generations -> pieces -----------------------------------------------------------
     @contextlib.asynccontextmanager
     async def runs(self, choices: list[Prepared]) -> AsyncIterator[list[Run]]:
-        """A request's generations (its `choices`), admitted together: their slots all or none (raises
-        Busy with nothing started), then each through the engine's gate."""
+        """A request's generations (its `choices`), admitted together: within its key's storage budget when
+        it stores (raises StorageSpent), their slots all or none (raises Busy with nothing started), then
+        each through the engine's gate."""
+        if choices[0].store:
+            await self.admission.check_storage(choices[0].principal.key_id)
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(self.admission.generation(choices[0].principal.key_id, len(choices)))
             yield [await stack.enter_async_context(self._run(p)) for p in choices]
