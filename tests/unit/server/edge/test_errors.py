@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from liveloop.server.edge.admission import Busy, RateLimited
+from liveloop.server.edge.admission import Busy, RateLimited, StorageSpent
 from liveloop.server.edge.errors import APIError, domain_error, domain_table, install_handlers
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
 from liveloop.server.control.activator import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
@@ -24,6 +24,7 @@ from liveloop.store.rights import KeyNotFound
 EXPECTED = {
     RateLimited: (RateLimited("3 requests per minute", retry_after=7), 429, "rate_limit_error", "rate_limit_exceeded", None, "3 requests per minute", "7"),
     Busy: (Busy("too many generations running"), 429, "rate_limit_error", "too_many_concurrent_requests", None, "too many generations running", "1"),
+    StorageSpent: (StorageSpent("stored 1024 MB today", retry_after=3600), 429, "rate_limit_error", "storage_budget_exceeded", None, "stored 1024 MB today", "3600"),
     WriterFull: (WriterFull("queue"), 503, "server_error", "log_queue_full", None, "the server is busy logging; please retry", "1"),
     WriterDown: (WriterDown("gone"), 503, "server_error", "log_unavailable", None, "the server cannot log responses right now; please retry", "5"),
     OperationalError: (OperationalError("SELECT 1", {}, Exception("down")), 503, "server_error", "store_unavailable", None,
