@@ -4,8 +4,10 @@ side). The attacker arms are the shapes a hostile or careless client sends:
 
   big_body     8 threads x 3 chat bodies of ~1 MiB of message text (refused by the character bound)
   big_tools    4 threads x 2 chats with ~1 MB of `tools` definitions and a short message
-  slow_schema  2 threads x 1 chat whose `response_format` JSON schema nests quantified patterns
-               (a compile that takes seconds)
+  slow_schema  2 threads x 1 chat whose `response_format` JSON schema nests bounded repeats in 8
+               `pattern`s (8 s to compile on the tiny model's vocabulary: stopped at `[server]
+               grammar_compile_seconds`, 3 s by default; `--server-extra "grammar_compile_seconds = 600"`
+               lets it finish, as before the deadline)
 
 The victim (another key) sends `--victim` short chats one after another while the attacker runs; its
 latencies' median and max are reported with their ratio to the baseline's median. A real `liveloop
@@ -13,6 +15,7 @@ serve` on the tiny model (SQLite; `--backend`, default hf as tests/e2e/test_loop
 allowed so the big bodies reach the server.
 
     .venv/bin/python bench/victim_latency.py [--backend hf|vllm] [--arms big_body big_tools slow_schema]
+        [--server-extra "[server] lines"]
 
 Prints one JSON row per arm and saves bench/results/victim_latency.json.
 """
@@ -48,7 +51,7 @@ def _big_tools() -> dict:
 
 
 def _slow_schema() -> dict:
-    props = {f"f{i}": {"type": "string", "pattern": "^((a+)+|(b*)*|(c?)+)+(x{1,20}){1,20}$"} for i in range(12)}
+    props = {f"f{i}": {"type": "string", "pattern": "^(([a-z]{1,30}[0-9]{1,30}){1,30}-){1,20}$"} for i in range(8)}
     schema = {"type": "object", "properties": props, "required": list(props)}
     return {"model": "liveloop-tiny", "messages": [{"role": "user", "content": "fill it"}], "max_tokens": 8,
             "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
@@ -99,10 +102,12 @@ def main() -> None:
     parser.add_argument("--backend", default="hf")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--victim", type=int, default=5, help="victim chats per phase (baseline, during)")
+    parser.add_argument("--server-extra", default="", help="[server] lines for the server (e.g. grammar_compile_seconds = 600)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_server(Path(tmp) / "srv", default_model(), args.backend, max_body_bytes=2 << 20, timeout=600)
+        server = start_server(Path(tmp) / "srv", default_model(), args.backend, max_body_bytes=2 << 20, timeout=600,
+                              server_extra=args.server_extra.replace(";", "\n"))
         try:
             for arm in args.arms:
                 rows.append(run_arm(server.base_url, arm, args.victim))

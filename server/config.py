@@ -41,6 +41,12 @@ class ServerConfig:
         metadata={"help": "per API key: reads of its stored responses (GET /v1/chat/completions[/ID[/messages]], "
                   "/v1/responses/ID[/input_items]) per minute, fleet-wide with fleet_limits (429 beyond; 0 = no limit)"},
     )
+    grammar_compile_seconds: float = field(
+        default=3.0,
+        metadata={"help": "a request's constraint (forced tool call, JSON response format) must compile within this, in "
+                  "a child process killed past it (400 grammar_too_complex): a schema that takes minutes to compile "
+                  "holds the prompt thread every request is prepared on for at most this long"},
+    )
     stored_mb_per_day: float = field(
         default=1024.0,
         metadata={"help": "per API key: megabytes of responses (token arrays, conversation JSON, grammar) it may have "
@@ -175,6 +181,8 @@ class ServerConfig:
             raise ValueError("max_concurrent_per_key, max_concurrent_total and retry_after_seconds must be >= 1")
         if self.max_prompt_chars < 0:
             raise ValueError("max_prompt_chars must be >= 0 (0: derived from engine.max_model_len)")
+        if self.grammar_compile_seconds <= 0:
+            raise ValueError("grammar_compile_seconds must be > 0")
         if self.header_timeout_seconds <= 0 or self.body_timeout_seconds <= 0 or self.keep_alive_seconds <= 0:
             raise ValueError("header_timeout_seconds, body_timeout_seconds and keep_alive_seconds must be > 0")
         if self.max_import_bytes < 1:

@@ -7,7 +7,8 @@ What the client's text spells of the model's special tokens stays text (server/e
 A template that renders no tools (plain ChatML) gets them, the calls and their results written into the
 messages' text as Qwen's template writes them (server/edge/formats/tool_rendering.py).
 
-Templating and compiling run on the serving pipeline's prompt thread, never on the event loop."""
+Templating runs on the serving pipeline's prompt thread, never on the event loop; a constraint compiles
+in the grammar checker's child process within its deadline (server/edge/pipeline/grammar_check.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from liveloop.grammar import Grammars, grammars_for
+from liveloop.grammar import grammars_for
 from liveloop.server.edge.formats.tool_parsers import PARSERS
 from liveloop.server.edge.formats.tool_rendering import TextTools, default_system, tool_format
+from liveloop.server.edge.pipeline.grammar_check import GrammarChecker, GrammarTooComplex
 from liveloop.server.edge.pipeline.markers import Markers, PromptText
 from liveloop.server.edge.formats.tools import (
     JSONLayout,
@@ -45,7 +47,8 @@ def model_vocab_size(model_dir: Path, tokenizer: Any) -> int:
 
 
 class Prompter:
-    def __init__(self, tokenizer: Any, model_dir: Path, parser: str, json_layout: JSONLayout, engine: Any, json_max_string: int = 0):
+    def __init__(self, tokenizer: Any, model_dir: Path, parser: str, json_layout: JSONLayout, engine: Any, json_max_string: int = 0,
+                 compile_seconds: float = 3.0):
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.template: str | None = getattr(tokenizer, "chat_template", None)
@@ -58,14 +61,20 @@ class Prompter:
         self.engine = engine  # what it can do: supports_constraints, sampling_extensions
         self.text_arguments = takes_text_arguments(self.template)
         self.markers = Markers(tokenizer)
-        self._grammars: Grammars | None = None
+        self.compile_seconds = compile_seconds
+        self._checker: GrammarChecker | None = None
 
     @property
-    def grammars(self) -> Grammars:
-        if self._grammars is None:
+    def checker(self) -> GrammarChecker:
+        """The constraint compiler with a deadline (its child starts on the first constraint)."""
+        if self._checker is None:
             vocab = model_vocab_size(self.model_dir, self.tokenizer)
-            self._grammars = grammars_for(str(self.model_dir), vocab, self.tokenizer)
-        return self._grammars
+            self._checker = GrammarChecker(grammars_for(str(self.model_dir), vocab, self.tokenizer).info, self.compile_seconds)
+        return self._checker
+
+    def close(self) -> None:
+        if self._checker is not None:
+            self._checker.close()
 
     def _plain(self, messages: list[dict[str, Any]]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False)
@@ -107,9 +116,11 @@ class Prompter:
                 forced = json_constraint(bounded(json_reply.schema, self.json_max_string), self.json_layout)
             if forced is None:
                 return None
-            self.grammars.compile(forced)
+            self.checker.check(forced)
         except ToolsRefused:
             raise
+        except GrammarTooComplex as exc:
+            raise ToolsRefused(f"{param}: constrained decoding cannot follow this schema: {exc}", param, code="grammar_too_complex") from None
         except Exception as exc:  # xgrammar refuses a schema it cannot turn into a grammar
             raise ToolsRefused(f"{param}: constrained decoding cannot follow this schema: {str(exc)[:300]}", param) from None
         if not self.engine.supports_constraints:

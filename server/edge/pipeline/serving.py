@@ -286,7 +286,7 @@ class Serving:
         self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liveloop-prompts")
         self.stream_interval = server.stream_interval_ms / 1000  # seconds between a stream's writes (0: a write per delta)
         self.prompter = Prompter(tokenizer, model_dir, engine_config.tool_call_parser, engine_config.constrained_json, engine,
-                                 engine_config.json_max_string)
+                                 engine_config.json_max_string, server.grammar_compile_seconds)
         # a resent conversation's earlier turns as the tokens sampled (`carried`: the store's read of them)
         self.splicer = Splicer(tokenizer, self.stop_token_ids, carried, metrics)
 
@@ -324,6 +324,7 @@ class Serving:
 
     def close(self) -> None:
         self._prompts.shutdown(wait=False, cancel_futures=True)
+        self.prompter.close()
 
     def conversation(self, messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice, parallel: bool,
                      json_reply: JSONReply | None, format_param: str,

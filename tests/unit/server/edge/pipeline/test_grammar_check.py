@@ -1,0 +1,55 @@
+"""The edge's constraint check with a deadline (server/edge/pipeline/grammar_check.py), on the tiny
+model's tokenizer and the real xgrammar in a real child process: a constraint that compiles passes, one
+that cannot is InvalidConstraint, and one whose compile runs past the deadline (nested bounded repeats
+in a `pattern`) is stopped (the child killed) as GrammarTooComplex, after which the next check passes
+on a fresh child."""
+
+from __future__ import annotations
+
+import pytest
+
+from liveloop.grammar import InvalidConstraint, grammars_for
+from liveloop.server.edge.formats.tools import json_constraint
+from liveloop.server.edge.pipeline.grammar_check import GrammarChecker, GrammarTooComplex
+
+# each property's pattern nests bounded repeats: xgrammar expands them into a large automaton (8 such
+# properties: 8 s on the tiny model's 1,024-token vocabulary on this machine, SmolLM2's took 21 s for 4
+# of a smaller one); the deadline the test stops it at is 40 times shorter
+SLOW_PATTERN = "^(([a-z]{1,30}[0-9]{1,30}){1,30}-){1,20}$"
+
+
+def _schema(pattern: str | None, n: int = 4) -> str:
+    prop = {"type": "string"} if pattern is None else {"type": "string", "pattern": pattern}
+    schema = {"type": "object", "properties": {f"p{i}": prop for i in range(n)}, "required": [f"p{i}" for i in range(n)]}
+    return json_constraint(schema, "canonical")
+
+
+@pytest.fixture
+def checker(model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    c = GrammarChecker(grammars_for(str(model_dir), len(tokenizer), tokenizer).info, deadline_seconds=60.0)
+    yield c
+    c.close()
+
+
+def test_a_constraint_that_compiles_passes_and_one_that_cannot_is_invalid(checker):
+    checker.check(_schema(None))
+    with pytest.raises(InvalidConstraint) as refused:
+        checker.check('{"type": "not a structural tag"}')
+    assert not isinstance(refused.value, GrammarTooComplex)
+    checker.check(_schema(None, 2))  # the child survived the refusal
+    assert checker.stopped == 0
+
+
+def test_a_compile_past_the_deadline_is_stopped_and_the_next_check_has_a_fresh_child(checker):
+    checker.check(_schema(None))
+    first = checker.pid
+    checker.deadline = 0.2
+    with pytest.raises(GrammarTooComplex, match="did not compile within 0.2 s"):
+        checker.check(_schema(SLOW_PATTERN, 8))
+    assert checker.stopped == 1 and checker.pid is None  # killed, not left compiling
+    checker.deadline = 60.0
+    checker.check(_schema(None))
+    assert checker.pid not in (None, first)
