@@ -252,4 +252,4 @@ class ServingMessages(EndpointServing):
             setup = req.tool_setup()
             return len(render_folding(req.conversation(), lambda messages: serving.render_chat(messages, *setup, key_id=principal.key_id))[1])
 
-        return {"input_tokens": await serving.on_prompt_thread(work)}
+        return {"input_tokens": await serving.on_prompt_thread(work, principal.key_id)}

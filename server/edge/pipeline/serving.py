@@ -32,7 +32,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from liveloop.server.edge.admission import Admission
 from liveloop.server.edge.principal import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams, TokenDelta
+from liveloop.server.edge.pipeline.prompt_thread import PromptThread
 from liveloop.server.edge.pipeline.prompting import Prompter
 from liveloop.server.edge.response_ids import new_response_id
 from liveloop.server.edge.sessions import ClientSession
@@ -282,8 +282,9 @@ class Serving:
         self.stop_token_ids = _stop_ids(tokenizer, model_dir)
         self.vocab_size = len(tokenizer)
         self.max_prompt_chars = server.max_prompt_chars or CHARS_PER_TOKEN * self.max_model_len
-        # templating and tokenizing, off the loop: one thread, so no two encodes of the tokenizer run at once
-        self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liveloop-prompts")
+        # templating and tokenizing, off the loop: one thread, so no two encodes of the tokenizer run at once,
+        # taking one job of each waiting key in turn (server/edge/pipeline/prompt_thread.py)
+        self._prompts = PromptThread(server.max_queued_prompts_per_key)
         self.stream_interval = server.stream_interval_ms / 1000  # seconds between a stream's writes (0: a write per delta)
         self.prompter = Prompter(tokenizer, model_dir, engine_config.tool_call_parser, engine_config.constrained_json, engine,
                                  engine_config.json_max_string, server.grammar_compile_seconds)
@@ -301,11 +302,12 @@ class Serving:
         does either."""
         self.check_model(req.model)
         self.check_chars(req)
-        return await self.on_prompt_thread(lambda: work(req, principal))
+        return await self.on_prompt_thread(lambda: work(req, principal), principal.key_id)
 
-    async def on_prompt_thread(self, work: Callable[[], Any]) -> Any:
-        """`work()` on the one prompt thread (templating and tokenizing: never two encodes at once)."""
-        return await asyncio.get_running_loop().run_in_executor(self._prompts, work)
+    async def on_prompt_thread(self, work: Callable[[], Any], key: str) -> Any:
+        """`work()` on the one prompt thread (templating and tokenizing: never two encodes at once), in
+        `key`'s turn (raises Busy when that key has `max_queued_prompts_per_key` jobs waiting)."""
+        return await self._prompts.run(key, work)
 
     def check_chars(self, req: Any) -> None:
         """Refuse a text longer than `max_prompt_chars` (a cheap bound: the context holds fewer tokens
@@ -323,7 +325,7 @@ class Serving:
             )
 
     def close(self) -> None:
-        self._prompts.shutdown(wait=False, cancel_futures=True)
+        self._prompts.close()
         self.prompter.close()
 
     def conversation(self, messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice, parallel: bool,

@@ -178,7 +178,8 @@ class EndpointServing:
                 return JSONResponse(fmt.whole(runs), headers=fmt.headers(runs))
             # n choices of per-token top logprobs: the body is built and encoded on the prompt thread
             # (the tokenizer's one user), never on the event loop every other request shares
-            return await self.serving.on_prompt_thread(lambda: JSONResponse(fmt.whole(runs), headers=fmt.headers(runs)))
+            return await self.serving.on_prompt_thread(lambda: JSONResponse(fmt.whole(runs), headers=fmt.headers(runs)),
+                                                       choices[0].principal.key_id)
 
     async def _stream(self, choices: list[Prepared], fmt: Format) -> StreamingResponse:
         serving = self.serving

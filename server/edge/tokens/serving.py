@@ -38,7 +38,7 @@ class ServingTokens:
             choice = ToolChoice("auto" if tools else "none")
             return serving.render_chat([m.stored() for m in req.messages or ()], tools, choice, True, req.add_generation_prompt)[1]
 
-        tokens = await serving.on_prompt_thread(work)
+        tokens = await serving.on_prompt_thread(work, principal.key_id)
         return {"count": len(tokens), "max_model_len": serving.max_model_len, "tokens": tokens}
 
     async def detokenize(self, request: Request, principal: Principal) -> dict[str, Any]:
@@ -49,4 +49,4 @@ class ServingTokens:
             raise UnknownModel(req.model)
         if any(t >= serving.vocab_size for t in req.tokens):
             raise InvalidRequest(f"tokens: token ids must be < {serving.vocab_size}", "tokens")
-        return {"prompt": await serving.on_prompt_thread(lambda: serving.tokenizer.decode(req.tokens))}  # never on the event loop
+        return {"prompt": await serving.on_prompt_thread(lambda: serving.tokenizer.decode(req.tokens), principal.key_id)}  # never on the event loop
