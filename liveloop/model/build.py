@@ -17,9 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import random
-import shutil
 import time
 import warnings
 from itertools import chain
@@ -30,7 +28,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from liveloop.checkpoint import checkpoint_digest
+from liveloop.checkpoint import checkpoint_digest, save_atomically
 from liveloop.model.config import ModelBuildConfig
 from liveloop.model.corpus import Example, generate_corpus
 from liveloop.model.tokenizer import PAD_TOKEN, train_tokenizer
@@ -98,7 +96,7 @@ def build_model(cfg: ModelBuildConfig, out_dir: Path | None = None, progress: bo
         # what the weights depend on besides the config: kernels (CPU capability), threads, versions
         "environment": environment(),
     }
-    _save_atomically(out, model, tokenizer, record)
+    _save(out, model, tokenizer, record)
     return out
 
 
@@ -273,22 +271,14 @@ def _sample_replies(model: Qwen3MoeForCausalLM, tokenizer: PreTrainedTokenizerFa
     return samples
 
 
-def _save_atomically(out: Path, model: Qwen3MoeForCausalLM, tokenizer: PreTrainedTokenizerFast,
-                     record: dict) -> None:
-    """Write into a sibling temporary directory, then swap it into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    old = out.with_name(f"{out.name}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+def _save(out: Path, model: Qwen3MoeForCausalLM, tokenizer: PreTrainedTokenizerFast, record: dict) -> None:
+    """The build into `out` through liveloop.checkpoint.save_atomically (a sibling temporary directory,
+    fsynced, renamed into place; removed on any failure), with its record and weights' digest."""
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        record = record | {"model_digest": checkpoint_digest(tmp)}  # the weights' sha256: which build this is
-        (tmp / BUILD_RECORD).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+        stamped = record | {"model_digest": checkpoint_digest(tmp)}  # the weights' sha256: which build this is
+        (tmp / BUILD_RECORD).write_text(json.dumps(stamped, indent=2, ensure_ascii=False) + "\n")
+
+    save_atomically(out, write)
