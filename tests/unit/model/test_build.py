@@ -58,6 +58,7 @@ def test_same_seed_same_weights_and_rebuild_replaces(built, tmp_path):
     (again / "stale.txt").write_text("x")
     build_model(TINY, again, progress=False)
     assert not (again / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "seed1"]  # no replaced build or temporary left beside
 
 
 def _digest(model_dir):
