@@ -7,8 +7,9 @@ What the client's text spells of the model's special tokens stays text (server/e
 A template that renders no tools (plain ChatML) gets them, the calls and their results written into the
 messages' text as Qwen's template writes them (server/edge/formats/tool_rendering.py).
 
-Templating runs on the serving pipeline's prompt thread, never on the event loop; a constraint compiles
-in the grammar checker's child process within its deadline (server/edge/pipeline/grammar_check.py)."""
+Templating runs on the serving pipeline's prompt thread, never on the event loop; whether a constraint
+compiles is checked after it, on the grammar thread, in a child process with a deadline
+(server/edge/pipeline/grammar_check.py)."""
 
 from __future__ import annotations
 
@@ -103,8 +104,8 @@ class Prompter:
 
     def constraint(self, tool_use: ToolUse | None, json_reply: JSONReply | None, param: str) -> str | None:
         """The one constraint the reply samples under: the forced call of `required` / a named tool
-        choice, or the JSON of a response format (`json_reply`), checked
-        to compile; None: free sampling. Raises ToolsRefused."""
+        choice, or the JSON of a response format (`json_reply`), its schema checked; None: free
+        sampling. Whether it compiles is `check`'s (off the prompt thread). Raises ToolsRefused."""
         param = "tools" if json_reply is None else param
         try:
             forced = tool_use.bounded(self.json_max_string).constraint(self.json_layout) if tool_use is not None else None
@@ -114,21 +115,28 @@ class Prompter:
                 if json_reply.schema is not None:
                     check_schema(json_reply.schema, param)
                 forced = json_constraint(bounded(json_reply.schema, self.json_max_string), self.json_layout)
-            if forced is None:
-                return None
-            self.checker.check(forced)
         except ToolsRefused:
             raise
-        except GrammarTooComplex as exc:
-            raise ToolsRefused(f"{param}: constrained decoding cannot follow this schema: {exc}", param, code="grammar_too_complex") from None
-        except Exception as exc:  # xgrammar refuses a schema it cannot turn into a grammar
+        except Exception as exc:  # a schema the structural tag cannot express
             raise ToolsRefused(f"{param}: constrained decoding cannot follow this schema: {str(exc)[:300]}", param) from None
+        if forced is None:
+            return None
         if not self.engine.supports_constraints:
             raise ToolsRefused(
                 f"the {self.engine.name} engine does not serve constrained decoding (forced tool calls, JSON output)",
                 "tool_choice" if json_reply is None else param, code="unsupported_by_engine",
             )
         return forced
+
+    def check(self, constraint: str, param: str) -> None:
+        """Raise ToolsRefused (naming `param`) unless `constraint` compiles within the deadline (blocks
+        up to it: run it off the prompt thread and the event loop)."""
+        try:
+            self.checker.check(constraint)
+        except GrammarTooComplex as exc:
+            raise ToolsRefused(f"{param}: constrained decoding cannot follow this schema: {exc}", param, code="grammar_too_complex") from None
+        except Exception as exc:  # xgrammar refuses a schema it cannot turn into a grammar
+            raise ToolsRefused(f"{param}: constrained decoding cannot follow this schema: {str(exc)[:300]}", param) from None
 
     # -- the prompt ---------------------------------------------------------------------------------
     def render(self, messages: list[dict[str, Any]], tool_use: ToolUse | None, generation_prompt: bool = True) -> PromptText:

@@ -116,6 +116,7 @@ class Prepared:
     choice_index: int = 0
     prompt_text: str | None = None  # a chat-shaped request's rendered prompt (server/edge/pipeline/splicing.py)
     session: ClientSession | None = None  # the client's session (server/edge/sessions.py): its episode, or a side call
+    constraint_param: str = "tools"  # the field a constraint that does not compile is refused by
 
     @property
     def clamped(self) -> bool:
@@ -133,6 +134,7 @@ class Ask:
     messages: tuple[dict[str, Any], ...] | None = None
     tool_use: ToolUse | None = None
     constraint: str | None = None
+    constraint_param: str = "tools"  # the field a constraint that does not compile is refused by
     clamp: bool = False  # a max_tokens past the context shrinks to fit (Anthropic's clients send 32k and more)
     previous_response_id: str | None = None
     options: dict[str, Any] | None = None
@@ -285,6 +287,8 @@ class Serving:
         # templating and tokenizing, off the loop: one thread, so no two encodes of the tokenizer run at once,
         # taking one job of each waiting key in turn (server/edge/pipeline/prompt_thread.py)
         self._prompts = PromptThread(server.max_queued_prompts_per_key)
+        # whether a request's constraint compiles (up to grammar_compile_seconds each), keys in turn too
+        self._grammars = PromptThread(server.max_queued_prompts_per_key, name="liveloop-grammars")
         self.stream_interval = server.stream_interval_ms / 1000  # seconds between a stream's writes (0: a write per delta)
         self.prompter = Prompter(tokenizer, model_dir, engine_config.tool_call_parser, engine_config.constrained_json, engine,
                                  engine_config.json_max_string, server.grammar_compile_seconds)
@@ -298,11 +302,15 @@ class Serving:
 
     async def prepare(self, req: Any, principal: Principal, work: Callable[[Any, Principal], Prepared]) -> Prepared:
         """`work(req, principal)` (the endpoint's own prepare) with the text's length checked here, before
-        anything is rendered, and the rendering and tokenizing on the prompt thread: the event loop never
-        does either."""
+        anything is rendered, the rendering and tokenizing on the prompt thread (the event loop never does
+        either), then its constraint's compile checked on the grammar thread."""
         self.check_model(req.model)
         self.check_chars(req)
-        return await self.on_prompt_thread(lambda: work(req, principal), principal.key_id)
+        prepared = await self.on_prompt_thread(lambda: work(req, principal), principal.key_id)
+        constraint = prepared.sampling.constraint
+        if constraint is not None:  # on a thread of its own: a slow compile never holds the prompt thread
+            await self._grammars.run(principal.key_id, lambda: self.prompter.check(constraint, prepared.constraint_param))
+        return prepared
 
     async def on_prompt_thread(self, work: Callable[[], Any], key: str) -> Any:
         """`work()` on the one prompt thread (templating and tokenizing: never two encodes at once), in
@@ -326,6 +334,7 @@ class Serving:
 
     def close(self) -> None:
         self._prompts.close()
+        self._grammars.close()
         self.prompter.close()
 
     def conversation(self, messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice, parallel: bool,
@@ -339,7 +348,8 @@ class Serving:
         tool_use, prompt_ids, text = self.render_chat(messages, tools, choice, parallel, key_id=key_id)
         constraint = self.prompter.constraint(tool_use, json_reply, format_param)
         kept = tuple(messages if stored is None else stored)
-        return Rendered(prompt_ids, Ask(messages=kept, tool_use=tool_use, constraint=constraint, **ask), text)
+        param = "tools" if json_reply is None else format_param
+        return Rendered(prompt_ids, Ask(messages=kept, tool_use=tool_use, constraint=constraint, constraint_param=param, **ask), text)
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[Tool], choice: ToolChoice, parallel: bool,
                     generation_prompt: bool = True, key_id: str | None = None) -> tuple[ToolUse | None, list[int], str]:
@@ -415,6 +425,7 @@ class Serving:
             previous_response_id=ask.previous_response_id,
             options=ask.options,
             prompt_text=text,
+            constraint_param=ask.constraint_param,
         )
 
     def _stop_tokens(self, req: Any) -> tuple[int, ...]:
