@@ -18,7 +18,9 @@ from liveloop.monitor.versions import BASE
 from liveloop.server.control.activator import Activator
 from liveloop.server.control.operations import Operations
 from liveloop.server.edge.admin import views as admin_json
-from liveloop.server.edge.admin.protocol import PauseRequest
+from liveloop.server.edge.admin.protocol import (
+    DriftView, LearnerStatusView, LearningReport, LearningSwitch, PauseRequest, StatsView,
+)
 from liveloop.server.edge.auth import Principal, require_admin
 from liveloop.server.edge.body import parse_body
 from liveloop.server.edge.dependencies import LearnerView
@@ -45,15 +47,15 @@ class AdminLearning:
         self.learner = learner
         self.started_at = started_at
 
-    async def set_paused(self, paused: bool, req: PauseRequest, principal: Principal) -> dict[str, Any]:
+    async def set_paused(self, paused: bool, req: PauseRequest, principal: Principal) -> LearningSwitch:
         return admin_json.learning(await self.operations.set_paused(paused, principal.key_id, req.reason, req.segment))
 
-    async def drift(self, since: float | None) -> dict[str, Any]:
+    async def drift(self, since: float | None) -> DriftView:
         monitor = self.operations.monitor
         state, series = await asyncio.to_thread(lambda: (monitor.state(), monitor.series(since)))
-        return {"object": "drift", "window_seconds": monitor.config.window_seconds, **state, "series": [admin_json.bucket(b) for b in series]}
+        return DriftView(window_seconds=monitor.config.window_seconds, **state, series=[admin_json.bucket(b) for b in series])
 
-    async def learning(self, segment: str | None, window: int) -> dict[str, Any]:
+    async def learning(self, segment: str | None, window: int) -> LearningReport:
         activator = self.activator
         names: list[str | None]
         if segment is None:
@@ -76,49 +78,48 @@ class AdminLearning:
             return [v for v, k in zip(views, keep) if k]
 
         views = await asyncio.to_thread(read)
-        return {
-            "object": "learning", "window": window, "max_responses": MAX_REPLIES, "behaviours": list(behaviours),
-            "data": [admin_json.segment_learning(v) for v in views],
-        }
+        return LearningReport(
+            window=window, max_responses=MAX_REPLIES, behaviours=list(behaviours), data=[admin_json.segment_learning(v) for v in views],
+        )
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> StatsView:
         counts = await asyncio.to_thread(self.feedback.counts)
         await self.activator.changes.idle()  # "serving" below is read with no await between: settled
-        return {
-            "object": "stats",
-            "serving": self.engine.version,
-            "engine": self.engine.name,
-            "model": self.model_name,
-            "uptime_seconds": int(time.time()) - self.started_at,
-            "learning_paused": await self.operations.paused(),
-            "counts": counts,
-            "rating_rate": counts["feedback"] / counts["responses"] if counts["responses"] else None,
-            "learner": await self.learner_status(),
-        }
+        return StatsView(
+            serving=self.engine.version,
+            engine=self.engine.name,
+            model=self.model_name,
+            uptime_seconds=int(time.time()) - self.started_at,
+            learning_paused=await self.operations.paused(),
+            counts=counts,
+            rating_rate=counts["feedback"] / counts["responses"] if counts["responses"] else None,
+            learner=await self.learner_status(),
+        )
 
-    async def learner_status(self) -> dict[str, Any]:
+    async def learner_status(self, **head: Any) -> LearnerStatusView:
+        """The learner's health and status; `head`: keys first (`object`)."""
         learner = self.learner
         if learner is None:
-            return {"running": False, "state": "off", "pace": None}
+            return LearnerStatusView(**head, running=False, state="off", pace=None)
         pace = admin_json.learner_pace(self.operations.learner_pace())  # measured on the store too while the learner is down
         health = dataclasses.asdict(learner.health())
         if health["state"] != "running":
-            return {"running": False, **health, "pace": pace}
+            return LearnerStatusView.model_validate({**head, "running": False, **health, "pace": pace})
         try:
             status = await asyncio.to_thread(learner.status)
         except Exception as exc:  # busy, or it died since: say so rather than fail the page
-            return {"running": False, **health, "error": str(exc)[:200], "pace": pace}
-        return {"running": True, **health, **status.as_dict(), "pace": pace}
+            return LearnerStatusView.model_validate({**head, "running": False, **health, "error": str(exc)[:200], "pace": pace})
+        return LearnerStatusView.model_validate({**head, "running": True, **health, **status.as_dict(), "pace": pace})
 
 
 @router.post("/learning/pause")
-async def pause(request: Request, h: AdminLearning = Depends(handler), principal: Principal = Depends(require_admin)) -> dict:
+async def pause(request: Request, h: AdminLearning = Depends(handler), principal: Principal = Depends(require_admin)) -> LearningSwitch:
     """Pause the learner, or with `segment` that segment's lane only (it neither trains nor activates)."""
     return await h.set_paused(True, await parse_body(request, PauseRequest, empty_ok=True), principal)
 
 
 @router.post("/learning/resume")
-async def resume(request: Request, h: AdminLearning = Depends(handler), principal: Principal = Depends(require_admin)) -> dict:
+async def resume(request: Request, h: AdminLearning = Depends(handler), principal: Principal = Depends(require_admin)) -> LearningSwitch:
     return await h.set_paused(False, await parse_body(request, PauseRequest, empty_ok=True), principal)
 
 
@@ -126,7 +127,7 @@ async def resume(request: Request, h: AdminLearning = Depends(handler), principa
 async def drift(
     h: AdminLearning = Depends(handler), since: float | None = Query(None, description="unix seconds: buckets from then on"),
     _: Principal = Depends(require_admin),
-) -> dict:
+) -> DriftView:
     """The detectors' state, alarms, per-segment rates and the reward series (time buckets)."""
     return await h.drift(since)
 
@@ -137,7 +138,7 @@ async def learning(
     segment: str | None = Query(None, min_length=1, max_length=256, description=f"one segment (`{BASE}`: responses without one)"),
     window: int = Query(DEFAULT_WINDOW, ge=1, le=MAX_WINDOW, description="ratings in the moving reward"),
     _: Principal = Depends(require_admin),
-) -> dict:
+) -> LearningReport:
     """Per segment (the configured adapter segments, and `base` where responses were recorded without
     one) and per version that served it: ratings, reward with its interval, the moving reward over the
     last `window` ratings and the served rate of each `[monitor] behaviours` rule, over the segment's
@@ -146,13 +147,13 @@ async def learning(
 
 
 @router.get("/stats")
-async def stats(h: AdminLearning = Depends(handler), _: Principal = Depends(require_admin)) -> dict:
+async def stats(h: AdminLearning = Depends(handler), _: Principal = Depends(require_admin)) -> StatsView:
     return await h.stats()
 
 
 @router.get("/learner")
-async def learner_status(_: Principal = Depends(require_admin), h: AdminLearning = Depends(handler)) -> dict:
+async def learner_status(_: Principal = Depends(require_admin), h: AdminLearning = Depends(handler)) -> LearnerStatusView:
     """The co-located learner's state: version, cursor, steps, idle fraction, last metrics, and its pace
     (`pace`: each lane's arrival and training rates, backlog, seconds per rating, the behind and
     refused-step alarms; server/control/learner_watch.py)."""
-    return {"object": "learner", **await h.learner_status()}
+    return await h.learner_status(object="learner")

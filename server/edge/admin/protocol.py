@@ -1,11 +1,17 @@
-"""The admin API's bodies: its requests (swaps, rollbacks, pauses, forgetting and quarantining keys) and
-the typed responses of the keys' and the fleet's routes and of pinning (server/edge/admin/)."""
+"""The admin API's bodies (server/edge/admin/): its requests (swaps, rollbacks, pauses, forgetting and
+quarantining keys) and the pydantic models of its responses, which the routes declare (/openapi.json
+shows them); server/edge/admin/views.py builds them from the domain's typed results.
+
+Bodies that were plain dicts (`_View`) write NaN and infinities as null, as FastAPI wrote those dicts;
+`_Body` ones as Python's JSON does. `Number` keeps an int an int (a `float` field writes 1 as 1.0). A
+field defaulting to `MISSING` is absent from the JSON unless set (a null segment, `settled` outside a
+settled read, the keys only a gated release has)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import MISSING, BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from liveloop.server.control.operations import KeyRow
 from liveloop.server.edge.protocol import INT32_MAX, Text, _Strict
@@ -53,6 +59,15 @@ class _Body(BaseModel):
     """A response body: every field goes out, floats as Python's JSON writes them (NaN included)."""
 
     model_config = ConfigDict(ser_json_inf_nan="constants")
+
+
+class _View(_Body):
+    """A response body that replaced a plain dict: NaN and infinities go out as null, as they did."""
+
+    model_config = ConfigDict(ser_json_inf_nan="null", extra="forbid")  # forbid: a new key of an open dict fails loudly
+
+
+Number = int | float  # as the domain wrote it: 1 stays 1, 1.5 stays 1.5
 
 
 class PinResult(_Body):
@@ -159,3 +174,331 @@ class EventView(_Body):
 class EventList(_Body):
     object: Literal["list"] = "list"
     data: list[EventView]
+
+
+# -- versions (server/edge/admin/versions.py) -------------------------------------------------------------
+class RewardView(_View):
+    """A rate with its Wilson interval (monitor/stats.py `Rate`)."""
+
+    n: int
+    positive: int
+    rate: float | None  # None: no ratings
+    low: Number
+    high: Number
+
+
+class ComparisonView(_View):
+    """A version's rate against its parent's (monitor/stats.py `Comparison`)."""
+
+    difference: Number
+    z: Number
+    p_two_sided: Number
+    p_worse: Number
+
+
+class VersionView(_View):
+    """One policy version (GET /admin/versions)."""
+
+    version: int
+    parent: int | None
+    segment: str | None  # its adapter lineage; None: the base weights'
+    created: Number  # unix seconds
+    status: str
+    serving: bool
+    learner_step: int
+    samples_used: int
+    note: str | None
+    metrics: dict[str, Any]
+    responses: int
+    rating_rate: Number | None
+    reward: RewardView
+    vs_parent: ComparisonView | None
+    checkpoint: str  # durable | writing | pruned (monitor/versions.py `checkpoint_state`)
+    rollback_target: bool
+
+
+class VersionList(_View):
+    """GET /admin/versions: a page of versions, oldest first; `segment` and `adapter` with `?segment=`."""
+
+    object: Literal["list"] = "list"
+    serving: int
+    segment: str | MISSING = MISSING
+    adapter: int | None | MISSING = MISSING  # the adapter version serving that segment (None: the base weights)
+    data: list[VersionView]
+    has_more: bool
+    settled: bool | MISSING = MISSING
+
+
+class LatestVersion(_View):
+    version: int
+    status: str
+    parent: int | None
+    responses: int
+    reward: RewardView
+    vs_parent: ComparisonView | None
+
+
+class SegmentView(_View):
+    """One configured segment's adapter lineage (GET /admin/adapters)."""
+
+    segment: str
+    learner: str
+    serving: int | None
+    policy_version: int
+    paused: bool
+    versions: int
+    latest: LatestVersion | None
+
+
+class AdaptersView(_View):
+    object: Literal["adapters"] = "adapters"
+    adapters: str  # none | shared | segment
+    base_version: int
+    segments: list[SegmentView]
+    settled: bool | MISSING = MISSING
+
+
+class StatusView(_View):
+    status: str
+    servable: bool
+    description: str
+
+
+class StatusList(_View):
+    object: Literal["list"] = "list"
+    data: list[StatusView]
+
+
+class Imported(_View):
+    """POST /admin/weights: the swap, then the copy's digest and the files taken or left behind."""
+
+    object: Literal["policy_version"] = "policy_version"
+    version: int
+    parent: int
+    swap_ms: Number
+    held_ms: Number
+    checkpoint_sha256: str
+    completed: list[str]
+    left_behind: list[str]
+
+
+class RolledBack(_View):
+    """POST /admin/rollback; `segment` only where one segment's lineage moved."""
+
+    object: Literal["rollback"] = "rollback"
+    version: int
+    previous: int
+    rolled_back: list[int]
+    swap_ms: Number
+    held_ms: Number
+    segment: str | MISSING = MISSING
+
+
+# -- learning (server/edge/admin/learning.py) ------------------------------------------------------------
+class LearningSwitch(_View):
+    """POST /admin/learning/pause and /resume; `segment` only where one segment's lane was switched."""
+
+    object: Literal["learning"] = "learning"
+    learner: str
+    paused: bool
+    changed: bool
+    segment: str | MISSING = MISSING
+
+
+class BucketView(_View):
+    """One time bucket of the reward series: its start (unix seconds) and reward rate."""
+
+    t: Number
+    n: int
+    positive: int
+    rate: float | None
+    low: Number
+    high: Number
+
+
+class DriftView(_View):
+    """GET /admin/drift: the detectors' state (monitor/drift.py `state`), alarms, segments, series."""
+
+    object: Literal["drift"] = "drift"
+    window_seconds: Number
+    detector: str
+    delta: Number
+    threshold: Number
+    last_feedback_id: int | None
+    overall: dict[str, Any]
+    segment_key: str | None
+    segments_evicted: int
+    segments: dict[str, dict[str, Any]]
+    alarms: list[dict[str, Any]]
+    series: list[BucketView]
+
+
+class VersionLearningView(_View):
+    version: int
+    responses: int
+    reward: RewardView
+    behaviours: dict[str, RewardView]  # each behaviour rule: its served rate
+
+
+class MovingPointView(_View):
+    index: int
+    version: int
+    reward: Number
+
+
+class SegmentLearningView(_View):
+    """One segment of GET /admin/learning (the dashboard's learning panel)."""
+
+    segment: str
+    window: int
+    responses: int
+    ratings: int
+    versions: list[VersionLearningView]
+    moving: list[MovingPointView]
+
+
+class LearningReport(_View):
+    object: Literal["learning"] = "learning"
+    window: int
+    max_responses: int
+    behaviours: list[str]
+    data: list[SegmentLearningView]
+
+
+class WindowPaceView(_View):
+    seconds: Number
+    arriving: Number
+    trained: Number | None
+    pace: Number | None
+    seconds_per_rating: Number | None
+    measured_seconds: Number
+    full: bool
+
+
+class LanePaceView(_View):
+    segment: str | None
+    lane: str
+    cursor: int
+    answered: bool
+    paused: bool
+    behind: bool
+    behind_since: Number | None
+    refused_steps: int
+    backlog: int
+    backlog_capped: bool
+    short: WindowPaceView
+    long: WindowPaceView
+
+
+class LearnerPaceView(_View):
+    """The learner's pace at the last check (server/control/learner_watch.py)."""
+
+    at: Number
+    short_seconds: Number
+    long_seconds: Number
+    behind_pace: Number
+    behind_backlog: int
+    behind: bool
+    lanes: list[LanePaceView]
+
+
+class LearnerStatusView(_View):
+    """The co-located learner (GET /admin/learner, stats' `learner`): its health's keys, then its status's
+    (the learner's own, open-ended), `error` when it did not answer, and its pace last."""
+
+    model_config = ConfigDict(extra="allow")  # the learner status's keys
+
+    object: Literal["learner"] | MISSING = MISSING
+    running: bool
+    state: str
+    restarts: int | MISSING = MISSING
+    last_error: str | None | MISSING = MISSING
+    error: str | MISSING = MISSING
+    pace: LearnerPaceView | None
+
+    @model_serializer(mode="wrap")
+    def _last(self, handler):  # no return annotation: /openapi.json keeps the fields' schema
+        body = handler(self)
+        for key in ("error", "pace"):  # after the status's keys, where they always were
+            if key in body:
+                body[key] = body.pop(key)
+        return body
+
+
+class StatsView(_View):
+    object: Literal["stats"] = "stats"
+    serving: int
+    engine: str
+    model: str
+    uptime_seconds: int
+    learning_paused: bool
+    counts: dict[str, int]
+    rating_rate: float | None
+    learner: LearnerStatusView
+
+
+# -- release (server/edge/admin/release.py) --------------------------------------------------------------
+class TrafficView(_View):
+    version: int
+    responses: int
+    ratings: int
+    positive: int
+    rate: float | None  # None: no ratings
+
+
+class DecisionView(_View):
+    action: str
+    reason: str
+    p_worse: Number | None
+
+
+class CandidateView(_View):
+    version: int
+    status: str
+    loaded: bool
+    traffic: TrafficView
+    live: TrafficView
+    evaluation: str  # running | passed | failed | none
+    decision: DecisionView | None  # the gate's verdict at its last pass
+
+
+class LineageView(_View):
+    mode: str
+    serving: int | None  # None: the base weights
+    candidate: CandidateView | None
+
+
+class ReleaseView(_View):
+    """GET /admin/release; without a gate (immediate mode, evaluation off) no `configured_segments` or
+    `canary_fraction`."""
+
+    object: Literal["release"] = "release"
+    mode: str
+    segments: dict[str, str]
+    configured_segments: dict[str, str] | MISSING = MISSING
+    canary_fraction: Number | MISSING = MISSING
+    serving: int
+    candidate: CandidateView | None
+    evaluating: int | None
+    lineages: dict[str, LineageView]
+    gate: bool
+    settled: bool | MISSING = MISSING
+
+
+class EvaluationView(_View):
+    """A version's latest evaluation: each check as written (name, value, live, base, bound, passed)."""
+
+    object: Literal["evaluation"] = "evaluation"
+    version: int
+    live_version: int | None
+    passed: bool
+    failed: list[str]
+    checks: list[dict[str, Any]]
+    seconds: Number
+    engine_seconds: Number | None
+    created: float  # unix seconds
+
+
+class EvaluationList(_View):
+    object: Literal["list"] = "list"
+    data: list[EvaluationView]

@@ -7,7 +7,8 @@ lineage only; an unknown one is a 404, the activator's UnknownSegment) and pinni
 checkpoint retention.
 
 Domain refusals (no such version, not servable, ...) propagate as domain exceptions and become HTTP
-errors in server/edge/errors.py; typed results become JSON in server/edge/admin/views.py."""
+errors in server/edge/errors.py; typed results become the response models of server/edge/admin/protocol.py
+in server/edge/admin/views.py."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from liveloop.segments import SHARED
 from liveloop.server.control.activator import Activator
 from liveloop.server.control.operations import Operations
 from liveloop.server.edge.admin import views as admin_json
-from liveloop.server.edge.admin.protocol import PinResult, RollbackRequest, SwapRequest
+from liveloop.server.edge.admin.protocol import (
+    AdaptersView, Imported, PinResult, RollbackRequest, RolledBack, StatusList, SwapRequest, VersionList,
+)
 from liveloop.server.edge.admin.views import settled_body
 from liveloop.server.edge.auth import Principal, require_admin
 from liveloop.server.edge.body import parse_body
@@ -50,31 +53,34 @@ class AdminVersions:
         self.engine = engine
         self.versions = versions
 
-    async def listed(self, segment: str | None, limit: int = VERSIONS_PAGE, before: int | None = None) -> dict[str, Any]:
+    async def listed(self, segment: str | None, limit: int = VERSIONS_PAGE, before: int | None = None) -> VersionList:
         """The newest `limit` versions (older than `before`, if given), oldest first; `has_more` when
         older ones are left."""
-        async def read() -> dict:
+        async def read() -> VersionList:
             rows = await self.operations.versions()
-            body = {"object": "list", "serving": self.engine.version}
+            serving = self.engine.version
+            lineage_of: dict[str, Any] = {}
             if segment is not None:
                 rows = lineage(rows, segment)
                 if segment != BASE:
                     if not rows:  # a configured segment may have no versions yet; any other name: 404
                         self.activator.lane(segment)
-                    body |= {"segment": segment, "adapter": self.activator.serving_adapters().get(segment)}
+                    lineage_of = {"segment": segment, "adapter": self.activator.serving_adapters().get(segment)}
             if before is not None:
                 rows = [r for r in rows if r.version < before]
             page = rows[-limit:]
-            return body | {"data": [admin_json.version(r) for r in page], "has_more": len(rows) > len(page)}
+            return VersionList(
+                serving=serving, **lineage_of, data=[admin_json.version(r) for r in page], has_more=len(rows) > len(page),
+            )
 
         return settled_body(await self.activator.changes.read(read))
 
-    async def adapters(self) -> dict[str, Any]:
+    async def adapters(self) -> AdaptersView:
         activator, operations = self.activator, self.operations
         if not activator.segments:
             return admin_json.adapters("none", self.engine.version, [])
 
-        async def read() -> dict:
+        async def read() -> AdaptersView:
             rows = await operations.versions()
             serving = activator.serving_adapters()
             segments = []
@@ -94,10 +100,10 @@ class AdminVersions:
 
         return settled_body(await activator.changes.read(read))
 
-    async def swap(self, req: SwapRequest, principal: Principal) -> dict[str, Any]:
+    async def swap(self, req: SwapRequest, principal: Principal) -> Imported:
         return admin_json.imported(await self.operations.publish_weights(req.path, req.note, principal.key_id))
 
-    async def rollback(self, req: RollbackRequest, principal: Principal) -> dict[str, Any]:
+    async def rollback(self, req: RollbackRequest, principal: Principal) -> RolledBack:
         result = await self.operations.rollback(req.version, principal.key_id, req.reason, req.segment, req.expect_serving)
         return admin_json.rollback(result)
 
@@ -115,7 +121,7 @@ async def versions(
     limit: int = Query(VERSIONS_PAGE, ge=1, le=VERSIONS_PAGE_MAX, description="versions per page: the newest"),
     before: int | None = Query(None, ge=0, description="the page's versions are older than this one (the previous page's first)"),
     _: Principal = Depends(require_admin),
-) -> dict:
+) -> VersionList:
     """The versions with their parent, lineage (`segment`), status, traffic, reward rate (Wilson
     interval) and the test against its parent, newest `limit` first paged back by `before` (listed
     oldest first; `has_more` when older ones are left); `segment` keeps one lineage."""
@@ -123,27 +129,27 @@ async def versions(
 
 
 @router.get("/adapters")
-async def adapters(h: AdminVersions = Depends(handler), _: Principal = Depends(require_admin)) -> dict:
+async def adapters(h: AdminVersions = Depends(handler), _: Principal = Depends(require_admin)) -> AdaptersView:
     """Each configured segment: the adapter version serving it (None: the base weights), its pause
     switch, its number of versions and its latest one's reward. Without adapters: no segments."""
     return await h.adapters()
 
 
 @router.get("/statuses")
-async def statuses(_: Principal = Depends(require_admin)) -> dict:
+async def statuses(_: Principal = Depends(require_admin)) -> StatusList:
     """The version statuses: their names, meaning, and whether a version in one can be served again."""
-    return {"object": "list", "data": admin_json.statuses()}
+    return admin_json.statuses()
 
 
 @router.post("/weights")
-async def swap_weights(request: Request, h: AdminVersions = Depends(handler), principal: Principal = Depends(require_admin)) -> dict:
+async def swap_weights(request: Request, h: AdminVersions = Depends(handler), principal: Principal = Depends(require_admin)) -> Imported:
     """Serve the checkpoint in the directory `path` as the next version, from a checked copy in the
     learner's checkpoint_dir (server/control/weights_import.py): the operator's directory is read once, here."""
     return await h.swap(await parse_body(request, SwapRequest), principal)
 
 
 @router.post("/rollback")
-async def rollback(request: Request, h: AdminVersions = Depends(handler), principal: Principal = Depends(require_admin)) -> dict:
+async def rollback(request: Request, h: AdminVersions = Depends(handler), principal: Principal = Depends(require_admin)) -> RolledBack:
     """Serve a stored version again. An adapter version moves its own segment only; `segment` with the
     serving base version serves that segment the base weights again. `expect_serving`: the version the
     operator saw serving; 409 serving_changed (nothing done) if another serves now."""

@@ -99,7 +99,7 @@ async def test_a_learner_falling_behind_is_alarmed_once_and_cleared(store):
     assert 'liveloop_learner_pace{segment="",window="long"}' in text and 'liveloop_learner_ratings_per_second{segment="",window="short"}' in text
     assert 'liveloop_learner_seconds_per_rating{segment="",window="long"} 8.0' in text
 
-    body = views.learner_pace(ops.learner_pace())  # what GET /admin/learner and the dashboard show
+    body = views.learner_pace(ops.learner_pace()).model_dump()  # what GET /admin/learner and the dashboard show
     assert body["behind"] is False and body["long_seconds"] == 300 and body["lanes"][0]["backlog"] == 10
     assert body["lanes"][0]["long"]["full"] is True
 

@@ -145,7 +145,7 @@ async def test_a_segment_candidate_serves_its_canary_users_only_and_promotion_ma
     cozy = next(lineage for lineage in state.lineages if lineage.segment == "cozy")
     assert state.segment_modes == {"cozy": "canary", "night": "immediate"} and cozy.serving == v1 and cozy.candidate.version == v2
     assert cozy.candidate.loaded and state.candidate is None
-    body = release_json(state, engine.version)  # GET /admin/release
+    body = release_json(state, engine.version).model_dump()  # GET /admin/release
     assert body["segments"] == {"cozy": "canary", "night": "immediate"} and body["lineages"]["cozy"]["serving"] == v1
     assert body["lineages"]["cozy"]["candidate"]["version"] == v2 and body["lineages"]["cozy"]["candidate"]["loaded"]
 
