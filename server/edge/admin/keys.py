@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
 from liveloop.server.control.forgetting import ForgetResult, Forgetting
 from liveloop.server.control.operations import Operations
-from liveloop.server.edge.admin.protocol import ForgetRequest, Forgotten, KeyList, KeyView, Quarantined, QuarantineRequest
+from liveloop.server.edge.admin.protocol import (
+    ForgetPlanView, ForgetRequest, Forgotten, KeyList, KeyView, Quarantined, QuarantineRequest,
+)
 from liveloop.server.edge.auth import Principal, require_admin
 from liveloop.server.edge.body import parse_body
 from liveloop.server.edge.dependencies import admin_keys as handler
@@ -45,7 +46,7 @@ class AdminKeys:
         changed = await asyncio.to_thread(self.keys.set_quarantined, _key_id(key_id), quarantined, reason, principal.key_id)
         return Quarantined(key_id=key_id, quarantined=quarantined, changed=changed)
 
-    async def forget(self, key_id: str, req: ForgetRequest, principal: Principal) -> Forgotten | dict[str, Any]:
+    async def forget(self, key_id: str, req: ForgetRequest, principal: Principal) -> Forgotten | ForgetPlanView:
         """Without `weights`, what was deleted; with it, the plan (and what was done), whose keys follow the
         plan's own shape (`_forget_json`)."""
         key = _key_id(key_id)
@@ -55,23 +56,21 @@ class AdminKeys:
         return _forget_json(await self.forgetting.forget(key, req.dry_run, principal.key_id))  # KeyNotFound: 404
 
 
-def _forget_json(result: ForgetResult) -> dict[str, Any]:
+def _forget_json(result: ForgetResult) -> ForgetPlanView:
     plan = result.plan
-    body = {
-        "object": "api_key.forget_plan" if result.dry_run else "api_key.forgotten",
-        "key_id": plan.key_id,
-        "dry_run": result.dry_run,
-        "responses": plan.responses,
-        "ratings": plan.ratings,
-        "replay": sum(p.replay for p in plan.affected),
-        "estimate_seconds": plan.estimate_seconds,
-        "lineages": [dataclasses.asdict(p) for p in plan.lineages],
-    }
-    if result.deleted is not None:
-        body |= {"responses_deleted": result.deleted.responses, "ratings_deleted": result.deleted.ratings}
-    if not result.dry_run:
-        body["done"] = [dataclasses.asdict(d) for d in result.done]
-    return body
+    deleted = {} if result.deleted is None else {"responses_deleted": result.deleted.responses, "ratings_deleted": result.deleted.ratings}
+    return ForgetPlanView(
+        object="api_key.forget_plan" if result.dry_run else "api_key.forgotten",
+        key_id=plan.key_id,
+        dry_run=result.dry_run,
+        responses=plan.responses,
+        ratings=plan.ratings,
+        replay=sum(p.replay for p in plan.affected),
+        estimate_seconds=plan.estimate_seconds,
+        lineages=[dataclasses.asdict(p) for p in plan.lineages],
+        **deleted,
+        **({} if result.dry_run else {"done": [dataclasses.asdict(d) for d in result.done]}),
+    )
 
 
 @router.get("/keys")
@@ -93,7 +92,7 @@ async def lift_quarantine(key_id: str, h: AdminKeys = Depends(handler), principa
 
 
 @router.post("/keys/{key_id}/forget")
-async def forget(key_id: str, request: Request, h: AdminKeys = Depends(handler), principal: Principal = Depends(require_admin)) -> Any:
+async def forget(key_id: str, request: Request, h: AdminKeys = Depends(handler), principal: Principal = Depends(require_admin)) -> Forgotten | ForgetPlanView:
     """Delete every response served to the key and every rating it gave: no later training or replay
     reads them. With `{"weights": true}` the weights forget too: each lineage the key trained is rolled
     back to before its first trained rating and the learner trains everyone else's later ratings again

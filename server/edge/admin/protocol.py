@@ -129,6 +129,23 @@ class Forgotten(_Body):
     ratings_deleted: int
 
 
+class ForgetPlanView(_View):
+    """POST /admin/keys/{key_id}/forget with `weights`: the plan (each lineage's, as forgetting.py has it),
+    what was deleted unless a dry run, and what was done."""
+
+    object: Literal["api_key.forget_plan", "api_key.forgotten"]
+    key_id: str
+    dry_run: bool
+    responses: int
+    ratings: int
+    replay: int
+    estimate_seconds: Number | None
+    lineages: list[dict[str, Any]]
+    responses_deleted: int | MISSING = MISSING
+    ratings_deleted: int | MISSING = MISSING
+    done: list[dict[str, Any]] | MISSING = MISSING
+
+
 class ReplicaView(_Body):
     """One replica of the fleet (GET /admin/replicas, the dashboard's fleet panel)."""
 
