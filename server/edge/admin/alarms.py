@@ -6,11 +6,10 @@ of it, the traits that alarm, and its stored evaluation of the same traits)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
 from fastapi import APIRouter, Depends, Query
 
 from liveloop.server.control.operations import Operations
+from liveloop.server.edge.admin.protocol import AlarmEvent, AlarmList, AlarmSettings
 from liveloop.server.edge.auth import Principal, require_admin
 from liveloop.server.edge.dependencies import admin_alarms as handler
 from liveloop.store.operator import OperatorQueries
@@ -27,29 +26,28 @@ class AdminAlarms:
         self.operations = operations
         self.operator = operator
 
-    async def listed(self, limit: int) -> dict[str, Any]:
+    async def listed(self, limit: int) -> AlarmList:
         operations = self.operations
         alarms = operations.alarms
         events = [e for e in await asyncio.to_thread(self.operator.events, None, SCANNED) if e.kind == "reward_hacking"][-limit:]
         settings = None
         if alarms is not None:
             c = alarms.config
-            settings = {
-                "traits": list(c.traits), "min_ratings": c.min_ratings, "min_gain": c.min_gain, "explained_share": c.explained_share,
-                "auto_hold": c.auto_hold, "check_seconds": c.check_seconds,
-            }
-        return {
-            "object": "list",
-            "enabled": alarms is not None,
-            "settings": settings,
-            "events": [
-                {"id": e.id, "version": e.version, "trait": e.detail.get("trait"), "detail": e.detail, "at": e.created_at.timestamp()}
+            settings = AlarmSettings(
+                traits=list(c.traits), min_ratings=c.min_ratings, min_gain=c.min_gain, explained_share=c.explained_share,
+                auto_hold=c.auto_hold, check_seconds=c.check_seconds,
+            )
+        return AlarmList(
+            enabled=alarms is not None,
+            settings=settings,
+            events=[
+                AlarmEvent(id=e.id, version=e.version, trait=e.detail.get("trait"), detail=e.detail, at=e.created_at.timestamp())
                 for e in reversed(events)
             ],
-            "data": [v.detail() for v in operations.hacking()],
-        }
+            data=[v.detail() for v in operations.hacking()],
+        )
 
 
 @router.get("/alarms")
-async def reward_hacking(h: AdminAlarms = Depends(handler), limit: int = Query(100, ge=1, le=1000), _: Principal = Depends(require_admin)) -> dict:
+async def reward_hacking(h: AdminAlarms = Depends(handler), limit: int = Query(100, ge=1, le=1000), _: Principal = Depends(require_admin)) -> AlarmList:
     return await h.listed(limit)

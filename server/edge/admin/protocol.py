@@ -519,3 +519,34 @@ class EvaluationView(_View):
 class EvaluationList(_View):
     object: Literal["list"] = "list"
     data: list[EvaluationView]
+
+
+# -- alarms and episodes (server/edge/admin/alarms.py, episodes.py) --------------------------------------
+class AlarmSettings(_View):
+    traits: list[str]
+    min_ratings: int
+    min_gain: Number
+    explained_share: Number
+    auto_hold: bool
+    check_seconds: Number
+
+
+class AlarmEvent(_View):
+    """A `reward_hacking` operator event."""
+
+    id: int
+    version: int | None
+    trait: Any
+    detail: dict[str, Any]
+    at: float  # unix seconds
+
+
+class AlarmList(_View):
+    """GET /admin/alarms: the settings (None: alarms off), the recent events, each judged version's
+    latest judgement (server/control/alarms.py `detail`)."""
+
+    object: Literal["list"] = "list"
+    enabled: bool
+    settings: AlarmSettings | None
+    events: list[AlarmEvent]
+    data: list[dict[str, Any]]
