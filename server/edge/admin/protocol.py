@@ -550,3 +550,41 @@ class AlarmList(_View):
     settings: AlarmSettings | None
     events: list[AlarmEvent]
     data: list[dict[str, Any]]
+
+
+class TurnBody(_View):
+    id: str
+    turn: int
+    policy_version: int
+    prompt_tokens: int
+    completion_tokens: int
+    observation_tokens: int | None
+    linked_by: str | None
+    finish_reason: str
+    tool_calls: list[str]
+    reward: Number | None
+    other_branches: int
+    created_at: str  # ISO 8601
+
+
+class EpisodeBody(_View):
+    """An episode ending at `last_turn` (GET /admin/episodes/{response_id})."""
+
+    object: Literal["episode"] = "episode"
+    id: str
+    last_turn: str
+    key_id: str
+    complete: bool
+    turns: list[TurnBody]
+    turn_count: int
+    tokens: int
+    tool_calls: int
+    reward: Number | None
+    ratings: int
+    versions: list[int]
+    branches: int
+
+
+class EpisodeList(_View):
+    object: Literal["list"] = "list"
+    data: list[EpisodeBody]
