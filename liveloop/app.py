@@ -262,7 +262,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
     serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, admission, route,
                       carried=store.episodes.carried_turn, canary_by=config.release.canary_by)
     activator = Activator(
-        engine, store, metrics, config.learner.cursor_name, segments,
+        engine, store.versions, store.operator, metrics, config.learner.cursor_name, segments,
         receiver=receiver, durable_wait_seconds=transport.durable_wait_seconds,
         keep_serving_memory=config.ray.enabled,  # the other replicas still swap the serving version in from memory
         gate_base=config.release.mode != "immediate",

@@ -43,7 +43,9 @@ from liveloop.server.control.version_weights import VersionWeights
 from liveloop.server.control.watcher import Watcher
 from liveloop.server.control.weights_import import StagedCheckpoint
 from liveloop.server.engines.base import Engine
-from liveloop.store import Store, TransitionRefused, VersionRecord, VersionStatus
+from liveloop.store import TransitionRefused, VersionRecord, VersionStatus
+from liveloop.store.operator import OperatorQueries
+from liveloop.store.versions import VersionQueries
 from liveloop.transport import Receiver, WeightHandle, WeightsUnverified
 from liveloop.transport.weights import WeightSource
 
@@ -66,7 +68,8 @@ class Activator:
     def __init__(
         self,
         engine: Engine,
-        store: Store,
+        versions: VersionQueries,
+        operator: OperatorQueries,
         metrics: Metrics,
         learner_name: str = "sao",
         segments: tuple[str, ...] = (),
@@ -77,7 +80,8 @@ class Activator:
         gate_segments: tuple[str, ...] = (),
     ):
         self.engine = engine
-        self.store = store
+        self.versions = versions
+        self.operator = operator  # where the learner's pause is read (the watcher)
         self.metrics = metrics
         self.learner_name = learner_name  # whose pause also holds back activation
         self.segments = segments  # the segments with adapter lineages (empty: adapters are off)
@@ -198,7 +202,7 @@ class Activator:
         its weights verified as any load's (a segment whose `previous` is None: the base weights)."""
         log.warning("version %d was refused after it swapped into %s: swapping version %s back", version, lineage, previous)
         try:
-            old = await asyncio.to_thread(self.store.versions.get_version, previous) if previous is not None else None
+            old = await asyncio.to_thread(self.versions.get_version, previous) if previous is not None else None
             if not lineage.is_base and (old is None or old.segment is None):
                 await self.engine.update_adapter(lineage.segment, None, self.engine.version)
                 return
@@ -216,13 +220,13 @@ class Activator:
     # -- what the other paths share (the gate's candidates use them too) ----------------------------------
     async def serves_now(self, version: int) -> bool:
         """Whether the store says `version` serves its lineage now (another replica activated it)."""
-        record = await asyncio.to_thread(self.store.versions.get_version, version)
+        record = await asyncio.to_thread(self.versions.get_version, version)
         return record is not None and record.status == VersionStatus.SERVING
 
     async def fail(self, version: int) -> None:
         """Mark `version` FAILED (unless it is already)."""
         try:
-            await asyncio.to_thread(self.store.versions.fail_version, version)
+            await asyncio.to_thread(self.versions.fail_version, version)
         except TransitionRefused:
             pass
 
@@ -232,13 +236,13 @@ class Activator:
         serving = self.serving_in(Lineage.of(record))
         log.error("version %d: weights rejected (%s): version %s keeps serving", record.version, exc, serving)
         self.metrics.inc("server/weights_rejected")
-        await asyncio.to_thread(self.store.versions.reject_weights, record.version, {"reason": str(exc), "serving": serving})
+        await asyncio.to_thread(self.versions.reject_weights, record.version, {"reason": str(exc), "serving": serving})
 
     async def drop(self, version: int, reason: str) -> None:
         """An activation that lost a race: logged, counted, recorded by the store; never applied."""
         log.warning("activation of version %d dropped: %s", version, reason)
         self.metrics.inc("server/activations_dropped")
-        await asyncio.to_thread(self.store.versions.drop_activation, version, reason)
+        await asyncio.to_thread(self.versions.drop_activation, version, reason)
 
     async def wait_for_weights(self, record: VersionRecord) -> None:
         """No weights yet: wait for its durable checkpoint (`VersionWeights.gave_up`), then mark it FAILED."""
@@ -264,7 +268,7 @@ class Activator:
         CheckpointUnusable when the engine cannot load it (the row becomes FAILED), the import's
         ImportFailed, the store's TransitionRefused if the store no longer agrees on what serves."""
         async with self.lock:
-            record = await asyncio.to_thread(checkpoint.record, self.store.versions, self.engine.version, note, **row)
+            record = await asyncio.to_thread(checkpoint.record, self.versions, self.engine.version, note, **row)
             try:
                 return await self._activate_imported(record.version)
             except SwapFailed as exc:
@@ -276,7 +280,7 @@ class Activator:
         another replica activated the version (`follow` swaps it in); missing weights are waited for."""
         began = time.time()
         try:
-            record = await asyncio.to_thread(self.store.versions.check_activation, version)
+            record = await asyncio.to_thread(self.versions.check_activation, version)
         except TransitionRefused as exc:
             if not await self.serves_now(version):  # another replica activated it: `follow` swaps it in
                 await self.drop(version, str(exc))
@@ -287,7 +291,7 @@ class Activator:
 
         async def commit() -> Any:
             try:
-                return await asyncio.to_thread(self.store.versions.activate_version, version, None)
+                return await asyncio.to_thread(self.versions.activate_version, version, None)
             except TransitionRefused:
                 if await self.serves_now(version):  # another replica activated it first: it serves (no drop, no swap back)
                     return None
@@ -317,14 +321,14 @@ class Activator:
         raises (SwapFailed, the store's TransitionRefused) and marks the row FAILED, and the store's
         transaction moves the learner's cursor to the version."""
         try:
-            record = await asyncio.to_thread(self.store.versions.check_activation, version)
+            record = await asyncio.to_thread(self.versions.check_activation, version)
         except TransitionRefused:
             await self.fail(version)
             raise
         lane = Lineage.of(record).lane(self.learner_name)
 
         async def commit() -> Any:
-            return await asyncio.to_thread(self.store.versions.activate_version, version, lane)
+            return await asyncio.to_thread(self.versions.activate_version, version, lane)
 
         try:
             done = await self._swap_in(record, commit, memory=False)

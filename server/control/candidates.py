@@ -109,7 +109,7 @@ class Candidates:
             if engine.candidate_version != record.version:
                 return None
             try:
-                await asyncio.to_thread(a.store.versions.check_activation, record.version, term)
+                await asyncio.to_thread(a.versions.check_activation, record.version, term)
             except StaleLeader as exc:
                 log.warning("candidate %d not promoted: %s", record.version, exc)
                 return None
@@ -126,7 +126,7 @@ class Candidates:
 
             async def commit() -> None:
                 try:
-                    await asyncio.to_thread(a.store.versions.activate_version, record.version, None, term)
+                    await asyncio.to_thread(a.versions.activate_version, record.version, None, term)
                 except TransitionRefused:
                     if not await a.serves_now(record.version):
                         raise
@@ -159,7 +159,7 @@ class Candidates:
 
             async def commit() -> bool:
                 try:
-                    await asyncio.to_thread(a.store.versions.activate_version, record.version, None, term)
+                    await asyncio.to_thread(a.versions.activate_version, record.version, None, term)
                 except StaleLeader as exc:  # nothing to undo: the slot's adapter was not repointed yet
                     log.warning("segment %s: candidate adapter %d not promoted: %s", segment, record.version, exc)
                     return False

@@ -43,7 +43,7 @@ async def rollback(
     lease's term a leader's rollback carries (store/lease.py `fenced`; None: an operator's, unfenced): a
     deposed leader's is refused in the store's transaction (StaleLeader) and the engine swaps back."""
     async with a.lock:
-        record = await asyncio.to_thread(a.store.versions.get_version, version)
+        record = await asyncio.to_thread(a.versions.get_version, version)
         if record is None:
             raise VersionNotFound(f"no policy version {version}")
         lineage = a.lineage(segment or record.segment)
@@ -52,7 +52,7 @@ async def rollback(
 
         async def commit() -> list[int]:
             return await asyncio.to_thread(
-                a.store.versions.rollback_to, version, lineage.lane(a.learner_name), api_key_id, reason, lineage.segment,
+                a.versions.rollback_to, version, lineage.lane(a.learner_name), api_key_id, reason, lineage.segment,
                 expect_serving, event, term,
             )
 
@@ -120,7 +120,7 @@ async def rollback_weights(a: Activator, record: VersionRecord, stack: contextli
             log.info("rollback: waiting up to %.0f s for version %d's durable checkpoint", a.weights.durable_wait_seconds, version)
             waited = True
         await asyncio.sleep(POLL_SECONDS)
-        fresh = await asyncio.to_thread(a.store.versions.get_version, version)
+        fresh = await asyncio.to_thread(a.versions.get_version, version)
         if fresh is None:
             raise VersionNotFound(f"no policy version {version}")
         record = fresh

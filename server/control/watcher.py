@@ -52,13 +52,13 @@ class Watcher:
         a = self.activator
         async with a.lock:
             done = []
-            record = await asyncio.to_thread(a.store.versions.latest_version)
+            record = await asyncio.to_thread(a.versions.latest_version)
             if record is not None and record.version != a.engine.version and record.version not in self._unfollowable:
                 result = await self._follow(record, BASE)
                 if result is not None:
                     done.append(result)
             if a.segments:
-                serving = await asyncio.to_thread(a.store.versions.serving_adapters)
+                serving = await asyncio.to_thread(a.versions.serving_adapters)
                 for segment in a.segments:
                     result = await self._follow_adapter(Lineage(segment), serving.get(segment))
                     if result is not None:
@@ -117,7 +117,7 @@ class Watcher:
         fail verification is rejected, and the base weights serve that segment)."""
         a = self.activator
         async with a.lock:
-            serving = await asyncio.to_thread(a.store.versions.serving_adapters)
+            serving = await asyncio.to_thread(a.versions.serving_adapters)
             for segment, record in serving.items():
                 if segment not in a.segments or not record.checkpoint_path:
                     continue
@@ -147,10 +147,10 @@ class Watcher:
         in for that segment only (no drain: running responses keep the adapter they started with)."""
         a = self.activator
         for segment in a.segments:
-            if segment in a.gate_segments or await asyncio.to_thread(a.store.operator.learning_paused, a.lane(segment)):
+            if segment in a.gate_segments or await asyncio.to_thread(a.operator.learning_paused, a.lane(segment)):
                 continue
             current = a.engine.adapter_version(segment)
-            published = await asyncio.to_thread(a.store.versions.versions_with_status, VersionStatus.PUBLISHED, current or -1, segment)
+            published = await asyncio.to_thread(a.versions.versions_with_status, VersionStatus.PUBLISHED, current or -1, segment)
             if published:
                 done = await a.activate(published[-1])
                 if done:
@@ -172,10 +172,10 @@ class Watcher:
                     await self.follow()
                     if a.segments:
                         await self.watch_adapters()
-                    if a.gate_base or await asyncio.to_thread(a.store.operator.learning_paused, a.learner_name):
+                    if a.gate_base or await asyncio.to_thread(a.operator.learning_paused, a.learner_name):
                         expected = -1  # nothing this watcher activates: no hurry
                     else:
-                        published = await asyncio.to_thread(a.store.versions.versions_with_status, VersionStatus.PUBLISHED, a.engine.version)
+                        published = await asyncio.to_thread(a.versions.versions_with_status, VersionStatus.PUBLISHED, a.engine.version)
                         if published and published[-1].version >= expected:
                             expected = -1
                         if published:

@@ -28,7 +28,7 @@ def _traffic(store: Store, groups: int) -> None:
 
 
 def test_auto_quarantine_takes_the_inverting_key_only(store):
-    ops = Operations(MonitorConfig(quarantine_z=4.0, quarantine_min_ratings=30, quarantine_corroborating_keys=3), store, Activator(None, store, Metrics()), Metrics())
+    ops = Operations(MonitorConfig(quarantine_z=4.0, quarantine_min_ratings=30, quarantine_corroborating_keys=3), store, Activator(None, store.versions, store.operator, Metrics()), Metrics())
     _traffic(store, 60)
     assert ops.quarantine_suspects() == [ATTACKER]
     assert ops.quarantine_suspects() == []  # once
@@ -42,6 +42,6 @@ def test_auto_quarantine_takes_the_inverting_key_only(store):
 
 
 def test_off_by_default(store):
-    ops = Operations(MonitorConfig(), store, Activator(None, store, Metrics()), Metrics())
+    ops = Operations(MonitorConfig(), store, Activator(None, store.versions, store.operator, Metrics()), Metrics())
     _traffic(store, 60)
     assert ops.quarantine_suspects() == []

@@ -102,7 +102,7 @@ def _serves(engine, state: dict[str, torch.Tensor]) -> bool:
 async def test_publisher_activates_deltas_and_never_serves_a_changed_one(engine, store, model_dir, tmp_path):
     config = TransportConfig(backend="delta", delta_dir=str(tmp_path / "deltas"))
     receiver = make_receiver(config)
-    activator = Activator(engine, store, Metrics(), receiver=receiver)
+    activator = Activator(engine, store.versions, store.operator, Metrics(), receiver=receiver)
     sender = make_sender(config)
     writer = make_sender(TransportConfig(), path_for=lambda v: tmp_path / f"v{v:06d}" / "policy", base_model=model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=engine.model.dtype)

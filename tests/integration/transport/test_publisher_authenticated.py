@@ -63,7 +63,7 @@ def rejected(metrics: Metrics) -> float:
 async def test_tampered_memory_never_serves_and_publishing_goes_on(engine, store, namespace, tmp_path):
     config = TransportConfig(backend="shared_memory", namespace=namespace)
     metrics = Metrics()
-    activator = Activator(engine, store, metrics, receiver=make_receiver(config))
+    activator = Activator(engine, store.versions, store.operator, metrics, receiver=make_receiver(config))
     v1 = moved(engine, 0.01)
     publish(store, config, 1, 0, v1, tmp_path)
     assert (await activator.activate(store.versions.get_version(1))).version == 1 and serves(engine, v1)
@@ -102,7 +102,7 @@ async def test_a_changed_checkpoint_directory_never_serves(engine, store, model_
     """The durable copy, when the memory is gone: verified against the row's checkpoint_sha256."""
     config = TransportConfig(backend="shared_memory", namespace=namespace)
     metrics = Metrics()
-    activator = Activator(engine, store, metrics, receiver=make_receiver(config))
+    activator = Activator(engine, store.versions, store.operator, metrics, receiver=make_receiver(config))
     writer = make_sender(TransportConfig(), path_for=lambda v: tmp_path / f"v{v:06d}" / "policy", base_model=model_dir)
     writer.start_update(1)
     writer.send(moved(engine, 0.01))
@@ -136,7 +136,7 @@ async def test_start_sweeps_stale_memory_and_reports_foreign_files(engine, store
     assert [Path(f["path"]).name for f in event.detail["files"]] == ["planted-by-someone"]
     assert metrics.registry.get_sample_value("liveloop_server_foreign_weight_files_total") == 1
     # and publishing keeps working with the foreign file still there
-    activator = Activator(engine, store, metrics, receiver=make_receiver(config))
+    activator = Activator(engine, store.versions, store.operator, metrics, receiver=make_receiver(config))
     v3 = moved(engine, 0.05)
     publish(store, config, 3, 1, v3, tmp_path)
     assert (await activator.activate(store.versions.get_version(3))).version == 3 and serves(engine, v3)

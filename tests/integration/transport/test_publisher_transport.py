@@ -81,7 +81,7 @@ async def test_version_sent_by_another_process_swaps_in_from_memory(engine, stor
     assert not served_state_equals(engine, expected)
     durable = tmp_path / "v000001" / "policy"  # where the learner will write it, after the swap
     store.versions.add_version(1, parent=0, checkpoint_path=str(durable), status=VersionStatus.PUBLISHED, **row_of(sent))
-    activator = Activator(engine, store, Metrics(), receiver=receiver)
+    activator = Activator(engine, store.versions, store.operator, Metrics(), receiver=receiver)
 
     result = await activator.activate(store.versions.get_version(1))
 
@@ -108,7 +108,7 @@ async def test_version_sent_by_another_process_swaps_in_from_memory(engine, stor
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_memory_gone_waits_for_the_durable_checkpoint(engine, store, model_dir, namespace, tmp_path):
     config = TransportConfig(backend="shared_memory", namespace=namespace)
-    activator = Activator(engine, store, Metrics(), receiver=make_receiver(config), durable_wait_seconds=3600)
+    activator = Activator(engine, store.versions, store.operator, Metrics(), receiver=make_receiver(config), durable_wait_seconds=3600)
     durable = tmp_path / "v000001" / "policy"
     store.versions.add_version(1, parent=0, checkpoint_path=str(durable), status=VersionStatus.PUBLISHED)
     before = {k: v.clone() for k, v in engine.model.state_dict().items()}
@@ -130,7 +130,7 @@ async def test_memory_gone_waits_for_the_durable_checkpoint(engine, store, model
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_a_version_without_weights_is_failed_after_the_wait_and_the_old_one_serves(engine, store, namespace, tmp_path):
-    activator = Activator(engine, store, Metrics(), receiver=make_receiver(TransportConfig(backend="shared_memory", namespace=namespace)), durable_wait_seconds=0)
+    activator = Activator(engine, store.versions, store.operator, Metrics(), receiver=make_receiver(TransportConfig(backend="shared_memory", namespace=namespace)), durable_wait_seconds=0)
     store.versions.add_version(1, parent=0, checkpoint_path=str(tmp_path / "missing"), status=VersionStatus.PUBLISHED)
     assert await activator.activate(store.versions.get_version(1)) is None
     assert store.versions.get_version(1).status == VersionStatus.FAILED
@@ -148,7 +148,7 @@ async def test_restart_serves_memory_or_the_nearest_durable_ancestor(engine, sto
 
     point = await start_point(store.versions, store.versions.get_version(1), receiver)
     assert (point.version, point.start_version, point.weights_path) == (1, 0, None) and point.memory is not None
-    activator = Activator(engine, store, Metrics(), receiver=receiver)
+    activator = Activator(engine, store.versions, store.operator, Metrics(), receiver=receiver)
     await finish_start(activator, point)
     assert engine.version == 1 and served_state_equals(engine, expected)
 

@@ -54,7 +54,7 @@ def _publish(store: Store, parent: int, checkpoint: str = "/nowhere") -> int:
 
 
 def _operations(store, engine, tokenizer, **alarms) -> Operations:
-    activator = Activator(engine, store, Metrics(), "sao", ())
+    activator = Activator(engine, store.versions, store.operator, Metrics(), "sao", ())
     config = AlarmConfig(min_ratings=40, **alarms)
     return Operations(MonitorConfig(), store, activator, Metrics(), alarms=config, tokenizer=tokenizer)
 

@@ -63,7 +63,7 @@ def _history(store: Store, checkpoints: list[Path]) -> tuple[int, int, int, int]
 
 
 async def test_a_dry_run_plans_and_changes_nothing(engine, store, checkpoints):
-    activator = Activator(engine, store, Metrics())
+    activator = Activator(engine, store.versions, store.operator, Metrics())
     v1, v2, v3, planted = _history(store, checkpoints)
     await activator.activate(store.versions.get_version(v3))
     statuses = {r.version: r.status for r in store.versions.list_versions()}
@@ -82,7 +82,7 @@ async def test_a_dry_run_plans_and_changes_nothing(engine, store, checkpoints):
 
 
 async def test_the_forget_rolls_back_and_moves_the_learner_back(engine, store, checkpoints):
-    activator = Activator(engine, store, Metrics())
+    activator = Activator(engine, store.versions, store.operator, Metrics())
     v1, v2, v3, planted = _history(store, checkpoints)
     await activator.activate(store.versions.get_version(v3))
     store.versions.mark_pruned([v1])  # retention deleted v1's checkpoint: the target is the base model
@@ -109,7 +109,7 @@ async def test_the_forget_rolls_back_and_moves_the_learner_back(engine, store, c
 
 
 async def test_a_forget_when_the_target_serves_already_rolls_back_the_rest(engine, store, checkpoints):
-    activator = Activator(engine, store, Metrics())
+    activator = Activator(engine, store.versions, store.operator, Metrics())
     v1, v2, v3, _ = _history(store, checkpoints)
     await activator.activate(store.versions.get_version(v1))  # v2 and v3 wait (e.g. a gate holds them back)
     result = await Forgetting(store, activator).forget(PLANTED, dry_run=False)
@@ -123,7 +123,7 @@ async def test_a_key_rated_after_the_last_version_drops_the_learners_unpublished
     """No version trained the late key's ratings, but the learner may hold them in steps it has not
     published: the lineage moves back one version (the cursor's version changes, so the learner reloads
     and drops them) and everyone else's ratings since are trained again."""
-    activator = Activator(engine, store, Metrics())
+    activator = Activator(engine, store.versions, store.operator, Metrics())
     v1, v2, v3, _ = _history(store, checkpoints)
     await activator.activate(store.versions.get_version(v3))
     late = "c" * 16
@@ -138,7 +138,7 @@ async def test_a_key_rated_after_the_last_version_drops_the_learners_unpublished
 
 
 async def test_a_key_that_never_rated_moves_nothing(engine, store, checkpoints):
-    activator = Activator(engine, store, Metrics())
+    activator = Activator(engine, store.versions, store.operator, Metrics())
     v1, v2, v3, _ = _history(store, checkpoints)
     silent = "c" * 16
     store.feedback.insert_responses([ResponseRecord(

@@ -46,7 +46,7 @@ def checkpoints(tmp_path_factory, model_dir) -> list[Path]:
 def _gate(engine, store, tokenizer, model_dir, mode="canary", bounds=PASSING, **release) -> ReleaseGate:
     evaluation = EvaluationConfig(max_tokens=8, bounds=bounds)
     config = ReleaseConfig(**{"mode": mode, "canary_fraction": 0.25, "min_ratings": 6, "evaluation": evaluation, **release})
-    activator = Activator(engine, store, Metrics(), gate_base=True)
+    activator = Activator(engine, store.versions, store.operator, Metrics(), gate_base=True)
     evaluator = Evaluator(evaluation, tokenizer, model_dir, suite=SUITE, refresh=store.versions.get_version)
     return ReleaseGate(config, activator, engine, store, activator.metrics, engine_evaluation(evaluator))
 

@@ -51,7 +51,7 @@ async def test_a_deposed_leaders_gate_decides_nothing(canary_engine, store, chec
     old = leases.acquire(LEADER, "r1/old", LEASE).term
     believed = [old]  # what the paused replica's gate reads as its term
     config = ReleaseConfig(mode="gated", evaluation=EvaluationConfig(max_tokens=8))
-    activator = Activator(canary_engine, store, Metrics(), gate_base=True)
+    activator = Activator(canary_engine, store.versions, store.operator, Metrics(), gate_base=True)
     gate = ReleaseGate(config, activator, canary_engine, store, activator.metrics, None, leader=lambda: believed[0])
 
     v1 = _publish(store, 0, checkpoints[0])

@@ -47,7 +47,7 @@ async def _traffic(engine, stop: asyncio.Event, served: list[int]) -> None:
 
 async def test_an_activation_queued_before_a_rollback_is_dropped(engine, store, checkpoints):
     metrics = Metrics()
-    activator = Activator(engine, store, metrics)
+    activator = Activator(engine, store.versions, store.operator, metrics)
     v1 = _learner_publish(store, 0, checkpoints[0])
     assert (await activator.activate(store.versions.get_version(v1))).version == v1
     v2 = _learner_publish(store, v1, checkpoints[1])
@@ -76,7 +76,7 @@ async def test_an_activation_queued_before_a_rollback_is_dropped(engine, store, 
 
 
 async def test_an_operator_swap_becomes_the_learner_lineage(engine, store, checkpoints, model_dir, tmp_path):
-    activator = Activator(engine, store, Metrics())
+    activator = Activator(engine, store.versions, store.operator, Metrics())
     v1 = _learner_publish(store, 0, checkpoints[0])
     await activator.activate(store.versions.get_version(v1))
     waiting = _learner_publish(store, v1, checkpoints[1])  # published on v1, not activated yet
@@ -99,7 +99,7 @@ async def test_an_operator_swap_becomes_the_learner_lineage(engine, store, check
 
 
 async def test_the_store_is_asked_before_the_engine_loads(engine, store, checkpoints):
-    activator = Activator(engine, store, Metrics())
+    activator = Activator(engine, store.versions, store.operator, Metrics())
     v1 = _learner_publish(store, 0, checkpoints[0])
     record = store.versions.get_version(v1)
     store.versions.rollback_to(0, "sao")  # e.g. another server process, or a rollback the watcher raced

@@ -143,7 +143,7 @@ class Soak:
 async def test_rollbacks_swaps_and_publishes_interleaved(engine, store, checkpoints, store_url, model_dir, tmp_path):
     total = int(os.environ.get("LIVELOOP_SOAK_OPS", "1000" if store_url.startswith("sqlite") else "200"))
     imports = WeightImports(tmp_path / "versions", model_dir, 1 << 30)
-    soak = Soak(Activator(engine, store, Metrics()), store, checkpoints, imports, seed=0)
+    soak = Soak(Activator(engine, store.versions, store.operator, Metrics()), store, checkpoints, imports, seed=0)
     ops = soak.rng.choices(["learn", "activate", "rollback", "operator"], weights=[4, 4, 2, 1], k=total)
     stop = asyncio.Event()
     traffic = asyncio.create_task(soak.traffic(stop))

@@ -161,7 +161,7 @@ async def test_the_follower_rule(store, engine, model_dir, checkpoints):
     other = HFEngine(EngineConfig(backend="hf", model=str(model_dir), drain_deadline_seconds=5.0), model_dir)
     await other.start(version=0)
     try:
-        a, b = Activator(engine, store, Metrics()), Activator(other, store, Metrics())
+        a, b = Activator(engine, store.versions, store.operator, Metrics()), Activator(other, store.versions, store.operator, Metrics())
         # both replicas activate the same published version at once: both serve it, nothing dropped or undone
         v1 = _learner_publish(store, 0, checkpoints[0])
         record = store.versions.get_version(v1)
@@ -195,7 +195,7 @@ async def test_the_follower_rule_for_a_segments_adapter(store, model_dir, tmp_pa
     for e in engines:
         await e.start(version=0)
     try:
-        a, b = (Activator(e, store, Metrics(), segments=("cozy",)) for e in engines)
+        a, b = (Activator(e, store.versions, store.operator, Metrics(), segments=("cozy",)) for e in engines)
         adapter = random_lora_adapter(model_dir, tmp_path / "cozy1", seed=1, rank=4)
         v1 = store.versions.publish_version(
             parent=0, checkpoint_path=str(adapter), checkpoint_sha256=None, learner_step=1, samples_used=1, metrics={},

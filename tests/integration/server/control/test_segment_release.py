@@ -71,7 +71,7 @@ async def engine(model_dir):
 def _gate(engine, store, tokenizer, model_dir, cozy="canary", bounds=PASSING, min_ratings=6) -> ReleaseGate:
     evaluation = EvaluationConfig(max_tokens=8, bounds=bounds)
     config = ReleaseConfig(mode="immediate", segments={"cozy": cozy}, canary_fraction=FRACTION, min_ratings=min_ratings, evaluation=evaluation)
-    activator = Activator(engine, store, Metrics(), segments=SEGMENTS)
+    activator = Activator(engine, store.versions, store.operator, Metrics(), segments=SEGMENTS)
     evaluator = Evaluator(evaluation, tokenizer, model_dir, suite=SUITE, refresh=store.versions.get_version)
     return ReleaseGate(config, activator, engine, store, activator.metrics, engine_evaluation(evaluator))
 

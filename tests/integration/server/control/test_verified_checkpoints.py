@@ -68,7 +68,7 @@ def rejections(store, version: int) -> list:
 
 async def test_a_changed_config_is_refused_at_activation_and_the_old_version_keeps_serving(engine, store, model_dir, tmp_path):
     metrics = Metrics()
-    activator = Activator(engine, store, metrics)
+    activator = Activator(engine, store.versions, store.operator, metrics)
     before = await logprobs(engine)
     publish(store, engine, model_dir, tmp_path, 1, 0, 0.01)
     change_config(store.versions.get_version(1).checkpoint_path, rope_parameters={"rope_theta": 1.0, "rope_type": "default"})
@@ -89,7 +89,7 @@ async def test_a_changed_config_is_refused_at_activation_and_the_old_version_kee
 
 
 async def test_a_rollback_to_a_version_whose_config_changed_is_refused(engine, store, model_dir, tmp_path):
-    activator = Activator(engine, store, Metrics())
+    activator = Activator(engine, store.versions, store.operator, Metrics())
     publish(store, engine, model_dir, tmp_path, 1, 0, 0.01)
     assert (await activator.activate(store.versions.get_version(1))).version == 1
     v2 = publish(store, engine, model_dir, tmp_path, 2, 1, 0.02)
@@ -155,7 +155,7 @@ async def test_files_changed_after_hashing_are_not_what_loads(engine, store, mod
     await restarted.start(version=point.start_version, weights_path=point.weights_path)
     try:
         assert serves(restarted, v1)
-        await finish_start(Activator(restarted, store, Metrics()), point)
+        await finish_start(Activator(restarted, store.versions, store.operator, Metrics()), point)
         assert not Path(point.weights_path).exists()
     finally:
         await restarted.close()

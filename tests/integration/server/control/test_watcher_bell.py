@@ -42,7 +42,7 @@ async def test_a_ring_wakes_the_watcher_without_its_poll(engine, store, state, n
     sender = make_sender(config)
     sender.init()
     metrics = Metrics()
-    activator = Activator(engine, store, metrics, receiver=make_receiver(config))
+    activator = Activator(engine, store.versions, store.operator, metrics, receiver=make_receiver(config))
     watcher = asyncio.create_task(activator.watch(HOUR))
     try:
         folder = shm.directory(namespace)
