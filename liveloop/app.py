@@ -278,14 +278,18 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
     name = replica_id(config.server.replica_id)
     leadership = Leadership(store.fleet.leases, name, config.server.leader_lease_seconds, metrics)
     operations = Operations(
-        config.monitor, store, activator, metrics, imports, alarms=config.release.alarms, tokenizer=tokenizer, leader=leadership.held_term,
-        max_step_kl=config.learner.max_step_kl,
+        config.monitor, activator, metrics, imports,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, release=store.release, keys=store.keys,
+        alarms=config.release.alarms, tokenizer=tokenizer, leader=leadership.held_term, max_step_kl=config.learner.max_step_kl,
     )
+    forgetting = Forgetting(activator, rights=store.rights, versions=store.versions, feedback=store.feedback, operator=store.operator)
     gate = None
     if gated:
         assert isinstance(engine, CanaryEngine)
         evaluate = evaluator(config, tokenizer, model_dir, serving.stop_token_ids, store.versions)
-        gate = ReleaseGate(config.release, activator, engine, store, metrics, evaluate, leader=leadership.held_term)
+        gate = ReleaseGate(
+            config.release, activator, engine, store.versions, store.operator, store.release, metrics, evaluate, leader=leadership.held_term,
+        )
         serving.canary = gate.routes_to_candidate
     return Server(
         store=store, writer=writer, engine=engine, tokenizer=tokenizer, metrics=metrics, keys=keys, serving=serving,
@@ -293,7 +297,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
         login_throttle=LoginThrottle(
             config.server.login_failures_per_minute, config.server.login_failures_per_minute_total, FleetRateLimiter(fleet),
         ),
-        activator=activator, operations=operations, forgetting=Forgetting(store, activator), leadership=leadership, replica_id=name,
+        activator=activator, operations=operations, forgetting=forgetting, leadership=leadership, replica_id=name,
         down_after_seconds=config.server.down_after_seconds, gate=gate, started_at=int(time.time()),
     )
 

@@ -28,8 +28,12 @@ from liveloop.metrics import Metrics
 from liveloop.monitor.hacking import HackingReport, alarms, attribute
 from liveloop.release.config import AlarmConfig
 from liveloop.server.control.activator import Activator
-from liveloop.store import Store, TransitionRefused, VersionRecord
+from liveloop.store import TransitionRefused, VersionRecord
+from liveloop.store.feedback import FeedbackQueries
+from liveloop.store.operator import OperatorQueries
 from liveloop.store.records import VersionTraffic
+from liveloop.store.release import ReleaseQueries
+from liveloop.store.versions import VersionQueries
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +96,12 @@ def stretch(
 
 
 class RewardHackingAlarms:
-    def __init__(self, config: AlarmConfig, store: Store, activator: Activator, metrics: Metrics, tokenizer: Any):
+    def __init__(
+        self, config: AlarmConfig, activator: Activator, metrics: Metrics, tokenizer: Any, *,
+        feedback: FeedbackQueries, versions: VersionQueries, operator: OperatorQueries, release: ReleaseQueries,
+    ):
         self.config = config
-        self.store = store
+        self.feedback, self.versions, self.operator, self.release = feedback, versions, operator, release
         self.activator = activator
         self.metrics = metrics
         self.tokenizer = tokenizer
@@ -128,18 +135,18 @@ class RewardHackingAlarms:
         At most `MAX_SAMPLE` ratings per side, the newest."""
         if self._alarmed is None:
             self._alarmed = {
-                (e.version, e.detail.get("trait")) for e in self.store.operator.events(limit=10000) if e.kind == "reward_hacking"
+                (e.version, e.detail.get("trait")) for e in self.operator.events(limit=10000) if e.kind == "reward_hacking"
             }
         lineages: list[tuple[str | None, int | None]] = [(None, self.activator.serving_version)]
         lineages += list(self.activator.serving_adapters().items())
-        canaries = {segment: self.store.versions.canary_version(segment) for segment, _ in lineages}
+        canaries = {segment: self.versions.canary_version(segment) for segment, _ in lineages}
         # the per-version aggregate scans the ratings: only when there are new ones or the versions changed
-        looked = (self.store.feedback.last_rating_id(), tuple(lineages), tuple(c.version if c else None for c in canaries.values()))
+        looked = (self.feedback.last_rating_id(), tuple(lineages), tuple(c.version if c else None for c in canaries.values()))
         if looked == self._looked:
             return []
         self._looked = looked
-        by_number = {v.version: v for v in self.store.versions.list_versions()}
-        traffic = self.store.release.version_traffic(True)  # quarantined keys' ratings left out, as the guard reads
+        by_number = {v.version: v for v in self.versions.list_versions()}
+        traffic = self.release.version_traffic(True)  # quarantined keys' ratings left out, as the guard reads
         done = []
         for segment, serving in lineages:
             canary = canaries[segment]
@@ -191,17 +198,17 @@ class RewardHackingAlarms:
             lane = self.activator.lane(verdict.segment)
             if verdict.role == "candidate":
                 try:
-                    self.store.versions.hold_version(verdict.version, reason, lane, {"alarms": new, "report": verdict.report.as_dict()}, term)
+                    self.versions.hold_version(verdict.version, reason, lane, {"alarms": new, "report": verdict.report.as_dict()}, term)
                     held = True
                     self.metrics.inc("server/release_held")  # as the gate counts its holds (no labels: one family)
                 except TransitionRefused as exc:  # the gate decided first (promoted, held, superseded)
                     log.info("reward hacking: version %d could not be held: %s", verdict.version, exc)
-            paused = self.store.operator.set_learning_paused(lane, True, reason)
+            paused = self.operator.set_learning_paused(lane, True, reason)
             verdict = replace(verdict, held=held, paused=paused)
         for trait in new:
             t = verdict.report.trait(trait)
             detail = {"trait": trait, "share": t.share, "explained": t.explained, "effect": t.effect, "z": t.z} | verdict.detail()
-            self.store.operator.record_event("reward_hacking", verdict.version, detail)
+            self.operator.record_event("reward_hacking", verdict.version, detail)
             self.metrics.inc("monitor/reward_hacking", trait=trait, role=verdict.role)
             assert self._alarmed is not None
             self._alarmed.add((verdict.version, trait))
@@ -219,7 +226,7 @@ class RewardHackingAlarms:
         for v in versions:
             if len(rows) >= MAX_SAMPLE:
                 break
-            rows += self.store.release.rated_tokens(v, MAX_SAMPLE - len(rows))
+            rows += self.release.rated_tokens(v, MAX_SAMPLE - len(rows))
         texts = self.tokenizer.batch_decode([ids for ids, _ in rows], skip_special_tokens=True)
         return [(text, reward) for text, (_, reward) in zip(texts, rows)]
 
@@ -227,7 +234,7 @@ class RewardHackingAlarms:
         """The version's stored evaluation of the traits the live stream is judged on: each reward:<spec>
         check and EVALUATION_CHECKS with its value, the live version's and the base's, and whether it
         passed; None when the version has no evaluation."""
-        record = self.store.release.evaluation(version)
+        record = self.release.evaluation(version)
         if record is None:
             return None
         checks = {

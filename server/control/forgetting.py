@@ -24,9 +24,12 @@ from dataclasses import dataclass, field
 
 from liveloop.server.control.activator import Activator
 from liveloop.server.control.outcomes import AlreadyServing, RollbackResult
-from liveloop.store import Store, VersionRecord
-from liveloop.store.rights import Deleted, KeyNotFound
+from liveloop.store import VersionRecord
+from liveloop.store.feedback import FeedbackQueries
+from liveloop.store.operator import OperatorQueries
+from liveloop.store.rights import Deleted, KeyNotFound, RightsQueries
 from liveloop.store.status import NOT_ROLLED_BACK
+from liveloop.store.versions import VersionQueries
 from liveloop.transport.checkpoint_dir import is_checkpoint
 
 log = logging.getLogger(__name__)
@@ -131,9 +134,12 @@ def _throughput(versions: list[VersionRecord]) -> float | None:
     return samples / span if span > 0 and samples > 0 else None
 
 
-def plan_lineage(store: Store, key_id: str, lane: str, segment: str | None, versions: dict[int, VersionRecord]) -> LineagePlan:
+def plan_lineage(
+    rights: RightsQueries, versions: VersionQueries, feedback: FeedbackQueries, key_id: str, lane: str, segment: str | None,
+    rows: dict[int, VersionRecord],
+) -> LineagePlan:
     """One lineage's part of a forget (reads only):
-    - the key's first rating that lineage reads (`store.rights.key_first_rating`, planned before anything
+    - the key's first rating that lineage reads (`rights.key_first_rating`, planned before anything
       is deleted);
     - the first version of the lineage's chain (from the learner's cursor version back through the
       parents) whose recorded feedback position (`learner/cursor` in its row's metrics; an operator's
@@ -142,7 +148,7 @@ def plan_lineage(store: Store, key_id: str, lane: str, segment: str | None, vers
       not pruned, its checkpoint on disk), else the lineage's root (version 0, or for a segment the base
       weights with no adapter); versions passed over for a missing checkpoint are reported (`skipped`);
     - the ratings replayed: everyone else's trainable ratings between the target's position and the
-      learner's cursor (`store.rights.replay_count`), and the estimate: those over the rate the lineage's
+      learner's cursor (`rights.replay_count`), and the estimate: those over the rate the lineage's
       recent versions consumed ratings (their `samples_used` over the time between them). That rate is
       what the learner was fed, not what it can do: an upper bound when ratings came slowly.
 
@@ -153,13 +159,13 @@ def plan_lineage(store: Store, key_id: str, lane: str, segment: str | None, vers
     before the head, so the cursor's version changes and the learner reloads, dropping its unpublished
     steps; the head's own ratings are everyone else's and are trained again. The one case left: a lineage
     whose head is still its root (it never published); its first version may carry those steps."""
-    first = store.rights.key_first_rating(key_id, segment)
-    head = store.versions.cursor_version(lane)
-    head_cursor = store.feedback.get_cursor(lane)
+    first = rights.key_first_rating(key_id, segment)
+    head = versions.cursor_version(lane)
+    head_cursor = feedback.get_cursor(lane)
     nothing = LineagePlan(lane, segment, first, None, head, head_cursor, None, head_cursor)
-    if first is None or head is None or head not in versions:
+    if first is None or head is None or head not in rows:
         return nothing
-    chain, root_base = _chain(versions, head, segment)
+    chain, root_base = _chain(rows, head, segment)
     cursors, running = [], 0
     for record in chain:  # an import (no cursor of its own) carries its parent's position
         own = _cursor_of(record)
@@ -182,11 +188,11 @@ def plan_lineage(store: Store, key_id: str, lane: str, segment: str | None, vers
         if segment is None:
             target = 0
         else:
-            serving_base = store.versions.latest_version()
+            serving_base = versions.latest_version()
             target = serving_base.version if serving_base is not None else (root_base.version if root_base is not None else 0)
-    lineage = [r for r in versions.values() if r.segment == segment]
+    lineage = [r for r in rows.values() if r.segment == segment]
     affected = tuple(sorted(r.version for r in lineage if r.version > target and r.status not in NOT_ROLLED_BACK))
-    replay = store.rights.replay_count(target_cursor, head_cursor, segment, excluding=key_id)
+    replay = rights.replay_count(target_cursor, head_cursor, segment, excluding=key_id)
     rate = _throughput(lineage)
     return LineagePlan(
         lane, segment, first, None if in_memory else chain[trained].version, head, head_cursor, target, target_cursor, affected,
@@ -194,22 +200,27 @@ def plan_lineage(store: Store, key_id: str, lane: str, segment: str | None, vers
     )
 
 
-def plan_forget(store: Store, key_id: str, lanes: list[tuple[str, str | None]]) -> ForgetPlan:
+def plan_forget(
+    rights: RightsQueries, versions: VersionQueries, feedback: FeedbackQueries, key_id: str, lanes: list[tuple[str, str | None]],
+) -> ForgetPlan:
     """The plan for every lineage a learner trains (`lanes`: (cursor name, segment)). Raises KeyNotFound
     when the store knows nothing of the key."""
-    if not store.rights.key_known(key_id):
+    if not rights.key_known(key_id):
         raise KeyNotFound(f"no key {key_id} in the store (no response, rating or operator decision)")
-    responses, ratings = store.rights.key_rows(key_id)
-    versions = {r.version: r for r in store.versions.list_versions()}
-    return ForgetPlan(key_id, responses, ratings, tuple(plan_lineage(store, key_id, lane, seg, versions) for lane, seg in lanes))
+    responses, ratings = rights.key_rows(key_id)
+    rows = {r.version: r for r in versions.list_versions()}
+    plans = tuple(plan_lineage(rights, versions, feedback, key_id, lane, seg, rows) for lane, seg in lanes)
+    return ForgetPlan(key_id, responses, ratings, plans)
 
 
 class Forgetting:
     """Plans and runs forgets that reach the weights, through the store and the activator."""
 
-    def __init__(self, store: Store, activator: Activator):
-        self.store = store
+    def __init__(
+        self, activator: Activator, *, rights: RightsQueries, versions: VersionQueries, feedback: FeedbackQueries, operator: OperatorQueries,
+    ):
         self.activator = activator
+        self.rights, self.versions, self.feedback, self.operator = rights, versions, feedback, operator
         self._lock = asyncio.Lock()  # one forget at a time moves cursors
 
     def lanes(self) -> list[tuple[str, str | None]]:
@@ -219,7 +230,7 @@ class Forgetting:
         return [(self.activator.lane(None), None)]
 
     async def plan(self, key_id: str) -> ForgetPlan:
-        return await asyncio.to_thread(plan_forget, self.store, key_id, self.lanes())
+        return await asyncio.to_thread(plan_forget, self.rights, self.versions, self.feedback, key_id, self.lanes())
 
     async def forget(self, key_id: str, dry_run: bool, admin_key_id: str | None = None) -> ForgetResult:
         """Dry run: the plan. Else the key's data deleted, then each affected lineage rolled back to its
@@ -228,7 +239,7 @@ class Forgetting:
             plan = await self.plan(key_id)
             if dry_run:
                 return ForgetResult(plan, True)
-            deleted = await asyncio.to_thread(self.store.rights.forget_key, key_id, admin_key_id)
+            deleted = await asyncio.to_thread(self.rights.forget_key, key_id, admin_key_id)
             done = []
             for lineage in plan.affected:
                 done.append(await self._roll_back(lineage, key_id, admin_key_id))
@@ -242,39 +253,39 @@ class Forgetting:
                 "replay": sum(p.replay for p in plan.affected),
                 "estimate_seconds": plan.estimate_seconds,
             }
-            await asyncio.to_thread(self.store.operator.record_event, "forget_weights", None, detail, admin_key_id)
+            await asyncio.to_thread(self.operator.record_event, "forget_weights", None, detail, admin_key_id)
             return result
 
     async def _roll_back(self, plan: LineagePlan, key_id: str, admin_key_id: str | None) -> LineageDone:
         """The lane paused (unless the operator had paused it), the learner's cursor pointed at the target
         AND moved back to its feedback position in one version-state transaction
-        (`store.rights.rewind_lineage`: a publish on the old lineage racing it is refused by the lineage
+        (`rights.rewind_lineage`: a publish on the old lineage racing it is refused by the lineage
         check; the paused learner reloads the target and trains nothing meanwhile), then
         `Activator.rollback` serves the target and marks every later version of the lineage rolled back
         (when the target serves already, the store's `rollback_to` alone marks them); then the lane
         resumed. If the rollback fails the cursor is put back."""
         assert plan.target is not None
-        store, lane = self.store, plan.lane
+        lane = plan.lane
         reason = f"forget key {key_id}: retrain from version {plan.target} without it"
-        was_paused = await asyncio.to_thread(store.operator.learning_paused, lane)
+        was_paused = await asyncio.to_thread(self.operator.learning_paused, lane)
         if not was_paused:
-            await asyncio.to_thread(store.operator.set_learning_paused, lane, True, reason, admin_key_id)
+            await asyncio.to_thread(self.operator.set_learning_paused, lane, True, reason, admin_key_id)
         try:
-            before = await asyncio.to_thread(store.rights.rewind_lineage, lane, plan.target, plan.target_cursor)
+            before = await asyncio.to_thread(self.rights.rewind_lineage, lane, plan.target, plan.target_cursor)
             swapped = True
             try:
                 result: RollbackResult = await self.activator.rollback(plan.target, admin_key_id, reason, plan.segment)
                 rolled = tuple(result.rolled_back)
             except AlreadyServing:  # the target serves already: only the versions after it move
                 swapped = False
-                rolled = tuple(await asyncio.to_thread(store.versions.rollback_to, plan.target, lane, admin_key_id, reason, plan.segment))
+                rolled = tuple(await asyncio.to_thread(self.versions.rollback_to, plan.target, lane, admin_key_id, reason, plan.segment))
             except BaseException:
                 if before[0] is not None:  # nothing rolled back: the learner goes on where it was
-                    await asyncio.to_thread(store.rights.rewind_lineage, lane, before[0], before[1])
+                    await asyncio.to_thread(self.rights.rewind_lineage, lane, before[0], before[1])
                 raise
         finally:
             if not was_paused:
-                await asyncio.to_thread(store.operator.set_learning_paused, lane, False, reason, admin_key_id)
+                await asyncio.to_thread(self.operator.set_learning_paused, lane, False, reason, admin_key_id)
         log.warning("forget %s: lineage %s rolled back to version %d (rolled back: %s), retraining after rating %d",
                     key_id, lane, plan.target, list(rolled), plan.target_cursor)
         return LineageDone(lane, plan.segment, plan.target, rolled, swapped, not was_paused)

@@ -44,9 +44,12 @@ from liveloop.server.engines.base import Engine
 from liveloop.server.engines.canary import SLOT_SUFFIX, CanaryEngine
 from liveloop.server.engines.registry import names_with
 from liveloop.server.control.activator import Activator
-from liveloop.store import Store, TransitionRefused, VersionRecord, VersionStatus
+from liveloop.store import TransitionRefused, VersionRecord, VersionStatus
 from liveloop.store.lease import StaleLeader
+from liveloop.store.operator import OperatorQueries
 from liveloop.store.records import VersionTraffic
+from liveloop.store.release import ReleaseQueries
+from liveloop.store.versions import VersionQueries
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +160,8 @@ class GatedLineage:
 
 class ReleaseGate:
     def __init__(
-        self, config: ReleaseConfig, activator: Activator, engine: CanaryEngine, store: Store, metrics: Metrics,
+        self, config: ReleaseConfig, activator: Activator, engine: CanaryEngine,
+        versions: VersionQueries, operator: OperatorQueries, release: ReleaseQueries, metrics: Metrics,
         evaluate: Evaluate | None = None, leader: Callable[[], int | None] | None = None,
     ):
         self.config = config
@@ -167,7 +171,7 @@ class ReleaseGate:
         self.activator = activator
         self.engine = engine
         self.candidates = Candidates(activator, engine)
-        self.store = store
+        self.versions, self.operator, self.release = versions, operator, release
         self.metrics = metrics
         self.evaluate = evaluate if config.evaluation.enabled else None
         self.mode: Mode = config.mode_of(None)
@@ -266,8 +270,8 @@ class ReleaseGate:
         through its slot against the segment's live adapter (or the base weights), and its ratings are
         compared with that adapter's (the base version's, all base requests included, when it has none)."""
         segment = lineage.segment
-        canary = await asyncio.to_thread(self.store.versions.canary_version, segment)
-        paused = await asyncio.to_thread(self.store.operator.learning_paused, self.activator.lane(segment))
+        canary = await asyncio.to_thread(self.versions.canary_version, segment)
+        paused = await asyncio.to_thread(self.operator.learning_paused, self.activator.lane(segment))
         if canary is None:
             if self.candidates.loaded(segment) is not None:
                 await self.candidates.drop(segment)
@@ -286,7 +290,7 @@ class ReleaseGate:
         if term is None:  # a follower routes to the store's candidate; the leader evaluates and decides
             self._cancel_evaluation(lineage)
             return None
-        live = await asyncio.to_thread(self.store.versions.get_version, self._live_version(lineage.lineage))
+        live = await asyncio.to_thread(self.versions.get_version, self._live_version(lineage.lineage))
         if live is None:
             return None
         self._ensure_evaluation(lineage, canary, live, term)
@@ -310,16 +314,16 @@ class ReleaseGate:
         segment = lineage.segment
         serving = self.activator.serving_in(lineage.lineage)
         after = -1 if serving is None else serving
-        published = await asyncio.to_thread(self.store.versions.versions_with_status, VersionStatus.PUBLISHED, after, segment)
+        published = await asyncio.to_thread(self.versions.versions_with_status, VersionStatus.PUBLISHED, after, segment)
         for record in reversed(published):
             try:
-                canary = await asyncio.to_thread(self.store.versions.start_canary, record.version, fenced_term(term))
+                canary = await asyncio.to_thread(self.versions.start_canary, record.version, fenced_term(term))
             except StaleLeader as exc:
                 log.warning("version %d not made the candidate: %s", record.version, exc)
                 return None
             except TransitionRefused as exc:  # off the serving line, or another replica started one first
                 log.debug("version %d not the candidate: %s", record.version, exc)
-                other = await asyncio.to_thread(self.store.versions.canary_version, segment)
+                other = await asyncio.to_thread(self.versions.canary_version, segment)
                 if other is not None:
                     return other
                 continue
@@ -329,8 +333,8 @@ class ReleaseGate:
         return None
 
     async def _decide(self, lineage: GatedLineage, canary: VersionRecord, live: VersionRecord) -> Decision:
-        traffic = await asyncio.to_thread(self.store.release.version_traffic, True, (canary.version, live.version))
-        evaluation = await asyncio.to_thread(self.store.release.evaluation, canary.version)
+        traffic = await asyncio.to_thread(self.release.version_traffic, True, (canary.version, live.version))
+        evaluation = await asyncio.to_thread(self.release.evaluation, canary.version)
         return decide(
             traffic.get(canary.version) or VersionTraffic(canary.version, 0, 0, 0),
             traffic.get(live.version) or VersionTraffic(live.version, 0, 0, 0),
@@ -352,7 +356,7 @@ class ReleaseGate:
         detail = {"mode": lineage.mode, "p_worse": decision.p_worse, "live": self._live_version(lineage.lineage)}
         try:
             await asyncio.to_thread(
-                self.store.versions.hold_version, canary.version, decision.reason, self.activator.lane(segment), detail, fenced_term(term),
+                self.versions.hold_version, canary.version, decision.reason, self.activator.lane(segment), detail, fenced_term(term),
             )
         except StaleLeader as exc:  # deposed since the pass began: the candidate stays for the new leader
             log.warning("candidate %d not held: %s", canary.version, exc)
@@ -390,7 +394,7 @@ class ReleaseGate:
         leader evaluates); an evaluation that raises is stored as failed, with the error as its one
         check. A segment's candidate is sampled on the live engine, through its adapter slot."""
         assert self.evaluate is not None
-        if await asyncio.to_thread(self.store.release.evaluation, canary.version) is not None:
+        if await asyncio.to_thread(self.release.evaluation, canary.version) is not None:
             return  # another replica (or an earlier run of this server) evaluated it
         candidate_engine = self.engine.candidate if lineage.lineage.is_base else self.engine
         if candidate_engine is None or self.candidates.loaded(lineage.segment) != canary.version:
@@ -409,7 +413,7 @@ class ReleaseGate:
             error = {"name": "error", "value": None, "live": None, "base": None, "bound": str(exc)[:500], "passed": False}
             row = (live.version, False, [error], time.perf_counter() - start, 0.0)
         try:
-            await asyncio.to_thread(self.store.release.record_evaluation, canary.version, *row, fenced_term(term))
+            await asyncio.to_thread(self.release.record_evaluation, canary.version, *row, fenced_term(term))
         except StaleLeader as exc:
             self._evaluated.discard(canary.version)
             log.warning("evaluation of version %d not stored: %s", canary.version, exc)
@@ -431,11 +435,11 @@ class ReleaseGate:
         version = self.engine.version
         if version in self._evaluated:
             return
-        record = await asyncio.to_thread(self.store.versions.get_version, version)
+        record = await asyncio.to_thread(self.versions.get_version, version)
         if record is None or record.parent is None:  # the base model: nothing learned to evaluate
             self._evaluated.add(version)
             return
-        if await asyncio.to_thread(self.store.release.evaluation, version) is not None:
+        if await asyncio.to_thread(self.release.evaluation, version) is not None:
             self._evaluated.add(version)
             return
         await self.engine.prepare()
@@ -450,7 +454,7 @@ class ReleaseGate:
         """The mode, each lineage's candidate with its traffic against the live version's, its
         evaluation state and the last verdict (blocking: run it off the event loop)."""
         serving = self.engine.version
-        traffic = self.store.release.version_traffic(True)
+        traffic = self.release.version_traffic(True)
         candidate = self._candidate_state(self._base, serving, traffic) if self.mode != "immediate" else None
         lineages = tuple(
             LineageState(s, lineage.mode, self.engine.adapter_version(s), self._candidate_state(lineage, self._live_version(lineage.lineage), traffic))
@@ -464,10 +468,10 @@ class ReleaseGate:
         return ReleaseState(self.mode, modes, self.config.canary_fraction, serving, candidate, evaluating, lineages)
 
     def _candidate_state(self, lineage: GatedLineage, live: int, traffic: dict[int, VersionTraffic]) -> CandidateState | None:
-        canary = self.store.versions.canary_version(lineage.segment)
+        canary = self.versions.canary_version(lineage.segment)
         if canary is None:
             return None
-        evaluation = self.store.release.evaluation(canary.version)
+        evaluation = self.release.evaluation(canary.version)
         if evaluation is not None:
             state = "passed" if evaluation.passed else "failed"
         elif lineage.running() == canary.version:

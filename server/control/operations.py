@@ -46,10 +46,12 @@ from liveloop.server.control.activator import Activator
 from liveloop.server.control.outcomes import RollbackResult, SwapResult
 from liveloop.server.control.learner_watch import LearnerPace, LearnerWatch, StatusView
 from liveloop.server.control.weights_import import WeightImports
-from liveloop.store import Store
-from liveloop.store.keys import KeyState
+from liveloop.store.feedback import FeedbackQueries
+from liveloop.store.keys import KeyQueries, KeyState
 from liveloop.store.lease import StaleLeader
-from liveloop.store.versions import ServingChanged
+from liveloop.store.operator import OperatorQueries
+from liveloop.store.release import ReleaseQueries
+from liveloop.store.versions import ServingChanged, VersionQueries
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,8 @@ class KeyRow:
 
 class Operations:
     def __init__(
-        self, config: MonitorConfig, store: Store, activator: Activator, metrics: Metrics, imports: WeightImports | None = None,
+        self, config: MonitorConfig, activator: Activator, metrics: Metrics, imports: WeightImports | None = None, *,
+        feedback: FeedbackQueries, versions: VersionQueries, operator: OperatorQueries, release: ReleaseQueries, keys: KeyQueries,
         alarms: AlarmConfig | None = None, tokenizer: Any = None, leader: Callable[[], int | None] | None = None,
         max_step_kl: float = 0.0,
     ):
@@ -94,12 +97,12 @@ class Operations:
         # without one (a lone Operations) it always leads
         self.leader: Callable[[], int | None] = leader or (lambda: 0)
         self._alarms_term: int | None = None  # the term the alarms last ran in
-        self.store = store
+        self.feedback, self.versions, self.operator, self.release, self.keys = feedback, versions, operator, release, keys
         self.activator = activator
         self.metrics = metrics
         self.imports = imports  # where operators' weights are copied to (None: POST /admin/weights is off)
         self._importing: set[asyncio.Task] = set()
-        self.monitor = DriftMonitor(config, store.feedback)
+        self.monitor = DriftMonitor(config, feedback)
         self._replayed = False
         self._guarded: set[int] = set()  # versions the guard already judged worse (acted once)
         # the reply grouping of the key scores, remembered between scorings (new replies cost, old
@@ -107,10 +110,15 @@ class Operations:
         self._groups = ReplyGroups(config.similarity)
         self._scoring = threading.Lock()
         # reward-hacking alarms (None: off, or no tokenizer to read the replies with)
-        self.alarms = RewardHackingAlarms(alarms, store, activator, metrics, tokenizer) if alarms and alarms.enabled and tokenizer else None
+        self.alarms = (
+            RewardHackingAlarms(
+                alarms, activator, metrics, tokenizer, feedback=feedback, versions=versions, operator=operator, release=release,
+            )
+            if alarms and alarms.enabled and tokenizer else None
+        )
         # the learner's pace: its lanes are the segments' with adapters, else the one of the whole policy
         lanes = [(segment, activator.lane(segment)) for segment in activator.segments] or [(None, activator.lane(None))]
-        self.pace = LearnerWatch(config, store.feedback, store.operator, metrics, lanes, max_step_kl)
+        self.pace = LearnerWatch(config, feedback, operator, metrics, lanes, max_step_kl)
 
     @property
     def learner_name(self) -> str:
@@ -123,7 +131,7 @@ class Operations:
         """Pause or resume the learner, or one segment's lane (it neither trains nor activates; the
         others go on). Raises the activator's UnknownSegment."""
         name = self.activator.lane(segment)
-        changed = await asyncio.to_thread(self.store.operator.set_learning_paused, name, paused, reason, api_key_id)
+        changed = await asyncio.to_thread(self.operator.set_learning_paused, name, paused, reason, api_key_id)
         if segment is None:
             self.metrics.set("learner/paused", float(paused))
         else:
@@ -131,7 +139,7 @@ class Operations:
         return LearningState(name, paused, changed, segment)
 
     async def paused(self, segment: str | None = None) -> bool:
-        return await asyncio.to_thread(self.store.operator.learning_paused, self.activator.lane(segment))
+        return await asyncio.to_thread(self.operator.learning_paused, self.activator.lane(segment))
 
     async def rollback(
         self, version: int, api_key_id: str | None, reason: str | None = None, segment: str | None = None, expect_serving: int | None = None
@@ -157,11 +165,11 @@ class Operations:
         try:
             swapped = await self.activator.activate_import(staged, note=note)
         except BaseException:
-            await asyncio.to_thread(staged.abandon, self.store.versions)
+            await asyncio.to_thread(staged.abandon, self.versions)
             raise
         detail = {"source": path, "bytes": staged.size, "completed": list(staged.completed), "left_behind": list(staged.left_behind)}
         try:  # it serves already: a store that cannot take the event costs the record, not the answer
-            await asyncio.to_thread(self.store.operator.record_event, "weights_imported", swapped.version, detail, api_key_id)
+            await asyncio.to_thread(self.operator.record_event, "weights_imported", swapped.version, detail, api_key_id)
         except Exception:
             log.exception("version %d: the weights_imported event was not recorded", swapped.version)
         self.metrics.observe("server/import_seconds", time.perf_counter() - start)
@@ -173,18 +181,18 @@ class Operations:
         """The version table: the store's rows and the engine's serving versions, read between two
         changes of what serves (server/control/settled.py), so the two agree."""
         async def read() -> list[VersionRow]:
-            versions = await asyncio.to_thread(self.store.versions.list_versions)
-            traffic = await asyncio.to_thread(self.store.release.version_traffic, True)  # quarantined keys left out
+            versions = await asyncio.to_thread(self.versions.list_versions)
+            traffic = await asyncio.to_thread(self.release.version_traffic, True)  # quarantined keys left out
             return version_table(versions, traffic, self.activator.serving_version, self.config.confidence, self.activator.serving_adapters())
 
         return await self.activator.changes.settled(read)
 
     # -- keys -----------------------------------------------------------------------------------
     def _scores(self) -> tuple[list[KeyState], dict[str, Disagreement], list[Suspect]]:
-        states = self.store.keys.key_states()
+        states = self.keys.key_states()
         excluded = {k.key_id for k in states if k.quarantined}
         c = self.config
-        ratings = self.store.keys.key_ratings()
+        ratings = self.keys.key_ratings()
         with self._scoring:
             scores, found = find_suspects(
                 ratings, c.quarantine_z, c.quarantine_min_ratings, c.quarantine_corroborating_keys,
@@ -211,7 +219,7 @@ class Operations:
                 f"automatic: disagreement z = {d.z:.1f} over {d.n} ratings (threshold {self.config.quarantine_z}); "
                 f"z = {again.z:.1f} over {again.n} without its {len(suspect.left_out)} top accusers"
             )
-            if self.store.keys.set_quarantined(d.key_id, True, reason, None, term=term or None):
+            if self.keys.set_quarantined(d.key_id, True, reason, None, term=term or None):
                 self.metrics.inc("monitor/quarantined")
                 log.warning("quarantined key %s: %s", d.key_id, reason)
                 done.append(d.key_id)
@@ -231,7 +239,7 @@ class Operations:
             raised = []  # the leader records them
         for alarm in raised:
             try:  # fenced: a leader deposed since it read the ratings records nothing (the new one does)
-                self.store.operator.record_event("alarm", alarm.policy_version, alarm.as_dict(), term=term or None)
+                self.operator.record_event("alarm", alarm.policy_version, alarm.as_dict(), term=term or None)
             except StaleLeader as exc:
                 log.warning("drift alarm not recorded: %s", exc)
                 break

@@ -27,8 +27,16 @@ def _traffic(store: Store, groups: int) -> None:
     store.feedback.write_batch(ratings)
 
 
+def _operations(config: MonitorConfig, store: Store) -> Operations:
+    activator = Activator(None, store.versions, store.operator, Metrics())
+    return Operations(
+        config, activator, Metrics(),
+        feedback=store.feedback, versions=store.versions, operator=store.operator, release=store.release, keys=store.keys,
+    )
+
+
 def test_auto_quarantine_takes_the_inverting_key_only(store):
-    ops = Operations(MonitorConfig(quarantine_z=4.0, quarantine_min_ratings=30, quarantine_corroborating_keys=3), store, Activator(None, store.versions, store.operator, Metrics()), Metrics())
+    ops = _operations(MonitorConfig(quarantine_z=4.0, quarantine_min_ratings=30, quarantine_corroborating_keys=3), store)
     _traffic(store, 60)
     assert ops.quarantine_suspects() == [ATTACKER]
     assert ops.quarantine_suspects() == []  # once
@@ -42,6 +50,6 @@ def test_auto_quarantine_takes_the_inverting_key_only(store):
 
 
 def test_off_by_default(store):
-    ops = Operations(MonitorConfig(), store, Activator(None, store.versions, store.operator, Metrics()), Metrics())
+    ops = _operations(MonitorConfig(), store)
     _traffic(store, 60)
     assert ops.quarantine_suspects() == []

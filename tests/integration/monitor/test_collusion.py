@@ -21,7 +21,11 @@ REPLY = tuple(range(100, 112))  # 12 tokens: one token apart is a Jaccard of 11/
 def _ops(store: Store, **monitor) -> Operations:
     """Five honest keys: the rule of 3 corroborating keys (2 colluders withstood) unless told otherwise."""
     config = MonitorConfig(**{"quarantine_z": 4.0, "quarantine_min_ratings": 30, "quarantine_corroborating_keys": 3, **monitor})
-    return Operations(config, store, Activator(None, store.versions, store.operator, Metrics()), Metrics())
+    activator = Activator(None, store.versions, store.operator, Metrics())
+    return Operations(
+        config, activator, Metrics(),
+        feedback=store.feedback, versions=store.versions, operator=store.operator, release=store.release, keys=store.keys,
+    )
 
 
 def _write(store: Store, rows: list[tuple[str, str, tuple[int, ...], tuple[int, ...], int]]) -> None:
@@ -110,7 +114,11 @@ def test_up_to_ten_colluders_cannot_frame_an_honest_key_under_the_shipped_rule(s
     honest = [f"honest{i:010d}" for i in range(24)]
     _framing(store, framed=90, shared=30, colluders=colluders, honest=honest)
     assert TARGET in {s.score.key_id for s in _ops(store)._scores()[2]}  # the old rule of 3 frames it
-    shipped = Operations(MonitorConfig(quarantine_z=4.0, quarantine_min_ratings=30), store, Activator(None, store.versions, store.operator, Metrics()), Metrics())
+    activator = Activator(None, store.versions, store.operator, Metrics())
+    shipped = Operations(
+        MonitorConfig(quarantine_z=4.0, quarantine_min_ratings=30), activator, Metrics(),
+        feedback=store.feedback, versions=store.versions, operator=store.operator, release=store.release, keys=store.keys,
+    )
     assert shipped.config.quarantine_corroborating_keys == 11
     assert TARGET in {d.key_id for d in shipped._scores()[1].values() if d.z > 4.0}  # over the threshold, uncorroborated
     assert shipped.quarantine_suspects() == []

@@ -56,7 +56,11 @@ def _publish(store: Store, parent: int, checkpoint: str = "/nowhere") -> int:
 def _operations(store, engine, tokenizer, **alarms) -> Operations:
     activator = Activator(engine, store.versions, store.operator, Metrics(), "sao", ())
     config = AlarmConfig(min_ratings=40, **alarms)
-    return Operations(MonitorConfig(), store, activator, Metrics(), alarms=config, tokenizer=tokenizer)
+    return Operations(
+        MonitorConfig(), activator, Metrics(),
+        feedback=store.feedback, versions=store.versions, operator=store.operator, release=store.release, keys=store.keys,
+        alarms=config, tokenizer=tokenizer,
+    )
 
 
 def _client(store: Store, operations: Operations) -> TestClient:

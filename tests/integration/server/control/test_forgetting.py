@@ -52,6 +52,10 @@ def _publish(store: Store, parent: int, checkpoint: Path | None, cursor: int, la
     ).version
 
 
+def _forgetting(store: Store, activator: Activator) -> Forgetting:
+    return Forgetting(activator, rights=store.rights, versions=store.versions, feedback=store.feedback, operator=store.operator)
+
+
 def _history(store: Store, checkpoints: list[Path]) -> tuple[int, int, int, int]:
     """Ratings 1-12 (the planted key's is the 6th); v1 trained 1-4, v2 5-8, v3 9-12."""
     ids = _rate(store, 5) + _rate(store, 1, PLANTED) + _rate(store, 6)
@@ -68,7 +72,7 @@ async def test_a_dry_run_plans_and_changes_nothing(engine, store, checkpoints):
     await activator.activate(store.versions.get_version(v3))
     statuses = {r.version: r.status for r in store.versions.list_versions()}
 
-    result = await Forgetting(store, activator).forget(PLANTED, dry_run=True)
+    result = await _forgetting(store, activator).forget(PLANTED, dry_run=True)
     (plan,) = result.plan.lineages
     assert (plan.first_rating, plan.first_trained, plan.target, plan.head) == (planted, v2, v1, v3)
     assert plan.target_cursor == store.versions.get_version(v1).metrics["learner/cursor"] and plan.affected == (v2, v3)
@@ -87,7 +91,7 @@ async def test_the_forget_rolls_back_and_moves_the_learner_back(engine, store, c
     await activator.activate(store.versions.get_version(v3))
     store.versions.mark_pruned([v1])  # retention deleted v1's checkpoint: the target is the base model
 
-    result = await Forgetting(store, activator).forget(PLANTED, dry_run=False, admin_key_id="admin")
+    result = await _forgetting(store, activator).forget(PLANTED, dry_run=False, admin_key_id="admin")
     (plan,) = result.plan.lineages
     assert (plan.target, plan.skipped, plan.target_cursor, plan.replay) == (0, (v1,), 0, 11)
     assert result.deleted.ratings == 1 and store.rights.key_rows(PLANTED) == (0, 0)
@@ -112,7 +116,7 @@ async def test_a_forget_when_the_target_serves_already_rolls_back_the_rest(engin
     activator = Activator(engine, store.versions, store.operator, Metrics())
     v1, v2, v3, _ = _history(store, checkpoints)
     await activator.activate(store.versions.get_version(v1))  # v2 and v3 wait (e.g. a gate holds them back)
-    result = await Forgetting(store, activator).forget(PLANTED, dry_run=False)
+    result = await _forgetting(store, activator).forget(PLANTED, dry_run=False)
     (done,) = result.done
     assert (done.target, done.swapped, done.rolled_back) == (v1, False, (v2, v3))
     assert engine.version == v1 and store.versions.cursor_version("sao") == v1
@@ -128,7 +132,7 @@ async def test_a_key_rated_after_the_last_version_drops_the_learners_unpublished
     await activator.activate(store.versions.get_version(v3))
     late = "c" * 16
     _rate(store, 2, late)  # after v3's cursor
-    result = await Forgetting(store, activator).forget(late, dry_run=False)
+    result = await _forgetting(store, activator).forget(late, dry_run=False)
     (plan,) = result.plan.lineages
     assert plan.in_memory and plan.first_trained is None and (plan.target, plan.affected) == (v2, (v3,))
     assert plan.replay == 4  # v3's ratings 9-12; the late key's are deleted
@@ -145,12 +149,12 @@ async def test_a_key_that_never_rated_moves_nothing(engine, store, checkpoints):
         id="silent", api_key_id=silent, model="m", policy_version=v3, endpoint="chat", prompt_ids=(1, 2, 3), response_ids=(4, 5),
         behavior_logprobs=(-0.5, -0.25), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
     )])
-    result = await Forgetting(store, activator).forget(silent, dry_run=False)
+    result = await _forgetting(store, activator).forget(silent, dry_run=False)
     (plan,) = result.plan.lineages
     assert plan.target is None and not plan.in_memory and result.done == () and result.deleted.responses == 1
     assert store.versions.cursor_version("sao") == v3 and store.versions.get_version(v3).status == S.PUBLISHED
     with pytest.raises(KeyNotFound):
-        await Forgetting(store, activator).forget("d" * 16, dry_run=True)
+        await _forgetting(store, activator).forget("d" * 16, dry_run=True)
 
 
 def test_a_segment_lineage_is_planned_on_its_own(store):
@@ -161,7 +165,7 @@ def test_a_segment_lineage_is_planned_on_its_own(store):
     _rate(store, 2, segment="cozy")
     c1 = _publish(store, 0, None, planted + 2, lane="sao:cozy", segment="cozy")
     n1 = _publish(store, 0, None, planted + 2, lane="sao:night", segment="night")
-    plan = plan_forget(store, PLANTED, [("sao:cozy", "cozy"), ("sao:night", "night")])
+    plan = plan_forget(store.rights, store.versions, store.feedback, PLANTED, [("sao:cozy", "cozy"), ("sao:night", "night")])
     cozy, night = plan.lineages
     assert (cozy.first_trained, cozy.target, cozy.target_cursor, cozy.affected) == (c1, 0, 0, (c1,))
     assert cozy.replay == 2 and cozy.skipped == ()

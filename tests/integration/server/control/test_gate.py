@@ -48,7 +48,9 @@ def _gate(engine, store, tokenizer, model_dir, mode="canary", bounds=PASSING, **
     config = ReleaseConfig(**{"mode": mode, "canary_fraction": 0.25, "min_ratings": 6, "evaluation": evaluation, **release})
     activator = Activator(engine, store.versions, store.operator, Metrics(), gate_base=True)
     evaluator = Evaluator(evaluation, tokenizer, model_dir, suite=SUITE, refresh=store.versions.get_version)
-    return ReleaseGate(config, activator, engine, store, activator.metrics, engine_evaluation(evaluator))
+    return ReleaseGate(
+        config, activator, engine, store.versions, store.operator, store.release, activator.metrics, engine_evaluation(evaluator),
+    )
 
 
 @pytest.fixture(scope="module")

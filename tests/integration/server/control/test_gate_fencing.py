@@ -52,7 +52,9 @@ async def test_a_deposed_leaders_gate_decides_nothing(canary_engine, store, chec
     believed = [old]  # what the paused replica's gate reads as its term
     config = ReleaseConfig(mode="gated", evaluation=EvaluationConfig(max_tokens=8))
     activator = Activator(canary_engine, store.versions, store.operator, Metrics(), gate_base=True)
-    gate = ReleaseGate(config, activator, canary_engine, store, activator.metrics, None, leader=lambda: believed[0])
+    gate = ReleaseGate(
+        config, activator, canary_engine, store.versions, store.operator, store.release, activator.metrics, None, leader=lambda: believed[0],
+    )
 
     v1 = _publish(store, 0, checkpoints[0])
     time.sleep(LEASE + 0.3)  # paused past its lease: another replica takes it over

@@ -61,7 +61,12 @@ def lane(cursor: int, rejected: int = 0, segment: str | None = None, step: int |
 
 
 def operations(store: Store, metrics: Metrics, segments: tuple[str, ...] = ()) -> Operations:
-    return Operations(CONFIG, store, Activator(None, store.versions, store.operator, Metrics(), "sao", segments), metrics, max_step_kl=0.05)
+    activator = Activator(None, store.versions, store.operator, Metrics(), "sao", segments)
+    return Operations(
+        CONFIG, activator, metrics,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, release=store.release, keys=store.keys,
+        max_step_kl=0.05,
+    )
 
 
 def events(store: Store, kind: str) -> list:

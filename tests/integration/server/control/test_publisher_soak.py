@@ -147,7 +147,11 @@ async def test_rollbacks_swaps_and_publishes_interleaved(engine, store, checkpoi
     ops = soak.rng.choices(["learn", "activate", "rollback", "operator"], weights=[4, 4, 2, 1], k=total)
     stop = asyncio.Event()
     traffic = asyncio.create_task(soak.traffic(stop))
-    views = asyncio.create_task(soak.views(stop, Operations(MonitorConfig(), store, soak.activator, Metrics())))
+    operations = Operations(
+        MonitorConfig(), soak.activator, Metrics(),
+        feedback=store.feedback, versions=store.versions, operator=store.operator, release=store.release, keys=store.keys,
+    )
+    views = asyncio.create_task(soak.views(stop, operations))
     in_flight: set[asyncio.Task] = set()
     try:
         for op in ops:

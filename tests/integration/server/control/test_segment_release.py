@@ -73,7 +73,9 @@ def _gate(engine, store, tokenizer, model_dir, cozy="canary", bounds=PASSING, mi
     config = ReleaseConfig(mode="immediate", segments={"cozy": cozy}, canary_fraction=FRACTION, min_ratings=min_ratings, evaluation=evaluation)
     activator = Activator(engine, store.versions, store.operator, Metrics(), segments=SEGMENTS)
     evaluator = Evaluator(evaluation, tokenizer, model_dir, suite=SUITE, refresh=store.versions.get_version)
-    return ReleaseGate(config, activator, engine, store, activator.metrics, engine_evaluation(evaluator))
+    return ReleaseGate(
+        config, activator, engine, store.versions, store.operator, store.release, activator.metrics, engine_evaluation(evaluator),
+    )
 
 
 def _publish(store: Store, parent: int, adapter: Path, segment: str = "cozy") -> int:
