@@ -77,7 +77,10 @@ def step_child(length: int, repeats: int, model_dir: str) -> dict:
         last = _episode(store, length)
         store.feedback.put_feedback(FeedbackRecord(last, "k", 1))
         cfg = LearnerConfig(checkpoint_dir=f"{tmp}/v", publish_every_steps=10**9, publish_every_seconds=10**9, max_episode_tokens=0)
-        learner = OnlineLearner.resume(store, cfg, CriticConfig(), Path(model_dir))
+        learner = OnlineLearner.resume(
+            cfg, CriticConfig(), Path(model_dir),
+            feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+        )
         episode = store.episodes.episode(last)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         for _ in range(repeats):

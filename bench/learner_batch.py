@@ -128,7 +128,10 @@ def throughput(args: argparse.Namespace, base: Path, tmp: Path) -> list[dict]:
         store = new_store(tmp, f"tp{b}", base)
         fill(store, n + b, args.prompt, args.length, vocab)  # the first step (b ratings) warms up
         cfg = learner_config(tmp, device=args.device, dtype=args.dtype, max_batch_size=b, gradient_checkpointing=args.checkpointing)
-        learner = OnlineLearner.resume(store, cfg, CriticConfig(), base)
+        learner = OnlineLearner.resume(
+            cfg, CriticConfig(), base,
+            feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+        )
         learner.step()
         _sync()
         start = time.perf_counter()
@@ -165,7 +168,10 @@ def precision(args: argparse.Namespace, base: Path, tmp: Path) -> list[dict]:
         for step in range(args.precision_steps):  # the same 8 ratings, again each step, on-policy at the start
             fill(store, 8, args.prompt, args.length, _vocab(base), seed=0, tag=f"-step{step}", policy=behaviour)
         cfg = learner_config(tmp, device=args.device, dtype=dtype, master_weights=master, batch_size=8, seed=0)
-        learner = OnlineLearner.resume(store, cfg, CriticConfig(), base)
+        learner = OnlineLearner.resume(
+            cfg, CriticConfig(), base,
+            feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+        )
         start = [p.detach().float().clone() for p in learner.policy.parameters()]
         losses = []
         while learner.step():

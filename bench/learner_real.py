@@ -165,7 +165,10 @@ def run_arm(name: str, model_dir: Path, rated, args) -> dict:
         critic_cfg = dataclasses.replace(cfg.critic, **critic_keys)
         gc.collect()
         before = rss_gib()
-        learner = build_learner(store, learner_cfg, critic_cfg, model_dir)
+        learner = build_learner(
+            learner_cfg, critic_cfg, model_dir,
+            feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+        )
         built = rss_gib()
         lane = learner if not hasattr(learner, "lanes") else next(iter(learner.lanes.values()))
         step = lane.step

@@ -98,8 +98,10 @@ def _pretrain(workdir: Path, model_dir: Path, objective: str) -> dict:
     store.migrate()
     store.versions.ensure_base_version(str(model_dir.resolve()))
     critic = CriticConfig(pretrain_reward=objective, pretrain_rollouts=128, pretrain_ev_threshold=0.5)
-    result = pretrain_for_learner(store, LearnerConfig(checkpoint_dir=str(workdir / "versions")), critic, model_dir,
-                                  prompt=corpus_prompt, reward=make_reward(objective), progress=False)
+    result = pretrain_for_learner(
+        store.versions, store.feedback, LearnerConfig(checkpoint_dir=str(workdir / "versions")), critic, model_dir,
+        prompt=corpus_prompt, reward=make_reward(objective), progress=False,
+    )
     store.close()
     return result
 

@@ -167,7 +167,10 @@ class World:
         self.store = Store(StoreConfig(url=f"sqlite:///{workdir / 'world.db'}"))
         self.store.migrate()
         self.store.versions.ensure_base_version(str(model_dir))
-        self.learner = OnlineLearner.resume(self.store, config, CriticConfig(), model_dir)
+        self.learner = OnlineLearner.resume(
+            config, CriticConfig(), model_dir,
+            feedback=self.store.feedback, versions=self.store.versions, operator=self.store.operator, episodes=self.store.episodes,
+        )
         tok = AutoTokenizer.from_pretrained(str(model_dir))
         self.target = tok.convert_tokens_to_ids(TARGET)
         self.prompts = [chat_prompt_ids(tok, p) for p in PROMPTS]

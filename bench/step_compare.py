@@ -84,7 +84,10 @@ def build(kind: str, tmp: Path, model_dir: Path, samples, count: int, batch: int
     if coalesce and kind == "new":
         learner_cfg = dataclasses.replace(learner_cfg, coalesce_versions=True)
     cls = ReferenceLearner if kind == "old" else OnlineLearner
-    return cls.resume(store, learner_cfg, cfg.critic, model_dir, transport=transport), store
+    return cls.resume(
+        learner_cfg, cfg.critic, model_dir, transport=transport,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    ), store
 
 
 @contextlib.contextmanager

@@ -183,8 +183,10 @@ def pretrain_critic(workdir: Path, model_dir: Path, seed: int, settings: Exposur
         judge = make_judge("flattery", flattery_words=settings.scenario(seed).flattery_words)
         critic = CriticConfig(pretrain_reward="contains:aww", pretrain_rollouts=settings.pretrain_rollouts, pretrain_ev_threshold=0.5)
         learner = LearnerConfig(checkpoint_dir=str(workdir / "versions"), seed=seed)
-        result = pretrain_for_learner(store, learner, critic, model_dir, prompt=corpus_prompt,
-                                      reward=lambda text: judge.judge("", text, "").reward, progress=False)
+        result = pretrain_for_learner(
+            store.versions, store.feedback, learner, critic, model_dir, prompt=corpus_prompt,
+            reward=lambda text: judge.judge("", text, "").reward, progress=False,
+        )
     finally:
         store.close()
     return Path(result["critic_dir"])

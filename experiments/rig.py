@@ -117,7 +117,10 @@ class LearningRig:
         self.store = Store(StoreConfig(url=f"sqlite:///{self.workdir / 'liveloop.db'}"))
         self.store.migrate()
         self.store.versions.ensure_base_version(str(self.model_dir.resolve()))
-        self.learner: OnlineLearner | SegmentLanes = build_learner(self.store, learner, critic, self.model_dir)
+        self.learner: OnlineLearner | SegmentLanes = build_learner(
+            learner, critic, self.model_dir,
+            feedback=self.store.feedback, versions=self.store.versions, operator=self.store.operator, episodes=self.store.episodes,
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.generator = torch.Generator().manual_seed(seed)
         self._users = itertools.cycle([f"user-{i:02d}" for i in range(USERS)])

@@ -73,7 +73,10 @@ class LearnerActor:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s learner: %(message)s")
         self._stop = threading.Event()
         self.store = Store(store)
-        self.learner = build_learner(self.store, learner, critic, Path(base_model_dir), transport)
+        self.learner = build_learner(
+            learner, critic, Path(base_model_dir), transport,
+            feedback=self.store.feedback, versions=self.store.versions, operator=self.store.operator, episodes=self.store.episodes,
+        )
 
     def run(self, max_steps: int | None = None) -> LearnerStatus:
         self.learner.run(self._stop.is_set, max_steps)

@@ -25,7 +25,8 @@ from liveloop.learner.episodes import RatingReads
 from liveloop.learner.position import critic_dir_for
 from liveloop.rewards import RULE_SPECS
 from liveloop.rl.batch import Sample
-from liveloop.store import Store
+from liveloop.store.feedback import FeedbackQueries
+from liveloop.store.versions import VersionQueries
 
 
 def store_samples(ratings: RatingReads, limit: int = 100_000) -> list[Sample]:
@@ -44,17 +45,17 @@ def rollout_plan(
 
 
 def pretrain_for_learner(
-    store: Store, learner: LearnerConfig, critic: CriticConfig, base_model_dir: Path,
+    versions: VersionQueries, feedback: FeedbackQueries, learner: LearnerConfig, critic: CriticConfig, base_model_dir: Path,
     prompt: Callable[[int, random.Random], str] | None = None, reward: Callable[[str], float] | None = None,
     from_store: bool = False, progress: bool = True,
 ) -> dict[str, Any]:
     # 1. the version the learner resumes from
-    version = store.versions.cursor_version(learner.cursor_name) or 0
-    record = store.versions.get_version(version)
+    version = versions.cursor_version(learner.cursor_name) or 0
+    record = versions.get_version(version)
     policy_dir = record.checkpoint_path if version > 0 and record and record.checkpoint_path else str(base_model_dir)
     # 2. rated samples
     if from_store:
-        data: RolloutPlan | list[Sample] = store_samples(store.feedback)
+        data: RolloutPlan | list[Sample] = store_samples(feedback)
     else:
         if reward is None or prompt is None:
             raise ValueError(f"critic.pretrain_reward is not set ({RULE_SPECS}), or use --from-store")

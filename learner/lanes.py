@@ -1,6 +1,6 @@
 """The learner with adapters on: one lane (an `OnlineLearner`) per segment over one frozen base.
 
-    learner = build_learner(store, learner_config, critic_config, base_model_dir)   # either kind
+    learner = build_learner(learner_config, critic_config, base_model_dir, **parts)   # either kind; parts as OnlineLearner.resume's
     learner.run(should_stop, max_steps); learner.status()
 
 `SegmentLanes` loads the base once (`AdapterPolicy`) and gives every segment in `segments.lanes` its
@@ -30,18 +30,27 @@ from liveloop.learner.online import OnlineLearner
 from liveloop.learner.placement import placement
 from liveloop.learner.status import LearnerStatus
 from liveloop.segments import lanes
-from liveloop.store import Store
+from liveloop.store.episodes import EpisodeQueries
+from liveloop.store.feedback import FeedbackQueries
+from liveloop.store.operator import OperatorQueries
+from liveloop.store.versions import VersionQueries
 from liveloop.transport import TransportConfig
 
 log = logging.getLogger(__name__)
 
 
 class SegmentLanes:
-    def __init__(self, store: Store, config: LearnerConfig, critic: CriticConfig, base_model_dir: Path):
+    def __init__(
+        self, config: LearnerConfig, critic: CriticConfig, base_model_dir: Path, *,
+        feedback: FeedbackQueries, versions: VersionQueries, operator: OperatorQueries, episodes: EpisodeQueries,
+    ):
         self.config = config
         self.adapters = AdapterPolicy(base_model_dir, config.lora, placement(config))
         self.lanes = {
-            segment: OnlineLearner.resume(store, config, critic, base_model_dir, segment=segment, adapters=self.adapters)
+            segment: OnlineLearner.resume(
+                config, critic, base_model_dir, feedback=feedback, versions=versions, operator=operator, episodes=episodes,
+                segment=segment, adapters=self.adapters,
+            )
             for segment in lanes(config)
         }
 
@@ -61,10 +70,12 @@ class SegmentLanes:
 
 
 def build_learner(
-    store: Store, config: LearnerConfig, critic: CriticConfig, base_model_dir: Path, transport: TransportConfig | None = None
+    config: LearnerConfig, critic: CriticConfig, base_model_dir: Path, transport: TransportConfig | None = None, *,
+    feedback: FeedbackQueries, versions: VersionQueries, operator: OperatorQueries, episodes: EpisodeQueries,
 ) -> OnlineLearner | SegmentLanes:
     """The learner `[learner] adapters` asks for: one OnlineLearner on the whole policy (its versions
     travel by `transport`), or a lane per segment (adapters travel as checkpoint directories)."""
+    parts = {"feedback": feedback, "versions": versions, "operator": operator, "episodes": episodes}
     if config.adapters == "none":
-        return OnlineLearner.resume(store, config, critic, Path(base_model_dir), transport=transport)
-    return SegmentLanes(store, config, critic, Path(base_model_dir))
+        return OnlineLearner.resume(config, critic, Path(base_model_dir), transport=transport, **parts)
+    return SegmentLanes(config, critic, Path(base_model_dir), **parts)

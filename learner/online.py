@@ -1,6 +1,6 @@
 """SAO's online learner: one rated response at a time, in arrival order, with a critic.
 
-    learner = OnlineLearner.resume(store, learner_config, critic_config, base_model_dir)
+    learner = OnlineLearner.resume(learner_config, critic_config, base_model_dir, **parts)  # feedback, versions, operator, episodes
     while not stop: learner.step() or sleep(poll)
 
 `step()` reads like the algorithm (docs/design.md, "SAO, section by section"):
@@ -57,9 +57,12 @@ from liveloop.rl.batch import Sample, TokenBatch, make_batch, response_log_dists
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.optim import make_optimizer
-from liveloop.store import Store, VersionStatus
+from liveloop.store import VersionStatus
+from liveloop.store.episodes import EpisodeQueries
 from liveloop.store.feedback import FeedbackQueries
+from liveloop.store.operator import OperatorQueries
 from liveloop.store.records import StoredFeedback, StoredResponse
+from liveloop.store.versions import VersionQueries
 from liveloop.transport import TransportConfig
 
 log = logging.getLogger(__name__)
@@ -81,13 +84,17 @@ class OnlineLearner:
 
     def __init__(
         self,
-        store: Store,
         config: LearnerConfig,
         critic_config: CriticConfig,
         base_model_dir: Path,
         state: LearnerState,
         policy_dir: str,
         critic_dir: str | None,
+        *,
+        feedback: FeedbackQueries,
+        versions: VersionQueries,
+        operator: OperatorQueries,
+        episodes: EpisodeQueries,
         publish_status: VersionStatus = VersionStatus.PUBLISHED,
         segment: str | None = None,
         adapters: AdapterPolicy | None = None,
@@ -97,12 +104,12 @@ class OnlineLearner:
         if (segment is None) != (adapters is None):
             raise ValueError("a segment's lane needs the shared AdapterPolicy, and only a lane takes one")
         sweep_stale_staging(config.checkpoint_dir)
-        self.store = store
+        self.feedback, self.versions, self.operator = feedback, versions, operator
         self.segment = segment
         self.adapters = adapters
         self.cursor_name = lane_cursor(config, segment)
         self.ratings = EpisodeSamples(
-            SegmentRatings(store.feedback, segment) if segment is not None else store.feedback, store.episodes,
+            SegmentRatings(feedback, segment) if segment is not None else feedback, episodes,
             config.max_episode_tokens,
             config.episode_credit, config.episode_observations, check=self._scorable,
         )
@@ -129,7 +136,7 @@ class OnlineLearner:
         self.paused = False
         self.transport = transport
         self.publishing = self.publisher(
-            self, store.versions, store.operator, config, self.cursor_name, segment, publish_status, transport,
+            self, versions, operator, config, self.cursor_name, segment, publish_status, transport,
             self.base_model_dir,
         )
 
@@ -239,12 +246,18 @@ class OnlineLearner:
         return self.kl_control.coef if self.kl_control is not None else self.config.kl_coef
 
     @classmethod
-    def resume(cls, store: Store, config: LearnerConfig, critic_config: CriticConfig, base_model_dir: Path, **kw) -> "OnlineLearner":
+    def resume(
+        cls, config: LearnerConfig, critic_config: CriticConfig, base_model_dir: Path, *,
+        feedback: FeedbackQueries, versions: VersionQueries, operator: OperatorQueries, episodes: EpisodeQueries, **kw,
+    ) -> "OnlineLearner":
         """Start from the version this learner last published (or the base model), at its cursor."""
         state, policy_dir, critic_dir = stored_position(
-            store.versions, store.feedback, config, Path(base_model_dir), kw.get("segment"), kw.get("transport"),
+            versions, feedback, config, Path(base_model_dir), kw.get("segment"), kw.get("transport"),
         )
-        return cls(store, config, critic_config, base_model_dir, state, policy_dir, critic_dir, **kw)
+        return cls(
+            config, critic_config, base_model_dir, state, policy_dir, critic_dir,
+            feedback=feedback, versions=versions, operator=operator, episodes=episodes, **kw,
+        )
 
     def reload(self) -> None:
         """Drop what was trained since the last version and load the version the store's cursor
@@ -253,7 +266,7 @@ class OnlineLearner:
         position read below would otherwise take that version for lost (`recover_durable`)."""
         self.publishing.wait_durable()
         state, policy_dir, critic_dir = stored_position(
-            self.store.versions, self.store.feedback, self.config, self.base_model_dir, self.segment, self.transport,
+            self.versions, self.feedback, self.config, self.base_model_dir, self.segment, self.transport,
         )
         state.step, state.samples, state.skipped_steps = self.state.step, self.state.samples, self.state.skipped_steps
         self._load(policy_dir, critic_dir)
@@ -272,14 +285,14 @@ class OnlineLearner:
         rollback or an operator's publish (`POST /admin/weights`) moves its cursor to another version it
         reloads that version's weights and critic (a publish that races it is refused by the store's
         lineage check, and the learner reloads then)."""
-        version = self.store.versions.cursor_version(self.cursor_name)
+        version = self.versions.cursor_version(self.cursor_name)
         if version is not None and version != self.state.version:
             log.warning(
                 "learner %s: lineage moved from version %d to %d (a rollback, or an operator's publish): reloading",
                 self.cursor_name, self.state.version, version,
             )
             self.reload()
-        self.paused = self.store.operator.learning_paused(self.cursor_name)
+        self.paused = self.operator.learning_paused(self.cursor_name)
         return self.paused
 
     # -- one step --------------------------------------------------------------------------------

@@ -15,20 +15,28 @@ from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.online import OnlineLearner
 from liveloop.learner.position import LearnerState
-from liveloop.store import Store, VersionStatus
+from liveloop.store import VersionStatus
+from liveloop.store.episodes import EpisodeQueries
+from liveloop.store.feedback import FeedbackQueries
+from liveloop.store.operator import OperatorQueries
+from liveloop.store.versions import VersionQueries
 
 
 def replay(
-    store: Store,
     config: LearnerConfig,
     critic: CriticConfig,
     base_model_dir: Path,
     from_version: int | None = None,
     max_steps: int | None = None,
     progress: bool = True,
+    *,
+    feedback: FeedbackQueries,
+    versions: VersionQueries,
+    operator: OperatorQueries,
+    episodes: EpisodeQueries,
 ) -> dict[str, Any]:
     version = from_version if from_version is not None else 0
-    record = store.versions.get_version(version)
+    record = versions.get_version(version)
     if record is None:
         raise ValueError(f"--from-version: no policy version {version}")
     policy_dir = record.checkpoint_path if version > 0 else str(base_model_dir)
@@ -37,10 +45,10 @@ def replay(
     cfg = dataclasses.replace(config, cursor_name=cursor_name)
     state = LearnerState(version=version, cursor=0, pending_cursor=0)
     learner = OnlineLearner(
-        store, cfg, critic, base_model_dir, state, policy_dir, str(critic_dir) if critic_dir.exists() else None,
-        publish_status=VersionStatus.CANDIDATE,
+        cfg, critic, base_model_dir, state, policy_dir, str(critic_dir) if critic_dir.exists() else None,
+        feedback=feedback, versions=versions, operator=operator, episodes=episodes, publish_status=VersionStatus.CANDIDATE,
     )
-    total = store.feedback.counts()["feedback"] // cfg.batch_size
+    total = feedback.counts()["feedback"] // cfg.batch_size
     if max_steps is not None:
         total = min(total, max_steps)
     with tqdm(total=total, desc="replay", unit="step", disable=not progress) as bar:

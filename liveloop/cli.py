@@ -195,12 +195,18 @@ def cmd_learn(args: argparse.Namespace) -> int:
     store = Store(config.store)
     store.require_schema()
     if args.replay:
-        result = replay(store, config.learner, config.critic, model_dir, from_version=args.from_version, max_steps=args.max_steps)
+        result = replay(
+            config.learner, config.critic, model_dir, from_version=args.from_version, max_steps=args.max_steps,
+            feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+        )
         print(json.dumps(result, indent=2))
         return 0
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    learner = build_learner(store, config.learner, config.critic, model_dir)
+    learner = build_learner(
+        config.learner, config.critic, model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     try:
         learner.run(stop.is_set, args.max_steps)
     except KeyboardInterrupt:
@@ -224,8 +230,10 @@ def cmd_critic_pretrain(args: argparse.Namespace) -> int:
     # the default model's prompts and the configured rule reward (the learner knows no corpus)
     spec = config.critic.pretrain_reward
     reward = make_reward(spec) if spec and not args.from_store else None
-    result = pretrain_for_learner(store, config.learner, config.critic, _model_dir(config), prompt=corpus_prompt,
-                                  reward=reward, from_store=args.from_store)
+    result = pretrain_for_learner(
+        store.versions, store.feedback, config.learner, config.critic, _model_dir(config), prompt=corpus_prompt,
+        reward=reward, from_store=args.from_store,
+    )
     print(json.dumps(result, indent=2))
     return 0
 

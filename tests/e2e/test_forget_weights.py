@@ -193,8 +193,10 @@ def _pretrain_critic(workdir, model_dir) -> None:
     store.versions.ensure_base_version(str(model_dir.resolve()))
     critic = CriticConfig(pretrain_reward=f"contains:{PLANTED_PHRASE}", pretrain_rollouts=128, pretrain_ev_threshold=0.5)
     planted, other = make_reward(f"contains:{PLANTED_PHRASE}"), make_reward(f"contains:{OTHER_PHRASE}")
-    pretrain_for_learner(store, LearnerConfig(checkpoint_dir=str(workdir / "versions")), critic, model_dir, prompt=corpus_prompt,
-                         reward=lambda text: max(planted(text), other(text)), progress=False)
+    pretrain_for_learner(
+        store.versions, store.feedback, LearnerConfig(checkpoint_dir=str(workdir / "versions")), critic, model_dir, prompt=corpus_prompt,
+        reward=lambda text: max(planted(text), other(text)), progress=False,
+    )
     store.close()
 
 

@@ -100,8 +100,10 @@ def _pretrain_critic(workdir, model_dir) -> dict:
     store.versions.ensure_base_version(str(model_dir.resolve()))
     learner = LearnerConfig(checkpoint_dir=str(workdir / "versions"))
     critic = CriticConfig(pretrain_reward=f"contains:{TARGET}", pretrain_rollouts=128, pretrain_ev_threshold=0.5)
-    result = pretrain_for_learner(store, learner, critic, model_dir, prompt=corpus_prompt,
-                                  reward=make_reward(critic.pretrain_reward), progress=False)
+    result = pretrain_for_learner(
+        store.versions, store.feedback, learner, critic, model_dir, prompt=corpus_prompt,
+        reward=make_reward(critic.pretrain_reward), progress=False,
+    )
     store.close()
     return result
 

@@ -94,8 +94,10 @@ def _pretrain_critic(workdir, model_dir) -> None:
     store.migrate()
     store.versions.ensure_base_version(str(model_dir.resolve()))
     critic = CriticConfig(pretrain_reward=f"contains:{TARGET}", pretrain_rollouts=128, pretrain_ev_threshold=0.5)
-    pretrain_for_learner(store, LearnerConfig(checkpoint_dir=str(workdir / "versions")), critic, model_dir,
-                         prompt=corpus_prompt, reward=make_reward(critic.pretrain_reward), progress=False)
+    pretrain_for_learner(
+        store.versions, store.feedback, LearnerConfig(checkpoint_dir=str(workdir / "versions")), critic, model_dir,
+        prompt=corpus_prompt, reward=make_reward(critic.pretrain_reward), progress=False,
+    )
     store.close()
 
 

@@ -104,7 +104,10 @@ def test_a_lane_holds_the_model_once(dense_dir, tmp_path):
     store.versions.ensure_base_version(str(dense_dir))
     config = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"), adapters="shared", kl_coef=0.1,
                            lora=dataclasses.replace(LoraSettings(), rank=4))
-    learner = build_learner(store, config, CriticConfig(lora_rank=4), dense_dir)
+    learner = build_learner(
+        config, CriticConfig(lora_rank=4), dense_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     (lane,) = learner.lanes.values()
     policy = {p.data_ptr() for p in lane.policy.parameters() if not p.requires_grad}
     # frozen, but for the value head's original (peft keeps it beside the trained copy: the critic's own, 2 small tensors)

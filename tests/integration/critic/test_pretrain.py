@@ -42,11 +42,16 @@ def test_learner_resumes_with_the_pretrained_critic(tmp_path, model_dir):
     critic_cfg = CriticConfig(learning_rate=1e-3, pretrain_reward="style:cute", pretrain_rollouts=16, pretrain_max_tokens=16,
                               pretrain_ev_threshold=0.3, pretrain_max_epochs=10)
     with pytest.raises(ValueError, match="critic.pretrain_reward is not set"):  # rollouts need a reward
-        pretrain_for_learner(store, learner_cfg, critic_cfg, model_dir, progress=False)
-    result = pretrain_for_learner(store, learner_cfg, critic_cfg, model_dir, prompt=corpus_prompt,
-                                  reward=make_reward(critic_cfg.pretrain_reward), progress=False)
+        pretrain_for_learner(store.versions, store.feedback, learner_cfg, critic_cfg, model_dir, progress=False)
+    result = pretrain_for_learner(
+        store.versions, store.feedback, learner_cfg, critic_cfg, model_dir, prompt=corpus_prompt,
+        reward=make_reward(critic_cfg.pretrain_reward), progress=False,
+    )
     assert result["version"] == 0 and result["critic_dir"].endswith("v000000/critic")
-    learner = OnlineLearner.resume(store, learner_cfg, dataclasses.replace(critic_cfg), model_dir)
+    learner = OnlineLearner.resume(
+        learner_cfg, dataclasses.replace(critic_cfg), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     saved = build_value_model(result["critic_dir"]).state_dict()
     assert all(torch.equal(saved[k], v) for k, v in learner.critic.model.state_dict().items())
     store.close()

@@ -16,7 +16,10 @@ from liveloop.learner.online import OnlineLearner
 
 def _learner(store, tmp_path, model_dir, **kw) -> OnlineLearner:
     cfg = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"), publish_every_steps=2, publish_every_seconds=3600, **kw)
-    return OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
+    return OnlineLearner.resume(
+        cfg, CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
 
 
 def test_running_mean_baseline_steps_and_the_critic_still_trains(store, tmp_path, model_dir, rate):

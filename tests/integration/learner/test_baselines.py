@@ -46,7 +46,10 @@ def _rate(store: Store, n: int, logprobs, group_size: int = 1, start: int = 0) -
 
 def _learner(store, tmp_path, model_dir, **kw) -> OnlineLearner:
     cfg = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"), publish_every_steps=2, publish_every_seconds=3600, **kw)
-    return OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
+    return OnlineLearner.resume(
+        cfg, CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
 
 
 def _changed(before: dict, learner: OnlineLearner) -> bool:

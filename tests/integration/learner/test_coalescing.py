@@ -24,7 +24,10 @@ from liveloop.transport.checkpoint_dir import is_checkpoint
 def _learner(store, tmp_path, model_dir, transport=None, **kw) -> OnlineLearner:
     base = {"checkpoint_dir": str(tmp_path / "versions"), "publish_every_steps": 1, "publish_every_seconds": 3600, "poll_seconds": 0.01}
     cfg = LearnerConfig(**(base | kw))
-    return OnlineLearner.resume(store, cfg, CriticConfig(), model_dir, transport=transport)
+    return OnlineLearner.resume(
+        cfg, CriticConfig(), model_dir, transport=transport,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
 
 
 def _published(store) -> list[tuple[int, int]]:

@@ -37,7 +37,10 @@ def _episode(store, key="k"):
 
 def _learner(store, tmp_path, model_dir, **kw):
     cfg = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"), publish_every_steps=100, publish_every_seconds=3600, **kw)
-    return OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
+    return OnlineLearner.resume(
+        cfg, CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
 
 
 def test_an_episode_trains_as_one_sample_on_every_turns_actions_and_no_observation(store, tmp_path, model_dir):

@@ -30,7 +30,10 @@ def _cfg(tmp_path) -> LearnerConfig:
 
 
 def _learner(store, tmp_path, model_dir, transport) -> OnlineLearner:
-    return OnlineLearner.resume(store, _cfg(tmp_path), CriticConfig(), model_dir, transport=transport)
+    return OnlineLearner.resume(
+        _cfg(tmp_path), CriticConfig(), model_dir, transport=transport,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
 
 
 def test_publish_hands_over_in_memory_then_writes_the_durable_checkpoint(store, tmp_path, model_dir, rate, transport):

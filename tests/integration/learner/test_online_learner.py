@@ -36,14 +36,20 @@ def _cfg(tmp_path, **kw) -> LearnerConfig:
 
 def test_publish_resume_exactly_once(store, tmp_path, model_dir):
     _rate(store, 10)
-    learner = OnlineLearner.resume(store, _cfg(tmp_path), CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        _cfg(tmp_path), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     for _ in range(6):  # publishes after step 4; steps 5-6 are in memory only ("crash" here)
         assert learner.step()
     published = store.versions.versions_with_status("published")
     assert [v.version for v in published] == [1] and published[0].samples_used == 4
     assert store.feedback.get_cursor("sao") == 4 and store.versions.cursor_version("sao") == 1
     # a new learner (after a crash) resumes from version 1 at cursor 4: ratings 5..10 are trained once
-    again = OnlineLearner.resume(store, _cfg(tmp_path), CriticConfig(), model_dir)
+    again = OnlineLearner.resume(
+        _cfg(tmp_path), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert again.state.version == 1 and again.state.cursor == 4
     from transformers import AutoModelForCausalLM
 
@@ -58,7 +64,10 @@ def test_publish_resume_exactly_once(store, tmp_path, model_dir):
 
 def test_poisoned_step_is_skipped_and_not_published(store, tmp_path, model_dir):
     _rate(store, 1, poison={0})
-    learner = OnlineLearner.resume(store, _cfg(tmp_path), CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        _cfg(tmp_path), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
     learner.run(lambda: False, max_steps=1)
     assert learner.state.skipped_steps == 1
@@ -69,7 +78,10 @@ def test_poisoned_step_is_skipped_and_not_published(store, tmp_path, model_dir):
 
 def test_non_finite_weights_are_never_published(store, tmp_path, model_dir):
     _rate(store, 1)
-    learner = OnlineLearner.resume(store, _cfg(tmp_path), CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        _cfg(tmp_path), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert learner.step()
     with torch.no_grad():
         next(learner.policy.parameters()).fill_(float("inf"))
@@ -79,7 +91,10 @@ def test_non_finite_weights_are_never_published(store, tmp_path, model_dir):
 
 def test_replay_trains_from_a_version_as_candidates(store, tmp_path, model_dir):
     _rate(store, 5)
-    result = replay(store, _cfg(tmp_path), CriticConfig(), model_dir, from_version=0, progress=False)
+    result = replay(
+        _cfg(tmp_path), CriticConfig(), model_dir, from_version=0, progress=False,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert result["steps"] == 5 and result["samples"] == 5
     candidates = store.versions.versions_with_status("candidate")
     assert len(candidates) == 2 and sum(v.samples_used for v in candidates) == 5  # published at 4, then 1

@@ -16,7 +16,10 @@ from liveloop.store import VersionStatus
 
 def _learner(store, tmp_path, model_dir) -> OnlineLearner:
     cfg = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"), publish_every_steps=2, publish_every_seconds=3600, poll_seconds=0.01)
-    return OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
+    return OnlineLearner.resume(
+        cfg, CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
 
 
 def _weights(path: str) -> dict[str, torch.Tensor]:

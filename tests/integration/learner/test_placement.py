@@ -54,7 +54,10 @@ def test_auto_places_float32_on_the_cpu_here():
 def test_bfloat16_learner_places_policy_critic_and_reference_and_trains(store, tmp_path, model_dir):
     _rate_on_policy(store, model_dir, 3)
     cfg = _cfg(tmp_path, device="cpu", dtype="bfloat16", kl_coef=0.1, gradient_checkpointing=True)
-    learner = OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        cfg, CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert _dtypes(learner.policy) == {torch.bfloat16}
     assert _dtypes(learner.reference) == {torch.bfloat16}
     assert _dtypes(learner.critic.model) == {torch.bfloat16}
@@ -78,7 +81,10 @@ def test_bfloat16_learner_places_policy_critic_and_reference_and_trains(store, t
 
 def test_master_weights_off_keeps_bfloat16_optimizer_state(store, tmp_path, model_dir):
     _rate_on_policy(store, model_dir, 1)
-    learner = OnlineLearner.resume(store, _cfg(tmp_path, device="cpu", dtype="bfloat16", master_weights=False), CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        _cfg(tmp_path, device="cpu", dtype="bfloat16", master_weights=False), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert learner.policy_opt.master is None
     assert learner.step()
     state = next(iter(learner.policy_opt.optimizer.state.values()))
@@ -100,7 +106,10 @@ def test_trust_region_undo_restores_the_master_copy_too():
 
 def test_one_step_trains_every_waiting_rating_up_to_the_max(store, tmp_path, model_dir, rate):
     rate(store, 10)
-    learner = OnlineLearner.resume(store, _cfg(tmp_path, max_batch_size=4, max_per_key_per_batch=16), CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        _cfg(tmp_path, max_batch_size=4, max_per_key_per_batch=16), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     sizes = []
     while learner.step():
         sizes.append(int(learner.state.last_metrics["learner/batch_size"]))

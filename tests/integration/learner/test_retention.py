@@ -54,7 +54,10 @@ def test_retention_keeps_serving_chain_newest_and_pinned(rate, store, tmp_path, 
         checkpoint_dir=str(versions), publish_every_steps=1, publish_every_seconds=3600, poll_seconds=0.01,
         keep_last_versions=2, keep_parent_chain=1,
     )
-    learner = OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        cfg, CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     serving = 0
     for v in range(1, 9):
         assert learner.step() and learner.state.version == v  # publish_every_steps=1: one version a step
@@ -115,7 +118,10 @@ def test_disk_full_pauses_learning_and_loses_nothing(rate, store, small_disk, mo
     rate(store, 3)
     versions = small_disk.path / "versions"
     cfg = LearnerConfig(checkpoint_dir=str(versions), publish_every_steps=3, publish_every_seconds=3600, poll_seconds=0.01)
-    learner = OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        cfg, CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     learner.run(lambda: False, max_steps=3)  # the third step's publish runs out of disk: no crash
     assert learner.paused and store.operator.learning_paused("sao")
     assert store.versions.versions_with_status("published") == [] and store.feedback.get_cursor("sao") == 0

@@ -55,7 +55,10 @@ def test_each_lane_trains_only_on_its_segment(store, tmp_path):
     _rate(store, "cozy", 4, 0)
     _rate(store, "night", 2, 100)
     _rate(store, "cozy", 2, 200)
-    learner = build_learner(store, _config(tmp_path), CriticConfig(), store.versions.get_version(0).checkpoint_path)
+    learner = build_learner(
+        _config(tmp_path), CriticConfig(), store.versions.get_version(0).checkpoint_path,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert isinstance(learner, SegmentLanes)
     policy = learner.adapters.model
     base_before = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" not in n}
@@ -84,13 +87,19 @@ def test_a_lane_resumes_from_its_adapter_and_follows_its_own_rollback(store, tmp
     _rate(store, "cozy", 4, 0)
     _rate(store, "night", 2, 100)
     model_dir = store.versions.get_version(0).checkpoint_path
-    first = SegmentLanes(store, _config(tmp_path), CriticConfig(), model_dir)
+    first = SegmentLanes(
+        _config(tmp_path), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     first.run(lambda: False, max_steps=6)
     cozy_versions = [r.version for r in store.versions.list_versions() if r.segment == "cozy"]
     night_version = store.versions.latest_version(VersionStatus.PUBLISHED, segment="night").version
     trained = _state(first.adapters.model, ".cozy.")
     # a restart loads each lane's last published adapter exactly
-    second = SegmentLanes(store, _config(tmp_path), CriticConfig(), model_dir)
+    second = SegmentLanes(
+        _config(tmp_path), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert second.lanes["cozy"].state.version == cozy_versions[-1]
     reloaded = _state(second.adapters.model, ".cozy.")
     assert all(torch.equal(p, trained[n]) for n, p in reloaded.items())
@@ -109,7 +118,10 @@ def test_a_rollback_makes_the_restart_rule_judge_afresh(store, tmp_path):
     and one down-vote after the rollback (1, 0) would read as a 0.5 drop and start the adapter over."""
     model_dir = store.versions.get_version(0).checkpoint_path
     config = _config(tmp_path, publish_every_steps=1, lora=LoraSettings(rank=4, alpha=8, restart_window=2, restart_drop=0.5))
-    lanes = SegmentLanes(store, config, CriticConfig(), model_dir)
+    lanes = SegmentLanes(
+        config, CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     cozy = lanes.lanes["cozy"]
     _rate(store, "cozy", 2, 0, reward=1)
     lanes.run(lambda: False, max_steps=2)
@@ -125,7 +137,10 @@ def test_a_rollback_makes_the_restart_rule_judge_afresh(store, tmp_path):
 def test_kl_reference_is_the_base_without_adapters(store, tmp_path):
     _rate(store, "cozy", 2, 0, reward=1)
     model_dir = store.versions.get_version(0).checkpoint_path
-    lanes = SegmentLanes(store, _config(tmp_path, kl_coef=0.1, kl_estimator="exact"), CriticConfig(), model_dir)
+    lanes = SegmentLanes(
+        _config(tmp_path, kl_coef=0.1, kl_estimator="exact"), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     lanes.run(lambda: False, max_steps=2)
     metrics = lanes.lanes["cozy"].state.last_metrics
     # the first step starts from a fresh adapter (= the base): its KL to the base is ~0, then it moves
@@ -135,14 +150,20 @@ def test_kl_reference_is_the_base_without_adapters(store, tmp_path):
 
 def test_shared_adapter_trains_on_every_rating(store, tmp_path):
     _rate(store, "shared", 3, 0)
-    learner = build_learner(store, _config(tmp_path, adapters="shared"), CriticConfig(), store.versions.get_version(0).checkpoint_path)
+    learner = build_learner(
+        _config(tmp_path, adapters="shared"), CriticConfig(), store.versions.get_version(0).checkpoint_path,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     learner.run(lambda: False, max_steps=3)
     assert list(learner.lanes) == ["shared"] and learner.lanes["shared"].state.samples == 3
     assert {r.segment for r in store.versions.list_versions()} == {None, "shared"}
 
 
 def test_the_plain_learner_is_unchanged(store, tmp_path):
-    learner = build_learner(store, _config(tmp_path, adapters="none"), CriticConfig(), store.versions.get_version(0).checkpoint_path)
+    learner = build_learner(
+        _config(tmp_path, adapters="none"), CriticConfig(), store.versions.get_version(0).checkpoint_path,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert isinstance(learner, OnlineLearner) and learner.segment is None and learner.cursor_name == "sao"
 
 
@@ -153,7 +174,10 @@ def test_targets_the_engines_cannot_serve_are_refused_at_start(store, tmp_path):
     for targets, message in ((("q_proj", "gate"), "Qwen3MoeTopKRouter"), (("q_proj", "nope"), "nope")):
         config = _config(tmp_path, lora=LoraSettings(rank=4, alpha=8, target_modules=targets))
         with pytest.raises(UnadaptableTargets, match=message):
-            SegmentLanes(store, config, CriticConfig(), model_dir)
+            SegmentLanes(
+                config, CriticConfig(), model_dir,
+                feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+            )
 
 
 def test_one_loop_runs_the_lanes_a_paused_one_is_skipped_and_the_status_is_typed(store, tmp_path):
@@ -162,7 +186,10 @@ def test_one_loop_runs_the_lanes_a_paused_one_is_skipped_and_the_status_is_typed
     _rate(store, "cozy", 2, 0)
     _rate(store, "night", 2, 100)
     store.operator.set_learning_paused("sao:night", True)
-    learner = SegmentLanes(store, _config(tmp_path), CriticConfig(), store.versions.get_version(0).checkpoint_path)
+    learner = SegmentLanes(
+        _config(tmp_path), CriticConfig(), store.versions.get_version(0).checkpoint_path,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     learner.run(lambda: False, max_steps=2)
     status = learner.status()
     assert [lane.segment for lane in status.lanes] == list(learner.lanes)
@@ -176,11 +203,15 @@ def test_one_loop_runs_the_lanes_a_paused_one_is_skipped_and_the_status_is_typed
 def test_an_adapters_rate_ceiling_is_its_own_and_the_whole_policy_keeps_the_learners(store, tmp_path):
     model_dir = store.versions.get_version(0).checkpoint_path
     steps = dict(target_step_kl=0.005, min_learning_rate=1e-5, max_learning_rate=2e-3)
-    lanes = SegmentLanes(store, _config(tmp_path, lora=LoraSettings(rank=4, alpha=8, max_learning_rate=2e-2), **steps),
-                         CriticConfig(), model_dir)
+    lanes = SegmentLanes(
+        _config(tmp_path, lora=LoraSettings(rank=4, alpha=8, max_learning_rate=2e-2), **steps), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert {lane.step_size.max_lr for lane in lanes.lanes.values()} == {2e-2}
-    whole = build_learner(store, _config(tmp_path, adapters="none", lora=LoraSettings(max_learning_rate=2e-2), **steps),
-                          CriticConfig(), model_dir)
+    whole = build_learner(
+        _config(tmp_path, adapters="none", lora=LoraSettings(max_learning_rate=2e-2), **steps), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert whole.step_size.max_lr == 2e-3
     assert _config(tmp_path, **steps).adapter_max_learning_rate == 2e-3  # unset: the learner's
     with pytest.raises(ValueError, match="lora.max_learning_rate"):

@@ -67,7 +67,10 @@ def _run(cls, tmp_path: Path, name: str, model_dir: Path, replies, overrides: di
         cfg.learner, checkpoint_dir=str(tmp_path / name / "versions"), publish_every_steps=10**6, publish_every_seconds=1e9, **overrides
     )
     store = _store(tmp_path / f"{name}.db", model_dir, replies)
-    learner = cls.resume(store, learner_cfg, cfg.critic, model_dir)
+    learner = cls.resume(
+        learner_cfg, cfg.critic, model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     metrics = []
     while learner.step():
         metrics.append(dict(learner.state.last_metrics))

@@ -66,7 +66,10 @@ def test_a_poison_reply_is_skipped_and_the_batch_around_it_trains(store, tmp_pat
     _reply(store, "poison", _poison(tok), grammar=_tag(schema=NOTHING))
     _reply(store, "good1", yes, grammar=_tag(text="yes"))  # constrained and within its grammar: trains under its masks
     _reply(store, "good2", _free(2))
-    learner = OnlineLearner.resume(store, _cfg(tmp_path, batch_size=3, publish_every_steps=1), CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        _cfg(tmp_path, batch_size=3, publish_every_steps=1), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     with caplog.at_level(logging.WARNING, logger="liveloop.learner.episodes"):
         assert learner.step()
     s = learner.state
@@ -90,7 +93,10 @@ def test_a_batch_of_nothing_but_poison_moves_the_cursor_without_a_version(store,
     consumed: its cursor is recorded without a version, and a restarted learner starts past it."""
     _reply(store, "poison", _poison(tok), grammar=_tag(schema=NOTHING))
     _reply(store, "nan", _free(9), logprob=float("nan"))
-    learner = OnlineLearner.resume(store, _cfg(tmp_path, batch_size=2), CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        _cfg(tmp_path, batch_size=2), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert not learner.step()  # consumed, not trained
     s = learner.state
     assert (s.step, s.samples, s.pending_cursor) == (0, 0, 2)
@@ -101,7 +107,10 @@ def test_a_batch_of_nothing_but_poison_moves_the_cursor_without_a_version(store,
     learner.run(lambda: next(turns) >= 3)  # the loop's last act publishes what is pending: here the cursor alone
     assert store.versions.versions_with_status("published") == []
     assert store.feedback.get_cursor("sao") == 2 and store.versions.cursor_version("sao") == 0
-    again = OnlineLearner.resume(store, _cfg(tmp_path, batch_size=2), CriticConfig(), model_dir)
+    again = OnlineLearner.resume(
+        _cfg(tmp_path, batch_size=2), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert again.state.cursor == 2 and not again.step()
     assert again.status().lanes[0].metrics["learner/skipped_samples"] == 0.0  # nothing read again
     _reply(store, "good0", _free(0))
@@ -115,10 +124,15 @@ def test_the_sliding_window_and_grpo_skip_it_too(store, tmp_path, model_dir, tok
     _reply(store, "good0", _free(0), reward=0, group="g")
     _reply(store, "poison", _poison(tok), grammar=_tag(schema=NOTHING), group="g")
     _reply(store, "good1", _free(1), group="g")
-    sw = OnlineLearner.resume(store, _cfg(tmp_path, method="sliding_window", batch_size=2), CriticConfig(), model_dir)
+    sw = OnlineLearner.resume(
+        _cfg(tmp_path, method="sliding_window", batch_size=2), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert sw.step() and sw.state.samples == 2 and sw.state.pending_cursor == 3
     assert sw.status().lanes[0].metrics["learner/skipped_samples"] == 1.0
-    grpo = OnlineLearner.resume(store, _cfg(tmp_path / "g", method="grpo", cursor_name="grpo", grpo=GRPOConfig(group_size=2)),
-                                CriticConfig(), model_dir)
+    grpo = OnlineLearner.resume(
+        _cfg(tmp_path / "g", method="grpo", cursor_name="grpo", grpo=GRPOConfig(group_size=2)), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     assert grpo.step() and grpo.state.samples == 2  # the group is the two good replies: the poison never joins it
     assert grpo.status().lanes[0].metrics["learner/skipped_samples_grammar"] == 1.0

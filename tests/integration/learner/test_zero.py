@@ -72,7 +72,10 @@ def test_learner_runs_and_publishes_under_zero2(tmp_path, model_dir):
         store.feedback.write_batch([rec])
         store.feedback.put_feedback(FeedbackRecord(f"r{i}", "k", i % 2))
     cfg = LearnerConfig(checkpoint_dir=str(tmp_path / "v"), zero_stage=2, publish_every_steps=3)
-    learner = OnlineLearner.resume(store, cfg, CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        cfg, CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     learner.run(lambda: False, max_steps=3)
     (version,) = store.versions.versions_with_status("published")
     assert version.samples_used == 3 and learner.state.skipped_steps == 0

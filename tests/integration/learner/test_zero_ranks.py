@@ -165,7 +165,10 @@ def test_online_learner_steps_and_publishes_across_two_ranks(two_ranks, tmp_path
     two = AutoModelForCausalLM.from_pretrained(version.checkpoint_path).state_dict()
     store = _rated_store(tmp_path / "one.db", model_dir)
     config = LearnerConfig(**CONFIG, **LEARNER, ranks=1, checkpoint_dir=str(tmp_path / "versions"))
-    learner = OnlineLearner.resume(store, config, CriticConfig(), model_dir)
+    learner = OnlineLearner.resume(
+        config, CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     learner.run(lambda: False, max_steps=1)
     (mine,) = store.versions.versions_with_status("published")
     one = AutoModelForCausalLM.from_pretrained(mine.checkpoint_path).state_dict()

@@ -41,7 +41,10 @@ def learn(config, model_dir: str, db: str) -> dict:
     from liveloop.store import Store, StoreConfig
 
     store = Store(StoreConfig(url=f"sqlite:///{db}"))
-    learner = OnlineLearner.resume(store, config, CriticConfig(), Path(model_dir))
+    learner = OnlineLearner.resume(
+        config, CriticConfig(), Path(model_dir),
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
     learner.run(lambda: False, max_steps=1)
     state = learner.state
     store.close()

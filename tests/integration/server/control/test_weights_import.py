@@ -231,7 +231,10 @@ def test_the_learner_continues_from_an_import_and_retention_keeps_a_pinned_one(t
             keep_last_versions=1, keep_parent_chain=0,
         )
         _rate(store, 16, 0)
-        learner = OnlineLearner.resume(store, config, CriticConfig(), model_dir)
+        learner = OnlineLearner.resume(
+            config, CriticConfig(), model_dir,
+            feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+        )
         learner.step()
         learner.step()  # v1, which the server's watcher activates
         wait_until(lambda: serving_version(client) == 1, 30, "the learner's version 1 to serve")
