@@ -97,7 +97,8 @@ class Operations:
         # without one (a lone Operations) it always leads
         self.leader: Callable[[], int | None] = leader or (lambda: 0)
         self._alarms_term: int | None = None  # the term the alarms last ran in
-        self.feedback, self.versions, self.operator, self.release, self.keys = feedback, versions, operator, release, keys
+        # the store's parts, private: `versions` and `keys` are the operator's views below
+        self._feedback, self._versions, self._operator, self._release, self._keys = feedback, versions, operator, release, keys
         self.activator = activator
         self.metrics = metrics
         self.imports = imports  # where operators' weights are copied to (None: POST /admin/weights is off)
@@ -131,7 +132,7 @@ class Operations:
         """Pause or resume the learner, or one segment's lane (it neither trains nor activates; the
         others go on). Raises the activator's UnknownSegment."""
         name = self.activator.lane(segment)
-        changed = await asyncio.to_thread(self.operator.set_learning_paused, name, paused, reason, api_key_id)
+        changed = await asyncio.to_thread(self._operator.set_learning_paused, name, paused, reason, api_key_id)
         if segment is None:
             self.metrics.set("learner/paused", float(paused))
         else:
@@ -139,7 +140,7 @@ class Operations:
         return LearningState(name, paused, changed, segment)
 
     async def paused(self, segment: str | None = None) -> bool:
-        return await asyncio.to_thread(self.operator.learning_paused, self.activator.lane(segment))
+        return await asyncio.to_thread(self._operator.learning_paused, self.activator.lane(segment))
 
     async def rollback(
         self, version: int, api_key_id: str | None, reason: str | None = None, segment: str | None = None, expect_serving: int | None = None
@@ -165,11 +166,11 @@ class Operations:
         try:
             swapped = await self.activator.activate_import(staged, note=note)
         except BaseException:
-            await asyncio.to_thread(staged.abandon, self.versions)
+            await asyncio.to_thread(staged.abandon, self._versions)
             raise
         detail = {"source": path, "bytes": staged.size, "completed": list(staged.completed), "left_behind": list(staged.left_behind)}
         try:  # it serves already: a store that cannot take the event costs the record, not the answer
-            await asyncio.to_thread(self.operator.record_event, "weights_imported", swapped.version, detail, api_key_id)
+            await asyncio.to_thread(self._operator.record_event, "weights_imported", swapped.version, detail, api_key_id)
         except Exception:
             log.exception("version %d: the weights_imported event was not recorded", swapped.version)
         self.metrics.observe("server/import_seconds", time.perf_counter() - start)
@@ -181,18 +182,18 @@ class Operations:
         """The version table: the store's rows and the engine's serving versions, read between two
         changes of what serves (server/control/settled.py), so the two agree."""
         async def read() -> list[VersionRow]:
-            versions = await asyncio.to_thread(self.versions.list_versions)
-            traffic = await asyncio.to_thread(self.release.version_traffic, True)  # quarantined keys left out
+            versions = await asyncio.to_thread(self._versions.list_versions)
+            traffic = await asyncio.to_thread(self._release.version_traffic, True)  # quarantined keys left out
             return version_table(versions, traffic, self.activator.serving_version, self.config.confidence, self.activator.serving_adapters())
 
         return await self.activator.changes.settled(read)
 
     # -- keys -----------------------------------------------------------------------------------
     def _scores(self) -> tuple[list[KeyState], dict[str, Disagreement], list[Suspect]]:
-        states = self.keys.key_states()
+        states = self._keys.key_states()
         excluded = {k.key_id for k in states if k.quarantined}
         c = self.config
-        ratings = self.keys.key_ratings()
+        ratings = self._keys.key_ratings()
         with self._scoring:
             scores, found = find_suspects(
                 ratings, c.quarantine_z, c.quarantine_min_ratings, c.quarantine_corroborating_keys,
@@ -219,7 +220,7 @@ class Operations:
                 f"automatic: disagreement z = {d.z:.1f} over {d.n} ratings (threshold {self.config.quarantine_z}); "
                 f"z = {again.z:.1f} over {again.n} without its {len(suspect.left_out)} top accusers"
             )
-            if self.keys.set_quarantined(d.key_id, True, reason, None, term=term or None):
+            if self._keys.set_quarantined(d.key_id, True, reason, None, term=term or None):
                 self.metrics.inc("monitor/quarantined")
                 log.warning("quarantined key %s: %s", d.key_id, reason)
                 done.append(d.key_id)
@@ -239,7 +240,7 @@ class Operations:
             raised = []  # the leader records them
         for alarm in raised:
             try:  # fenced: a leader deposed since it read the ratings records nothing (the new one does)
-                self.operator.record_event("alarm", alarm.policy_version, alarm.as_dict(), term=term or None)
+                self._operator.record_event("alarm", alarm.policy_version, alarm.as_dict(), term=term or None)
             except StaleLeader as exc:
                 log.warning("drift alarm not recorded: %s", exc)
                 break
