@@ -41,11 +41,6 @@ class ServerConfig:
         metadata={"help": "per API key: reads of its stored responses (GET /v1/chat/completions[/ID[/messages]], "
                   "/v1/responses/ID[/input_items]) per minute, fleet-wide with fleet_limits (429 beyond; 0 = no limit)"},
     )
-    max_queued_prompts_per_key: int = field(
-        default=32,
-        metadata={"help": "per API key: requests waiting for the prompt thread (templating, tokenizing, grammar checks) "
-                  "on each replica; the thread takes one of each waiting key's in turn (429 beyond)"},
-    )
     grammar_compile_seconds: float = field(
         default=3.0,
         metadata={"help": "a request's constraint (forced tool call, JSON response format) must compile within this, in "
@@ -186,8 +181,6 @@ class ServerConfig:
             raise ValueError("max_concurrent_per_key, max_concurrent_total and retry_after_seconds must be >= 1")
         if self.max_prompt_chars < 0:
             raise ValueError("max_prompt_chars must be >= 0 (0: derived from engine.max_model_len)")
-        if self.max_queued_prompts_per_key < 1:
-            raise ValueError("max_queued_prompts_per_key must be >= 1")
         if self.grammar_compile_seconds <= 0:
             raise ValueError("grammar_compile_seconds must be > 0")
         if self.header_timeout_seconds <= 0 or self.body_timeout_seconds <= 0 or self.keep_alive_seconds <= 0:

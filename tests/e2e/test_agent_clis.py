@@ -127,14 +127,20 @@ def test_claude_code_runs_a_tool_and_its_session_is_one_rated_episode(server, tm
 def check_session(server: ServerProcess, endpoint: str, published_before: int, done: subprocess.CompletedProcess) -> None:
     """The session the CLI just ran: one episode of two turns or more, the first a tool call, the tool's
     result observation tokens before the second; side calls (if the CLI made any) in no episode; the
-    hook's rating on its last turn, trained by the learner."""
-    episodes = httpx.get(f"{server.base_url}/admin/episodes?limit=50", headers=ADMIN, timeout=60).json()["data"]
-    store = open_store(server)
-    try:
-        ours = [e for e in episodes if store.feedback.get_response(e["last_turn"]).endpoint == endpoint]
-    finally:
-        store.close()
-    assert len(ours) == 1, (ours, done.stdout[-2000:])
+    hook's rating on its last turn, trained by the learner. Codex starts its `notify` program and does not
+    wait for it, so the rating is waited for (bounded), not expected the moment the CLI exits."""
+    deadline = time.monotonic() + 120
+    while True:
+        episodes = httpx.get(f"{server.base_url}/admin/episodes?limit=50", headers=ADMIN, timeout=60).json()["data"]
+        store = open_store(server)
+        try:
+            ours = [e for e in episodes if store.feedback.get_response(e["last_turn"]).endpoint == endpoint]
+        finally:
+            store.close()
+        assert len(ours) == 1, (ours, done.stdout[-2000:])
+        if ours[0]["ratings"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     episode = ours[0]
     turns = episode["turns"]
     assert len(turns) >= 2 and episode["complete"], episode

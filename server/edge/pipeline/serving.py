@@ -286,9 +286,10 @@ class Serving:
         self.max_prompt_chars = server.max_prompt_chars or CHARS_PER_TOKEN * self.max_model_len
         # templating and tokenizing, off the loop: one thread, so no two encodes of the tokenizer run at once,
         # taking one job of each waiting key in turn (server/edge/pipeline/prompt_thread.py)
-        self._prompts = PromptThread(server.max_queued_prompts_per_key)
+        # (a key may have as many waiting as it may run: max_concurrent_per_key)
+        self._prompts = PromptThread(server.max_concurrent_per_key)
         # whether a request's constraint compiles (up to grammar_compile_seconds each), keys in turn too
-        self._grammars = PromptThread(server.max_queued_prompts_per_key, name="liveloop-grammars")
+        self._grammars = PromptThread(server.max_concurrent_per_key, name="liveloop-grammars")
         self.stream_interval = server.stream_interval_ms / 1000  # seconds between a stream's writes (0: a write per delta)
         self.prompter = Prompter(tokenizer, model_dir, engine_config.tool_call_parser, engine_config.constrained_json, engine,
                                  engine_config.json_max_string, server.grammar_compile_seconds)
@@ -314,7 +315,7 @@ class Serving:
 
     async def on_prompt_thread(self, work: Callable[[], Any], key: str) -> Any:
         """`work()` on the one prompt thread (templating and tokenizing: never two encodes at once), in
-        `key`'s turn (raises Busy when that key has `max_queued_prompts_per_key` jobs waiting)."""
+        `key`'s turn (raises Busy when that key has `max_concurrent_per_key` jobs waiting)."""
         return await self._prompts.run(key, work)
 
     def check_chars(self, req: Any) -> None:
