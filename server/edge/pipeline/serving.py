@@ -285,8 +285,7 @@ class Serving:
         self.vocab_size = len(tokenizer)
         self.max_prompt_chars = server.max_prompt_chars or CHARS_PER_TOKEN * self.max_model_len
         # templating and tokenizing, off the loop: one thread, so no two encodes of the tokenizer run at once,
-        # taking one job of each waiting key in turn (server/edge/pipeline/prompt_thread.py)
-        # (a key may have as many waiting as it may run: max_concurrent_per_key)
+        # one job of each waiting key in turn, as many waiting per key as it may run (prompt_thread.py)
         self._prompts = PromptThread(server.max_concurrent_per_key)
         # whether a request's constraint compiles (up to grammar_compile_seconds each), keys in turn too
         self._grammars = PromptThread(server.max_concurrent_per_key, name="liveloop-grammars")
