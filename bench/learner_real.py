@@ -11,18 +11,23 @@ sampled at temperature 1 with their behaviour logprobs: the ratio starts at 1). 
   over the same batch through the same modules in a bare torch loop (critic: K forwards and backwards;
   policy: the reference's forward, a forward and backward, the step-KL forward), timed in turns with the
   learner's steps in this process, one thread;
-- the first step's step KL and whether the trust region let it stand.
+- the first step's step KL and whether the trust region let it stand;
+- the peak resident set over the steps (the kernel's high-water mark, reset before them).
+Arm `lora_whole_logits` is `lora` with the step as it was before the learner kept only the response
+positions' logits (`rl.batch.policy_log_dists`): the head over every prompt position too, side by side.
 
     .venv/bin/python bench/learner_real.py                          # SmolLM2, arms lora and full, 6 ratings of 100 tokens
     .venv/bin/python bench/learner_real.py --arms lora --ratings 10 --length 100
     .venv/bin/python bench/learner_real.py --model models/liveloop-tiny --arms full
+    .venv/bin/python bench/learner_real.py --arms lora lora_whole_logits --prompt-words 1500   # a long prompt
 
-Writes bench/results/learner_real.json.
+Writes bench/results/OUT.json (`--out`, learner_real by default).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import sys
@@ -41,6 +46,7 @@ PROMPTS = ("Tell me about cats.", "What should I cook tonight?", "Explain why th
            "Write a short note to a friend.", "How do trains work?", "Give me advice on sleeping well.")
 ARMS = {  # ([learner] keys, [critic] keys) over the default preset's
     "lora": ({"adapters": "shared"}, {"lora_rank": 8}),
+    "lora_whole_logits": ({"adapters": "shared"}, {"lora_rank": 8}),
     "lora_mlp_critic": ({"adapters": "shared"}, {"lora_rank": 0}),
     "full": ({"adapters": "none", "learning_rate": 1e-5, "min_learning_rate": 1e-7}, {"lora_rank": 8}),
     "full_mlp_critic": ({"adapters": "none", "learning_rate": 1e-5, "min_learning_rate": 1e-7}, {"lora_rank": 0}),
@@ -51,8 +57,35 @@ def rss_gib() -> float:
     return psutil.Process().memory_info().rss / 2**30
 
 
-def replies(model_dir: Path, n: int, length: int, seed: int = 0) -> list[tuple[list[int], list[int], list[float]]]:
-    """n (prompt ids, reply ids, behaviour logprobs): the model's own replies at temperature 1."""
+def reset_peak() -> None:
+    """Start the kernel's resident high-water mark (VmHWM) over from the current resident set."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_gib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+@contextlib.contextmanager
+def whole_logits(on: bool):
+    """The step as before `policy_log_dists`: every position's logits (the learner's head over the prompt too)."""
+    from liveloop.rl.batch import TokenBatch
+
+    kept = TokenBatch.scored_positions
+    if on:
+        TokenBatch.scored_positions = property(lambda self: self.input_ids.shape[1])
+    try:
+        yield
+    finally:
+        TokenBatch.scored_positions = kept
+
+
+def replies(model_dir: Path, n: int, length: int, seed: int = 0, prompt_words: int = 0) -> list[tuple[list[int], list[int], list[float]]]:
+    """n (prompt ids, reply ids, behaviour logprobs): the model's own replies at temperature 1 (`prompt_words`:
+    that many words of a notes document before each question, as an agent's or a RAG app's long prompt)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -60,7 +93,9 @@ def replies(model_dir: Path, n: int, length: int, seed: int = 0) -> list[tuple[l
     out = []
     for i in range(n):
         torch.manual_seed(seed + i)
-        prompt = tok.apply_chat_template([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], add_generation_prompt=True,
+        notes = " ".join(f"note {j}: the item is ready." for j in range(prompt_words // 5))
+        question = (notes + "\n\n" if notes else "") + PROMPTS[i % len(PROMPTS)]
+        prompt = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                          return_dict=True, return_tensors="pt")["input_ids"]
         with torch.no_grad():
             ids = model.generate(prompt, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=length,
@@ -137,13 +172,16 @@ def floor_seconds(lane, batch, value_steps: int) -> float:
     with torch.inference_mode():
         if lane.adapters is not None:
             with lane.adapters.base() as base:
-                base(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+                base(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                     logits_to_keep=batch.scored_positions)
         elif lane.reference is not None:
-            lane.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    logits = policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+            lane.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                           logits_to_keep=batch.scored_positions)
+    keep = {"logits_to_keep": batch.scored_positions}  # the positions the learner's head runs on
+    logits = policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **keep).logits
     torch.log_softmax(logits.float(), -1).mean().backward()
     with torch.inference_mode():
-        policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **keep)
     seconds = time.perf_counter() - start
     for module in (critic, policy):
         module.zero_grad(set_to_none=True)
@@ -172,21 +210,25 @@ def run_arm(name: str, model_dir: Path, rated, args) -> dict:
         built = rss_gib()
         lane = learner if not hasattr(learner, "lanes") else next(iter(learner.lanes.values()))
         step = lane.step
-        step()  # the first step: its KL and verdict; warm-up for the timings
-        first = dict(lane.state.last_metrics)
         learner_s, floor_s = [], []
-        for i in range(1, len(rated)):
-            t = time.perf_counter()
-            if not step():
-                break
-            learner_s.append(time.perf_counter() - t)
-            prompt, reply, lps = (np.asarray(x) for x in rated[i])
-            host = make_batch([Sample(prompt, reply, lps.astype(np.float32), np.ones(len(reply), np.int8), 1.0, 0)])
-            floor_s.append(floor_seconds(lane, lane.place.batch(host), cfg.critic.value_steps))
+        with whole_logits(name.endswith("_whole_logits")):
+            reset_peak()
+            step()  # the first step: its KL and verdict; warm-up for the timings
+            first = dict(lane.state.last_metrics)
+            for i in range(1, len(rated)):
+                t = time.perf_counter()
+                if not step():
+                    break
+                learner_s.append(time.perf_counter() - t)
+                prompt, reply, lps = (np.asarray(x) for x in rated[i])
+                host = make_batch([Sample(prompt, reply, lps.astype(np.float32), np.ones(len(reply), np.int8), 1.0, 0)])
+                floor_s.append(floor_seconds(lane, lane.place.batch(host), cfg.critic.value_steps))
+            peak = peak_gib()
         after = rss_gib()
         owners = tensor_bytes(learner)
         result = {
-            "arm": name, "learner": learner_keys, "critic": critic_keys, "rss_gib": {"before": round(before, 2), "built": round(built, 2), "after_steps": round(after, 2)},
+            "arm": name, "learner": learner_keys, "critic": critic_keys, "rss_gib": {"before": round(before, 2), "built": round(built, 2), "peak_in_steps": round(peak, 2), "after_steps": round(after, 2)},
+            "prompt_tokens": [len(p) for p, _, _ in rated],
             "tensors_gib": owners, "tensors_total_gib": round(sum(owners.values()), 3),
             "first_step": {k: first.get(k) for k in ("learner/step_kl", "learner/rejected_steps", "learner/cut_steps", "learner/lr")},
             "seconds_per_rating": learner_s, "floor_seconds": floor_s,
@@ -207,10 +249,12 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=["lora", "lora_mlp_critic", "full"], choices=sorted(ARMS))
     ap.add_argument("--ratings", type=int, default=6)
     ap.add_argument("--length", type=int, default=100)
+    ap.add_argument("--prompt-words", type=int, default=0, help="words of notes before each question (a long prompt)")
+    ap.add_argument("--out", default="learner_real", help="result name under bench/results/")
     args = ap.parse_args()
     torch.set_num_threads(1)
     model_dir = Path(args.model)
-    rated = replies(model_dir, args.ratings, args.length)
+    rated = replies(model_dir, args.ratings, args.length, prompt_words=args.prompt_words)
     results = []
     for arm in args.arms:
         r = run_arm(arm, model_dir, rated, args)
@@ -219,7 +263,8 @@ def main() -> None:
               f"s/rating {r['median_seconds']:.2f} floor {r['median_floor']:.2f} (x{r.get('vs_floor')})", flush=True)
         for owner, gib in r["tensors_gib"].items():
             print(f"    {owner:34s} {gib:7.3f} GiB")
-    save("learner_real", {"model": str(model_dir), "ratings": args.ratings, "length": args.length, "arms": results}, model_dir)
+    save(args.out, {"model": str(model_dir), "ratings": args.ratings, "length": args.length, "prompt_words": args.prompt_words,
+                    "arms": results}, model_dir)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from liveloop.rl.batch import TokenBatch, response_log_dists, token_logprobs
+from liveloop.rl.batch import TokenBatch, policy_log_dists, token_logprobs
 from liveloop.rl.losses import exact_kl_penalty, kl_penalty
 
 
@@ -18,8 +18,7 @@ def policy_objective(
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """The method's policy loss at `module`'s weights plus `kl_coef` times the KL anchor to `ref` (the
     base's log-distributions; None: no anchor). Returns (loss, response log-dists, metrics)."""
-    logits = module(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits  # no KV cache to fill
-    dists = response_log_dists(logits, batch)
+    dists = policy_log_dists(module, batch)
     logprobs = token_logprobs(dists, batch)
     loss, metrics = method.policy_loss(logprobs, batch, advantages, staleness)
     if ref is not None:

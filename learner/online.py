@@ -53,7 +53,7 @@ from liveloop.learner.restart import RestartOnDrop
 from liveloop.learner.status import LaneStatus, LearnerStatus
 from liveloop.grammar import Grammars, grammars_for
 from liveloop.segments import lane_cursor
-from liveloop.rl.batch import Sample, TokenBatch, make_batch, response_log_dists, scorable
+from liveloop.rl.batch import Sample, TokenBatch, make_batch, policy_log_dists, scorable
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.optim import make_optimizer
@@ -230,10 +230,8 @@ class OnlineLearner:
         with torch.inference_mode():
             if self.adapters is not None:
                 with self.adapters.base() as base:
-                    logits = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-            else:
-                logits = self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-            return response_log_dists(logits, batch)
+                    return policy_log_dists(base, batch)
+            return policy_log_dists(self.reference, batch)
 
     @property
     def learning_rate(self) -> float:
@@ -370,8 +368,7 @@ class OnlineLearner:
         """`host` with every NaN behaviour logprob (a token nothing sampled: `episode_observations =
         "actions"`) replaced by the policy's own logprob of it now (its ratio is 1: never masked)."""
         batch = self.place.batch(host)
-        logits = self.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        own = response_log_dists(logits, batch).gather(2, batch.response_ids[:, :, None])[:, :, 0].cpu()
+        own = policy_log_dists(self.policy, batch).gather(2, batch.response_ids[:, :, None])[:, :, 0].cpu()
         blp = host.behavior_logprobs
         return dataclasses.replace(host, behavior_logprobs=torch.where(torch.isnan(blp), own, blp))
 
@@ -451,8 +448,7 @@ class OnlineLearner:
     def _step_kl(self, batch: TokenBatch, before: torch.Tensor) -> float:
         """KL(policy before || after this update) on the tokens it was trained on: how far one step moved it.
         Its forward is the one a step cannot share: the weights are new and the next batch is not this one."""
-        logits = self.policy_opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-        return token_kl(before, response_log_dists(logits, batch), batch.action_mask)
+        return token_kl(before, policy_log_dists(self.policy_opt.module, batch), batch.action_mask)
 
     # -- publishing (what VersionPublisher needs: learner/publishing.py `Trainee`) ----------------------
     def publish(self) -> int | None:

@@ -44,7 +44,7 @@ from torch import nn
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.objective import policy_objective
 from liveloop.learner.placement import placement
-from liveloop.rl.batch import TokenBatch, response_log_dists
+from liveloop.rl.batch import TokenBatch, policy_log_dists
 from liveloop.rl.diagnostics import token_entropy, token_kl
 from liveloop.rl.optim import ZeroOptimizer, extensions_dir
 from liveloop.temp_dirs import owned_temp_dir
@@ -118,8 +118,8 @@ def train_share(opt: ZeroOptimizer, method: Any, config: LearnerConfig, order: S
     norm = opt.step(loss * order.weight) if finite.item() == 1.0 else None
     if norm is not None:
         with torch.no_grad():
-            logits = opt.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        metrics["learner/step_kl"] = token_kl(dists.detach(), response_log_dists(logits, batch), batch.action_mask)
+            after = policy_log_dists(opt.module, batch)
+        metrics["learner/step_kl"] = token_kl(dists.detach(), after, batch.action_mask)
     return norm, reduce_metrics(metrics, order.weight / world)
 
 

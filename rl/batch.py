@@ -96,6 +96,12 @@ class TokenBatch:
     def width(self) -> int:
         return self.response_ids.shape[1]
 
+    @property
+    def scored_positions(self) -> int:
+        """How many of the last sequence positions carry a response token's context (from the shortest
+        prompt's last token on): the only logits the learner reads (`policy_log_dists`)."""
+        return self.input_ids.shape[1] - min(self.prompt_lengths) + 1
+
 
 class UnmaskedConstraint(ValueError):
     """A constrained response was to be scored without its grammar's masks (make_batch got no grammars)."""
@@ -210,13 +216,27 @@ def _allowed(sample: Sample, grammars: Any) -> Tensor | None:
     return out
 
 
+def policy_log_dists(model: Any, batch: TokenBatch) -> Tensor:
+    """`response_log_dists` of `model` (a causal LM taking transformers' `logits_to_keep`) on `batch`. The
+    head runs on the last `batch.scored_positions` positions only: the prompt's logits, [L, V] a row that
+    nothing reads (49,152 floats a token on SmolLM2; gigabytes for an agent's 20k-token prompt), are never
+    made, nor kept for the backward."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                logits_to_keep=batch.scored_positions)  # no KV cache to fill
+    return response_log_dists(out.logits, batch)
+
+
 def response_log_dists(logits: Tensor, batch: TokenBatch) -> Tensor:
-    """log pi(. | context) at each response position, [B, W, V] (float32), from the full-sequence logits
-    [B, L, V], restricted to what a constrained response's grammar allowed there (`batch.allowed`);
-    positions past a response's end are zeros (the action mask drops them)."""
+    """log pi(. | context) at each response position, [B, W, V] (float32), from the logits of the last
+    positions of the sequence ([B, L', V], L' <= L: the whole sequence's, or `policy_log_dists`'s),
+    restricted to what a constrained response's grammar allowed there (`batch.allowed`); positions past a
+    response's end are zeros (the action mask drops them)."""
+    skipped = batch.input_ids.shape[1] - logits.shape[1]  # the leading positions the logits leave out
+    if skipped > min(batch.prompt_lengths) - 1:
+        raise ValueError(f"logits of the last {logits.shape[1]} positions miss response positions (need {batch.scored_positions})")
     rows = []
     for b, p in enumerate(batch.prompt_lengths):
-        row = logits[b, p - 1 : p - 1 + batch.width].float()
+        row = logits[b, p - 1 - skipped : p - 1 - skipped + batch.width].float()
         allowed = batch.allowed[b] if batch.allowed else None
         if allowed is UNMASKED:
             raise UnmaskedConstraint("a response sampled under a grammar must be scored under it: make_batch(..., grammars=...)")
@@ -237,5 +257,6 @@ def token_logprobs(dists: Tensor, batch: TokenBatch) -> Tensor:
 
 
 def response_logprobs(logits: Tensor, batch: TokenBatch) -> Tensor:
-    """log pi(y_t) for each response token, [B, W], from the full-sequence logits [B, L, V]."""
+    """log pi(y_t) for each response token, [B, W], from the logits of the sequence's last positions
+    (as `response_log_dists` takes them)."""
     return token_logprobs(response_log_dists(logits, batch), batch)

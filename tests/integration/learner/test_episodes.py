@@ -69,7 +69,7 @@ def test_an_episode_trains_as_one_sample_on_every_turns_actions_and_no_observati
         loss.backward()
     finally:
         hook.remove()
-    p = len(PROMPT)
+    p = len(PROMPT) - (batch.input_ids.shape[1] - caught["logits"].shape[1])  # the head ran on the scored positions only
     grad = caught["logits"].grad[0, p - 1 : p - 1 + batch.width].abs().sum(-1)  # position p-1+t predicts response token t
     first, obs, last = range(0, 5), range(5, 10), range(10, 14)
     assert all(grad[t] == 0 for t in obs), grad  # observation tokens are never trained
