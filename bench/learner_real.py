@@ -44,12 +44,12 @@ from common import ROOT, save  # noqa: E402  (bench/ is not a package)
 
 PROMPTS = ("Tell me about cats.", "What should I cook tonight?", "Explain why the sky is blue.",
            "Write a short note to a friend.", "How do trains work?", "Give me advice on sleeping well.")
-ARMS = {  # ([learner] keys, [critic] keys) over the default preset's
-    "lora": ({"adapters": "shared"}, {"lora_rank": 8}),
-    "lora_whole_logits": ({"adapters": "shared"}, {"lora_rank": 8}),
-    "lora_mlp_critic": ({"adapters": "shared"}, {"lora_rank": 0}),
-    "full": ({"adapters": "none", "learning_rate": 1e-5, "min_learning_rate": 1e-7}, {"lora_rank": 8}),
-    "full_mlp_critic": ({"adapters": "none", "learning_rate": 1e-5, "min_learning_rate": 1e-7}, {"lora_rank": 0}),
+ARMS = {  # ([segments] adapters, [learner] keys, [critic] keys) over the default preset's
+    "lora": ("shared", {}, {"lora_rank": 8}),
+    "lora_whole_logits": ("shared", {}, {"lora_rank": 8}),
+    "lora_mlp_critic": ("shared", {}, {"lora_rank": 0}),
+    "full": ("none", {"learning_rate": 1e-5, "min_learning_rate": 1e-7}, {"lora_rank": 8}),
+    "full_mlp_critic": ("none", {"learning_rate": 1e-5, "min_learning_rate": 1e-7}, {"lora_rank": 0}),
 }
 
 
@@ -196,15 +196,15 @@ def run_arm(name: str, model_dir: Path, rated, args) -> dict:
     cfg = load_config("default")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        learner_keys, critic_keys = ARMS[name]
-        store = fill_store(tmp, model_dir, rated, "shared" if learner_keys["adapters"] == "shared" else None)
+        adapters, learner_keys, critic_keys = ARMS[name]
+        store = fill_store(tmp, model_dir, rated, "shared" if adapters == "shared" else None)
         learner_cfg = dataclasses.replace(cfg.learner, checkpoint_dir=str(tmp / "versions"), publish_every_steps=10**6,
                                           publish_every_seconds=1e9, max_batch_size=1, **learner_keys)
         critic_cfg = dataclasses.replace(cfg.critic, **critic_keys)
         gc.collect()
         before = rss_gib()
         learner = build_learner(
-            learner_cfg, critic_cfg, model_dir,
+            learner_cfg, critic_cfg, model_dir, segments=dataclasses.replace(cfg.segments, adapters=adapters),
             feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
         )
         built = rss_gib()
@@ -227,7 +227,8 @@ def run_arm(name: str, model_dir: Path, rated, args) -> dict:
         after = rss_gib()
         owners = tensor_bytes(learner)
         result = {
-            "arm": name, "learner": learner_keys, "critic": critic_keys, "rss_gib": {"before": round(before, 2), "built": round(built, 2), "peak_in_steps": round(peak, 2), "after_steps": round(after, 2)},
+            "arm": name, "adapters": adapters, "learner": learner_keys, "critic": critic_keys,
+            "rss_gib": {"before": round(before, 2), "built": round(built, 2), "peak_in_steps": round(peak, 2), "after_steps": round(after, 2)},
             "prompt_tokens": [len(p) for p, _, _ in rated],
             "tensors_gib": owners, "tensors_total_gib": round(sum(owners.values()), 3),
             "first_step": {k: first.get(k) for k in ("learner/step_kl", "learner/rejected_steps", "learner/cut_steps", "learner/lr")},

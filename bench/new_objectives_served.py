@@ -2,7 +2,7 @@
 default model was never built for, and we count the ratings until the served model shows it.
 
 For each objective (`contains:WORD`, `style:NAME`, `max_words:N`; clients/rewards.py) and each way of
-learning (`shared`: the whole policy; `adapter`: one segment's LoRA adapter, `[learner] adapters =
+learning (`shared`: the whole policy; `adapter`: one segment's LoRA adapter, `[segments] adapters =
 "segment"`), on a fresh server (hf engine, the shipped learner: tuned preset + step-size control, a
 critic pre-trained for version 0 on the objective, as `liveloop critic pretrain` does):
   1. probe: 48 fixed-seed prompts, the objective's rate under the base model;
@@ -31,9 +31,9 @@ import httpx
 from common import default_model, save  # noqa: E402
 
 SEGMENT = "cozy"
-LEARNERS = {
+SEGMENTS = {  # each mode's [segments] keys
     "shared": "",
-    "adapter": f'adapters = "segment"\nsegments = ["{SEGMENT}"]',
+    "adapter": f'adapters = "segment"\nnames = ["{SEGMENT}"]',
 }
 MAX_LAG = 8
 
@@ -121,8 +121,8 @@ def run(args) -> list[dict]:
             for mode in args.modes:
                 workdir = seed_dir.parent / mode
                 shutil.copytree(seed_dir, workdir)
-                learner = "\n".join([LEARNERS[mode], *args.learner])
-                server = start_server(workdir, model_dir, "hf", learner=learner, extends=["tuned_learner", "step_control"])
+                server = start_server(workdir, model_dir, "hf", learner="\n".join(args.learner), segments=SEGMENTS[mode],
+                                      extends=["tuned_learner", "step_control"])
                 try:
                     out = asyncio.run(_session(server.base_url, reward, mode, args))
                 finally:

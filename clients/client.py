@@ -124,7 +124,7 @@ class LiveloopClient:
         return self._check(self.http.get("/v1/versions"))
 
     # -- operators (admin key) ---------------------------------------------------------------------
-    # `segment`: one adapter segment's lineage (`[learner] adapters`); "base" lists the base weights' versions
+    # `segment`: one adapter segment's lineage (`[segments] adapters`); "base" lists the base weights' versions
     def admin_versions(self, segment: str | None = None, limit: int | None = None, before: int | None = None) -> dict[str, Any]:
         """A page of versions: the newest `limit` (the server's default: 200) older than `before`."""
         params = {k: v for k, v in (("segment", segment), ("limit", limit), ("before", before)) if v is not None}

@@ -4,14 +4,15 @@ each against a fresh real server + co-located learner, and a report.
     out = run_drift(load_experiment("drift_experiment"), Path("results"))   # configs/experiments/drift_experiment.toml
 
 The config is one TOML file of typed sections read by liveloop's config loader (`[experiment]`,
-`[learner]`/`[critic]` shared by every method, `[methods.NAME]` overrides, and a scenario's `[scenario]`
-and `[[segments]]`); `--config` takes a preset name or a path. Steps:
+`[learner]`/`[critic]` shared by every method, `[methods.NAME]` overrides and its server's `segments`
+(`[segments]`: adapters), and a scenario's `[scenario]` and `[[segments]]`); `--config` takes a preset
+name or a path. Steps:
 
 1. the results directory: <out>/drift-<UTC date and time>-<config hash>/ with the config it ran
    (`config.toml`, and `config.resolved.json` with the presets it extends merged in);
 2. for the methods with a critic, pre-train one critic on rollouts of the base model rated by the
    scenario's judge against each segment's first preference (SAO's cold start), shared by them;
-3. per method: start a server (`devtools.start_server`) with the method's `[learner]`/`[critic]`, run the
+3. per method: start a server (`devtools.start_server`) with the method's `[learner]`/`[critic]`/`[segments]`, run the
    simulated users (GRPO methods ask each prompt G times), read the learner's status (idle time, GRPO
    group wait) and the versions, stop the server; events go to `events-<method>.jsonl`;
 4. the report (`report.write_report`): plots, `summary.md`, `results.json`.
@@ -41,7 +42,9 @@ import httpx
 from liveloop.clients.judge import make_judge
 from liveloop.clients.scenario import Scenario, ScenarioSettings, Segment, scenario_of
 from liveloop.clients.simulator import Simulator, read_events, write_events
-from liveloop.config import ConfigError, check_literals, check_sections, load_section, merge, read_toml, resolve_config
+from liveloop.config import (
+    MOVED, ConfigError, check_literals, check_sections, load_section, merge, move_keys, read_toml, resolve_config,
+)
 
 @dataclass(frozen=True)
 class ExperimentSettings:
@@ -70,10 +73,12 @@ class ExperimentTable(ExperimentSettings):
 
 @dataclass(frozen=True)
 class MethodTable:
-    """One `[methods.NAME]` table: keys over the shared `[learner]` and `[critic]` for that method."""
+    """One `[methods.NAME]` table: keys over the shared `[learner]` and `[critic]` for that method, and its
+    server's `[segments]` (the adapters; the file's own `[[segments]]` are the scenario's users)."""
 
     learner: dict[str, Any] = field(default_factory=dict)
     critic: dict[str, Any] = field(default_factory=dict)
+    segments: dict[str, Any] = field(default_factory=dict)
 
 
 # every section of an experiment file; [learner]/[critic] are checked per method as the server loads them
@@ -85,6 +90,8 @@ SECTIONS: dict[str, Any] = {
     "scenario": ScenarioSettings,
     "segments": tuple[Segment, ...],
 }
+# a method's [segments] keys were its [learner]'s: an older file's are read from there, with a warning
+SEGMENTS_MOVED = {old: new for old, new in MOVED.items() if new.startswith("segments.")}
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,7 @@ class MethodSpec:
     name: str
     learner: dict[str, Any]  # the [learner] keys the method's server gets (shared + the method's own)
     critic: dict[str, Any]  # the [critic] keys likewise
+    segments: dict[str, Any] = field(default_factory=dict)  # its [segments] keys (the method's own)
 
     @property
     def uses_critic(self) -> bool:
@@ -103,7 +111,7 @@ class MethodSpec:
 
     @property
     def uses_adapters(self) -> bool:
-        return self.learner.get("adapters", "none") != "none"
+        return self.segments.get("adapters", "none") != "none"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,7 +138,8 @@ class ExperimentError(ConfigError):
 def load_experiment(config: str | Path = "drift_experiment", only: list[str] | None = None) -> ExperimentConfig:
     """An experiment file: a preset name (configs/<name>.toml) or a path; `only` keeps those methods."""
     from liveloop.critic.config import CriticConfig
-    from liveloop.learner.config import LearnerConfig
+    from liveloop.learner.config import LearnerConfig, check_adapters
+    from liveloop.segments import SegmentsConfig
 
     path = resolve_config(config)
     data = read_toml(path)
@@ -148,8 +157,11 @@ def load_experiment(config: str | Path = "drift_experiment", only: list[str] | N
     for name in names:
         if name not in table:
             raise ExperimentError(f"experiment.methods: {name!r} has no [methods.{name}] table")
-        m = MethodSpec(name, merge(s["learner"], table[name].learner), merge(s["critic"], table[name].critic))
-        load_section(LearnerConfig, m.learner, f"methods.{name}.learner")  # as the method's server will load them
+        doc = {"learner": merge(s["learner"], table[name].learner), "segments": dict(table[name].segments)}
+        doc = move_keys(doc, f"methods.{name}", SEGMENTS_MOVED)  # an older file's [learner] adapters and segments
+        m = MethodSpec(name, doc["learner"], merge(s["critic"], table[name].critic), doc["segments"])
+        check_adapters(load_section(LearnerConfig, m.learner, f"methods.{name}.learner"),  # as the method's server will load them
+                       load_section(SegmentsConfig, m.segments, f"methods.{name}.segments"))
         load_section(CriticConfig, m.critic, f"methods.{name}.critic")
         if m.uses_adapters and exp.backend != "hf":
             raise ExperimentError(
@@ -242,7 +254,7 @@ def run_method(cfg: ExperimentConfig, method: MethodSpec, workdir: Path, model_d
         shutil.copytree(critic_dir, target)
     t0 = time.monotonic()
     server = devtools.start_server(
-        workdir, model_dir, cfg.backend, timeout=cfg.server_timeout, learner=toml_table(learner),
+        workdir, model_dir, cfg.backend, timeout=cfg.server_timeout, learner=toml_table(learner), segments=toml_table(method.segments),
         extra="[critic]\n" + toml_table(method.critic),
     )
     started = time.monotonic() - t0

@@ -112,17 +112,19 @@ def phase_means(ratings: list[Rating]) -> dict[str, float]:
 
 
 def method_configs(cfg: ExperimentConfig, method: MethodSpec, seed: int, workdir: Path):
-    """The method's (LearnerConfig, CriticConfig): the keys its served server gets (experiments/drift.py
-    `run_method`), with the seed and a checkpoint directory under `workdir`."""
+    """The method's (LearnerConfig, CriticConfig, SegmentsConfig): the keys its served server gets
+    (experiments/drift.py `run_method`), with the seed and a checkpoint directory under `workdir`."""
     from liveloop.config import load_section
     from liveloop.critic.config import CriticConfig
     from liveloop.learner.config import LearnerConfig
+    from liveloop.segments import SegmentsConfig
 
     learner = dict(method.learner) | {"seed": seed, "checkpoint_dir": str(Path(workdir) / "versions")}
     if method.grouped:
         learner["grpo"] = {"group_size": cfg.group_size, **learner.get("grpo", {})}
     return (load_section(LearnerConfig, learner, f"methods.{method.name}.learner"),
-            load_section(CriticConfig, method.critic, f"methods.{method.name}.critic"))
+            load_section(CriticConfig, method.critic, f"methods.{method.name}.critic"),
+            load_section(SegmentsConfig, method.segments, f"methods.{method.name}.segments"))
 
 
 def pretrain_critic(cfg: ExperimentConfig, model_dir: Path, seed: int, out_dir: Path) -> dict[str, float]:
@@ -147,14 +149,14 @@ def drift_run(
     sc = dataclasses.replace(cfg.scenario, seed=seed)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    learner, critic_config = method_configs(cfg, method, seed, workdir)
+    learner, critic_config, segments = method_configs(cfg, method, seed, workdir)
     if method.uses_critic:
         if critic_dir is None:
             critic_dir = workdir / "pretrained-critic"
             critic = pretrain_critic(cfg, model_dir, seed, critic_dir)
         shutil.copytree(critic_dir, critic_dir_for(learner, 0))  # where the learner looks for version 0's critic
     judge = make_judge(sc.judge, flattery_words=sc.flattery_words)
-    rig = LearningRig(workdir, model_dir, learner, critic_config, max_tokens=sc.max_tokens, seed=seed)
+    rig = LearningRig(workdir, model_dir, learner, critic_config, max_tokens=sc.max_tokens, seed=seed, segments=segments)
     try:
         counts = {s.name: 0 for s in sc.segments}
         ratings: list[Rating] = []

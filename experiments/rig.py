@@ -1,6 +1,6 @@
 """The learning rig: simulated users, the real store and the real learner in one process, no server.
 
-    rig = LearningRig(workdir, model_dir, learner_config, critic_config)
+    rig = LearningRig(workdir, model_dir, learner_config, critic_config, segments=segments_config)   # adapters: [segments]
     replies = rig.sample([Ask("cozy", "Tell me about cats.")] * 4)   # from cozy's live weights
     rig.rate(replies, [reward(r.text) for r in replies])            # stored responses + ratings
     rig.train()                                                      # the learner catches up
@@ -36,7 +36,7 @@ from liveloop.learner.config import LearnerConfig
 from liveloop.learner.lanes import SegmentLanes, build_learner
 from liveloop.learner.online import OnlineLearner
 from liveloop.rl.rollout import Rollout, chat_prompt_ids
-from liveloop.segments import SEGMENT_KEY, segment_of
+from liveloop.segments import SEGMENT_KEY, SegmentsConfig, segment_of
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
 NEVER = 10**9
@@ -109,16 +109,17 @@ def sample_batch(model, tokenizer, prompts: Sequence[list[int]], max_tokens: int
 
 class LearningRig:
     def __init__(self, workdir: Path, model_dir: Path, learner: LearnerConfig, critic: CriticConfig,
-                 max_tokens: int = 48, seed: int = 0):
+                 max_tokens: int = 48, seed: int = 0, segments: SegmentsConfig = SegmentsConfig()):
         from transformers import AutoTokenizer
 
         learner = dataclasses.replace(learner, publish_every_steps=NEVER)  # nothing is published (the docstring)
         self.workdir, self.model_dir, self.config, self.max_tokens = Path(workdir), Path(model_dir), learner, max_tokens
+        self.segments = segments
         self.store = Store(StoreConfig(url=f"sqlite:///{self.workdir / 'liveloop.db'}"))
         self.store.migrate()
         self.store.versions.ensure_base_version(str(self.model_dir.resolve()))
         self.learner: OnlineLearner | SegmentLanes = build_learner(
-            learner, critic, self.model_dir,
+            learner, critic, self.model_dir, segments=segments,
             feedback=self.store.feedback, versions=self.store.versions, operator=self.store.operator, episodes=self.store.episodes,
         )
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
@@ -132,7 +133,7 @@ class LearningRig:
     # -- which weights serve a segment -----------------------------------------------------------------
     def lane(self, segment: str | None) -> str | None:
         """The adapter lane a request of `segment` is served and trained by (None: the whole policy)."""
-        return segment_of({SEGMENT_KEY: segment}, self.config)
+        return segment_of({SEGMENT_KEY: segment}, self.segments)
 
     def _learner_of(self, lane: str | None) -> OnlineLearner:
         return self.learner if lane is None else self.learner.lanes[lane]

@@ -114,7 +114,7 @@ def run_stability(cfg: ExperimentConfig, out_root: Path, progress: bool = True, 
     # 2. server + learner, users, status trace
     server = devtools.start_server(
         workdir, model_dir, cfg.backend, timeout=cfg.server_timeout, learner=toml_table(method.learner),
-        extra="[critic]\n" + toml_table(method.critic),
+        segments=toml_table(method.segments), extra="[critic]\n" + toml_table(method.critic),
     )
     try:
         sim = Simulator(cfg.scenario, server.base_url, devtools.USER_KEY, progress=sys.stderr if progress else None, admin_key=devtools.ADMIN_KEY)

@@ -36,7 +36,7 @@ from liveloop.experiments.rig import Ask, LearningRig, sample_batch
 SEGMENT, OTHER = "cozy", "night"
 PROBES = 48
 SHIPPED = ("tuned_learner", "step_control")  # the shipped learner the served benchmarks and experiments run
-MODES = {"shared": "", "adapter": f'adapters = "segment"\nsegments = ["{SEGMENT}", "{OTHER}"]'}
+MODES = {"shared": "", "adapter": f'adapters = "segment"\nnames = ["{SEGMENT}", "{OTHER}"]'}  # [segments] lines
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class UptakeRun:
 def config_for(spec: UptakeSpec) -> Config:
     """The spec's presets (the shipped learner: tuned preset + step-size control) with the mode's and the
     spec's lines."""
-    lines = [f"extends = {json.dumps(list(spec.extends))}", "[learner]", f"seed = {spec.seed}", MODES[spec.mode], *spec.learner,
+    lines = [f"extends = {json.dumps(list(spec.extends))}", "[segments]", MODES[spec.mode], "[learner]", f"seed = {spec.seed}", *spec.learner,
              "[learner.lora]", *spec.lora, "[critic]", f'pretrain_reward = "{spec.objective}"',
              f"pretrain_rollouts = {spec.pretrain_rollouts}", "pretrain_ev_threshold = 0.5", *spec.critic]
     return load_config(text="\n".join(lines) + "\n")
@@ -168,7 +168,7 @@ def uptake(workdir: Path, model_dir: Path, spec: UptakeSpec, critic_from: Path |
         critic_ev = pretrained_critic(workdir, model_dir, spec)
     cfg = _with_checkpoints(config_for(spec), workdir)
     reward = make_reward(spec.objective)
-    rig = LearningRig(workdir, model_dir, cfg.learner, cfg.critic, seed=spec.seed)
+    rig = LearningRig(workdir, model_dir, cfg.learner, cfg.critic, seed=spec.seed, segments=cfg.segments)
     try:
         probes = probe_prompts()
         before, other_before = rig.probe(SEGMENT, probes, reward), rig.probe(OTHER, probes, reward)

@@ -35,6 +35,7 @@ from typing import Any
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.status import LearnerStatus
+from liveloop.segments import SegmentsConfig
 from liveloop.temp_dirs import owned_temp_dir
 from liveloop.store import StoreConfig
 from liveloop.transport import TransportConfig
@@ -62,7 +63,8 @@ class RayNotPrivate(RuntimeError):
 
 class LearnerActor:
     def __init__(
-        self, store: StoreConfig, learner: LearnerConfig, critic: CriticConfig, base_model_dir: str, transport: TransportConfig | None = None
+        self, store: StoreConfig, learner: LearnerConfig, segments: SegmentsConfig, critic: CriticConfig, base_model_dir: str,
+        transport: TransportConfig | None = None,
     ):
         import torch
 
@@ -74,7 +76,7 @@ class LearnerActor:
         self._stop = threading.Event()
         self.store = Store(store)
         self.learner = build_learner(
-            learner, critic, Path(base_model_dir), transport,
+            learner, critic, Path(base_model_dir), transport, segments=segments,
             feedback=self.store.feedback, versions=self.store.versions, operator=self.store.operator, episodes=self.store.episodes,
         )
 
@@ -171,6 +173,7 @@ class ColocatedLearner:
         self,
         store: StoreConfig,
         learner: LearnerConfig,
+        segments: SegmentsConfig,
         critic: CriticConfig,
         base_model_dir: Path,
         transport: TransportConfig | None = None,
@@ -189,7 +192,7 @@ class ColocatedLearner:
         self.max_restarts, self.restart_window_s = max_restarts, restart_window_s
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.start_timeout_s, self.poll_s = start_timeout_s, poll_s
-        self._args = (store, learner, critic, str(base_model_dir), transport)
+        self._args = (store, learner, segments, critic, str(base_model_dir), transport)
         self._lock = threading.Lock()  # guards the actor handle, its run ref and the health
         self._closing = threading.Event()
         self._crashes: deque[float] = deque()

@@ -1,9 +1,13 @@
-"""The learner's configuration section (`[learner]`); the critic has its own (`[critic]`)."""
+"""The learner's configuration section (`[learner]`); the critic has its own (`[critic]`), and which
+adapters it trains is `[segments]`'s, shared with the server (liveloop/segments.py)."""
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from liveloop.config_types import check_literals
+from liveloop.config_types import ConfigError, check_literals
+
+if TYPE_CHECKING:
+    from liveloop.segments import SegmentsConfig
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class GRPOConfig:
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """`[learner.lora]`: the LoRA adapters trained when `[learner] adapters` is "segment" or "shared"."""
+    """`[learner.lora]`: the LoRA adapters trained when `[segments] adapters` is "segment" or "shared"."""
 
     rank: int = field(default=8, metadata={"help": "r, the adapter's rank"})
     alpha: float = field(default=16.0, metadata={"help": "LoRA alpha (the update is scaled by alpha / r)"})
@@ -196,17 +200,9 @@ class LearnerConfig:
                   "learner/ranks.py); N > 1 needs zero_stage 1-3, device cpu and batch_size >= N; the critic then "
                   "trains on rank 0 with plain AdamW"},
     )
-    adapters: Literal["none", "segment", "shared"] = field(
-        default="none",
-        metadata={"help": "none: train the whole policy; segment: a LoRA adapter per segment on one frozen base, each "
-                  "trained on its segment's ratings only; shared: one LoRA adapter for everyone"},
+    lora: LoraSettings = field(
+        default_factory=LoraSettings, metadata={"help": "[learner.lora]: the adapters' shape (which adapters: [segments])"}
     )
-    segments: tuple[str, ...] = field(
-        default=(),
-        metadata={"help": "adapters = segment: the segments with their own adapter (the request metadata key [server] "
-                  "segment_key names one); any other value, or none, is served and trained as the shared 'overflow' segment"},
-    )
-    lora: LoraSettings = field(default_factory=LoraSettings, metadata={"help": "[learner.lora]: the adapters' shape"})
     advantage_norm: Literal["none", "running"] = field(
         default="none",
         metadata={"help": "sao only: running = divide each sample's advantages by the running RMS of recent action-token "
@@ -239,12 +235,6 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         check_literals(self)
-        if self.adapters != "none" and self.zero_stage != 0:
-            raise ValueError("adapters need zero_stage 0 (the adapters are small; the frozen base is not optimised)")
-        if len(set(self.segments)) != len(self.segments) or {"overflow", "shared", "base"} & set(self.segments):
-            raise ValueError("segments must be distinct and may not be named 'overflow', 'shared' or 'base'")
-        if any(not name or len(name) > 64 or ":" in name for name in self.segments):
-            raise ValueError("segment names must be 1-64 characters without ':'")
         if min(self.target_kl_to_base, self.target_step_kl) < 0 or self.kl_horizon < 1 or self.diagnostics_window < 2:
             raise ValueError("target_kl_to_base and target_step_kl must be >= 0, kl_horizon >= 1, diagnostics_window >= 2")
         if self.max_step_kl < 0 or (self.max_step_kl > 0 and self.zero_stage != 0):
@@ -282,3 +272,11 @@ class LearnerConfig:
             )
         if self.advantage_norm_horizon < 1 or self.baseline_horizon < 1 or self.advantage_norm_floor <= 0:
             raise ValueError("advantage_norm_horizon and baseline_horizon must be >= 1, advantage_norm_floor > 0")
+
+
+def check_adapters(learner: "LearnerConfig", segments: "SegmentsConfig") -> None:
+    """Adapters (`[segments] adapters` other than "none") train with zero_stage 0 only: a ConfigError
+    otherwise (the adapters are small; the frozen base is not optimised)."""
+    if segments.adapters != "none" and learner.zero_stage != 0:
+        raise ConfigError(f"segments.adapters = {segments.adapters!r} needs learner.zero_stage 0 (the adapters are small; "
+                          "the frozen base is not optimised)")

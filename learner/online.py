@@ -12,7 +12,7 @@
   6. every N steps or T seconds, publish the next version (`self.publishing`, learner/publishing.py):
      the version row and the cursor in ONE transaction, so a crash resumes from the last published
      version and re-reads exactly the ratings it had not published yet; then retention (retention.py).
-With `[learner] adapters` on, one OnlineLearner is one segment's lane (learner/lanes.py): that segment's
+With `[segments] adapters` on, one OnlineLearner is one segment's lane (learner/lanes.py): that segment's
 LoRA adapter on the shared frozen base (learner/adapters.py), its ratings, cursor (`sao:cozy`), critic
 and controllers; its KL reference is the base with the adapters off. With `[learner] ranks` N > 1 step 5
 runs across N DeepSpeed ZeRO processes (ranks.py); this one is rank 0 and keeps the store, critic and
@@ -52,7 +52,7 @@ from liveloop.learner.ranks import RankGroup
 from liveloop.learner.restart import RestartOnDrop
 from liveloop.learner.status import LaneStatus, LearnerStatus
 from liveloop.grammar import Grammars, grammars_for
-from liveloop.segments import lane_cursor
+from liveloop.segments import SHARED, lane_cursor
 from liveloop.rl.batch import Sample, TokenBatch, make_batch, policy_log_dists, scorable
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl
@@ -497,8 +497,9 @@ class OnlineLearner:
         )
 
     def status(self) -> LearnerStatus:
-        """This learner as a learner of one lane."""
-        return LearnerStatus("none" if self.segment is None else self.config.adapters, (self.lane_status(),))
+        """This learner as a learner of one lane (a lane's adapters mode, `[segments] adapters`, from its segment)."""
+        mode = "none" if self.segment is None else "shared" if self.segment == SHARED else "segment"
+        return LearnerStatus(mode, (self.lane_status(),))
 
     def run(self, should_stop: Callable[[], bool], max_steps: int | None = None) -> None:
         """Train until `should_stop()` (or until `state.step` reaches `max_steps`); publishes what is

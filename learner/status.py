@@ -6,7 +6,7 @@
     status.lane("cozy").cursor
     status.as_dict()                   # the JSON the admin API and the CLI print (the edges only)
 
-A plain learner is one lane (segment None); with `[learner] adapters` on, one lane per segment. The
+A plain learner is one lane (segment None); with `[segments] adapters` on, one lane per segment. The
 totals are the same rules for both: steps, samples and skipped steps add up, busy time adds up (the
 lanes take turns on one thread), idle time is the longest any lane waited (they wait together), and
 the learner is paused when every lane is. The status crosses the Ray actor boundary as it is (a frozen
@@ -60,7 +60,7 @@ class LaneStatus:
 
 @dataclass(frozen=True)
 class LearnerStatus:
-    adapters: str  # `[learner] adapters`: "none" (one lane on the whole policy), "segment", "shared"
+    adapters: str  # `[segments] adapters`: "none" (one lane on the whole policy), "segment", "shared"
     lanes: tuple[LaneStatus, ...]
 
     @property

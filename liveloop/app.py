@@ -100,7 +100,7 @@ def start_learner(config: Config, model_dir: Path) -> ColocatedLearner | None:
         return None
     from liveloop.learner.actor import ColocatedLearner
 
-    return ColocatedLearner(config.store, config.learner, config.critic, model_dir, config.transport_for_store())
+    return ColocatedLearner(config.store, config.learner, config.segments, config.critic, model_dir, config.transport_for_store())
 
 
 def build_app(config: Config, model_dir: Path, learner_factory: Callable[[Config, Path], Any] = start_learner) -> FastAPI:
@@ -234,7 +234,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
     point = await start_point(store.versions, latest, receiver, transport.durable_wait_seconds)
     # the engine, with room for every segment's adapter and as many old ones finishing a response (a gated
     # segment's candidate slot too, and its old one finishing)
-    segments = lanes(config.learner)
+    segments = lanes(config.segments)
     engine_config = config.engine
     room = 2 * len(segments) + 2 * len(gated_segments(config.release, segments, config.engine.backend))
     if segments and engine_config.max_adapters < room:
@@ -256,7 +256,7 @@ async def start_parts(config: Config, model_dir: Path, edge: EdgeState) -> Serve
     if not config.ray.enabled:  # a fleet's driver sweeps once, before its replicas start: a replica that
         # restarts while the learner writes a version must not remove it as "unfinished" (liveloop/serve_ray.py)
         await asyncio.to_thread(sweep_shared_memory, store.versions, store.operator, transport, metrics)  # what this deployment left there
-    route = functools.partial(segment_of, config=config.learner, key=config.server.segment_key)
+    route = functools.partial(segment_of, config=config.segments, key=config.server.segment_key)
     fleet = fleet_view(config.server, store.fleet.counts, replica_id(config.server.replica_id))  # fleet-wide limits (None: per replica)
     admission = Admission(config.server, fleet, stored=store.keys.stored_bytes)
     serving = Serving(engine, tokenizer, writer, metrics, config.server, config.engine, model_dir, admission, route,

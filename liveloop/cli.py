@@ -204,7 +204,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     learner = build_learner(
-        config.learner, config.critic, model_dir,
+        config.learner, config.critic, model_dir, segments=config.segments,
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     try:

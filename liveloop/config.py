@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from liveloop.monitor.config import MonitorConfig
     from liveloop.ray_config import RayConfig
     from liveloop.release.config import ReleaseConfig
+    from liveloop.segments import SegmentsConfig
     from liveloop.server.config import AuthConfig, EngineConfig, ServerConfig
     from liveloop.store.config import StoreConfig
     from liveloop.transport.config import TransportConfig
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "CONFIG_DIR", "Config", "ConfigError", "check_literals", "check_sections", "check_value", "load_config",
-    "load_section", "load_sections", "merge", "preset_kinds", "presets", "read_toml", "resolve_config",
+    "load_section", "load_sections", "merge", "move_keys", "preset_kinds", "presets", "read_toml", "resolve_config",
 ]
 
 
@@ -186,6 +187,7 @@ def _sections() -> dict[str, type]:
     from liveloop.monitor.config import MonitorConfig
     from liveloop.ray_config import RayConfig
     from liveloop.release.config import ReleaseConfig
+    from liveloop.segments import SegmentsConfig
     from liveloop.server.config import AuthConfig, EngineConfig, ServerConfig
     from liveloop.store.config import StoreConfig
     from liveloop.transport.config import TransportConfig
@@ -196,6 +198,7 @@ def _sections() -> dict[str, type]:
         "engine": EngineConfig,
         "store": StoreConfig,
         "model": ModelBuildConfig,
+        "segments": SegmentsConfig,
         "learner": LearnerConfig,
         "critic": CriticConfig,
         "monitor": MonitorConfig,
@@ -214,6 +217,7 @@ class Config:
     engine: EngineConfig
     store: StoreConfig
     model: ModelBuildConfig
+    segments: SegmentsConfig
     learner: LearnerConfig
     critic: CriticConfig
     monitor: MonitorConfig
@@ -221,6 +225,11 @@ class Config:
     ray: RayConfig
     release: ReleaseConfig
     path: str = field(default="<defaults>")
+
+    def __post_init__(self) -> None:
+        from liveloop.learner.config import check_adapters
+
+        check_adapters(self.learner, self.segments)
 
     def transport_for_store(self) -> TransportConfig:
         """`[transport]` with its namespace resolved: "auto" names this deployment's shared memory after
@@ -235,6 +244,9 @@ class Config:
 # the new place, with a warning); setting both to different values is an error naming the new key
 MOVED = {
     "learner.segment_key": "server.segment_key",
+    # which adapters serve and train, and the segments with their own: the server's as much as the learner's
+    "learner.adapters": "segments.adapters",
+    "learner.segments": "segments.names",
     # every serving process is a replica of its fleet (a plain `liveloop serve` one of one): not Ray's
     "ray.replica_id": "server.replica_id",
     "ray.heartbeat_seconds": "server.heartbeat_seconds",
@@ -243,8 +255,10 @@ MOVED = {
 }
 
 
-def _move_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
-    for old, new in MOVED.items():
+def move_keys(data: dict[str, Any], where: str, moved: dict[str, str] = MOVED) -> dict[str, Any]:
+    """`data` (a document's tables) with every `moved` key read from its old place into its new one, with a
+    warning naming the new place; a ConfigError when both are set to different values."""
+    for old, new in moved.items():
         (old_section, old_key), (new_section, new_key) = old.split("."), new.split(".")
         table = data.get(old_section)
         if not isinstance(table, dict) or old_key not in table:
@@ -263,4 +277,4 @@ def load_config(path: str | Path | None = None, text: str | None = None) -> Conf
     """Load a deployment config: a preset name ("default", "production"), a path to a TOML file, or
     TOML text; missing sections take their defaults."""
     where = str(resolve_config(path)) if path is not None and text is None else "<text>"
-    return Config(**check_sections(_sections(), _move_keys(read_toml(path, text), where)), path=where)
+    return Config(**check_sections(_sections(), move_keys(read_toml(path, text), where)), path=where)

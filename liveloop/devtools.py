@@ -67,8 +67,10 @@ def write_config(
     workdir: Path, model_dir: Path, backend: str, port: int, store_url: str | None = None, learner: str | None = None,
     extra: str = "", served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "",
     rate_limits: bool = False, extends: str | list[str] | None = None, max_body_bytes: int = 65536, max_model_len: int = 512,
+    segments: str = "",
 ) -> tuple[Path, str]:
     """A server config on loopback with the test keys; `learner` is extra `[learner]` TOML (None: off);
+    `segments` the `[segments]` keys (the adapters: "" none, unless a preset extended says);
     `server_extra` / `engine_extra` / `store_extra` are more keys of those sections; `extra` is appended
     (more sections, e.g. `[monitor]`). Per-key rate limits and the per-key generation cap are off
     unless `rate_limits` (then the defaults hold, and `server_extra` may set them). `extends` names a
@@ -98,6 +100,7 @@ url = "{store_url}"
 enabled = {"true" if learner is not None else "false"}
 checkpoint_dir = "{workdir / 'versions'}"
 {learner or ""}
+{f"[segments]{chr(10)}{segments}" if segments else ""}
 {extra}
 """
     path = workdir / "config.toml"
@@ -109,6 +112,7 @@ def start_server(
     workdir: Path, model_dir: Path, backend: str = "vllm", timeout: float = 240, learner: str | None = None, extra: str = "",
     served_model_name: str = "liveloop-tiny", server_extra: str = "", engine_extra: str = "", store_extra: str = "", store_url: str | None = None,
     rate_limits: bool = False, extends: str | list[str] | None = None, max_body_bytes: int = 65536, max_model_len: int = 512,
+    segments: str = "",
 ) -> ServerProcess:
     """Start `liveloop serve` in its own process group and wait until /healthz answers (the config:
     `write_config`)."""
@@ -117,7 +121,7 @@ def start_server(
     config, store_url = write_config(
         workdir, Path(model_dir).resolve(), backend, port, store_url=store_url, learner=learner, extra=extra,
         served_model_name=served_model_name, server_extra=server_extra, engine_extra=engine_extra, store_extra=store_extra,
-        rate_limits=rate_limits, extends=extends, max_body_bytes=max_body_bytes, max_model_len=max_model_len,
+        rate_limits=rate_limits, extends=extends, max_body_bytes=max_body_bytes, max_model_len=max_model_len, segments=segments,
     )
     log_path = workdir / "server.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

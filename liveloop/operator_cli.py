@@ -2,7 +2,7 @@
 `liveloop adapters`, `liveloop evaluation V` (through a running server's admin API, with an admin key)
 and `liveloop report drift` (from the store, no server needed).
 
-With per-segment adapters (`[learner] adapters`), `--segment NAME` narrows `versions` to one lineage
+With per-segment adapters (`[segments] adapters`), `--segment NAME` narrows `versions` to one lineage
 (`base`: the base weights'), and moves only that segment's lineage for `rollback` and `learning`."""
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def cmd_adapters(args: argparse.Namespace) -> int:
         print(json.dumps(body, indent=2))
         return 0
     if body["adapters"] == "none":
-        print(f"no per-segment adapters ([learner] adapters = \"none\"): every request is served by v{body['base_version']}")
+        print(f"no per-segment adapters ([segments] adapters = \"none\"): every request is served by v{body['base_version']}")
         return 0
     print(f"adapters: {body['adapters']}; base weights v{body['base_version']}")
     print(f"{'segment':<12} {'serving':>8} {'paused':<6} {'versions':>8} {'latest':>7} {'status':<12} {'ratings':>8} {'reward':>7} {'95% CI':>17}")

@@ -3,7 +3,7 @@ view: docs/operations.md, "Forgetting a key, weights included").
 
 A plain forget deletes a key's responses and ratings (store/rights.py); the versions already trained on
 them keep what they learned. With `weights` each lineage the learner trains (the base weights', or each
-segment adapter's when `[learner] adapters` is on; the frozen base then has no learner) is also moved back
+segment adapter's when `[segments] adapters` is on; the frozen base then has no learner) is also moved back
 to before the key's first trained rating and trained again from there on everyone else's ratings.
 
 `plan_forget` makes the `ForgetPlan` (reads only; per lineage `plan_lineage`: the key's first rating it

@@ -71,7 +71,7 @@ def gated_segments(config: ReleaseConfig, segments: tuple[str, ...], backend: st
     gated = tuple(s for s in segments if config.mode_of(s) != "immediate")
     odd = [s for s in gated if SLOT_SUFFIX in s]
     if odd:
-        raise ConfigError(f"[learner] segments {odd}: a gated segment's name may not contain {SLOT_SUFFIX!r}")
+        raise ConfigError(f"[segments] names {odd}: a gated segment's name may not contain {SLOT_SUFFIX!r}")
     if gated and backend not in SLOT_BACKENDS:
         modes = ", ".join(f"{s} = {config.mode_of(s)!r}" for s in gated)
         immediate = ", ".join(f'{s} = "immediate"' for s in gated)

@@ -1,5 +1,5 @@
 """Per-segment adapters as operators run them, on one real server (`liveloop serve`, the `hf` engine,
-SQLite, `[learner] adapters = "segment"` with segments cozy and night, the learner off): adapter
+SQLite, `[segments] adapters = "segment"` with segments cozy and night, the learner off): adapter
 versions are real peft LoRA directories published into the store the way a segment's learner lane
 publishes them (`publish_version(..., segment=)`, status published), and the server's version watcher
 activates them.
@@ -33,10 +33,8 @@ from .test_operator import browser  # noqa: F401 (the headless Chromium fixture,
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 USER = {"Authorization": f"Bearer {USER_KEY}"}
-# keys before any table header land in `[learner]` (write_config appends `extra` right after it)
-EXTRA = """adapters = "segment"
-segments = ["cozy", "night"]
-[monitor]
+SEGMENTS = 'adapters = "segment"\nnames = ["cozy", "night"]\n'  # [segments]
+EXTRA = """[monitor]
 enabled = false
 """
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -54,7 +52,7 @@ def adapter_dirs(tmp_path_factory, model_dir) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):
-    server = start_server(tmp_path_factory.mktemp("segments-server"), model_dir, "hf", extra=EXTRA)
+    server = start_server(tmp_path_factory.mktemp("segments-server"), model_dir, "hf", segments=SEGMENTS, extra=EXTRA)
     yield server
     stop_server(server)
 

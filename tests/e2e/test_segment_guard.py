@@ -17,9 +17,8 @@ from .conftest import ADMIN_KEY, USER_KEY, open_store, start_server, stop_server
 from .test_segment_adapters_api import _save_adapter
 
 ADMIN, USER = {"Authorization": f"Bearer {ADMIN_KEY}"}, {"Authorization": f"Bearer {USER_KEY}"}
-EXTRA = """adapters = "segment"
-segments = ["cozy", "night"]
-[monitor]
+SEGMENTS = 'adapters = "segment"\nnames = ["cozy", "night"]\n'  # [segments]
+EXTRA = """[monitor]
 poll_seconds = 0.2
 guard = true
 guard_min_ratings = 25
@@ -29,7 +28,7 @@ guard_p_value = 0.01
 
 def test_guard_rolls_back_a_segments_worse_adapter_only(tmp_path, model_dir):
     adapters = {name: _save_adapter(model_dir, tmp_path / name, seed) for name, seed in (("a", 1), ("b", 2), ("n", 3))}
-    server = start_server(tmp_path / "srv", model_dir, "hf", extra=EXTRA)
+    server = start_server(tmp_path / "srv", model_dir, "hf", segments=SEGMENTS, extra=EXTRA)
     store = open_store(server)
     try:
         with httpx.Client(base_url=server.base_url, timeout=60) as http:

@@ -1,5 +1,5 @@
 """Per-segment adapters through the whole loop: the real server (hf engine through peft) with the
-co-located learner, `[learner] adapters = "segment"`. Users of the "cozy" segment reward replies that
+co-located learner, `[segments] adapters = "segment"`. Users of the "cozy" segment reward replies that
 contain a target word; users of the "night" segment ask too but never rate. Cozy's adapter learns
 the word through its own lane, versions and swaps; night is still served by the base weights, byte
 for byte, and its lane never publishes."""
@@ -23,7 +23,8 @@ from liveloop.store import Store, StoreConfig
 from .conftest import open_store, start_server, stop_server
 
 TARGET = "behold"
-LEARNER = 'adapters = "segment"\nsegments = ["cozy", "night"]\nlora = { rank = 8, alpha = 16.0 }'
+LEARNER = 'lora = { rank = 8, alpha = 16.0 }'
+SEGMENTS = 'adapters = "segment"\nnames = ["cozy", "night"]\n'  # [segments]
 MAX_EVENTS = 400  # bounded; ends earlier once cozy's recent reward rate is high
 MAX_LAG = 8
 WINDOW, ENOUGH = 40, 0.6
@@ -106,7 +107,7 @@ def test_a_segments_adapter_learns_and_the_others_stay_put(tmp_path, model_dir):
     workdir = tmp_path / "srv"
     workdir.mkdir()
     _pretrain_critic(workdir, model_dir)
-    server = start_server(workdir, model_dir, "hf", learner=LEARNER, extends="tuned_learner")
+    server = start_server(workdir, model_dir, "hf", learner=LEARNER, segments=SEGMENTS, extends="tuned_learner")
     try:
         result = asyncio.run(_scenario(server.base_url))
     finally:

@@ -1,4 +1,4 @@
-"""One LoRA adapter for everyone (`[learner] adapters = "shared"`, the cheap update path for a model too
+"""One LoRA adapter for everyone (`[segments] adapters = "shared"`, the cheap update path for a model too
 large to train whole) through the whole loop: the real server (hf engine) and co-located learner. Every
 request is served by the shared adapter once its lane publishes, whatever segment it names, and the
 base weights never change."""
@@ -15,7 +15,7 @@ ADMIN, USER = {"Authorization": f"Bearer {ADMIN_KEY}"}, {"Authorization": f"Bear
 
 
 def test_one_adapter_serves_and_learns_for_everyone(tmp_path, model_dir):
-    server = start_server(tmp_path / "srv", model_dir, "hf", learner='adapters = "shared"', extends="tuned_learner")
+    server = start_server(tmp_path / "srv", model_dir, "hf", learner="", segments='adapters = "shared"', extends="tuned_learner")
     try:
         with httpx.Client(base_url=server.base_url, timeout=120) as http:
             def ask(i: int, segment: str | None) -> dict:

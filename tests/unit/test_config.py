@@ -320,9 +320,9 @@ def test_the_segment_key_is_the_servers(caplog):
     from liveloop.learner.config import LearnerConfig
     from liveloop.segments import segment_of
 
-    cfg = load_config(text="[server]\nsegment_key = 'team'\n[learner]\nadapters = 'segment'\nsegments = ['a']\n")
-    assert segment_of({"team": "a"}, cfg.learner, cfg.server.segment_key) == "a"
-    assert segment_of({"segment": "a"}, cfg.learner, cfg.server.segment_key) == "overflow"
+    cfg = load_config(text="[server]\nsegment_key = 'team'\n[segments]\nadapters = 'segment'\nnames = ['a']\n")
+    assert segment_of({"team": "a"}, cfg.segments, cfg.server.segment_key) == "a"
+    assert segment_of({"segment": "a"}, cfg.segments, cfg.server.segment_key) == "overflow"
     assert load_config(text="").server.segment_key == "segment"
     with caplog.at_level("WARNING", logger="liveloop.config"):
         old = load_config(text="[learner]\nsegment_key = 'team'\n")
@@ -332,6 +332,58 @@ def test_the_segment_key_is_the_servers(caplog):
         load_config(text="[learner]\nsegment_key = 'team'\n[server]\nsegment_key = 'org'\n")
     with pytest.raises(ConfigError, match="learner.segment_key: unknown key"):  # the learner's own section has none
         load_section(LearnerConfig, {"segment_key": "team"}, "learner")
+
+
+def test_the_segments_are_their_own_section():
+    """Which adapters serve and train, and the segments with their own, are `[segments]`'s: the server
+    routes by them and the learner trains by them (liveloop/segments.py)."""
+    from liveloop.learner.config import LearnerConfig
+    from liveloop.segments import SegmentsConfig, lanes, segment_of
+
+    cfg = load_config(text="[segments]\nadapters = 'segment'\nnames = ['cozy', 'night']\n")
+    assert cfg.segments == SegmentsConfig(adapters="segment", names=("cozy", "night"))
+    assert lanes(cfg.segments) == ("cozy", "night", "overflow")
+    assert segment_of({"segment": "night"}, cfg.segments) == "night" and segment_of({"segment": "day"}, cfg.segments) == "overflow"
+    assert load_config(text="").segments == SegmentsConfig() and lanes(SegmentsConfig()) == ()
+    assert lanes(load_config(text="[segments]\nadapters = 'shared'\n").segments) == ("shared",)
+    assert load_config("segment_adapters").segments == cfg.segments
+    for key in ("adapters", "segments"):  # the learner's own section has neither
+        with pytest.raises(ConfigError, match=f"learner.{key}: unknown key"):
+            load_section(LearnerConfig, {key: "segment" if key == "adapters" else ["a"]}, "learner")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[segments]\nadapters = 'lanes'\n", "segments.adapters: expected one of ['none', 'segment', 'shared'], got 'lanes'"),
+        ("[segments]\nnames = ['a', 'a']\n", "segments: names must be distinct and may not be 'overflow', 'shared' or 'base'"),
+        ("[segments]\nnames = ['overflow']\n", "segments: names must be distinct"),
+        ("[segments]\nnames = ['a:b']\n", "segments: names must be 1-64 characters without ':'"),
+        ("[segments]\nnames = 'a'\n", "segments.names: expected a list"),
+        ("[segments]\nadapters = 'shared'\n[learner]\nzero_stage = 1\n", "segments.adapters = 'shared' needs learner.zero_stage 0"),
+    ],
+)
+def test_bad_segments_name_the_key(text, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_config(text=text)
+
+
+def test_an_older_files_learner_segments_load_with_a_warning(caplog):
+    """`[learner] adapters` and `[learner] segments` moved to `[segments]` (`adapters`, `names`): an older
+    file loads the same, with a warning naming the new place; both places set differently is an error."""
+    new = load_config(text="[segments]\nadapters = 'segment'\nnames = ['cozy', 'night']\n[learner]\nkl_coef = 0.1\n")
+    with caplog.at_level("WARNING", logger="liveloop.config"):
+        old = load_config(text="[learner]\nadapters = 'segment'\nsegments = ['cozy', 'night']\nkl_coef = 0.1\n")
+    assert (old.segments, old.learner) == (new.segments, new.learner)
+    assert "learner.adapters moved to segments.adapters" in caplog.text and "learner.segments moved to segments.names" in caplog.text
+    same = "[learner]\nsegments = ['cozy']\n[segments]\nnames = ['cozy']\n"
+    assert load_config(text=same).segments.names == ("cozy",)
+    with pytest.raises(ConfigError, match="learner.segments: moved to segments.names, which <text> sets to another value"):
+        load_config(text="[learner]\nsegments = ['cozy']\n[segments]\nnames = ['night']\n")
+    with pytest.raises(ConfigError, match="learner.adapters: moved to segments.adapters, which <text> sets to another value"):
+        load_config(text="[learner]\nadapters = 'shared'\n[segments]\nadapters = 'segment'\n")
+    with pytest.raises(ConfigError, match="segments: names must be distinct"):  # a moved value is checked where it lands
+        load_config(text="[learner]\nsegments = ['base']\n")
 
 
 def test_the_fleet_membership_knobs_are_the_servers(caplog):

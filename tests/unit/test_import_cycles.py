@@ -27,7 +27,7 @@ LEAF = "liveloop.config_types"
 CONFIG_MODULES = (
     "liveloop.server.config", "liveloop.store.config", "liveloop.learner.config", "liveloop.critic.config",
     "liveloop.monitor.config", "liveloop.release.config", "liveloop.model.config", "liveloop.ray_config",
-    "liveloop.diffusion.config", "liveloop.server.engines.registry", "liveloop.transport.config",
+    "liveloop.diffusion.config", "liveloop.server.engines.registry", "liveloop.transport.config", "liveloop.segments",
 )
 
 def modules(root: Path = ROOT) -> dict[str, Path]:

@@ -23,7 +23,7 @@ class SwapRequest(_Strict):
     note: Annotated[Text, Field(max_length=1000)] | None = None
 
 
-Segment = Annotated[Text, Field(min_length=1, max_length=256)]  # an adapter segment's name (`[learner] segments`)
+Segment = Annotated[Text, Field(min_length=1, max_length=256)]  # an adapter segment's name (`[segments] names`)
 
 
 class RollbackRequest(_Strict):

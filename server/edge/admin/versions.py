@@ -38,7 +38,7 @@ VERSIONS_PAGE, VERSIONS_PAGE_MAX = 200, 1000  # a long-lived deployment has thou
 
 
 def adapter_mode(segments: tuple[str, ...]) -> str:
-    """`[learner] adapters` as the activator's segments show it (liveloop/segments.py `lanes`)."""
+    """`[segments] adapters` as the activator's segments show it (liveloop/segments.py `lanes`)."""
     if not segments:
         return "none"
     return "shared" if segments == (SHARED,) else "segment"

@@ -97,15 +97,16 @@ def test_a_lane_holds_the_model_once(dense_dir, tmp_path):
     the policy's are one set of tensors."""
     from liveloop.learner.config import LearnerConfig, LoraSettings
     from liveloop.learner.lanes import build_learner
+    from liveloop.segments import SegmentsConfig
     from liveloop.store import Store, StoreConfig
 
     store = Store(StoreConfig(url=f"sqlite:///{tmp_path / 'store.db'}"))
     store.migrate()
     store.versions.ensure_base_version(str(dense_dir))
-    config = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"), adapters="shared", kl_coef=0.1,
+    config = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"), kl_coef=0.1,
                            lora=dataclasses.replace(LoraSettings(), rank=4))
     learner = build_learner(
-        config, CriticConfig(lora_rank=4), dense_dir,
+        config, CriticConfig(lora_rank=4), dense_dir, segments=SegmentsConfig(adapters="shared"),
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     (lane,) = learner.lanes.values()

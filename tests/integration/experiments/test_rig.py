@@ -10,7 +10,7 @@ from liveloop.clients.rewards import make_reward
 from liveloop.config import load_config
 from liveloop.experiments.rig import Ask, LearningRig
 
-ADAPTERS = 'extends = ["tuned_learner", "step_control"]\n[learner]\nadapters = "segment"\nsegments = ["cozy", "night"]\n'
+ADAPTERS = 'extends = ["tuned_learner", "step_control"]\n[segments]\nadapters = "segment"\nnames = ["cozy", "night"]\n[learner]\n'
 RESTART = "[learner.lora]\nrestart_window = 4\nrestart_drop = 0.5\n"  # a lane starts over when its 4-rating mean falls 0.5
 PROMPTS = ["Tell me about cats.", "Say something about bread.", "Tell me about rain.", "Describe the moon."]
 
@@ -18,7 +18,7 @@ PROMPTS = ["Tell me about cats.", "Say something about bread.", "Tell me about r
 def _rig(tmp_path, model_dir, text: str) -> LearningRig:
     cfg = load_config(text=text)
     learner = cfg.learner.__class__(**{**cfg.learner.__dict__, "checkpoint_dir": str(tmp_path / "versions")})
-    return LearningRig(tmp_path, model_dir, learner, cfg.critic, seed=3)
+    return LearningRig(tmp_path, model_dir, learner, cfg.critic, seed=3, segments=cfg.segments)
 
 
 def test_batched_replies_carry_the_logprobs_a_full_forward_gives(tmp_path, model_dir):

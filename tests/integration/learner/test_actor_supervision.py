@@ -20,6 +20,7 @@ from liveloop.critic.config import CriticConfig
 from liveloop.devtools import wait_until
 from liveloop.learner.actor import ColocatedLearner, LearnerHealth, LearnerUnavailable
 from liveloop.learner.config import LearnerConfig
+from liveloop.segments import SegmentsConfig
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
 pytestmark = pytest.mark.timeout(600)
@@ -80,7 +81,7 @@ def _learned(store: Store) -> list[tuple[int, int | None, int]]:
 
 def test_killed_actor_is_restarted_and_resumes_exactly_once(tmp_path, store_config, store, model_dir):
     _rate(store, 0, 5)
-    learner = ColocatedLearner(store_config, _config(tmp_path), CriticConfig(), model_dir, backoff_s=0.1)
+    learner = ColocatedLearner(store_config, _config(tmp_path), SegmentsConfig(), CriticConfig(), model_dir, backoff_s=0.1)
     try:
         assert learner.health() == LearnerHealth("running", 0, None)
         # v1 (ratings 1-2), v2 (3-4); rating 5 trained but not published when the worker dies
@@ -117,7 +118,7 @@ def test_kill_in_the_middle_of_a_publish(tmp_path, store_config, store, model_di
     store.operator.set_learning_paused("sao", True)
     _rate(store, 0, 2)
     config = _config(tmp_path)
-    learner = ColocatedLearner(store_config, config, CriticConfig(), model_dir, backoff_s=0.1)
+    learner = ColocatedLearner(store_config, config, SegmentsConfig(), CriticConfig(), model_dir, backoff_s=0.1)
     root = Path(config.checkpoint_dir).resolve()
 
     def staged() -> list[Path]:
@@ -155,7 +156,7 @@ def test_run_raising_is_a_crash_and_too_many_crashes_is_failed(tmp_path, store_c
     config = _config(tmp_path)
     Path(config.checkpoint_dir).write_text("not a directory")
     _rate(store, 0, 2)
-    learner = ColocatedLearner(store_config, config, CriticConfig(), model_dir, max_restarts=1, backoff_s=0.1)
+    learner = ColocatedLearner(store_config, config, SegmentsConfig(), CriticConfig(), model_dir, max_restarts=1, backoff_s=0.1)
     try:
         wait_until(lambda: learner.health().state == "failed", 240, "the supervisor to give up", interval=0.05)
         health = learner.health()

@@ -16,6 +16,7 @@ import pytest
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.actor import ColocatedLearner, is_loopback, private_ray_env
 from liveloop.learner.config import LearnerConfig
+from liveloop.segments import SegmentsConfig
 from liveloop.store import Store, StoreConfig
 
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -67,7 +68,7 @@ def test_colocated_ray_listens_on_loopback_only_and_requires_the_token(tmp_path,
     store.versions.ensure_base_version(str(model_dir))
     store.close()
     config = LearnerConfig(checkpoint_dir=str(tmp_path / "versions"), poll_seconds=0.05)
-    learner = ColocatedLearner(store_config, config, CriticConfig(), model_dir)
+    learner = ColocatedLearner(store_config, config, SegmentsConfig(), CriticConfig(), model_dir)
     try:
         me = psutil.Process()
         actor_pid = ray.get(learner.actor.pid.remote(), timeout=30)

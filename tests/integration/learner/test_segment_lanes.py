@@ -10,17 +10,21 @@ import numpy as np
 import pytest
 import torch
 
+from liveloop.config_types import ConfigError
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig, LoraSettings
 from liveloop.learner.lanes import SegmentLanes, build_learner
 from liveloop.learner.online import OnlineLearner
-from liveloop.segments import OVERFLOW, segment_of
+from liveloop.segments import OVERFLOW, SegmentsConfig, segment_of
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, VersionStatus
+
+
+SEGMENTS = SegmentsConfig(adapters="segment", names=("cozy", "night"))
 
 
 def _config(tmp_path, **kw) -> LearnerConfig:
     base = dict(
-        adapters="segment", segments=("cozy", "night"), publish_every_steps=2, publish_every_seconds=3600,
+        publish_every_steps=2, publish_every_seconds=3600,
         learning_rate=1e-3, checkpoint_dir=str(tmp_path / "versions"), poll_seconds=0.01, lora=LoraSettings(rank=4, alpha=8),
     )
     return LearnerConfig(**(base | kw))
@@ -42,13 +46,12 @@ def _state(module: torch.nn.Module, marker: str) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters() if marker in n}
 
 
-def test_routing_is_bounded_by_the_operators_list(tmp_path):
-    config = _config(tmp_path)
-    assert segment_of({"segment": "cozy"}, config) == "cozy"
-    assert segment_of({"segment": "evil-" * 20}, config) == OVERFLOW
-    assert segment_of(None, config) == OVERFLOW and segment_of({"segment": 3}, config) == OVERFLOW
-    assert segment_of({"segment": "cozy"}, _config(tmp_path, adapters="shared")) == "shared"
-    assert segment_of({"segment": "cozy"}, _config(tmp_path, adapters="none")) is None
+def test_routing_is_bounded_by_the_operators_list():
+    assert segment_of({"segment": "cozy"}, SEGMENTS) == "cozy"
+    assert segment_of({"segment": "evil-" * 20}, SEGMENTS) == OVERFLOW
+    assert segment_of(None, SEGMENTS) == OVERFLOW and segment_of({"segment": 3}, SEGMENTS) == OVERFLOW
+    assert segment_of({"segment": "cozy"}, SegmentsConfig(adapters="shared")) == "shared"
+    assert segment_of({"segment": "cozy"}, SegmentsConfig(adapters="none")) is None
 
 
 def test_each_lane_trains_only_on_its_segment(store, tmp_path):
@@ -56,7 +59,7 @@ def test_each_lane_trains_only_on_its_segment(store, tmp_path):
     _rate(store, "night", 2, 100)
     _rate(store, "cozy", 2, 200)
     learner = build_learner(
-        _config(tmp_path), CriticConfig(), store.versions.get_version(0).checkpoint_path,
+        _config(tmp_path), CriticConfig(), store.versions.get_version(0).checkpoint_path, segments=SEGMENTS,
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     assert isinstance(learner, SegmentLanes)
@@ -88,7 +91,7 @@ def test_a_lane_resumes_from_its_adapter_and_follows_its_own_rollback(store, tmp
     _rate(store, "night", 2, 100)
     model_dir = store.versions.get_version(0).checkpoint_path
     first = SegmentLanes(
-        _config(tmp_path), CriticConfig(), model_dir,
+        _config(tmp_path), SEGMENTS, CriticConfig(), model_dir,
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     first.run(lambda: False, max_steps=6)
@@ -97,7 +100,7 @@ def test_a_lane_resumes_from_its_adapter_and_follows_its_own_rollback(store, tmp
     trained = _state(first.adapters.model, ".cozy.")
     # a restart loads each lane's last published adapter exactly
     second = SegmentLanes(
-        _config(tmp_path), CriticConfig(), model_dir,
+        _config(tmp_path), SEGMENTS, CriticConfig(), model_dir,
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     assert second.lanes["cozy"].state.version == cozy_versions[-1]
@@ -119,7 +122,7 @@ def test_a_rollback_makes_the_restart_rule_judge_afresh(store, tmp_path):
     model_dir = store.versions.get_version(0).checkpoint_path
     config = _config(tmp_path, publish_every_steps=1, lora=LoraSettings(rank=4, alpha=8, restart_window=2, restart_drop=0.5))
     lanes = SegmentLanes(
-        config, CriticConfig(), model_dir,
+        config, SEGMENTS, CriticConfig(), model_dir,
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     cozy = lanes.lanes["cozy"]
@@ -138,7 +141,7 @@ def test_kl_reference_is_the_base_without_adapters(store, tmp_path):
     _rate(store, "cozy", 2, 0, reward=1)
     model_dir = store.versions.get_version(0).checkpoint_path
     lanes = SegmentLanes(
-        _config(tmp_path, kl_coef=0.1, kl_estimator="exact"), CriticConfig(), model_dir,
+        _config(tmp_path, kl_coef=0.1, kl_estimator="exact"), SEGMENTS, CriticConfig(), model_dir,
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     lanes.run(lambda: False, max_steps=2)
@@ -151,7 +154,7 @@ def test_kl_reference_is_the_base_without_adapters(store, tmp_path):
 def test_shared_adapter_trains_on_every_rating(store, tmp_path):
     _rate(store, "shared", 3, 0)
     learner = build_learner(
-        _config(tmp_path, adapters="shared"), CriticConfig(), store.versions.get_version(0).checkpoint_path,
+        _config(tmp_path), CriticConfig(), store.versions.get_version(0).checkpoint_path, segments=SegmentsConfig(adapters="shared"),
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     learner.run(lambda: False, max_steps=3)
@@ -161,10 +164,17 @@ def test_shared_adapter_trains_on_every_rating(store, tmp_path):
 
 def test_the_plain_learner_is_unchanged(store, tmp_path):
     learner = build_learner(
-        _config(tmp_path, adapters="none"), CriticConfig(), store.versions.get_version(0).checkpoint_path,
+        _config(tmp_path), CriticConfig(), store.versions.get_version(0).checkpoint_path, segments=SegmentsConfig(),
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     assert isinstance(learner, OnlineLearner) and learner.segment is None and learner.cursor_name == "sao"
+
+
+def test_adapters_need_zero_stage_0(tmp_path):
+    """`[segments]` adapters train on one process's whole parameters: a ZeRO learner is refused before any load."""
+    with pytest.raises(ConfigError, match="segments.adapters = 'segment' needs learner.zero_stage 0"):
+        SegmentLanes(_config(tmp_path, zero_stage=1), SEGMENTS, CriticConfig(), tmp_path,
+                     feedback=None, versions=None, operator=None, episodes=None)  # type: ignore[arg-type]
 
 
 def test_targets_the_engines_cannot_serve_are_refused_at_start(store, tmp_path):
@@ -175,7 +185,7 @@ def test_targets_the_engines_cannot_serve_are_refused_at_start(store, tmp_path):
         config = _config(tmp_path, lora=LoraSettings(rank=4, alpha=8, target_modules=targets))
         with pytest.raises(UnadaptableTargets, match=message):
             SegmentLanes(
-                config, CriticConfig(), model_dir,
+                config, SEGMENTS, CriticConfig(), model_dir,
                 feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
             )
 
@@ -187,7 +197,7 @@ def test_one_loop_runs_the_lanes_a_paused_one_is_skipped_and_the_status_is_typed
     _rate(store, "night", 2, 100)
     store.operator.set_learning_paused("sao:night", True)
     learner = SegmentLanes(
-        _config(tmp_path), CriticConfig(), store.versions.get_version(0).checkpoint_path,
+        _config(tmp_path), SEGMENTS, CriticConfig(), store.versions.get_version(0).checkpoint_path,
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     learner.run(lambda: False, max_steps=2)
@@ -204,12 +214,12 @@ def test_an_adapters_rate_ceiling_is_its_own_and_the_whole_policy_keeps_the_lear
     model_dir = store.versions.get_version(0).checkpoint_path
     steps = dict(target_step_kl=0.005, min_learning_rate=1e-5, max_learning_rate=2e-3)
     lanes = SegmentLanes(
-        _config(tmp_path, lora=LoraSettings(rank=4, alpha=8, max_learning_rate=2e-2), **steps), CriticConfig(), model_dir,
+        _config(tmp_path, lora=LoraSettings(rank=4, alpha=8, max_learning_rate=2e-2), **steps), SEGMENTS, CriticConfig(), model_dir,
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     assert {lane.step_size.max_lr for lane in lanes.lanes.values()} == {2e-2}
     whole = build_learner(
-        _config(tmp_path, adapters="none", lora=LoraSettings(max_learning_rate=2e-2), **steps), CriticConfig(), model_dir,
+        _config(tmp_path, lora=LoraSettings(max_learning_rate=2e-2), **steps), CriticConfig(), model_dir, segments=SegmentsConfig(),
         feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
     )
     assert whole.step_size.max_lr == 2e-3

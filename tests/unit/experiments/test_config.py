@@ -72,7 +72,7 @@ def test_stability_default_has_no_switches():
 def test_toml_table():
     assert toml_table({"a": 1, "b": 0.5, "c": True, "d": "x"}) == 'a = 1\nb = 0.5\nc = true\nd = "x"'
     assert tomllib.loads(toml_table({"method": "grpo", "kl_coef": 0.0})) == {"method": "grpo", "kl_coef": 0.0}
-    segments = {"adapters": "segment", "segments": ["cozy", "night"]}
+    segments = {"adapters": "segment", "names": ["cozy", "night"]}
     assert tomllib.loads(toml_table(segments)) == segments
     with pytest.raises(ExperimentError, match="lists of str"):
         toml_table({"bad": [True]})
@@ -137,9 +137,26 @@ def test_a_resumed_run_keeps_finished_methods_and_refuses_another_config(tmp_pat
 
 def test_adapter_methods_need_the_hf_engine(tmp_path):
     path = tmp_path / "x.toml"
-    path.write_text('extends = "drift_experiment"\n[experiment]\nmethods = ["a"]\n[methods.a]\nlearner = { adapters = "segment", segments = ["cozy"] }\n')
+    path.write_text('extends = "drift_experiment"\n[experiment]\nmethods = ["a"]\n[methods.a]\nsegments = { adapters = "segment", names = ["cozy"] }\n')
     with pytest.raises(ExperimentError, match="backend"):
         load_experiment(path)
+
+
+def test_a_methods_segments_are_its_servers(tmp_path, caplog):
+    """A method's `segments` table is its server's `[segments]`; an older file's method `learner` with
+    `adapters` and `segments` loads the same, with a warning; both set differently is an error."""
+    head = 'extends = "drift_experiment"\n[experiment]\nmethods = ["a"]\nbackend = "hf"\n[methods.a]\n'
+    new, old, both = tmp_path / "new.toml", tmp_path / "old.toml", tmp_path / "both.toml"
+    new.write_text(head + 'segments = { adapters = "segment", names = ["cozy"] }\n')
+    old.write_text(head + 'learner = { adapters = "segment", segments = ["cozy"] }\n')
+    both.write_text(head + 'learner = { segments = ["night"] }\nsegments = { adapters = "segment", names = ["cozy"] }\n')
+    (a,) = load_experiment(new).methods
+    with caplog.at_level("WARNING", logger="liveloop.config"):
+        (b,) = load_experiment(old).methods
+    assert a.uses_adapters and dict(a.segments) == dict(b.segments) == {"adapters": "segment", "names": ["cozy"]}
+    assert a.learner == b.learner and "methods.a: learner.segments moved to segments.names" in caplog.text
+    with pytest.raises(ConfigError, match="learner.segments: moved to segments.names, which methods.a sets to another value"):
+        load_experiment(both)
 
 
 def test_another_seed_is_another_config():

@@ -1,4 +1,4 @@
-"""The admin API's per-segment options on a server without adapters (`[learner] adapters = "none"`, the
+"""The admin API's per-segment options on a server without adapters (`[segments] adapters = "none"`, the
 default), in-process over the real application (`build_app`: transformers engine on the tiny model,
 SQLite): `GET /admin/adapters` answers no segments (never a 404), `?segment=base` lists the base
 weights' versions, a segment named in a query or a body is a 404 (`segment_not_found`), a badly typed

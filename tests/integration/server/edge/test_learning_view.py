@@ -19,10 +19,8 @@ from liveloop.store import Store, StoreConfig
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 USER = {"Authorization": f"Bearer {USER_KEY}"}
 BEHAVIOURS = ("max_words:3", "contains:the")
-# keys before any table header land in `[learner]` (write_config appends `extra` right after it)
-EXTRA = f"""adapters = "segment"
-segments = ["cozy", "night"]
-[monitor]
+SEGMENTS = 'adapters = "segment"\nnames = ["cozy", "night"]\n'
+EXTRA = f"""[monitor]
 enabled = false
 behaviours = {list(BEHAVIOURS)!r}
 """.replace("'", '"')
@@ -31,7 +29,7 @@ behaviours = {list(BEHAVIOURS)!r}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):
     try:
-        server = devtools.start_server(tmp_path_factory.mktemp("learning-view"), model_dir, "hf", extra=EXTRA)
+        server = devtools.start_server(tmp_path_factory.mktemp("learning-view"), model_dir, "hf", segments=SEGMENTS, extra=EXTRA)
     except RuntimeError as exc:
         pytest.fail(str(exc))
     yield server

@@ -13,10 +13,10 @@ from liveloop.segments import lanes
 from liveloop.server.control.gate import gated_segments, wants_gate as wants_gate_of
 
 def wants_gate(config) -> bool:
-    return wants_gate_of(config.release, lanes(config.learner), config.engine.backend)
+    return wants_gate_of(config.release, lanes(config.segments), config.engine.backend)
 
 
-LEARNER = '[learner]\nadapters = "segment"\nsegments = ["cozy", "night"]\n'
+LEARNER = '[segments]\nadapters = "segment"\nnames = ["cozy", "night"]\n'
 
 
 def test_segments_take_the_base_mode_unless_overridden():
