@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from liveloop.metrics import Metrics
-from liveloop.segments import Lineage
+from liveloop.segments import BASE, Lineage
 from liveloop.server.control import rollback as rollbacks
 from liveloop.server.control.outcomes import (  # AlreadyServing, NotServable: the edge and tests import them from here too
     AlreadyServing, CheckpointUnusable, NotServable, RollbackResult, SwapFailed, SwapResult, UnknownSegment,
@@ -96,15 +96,19 @@ class Activator:
         self.watcher = Watcher(self)  # follows the store, activates what learners publish (server/control/watcher.py)
 
     # -- lineages -------------------------------------------------------------------------------------
-    def lineage(self, segment: str | None) -> Lineage:
-        """The lineage of the base weights (None) or of a segment this server has adapters for."""
-        if segment is not None and segment not in self.segments:
-            raise UnknownSegment(f"segment {segment!r} has no adapters here (segments: {', '.join(self.segments) or 'none'})")
-        return Lineage(segment)
+    def known(self, lineage: Lineage) -> Lineage:
+        """`lineage` when it is the base weights' or a segment's this server has adapters for, else UnknownSegment."""
+        if not lineage.is_base and lineage.segment not in self.segments:
+            raise UnknownSegment(f"segment {lineage.segment!r} has no adapters here (segments: {', '.join(self.segments) or 'none'})")
+        return lineage
 
-    def lane(self, segment: str | None) -> str:
+    def lanes(self) -> list[Lineage]:
+        """The lineages a learner trains here: each segment's with adapters, else the base weights'."""
+        return [Lineage(s) for s in self.segments] or [BASE]
+
+    def lane(self, lineage: Lineage) -> str:
         """The learner_cursor / learner_control name of a lineage (`sao`, or `sao:cozy`)."""
-        return self.lineage(segment).lane(self.learner_name)
+        return self.known(lineage).lane(self.learner_name)
 
     def serving_in(self, lineage: Lineage) -> int | None:
         """What the engine serves in a lineage: the base version, or a segment's adapter (None: none,
@@ -378,10 +382,10 @@ class Activator:
 
     # -- rollback and the watcher's loop, on this activator (server/control/rollback.py, watcher.py) ----
     async def rollback(
-        self, version: int, api_key_id: str | None = None, reason: str | None = None, segment: str | None = None,
+        self, version: int, api_key_id: str | None = None, reason: str | None = None, lineage: Lineage | None = None,
         expect_serving: int | None = None, event: tuple[str, dict] | None = None, term: int | None = None,
     ) -> RollbackResult:
-        return await rollbacks.rollback(self, version, api_key_id, reason, segment, expect_serving, event, term)
+        return await rollbacks.rollback(self, version, api_key_id, reason, lineage, expect_serving, event, term)
 
     async def follow(self) -> list[SwapResult]:
         return await self.watcher.follow()

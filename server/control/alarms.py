@@ -27,6 +27,7 @@ from typing import Any
 from liveloop.metrics import Metrics
 from liveloop.monitor.hacking import HackingReport, alarms, attribute
 from liveloop.release.config import AlarmConfig
+from liveloop.segments import BASE, Lineage
 from liveloop.server.control.activator import Activator
 from liveloop.store import TransitionRefused, VersionRecord
 from liveloop.store.feedback import FeedbackQueries
@@ -48,7 +49,7 @@ class HackingVerdict:
     the traits that alarm, and its stored evaluation of the same traits (None: not evaluated)."""
 
     version: int
-    segment: str | None
+    lineage: Lineage
     role: str
     versions: tuple[int, ...]  # whose ratings make the version's sample (it, pooled with its nearest ancestors)
     reference: tuple[int, ...]  # whose ratings make the reference's
@@ -62,7 +63,7 @@ class HackingVerdict:
     def detail(self) -> dict[str, Any]:
         """The operator event's (and the route's) JSON."""
         return {
-            "version": self.version, "segment": self.segment, "role": self.role, "versions": list(self.versions),
+            "version": self.version, "segment": self.lineage.segment, "role": self.role, "versions": list(self.versions),
             "reference": list(self.reference), "alarms": list(self.alarms), "report": self.report.as_dict(),
             "evaluation": self.evaluation, "judged_at": self.judged_at, "held": self.held, "paused": self.paused,
         }
@@ -137,9 +138,9 @@ class RewardHackingAlarms:
             self._alarmed = {
                 (e.version, e.detail.get("trait")) for e in self.operator.events(limit=10000) if e.kind == "reward_hacking"
             }
-        lineages: list[tuple[str | None, int | None]] = [(None, self.activator.serving_version)]
-        lineages += list(self.activator.serving_adapters().items())
-        canaries = {segment: self.versions.canary_version(segment) for segment, _ in lineages}
+        lineages: list[tuple[Lineage, int | None]] = [(BASE, self.activator.serving_version)]
+        lineages += [(Lineage(segment), v) for segment, v in self.activator.serving_adapters().items()]
+        canaries = {lineage: self.versions.canary_version(lineage.segment) for lineage, _ in lineages}
         # the per-version aggregate scans the ratings: only when there are new ones or the versions changed
         looked = (self.feedback.last_rating_id(), tuple(lineages), tuple(c.version if c else None for c in canaries.values()))
         if looked == self._looked:
@@ -148,24 +149,24 @@ class RewardHackingAlarms:
         by_number = {v.version: v for v in self.versions.list_versions()}
         traffic = self.release.version_traffic(True)  # quarantined keys' ratings left out, as the guard reads
         done = []
-        for segment, serving in lineages:
-            canary = canaries[segment]
+        for lineage, serving in lineages:
+            canary = canaries[lineage]
             if serving is not None and serving in by_number:
                 chain = lineage_chain(serving, by_number)
                 mine = stretch(chain, traffic, self.config.min_ratings)
                 if mine is not None:
                     root = stretch(chain[::-1], traffic, self.config.min_ratings, set(mine))
                     if root is not None:
-                        done += self._judge(serving, segment, "serving", mine, root, traffic, term)
+                        done += self._judge(serving, lineage, "serving", mine, root, traffic, term)
             if canary is not None and serving is not None and serving in by_number:
                 mine = stretch([canary.version], traffic, self.config.min_ratings)
                 live = stretch(lineage_chain(serving, by_number), traffic, self.config.min_ratings, {canary.version})
                 if mine is not None and live is not None:
-                    done += self._judge(canary.version, segment, "candidate", mine, live, traffic, term)
+                    done += self._judge(canary.version, lineage, "candidate", mine, live, traffic, term)
         return done
 
     def _judge(
-        self, version: int, segment: str | None, role: str, mine: tuple[int, ...], reference: tuple[int, ...],
+        self, version: int, lineage: Lineage, role: str, mine: tuple[int, ...], reference: tuple[int, ...],
         traffic: dict[int, VersionTraffic], term: int | None,
     ) -> list[HackingVerdict]:
         seen = (role, tuple((v, traffic[v].ratings) for v in mine + reference if v in traffic))
@@ -175,7 +176,7 @@ class RewardHackingAlarms:
         c = self.config
         report = attribute(self._sample(mine), self._sample(reference), c.traits, c.flattery_words, c.agreement_words)
         raised = tuple(alarms(report, c.min_gain, c.explained_share))
-        verdict = HackingVerdict(version, segment, role, mine, reference, report, raised, self._evaluation(version), time.time())
+        verdict = HackingVerdict(version, lineage, role, mine, reference, report, raised, self._evaluation(version), time.time())
         for t in report.traits:
             if t.share is not None:
                 self.metrics.set("monitor/hacking_share", t.share, trait=t.trait, role=role)
@@ -195,7 +196,7 @@ class RewardHackingAlarms:
         reason = f"reward hacking: {', '.join(new)} explain the {verdict.role} version's gain"
         held = paused = False
         if self.config.auto_hold:
-            lane = self.activator.lane(verdict.segment)
+            lane = self.activator.lane(verdict.lineage)
             if verdict.role == "candidate":
                 try:
                     self.versions.hold_version(verdict.version, reason, lane, {"alarms": new, "report": verdict.report.as_dict()}, term)

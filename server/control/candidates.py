@@ -28,7 +28,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from liveloop.segments import Lineage
+from liveloop.segments import BASE, Lineage
 from liveloop.server.control.outcomes import SwapResult
 from liveloop.server.engines.canary import CandidateBusy, CanaryEngine
 from liveloop.store import TransitionRefused, VersionRecord, VersionStatus
@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 
 
 class Candidates:
-    """The gate's hands on the engine: one candidate per lineage (None: the base weights; else a
-    segment's adapters), under the activator's lock and with its verified weights; a promotion of the
+    """The gate's hands on the engine: one candidate per lineage (the base weights', or a
+    segment's adapters'), under the activator's lock and with its verified weights; a promotion of the
     base lineage is the activator's one swap-then-record-or-swap-back change."""
 
     def __init__(self, activator: Activator, engine: CanaryEngine):
@@ -52,9 +52,9 @@ class Candidates:
         self.activator = activator
         self.engine = engine
 
-    def loaded(self, segment: str | None) -> int | None:
+    def loaded(self, lineage: Lineage) -> int | None:
         """The version the lineage's candidate slot holds in this replica (None: none)."""
-        return self.engine.candidate_version if segment is None else self.engine.candidate_adapter_version(segment)
+        return self.engine.candidate_version if lineage.is_base else self.engine.candidate_adapter_version(lineage.segment)
 
     # -- load ----------------------------------------------------------------------------------------
     async def load(self, record: VersionRecord) -> bool:
@@ -65,7 +65,7 @@ class Candidates:
         no status but FAILED for weights that fail verification or do not load."""
         a, lineage = self.activator, Lineage.of(record)
         async with a.lock:
-            if self.loaded(lineage.segment) == record.version:
+            if self.loaded(lineage) == record.version:
                 return True
             with contextlib.ExitStack() as stack:
                 try:
@@ -182,10 +182,10 @@ class Candidates:
             return SwapResult(record.version, parent, seconds * 1000, 0.0)
 
     # -- drop ----------------------------------------------------------------------------------------
-    async def drop(self, segment: str | None = None) -> int | None:
+    async def drop(self, lineage: Lineage = BASE) -> int | None:
         """No user is served the lineage's candidate any more (held, rolled back, replaced); returns its
         version (None: there was none)."""
         async with self.activator.lock:
-            if segment is None:
+            if lineage.is_base:
                 return self.engine.drop_candidate()
-            return await self.engine.drop_candidate_adapter(segment)
+            return await self.engine.drop_candidate_adapter(lineage.segment)

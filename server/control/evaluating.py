@@ -12,15 +12,16 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from liveloop.release.evaluation import Evaluation, Evaluator, Sampler
 from liveloop.release.scoring import Sample
+from liveloop.segments import BASE, Lineage
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams
 from liveloop.store.records import VersionRecord
 
 EngineEvaluate = Callable[[Engine, VersionRecord, Engine, VersionRecord], Awaitable[Evaluation]]
 
 
-def engine_sampler(engine: Engine, stop_token_ids: Sequence[int] = (), segment: str | None = None, canary: bool = False) -> Sampler:
+def engine_sampler(engine: Engine, stop_token_ids: Sequence[int] = (), lineage: Lineage = BASE, canary: bool = False) -> Sampler:
     """A Sampler over `engine`: seeded temperature sampling up to max_tokens, ending at a stop token.
-    `segment`: the adapter slot that serves (a segment's candidate adapter); `canary`: route to the
+    `lineage`: the adapter slot that serves (a segment's candidate adapter); `canary`: route to the
     candidate of a canary engine (server/engines/canary.py)."""
     stops = tuple(stop_token_ids)
 
@@ -29,7 +30,7 @@ def engine_sampler(engine: Engine, stop_token_ids: Sequence[int] = (), segment: 
             request_id=f"eval-{uuid.uuid4().hex[:12]}",
             prompt_ids=tuple(prompt_ids),
             sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, stop_token_ids=stops),
-            segment=segment,
+            segment=lineage.segment,
             canary=canary,
         )
         tokens: list[int] = []
@@ -53,8 +54,8 @@ def engine_evaluation(evaluator: Evaluator, stop_token_ids: Sequence[int] = ()) 
 
     async def evaluate(candidate_engine: Engine, candidate: VersionRecord, live_engine: Engine, live: VersionRecord) -> Evaluation:
         return await evaluator.evaluate(
-            engine_sampler(candidate_engine, stop_token_ids, candidate.segment, canary=True), candidate,
-            engine_sampler(live_engine, stop_token_ids, live.segment), live,
+            engine_sampler(candidate_engine, stop_token_ids, Lineage.of(candidate), canary=True), candidate,
+            engine_sampler(live_engine, stop_token_ids, Lineage.of(live)), live,
         )
 
     return evaluate

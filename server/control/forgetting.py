@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
+from liveloop.segments import Lineage
 from liveloop.server.control.activator import Activator
 from liveloop.server.control.outcomes import AlreadyServing, RollbackResult
 from liveloop.store import VersionRecord
@@ -39,11 +42,10 @@ THROUGHPUT_VERSIONS = 10  # the lineage's newest versions whose rows measure the
 
 @dataclass(frozen=True)
 class LineagePlan:
-    """What a forget does to one lineage (`segment` None: the base weights'). `target` None: nothing
-    to roll back (the key never trained it)."""
+    """What a forget does to one lineage. `target` None: nothing to roll back (the key never trained it)."""
 
     lane: str  # the learner cursor of the lineage (`sao`, `sao:cozy`)
-    segment: str | None
+    lineage: Lineage
     first_rating: int | None  # the key's earliest rating this lineage reads
     first_trained: int | None  # the first version whose training reached it
     head: int | None  # the learner's cursor version (its lineage's newest)
@@ -79,7 +81,7 @@ class ForgetPlan:
 @dataclass(frozen=True)
 class LineageDone:
     lane: str
-    segment: str | None
+    lineage: Lineage
     target: int
     rolled_back: tuple[int, ...]
     swapped: bool  # the engine swapped to the target (False: it served already)
@@ -94,12 +96,18 @@ class ForgetResult:
     done: tuple[LineageDone, ...] = field(default_factory=tuple)
 
 
+def as_json(item: LineagePlan | LineageDone) -> dict[str, Any]:
+    """A lineage's plan or outcome as the admin API's JSON: its lineage as `segment`, the segment's name
+    (None: the base weights')."""
+    return {("segment" if k == "lineage" else k): (item.lineage.segment if k == "lineage" else v) for k, v in dataclasses.asdict(item).items()}
+
+
 def _cursor_of(record: VersionRecord) -> int | None:
     value = record.metrics.get("learner/cursor") if record.metrics else None
     return int(value) if isinstance(value, (int, float)) else None
 
 
-def _chain(versions: dict[int, VersionRecord], head: int, segment: str | None) -> tuple[list[VersionRecord], VersionRecord | None]:
+def _chain(versions: dict[int, VersionRecord], head: int, lineage: Lineage) -> tuple[list[VersionRecord], VersionRecord | None]:
     """The lineage's versions from its root to `head` (oldest first), and, for a segment, the base
     version its first adapter grew on (None when the chain does not reach one)."""
     chain: list[VersionRecord] = []
@@ -109,7 +117,7 @@ def _chain(versions: dict[int, VersionRecord], head: int, segment: str | None) -
     while at is not None and at in versions and at not in seen:
         seen.add(at)
         record = versions[at]
-        if record.segment != segment:
+        if Lineage.of(record) != lineage:
             root_base = record
             break
         chain.append(record)
@@ -135,7 +143,7 @@ def _throughput(versions: list[VersionRecord]) -> float | None:
 
 
 def plan_lineage(
-    rights: RightsQueries, versions: VersionQueries, feedback: FeedbackQueries, key_id: str, lane: str, segment: str | None,
+    rights: RightsQueries, versions: VersionQueries, feedback: FeedbackQueries, key_id: str, lane: str, lineage: Lineage,
     rows: dict[int, VersionRecord],
 ) -> LineagePlan:
     """One lineage's part of a forget (reads only):
@@ -159,13 +167,14 @@ def plan_lineage(
     before the head, so the cursor's version changes and the learner reloads, dropping its unpublished
     steps; the head's own ratings are everyone else's and are trained again. The one case left: a lineage
     whose head is still its root (it never published); its first version may carry those steps."""
+    segment = lineage.segment  # the store's filters take the segment's name
     first = rights.key_first_rating(key_id, segment)
     head = versions.cursor_version(lane)
     head_cursor = feedback.get_cursor(lane)
-    nothing = LineagePlan(lane, segment, first, None, head, head_cursor, None, head_cursor)
+    nothing = LineagePlan(lane, lineage, first, None, head, head_cursor, None, head_cursor)
     if first is None or head is None or head not in rows:
         return nothing
-    chain, root_base = _chain(rows, head, segment)
+    chain, root_base = _chain(rows, head, lineage)
     cursors, running = [], 0
     for record in chain:  # an import (no cursor of its own) carries its parent's position
         own = _cursor_of(record)
@@ -185,31 +194,31 @@ def plan_lineage(
             break
         skipped.append(chain[i].version)
     if target is None:  # the lineage's root: the base model (version 0), or a segment's base weights
-        if segment is None:
+        if lineage.is_base:
             target = 0
         else:
             serving_base = versions.latest_version()
             target = serving_base.version if serving_base is not None else (root_base.version if root_base is not None else 0)
-    lineage = [r for r in rows.values() if r.segment == segment]
-    affected = tuple(sorted(r.version for r in lineage if r.version > target and r.status not in NOT_ROLLED_BACK))
+    own = [r for r in rows.values() if r.segment == segment]
+    affected = tuple(sorted(r.version for r in own if r.version > target and r.status not in NOT_ROLLED_BACK))
     replay = rights.replay_count(target_cursor, head_cursor, segment, excluding=key_id)
-    rate = _throughput(lineage)
+    rate = _throughput(own)
     return LineagePlan(
-        lane, segment, first, None if in_memory else chain[trained].version, head, head_cursor, target, target_cursor, affected,
+        lane, lineage, first, None if in_memory else chain[trained].version, head, head_cursor, target, target_cursor, affected,
         tuple(skipped), replay, rate, replay / rate if rate else None, in_memory,
     )
 
 
 def plan_forget(
-    rights: RightsQueries, versions: VersionQueries, feedback: FeedbackQueries, key_id: str, lanes: list[tuple[str, str | None]],
+    rights: RightsQueries, versions: VersionQueries, feedback: FeedbackQueries, key_id: str, lanes: list[tuple[str, Lineage]],
 ) -> ForgetPlan:
-    """The plan for every lineage a learner trains (`lanes`: (cursor name, segment)). Raises KeyNotFound
+    """The plan for every lineage a learner trains (`lanes`: (cursor name, lineage)). Raises KeyNotFound
     when the store knows nothing of the key."""
     if not rights.key_known(key_id):
         raise KeyNotFound(f"no key {key_id} in the store (no response, rating or operator decision)")
     responses, ratings = rights.key_rows(key_id)
     rows = {r.version: r for r in versions.list_versions()}
-    plans = tuple(plan_lineage(rights, versions, feedback, key_id, lane, seg, rows) for lane, seg in lanes)
+    plans = tuple(plan_lineage(rights, versions, feedback, key_id, lane, lineage, rows) for lane, lineage in lanes)
     return ForgetPlan(key_id, responses, ratings, plans)
 
 
@@ -223,11 +232,9 @@ class Forgetting:
         self.rights, self.versions, self.feedback, self.operator = rights, versions, feedback, operator
         self._lock = asyncio.Lock()  # one forget at a time moves cursors
 
-    def lanes(self) -> list[tuple[str, str | None]]:
+    def lanes(self) -> list[tuple[str, Lineage]]:
         """The lineages a learner trains: each segment's adapters, or the base weights without adapters."""
-        if self.activator.segments:
-            return [(self.activator.lane(s), s) for s in self.activator.segments]
-        return [(self.activator.lane(None), None)]
+        return [(self.activator.lane(lineage), lineage) for lineage in self.activator.lanes()]
 
     async def plan(self, key_id: str) -> ForgetPlan:
         return await asyncio.to_thread(plan_forget, self.rights, self.versions, self.feedback, key_id, self.lanes())
@@ -247,7 +254,7 @@ class Forgetting:
             detail = {
                 "key_id": key_id, "responses": deleted.responses, "ratings": deleted.ratings,
                 "lineages": [
-                    {"lane": d.lane, "segment": d.segment, "target": d.target, "rolled_back": list(d.rolled_back), "resumed": d.resumed}
+                    {"lane": d.lane, "segment": d.lineage.segment, "target": d.target, "rolled_back": list(d.rolled_back), "resumed": d.resumed}
                     for d in done
                 ],
                 "replay": sum(p.replay for p in plan.affected),
@@ -274,11 +281,11 @@ class Forgetting:
             before = await asyncio.to_thread(self.rights.rewind_lineage, lane, plan.target, plan.target_cursor)
             swapped = True
             try:
-                result: RollbackResult = await self.activator.rollback(plan.target, admin_key_id, reason, plan.segment)
+                result: RollbackResult = await self.activator.rollback(plan.target, admin_key_id, reason, plan.lineage)
                 rolled = tuple(result.rolled_back)
             except AlreadyServing:  # the target serves already: only the versions after it move
                 swapped = False
-                rolled = tuple(await asyncio.to_thread(self.versions.rollback_to, plan.target, lane, admin_key_id, reason, plan.segment))
+                rolled = tuple(await asyncio.to_thread(self.versions.rollback_to, plan.target, lane, admin_key_id, reason, plan.lineage.segment))
             except BaseException:
                 if before[0] is not None:  # nothing rolled back: the learner goes on where it was
                     await asyncio.to_thread(self.rights.rewind_lineage, lane, before[0], before[1])
@@ -288,4 +295,4 @@ class Forgetting:
                 await asyncio.to_thread(self.operator.set_learning_paused, lane, False, reason, admin_key_id)
         log.warning("forget %s: lineage %s rolled back to version %d (rolled back: %s), retraining after rating %d",
                     key_id, lane, plan.target, list(rolled), plan.target_cursor)
-        return LineageDone(lane, plan.segment, plan.target, rolled, swapped, not was_paused)
+        return LineageDone(lane, plan.lineage, plan.target, rolled, swapped, not was_paused)

@@ -193,13 +193,13 @@ class ReleaseGate:
     def _task_version(self) -> int | None:
         return self._base.task_version
 
-    def routes_to_candidate(self, user: str, segment: str | None) -> bool:
+    def routes_to_candidate(self, user: str, lineage: Lineage) -> bool:
         """Whether a request of `user` (release/routing.py `user_key`) is served by its lineage's
         candidate now: the base candidate for a request without a segment, the segment's candidate
         adapter for one of a gated segment."""
-        gated = self._base if segment is None else self._segments.get(segment)
+        gated = self._base if lineage.is_base else self._segments.get(lineage.segment)
         return (
-            gated is not None and gated.mode == "canary" and self.candidates.loaded(segment) is not None
+            gated is not None and gated.mode == "canary" and self.candidates.loaded(lineage) is not None
             and in_canary(user, self.config.canary_fraction)
         )
 
@@ -271,10 +271,10 @@ class ReleaseGate:
         compared with that adapter's (the base version's, all base requests included, when it has none)."""
         segment = lineage.segment
         canary = await asyncio.to_thread(self.versions.canary_version, segment)
-        paused = await asyncio.to_thread(self.operator.learning_paused, self.activator.lane(segment))
+        paused = await asyncio.to_thread(self.operator.learning_paused, self.activator.lane(lineage.lineage))
         if canary is None:
-            if self.candidates.loaded(segment) is not None:
-                await self.candidates.drop(segment)
+            if self.candidates.loaded(lineage.lineage) is not None:
+                await self.candidates.drop(lineage.lineage)
             self._cancel_evaluation(lineage)
             term = self.leader()
             if paused or term is None:
@@ -352,11 +352,10 @@ class ReleaseGate:
         log.info("candidate %d of %s promoted over %d: %s", canary.version, lineage.lineage, result.parent, decision.reason)
 
     async def _hold(self, lineage: GatedLineage, canary: VersionRecord, decision: Decision, term: int) -> None:
-        segment = lineage.segment
         detail = {"mode": lineage.mode, "p_worse": decision.p_worse, "live": self._live_version(lineage.lineage)}
         try:
             await asyncio.to_thread(
-                self.versions.hold_version, canary.version, decision.reason, self.activator.lane(segment), detail, fenced_term(term),
+                self.versions.hold_version, canary.version, decision.reason, self.activator.lane(lineage.lineage), detail, fenced_term(term),
             )
         except StaleLeader as exc:  # deposed since the pass began: the candidate stays for the new leader
             log.warning("candidate %d not held: %s", canary.version, exc)
@@ -364,7 +363,7 @@ class ReleaseGate:
             return
         except TransitionRefused as exc:  # rolled back, or another replica decided first
             log.info("candidate %d not held here: %s", canary.version, exc)
-        await self.candidates.drop(segment)
+        await self.candidates.drop(lineage.lineage)
         self._cancel_evaluation(lineage)
         self.metrics.inc("server/release_held")
         log.warning("candidate %d held: %s (version %d keeps serving)", canary.version, decision.reason, self._live_version(lineage.lineage))
@@ -397,7 +396,7 @@ class ReleaseGate:
         if await asyncio.to_thread(self.release.evaluation, canary.version) is not None:
             return  # another replica (or an earlier run of this server) evaluated it
         candidate_engine = self.engine.candidate if lineage.lineage.is_base else self.engine
-        if candidate_engine is None or self.candidates.loaded(lineage.segment) != canary.version:
+        if candidate_engine is None or self.candidates.loaded(lineage.lineage) != canary.version:
             self._evaluated.discard(canary.version)
             return
         start = time.perf_counter()
@@ -479,7 +478,7 @@ class ReleaseGate:
         else:
             state = "none"
         return CandidateState(
-            canary.version, canary.status, self.candidates.loaded(lineage.segment) == canary.version,
+            canary.version, canary.status, self.candidates.loaded(lineage.lineage) == canary.version,
             traffic.get(canary.version) or VersionTraffic(canary.version, 0, 0, 0),
             traffic.get(live) or VersionTraffic(live, 0, 0, 0),
             state, self.decisions.get(canary.version),

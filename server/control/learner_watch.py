@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from liveloop.metrics import Metrics
 from liveloop.monitor.config import MonitorConfig
+from liveloop.segments import Lineage
 from liveloop.server.control.pace import Look, Pace, measure
 from liveloop.server.control.pace_alarms import (
     BEHIND, CAUGHT_UP, REFUSED, SKIPPED, BehindEpisodes, CounterReport, PaceTransition, RisingCounter,
@@ -71,7 +72,7 @@ class StatusView(Protocol):
 class LanePace:
     """One lane at one look: its pace, whether it is behind (since when) and its refused steps seen."""
 
-    segment: str | None
+    lineage: Lineage
     lane: str  # its cursor's name (`sao`, `sao:cozy`)
     at: float  # unix seconds
     cursor: int  # the last rating id it had trained
@@ -100,16 +101,16 @@ class LearnerPace:
 
 
 def _pace_detail(lane: LanePace) -> dict[str, Any]:
-    return {"lane": lane.lane, "segment": lane.segment, "cursor": lane.cursor, "answered": lane.answered, **lane.pace.as_dict()}
+    return {"lane": lane.lane, "segment": lane.lineage.segment, "cursor": lane.cursor, "answered": lane.answered, **lane.pace.as_dict()}
 
 
 class LearnerWatch:
     def __init__(
         self, config: MonitorConfig, feedback: FeedbackQueries, operator: OperatorQueries, metrics: Metrics,
-        lanes: Sequence[tuple[str | None, str]], max_step_kl: float = 0.0,
+        lanes: Sequence[tuple[Lineage, str]], max_step_kl: float = 0.0,
     ):
         self.config, self.feedback, self.operator, self.metrics = config, feedback, operator, metrics
-        self.lanes = tuple(lanes)  # (segment, lane name)
+        self.lanes = tuple(lanes)  # (lineage, lane name)
         self.max_step_kl = max_step_kl  # `[learner] max_step_kl`, for the refusal events' context
         self.episodes = BehindEpisodes(config.learner_behind_pace, config.learner_behind_backlog)
         self.refusals = RisingCounter(config.learner_refused_event_seconds)
@@ -131,9 +132,9 @@ class LearnerWatch:
         self._term = term
         recording = term is not None
         done = []
-        for segment, lane in self.lanes:
-            own = next((s for s in status.lanes if s.segment == segment), None) if status is not None else None
-            look, paused, pace = self._look(segment, lane, own, now)
+        for lineage, lane in self.lanes:
+            own = next((s for s in status.lanes if s.segment == lineage.segment), None) if status is not None else None
+            look, paused, pace = self._look(lineage, lane, own, now)
             transition = self.episodes.judge(lane, pace, paused, now)
             new, report, skipped = 0, None, None
             if own is not None:
@@ -143,11 +144,11 @@ class LearnerWatch:
                 skips = own.metrics.get("learner/skipped_samples")  # None: a learner that does not count them
                 reasons = {k.removeprefix("learner/skipped_samples_"): float(v) for k, v in own.metrics.items() if k.startswith("learner/skipped_samples_")}
                 new_skips, skipped = self.skips.observe(lane, None if skips is None else int(skips), own.step, reasons, now)
-                self.metrics.inc("learner/samples_skipped", new_skips, segment=segment or "")  # not the learner gauge learner/skipped_samples
+                self.metrics.inc("learner/samples_skipped", new_skips, segment=lineage.segment or "")  # not the learner gauge learner/skipped_samples
             self._refused[lane] = self._refused.get(lane, 0) + new
-            self.metrics.inc("learner/refused_steps", new, segment=segment or "")
+            self.metrics.inc("learner/refused_steps", new, segment=lineage.segment or "")
             paced = LanePace(
-                segment, lane, now, look.cursor, own is not None, paused, pace,
+                lineage, lane, now, look.cursor, own is not None, paused, pace,
                 self.episodes.behind(lane), self.episodes.since(lane), self._refused[lane],
             )
             if recording:
@@ -160,7 +161,7 @@ class LearnerWatch:
         self._export(self.latest)
         return self.latest
 
-    def _look(self, segment: str | None, lane: str, own: LaneView | None, now: float) -> tuple[Look, bool, Pace]:
+    def _look(self, lineage: Lineage, lane: str, own: LaneView | None, now: float) -> tuple[Look, bool, Pace]:
         """The lane's look at `now`, whether it is paused, and its pace over the looks kept."""
         if own is not None:
             look, paused = Look(now, own.pending_cursor, own.samples, own.busy_seconds), own.paused
@@ -169,7 +170,7 @@ class LearnerWatch:
         looks = self._remember(lane, look)
         c = self.config
         since = datetime.fromtimestamp(now - c.learner_long_window_seconds, tz=timezone.utc)
-        rows, capped = self.feedback.trainable_since(since, looks[0].cursor, segment, MAX_ROWS)
+        rows, capped = self.feedback.trainable_since(since, looks[0].cursor, lineage.segment, MAX_ROWS)
         ratings = [(rid, at.timestamp()) for rid, at in rows]
         pace = measure(ratings, looks, now, c.learner_short_window_seconds, c.learner_long_window_seconds, capped)
         return look, paused, pace
@@ -206,13 +207,13 @@ class LearnerWatch:
                 log.warning("learner %s %s: backlog %d, pace %s", lane.lane, transition.kind, lane.pace.backlog, lane.pace.long.pace)
             if report is not None:
                 detail = {
-                    "lane": lane.lane, "segment": lane.segment, "count": report.count, "total": report.total, "step": report.step,
+                    "lane": lane.lane, "segment": lane.lineage.segment, "count": report.count, "total": report.total, "step": report.step,
                     "exact": report.exact, "max_step_kl": self.max_step_kl, **report.figures,
                 }
                 self.operator.record_event(REFUSED, version, detail, term=fence)
                 log.warning("learner %s: %d step(s) refused by the trust region (step KL %s)", lane.lane, report.count, report.figures.get("step_kl"))
             if skipped is not None:  # the learner's log names each reply ("not trained, it cannot be scored")
-                detail = {"lane": lane.lane, "segment": lane.segment, "count": skipped.count, "total": skipped.total,
+                detail = {"lane": lane.lane, "segment": lane.lineage.segment, "count": skipped.count, "total": skipped.total,
                           "step": skipped.step, "reasons": skipped.figures}
                 self.operator.record_event(SKIPPED, version, detail, term=fence)
                 log.warning("learner %s: %d rated repl(ies) not trained, they cannot be scored (%s)", lane.lane, skipped.count, skipped.figures)
@@ -248,7 +249,7 @@ class LearnerWatch:
             ("learner/ratings_per_second", "arriving"), ("learner/trained_per_second", "trained"),
             ("learner/pace", "pace"), ("learner/seconds_per_rating", "seconds_per_rating"),
         ):
-            series = [({"segment": lane.segment or "", "window": name}, getattr(w, field)) for lane, name, w in windows]
+            series = [({"segment": lane.lineage.segment or "", "window": name}, getattr(w, field)) for lane, name, w in windows]
             m.set_series(family, [(labels, float(v)) for labels, v in series if v is not None])
-        m.set_series("learner/backlog", [({"segment": lane.segment or ""}, float(lane.pace.backlog)) for lane in paced.lanes])
-        m.set_series("learner/behind", [({"segment": lane.segment or ""}, float(lane.behind)) for lane in paced.lanes])
+        m.set_series("learner/backlog", [({"segment": lane.lineage.segment or ""}, float(lane.pace.backlog)) for lane in paced.lanes])
+        m.set_series("learner/behind", [({"segment": lane.lineage.segment or ""}, float(lane.behind)) for lane in paced.lanes])

@@ -41,6 +41,7 @@ from liveloop.monitor.guard import Tally, judge
 from liveloop.monitor.poisoning import Disagreement, ReplyGroups, Suspect, find_suspects
 from liveloop.monitor.versions import VersionRow, version_table
 from liveloop.release.config import AlarmConfig
+from liveloop.segments import BASE, Lineage
 from liveloop.server.control.alarms import HackingVerdict, RewardHackingAlarms
 from liveloop.server.control.activator import Activator
 from liveloop.server.control.outcomes import RollbackResult, SwapResult
@@ -63,7 +64,7 @@ class LearningState:
     learner: str
     paused: bool
     changed: bool
-    segment: str | None = None  # one segment's adapter lineage (None: the whole learner)
+    lineage: Lineage = BASE  # one segment's adapter lineage (base: the whole learner)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class Operations:
             if alarms and alarms.enabled and tokenizer else None
         )
         # the learner's pace: its lanes are the segments' with adapters, else the one of the whole policy
-        lanes = [(segment, activator.lane(segment)) for segment in activator.segments] or [(None, activator.lane(None))]
+        lanes = [(lineage, activator.lane(lineage)) for lineage in activator.lanes()]
         self.pace = LearnerWatch(config, feedback, operator, metrics, lanes, max_step_kl)
 
     @property
@@ -127,25 +128,26 @@ class Operations:
 
     # -- actions -------------------------------------------------------------------------------
     async def set_paused(
-        self, paused: bool, api_key_id: str | None, reason: str | None = None, segment: str | None = None
+        self, paused: bool, api_key_id: str | None, reason: str | None = None, lineage: Lineage = BASE
     ) -> LearningState:
         """Pause or resume the learner, or one segment's lane (it neither trains nor activates; the
         others go on). Raises the activator's UnknownSegment."""
-        name = self.activator.lane(segment)
+        name = self.activator.lane(lineage)
         changed = await asyncio.to_thread(self._operator.set_learning_paused, name, paused, reason, api_key_id)
-        if segment is None:
+        if lineage.is_base:
             self.metrics.set("learner/paused", float(paused))
         else:
-            self.metrics.set("learner/segment_paused", float(paused), segment=segment)
-        return LearningState(name, paused, changed, segment)
+            self.metrics.set("learner/segment_paused", float(paused), segment=lineage.segment)
+        return LearningState(name, paused, changed, lineage)
 
-    async def paused(self, segment: str | None = None) -> bool:
-        return await asyncio.to_thread(self._operator.learning_paused, self.activator.lane(segment))
+    async def paused(self, lineage: Lineage = BASE) -> bool:
+        return await asyncio.to_thread(self._operator.learning_paused, self.activator.lane(lineage))
 
     async def rollback(
-        self, version: int, api_key_id: str | None, reason: str | None = None, segment: str | None = None, expect_serving: int | None = None
+        self, version: int, api_key_id: str | None, reason: str | None = None, lineage: Lineage | None = None,
+        expect_serving: int | None = None,
     ) -> RollbackResult:
-        return await self.activator.rollback(version, api_key_id, reason, segment, expect_serving)
+        return await self.activator.rollback(version, api_key_id, reason, lineage, expect_serving)
 
     async def publish_weights(self, path: str, note: str | None = None, api_key_id: str | None = None) -> WeightsImported:
         """Serve the checkpoint in the operator's directory `path` from a checked copy in managed storage
@@ -266,20 +268,20 @@ class Operations:
         segment's first adapter is not judged against the base, whose ratings come from every segment).
         Returns the base lineage's rollback, else the first segment's, else None."""
         by_version = {r.version: r for r in rows}
-        lineages = [(None, self.activator.serving_version)]
-        lineages += [(segment, v) for segment, v in self.activator.serving_adapters().items() if v is not None]
+        lineages = [(BASE, self.activator.serving_version)]
+        lineages += [(Lineage(segment), v) for segment, v in self.activator.serving_adapters().items() if v is not None]
         done = None
-        for segment, version in lineages:
-            result = await self._guard_lineage(by_version, version, segment)
+        for lineage, version in lineages:
+            result = await self._guard_lineage(by_version, version, lineage)
             done = done or result
         return done
 
-    async def _guard_lineage(self, by_version: dict[int, VersionRow], version: int, segment: str | None) -> RollbackResult | None:
+    async def _guard_lineage(self, by_version: dict[int, VersionRow], version: int, lineage: Lineage) -> RollbackResult | None:
         serving = by_version.get(version)
         if serving is None or serving.parent is None or serving.version in self._guarded:
             return None
         parent = by_version.get(serving.parent)
-        if parent is None or not parent.status.servable or parent.segment != segment:
+        if parent is None or not parent.status.servable or Lineage.of(parent) != lineage:
             return None
         verdict = judge(
             serving.version, serving.parent, tally_of(serving), tally_of(parent),
@@ -288,16 +290,16 @@ class Operations:
         if verdict is None:
             return None
         self._guarded.add(verdict.version)
-        where = f"segment {segment}'s" if segment is not None else "the base"
+        where = "the base" if lineage.is_base else f"segment {lineage.segment}'s"
         log.warning("guard: %s version %d is significantly worse than %d: rolling back", where, verdict.version, verdict.parent)
-        detail = verdict.as_dict() | ({"segment": segment} if segment is not None else {})
+        detail = verdict.as_dict() | ({} if lineage.is_base else {"segment": lineage.segment})
         term = self.leader()
         if term is None:
             return None
         try:  # compare-and-set: only if what it judged still serves (an operator's import or rollback since wins),
             # fenced: only while this replica still leads in the term it judged in
             return await self.activator.rollback(
-                verdict.parent, None, f"guard: {verdict.as_dict()}", segment, expect_serving=verdict.version,
+                verdict.parent, None, f"guard: {verdict.as_dict()}", lineage, expect_serving=verdict.version,
                 event=("guard_rollback", detail), term=term or None,
             )
         except (ServingChanged, StaleLeader) as exc:

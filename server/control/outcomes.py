@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from liveloop.segments import BASE, Lineage
+
 
 class CheckpointUnusable(ValueError):
     """The directory an operator asked to publish is not a checkpoint the engine can load."""
@@ -49,11 +51,11 @@ class SwapResult:
 @dataclass(frozen=True)
 class RollbackResult:
     """A stored version served again: the one it replaced and the versions marked rolled back (for a
-    segment's adapters: `segment` names it, and `previous` was its adapter version or the base's)."""
+    segment's adapters: `lineage` names it, and `previous` was its adapter version or the base's)."""
 
     version: int
     previous: int
     rolled_back: list[int]
     swap_ms: float
     held_ms: float
-    segment: str | None = None
+    lineage: Lineage = BASE

@@ -2,7 +2,7 @@
 `switch`): the engine swaps atomically (drained, like any swap) to the version's verified durable
 checkpoint, then one store transaction (`store.versions.rollback_to`) marks the later versions rolled
 back and points the learner at it; refused there, the engine swaps back. An adapter version moves its
-own segment only; a base version with `segment` given serves that segment the base weights again.
+own segment only; a base version rolled back into a segment's `lineage` serves that segment the base weights again.
 A rollback reads its target's memory while the transport holds it, else its durable checkpoint, waiting
 up to `durable_wait_seconds` for one its learner is still writing (`rollback_weights`: rolling back to
 the serving version's parent under ratings). Forget-to-weights (server/control/forgetting.py) and the
@@ -32,7 +32,7 @@ POLL_SECONDS = 0.05  # how often a rollback looks for its target's durable check
 
 
 async def rollback(
-    a: Activator, version: int, api_key_id: str | None = None, reason: str | None = None, segment: str | None = None,
+    a: Activator, version: int, api_key_id: str | None = None, reason: str | None = None, lineage: Lineage | None = None,
     expect_serving: int | None = None, event: tuple[str, dict] | None = None, term: int | None = None,
 ) -> RollbackResult:
     """Serve stored `version` again (see the module docstring). With `expect_serving` (the version the
@@ -46,7 +46,7 @@ async def rollback(
         record = await asyncio.to_thread(a.versions.get_version, version)
         if record is None:
             raise VersionNotFound(f"no policy version {version}")
-        lineage = a.lineage(segment or record.segment)
+        lineage = a.known(lineage if lineage is not None and not lineage.is_base else Lineage.of(record))
         previous = a.serving_in(lineage)
         check_rollback(a, record, lineage, previous, expect_serving)
 
@@ -64,7 +64,7 @@ async def rollback(
         a.metrics.inc("server/rollbacks")
         a.metrics.observe("server/swap_hold_seconds", result.held_ms / 1000)
         log.warning("%s rolled back from version %s to %d (rolled back: %s)", lineage, previous, version, rolled)
-        return RollbackResult(version, result.parent, rolled or [], result.swap_ms, result.held_ms, lineage.segment)
+        return RollbackResult(version, result.parent, rolled or [], result.swap_ms, result.held_ms, lineage)
 
 
 def check_rollback(a: Activator, record: VersionRecord, lineage: Lineage, previous: int | None, expect_serving: int | None) -> None:

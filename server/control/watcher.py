@@ -147,7 +147,7 @@ class Watcher:
         in for that segment only (no drain: running responses keep the adapter they started with)."""
         a = self.activator
         for segment in a.segments:
-            if segment in a.gate_segments or await asyncio.to_thread(a.operator.learning_paused, a.lane(segment)):
+            if segment in a.gate_segments or await asyncio.to_thread(a.operator.learning_paused, a.lane(Lineage(segment))):
                 continue
             current = a.engine.adapter_version(segment)
             published = await asyncio.to_thread(a.versions.versions_with_status, VersionStatus.PUBLISHED, current or -1, segment)

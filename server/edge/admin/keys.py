@@ -5,11 +5,10 @@ key deleted; with `weights` the lineages it trained rolled back and retrained wi
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 from fastapi import APIRouter, Depends, Request
 
-from liveloop.server.control.forgetting import ForgetResult, Forgetting
+from liveloop.server.control.forgetting import ForgetResult, Forgetting, as_json
 from liveloop.server.control.operations import Operations
 from liveloop.server.edge.admin.protocol import (
     ForgetPlanView, ForgetRequest, Forgotten, KeyList, KeyView, Quarantined, QuarantineRequest,
@@ -67,9 +66,9 @@ def _forget_json(result: ForgetResult) -> ForgetPlanView:
         ratings=plan.ratings,
         replay=sum(p.replay for p in plan.affected),
         estimate_seconds=plan.estimate_seconds,
-        lineages=[dataclasses.asdict(p) for p in plan.lineages],
+        lineages=[as_json(p) for p in plan.lineages],
         **deleted,
-        **({} if result.dry_run else {"done": [dataclasses.asdict(d) for d in result.done]}),
+        **({} if result.dry_run else {"done": [as_json(d) for d in result.done]}),
     )
 
 

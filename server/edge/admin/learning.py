@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from liveloop.monitor.learning import DEFAULT_WINDOW, MAX_REPLIES, MAX_WINDOW, read_segment
 from liveloop.monitor.versions import BASE
+from liveloop.segments import Lineage
 from liveloop.server.control.activator import Activator
 from liveloop.server.control.operations import Operations
 from liveloop.server.edge.admin import views as admin_json
@@ -48,7 +49,7 @@ class AdminLearning:
         self.started_at = started_at
 
     async def set_paused(self, paused: bool, req: PauseRequest, principal: Principal) -> LearningSwitch:
-        return admin_json.learning(await self.operations.set_paused(paused, principal.key_id, req.reason, req.segment))
+        return admin_json.learning(await self.operations.set_paused(paused, principal.key_id, req.reason, Lineage(req.segment)))
 
     async def drift(self, since: float | None) -> DriftView:
         monitor = self.operations.monitor
@@ -63,7 +64,7 @@ class AdminLearning:
         elif segment == BASE:
             names = [None]
         else:
-            activator.lane(segment)  # UnknownSegment: 404
+            activator.lane(Lineage(segment))  # UnknownSegment: 404
             names = [segment]
         behaviours = self.operations.config.behaviours
         confidence = self.operations.config.confidence

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 
 from liveloop.monitor.versions import BASE, lineage
-from liveloop.segments import SHARED
+from liveloop.segments import SHARED, Lineage
 from liveloop.server.control.activator import Activator
 from liveloop.server.control.operations import Operations
 from liveloop.server.edge.admin import views as admin_json
@@ -64,7 +64,7 @@ class AdminVersions:
                 rows = lineage(rows, segment)
                 if segment != BASE:
                     if not rows:  # a configured segment may have no versions yet; any other name: 404
-                        self.activator.lane(segment)
+                        self.activator.lane(Lineage(segment))
                     lineage_of = {"segment": segment, "adapter": self.activator.serving_adapters().get(segment)}
             if before is not None:
                 rows = [r for r in rows if r.version < before]
@@ -89,10 +89,10 @@ class AdminVersions:
                 segments.append(
                     admin_json.SegmentState(
                         segment=name,
-                        learner=activator.lane(name),
+                        learner=activator.lane(Lineage(name)),
                         serving=adapter,
                         policy_version=self.engine.version if adapter is None else adapter,
-                        paused=await operations.paused(name),
+                        paused=await operations.paused(Lineage(name)),
                         versions=lineage(rows, name),
                     )
                 )
@@ -104,7 +104,8 @@ class AdminVersions:
         return admin_json.imported(await self.operations.publish_weights(req.path, req.note, principal.key_id))
 
     async def rollback(self, req: RollbackRequest, principal: Principal) -> RolledBack:
-        result = await self.operations.rollback(req.version, principal.key_id, req.reason, req.segment, req.expect_serving)
+        lineage = None if req.segment is None else Lineage(req.segment)  # None: the version's own
+        result = await self.operations.rollback(req.version, principal.key_id, req.reason, lineage, req.expect_serving)
         return admin_json.rollback(result)
 
     async def set_pinned(self, version: int, pinned: bool, principal: Principal) -> PinResult:

@@ -70,12 +70,12 @@ def _segment_named(segment: str | None) -> dict[str, Any]:
 def rollback(r: RollbackResult) -> RolledBack:
     return RolledBack(
         version=r.version, previous=r.previous, rolled_back=list(r.rolled_back), swap_ms=r.swap_ms, held_ms=r.held_ms,
-        **_segment_named(r.segment),
+        **_segment_named(r.lineage.segment),
     )
 
 
 def learning(state: LearningState) -> LearningSwitch:
-    return LearningSwitch(learner=state.learner, paused=state.paused, changed=state.changed, **_segment_named(state.segment))
+    return LearningSwitch(learner=state.learner, paused=state.paused, changed=state.changed, **_segment_named(state.lineage.segment))
 
 
 def adapters(mode: str, base: int, segments: list[SegmentState]) -> AdaptersView:
@@ -139,7 +139,7 @@ def _window(w: WindowPace) -> WindowPaceView:
 def lane_pace(lane: LanePace) -> LanePaceView:
     pace = lane.pace
     return LanePaceView(
-        segment=lane.segment, lane=lane.lane, cursor=lane.cursor, answered=lane.answered, paused=lane.paused,
+        segment=lane.lineage.segment, lane=lane.lane, cursor=lane.cursor, answered=lane.answered, paused=lane.paused,
         behind=lane.behind, behind_since=lane.behind_since, refused_steps=lane.refused_steps, backlog=pace.backlog,
         backlog_capped=pace.backlog_capped, short=_window(pace.short), long=_window(pace.long),
     )

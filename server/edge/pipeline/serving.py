@@ -40,6 +40,7 @@ import anyio
 
 from liveloop.metrics import Metrics
 from liveloop.release.routing import user_key
+from liveloop.segments import Lineage
 from liveloop.server.edge.admission import Admission
 from liveloop.server.edge.principal import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
@@ -265,14 +266,13 @@ class Serving:
         model_dir: Path,
         admission: Admission | None = None,
         route: Callable[[Mapping[str, Any] | None], str | None] | None = None,
-        canary: Callable[[str, str | None], bool] | None = None,
+        canary: Callable[[str, Lineage], bool] | None = None,
         carried: CarriedTurn | None = None,
         canary_by: str = "key",
     ):
         self.engine = engine
         self.canary_by = canary_by  # what a request is routed by ([release] canary_by: release/routing.py)
-        # (user, segment) -> whether a canary candidate serves the request (the release gate's rule; None: never)
-        self.canary = canary or (lambda user, segment: False)
+        self.canary = canary or (lambda user, lineage: False)  # (user, lineage) -> a canary candidate serves it (the gate's rule)
         self.route = route or (lambda meta: None)  # request metadata -> adapter segment (liveloop/segments.py)
         self.admission = admission or Admission(server)
         self.tokenizer = tokenizer
@@ -479,7 +479,7 @@ class Serving:
     @contextlib.asynccontextmanager
     async def _run(self, prepared: Prepared) -> AsyncIterator[Run]:
         """One generation, its slot held by `runs`."""
-        canary = self.canary(prepared.user, prepared.segment)  # decided at admission: the candidate may change
+        canary = self.canary(prepared.user, Lineage(prepared.segment))  # decided at admission: the candidate may change
         request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling, prepared.segment, canary)
         admitted = self.engine.generate(request)
         gen = await admitted.__aenter__()

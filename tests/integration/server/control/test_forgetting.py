@@ -17,6 +17,7 @@ import pytest
 from liveloop.checkpoint import checkpoint_digest
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.metrics import Metrics
+from liveloop.segments import Lineage
 from liveloop.server.control.forgetting import Forgetting, plan_forget
 from liveloop.server.control.activator import Activator
 from liveloop.store import FeedbackRecord, ResponseRecord, StaleLineage, Store, VersionStatus
@@ -165,7 +166,7 @@ def test_a_segment_lineage_is_planned_on_its_own(store):
     _rate(store, 2, segment="cozy")
     c1 = _publish(store, 0, None, planted + 2, lane="sao:cozy", segment="cozy")
     n1 = _publish(store, 0, None, planted + 2, lane="sao:night", segment="night")
-    plan = plan_forget(store.rights, store.versions, store.feedback, PLANTED, [("sao:cozy", "cozy"), ("sao:night", "night")])
+    plan = plan_forget(store.rights, store.versions, store.feedback, PLANTED, [("sao:cozy", Lineage("cozy")), ("sao:night", Lineage("night"))])
     cozy, night = plan.lineages
     assert (cozy.first_trained, cozy.target, cozy.target_cursor, cozy.affected) == (c1, 0, 0, (c1,))
     assert cozy.replay == 2 and cozy.skipped == ()

@@ -20,6 +20,7 @@ from liveloop.release.config import CheckBound, EvaluationConfig, ReleaseConfig
 from liveloop.release.evaluation import Evaluator
 from liveloop.release.routing import in_canary
 from liveloop.release.suite import Reference, Suite
+from liveloop.segments import BASE
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.engines.canary import CanaryEngine
@@ -68,7 +69,7 @@ def _publish(store: Store, parent: int, checkpoint: Path) -> int:
 
 
 async def _serve(gate: ReleaseGate, engine: CanaryEngine, user: str) -> int:
-    request = GenerationRequest(uuid.uuid4().hex, (1, 2, 3), SamplingParams(max_tokens=2, seed=1), canary=gate.routes_to_candidate(user, None))
+    request = GenerationRequest(uuid.uuid4().hex, (1, 2, 3), SamplingParams(max_tokens=2, seed=1), canary=gate.routes_to_candidate(user, BASE))
     async with engine.generate(request) as gen:
         async for _ in gen:
             pass

@@ -81,7 +81,7 @@ async def test_a_learner_falling_behind_is_alarmed_once_and_cleared(store):
     for t in range(0, 301, 50):  # the learner trains 0.1 a second: cursor t / 10
         paced = await ops.check_pace(lambda: LearnerStatus("none", (lane(t // 10),)), now=t0 + t)
     (one,) = paced.lanes
-    assert one.lane == "sao" and one.segment is None and one.answered and one.behind and one.behind_since == t0 + 300
+    assert one.lane == "sao" and one.lineage.is_base and one.answered and one.behind and one.behind_since == t0 + 300
     assert one.pace.backlog == 120 and one.pace.long.pace == pytest.approx(0.2) and one.pace.long.seconds_per_rating == pytest.approx(8.0)
     (behind,) = events(store, "learner_behind")
     assert behind.detail["lane"] == "sao" and behind.detail["backlog"] == 120 and behind.detail["behind_backlog"] == 50

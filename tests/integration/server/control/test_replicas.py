@@ -24,6 +24,7 @@ from liveloop.app import build_app
 from liveloop.config import load_config
 from liveloop.devtools import ADMIN_KEY, USER_KEY, free_port, perturbed_checkpoint, wait_until, write_config
 from liveloop.metrics import Metrics
+from liveloop.segments import Lineage
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.hf.engine import HFEngine
 from liveloop.server.control.activator import Activator
@@ -205,7 +206,7 @@ async def test_the_follower_rule_for_a_segments_adapter(store, model_dir, tmp_pa
         assert [r.version for r in await b.follow()] == [v1]
         assert engines[1].adapter_version("cozy") == v1 and engines[1].version == 0  # the base weights untouched
         # the segment served by the base again (a rollback through `a`): `b` unloads its adapter
-        await a.rollback(0, segment="cozy")
+        await a.rollback(0, lineage=Lineage("cozy"))
         await b.follow()
         assert (engines[0].adapter_version("cozy"), engines[1].adapter_version("cozy")) == (None, None)
         assert await b.follow() == []

@@ -22,6 +22,7 @@ from liveloop.release.config import CheckBound, EvaluationConfig, ReleaseConfig
 from liveloop.release.evaluation import Evaluator
 from liveloop.release.routing import in_canary
 from liveloop.release.suite import Reference, Suite
+from liveloop.segments import Lineage
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.engines.canary import CanaryEngine, candidate_slot
@@ -95,7 +96,7 @@ async def _live_cozy(gate: ReleaseGate, store: Store, adapter: Path) -> int:
 
 async def _serve(gate: ReleaseGate, engine: CanaryEngine, user: str, segment: str | None) -> tuple[int, bool]:
     request = GenerationRequest(
-        uuid.uuid4().hex, (1, 2, 3), SamplingParams(max_tokens=2, seed=1), segment=segment, canary=gate.routes_to_candidate(user, segment),
+        uuid.uuid4().hex, (1, 2, 3), SamplingParams(max_tokens=2, seed=1), segment=segment, canary=gate.routes_to_candidate(user, Lineage(segment)),
     )
     async with engine.generate(request) as gen:
         async for _ in gen:
