@@ -65,6 +65,7 @@ async def per_token(args) -> dict:
     import torch
 
     from liveloop.server.config import EngineConfig
+    from liveloop.segments import Lineage
     from liveloop.server.engines.base import GenerationRequest, SamplingParams, create_engine
     from liveloop.transport.weights import CheckpointDir
 
@@ -92,7 +93,7 @@ async def per_token(args) -> dict:
         async def one(kind: str, k: int, max_tokens: int) -> tuple[float, float, int]:
             requests = [
                 GenerationRequest(f"{kind}-{k}-{j}", (5, 6, 7, 8, 9 + j), SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                                  None if kind == "base" else kind)
+                                  Lineage(None if kind == "base" else kind))
                 for j in range(args.concurrency)
             ]
             start_cpu, start = time.process_time(), time.perf_counter()
@@ -125,6 +126,7 @@ def print_per_token(args, out: dict) -> None:
 
 async def background(engine, stop: asyncio.Event, streams: int, max_tokens: int) -> int:
     """`streams` generations back to back (half of them on the segment being swapped) until `stop`."""
+    from liveloop.segments import Lineage
     from liveloop.server.engines.base import GenerationRequest, SamplingParams
 
     done = 0
@@ -134,7 +136,7 @@ async def background(engine, stop: asyncio.Event, streams: int, max_tokens: int)
         i = 0
         while not stop.is_set():
             segment = "cozy" if k % 2 == 0 else "night"
-            request = GenerationRequest(f"bg{k}-{i}", (5, 6, 7, 8, 9), SamplingParams(max_tokens=max_tokens, seed=i), segment)
+            request = GenerationRequest(f"bg{k}-{i}", (5, 6, 7, 8, 9), SamplingParams(max_tokens=max_tokens, seed=i), Lineage(segment))
             async with engine.generate(request) as gen:
                 async for _ in gen:
                     pass

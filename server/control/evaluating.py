@@ -30,7 +30,7 @@ def engine_sampler(engine: Engine, stop_token_ids: Sequence[int] = (), lineage: 
             request_id=f"eval-{uuid.uuid4().hex[:12]}",
             prompt_ids=tuple(prompt_ids),
             sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, stop_token_ids=stops),
-            segment=lineage.segment,
+            lineage=lineage,
             canary=canary,
         )
         tokens: list[int] = []

@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from liveloop.segments import Lineage
 from liveloop.server.engines.base import AdapterUnusable
 
 CONFIG_FILE = "adapter_config.json"
@@ -56,8 +57,8 @@ class AdapterTable:
         self._running: Counter[str] = Counter()
         self._names = itertools.count(1)
 
-    def current(self, segment: str | None) -> Lease | None:
-        return None if segment is None else self._current.get(segment)
+    def current(self, segment: str) -> Lease | None:
+        return self._current.get(segment)
 
     @property
     def held(self) -> set[str]:
@@ -67,10 +68,10 @@ class AdapterTable:
     def new_name(self) -> str:
         return f"adapter_{next(self._names)}"
 
-    def acquire(self, segment: str | None) -> Lease | None:
-        """The adapter a request of `segment` is admitted with (None: the base weights), counted
+    def acquire(self, lineage: Lineage) -> Lease | None:
+        """The adapter a request of `lineage` is admitted with (None: the base weights), counted
         as running on it until `release`."""
-        lease = self.current(segment)
+        lease = None if lineage.is_base else self.current(lineage.segment)
         if lease is not None:
             self._running[lease.name] += 1
         return lease

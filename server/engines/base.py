@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from liveloop.segments import BASE, Lineage
 from liveloop.server.engines.registry import engine_class
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class GenerationRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
-    segment: str | None = None  # the adapter segment that serves it; None: the base weights alone
+    lineage: Lineage = BASE  # whose adapter serves it (its segment's, or a candidate slot's); base: the base weights alone
     canary: bool = False  # its user is in the canary share: a canary candidate serves it when one is loaded (engines/canary.py)
 
 

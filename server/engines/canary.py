@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from liveloop.segments import Lineage
 from liveloop.server.engines.base import AdaptersUnsupported, Engine, Generation, GenerationRequest
 
 if TYPE_CHECKING:
@@ -129,10 +130,10 @@ class CanaryEngine:
                 self._idle.notify_all()
 
     def _route(self, request: GenerationRequest) -> tuple[Engine, GenerationRequest]:
-        if request.segment is not None:
-            slot = candidate_slot(request.segment)
+        if not request.lineage.is_base:
+            slot = candidate_slot(request.lineage.segment)
             if request.canary and self._live.supports_adapters and self._live.adapter_version(slot) is not None:
-                return self._live, dataclasses.replace(request, segment=slot)
+                return self._live, dataclasses.replace(request, lineage=Lineage(slot))
             return self._live, request
         spare = self._spare
         if request.canary and self._candidate_version is not None and spare is not None and spare.healthy():

@@ -74,7 +74,7 @@ class GatedEngine:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Generation]:
         # The adapter is chosen when the request arrives: one that waits for a weight swap keeps it
         # (still loaded, as it is counted) and records its version.
-        lease = self._adapters.acquire(request.segment) if self.supports_adapters else None
+        lease = self._adapters.acquire(request.lineage) if self.supports_adapters else None
         try:
             preempt, stream = self._admit(request) if lease is None else self._admit(request, lease.name)
             async with self._gate.reading(preempt) as version:

@@ -480,7 +480,7 @@ class Serving:
     async def _run(self, prepared: Prepared) -> AsyncIterator[Run]:
         """One generation, its slot held by `runs`."""
         canary = self.canary(prepared.user, Lineage(prepared.segment))  # decided at admission: the candidate may change
-        request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling, prepared.segment, canary)
+        request = GenerationRequest(prepared.response_id, prepared.prompt_ids, prepared.sampling, Lineage(prepared.segment), canary)
         admitted = self.engine.generate(request)
         gen = await admitted.__aenter__()
         run = Run(prepared, gen.version, None, prepared.segment)  # type: ignore[arg-type]

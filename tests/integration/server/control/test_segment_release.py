@@ -96,7 +96,7 @@ async def _live_cozy(gate: ReleaseGate, store: Store, adapter: Path) -> int:
 
 async def _serve(gate: ReleaseGate, engine: CanaryEngine, user: str, segment: str | None) -> tuple[int, bool]:
     request = GenerationRequest(
-        uuid.uuid4().hex, (1, 2, 3), SamplingParams(max_tokens=2, seed=1), segment=segment, canary=gate.routes_to_candidate(user, Lineage(segment)),
+        uuid.uuid4().hex, (1, 2, 3), SamplingParams(max_tokens=2, seed=1), lineage=Lineage(segment), canary=gate.routes_to_candidate(user, Lineage(segment)),
     )
     async with engine.generate(request) as gen:
         async for _ in gen:

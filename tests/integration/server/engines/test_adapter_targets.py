@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.adapters import AdapterSpec, read_adapter
+from liveloop.segments import Lineage
 from liveloop.server.engines.base import AdapterUnusable, GenerationRequest, SamplingParams
 from liveloop.server.engines.hf.engine import HFEngine
 from liveloop.server.engines.vllm.engine import adapter_refusal
@@ -61,7 +62,7 @@ async def engine(model_dir):
 
 
 def _request(segment: str | None, max_tokens: int = 12) -> GenerationRequest:
-    return GenerationRequest(f"r-{segment}", PROMPT, SamplingParams(max_tokens=max_tokens, seed=7), segment=segment)
+    return GenerationRequest(f"r-{segment}", PROMPT, SamplingParams(max_tokens=max_tokens, seed=7), lineage=Lineage(segment))
 
 
 async def _collect(engine, request: GenerationRequest) -> tuple[list[int], list[float], bool]:

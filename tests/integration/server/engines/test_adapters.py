@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from liveloop.devtools import perturbed_checkpoint, random_lora_adapter
 from liveloop.server.config import EngineConfig
+from liveloop.segments import Lineage
 from liveloop.server.engines.base import (
     AdaptersUnsupported,
     AdapterUnusable,
@@ -80,7 +81,7 @@ class Served:
 
 
 def _request(segment: str | None, max_tokens: int = 12, seed: int = 7) -> GenerationRequest:
-    return GenerationRequest(f"r-{segment}", PROMPT, SamplingParams(max_tokens=max_tokens, seed=seed), segment=segment)
+    return GenerationRequest(f"r-{segment}", PROMPT, SamplingParams(max_tokens=max_tokens, seed=seed), lineage=Lineage(segment))
 
 
 async def _collect(engine, request: GenerationRequest) -> Served:
@@ -143,7 +144,7 @@ async def test_a_swap_leaves_other_segments_bit_identical(engine, adapters):
 
 async def test_a_running_generation_finishes_on_its_adapter(engine, model_dir, adapters):
     await engine.update_adapter("a", CheckpointDir(adapters["a1"]), 1)
-    request = GenerationRequest("old", PROMPT, SamplingParams(max_tokens=150, seed=1), segment="a")
+    request = GenerationRequest("old", PROMPT, SamplingParams(max_tokens=150, seed=1), lineage=Lineage("a"))
     ids, lps = [], []
     async with engine.generate(request) as old:
         stream = aiter(old)
@@ -235,7 +236,7 @@ async def test_a_keep_swap_continues_adapter_generations_on_the_new_base(model_d
     try:
         await engine.update_adapter("a", CheckpointDir(adapters["a1"]), 1)
         v1 = perturbed_checkpoint(model_dir, tmp_path / "v1")
-        request = GenerationRequest("long", PROMPT, SamplingParams(max_tokens=150, seed=1), segment="a")
+        request = GenerationRequest("long", PROMPT, SamplingParams(max_tokens=150, seed=1), lineage=Lineage("a"))
         ids, lps, versions = [], [], set()
         async with engine.generate(request) as gen:
             stream = aiter(gen)

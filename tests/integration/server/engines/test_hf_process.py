@@ -21,6 +21,7 @@ import torch
 
 from liveloop.devtools import random_lora_adapter
 from liveloop.server.config import EngineConfig
+from liveloop.segments import Lineage
 from liveloop.server.engines.base import GenerationRequest, SamplingParams, create_engine
 from liveloop.server.engines.hf.process import EngineProcessExited, HFProcessEngine
 from liveloop.transport.weights import CheckpointDir, NamedTensors
@@ -36,7 +37,7 @@ async def _started(model_dir: Path, worker: str, **kw):
 
 async def _served(engine, i: int, prompt, max_tokens: int = 16, segment: str | None = None, seed: int | None = None):
     ids, lps, versions, finish = [], [], [], None
-    request = GenerationRequest(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, seed=i if seed is None else seed), segment=segment)
+    request = GenerationRequest(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, seed=i if seed is None else seed), lineage=Lineage(segment))
     async with engine.generate(request) as gen:
         async for d in gen:
             ids += d.token_ids

@@ -20,6 +20,7 @@ import torch
 
 from liveloop.devtools import perturbed_checkpoint
 from liveloop.server.config import EngineConfig
+from liveloop.segments import Lineage
 from liveloop.server.engines.base import (
     AdaptersUnsupported,
     AdapterUnusable,
@@ -113,7 +114,7 @@ def _peft_logprobs(base: Path, adapter: Path | None, prompt: tuple[int, ...], id
 
 
 def _request(request_id: str, segment: str | None, max_tokens: int = 8, temperature: float = 0.0) -> GenerationRequest:
-    return GenerationRequest(request_id, PROMPT, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=7), segment)
+    return GenerationRequest(request_id, PROMPT, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=7), Lineage(segment))
 
 
 async def _generate(engine: Engine, request: GenerationRequest) -> Served:
