@@ -47,6 +47,7 @@ PROMPTS = ("Tell me about cats.", "What should I cook tonight?", "Explain why th
 ARMS = {  # ([segments] adapters, [learner] keys, [critic] keys) over the default preset's
     "lora": ("shared", {}, {"lora_rank": 8}),
     "lora_whole_logits": ("shared", {}, {"lora_rank": 8}),
+    "lora_recompute": ("shared", {"recompute_over_tokens": 1}, {"lora_rank": 8}),  # every step's activations recomputed
     "lora_mlp_critic": ("shared", {}, {"lora_rank": 0}),
     "full": ("none", {"learning_rate": 1e-5, "min_learning_rate": 1e-7}, {"lora_rank": 8}),
     "full_mlp_critic": ("none", {"learning_rate": 1e-5, "min_learning_rate": 1e-7}, {"lora_rank": 0}),

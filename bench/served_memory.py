@@ -7,13 +7,15 @@ learner's Ray actor, each process read every `--every` seconds while one user ch
 Arms, one server at a time (memory is not shared between them):
   default   configs/serve/default.toml as it ships;
   kv_1gib   the same with `[engine] cpu_kv_cache_gb = 1`, vLLM-CPU's smallest setting in its own
-            whole-GiB variable (the default before it took fractions).
+            whole-GiB variable (the default before it took fractions);
+  recompute the default with `[learner] recompute_over_tokens = 1`: every step recomputes its
+            activations in the backward (learner/recompute.py).
 Each arm: healthy, then `--ratings` chats of up to 100 tokens, each rated (alternately up and down) and the
 next sent `--think` seconds later, then `--settle` seconds with nothing to do. Reported per process: RSS
 when healthy, the peak while ratings arrive, and after settling (the learner has handed its freed heap
 back: learner/heap.py). Goal of issue 43: learner plus engine at most 4 GB.
 
-Writes bench/results/served_memory.json.
+Writes bench/results/OUT.json (`--out`, served_memory by default).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from common import ROOT, save  # noqa: E402  (bench/ is not a package)
 
 from liveloop.devtools import USER_KEYS, start_server  # noqa: E402
 
-ARMS = {"default": "", "kv_1gib": "cpu_kv_cache_gb = 1"}
+ARMS = {  # ([engine] lines, [learner] lines) over the default
+    "default": ("", ""), "kv_1gib": ("cpu_kv_cache_gb = 1", ""), "recompute": ("", "recompute_over_tokens = 1"),
+}
 ROLES = (("engine", "VLLM::EngineCore"), ("learner", "ray::LearnerActor"), ("server", "liveloop.cli"))
 
 
@@ -70,9 +74,9 @@ class Sampler(threading.Thread):
 
 def run_arm(name: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_server(Path(tmp), Path(args.model).resolve(), extends="default", learner="",
+        server = start_server(Path(tmp), Path(args.model).resolve(), extends="default", learner=ARMS[name][1],
                               served_model_name="smollm2-135m-instruct", max_model_len=8192,
-                              engine_extra=ARMS[name], timeout=600)
+                              engine_extra=ARMS[name][0], timeout=600)
         try:
             healthy = rss_by_role(server.proc.pid)
             sampler = Sampler(server.proc.pid, args.every)
@@ -93,7 +97,7 @@ def run_arm(name: str, args) -> dict:
             server.stop()
     settled["engine+learner"] = settled.get("engine", 0.0) + settled.get("learner", 0.0)
     trained = sum(v["samples_used"] for v in versions)
-    return {"arm": name, "engine_extra": ARMS[name], "healthy_gb": rounded(healthy), "peak_gb": rounded(sampler.peak),
+    return {"arm": name, "engine_extra": ARMS[name][0], "learner_extra": ARMS[name][1], "healthy_gb": rounded(healthy), "peak_gb": rounded(sampler.peak),
             "settled_gb": rounded(settled), "versions": len(versions), "samples_trained": trained}
 
 
@@ -109,6 +113,7 @@ def main() -> None:
     ap.add_argument("--think", type=float, default=3.0, help="seconds from a rating to the next chat")
     ap.add_argument("--settle", type=float, default=20.0, help="seconds idle before the last reading")
     ap.add_argument("--every", type=float, default=1.0, help="seconds between readings")
+    ap.add_argument("--out", default="served_memory", help="result name under bench/results/")
     args = ap.parse_args()
     rows = []
     for arm in args.arms:
@@ -116,7 +121,7 @@ def main() -> None:
         print(f"{arm}: healthy {row['healthy_gb']}  peak {row['peak_gb']}  settled {row['settled_gb']}  "
               f"versions {row['versions']}  trained {row['samples_trained']}", flush=True)
         rows.append(row)
-    print(save("served_memory", {"args": vars(args), "arms": rows}, model_dir=Path(args.model)))
+    print(save(args.out, {"args": vars(args), "arms": rows}, model_dir=Path(args.model)))
 
 
 if __name__ == "__main__":

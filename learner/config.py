@@ -110,6 +110,12 @@ class LearnerConfig:
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "recompute activations in the backward pass (long responses, big models)"}
     )
+    recompute_over_tokens: int = field(
+        default=0,
+        metadata={"help": "recompute activations in the backward only for a batch of more tokens than this (rows x padded "
+                  "length; learner/recompute.py): a long episode's or a big batch's step stays within memory, a short "
+                  "chat's keeps its speed (0: only as gradient_checkpointing says)"},
+    )
     publish_every_steps: int = field(default=4, metadata={"help": "N: publish a version every N policy steps"})
     publish_every_seconds: float = field(default=5.0, metadata={"help": "T: or after T seconds with any step"})
     coalesce_versions: bool = field(
@@ -243,8 +249,8 @@ class LearnerConfig:
             raise ValueError("need 0 < min_learning_rate <= learning_rate <= max_learning_rate")
         if 0 < self.lora.max_learning_rate < self.learning_rate:
             raise ValueError("lora.max_learning_rate must be 0 (the learner's) or >= learning_rate")
-        if self.batch_size < 1 or self.publish_every_steps < 1:
-            raise ValueError("batch_size and publish_every_steps must be >= 1")
+        if self.batch_size < 1 or self.publish_every_steps < 1 or self.recompute_over_tokens < 0:
+            raise ValueError("batch_size and publish_every_steps must be >= 1, recompute_over_tokens >= 0 (0: off)")
         if self.max_batch_size and self.max_batch_size < self.batch_size:
             raise ValueError("max_batch_size must be 0 (= batch_size) or >= batch_size")
         if self.zero_stage != 0 and self.max_batch_size not in (0, self.batch_size):

@@ -48,6 +48,7 @@ from liveloop.learner.objective import policy_objective
 from liveloop.learner.placement import Placement, placement
 from liveloop.learner.position import LearnerState, critic_dir_for, stored_position
 from liveloop.learner.publishing import HostState, VersionPublisher
+from liveloop.learner.recompute import recomputed
 from liveloop.learner.ranks import RankGroup
 from liveloop.learner.restart import RestartOnDrop
 from liveloop.learner.status import LaneStatus, LearnerStatus
@@ -133,6 +134,7 @@ class OnlineLearner:
         self._load(policy_dir, critic_dir)
         self.idle_seconds = 0.0
         self.busy_seconds = 0.0
+        self.recomputed_steps = 0  # steps whose batch was long enough to recompute activations (recompute_over_tokens)
         self.paused = False
         self.transport = transport
         self.publishing = self.publisher(
@@ -313,23 +315,28 @@ class OnlineLearner:
         if c.episode_observations == "actions" and bool(torch.isnan(host.behavior_logprobs).any()):  # the ablation's observations
             host = self._scored_on_policy(host)
         batch = self.place.batch(host)
-        # 2. values of the states the tokens were chosen in: the forward of the first critic step, its graph kept
-        # for step 4 (critic/trainer.py: the same weights on the same batch, so one forward serves both)
-        values, first = self.critic.values_for_update(batch) if self.critic is not None else (None, None)
-        host_values = values.float().cpu() if values is not None else None  # one transfer, used twice
-        # 3. advantages (policy lambda adapts to length) and value targets (lambda_value): a scan over
-        # each response's tokens, done on the host (one transfer, not one per token on an accelerator)
-        host_advantages, returns = self.method.advantages(host, host_values)
-        advantages = host_advantages.to(self.place.device)
-        returns = returns.to(self.place.device) if returns is not None else None
-        # 4. K critic steps (the first on step 2's forward). They could run beside step 5 (the policy step reads
-        # only the values from before them), but in one process the GIL serialises two threads of this many
-        # small ops: measured slower, not faster (docs/results/learner_step.md)
-        metrics = self.critic.update(batch, returns, first) if self.critic is not None else {}
-        del first
-        # 5. one policy step
-        metrics |= self._policy_step(batch, advantages)
+        long_batch = 0 < c.recompute_over_tokens < batch.input_ids.numel()  # its activations recomputed (learner/recompute.py)
+        with recomputed((self.policy_opt.module, self.critic.optimizer.module if self.critic is not None else None), long_batch):
+            # 2. values of the states the tokens were chosen in: the forward of the first critic step, its graph kept
+            # for step 4 (critic/trainer.py: the same weights on the same batch, so one forward serves both)
+            values, first = self.critic.values_for_update(batch) if self.critic is not None else (None, None)
+            host_values = values.float().cpu() if values is not None else None  # one transfer, used twice
+            # 3. advantages (policy lambda adapts to length) and value targets (lambda_value): a scan over
+            # each response's tokens, done on the host (one transfer, not one per token on an accelerator)
+            host_advantages, returns = self.method.advantages(host, host_values)
+            advantages = host_advantages.to(self.place.device)
+            returns = returns.to(self.place.device) if returns is not None else None
+            # 4. K critic steps (the first on step 2's forward). They could run beside step 5 (the policy step reads
+            # only the values from before them), but in one process the GIL serialises two threads of this many
+            # small ops: measured slower, not faster (docs/results/learner_step.md)
+            metrics = self.critic.update(batch, returns, first) if self.critic is not None else {}
+            del first
+            # 5. one policy step
+            metrics |= self._policy_step(batch, advantages)
         metrics |= self.method.stats() | self.ratings.stats() | self.window.add(host, host_values, host_advantages)
+        if c.recompute_over_tokens:
+            self.recomputed_steps += int(long_batch)
+            metrics["learner/recomputed_steps"] = float(self.recomputed_steps)
         if self.restart is not None:
             started_over = self.restart.add(host.rewards.tolist())
             metrics |= self.restart.stats()
