@@ -6,8 +6,8 @@ token of the batch, at about one more forward of each trained pass.
 
 Why by length and not always (`[learner] gradient_checkpointing`): activations grow with the batch's
 tokens, about 3.6 MB a token on SmolLM2 across the critic's and the policy's passes. Measured there
-(docs/results/real_model.md): a 1,400-token sample peaked at 5.6 GiB and stepped in 45 s; recomputed,
-2.9 GiB and 59 s. A short chat's step keeps its speed."""
+(docs/results/real_model.md): a 1,400-token sample peaked at 5.6 GiB and stepped in 44-50 s; recomputed,
+2.9-3.2 GiB and 57-63 s. A short chat's step keeps its speed."""
 
 from __future__ import annotations
 
