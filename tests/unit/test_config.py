@@ -38,6 +38,12 @@ def test_missing_sections_take_defaults():
         ("[server]\nfleet_limits = 'yes'\n", "server.fleet_limits: expected bool, got str"),
         ("[server]\nmax_concurrent_per_key_fleet = -1\n", "server: max_concurrent_per_key_fleet must be >= 0"),
         ("[server]\nfleet_limits = false\nmax_concurrent_per_key_fleet = 4\n", "server: max_concurrent_per_key_fleet needs fleet_limits = true"),
+        ("[segments]\nadapters = 'lanes'\n", "segments.adapters: expected one of ['none', 'segment', 'shared'], got 'lanes'"),
+        ("[segments]\nnames = ['a', 'a']\n", "segments: names must be distinct and may not be 'overflow', 'shared' or 'base'"),
+        ("[segments]\nnames = ['overflow']\n", "segments: names must be distinct"),
+        ("[segments]\nnames = ['a:b']\n", "segments: names must be 1-64 characters without ':'"),
+        ("[segments]\nnames = 'a'\n", "segments.names: expected a list"),
+        ("[segments]\nadapters = 'shared'\n[learner]\nzero_stage = 1\n", "segments.adapters = 'shared' needs learner.zero_stage 0"),
         ("[server\n", "invalid TOML"),
     ],
 )
@@ -350,22 +356,6 @@ def test_the_segments_are_their_own_section():
     for key in ("adapters", "segments"):  # the learner's own section has neither
         with pytest.raises(ConfigError, match=f"learner.{key}: unknown key"):
             load_section(LearnerConfig, {key: "segment" if key == "adapters" else ["a"]}, "learner")
-
-
-@pytest.mark.parametrize(
-    "text, message",
-    [
-        ("[segments]\nadapters = 'lanes'\n", "segments.adapters: expected one of ['none', 'segment', 'shared'], got 'lanes'"),
-        ("[segments]\nnames = ['a', 'a']\n", "segments: names must be distinct and may not be 'overflow', 'shared' or 'base'"),
-        ("[segments]\nnames = ['overflow']\n", "segments: names must be distinct"),
-        ("[segments]\nnames = ['a:b']\n", "segments: names must be 1-64 characters without ':'"),
-        ("[segments]\nnames = 'a'\n", "segments.names: expected a list"),
-        ("[segments]\nadapters = 'shared'\n[learner]\nzero_stage = 1\n", "segments.adapters = 'shared' needs learner.zero_stage 0"),
-    ],
-)
-def test_bad_segments_name_the_key(text, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        load_config(text=text)
 
 
 def test_an_older_files_learner_segments_load_with_a_warning(caplog):
