@@ -51,6 +51,7 @@ class EpisodeLayout:
     versions: np.ndarray  # int64 per token (observations: the last turn's version)
     grammar_spans: tuple[tuple[int, int, str], ...]  # (start, end, grammar) of constrained turns
     turns: int  # how many turns it covers
+    sampling_spans: tuple[tuple[int, int, Any], ...] = ()  # (start, end, liveloop.sampling.Sampling) of trained turns
 
 
 def start_turn(turns: Sequence[Any]) -> int:
@@ -66,7 +67,7 @@ def episode_layout(
     turns: Sequence[Any], prompt_ids: np.ndarray, credited_through: int = -1, observations_as_actions: bool = False,
 ) -> EpisodeLayout:
     """The layout of an episode ending at its last turn. `turns`: first to last, each with prompt_tokens,
-    prefix_tokens, response_ids, behavior_logprobs, version_spans, policy_version, grammar;
+    prefix_tokens, response_ids, behavior_logprobs, version_spans, policy_version, grammar (and sampling);
     `prompt_ids`: the last turn's prompt; `credited_through`: the index of the last turn an earlier
     rating of this rater trained (-1: none). `observations_as_actions`: the ablation SAO argues against:
     the observation tokens after the first trained turn are in the loss and the GAE too, their behaviour
@@ -83,6 +84,7 @@ def episode_layout(
     behavior = np.zeros(n, np.float32)
     versions = np.full(n, last.policy_version, np.int64)
     grammars: list[tuple[int, int, str]] = []
+    draws: list[tuple[int, int, Any]] = []
     for k in range(j, len(turns)):
         turn = turns[k]
         if k + 1 < len(turns):  # an earlier turn: as many of its tokens as the next prompt carries
@@ -102,11 +104,14 @@ def episode_layout(
         versions[at : at + carried] = token_versions(len(turn.response_ids), turn.policy_version, turn.version_spans)[:carried]
         if turn.grammar is not None:
             grammars.append((at, at + carried, turn.grammar))
+        if getattr(turn, "sampling", None) is not None:
+            draws.append((at, at + carried, turn.sampling))
     if observations_as_actions and mask.any():
         first = int(np.flatnonzero(mask)[0])
         between = np.flatnonzero(mask[first:] == 0) + first
         mask[between], behavior[between] = 1, np.nan
-    return EpisodeLayout(np.asarray(prompt_ids[:base], np.int64), response, mask, behavior, versions, tuple(grammars), len(turns) - j)
+    return EpisodeLayout(np.asarray(prompt_ids[:base], np.int64), response, mask, behavior, versions, tuple(grammars),
+                         len(turns) - j, tuple(draws))
 
 
 def runs(versions: np.ndarray) -> tuple[tuple[int, int, int], ...]:

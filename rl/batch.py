@@ -14,6 +14,11 @@ before the log-softmax. The ratio pi/mu of a constrained token is then that of t
 the same allowed set (exactly 1 on-policy), and a token the grammar forced (the only one allowed) has
 logprob 0 under both: no ratio, no gradient, as it should be (the model had no choice).
 
+A response drawn at another temperature than 1 or under min-p/top-k/top-p cuts has the shaped
+distribution's behaviour logprobs (liveloop/sampling.py): its `sampling` rides into `TokenBatch.draws`
+and `response_log_dists` shapes the policy's logits the same way after the grammar's mask. Draws the
+learner cannot replay are refused (`Unscorable("sampling")`).
+
 A stored sample that cannot be scored (tokens its grammar forbids, ids outside the vocabulary, non-finite
 logprobs, arrays of different lengths: a corrupt or poisoned record) is refused by `scorable` with the
 reason (`Unscorable`) before it joins a batch; the learner skips it, counted (learner/episodes.py)."""
@@ -30,6 +35,7 @@ from torch import Tensor
 
 from liveloop.episodes import token_versions
 from liveloop.grammar import ConstraintViolated, InvalidConstraint, mask_logits
+from liveloop.sampling import Sampling, draw_logits
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,10 @@ class Sample:
     grammar_spans: tuple[tuple[int, int, str], ...] = ()
     # its grammar's packed masks, replayed already (`scorable`); None: `make_batch` replays them
     masks: Tensor | None = field(default=None, compare=False, repr=False)
+    # how its tokens were drawn (liveloop.sampling), its behaviour logprobs that draw's distribution's;
+    # None: the temperature-1 distribution, uncut. An episode's turns: (start, end, sampling) spans
+    sampling: Sampling | None = None
+    sampling_spans: tuple[tuple[int, int, Sampling], ...] = ()
 
     @classmethod
     def from_rated(cls, feedback: Any, response: Any) -> "Sample":
@@ -60,6 +70,8 @@ class Sample:
             float(feedback.reward), response.policy_version, feedback.api_key_id,
             getattr(response, "version_spans", None),  # a row without spans: all of it by policy_version
             getattr(response, "grammar", None),
+            sampling=getattr(response, "sampling", None)
+            or Sampling.logged_raw(getattr(response, "temperature", 1.0), getattr(response, "top_p", 1.0)),
         )
 
     @classmethod
@@ -70,6 +82,12 @@ class Sample:
             np.array(rollout.prompt_ids), np.array(rollout.response_ids), np.array(rollout.logprobs, np.float32),
             np.ones(n, np.uint8), reward, policy_version,
         )
+
+    def draws(self) -> tuple[tuple[int, int, Sampling], ...]:
+        """(start, end, sampling) over its response tokens: how each part was drawn."""
+        if self.sampling_spans:
+            return self.sampling_spans
+        return ((0, len(self.response_ids), self.sampling),) if self.sampling is not None else ()
 
     def token_versions(self) -> np.ndarray:
         """The version that sampled each response token, [n] int64."""
@@ -91,6 +109,9 @@ class TokenBatch:
     # per sample: the packed masks [n, words] of the tokens its grammar allowed at each of its n tokens
     # (None: free sampling); a sample's grammar not replayed (`make_batch` without grammars) is UNMASKED
     allowed: tuple[Tensor | None, ...] = ()
+    # per sample: the (start, end, sampling) spans whose draw shaped its distribution (temperature, cuts;
+    # `response_log_dists` shapes the policy's the same way); () when no sample's was
+    draws: tuple[tuple[tuple[int, int, Sampling], ...], ...] = ()
 
     @property
     def width(self) -> int:
@@ -135,6 +156,7 @@ def make_batch(samples: Sequence[Sample], pad_id: int = 0, grammars: Any = None)
         versions[b, :n] = torch.from_numpy(per_token)
         versions[b, n:] = int(per_token[-1]) if n else s.policy_version
     allowed = tuple(_allowed(s, grammars) for s in samples)
+    draws = tuple(tuple(span for span in s.draws() if span[2].shaped) for s in samples)
     return TokenBatch(
         input_ids=input_ids,
         attention_mask=attn,
@@ -145,13 +167,14 @@ def make_batch(samples: Sequence[Sample], pad_id: int = 0, grammars: Any = None)
         rewards=torch.tensor([float(s.reward) for s in samples]),
         versions=versions,
         allowed=allowed if any(a is not None for a in allowed) else (),
+        draws=draws if any(draws) else (),
     )
 
 
 class Unscorable(ValueError):
     """A sample the learner cannot score; `reason` names the check it failed (one of REASONS)."""
 
-    REASONS = ("lengths", "empty_prompt", "token_ids", "logprobs", "reward", "versions", "grammar")
+    REASONS = ("lengths", "empty_prompt", "token_ids", "logprobs", "reward", "versions", "grammar", "sampling")
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
@@ -168,8 +191,11 @@ def scorable(sample: Sample, vocab_size: int, grammars: Any = None, nan_logprobs
     shapes = {a.ndim for a in (prompt, resp, np.asarray(sample.behavior_logprobs), np.asarray(sample.action_mask))}
     if shapes != {1} or not n == len(sample.behavior_logprobs) == len(sample.action_mask):
         raise Unscorable("lengths", f"response {n} tokens, logprobs {len(sample.behavior_logprobs)}, mask {len(sample.action_mask)}")
-    if any(not 0 <= start <= end <= n for start, end, _ in sample.grammar_spans):
-        raise Unscorable("lengths", f"grammar spans {[s[:2] for s in sample.grammar_spans]} outside {n} tokens")
+    if any(not 0 <= start <= end <= n for start, end, _ in sample.grammar_spans + sample.sampling_spans):
+        raise Unscorable("lengths", f"grammar or sampling spans {[s[:2] for s in sample.grammar_spans + sample.sampling_spans]} outside {n} tokens")
+    for _, _, drawn in sample.draws():
+        if (why := drawn.untrainable()) is not None:
+            raise Unscorable("sampling", why)
     if len(prompt) == 0:
         raise Unscorable("empty_prompt", "no context to score the first token in")
     for name, ids in (("prompt", prompt), ("response", resp)):
@@ -243,11 +269,22 @@ def response_log_dists(logits: Tensor, batch: TokenBatch) -> Tensor:
         if allowed is not None:  # the grammar's masks over the response's own tokens (padding past it stays)
             n = allowed.shape[0]
             row = torch.cat([mask_logits(row[:n], allowed), row[n:]])
+        if batch.draws and batch.draws[b]:
+            row = _drawn(row, batch.draws[b], batch.response_ids[b])
         lp = torch.log_softmax(row, dim=-1)
         if lp.shape[0] < batch.width:
             lp = torch.cat([lp, lp.new_zeros(batch.width - lp.shape[0], lp.shape[1])])
         rows.append(lp)
     return torch.stack(rows)
+
+
+def _drawn(row: Tensor, spans: tuple[tuple[int, int, Sampling], ...], tokens: Tensor) -> Tensor:
+    """A row's logits [W, V] with each span shaped as its draw was (`draw_logits`, the drawn token kept)."""
+    parts, at = [], 0
+    for start, end, drawn in spans:
+        parts += [row[at:start], draw_logits(row[start:end], drawn, keep=tokens[start:end])]
+        at = end
+    return torch.cat(parts + [row[at:]])
 
 
 def token_logprobs(dists: Tensor, batch: TokenBatch) -> Tensor:

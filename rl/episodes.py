@@ -25,5 +25,5 @@ def episode_sample(
     lay = episode_layout(turns, prompt_ids, credited_through, observations_as_actions)
     return Sample(
         lay.prompt_ids, lay.response_ids, lay.behavior_logprobs, lay.action_mask, float(reward), turns[-1].policy_version,
-        api_key_id, version_spans=runs(lay.versions), grammar_spans=lay.grammar_spans,
+        api_key_id, version_spans=runs(lay.versions), grammar_spans=lay.grammar_spans, sampling_spans=lay.sampling_spans,
     )

@@ -18,7 +18,7 @@ from sqlalchemy import ARRAY, BigInteger, any_, bindparam, func, literal, select
 import liveloop.store.codec as codec
 from liveloop.store.db import Part
 from liveloop.store.models import Feedback, Response, aware
-from liveloop.store.records import Episode, EpisodeTurn, EpisodeView, TurnView
+from liveloop.store.records import Episode, EpisodeTurn, EpisodeView, TurnView, stored_sampling
 
 MAX_TURNS = 1024  # turns read back from one (a longer episode is read from its latest MAX_TURNS)
 
@@ -56,7 +56,7 @@ class EpisodeQueries(Part):
         cols = (
             Response.id, Response.api_key_id, Response.parent_id, Response.turn, Response.policy_version, Response.prompt_tokens,
             Response.prefix_tokens, Response.response_ids, Response.behavior_logprobs, Response.version_spans, Response.grammar,
-            Response.finish_reason, Response.created_at, chain.c.up, chain.c.depth,
+            Response.finish_reason, Response.created_at, Response.sampling, Response.temperature, Response.top_p, chain.c.up, chain.c.depth,
         )
         with self._session() as s:
             rows = s.execute(select(*cols).join(chain, Response.id == chain.c.id).order_by(chain.c.depth.desc())).all()
@@ -68,7 +68,7 @@ class EpisodeQueries(Part):
                 r.id, r.api_key_id, r.parent_id, r.turn or 0, r.policy_version, r.prompt_tokens, r.prefix_tokens,
                 codec.decode_ids(r.response_ids), codec.decode_floats(r.behavior_logprobs),
                 None if r.version_spans is None else tuple((a, b, v) for a, b, v in r.version_spans),
-                r.grammar, r.finish_reason, aware(r.created_at),
+                r.grammar, r.finish_reason, aware(r.created_at), stored_sampling(r.sampling, r.temperature, r.top_p),
             )
             for r in rows
         )

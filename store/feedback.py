@@ -23,7 +23,7 @@ from liveloop.store.episode_links import link_turns
 from liveloop.store.keys import add_stored_bytes
 from liveloop.store.models import ApiKey, Feedback, LearnerCursor, PolicyVersion, Response, aware, utcnow
 from liveloop.store.operator import _only_trusted
-from liveloop.store.records import FeedbackRecord, RatingEvent, ResponseRecord, StoredFeedback, StoredResponse
+from liveloop.store.records import FeedbackRecord, RatingEvent, ResponseRecord, StoredFeedback, StoredResponse, stored_sampling
 from liveloop.store.rights import Barred, barred, hold_rights
 
 
@@ -94,6 +94,7 @@ def response_row(rec: ResponseRecord, now: datetime | None = None) -> dict[str, 
         "output": rec.output,
         "options": rec.options,
         "grammar": rec.grammar,
+        "sampling": None if rec.sampling is None else rec.sampling.to_json(),
         "previous_response_id": rec.previous_response_id,
         "group_id": rec.group_id,
         "choice_index": rec.choice_index,
@@ -174,6 +175,7 @@ def _stored_response(row: Response) -> StoredResponse:
         segment=row.segment,
         version_spans=None if row.version_spans is None else tuple((a, b, v) for a, b, v in row.version_spans),
         grammar=row.grammar,
+        sampling=stored_sampling(row.sampling, row.temperature, row.top_p),
         group_id=row.group_id,
         choice_index=row.choice_index or 0,
         parent_id=row.parent_id,

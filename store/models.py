@@ -108,6 +108,9 @@ class Response(Base):
     output: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), deferred=True)
     options: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), deferred=True)
     grammar: Mapped[str | None] = mapped_column(Text)  # the constraint its tokens were sampled under (the learner replays it)
+    # how its tokens were drawn (migration 0016, liveloop/sampling.py `Sampling.to_json`; the learner
+    # scores the policy through the same shaping); NULL: stored before it, logprobs of the raw distribution
+    sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     previous_response_id: Mapped[str | None] = mapped_column(String(64), index=True)
     group_id: Mapped[str | None] = mapped_column(String(64), index=True)  # n > 1: the request's first choice's id
     choice_index: Mapped[int] = mapped_column(Integer, default=0)

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from liveloop.sampling import Sampling
 from liveloop.store.linking import LinkKeys
 from liveloop.store.status import VersionStatus
 
@@ -67,6 +68,9 @@ class ResponseRecord:
     output: dict[str, Any] | None = None  # the reply as a message: content and tool_calls
     options: dict[str, Any] | None = None  # what a read echoes: instructions, tool_choice, response_format, ...
     grammar: str | None = None  # the constraint (xgrammar structural tag) its tokens were sampled under
+    # how its tokens were drawn, as its behaviour logprobs describe them (None: raw logprobs of a draw at
+    # `temperature` and `top_p`, as a row from before migration 0016 reads)
+    sampling: Sampling | None = None
     previous_response_id: str | None = None  # the Responses API: the turn it continues
     group_id: str | None = None  # n > 1: the request's first choice's id
     choice_index: int = 0
@@ -123,6 +127,7 @@ class StoredResponse:
     segment: str | None = None
     version_spans: VersionSpans | None = None  # as in ResponseRecord: None = all of it by policy_version
     grammar: str | None = None  # the constraint its tokens were sampled under (None: free sampling)
+    sampling: Sampling | None = None  # how its tokens were drawn (`stored_sampling`; None: not read)
     group_id: str | None = None
     choice_index: int = 0
     # the episode it is a turn of (store/episodes.py): the turn it continues (None: a first turn), the
@@ -268,6 +273,7 @@ class EpisodeTurn:
     grammar: str | None
     finish_reason: str
     created_at: datetime
+    sampling: Sampling | None = None  # as StoredResponse's
 
 
 @dataclass(frozen=True)
@@ -303,3 +309,9 @@ class EpisodeView:
     api_key_id: str
     turns: tuple[TurnView, ...]
     complete: bool
+
+
+def stored_sampling(data: dict[str, Any] | None, temperature: float, top_p: float) -> Sampling:
+    """A `responses` row's sampling: its record, or for a row from before migration 0016 (NULL) the raw
+    logprobs of a draw at its temperature and top_p (what every engine logged then)."""
+    return Sampling.logged_raw(temperature, top_p) if data is None else Sampling.from_json(data)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from liveloop.sampling import Sampling
 from liveloop.segments import BASE, Lineage
 from liveloop.server.engines.registry import engine_class
 
@@ -45,11 +46,11 @@ Preempt = Callable[[], Awaitable[None]]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request samples. The behaviour logprob an engine records for a token is always that of
-    the raw model distribution at temperature 1 (no top-p, top-k, min-p, penalties or min-tokens),
-    restricted to the tokens `constraint` allows at that position when there is one (renormalised over
-    them): what the learner recomputes for the same tokens (docs/design.md, "Constrained decoding and
-    the ratio")."""
+    """How one request samples. The behaviour logprob an engine records for a token is that of the
+    distribution it drew from (`logprobs_of = "sampled"`: restricted to the tokens `constraint` allows,
+    penalised, tempered and cut, liveloop/sampling.py) or of the raw temperature-1 one (`"raw"`); the
+    record says which (`recorded`), and the learner scores the policy the same way (docs/design.md,
+    "The draw and the ratio")."""
 
     max_tokens: int
     temperature: float = 1.0
@@ -64,6 +65,11 @@ class SamplingParams:
     # an xgrammar structural tag (JSON text, liveloop.grammar) every sampled token must follow; its
     # grammar ends with a stop token. None: unconstrained
     constraint: str | None = None
+
+    def recorded(self, logprobs_of: str) -> Sampling:
+        """How a response drawn with these parameters was sampled, for its record, by an engine whose
+        behaviour logprobs are `logprobs_of` ("sampled" or "raw")."""
+        return Sampling(self.temperature, self.top_p, self.top_k, self.min_p, self.repetition_penalty, self.min_tokens, logprobs_of)
 
     def extensions(self) -> dict[str, object]:
         """The sampling options beyond temperature / top-p / seed that this request sets."""
@@ -83,7 +89,7 @@ class GenerationRequest:
 @dataclass
 class TokenDelta:
     """New tokens since the last delta. `logprobs[i]` is the behavior logprob of `token_ids[i]` under
-    the raw (temperature-1, unfiltered) distribution of the serving version."""
+    the serving version's distribution it was drawn from (`SamplingParams`: the draw's, or the raw one)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -157,6 +163,9 @@ class Engine(Protocol):
     supports_adapters: bool  # whether update_adapter can serve LoRA adapters (config.max_adapters > 0)
     supports_constraints: bool  # whether it samples under `SamplingParams.constraint` (constrained decoding)
     sampling_extensions: frozenset[str]  # the `SamplingParams.extensions()` it honours
+    # what its behaviour logprobs are of: "sampled" (the distribution each draw used, liveloop.sampling)
+    # or "raw" (the temperature-1 one, uncut, whatever the draw's shaping)
+    logprobs_of: str
 
     def adapter_version(self, segment: str) -> int | None:
         """The adapter version new requests of `segment` are served with; None: the base weights."""

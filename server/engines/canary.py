@@ -85,6 +85,10 @@ class CanaryEngine:
         return self._live.sampling_extensions
 
     @property
+    def logprobs_of(self) -> str:
+        return self._live.logprobs_of
+
+    @property
     def version(self) -> int:
         return self._live.version
 

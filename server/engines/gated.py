@@ -50,6 +50,7 @@ class GatedEngine:
     keeps_generations: bool = False  # a backend whose running generations survive a swap (swap_mode keep)
     supports_constraints: bool = False  # a backend that samples under a grammar (SamplingParams.constraint)
     sampling_extensions: frozenset[str] = frozenset()  # the SamplingParams.extensions() it honours
+    logprobs_of: str = "raw"  # "sampled": a backend that logs the draw's own distribution (liveloop.sampling)
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         self.config = config

@@ -9,14 +9,17 @@ import re
 import socket
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
+import numpy as np
 
 import pytest
 import torch
 
 from liveloop import devtools
 from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2, ServerProcess  # noqa: F401 (re-exported)
+from liveloop.sampling import Sampling, draw_logits
 from liveloop.store import Store, StoreConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,12 +121,31 @@ class Reference:
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
     @torch.no_grad()
-    def logprobs(self, prompt_ids, response_ids) -> torch.Tensor:
+    def logprobs(self, prompt_ids, response_ids, sampling: Sampling | None = None) -> torch.Tensor:
+        """Each response token's logprob, under the distribution `sampling`'s draw shaped (None: raw)."""
         ids = torch.tensor([list(prompt_ids) + list(response_ids)])
         logits = self.model(input_ids=ids).logits[0].float()
         n = len(prompt_ids)
-        lp = torch.log_softmax(logits[n - 1 : -1], dim=-1)
-        return lp.gather(1, torch.tensor(list(response_ids))[:, None])[:, 0]
+        tokens = torch.tensor(list(response_ids))
+        shaped = logits[n - 1 : -1] if sampling is None else draw_logits(logits[n - 1 : -1], sampling, keep=tokens)
+        return torch.log_softmax(shaped, dim=-1).gather(1, tokens[:, None])[:, 0]
+
+    def check_shaped_draw(self, row) -> None:
+        """A stored response drawn at temperature 2 and top_p 0.5: its record says so, its behaviour
+        logprobs are the shaped distribution's (not the raw one's), and the learner's score of the same
+        weights through the same shaping (`policy_log_dists`) is those logprobs: ratio 1 on-policy."""
+        from liveloop.rl.batch import Sample, make_batch, policy_log_dists, scorable, token_logprobs
+
+        assert row.sampling == Sampling(temperature=2.0, top_p=0.5)
+        shaped = self.logprobs(row.prompt_ids.tolist(), row.response_ids.tolist(), row.sampling).numpy()
+        raw = self.logprobs(row.prompt_ids.tolist(), row.response_ids.tolist()).numpy()
+        assert np.abs(row.behavior_logprobs - shaped).max() < 1e-3
+        assert np.abs(row.behavior_logprobs - raw).max() > 0.05, "the raw distribution's logprobs were logged"
+        sample = scorable(Sample.from_rated(SimpleNamespace(reward=1, api_key_id="k"), row), self.model.config.vocab_size)
+        batch = make_batch([sample])
+        with torch.no_grad():
+            scored = token_logprobs(policy_log_dists(self.model, batch), batch)[0].numpy()
+        assert np.abs(scored - row.behavior_logprobs).max() < 1e-3
 
 
 # -- raw clients: connections a test resets as a phone losing signal does -----------------------------

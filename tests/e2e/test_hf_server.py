@@ -41,6 +41,18 @@ def test_openai_client_on_hf_engine(hf_server, model_dir):
     store.close()
 
 
+def test_a_shaped_draw_logs_and_trains_its_own_distribution(hf_server, model_dir):
+    oai = openai.OpenAI(base_url=hf_server.base_url + "/v1", api_key=USER_KEY, max_retries=0)
+    resp = oai.chat.completions.create(model="liveloop-tiny", messages=[{"role": "user", "content": "Tell me about cats."}],
+                                       max_tokens=30, temperature=2.0, top_p=0.5, seed=5, logprobs=True, top_logprobs=5)
+    store = open_store(hf_server)
+    try:
+        Reference(model_dir).check_shaped_draw(store.feedback.get_response(resp.id))
+    finally:
+        store.close()
+    assert all(-9999.0 <= t.logprob <= 0.0 for e in resp.choices[0].logprobs.content for t in e.top_logprobs)
+
+
 def test_chat_cli_rates_replies(hf_server):
     stdin = io.StringIO("Tell me about trains.\nu\nAnd about bread?\nd\n/quit\n")
     stdout = io.StringIO()

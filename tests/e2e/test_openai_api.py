@@ -69,6 +69,17 @@ def test_chat_non_streaming(oai, store, reference):
     assert row.prompt_ids.tolist() == resp.model_extra["prompt_token_ids"]
 
 
+def test_a_shaped_draw_logs_and_trains_its_own_distribution(oai, store, reference):
+    resp = oai.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=30, temperature=2.0, top_p=0.5, seed=5,
+                                       logprobs=True, top_logprobs=5)
+    row = store.feedback.get_response(resp.id)
+    reference.check_shaped_draw(row)
+    content = resp.choices[0].logprobs.content
+    assert np.allclose(row.behavior_logprobs, [e.logprob for e in content], atol=1e-6)
+    # alternatives the nucleus cut are shown as no chance, never -inf (which JSON cannot carry)
+    assert all(-9999.0 <= t.logprob <= 0.0 for e in content for t in e.top_logprobs)
+
+
 def test_chat_streaming(oai, store, reference):
     stream = oai.chat.completions.create(
         model=MODEL,

@@ -51,7 +51,7 @@ ROOMS = {
 }
 # top-level modules both sides share: they import no component at run time
 SHARED = ("checkpoint.py", "segments.py", "metrics.py", "provenance.py", "grammar.py", "episodes.py", "private.py", "home.py",
-          "lexicon.py", "rewards.py", "cli_options.py", "config_types.py")
+          "lexicon.py", "rewards.py", "cli_options.py", "config_types.py", "sampling.py")
 
 
 def _component(module: str) -> str | None:

@@ -53,12 +53,12 @@ from liveloop.server.edge.pipeline.splicing import CarriedTurn, Splicer, carries
 from liveloop.server.edge.pipeline.text import TextStream
 from liveloop.server.edge.formats.tool_parsers import Parsed
 from liveloop.server.edge.formats.tools import JSONReply, Tool, ToolChoice, ToolUse, after_user, check_tool_results, output_message
+from liveloop.sampling import GREEDY_BELOW
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
 from liveloop.store.linking import LinkKeys, episode_tag
 from liveloop.store.writer import WriterSlow
 
 log = logging.getLogger(__name__)
-GREEDY_BELOW = 1e-5
 CHARS_PER_TOKEN = 32  # `max_prompt_chars` 0: this many characters per token of context (a real text has ~4)
 # a stream writes the first token at once, then at most one write per this many seconds (what arrived
 # meanwhile goes out together): a write per token costs a system call and a client wake-up per token
@@ -393,8 +393,7 @@ class Serving:
             )
         temperature = 1.0 if req.temperature is None else req.temperature  # the Responses API's may be null
         sampling = SamplingParams(
-            max_tokens=max_tokens,
-            # below vLLM's sampling epsilon a temperature is greedy on every engine (logits / 1e-300 overflow)
+            max_tokens=max_tokens,  # below vLLM's epsilon a temperature is greedy on every engine (/ 1e-300 overflows)
             temperature=0.0 if temperature < GREEDY_BELOW else temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed,
@@ -565,6 +564,7 @@ class Serving:
             tools=None if p.tool_use is None else p.tool_use.definitions(),
             output=output_message(run.message()) if p.messages is not None else None,
             grammar=p.sampling.constraint,
+            sampling=p.sampling.recorded(self.engine.logprobs_of),
             previous_response_id=p.previous_response_id,
             options=p.options,
             group_id=p.group_id,

@@ -3,10 +3,10 @@
 One worker thread owns the model and runs a batched decode loop (hf/batch.py): all running requests
 advance together, one forward per step with one left-padded KV cache, and requests join and leave at
 every step (at most `engine.max_num_seqs` rows run; the rest wait in arrival order). Sampling happens
-on the CPU with each request's own seeded generator, in vLLM's order: the behaviour logprobs first (raw
-logits at temperature 1, under the request's grammar when it has one), then what shapes only the draw
-(`_shaped`, `_sample`). Constrained rows walk their grammar (liveloop.grammar): forbidden tokens are
-masked before the draw and the logprob.
+on the CPU with each request's own seeded generator, in vLLM's order: the grammar's mask (constrained
+rows walk their grammar, liveloop.grammar), the penalties (`_shaped`), then the temperature and the
+min-p/top-k/top-p cuts (liveloop.sampling `draw_logits`); the token is drawn from that distribution and
+its behaviour logprob is that distribution's (`logprobs_of = "sampled"`).
 
 Swaps (`engine.swap_mode`): drain drops every job still held (the stragglers: "abort") and copies;
 keep moves every running row back to the waiting queue so its next step re-prefills under the new
@@ -43,6 +43,7 @@ from liveloop.server.engines.threaded import (
 )
 from liveloop.checkpoint import PRETRAINED_LOCK
 from liveloop.grammar import ConstraintViolated, GrammarDeadEnd, Grammars, InvalidConstraint, Walk, grammars_for
+from liveloop.sampling import GREEDY_BELOW, NO_CHANCE, draw_logits
 from liveloop.transport.weights import load_state
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,6 +62,7 @@ class HFEngine(ThreadedEngine):
     keeps_generations = True
     supports_constraints = True
     sampling_extensions = frozenset({"top_k", "min_p", "repetition_penalty", "min_tokens"})
+    logprobs_of = "sampled"
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         super().__init__(config, model_path)
@@ -241,11 +243,13 @@ class HFEngine(ThreadedEngine):
                     continue
                 if walk.dead_end:
                     failed[i] = GrammarDeadEnd(f"the constraint allows no token after {len(r.tokens)} generated; it cannot be satisfied")
-        logprobs = torch.log_softmax(logits, dim=-1)
         finished = []
         for i, r in enumerate(rows):
             s = r.request.sampling
-            token = None if i in failed else _sample(_shaped(logits[i], r), s, r.generator)
+            logprobs = token = None
+            if i not in failed:
+                logprobs = torch.log_softmax(draw_logits(_shaped(logits[i], r)[None], s.recorded("sampled"))[0], dim=-1)
+                token = _draw(logprobs, s, r.generator)
             if token is not None and r.walk is not None and not r.walk.accept(token):
                 failed[i] = ConstraintViolated(f"token {token} was drawn outside the request's grammar")
             if i in failed:
@@ -255,15 +259,15 @@ class HFEngine(ThreadedEngine):
             r.tokens.append(token)
             top = None
             if s.top_logprobs:
-                values, idx = torch.topk(logprobs[i], s.top_logprobs)
-                top = [[(int(t), float(v)) for t, v in zip(idx, values)]]
+                values, idx = torch.topk(logprobs, s.top_logprobs)
+                top = [[(int(t), max(float(v), NO_CHANCE)) for t, v in zip(idx, values)]]
             finish = None
             if token in s.stop_token_ids:
                 finish = "stop"
             elif len(r.tokens) >= s.max_tokens or r.length >= self.max_model_len:
                 finish = "length"
             version = self._serving_version if r.adapter is None else None
-            r.emit(TokenDelta([token], [float(logprobs[i, token])], top, finish, version))
+            r.emit(TokenDelta([token], [float(logprobs[token])], top, finish, version))
             finished.append(finish is not None)
         return finished
 
@@ -292,25 +296,8 @@ def _shaped(logits: torch.Tensor, row: Row) -> torch.Tensor:
     return out
 
 
-def _sample(logits: torch.Tensor, s: SamplingParams, generator: torch.Generator) -> int:
-    """Draw a token: greedy at temperature 0, else from softmax(logits / temperature) cut by min-p,
-    top-k and top-p (vLLM's order)."""
-    temperature, top_p = s.temperature, s.top_p
-    if temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if s.min_p > 0:
-        probs = torch.where(probs < s.min_p * probs.max(), 0.0, probs)
-    if 0 < s.top_k < probs.shape[0]:
-        kth = torch.topk(probs, s.top_k).values[-1]
-        probs = torch.where(probs < kth, 0.0, probs)
-    if s.min_p > 0 or s.top_k > 0:
-        probs = probs / probs.sum()
-    if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
-        keep[0] = True
-        filtered = torch.zeros_like(probs)
-        filtered[order[keep]] = sorted_probs[keep]
-        probs = filtered / filtered.sum()
-    return int(torch.multinomial(probs, 1, generator=generator))
+def _draw(logprobs: torch.Tensor, s: SamplingParams, generator: torch.Generator) -> int:
+    """Draw a token from the draw's distribution (`draw_logits`' log-softmax): greedy at temperature 0."""
+    if s.temperature < GREEDY_BELOW:
+        return int(torch.argmax(logprobs))
+    return int(torch.multinomial(logprobs.exp(), 1, generator=generator))

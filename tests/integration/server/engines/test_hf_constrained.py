@@ -1,6 +1,7 @@
 """The hf engine in-process on the tiny default model: constrained decoding (a forced call's tokens
 follow its grammar, their logprobs are the masked distribution's, a property over random schemas and
-tool names) and vLLM's sampling extensions (top_k, min_p, repetition_penalty, min_tokens)."""
+tool names) and vLLM's sampling extensions (top_k, min_p, repetition_penalty, min_tokens), each token's
+logprob that of the distribution it was drawn from."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from liveloop.grammar import Grammars, mask_logits
+from liveloop.sampling import Sampling, draw_logits
 from liveloop.server.config import EngineConfig
 from liveloop.server.engines.base import GenerationRequest, SamplingParams
 from liveloop.server.engines.hf.engine import HFEngine
@@ -56,13 +58,14 @@ def _text(engine, ids: list[int]) -> str:
 
 
 @torch.no_grad()
-def _masked_forward(engine, constraint: str, ids: list[int]) -> torch.Tensor:
+def _masked_forward(engine, constraint: str, ids: list[int], sampling: Sampling | None = None) -> torch.Tensor:
     from transformers import AutoTokenizer
 
     model = engine[0].model
     grammars = Grammars(AutoTokenizer.from_pretrained(engine[0].model_path), model.config.vocab_size)
     logits = model(input_ids=torch.tensor([list(PROMPT) + ids])).logits[0, len(PROMPT) - 1 : -1].float()
-    lp = torch.log_softmax(mask_logits(logits, grammars.allowed(constraint, ids)), -1)
+    masked = mask_logits(logits, grammars.allowed(constraint, ids))
+    lp = torch.log_softmax(masked if sampling is None else draw_logits(masked, sampling, keep=torch.tensor(ids)), -1)
     return lp.gather(1, torch.tensor(ids)[:, None])[:, 0]
 
 
@@ -94,8 +97,8 @@ def test_a_forced_call_from_the_engine_always_parses_against_its_schema(engine, 
     (call,) = use.parse(_text(engine, ids)).calls
     assert call.name == name or (not named and call.name == other)
     jsonschema.validate(json.loads(call.arguments), schema if call.name == name else bounded)
-    # the behaviour logprobs are the masked distribution's: what the learner recomputes
-    assert torch.allclose(torch.tensor(lps), _masked_forward(engine, constraint, ids), atol=1e-4)
+    # the behaviour logprobs are the masked, tempered distribution's: what the learner recomputes
+    assert torch.allclose(torch.tensor(lps), _masked_forward(engine, constraint, ids, Sampling(temperature=1.3)), atol=1e-4)
 
 
 def test_top_k_one_is_greedy_and_min_p_one_is_greedy(engine):
@@ -104,30 +107,39 @@ def test_top_k_one_is_greedy_and_min_p_one_is_greedy(engine):
     assert _run(engine, SamplingParams(max_tokens=12, temperature=1.0, min_p=1.0, seed=4, stop_token_ids=()))[0] == greedy
 
 
-def test_min_tokens_holds_the_stop_token_back_and_logprobs_stay_raw(engine):
+def _forward(engine, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return engine[0].model(input_ids=torch.tensor([list(PROMPT) + ids])).logits[0, len(PROMPT) - 1 : -1].float()
+
+
+def test_min_tokens_holds_the_stop_token_back_and_logprobs_are_the_draws(engine):
     stop = _stop(engine)
     for seed in range(4):
         ids, lps, finish = _run(engine, SamplingParams(max_tokens=40, seed=seed, min_tokens=30, stop_token_ids=stop))
         assert len(ids) >= 30 and not set(ids[:30]) & set(stop)
-    # a greedy reply that stops early goes on under min_tokens; its logprobs are the raw model's
+    # a greedy reply that stops early goes on under min_tokens; its logprobs are those of the distribution
+    # it was drawn from (vLLM's processed logprobs): the stop tokens out of it for the first 30
     ids, lps, _ = _run(engine, SamplingParams(max_tokens=40, temperature=0.0, min_tokens=30, stop_token_ids=stop))
-    model = engine[0].model
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([list(PROMPT) + ids])).logits[0, len(PROMPT) - 1 : -1].float()
-    raw = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
-    assert torch.allclose(torch.tensor(lps), raw, atol=1e-4)
+    logits = _forward(engine, ids)
+    logits[:30, list(stop)] = float("-inf")
+    drawn = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(lps), drawn, atol=1e-4)
 
 
-def test_repetition_penalty_changes_the_draw_not_the_logprob(engine):
+def test_repetition_penalty_shapes_the_draw_and_its_logprob(engine):
     plain, _, _ = _run(engine, SamplingParams(max_tokens=30, temperature=0.0, stop_token_ids=()))
     penalised, lps, _ = _run(engine, SamplingParams(max_tokens=30, temperature=0.0, repetition_penalty=5.0, stop_token_ids=()))
     assert penalised != plain
     # a strong penalty makes a greedy reply avoid repeating its tokens far more than the plain one does
     assert len(set(penalised)) > len(set(plain))
-    with torch.no_grad():
-        logits = engine[0].model(input_ids=torch.tensor([list(PROMPT) + penalised])).logits[0, len(PROMPT) - 1 : -1].float()
-    raw = torch.log_softmax(logits, -1).gather(1, torch.tensor(penalised)[:, None])[:, 0]
-    assert torch.allclose(torch.tensor(lps), raw, atol=1e-4)
+    # vLLM's penalty over the prompt and the reply so far: a positive logit / 5, a negative one * 5
+    logits = _forward(engine, penalised)
+    for t in range(len(penalised)):
+        seen = torch.tensor(sorted(set(PROMPT) | set(penalised[:t])))
+        v = logits[t, seen]
+        logits[t, seen] = torch.where(v > 0, v / 5.0, v * 5.0)
+    drawn = torch.log_softmax(logits, -1).gather(1, torch.tensor(penalised)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(lps), drawn, atol=1e-4)
 
 
 def test_a_grammar_dead_end_ends_its_request_alone(engine):
