@@ -29,7 +29,7 @@ from liveloop.learner.loop import run_lanes
 from liveloop.learner.online import OnlineLearner
 from liveloop.learner.placement import placement
 from liveloop.learner.status import LearnerStatus
-from liveloop.segments import SegmentsConfig, lanes
+from liveloop.segments import Lineage, SegmentsConfig, lanes
 from liveloop.store.episodes import EpisodeQueries
 from liveloop.store.feedback import FeedbackQueries
 from liveloop.store.operator import OperatorQueries
@@ -50,7 +50,7 @@ class SegmentLanes:
         self.lanes = {
             segment: OnlineLearner.resume(
                 config, critic, base_model_dir, feedback=feedback, versions=versions, operator=operator, episodes=episodes,
-                segment=segment, adapters=self.adapters,
+                lineage=Lineage(segment), adapters=self.adapters,
             )
             for segment in lanes(segments)
         }

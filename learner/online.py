@@ -53,7 +53,7 @@ from liveloop.learner.ranks import RankGroup
 from liveloop.learner.restart import RestartOnDrop
 from liveloop.learner.status import LaneStatus, LearnerStatus
 from liveloop.grammar import Grammars, grammars_for
-from liveloop.segments import SHARED, lane_cursor
+from liveloop.segments import BASE, SHARED, Lineage
 from liveloop.rl.batch import Sample, TokenBatch, make_batch, policy_log_dists, scorable
 from liveloop.rl.control import AdaptiveKLCoef, StepSizeControl, TrustRegionVerdict, trust_region
 from liveloop.rl.diagnostics import token_entropy, token_kl
@@ -97,20 +97,20 @@ class OnlineLearner:
         operator: OperatorQueries,
         episodes: EpisodeQueries,
         publish_status: VersionStatus = VersionStatus.PUBLISHED,
-        segment: str | None = None,
+        lineage: Lineage = BASE,
         adapters: AdapterPolicy | None = None,
         transport: TransportConfig | None = None,
     ):
         torch.manual_seed(config.seed)
-        if (segment is None) != (adapters is None):
+        if lineage.is_base != (adapters is None):
             raise ValueError("a segment's lane needs the shared AdapterPolicy, and only a lane takes one")
         sweep_stale_staging(config.checkpoint_dir)
         self.feedback, self.versions, self.operator = feedback, versions, operator
-        self.segment = segment
+        self.lineage = lineage
         self.adapters = adapters
-        self.cursor_name = lane_cursor(config, segment)
+        self.cursor_name = lineage.lane(config.cursor_name)
         self.ratings = EpisodeSamples(
-            SegmentRatings(feedback, segment) if segment is not None else feedback, episodes,
+            feedback if lineage.is_base else SegmentRatings(feedback, lineage.segment), episodes,
             config.max_episode_tokens,
             config.episode_credit, config.episode_observations, check=self._scorable,
         )
@@ -138,7 +138,7 @@ class OnlineLearner:
         self.paused = False
         self.transport = transport
         self.publishing = self.publisher(
-            self, versions, operator, config, self.cursor_name, segment, publish_status, transport,
+            self, versions, operator, config, self.cursor_name, lineage, publish_status, transport,
             self.base_model_dir,
         )
 
@@ -245,6 +245,11 @@ class OnlineLearner:
         """The KL anchor's coefficient now: the config's, or where the adaptive controller has moved it."""
         return self.kl_control.coef if self.kl_control is not None else self.config.kl_coef
 
+    @property
+    def segment(self) -> str | None:
+        """The segment whose adapter this learner trains (None: the base weights)."""
+        return self.lineage.segment
+
     @classmethod
     def resume(
         cls, config: LearnerConfig, critic_config: CriticConfig, base_model_dir: Path, *,
@@ -252,7 +257,7 @@ class OnlineLearner:
     ) -> "OnlineLearner":
         """Start from the version this learner last published (or the base model), at its cursor."""
         state, policy_dir, critic_dir = stored_position(
-            versions, feedback, config, Path(base_model_dir), kw.get("segment"), kw.get("transport"),
+            versions, feedback, config, Path(base_model_dir), kw.get("lineage", BASE), kw.get("transport"),
         )
         return cls(
             config, critic_config, base_model_dir, state, policy_dir, critic_dir,
@@ -266,7 +271,7 @@ class OnlineLearner:
         position read below would otherwise take that version for lost (`recover_durable`)."""
         self.publishing.wait_durable()
         state, policy_dir, critic_dir = stored_position(
-            self.versions, self.feedback, self.config, self.base_model_dir, self.segment, self.transport,
+            self.versions, self.feedback, self.config, self.base_model_dir, self.lineage, self.transport,
         )
         state.step, state.samples, state.skipped_steps = self.state.step, self.state.samples, self.state.skipped_steps
         self._load(policy_dir, critic_dir)

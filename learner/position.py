@@ -15,7 +15,7 @@ import torch
 
 from liveloop.checkpoint import checkpoint_digest, save_atomically
 from liveloop.learner.config import LearnerConfig
-from liveloop.segments import lane_cursor
+from liveloop.segments import BASE, Lineage
 from liveloop.transport.weights import load_state
 from liveloop.store import VersionRecord
 from liveloop.store.feedback import FeedbackQueries
@@ -51,12 +51,12 @@ def critic_dir_for(config: LearnerConfig, version: int) -> Path:
 
 def stored_position(
     versions: VersionQueries, feedback: FeedbackQueries, config: LearnerConfig, base_model_dir: Path,
-    segment: str | None = None, transport: TransportConfig | None = None,
+    lineage: Lineage = BASE, transport: TransportConfig | None = None,
 ) -> tuple[LearnerState, str | None, str | None]:
     """The version this learner's cursor names (or the base model), its weights and critic, read from
     the store's `versions` and `feedback` parts. A lane's weights are its adapter directory, or None (a
     fresh adapter) while it is still at a base version."""
-    name = lane_cursor(config, segment)
+    name, segment = lineage.lane(config.cursor_name), lineage.segment
     version = versions.cursor_version(name)
     record = versions.get_version(version) if version is not None else None
     if record is not None and record.version > 0 and record.segment is None and segment is None and not is_checkpoint(record.checkpoint_path or ""):

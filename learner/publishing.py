@@ -43,6 +43,7 @@ from liveloop.checkpoint import checkpoint_digest, checkpoint_root, delete_check
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.position import LearnerState
 from liveloop.learner.retention import in_checkpoint_dir, is_disk_full, versions_to_prune
+from liveloop.segments import BASE, Lineage
 from liveloop.store import StaleLineage, VersionRecord, VersionStatus, VersionTaken
 from liveloop.store.operator import OperatorQueries
 from liveloop.store.versions import VersionQueries
@@ -91,13 +92,13 @@ class VersionPublisher:
         operator: OperatorQueries,
         config: LearnerConfig,
         cursor_name: str,
-        segment: str | None = None,
+        lineage: Lineage = BASE,
         status: VersionStatus = VersionStatus.PUBLISHED,
         transport: TransportConfig | None = None,
         base_model_dir: Path | None = None,
     ):
         self.learner, self.versions, self.operator, self.config = learner, versions, operator, config
-        self.cursor_name, self.segment, self.status = cursor_name, segment, status
+        self.cursor_name, self.segment, self.status = cursor_name, lineage.segment, status
         # versions travel to the engine in memory (the durable checkpoint follows) when the transport says
         # so; a lane's adapters stay on checkpoint directories (what engines load adapters from)
         self.sender = None
@@ -107,7 +108,7 @@ class VersionPublisher:
         self._in_memory: list[int] = []  # versions handed over in memory (freed at a clean stop)
         self.held_back = False  # a due publish waits for the next step's version (coalesce_versions)
         self.superseded = 0  # versions held back and then superseded by the next step's
-        if transport is not None and transport.in_memory and segment is None:
+        if transport is not None and transport.in_memory and lineage.is_base:
             self.sender = make_sender(transport, base_model=base_model_dir)
             self.sender.init()
 

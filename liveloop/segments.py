@@ -16,12 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from liveloop.config_types import check_literals
-
-if TYPE_CHECKING:
-    from liveloop.learner.config import LearnerConfig
 
 OVERFLOW = "overflow"
 SHARED = "shared"
@@ -102,9 +99,3 @@ class Lineage:
 
 
 BASE = Lineage()
-
-
-def lane_cursor(config: LearnerConfig, segment: str | None) -> str:
-    """The learner_cursor (and learner_control) row of one segment's lineage: `sao:cozy`; the shared
-    policy keeps the plain cursor name."""
-    return Lineage(segment).lane(config.cursor_name)

@@ -1,7 +1,7 @@
 """The learning view operators watch per segment: is the segment's reward rising, version by version,
 and is the trained behaviour being served more?
 
-    view = segment_learning("cozy", replies, behaviours=("contains:behold",), window=50)
+    view = segment_learning(Lineage("cozy"), replies, behaviours=("contains:behold",), window=50)
 
 Pure functions of what a segment was served (`Reply`: the version that served it, its text and its
 ratings), newest first as the store reads them (`store.release.served_replies`, bounded to the newest K
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from liveloop.monitor.stats import Rate, wilson
 from liveloop.monitor.versions import BASE
 from liveloop.rewards import make_reward
+from liveloop.segments import Lineage
 from liveloop.store.release import ReleaseQueries
 
 DEFAULT_WINDOW = 50  # ratings in the moving reward
@@ -86,7 +87,7 @@ def moving_reward(ratings: Sequence[tuple[int, int]], window: int) -> list[tuple
 
 
 def segment_learning(
-    segment: str | None,
+    lineage: Lineage,
     replies: Sequence[Reply],
     behaviours: Sequence[str] = (),
     window: int = DEFAULT_WINDOW,
@@ -119,22 +120,22 @@ def segment_learning(
     )
     in_order = [(v, r) for _, v, r in arrivals]
     moving = tuple(MovingPoint(i, in_order[i - 1][0], value) for i, value in moving_reward(in_order, window))
-    return SegmentLearning(BASE if segment is None else segment, window, len(replies), len(arrivals), versions, moving)
+    return SegmentLearning(BASE if lineage.is_base else lineage.segment, window, len(replies), len(arrivals), versions, moving)
 
 
 def read_segment(
     release: ReleaseQueries,
     decode: Callable[[list[list[int]]], list[str]],
-    segment: str | None,
+    lineage: Lineage,
     behaviours: Sequence[str] = (),
     window: int = DEFAULT_WINDOW,
     confidence: float = 0.95,
     limit: int = MAX_REPLIES,
 ) -> SegmentLearning:
-    """`segment_learning` over the newest `limit` responses the store holds for `segment` (None: those
-    recorded without one), their ratings without quarantined keys', their replies decoded by `decode`
+    """`segment_learning` over the newest `limit` responses the store holds for `lineage` (the base
+    weights': those recorded without a segment), their ratings without quarantined keys', their replies decoded by `decode`
     (the serving tokenizer's `batch_decode`) only when a behaviour is declared."""
-    served = release.served_replies(segment, limit)
+    served = release.served_replies(lineage.segment, limit)
     texts = decode([list(r.response_ids) for r in served]) if behaviours and served else [""] * len(served)
     replies = [Reply(r.policy_version, text, r.ratings) for r, text in zip(served, texts)]
-    return segment_learning(segment, replies, behaviours, window, confidence)
+    return segment_learning(lineage, replies, behaviours, window, confidence)

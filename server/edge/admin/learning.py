@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from liveloop.monitor.learning import DEFAULT_WINDOW, MAX_REPLIES, MAX_WINDOW, read_segment
 from liveloop.monitor.versions import BASE
+from liveloop.segments import BASE as BASE_LINEAGE
 from liveloop.segments import Lineage
 from liveloop.server.control.activator import Activator
 from liveloop.server.control.operations import Operations
@@ -58,14 +59,14 @@ class AdminLearning:
 
     async def learning(self, segment: str | None, window: int) -> LearningReport:
         activator = self.activator
-        names: list[str | None]
+        lineages: list[Lineage]
         if segment is None:
-            names = [None, *activator.segments]
+            lineages = [BASE_LINEAGE, *(Lineage(s) for s in activator.segments)]
         elif segment == BASE:
-            names = [None]
+            lineages = [BASE_LINEAGE]
         else:
             activator.lane(Lineage(segment))  # UnknownSegment: 404
-            names = [segment]
+            lineages = [Lineage(segment)]
         behaviours = self.operations.config.behaviours
         confidence = self.operations.config.confidence
 
@@ -73,9 +74,9 @@ class AdminLearning:
             return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
         def read() -> list:
-            views = [read_segment(self.release, decode, name, behaviours, window, confidence, MAX_REPLIES) for name in names]
+            views = [read_segment(self.release, decode, lineage, behaviours, window, confidence, MAX_REPLIES) for lineage in lineages]
             # with adapters every new response has a segment: the base row only where older ones have none
-            keep = [name is not None or segment == BASE or not activator.segments or v.responses for v, name in zip(views, names)]
+            keep = [not lineage.is_base or segment == BASE or not activator.segments or v.responses for v, lineage in zip(views, lineages)]
             return [v for v, k in zip(views, keep) if k]
 
         views = await asyncio.to_thread(read)

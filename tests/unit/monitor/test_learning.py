@@ -8,6 +8,8 @@ import pytest
 from liveloop.config import ConfigError, load_config
 from liveloop.monitor.config import MonitorConfig
 from liveloop.monitor.learning import Reply, moving_reward, segment_learning
+from liveloop.segments import BASE as BASE_LINEAGE
+from liveloop.segments import Lineage
 
 BEHAVIOURS = ("contains:behold", "max_words:3")
 # newest first, as the store reads them; ratings are (feedback id, reward)
@@ -21,7 +23,7 @@ REPLIES = [
 
 
 def test_per_version_counts_reward_and_behaviour_rates():
-    view = segment_learning("cozy", REPLIES, BEHAVIOURS, window=2)
+    view = segment_learning(Lineage("cozy"), REPLIES, BEHAVIOURS, window=2)
     assert (view.segment, view.window, view.responses, view.ratings) == ("cozy", 2, 5, 5)
     v0, v1 = view.versions
     assert (v0.version, v0.responses, v0.reward.n, v0.reward.successes) == (0, 3, 3, 1)
@@ -35,16 +37,16 @@ def test_per_version_counts_reward_and_behaviour_rates():
 
 
 def test_moving_reward_follows_arrival_order_over_the_window():
-    view = segment_learning("cozy", REPLIES, (), window=2)
+    view = segment_learning(Lineage("cozy"), REPLIES, (), window=2)
     # arrivals by feedback id: 1 (v0 down), 2 (v0 up), 3 (v0 down), 4 (v1 down), 5 (v1 up)
     assert [(p.index, p.version, p.reward) for p in view.moving] == [(1, 0, 0.0), (2, 0, 0.5), (3, 0, 0.5), (4, 1, 0.0), (5, 1, 0.5)]
-    wide = segment_learning("cozy", REPLIES, (), window=50)  # fewer ratings than the window: the mean so far
+    wide = segment_learning(Lineage("cozy"), REPLIES, (), window=50)  # fewer ratings than the window: the mean so far
     assert [p.reward for p in wide.moving] == pytest.approx([0.0, 0.5, 1 / 3, 0.25, 0.4])
     assert view.versions[0].behaviours == ()
 
 
 def test_base_segment_and_nothing_served():
-    view = segment_learning(None, [], BEHAVIOURS)
+    view = segment_learning(BASE_LINEAGE, [], BEHAVIOURS)
     assert (view.segment, view.responses, view.ratings, view.versions, view.moving) == ("base", 0, 0, (), ())
 
 
