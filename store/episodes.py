@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import ARRAY, BigInteger, any_, bindparam, func, literal, select
+from sqlalchemy import ARRAY, BigInteger, and_, any_, bindparam, func, literal, select
 
 import liveloop.store.codec as codec
 from liveloop.store.db import Part
-from liveloop.store.models import Feedback, Response, aware
+from liveloop.store.models import Feedback, Grammar, Response, aware
 from liveloop.store.records import Episode, EpisodeTurn, EpisodeView, TurnView, stored_sampling
 
 MAX_TURNS = 1024  # turns read back from one (a longer episode is read from its latest MAX_TURNS)
@@ -55,11 +55,15 @@ class EpisodeQueries(Part):
         chain = chain_cte(response_id)
         cols = (
             Response.id, Response.api_key_id, Response.parent_id, Response.turn, Response.policy_version, Response.prompt_tokens,
-            Response.prefix_tokens, Response.response_ids, Response.behavior_logprobs, Response.version_spans, Response.grammar,
+            Response.prefix_tokens, Response.response_ids, Response.behavior_logprobs, Response.version_spans,
+            func.coalesce(Response.grammar, Grammar.text).label("grammar"),
             Response.finish_reason, Response.created_at, Response.sampling, Response.temperature, Response.top_p, chain.c.up, chain.c.depth,
         )
         with self._session() as s:
-            rows = s.execute(select(*cols).join(chain, Response.id == chain.c.id).order_by(chain.c.depth.desc())).all()
+            named = and_(Grammar.api_key_id == Response.api_key_id, Grammar.digest == Response.grammar_digest)
+            rows = s.execute(
+                select(*cols).join(chain, Response.id == chain.c.id).outerjoin(Grammar, named).order_by(chain.c.depth.desc())
+            ).all()
             if not rows:
                 return None
             prompt = s.scalar(select(Response.prompt_ids).where(Response.id == response_id))

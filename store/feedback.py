@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import ARRAY, Connection, Integer, any_, bindparam, cast, func, or_, select, text, true, update
 
 import liveloop.store.codec as codec
+import liveloop.store.grammars as grammars
 from liveloop.store.bulk import insert_rows
 from liveloop.store.db import Part
 from liveloop.store.episode_links import link_turns
@@ -93,7 +94,8 @@ def response_row(rec: ResponseRecord, now: datetime | None = None) -> dict[str, 
         "tools": rec.tools,
         "output": rec.output,
         "options": rec.options,
-        "grammar": rec.grammar,
+        "grammar": None,  # stored once in `grammars` (store/grammars.py), named by its digest
+        "grammar_digest": None if rec.grammar is None else grammars.digest(rec.grammar),
         "sampling": None if rec.sampling is None else rec.sampling.to_json(),
         "previous_response_id": rec.previous_response_id,
         "group_id": rec.group_id,
@@ -151,7 +153,9 @@ def _feedback_row(op: FeedbackRecord, now: datetime) -> dict[str, Any]:
     return {"response_id": op.response_id, "api_key_id": op.api_key_id, "reward": op.reward, "comment": op.comment, "created_at": now}
 
 
-def _stored_response(row: Response) -> StoredResponse:
+def _stored_response(row: Response, grammar_texts: dict[tuple[str, str], str]) -> StoredResponse:
+    """A stored response from its row; `grammar_texts` holds its grammar's text when it names one
+    (`grammars.texts`)."""
     response_ids = codec.decode_ids(row.response_ids)
     mask = codec.decode_mask(row.action_mask) if row.action_mask is not None else None
     return StoredResponse(
@@ -174,7 +178,7 @@ def _stored_response(row: Response) -> StoredResponse:
         created_at=aware(row.created_at),
         segment=row.segment,
         version_spans=None if row.version_spans is None else tuple((a, b, v) for a, b, v in row.version_spans),
-        grammar=row.grammar,
+        grammar=row.grammar if row.grammar_digest is None else grammar_texts[(row.api_key_id, row.grammar_digest)],
         sampling=stored_sampling(row.sampling, row.temperature, row.top_p),
         group_id=row.group_id,
         choice_index=row.choice_index or 0,
@@ -235,8 +239,9 @@ class FeedbackQueries(Part):
         if kept:
             inserted = [_stamped(ops[i], None if rows is None else rows[i], now) for i in kept]
             link_turns(conn, [ops[i] for i in kept], inserted)
+            grammar_bytes = grammars.store_new(conn, [ops[i] for i in kept], [row["created_at"] for row in inserted])
             self._insert_responses(conn, inserted)
-            add_stored_bytes(conn, inserted)
+            add_stored_bytes(conn, inserted, grammar_bytes)
         for i in responses:
             results[i] = ops[i].id
         ratings = []
@@ -304,6 +309,7 @@ class FeedbackQueries(Part):
         with self.db.writing.begin() as conn:
             rows = [response_row(r, now) for r in records]
             link_turns(conn, records, rows)
+            grammars.store_new(conn, records, [now] * len(records))
             self._insert_responses(conn, rows)
 
     def put_feedback(self, record: FeedbackRecord) -> StoredFeedback:
@@ -315,7 +321,7 @@ class FeedbackQueries(Part):
     def get_response(self, response_id: str) -> StoredResponse | None:
         with self._session() as s:
             row = s.get(Response, response_id)
-            return _stored_response(row) if row else None
+            return _stored_response(row, grammars.texts(s, [row])) if row else None
 
     def get_feedback(self, response_id: str) -> list[StoredFeedback]:
         with self._session() as s:
@@ -336,7 +342,8 @@ class FeedbackQueries(Part):
                 .order_by(Feedback.id)
                 .limit(limit)
             ).all()
-            return [(_stored_feedback(f), _stored_response(r)) for f, r in rows]
+            texts = grammars.texts(s, [r for _, r in rows])
+            return [(_stored_feedback(f), _stored_response(r, texts)) for f, r in rows]
 
     def trainable_since(
         self, since: datetime, after_id: int, segment: str | None = None, limit: int = 50_000

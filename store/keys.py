@@ -46,12 +46,14 @@ def row_bytes(row: dict[str, Any]) -> int:
     return size
 
 
-def add_stored_bytes(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+def add_stored_bytes(conn: Connection, rows: Sequence[dict[str, Any]], extra: Sequence[tuple[str, datetime, int]] = ()) -> None:
     """Count inserted `responses` rows (stamped: each has its created_at) against their keys' days,
-    in the inserting transaction."""
+    in the inserting transaction, and `extra` (key, when, bytes) stored beside them (a new grammar)."""
     added: Counter[tuple[str, int]] = Counter()
     for row in rows:
         added[(row["api_key_id"], utc_day(row["created_at"]))] += row_bytes(row)
+    for key, at, n in extra:
+        added[(key, utc_day(at))] += n
     if not added:
         return
     insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(KeyBytes)

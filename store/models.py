@@ -107,7 +107,10 @@ class Response(Base):
     tools: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True), deferred=True)
     output: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), deferred=True)
     options: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), deferred=True)
-    grammar: Mapped[str | None] = mapped_column(Text)  # the constraint its tokens were sampled under (the learner replays it)
+    # the constraint its tokens were sampled under (the learner replays it): by its digest in `grammars`
+    # (migration 0017), or its text here on a row from before
+    grammar: Mapped[str | None] = mapped_column(Text)
+    grammar_digest: Mapped[str | None] = mapped_column(String(64))
     # how its tokens were drawn (migration 0016, liveloop/sampling.py `Sampling.to_json`; the learner
     # scores the policy through the same shaping); NULL: stored before it, logprobs of the raw distribution
     sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
@@ -196,6 +199,16 @@ class ApiKey(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     forgotten_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Grammar(Base):
+    """A constraint some of one key's responses were sampled under, stored once (migration 0017)."""
+
+    __tablename__ = "grammars"
+
+    api_key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the text, hex
+    text: Mapped[str] = mapped_column(Text)
 
 
 class KeyBytes(Base):

@@ -38,7 +38,8 @@ from sqlalchemy.orm import Session
 
 from liveloop.store.db import Part, busy_timeout
 from liveloop.store.episodes import descendants_cte
-from liveloop.store.models import ApiKey, DeletedResponse, Feedback, KeyBytes, LearnerCursor, Response, utcnow
+from liveloop.store.grammars import drop_unused
+from liveloop.store.models import ApiKey, DeletedResponse, Feedback, Grammar, KeyBytes, LearnerCursor, Response, utcnow
 from liveloop.store.lease import fenced
 from liveloop.store.operator import add_event
 
@@ -160,7 +161,7 @@ class RightsQueries(Part):
                 return Deleted(0, 0)
             ids = [response_id, *self._later_turns(s, [response_id])]
             ratings = s.execute(delete(Feedback).where(Feedback.response_id.in_(ids))).rowcount
-            s.execute(delete(Response).where(Response.id.in_(ids)))
+            self._delete_responses(s, ids)
             deleted = Deleted(len(ids), ratings or 0)
         self.scrub()
         return deleted
@@ -174,6 +175,7 @@ class RightsQueries(Part):
             ratings = s.execute(delete(Feedback).where(Feedback.response_id.in_(ids))).rowcount or 0
             ratings += s.execute(delete(Feedback).where(Feedback.api_key_id == api_key_id)).rowcount or 0
             responses = s.execute(delete(Response).where(Response.api_key_id == api_key_id)).rowcount or 0
+            s.execute(delete(Grammar).where(Grammar.api_key_id == api_key_id))
             s.execute(delete(KeyBytes).where(KeyBytes.api_key_id == api_key_id))
             row = s.get(ApiKey, api_key_id)
             now = utcnow()
@@ -198,11 +200,18 @@ class RightsQueries(Part):
                     break
                 ids += [i for i in self._later_turns(s, ids) if i not in set(ids)]
                 ratings = s.execute(delete(Feedback).where(Feedback.response_id.in_(ids))).rowcount or 0
-                s.execute(delete(Response).where(Response.id.in_(ids)))
+                self._delete_responses(s, ids)
             total = Deleted(total.responses + len(ids), total.ratings + ratings)
         if total.responses:
             self.scrub()
         return total
+
+    @staticmethod
+    def _delete_responses(s: Session, ids: list[str]) -> None:
+        """Delete the responses `ids`, and the grammars their keys no longer use (store/grammars.py)."""
+        keys = list(s.scalars(select(Response.api_key_id).where(Response.id.in_(ids)).distinct()))
+        s.execute(delete(Response).where(Response.id.in_(ids)))
+        drop_unused(s, keys)
 
     @staticmethod
     def _later_turns(s: Session, ids: list[str]) -> list[str]:
