@@ -3,7 +3,7 @@
     status = learner.status()          # either kind of learner (lanes.build_learner)
     status.step, status.idle_fraction  # totals over its lanes
     status.version                     # the one lane's; None with a lane per segment (each has its own)
-    status.lane("cozy").cursor
+    status.lane(Lineage("cozy")).cursor
     status.as_dict()                   # the JSON the admin API and the CLI print (the edges only)
 
 A plain learner is one lane (segment None); with `[segments] adapters` on, one lane per segment. The
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from liveloop.segments import Lineage
 
 
 def _idle_fraction(busy: float, idle: float) -> float:
@@ -68,11 +70,11 @@ class LearnerStatus:
         """The one lane of a plain learner; None when there is a lane per segment."""
         return self.lanes[0] if self.adapters == "none" and len(self.lanes) == 1 else None
 
-    def lane(self, segment: str | None) -> LaneStatus:
+    def lane(self, lineage: Lineage) -> LaneStatus:
         for lane in self.lanes:
-            if lane.segment == segment:
+            if lane.segment == lineage.segment:
                 return lane
-        raise KeyError(segment)
+        raise KeyError(str(lineage))
 
     @property
     def version(self) -> int | None:

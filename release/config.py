@@ -26,6 +26,7 @@ from typing import Literal, get_args
 
 from liveloop.config_types import check_literals
 from liveloop.rewards import RULE_SPECS
+from liveloop.segments import Lineage
 
 Mode = Literal["immediate", "canary", "gated"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -157,6 +158,6 @@ class ReleaseConfig:
         if self.mode != "immediate" and not self.evaluation.enabled and self.mode == "gated":
             raise ValueError("mode gated needs [release.evaluation] enabled (nothing else can pass a candidate)")
 
-    def mode_of(self, segment: str | None) -> Mode:
+    def mode_of(self, lineage: Lineage) -> Mode:
         """The mode of a lineage: a segment's override, else `mode`."""
-        return self.segments.get(segment, self.mode) if segment is not None else self.mode
+        return self.mode if lineage.is_base else self.segments.get(lineage.segment, self.mode)

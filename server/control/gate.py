@@ -68,12 +68,12 @@ def gated_segments(config: ReleaseConfig, segments: tuple[str, ...], backend: st
     """The segment lineages the gate tries candidates of (a mode other than `immediate`, a segment's
     override or `[release] mode`). Raises ConfigError when the backend has no verified adapter slots
     (vLLM: not yet verified on a GPU) or a segment's name holds the slot marker."""
-    gated = tuple(s for s in segments if config.mode_of(s) != "immediate")
+    gated = tuple(s for s in segments if config.mode_of(Lineage(s)) != "immediate")
     odd = [s for s in gated if SLOT_SUFFIX in s]
     if odd:
         raise ConfigError(f"[segments] names {odd}: a gated segment's name may not contain {SLOT_SUFFIX!r}")
     if gated and backend not in SLOT_BACKENDS:
-        modes = ", ".join(f"{s} = {config.mode_of(s)!r}" for s in gated)
+        modes = ", ".join(f"{s} = {config.mode_of(Lineage(s))!r}" for s in gated)
         immediate = ", ".join(f'{s} = "immediate"' for s in gated)
         raise ConfigError(
             f"[release] segment lineages {modes}: a segment candidate is served from a second adapter slot of the live "
@@ -174,12 +174,12 @@ class ReleaseGate:
         self.versions, self.operator, self.release = versions, operator, release
         self.metrics = metrics
         self.evaluate = evaluate if config.evaluation.enabled else None
-        self.mode: Mode = config.mode_of(None)
+        self.mode: Mode = config.mode_of(BASE)
         self.decisions: dict[int, Decision] = {}  # version -> the last verdict on it
         self._evaluated: set[int] = set()  # versions whose evaluation this gate started (or found stored)
         self._base = GatedLineage(BASE, self.mode)
-        gated = tuple(s for s in activator.segments if config.mode_of(s) != "immediate")
-        self._segments = {s: GatedLineage(Lineage(s), config.mode_of(s)) for s in gated}
+        gated = tuple(s for s in activator.segments if config.mode_of(Lineage(s)) != "immediate")
+        self._segments = {s: GatedLineage(Lineage(s), config.mode_of(Lineage(s))) for s in gated}
         activator.gate_segments = frozenset(gated)  # the watcher activates nothing of these lineages
         for segment in config.segments:
             if segment not in activator.segments:
@@ -462,7 +462,7 @@ class ReleaseGate:
         evaluating = self._base.running()
         if evaluating is None:
             evaluating = next((v for v in (lineage.running() for lineage in self._segments.values()) if v is not None), None)
-        modes = {s: self.config.mode_of(s) for s in self.activator.segments}
+        modes = {s: self.config.mode_of(Lineage(s)) for s in self.activator.segments}
         modes.update({s: m for s, m in self.config.segments.items() if s not in modes})
         return ReleaseState(self.mode, modes, self.config.canary_fraction, serving, candidate, evaluating, lineages)
 

@@ -15,7 +15,7 @@ from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig, LoraSettings
 from liveloop.learner.lanes import SegmentLanes, build_learner
 from liveloop.learner.online import OnlineLearner
-from liveloop.segments import OVERFLOW, SegmentsConfig, segment_of
+from liveloop.segments import OVERFLOW, Lineage, SegmentsConfig, segment_of
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, VersionStatus
 
 
@@ -203,7 +203,7 @@ def test_one_loop_runs_the_lanes_a_paused_one_is_skipped_and_the_status_is_typed
     learner.run(lambda: False, max_steps=2)
     status = learner.status()
     assert [lane.segment for lane in status.lanes] == list(learner.lanes)
-    cozy, night = status.lane("cozy"), status.lane("night")
+    cozy, night = status.lane(Lineage("cozy")), status.lane(Lineage("night"))
     assert (cozy.step, cozy.samples, cozy.paused) == (2, 2, False) and (night.step, night.paused) == (0, True)
     assert status.step == 2 and not status.paused and status.version is None
     assert cozy.version == store.versions.cursor_version("sao:cozy") > 0 and night.version == 0  # cozy published at its 2nd step

@@ -9,6 +9,7 @@ import pickle
 import pytest
 
 from liveloop.learner.status import LaneStatus, LearnerStatus
+from liveloop.segments import Lineage
 
 
 def _lane(segment: str | None, step: int, busy: float, idle: float, paused: bool = False) -> LaneStatus:
@@ -40,9 +41,9 @@ def test_lanes_add_up_and_wait_together():
     body = status.as_dict()
     assert body["adapters"] == "segment" and "version" not in body
     assert body["segments"]["night"] == night.as_dict() and body["segments"]["night"]["segment"] == "night"
-    assert status.lane("cozy") is cozy
+    assert status.lane(Lineage("cozy")) is cozy
     with pytest.raises(KeyError):
-        status.lane("overflow")
+        status.lane(Lineage("overflow"))
 
 
 def test_an_idle_learner_that_never_ran_is_all_idle():
