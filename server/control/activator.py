@@ -1,25 +1,20 @@
 """What serves in this replica's engine, and the one path that changes it. The store owns version state
-(store/versions.py): the activator changes no status itself, it asks the store and acts on the answer.
-Publishing is the learner's (learner/publishing.py); the activator decides when a version serves here.
+(store/versions.py): the activator asks the store and acts on its answer; publishing is the learner's.
 
-The change path: every change of what the engine serves, in either kind of lineage (`Lineage`: the base
-weights or a segment's adapter), is one window opened here, under the activator's lock: `change` (the
-engine swaps, then the store's transaction records it; refused, the engine swaps back) or
-`record_then_repoint` (the store first, then an engine repoint that cannot fail). `switch` is `change`
-with a load of weights verified against the row (server/control/version_weights.py). Activation,
-rollback (server/control/rollback.py), the follower rule and start-up restores (server/control/watcher.py)
-and the gate's promotions (server/control/candidates.py) all take it.
+The change path: every change of what the engine serves, in either kind of lineage (`Lineage`), is one
+window opened here, under the activator's lock: `change` (the engine swaps, then the store records it;
+refused, the engine swaps back) or `record_then_repoint` (the store first, then a repoint that cannot
+fail); `switch` is `change` with weights verified against the row (version_weights.py). Activation,
+rollback (rollback.py), the follower rule and restores (watcher.py) and the gate's promotions
+(candidates.py) all take it.
 
 Activation: a learner's published version (`activate`) or an operator's imported checkpoint
-(`activate_import`), over one swap-in step (`_swap_in`) between the store's word under the lock
-(`check_activation`: published or loading, not pruned, descending from the lineage's serving version)
-and its transaction that checks again and makes it SERVING, the old version RETIRED and the published
-versions it overtook SUPERSEDED. A learner's activation that lost a race (a rollback, an operator's
-publish, the learner giving it up) is dropped (a log line, a counter, an operator event), never
-applied; an operator's raises and its row becomes FAILED. An operator's version becomes the learner's
-lineage (its cursor moves there), so a learner publish on the old parent is refused and the learner
-reloads, as after a rollback. A failed swap leaves the old version serving. Results and refusals are
-typed (server/control/outcomes.py).
+(`activate_import`), one swap-in (`_swap_in`) between the store's word under the lock
+(`check_activation`) and its transaction that checks again: SERVING, the old version RETIRED, the
+published ones it overtook SUPERSEDED. A learner's activation that lost a race is dropped (logged,
+counted, an operator event); an operator's raises and its row becomes FAILED, and an operator's
+version becomes the learner's lineage (the learner reloads, as after a rollback). A failed swap leaves
+the old version serving. Results and refusals: server/control/outcomes.py.
 """
 
 from __future__ import annotations
@@ -111,8 +106,7 @@ class Activator:
         return self.known(lineage).lane(self.learner_name)
 
     def serving_in(self, lineage: Lineage) -> int | None:
-        """What the engine serves in a lineage: the base version, or a segment's adapter (None: none,
-        the base weights serve the segment)."""
+        """What the engine serves in a lineage: the base version, or a segment's adapter (None: the base)."""
         return self.engine.version if lineage.is_base else self.engine.adapter_version(lineage.segment)
 
     def serving_adapters(self) -> dict[str, int | None]:
@@ -121,8 +115,7 @@ class Activator:
 
     @property
     def serving_version(self) -> int:
-        """The version the engine serves now."""
-        return self.engine.version
+        return self.engine.version  # the version the engine serves now
 
     # -- the one swap-then-record-or-swap-back path -----------------------------------------------------
     async def change(
@@ -366,9 +359,8 @@ class Activator:
         return _SwappedIn(result, handle, opened)
 
     def _timeline(self, record: VersionRecord, began: float, checked: float, opened: float, switched: float, result: SwapResult) -> None:
-        """How long a published version took to serve here, by stage (wall clock: the row's created_at is
-        the learner's publish, on the same machine): the metric `server/publish_to_serve_seconds` and one
-        log line (bench/feedback_to_live.py reads it for its timeline)."""
+        """How long a published version took to serve here, by stage (wall clock, from the row's created_at):
+        `server/publish_to_serve_seconds` and one log line (bench/feedback_to_live.py reads it)."""
         now = time.time()
         published = record.created_at.timestamp()
         looked = self.watcher.looked_at if self.watcher.looked_at >= published else began
