@@ -14,6 +14,7 @@ compiles is checked after it, on the grammar thread, in a child process with a d
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -64,14 +65,22 @@ class Prompter:
         self.markers = Markers(tokenizer)
         self.compile_seconds = compile_seconds
         self._checker: GrammarChecker | None = None
+        self._making = threading.Lock()
 
     @property
     def checker(self) -> GrammarChecker:
-        """The constraint compiler with a deadline (its child starts on the first constraint)."""
-        if self._checker is None:
-            vocab = model_vocab_size(self.model_dir, self.tokenizer)
-            self._checker = GrammarChecker(grammars_for(str(self.model_dir), vocab, self.tokenizer).info, self.compile_seconds)
-        return self._checker
+        """The constraint compiler with a deadline (`start_checker`, or made on the first constraint)."""
+        with self._making:
+            if self._checker is None:
+                vocab = model_vocab_size(self.model_dir, self.tokenizer)
+                self._checker = GrammarChecker(grammars_for(str(self.model_dir), vocab, self.tokenizer).info, self.compile_seconds)
+            return self._checker
+
+    def start_checker(self) -> None:
+        """Make the constraint checker and start its child in the background (the server's start), when
+        the engine samples under constraints at all."""
+        if self.engine.supports_constraints:
+            self.checker.start()
 
     def close(self) -> None:
         if self._checker is not None:

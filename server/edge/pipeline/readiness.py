@@ -8,7 +8,8 @@ that the first reply after /healthz says ok is as fast as the second.
   (`torch.compile` of the rank count in `Sampler.gather_logprobs`) at the first request that asks for
   logprobs, which every liveloop request does: the first reply after a start took 2.6-5.9 s on the
   2-core machine, the second 0.2-0.3 s, and the first benchmark run after a start lost half its
-  throughput to it. Several at once, so that batches of one and of several have both been seen.
+  throughput to it. Several at once, so that batches of one and of several have both been seen. The
+  constraint checker's child starts beside them (grammar_check.py), so a first forced call waits for none.
 - `freeze_heap()`: once everything has started, the objects the start made (torch, transformers, vLLM,
   the learner's handle: millions) are moved out of the garbage collector's reach (`gc.freeze`, what
   vLLM's own OpenAI server does after its start); otherwise each full collection walks them all while
@@ -58,6 +59,10 @@ async def warm_up(serving: Any, prepare: Callable[[str, Principal, int], Awaitab
     wait."""
     principal = Principal(key_id=WARM_UP_KEY, admin=False, unstored=True)
     started = time.perf_counter()
+    try:
+        await asyncio.to_thread(serving.prompter.start_checker)
+    except Exception:  # noqa: BLE001 - its first constrained request makes it again, and says why
+        log.exception("the constraint checker did not start")
 
     async def one(i: int) -> int:
         prepared = await prepare(f"Say something about the number {i}.", principal, max_tokens)

@@ -1,11 +1,14 @@
 """The edge's constraint check with a deadline (server/edge/pipeline/grammar_check.py), on the tiny
 model's tokenizer and the real xgrammar in a real child process: a constraint that compiles passes, one
 that cannot is InvalidConstraint, and one whose compile runs past the deadline (nested bounded repeats
-in a `pattern`) is stopped (the child killed) as GrammarTooComplex, after which the next check passes
-on a fresh child."""
+in a `pattern`) is stopped (the child killed) as GrammarTooComplex, after which a fresh child starts at
+once in the background and the next check passes on it; `start` readies a child before any check."""
 
 from __future__ import annotations
 
+import time
+
+import psutil
 import pytest
 
 from liveloop.grammar import InvalidConstraint, grammars_for
@@ -49,7 +52,37 @@ def test_a_compile_past_the_deadline_is_stopped_and_the_next_check_has_a_fresh_c
     checker.deadline = 0.2
     with pytest.raises(GrammarTooComplex, match="did not compile within 0.2 s"):
         checker.check(_schema(SLOW_PATTERN, 8))
-    assert checker.stopped == 1 and checker.pid is None  # killed, not left compiling
+    assert checker.stopped == 1
+    assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE  # killed, not left compiling
+    standby = _wait_for_child(checker)  # its successor starts without a check asking for it
+    assert standby != first
     checker.deadline = 60.0
     checker.check(_schema(None))
-    assert checker.pid not in (None, first)
+    assert checker.pid == standby
+
+
+def test_start_readies_a_child_before_the_first_check(checker):
+    assert checker.pid is None
+    checker.start().join(60)
+    pid = checker.pid
+    assert pid is not None
+    checker.check(_schema(None))
+    assert checker.pid == pid
+
+
+def test_a_closed_checker_starts_no_child(checker):
+    checker.close()
+    starting = checker.start()
+    starting.join(60)
+    assert not starting.is_alive() and checker.pid is None
+
+
+def _wait_for_child(checker: GrammarChecker, timeout: float = 60.0) -> int:
+    """The pid of the checker's ready child, once its background start is done (bounded wait)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with checker._lock:  # the start holds it until the child answered ready
+            if checker.pid is not None:
+                return checker.pid
+        time.sleep(0.05)
+    raise AssertionError("no child started")
