@@ -12,9 +12,8 @@ only the turns after it (the earlier ones become context): each action token is 
 rater, by the first rating at or after its turn. So influence caps, which count samples, count
 episodes.
 
-Two ablations (`[learner] episode_credit = "last"`: only the rated turn's tokens train, as before
-episodes; `episode_observations = "actions"`: observation tokens train as if sampled) exist for the
-agent experiment (experiments/agent.py); the defaults are SAO's.
+Two ablations for experiments/agent.py (`[learner] episode_credit = "last"`, `episode_observations =
+"actions"`); the defaults are SAO's.
 
 Not trained, counted in `stats()` (`learner/episodes_skipped_*`): an episode a turn of which is gone
 (`broken`: deleted under it, or a restore), one longer than `max_episode_tokens` (`too_long`; the
@@ -22,7 +21,8 @@ prompt is the context every turn was sampled in, so it cannot be cut without cha
 behaviour logprobs are of), one whose turns do not sit where their links say (`mismatch`). Nor is a
 sample the learner cannot score (`check`: rl/batch.py `scorable`; a stored reply whose tokens its grammar
 forbids, say): skipped with a warning naming the response, counted in `learner/skipped_samples` and
-`learner/skipped_samples_<reason>`; it is consumed like any skipped rating, never retried."""
+`learner/skipped_samples_<reason>` (alarmed); it is consumed like any skipped rating, never retried.
+A reply drawn so the learner cannot replay it (liveloop/sampling.py): `learner/untrained_samples_sampling`."""
 
 from __future__ import annotations
 
@@ -77,6 +77,7 @@ class EpisodeSamples:
         self.check = check  # the sample made scorable, or Unscorable (None: not checked)
         self.skipped: Counter[str] = Counter()
         self.unscorable: Counter[str] = Counter()  # samples `check` refused, by reason
+        self.untrained: Counter[str] = Counter()  # samples drawn so that the learner cannot score them, by design
         self.episodes = 0  # multi-turn samples made
         self.turns = 0  # turns they covered
 
@@ -91,6 +92,10 @@ class EpisodeSamples:
         try:
             return self.check(sample)
         except Unscorable as exc:
+            if exc.reason == "sampling":
+                self.untrained[exc.reason] += 1
+                log.info("rating %d of response %s not trained: %s", feedback.id, response.id, exc.detail)
+                return None
             self.unscorable[exc.reason] += 1
             log.warning("rating %d of response %s not trained, it cannot be scored: %s", feedback.id, response.id, exc)
             return None
@@ -131,4 +136,5 @@ class EpisodeSamples:
         out = {"learner/episodes": float(self.episodes), "learner/episode_turns": float(self.turns),
                "learner/skipped_samples": float(sum(self.unscorable.values()))}
         out |= {f"learner/skipped_samples_{reason}": float(n) for reason, n in self.unscorable.items()}
+        out |= {f"learner/untrained_samples_{reason}": float(n) for reason, n in self.untrained.items()}
         return out | {f"learner/episodes_skipped_{reason}": float(n) for reason, n in self.skipped.items()}

@@ -14,6 +14,7 @@ import pytest
 from liveloop.critic.config import CriticConfig
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.online import OnlineLearner
+from liveloop.sampling import Sampling
 from liveloop.store import FeedbackRecord, ResponseRecord, Store
 
 NOTHING = {"type": "string", "pattern": "^[^\\s\\S]$"}  # compiles; matches no string at all
@@ -86,6 +87,29 @@ def test_a_poison_reply_is_skipped_and_the_batch_around_it_trains(store, tmp_pat
     assert learner.step() and learner.state.samples == 6 and learner.state.version == 2
     assert store.feedback.get_cursor("sao") == 7
     assert store.versions.versions_with_status("published")[-1].metrics["learner/skipped_samples"] == 1.0
+
+
+def test_replies_drawn_beyond_the_learners_replay_are_untrained_not_alarmed(store, tmp_path, model_dir):
+    """A rated reply drawn under a repetition penalty (its logprobs are the penalised distribution's,
+    which the learner does not rebuild) or stored with the raw logprobs of a tempered draw is not
+    trained; it is counted as untrained, not as a sample the learner failed to score (the alarm's)."""
+    _reply(store, "good0", _free(0))
+    for rid, sampling in (("penalised", Sampling(repetition_penalty=1.3)), ("raw", Sampling.logged_raw(0.7, 1.0))):
+        rng = np.random.default_rng(7)
+        store.feedback.write_batch([ResponseRecord(
+            rid, "k", "m", 0, "chat", tuple(int(x) for x in rng.integers(5, 500, 6)), tuple(_free(5)), (-2.0,) * 8,
+            "stop", sampling.temperature, 1.0, 1.0, sampling=sampling,
+        )])
+        store.feedback.put_feedback(FeedbackRecord(rid, "k", 1))
+    _reply(store, "plain", _free(3), logprob=-2.5)  # a plain draw beside them trains
+    learner = OnlineLearner.resume(
+        _cfg(tmp_path, batch_size=2, publish_every_steps=1), CriticConfig(), model_dir,
+        feedback=store.feedback, versions=store.versions, operator=store.operator, episodes=store.episodes,
+    )
+    assert learner.step()
+    assert (learner.state.samples, learner.state.cursor) == (2, 4)
+    m = learner.status().lanes[0].metrics
+    assert m["learner/untrained_samples_sampling"] == 2.0 and m["learner/skipped_samples"] == 0.0
 
 
 def test_a_batch_of_nothing_but_poison_moves_the_cursor_without_a_version(store, tmp_path, model_dir, tok):
