@@ -127,7 +127,7 @@ class Prompter:
         except ToolsRefused:
             raise
         except Exception as exc:  # a schema the structural tag cannot express
-            raise ToolsRefused(f"{param}: constrained decoding cannot follow this schema: {str(exc)[:300]}", param) from None
+            raise _unfollowable(param, str(exc)[:300]) from None
         if forced is None:
             return None
         if not self.engine.supports_constraints:
@@ -143,9 +143,9 @@ class Prompter:
         try:
             self.checker.check(constraint)
         except GrammarTooComplex as exc:
-            raise ToolsRefused(f"{param}: constrained decoding cannot follow this schema: {exc}", param, code="grammar_too_complex") from None
+            raise _unfollowable(param, str(exc), "grammar_too_complex") from None
         except Exception as exc:  # xgrammar refuses a schema it cannot turn into a grammar
-            raise ToolsRefused(f"{param}: constrained decoding cannot follow this schema: {str(exc)[:300]}", param) from None
+            raise _unfollowable(param, str(exc)[:300]) from None
 
     # -- the prompt ---------------------------------------------------------------------------------
     def render(self, messages: list[dict[str, Any]], tool_use: ToolUse | None, generation_prompt: bool = True) -> PromptText:
@@ -171,3 +171,8 @@ class Prompter:
         except Exception as exc:  # the template refuses this conversation (its roles' order, say): the request's fault
             raise ToolsRefused(f"messages: the model's chat template refused them: {str(exc)[:200]}", "messages") from exc
         return PromptText(text) if masker is None else masker.unmask(text)
+
+
+def _unfollowable(param: str, why: str, code: str = "invalid_value") -> ToolsRefused:
+    """The refusal of a schema constrained decoding cannot follow (`constraint` and `check` alike)."""
+    return ToolsRefused(f"{param}: constrained decoding cannot follow this schema: {why}", param, code=code)

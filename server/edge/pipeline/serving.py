@@ -45,7 +45,7 @@ from liveloop.server.edge.admission import Admission
 from liveloop.server.edge.principal import Principal
 from liveloop.server.config import EngineConfig, ServerConfig
 from liveloop.server.engines.base import Engine, GenerationRequest, SamplingParams, TokenDelta
-from liveloop.server.edge.pipeline.prompt_thread import PromptThread
+from liveloop.server.edge.pipeline.fair_thread import FairThread
 from liveloop.server.edge.pipeline.prompting import Prompter
 from liveloop.server.edge.response_ids import new_response_id
 from liveloop.server.edge.sessions import ClientSession
@@ -285,10 +285,10 @@ class Serving:
         self.vocab_size = len(tokenizer)
         self.max_prompt_chars = server.max_prompt_chars or CHARS_PER_TOKEN * self.max_model_len
         # templating and tokenizing, off the loop: one thread, so no two encodes of the tokenizer run at once,
-        # one job of each waiting key in turn, as many waiting per key as it may run (prompt_thread.py)
-        self._prompts = PromptThread(server.max_concurrent_per_key)
+        # one job of each waiting key in turn, as many waiting per key as it may run (fair_thread.py)
+        self._prompts = FairThread(server.max_concurrent_per_key)
         # whether a request's constraint compiles (up to grammar_compile_seconds each), keys in turn too
-        self._grammars = PromptThread(server.max_concurrent_per_key, name="liveloop-grammars")
+        self._grammars = FairThread(server.max_concurrent_per_key, name="liveloop-grammars")
         self.stream_interval = server.stream_interval_ms / 1000  # seconds between a stream's writes (0: a write per delta)
         self.prompter = Prompter(tokenizer, model_dir, engine_config.tool_call_parser, engine_config.constrained_json, engine,
                                  engine_config.json_max_string, server.grammar_compile_seconds)

@@ -1,4 +1,4 @@
-"""The prompt thread shared fairly between keys (server/edge/pipeline/prompt_thread.py): a key's flood
+"""The prompt thread shared fairly between keys (server/edge/pipeline/fair_thread.py): a key's flood
 waits its turns behind another key's one job, a key's waiting jobs are bounded, a job whose caller left
 before it started never runs, and a job's exception reaches its caller."""
 
@@ -10,17 +10,17 @@ import threading
 import pytest
 
 from liveloop.server.edge.admission import Busy
-from liveloop.server.edge.pipeline.prompt_thread import PromptThread
+from liveloop.server.edge.pipeline.fair_thread import FairThread
 
 
 @pytest.fixture
 def thread():
-    t = PromptThread(per_key=8)
+    t = FairThread(per_key=8)
     yield t
     t.close()
 
 
-async def _blocked(thread: PromptThread) -> tuple[threading.Event, asyncio.Task]:
+async def _blocked(thread: FairThread) -> tuple[threading.Event, asyncio.Task]:
     """The thread busy with a job that holds it until the event is set."""
     started, release = threading.Event(), threading.Event()
 
@@ -33,7 +33,7 @@ async def _blocked(thread: PromptThread) -> tuple[threading.Event, asyncio.Task]
     return release, task
 
 
-async def _queued(thread: PromptThread, n: int) -> None:
+async def _queued(thread: FairThread, n: int) -> None:
     """Until `n` jobs wait (bounded: the event loop lets each `run` enqueue)."""
     for _ in range(1000):
         if thread.waiting() >= n:

@@ -1,11 +1,12 @@
-"""The prompt thread: the one thread that templates, tokenizes and checks grammars for every request
-(the tokenizer must not run two encodes at once), shared fairly between API keys. Each key's jobs wait
+"""A thread shared fairly between API keys. The edge runs two: the prompt thread, which templates and
+tokenizes every request (the tokenizer must not run two encodes at once), and the grammar thread, which
+checks constraints (server/edge/pipeline/grammar_check.py). Each key's jobs wait
 in a queue of their own, and the thread takes one job from each waiting key in turn, so one key's flood
 delays another key's job by at most one job per other waiting key, never by the whole flood. A key may
 have `per_key` jobs waiting (Busy beyond: 429), and a job whose caller went away before it started
 (the client disconnected) is skipped, not run.
 
-    thread = PromptThread(per_key=32)
+    thread = FairThread(per_key=32)
     ids = await thread.run(key_id, lambda: tokenizer.encode(text))
 """
 
@@ -38,7 +39,9 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
         future.set_result(result)
 
 
-class PromptThread:
+class FairThread:
+    """One worker thread; each key's jobs in a queue of their own, taken one per waiting key in turn."""
+
     def __init__(self, per_key: int, name: str = "liveloop-prompts"):
         self.per_key = per_key
         self._ready = threading.Condition()
