@@ -37,8 +37,10 @@ from sqlalchemy.orm import aliased
 
 from liveloop.episodes import EpisodeMismatch, episode_layout
 from liveloop.private import private_temp
+from liveloop.sampling import PLAIN, Sampling
 from liveloop.store.codec import decode_floats, decode_ids
 from liveloop.store.models import ApiKey, DeletedResponse, Feedback, Response
+from liveloop.store.records import stored_sampling
 from liveloop.store.store import Store
 
 Shape = Literal["kto", "preference", "sft", "raw", "episode"]
@@ -93,6 +95,7 @@ class RatedRow:
     options: dict[str, Any] | None = None
     owner: str = ""  # the key that got the response (whose chain `previous_response_id` names)
     parent_id: str | None = None  # the turn it continues (store/episodes.py)
+    sampling: Sampling = PLAIN  # how it was drawn: what its behaviour logprobs are the distribution of
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ def _select(filt: ExportFilter) -> Any:
             Response.created_at, Response.policy_version, Response.version_spans, Response.segment, Response.endpoint,
             Response.finish_reason, Response.prompt_ids, Response.response_ids, Response.behavior_logprobs,
             Response.messages, Response.tools, Response.output, Response.previous_response_id, Response.options, Response.api_key_id,
-            Response.parent_id,
+            Response.parent_id, Response.sampling, Response.temperature, Response.top_p,
         )
         .join(Response, Response.id == Feedback.response_id)
         .outerjoin(rater, rater.key_id == Feedback.api_key_id)
@@ -153,6 +156,7 @@ def _row(r: Any) -> RatedRow:
         policy_version=r[7], version_spans=spans, segment=r[9], endpoint=r[10], finish_reason=r[11],
         prompt_ids=decode_ids(r[12]), response_ids=decode_ids(r[13]), behavior_logprobs=decode_floats(r[14]),
         messages=r[15], tools=r[16], output=r[17], previous_response_id=r[18], options=r[19], owner=r[20], parent_id=r[21],
+        sampling=stored_sampling(r[22], r[23], r[24]),
     )
 
 
@@ -356,7 +360,7 @@ def _raw(r: RatedRow) -> dict[str, Any]:
         "version_spans": [list(s) for s in r.version_spans] if r.version_spans else None,
         "segment": r.segment, "endpoint": r.endpoint, "finish_reason": r.finish_reason,
         "prompt_ids": r.prompt_ids, "response_ids": r.response_ids, "behavior_logprobs": r.behavior_logprobs,
-        "created_at": r.created_at, "rated_at": r.rated_at,
+        "sampling": r.sampling.to_json(), "created_at": r.created_at, "rated_at": r.rated_at,
     }
 
 
@@ -399,7 +403,10 @@ def schema(shape: str, prompt_form: str, tools: bool = False) -> Any:
         ("label", pa.bool_()), ("policy_version", pa.int64()), ("version_spans", pa.list_(pa.list_(pa.int64()))),
         ("segment", pa.string()), ("endpoint", pa.string()), ("finish_reason", pa.string()),
         ("prompt_ids", pa.list_(pa.int32())), ("response_ids", pa.list_(pa.int32())),
-        ("behavior_logprobs", pa.list_(pa.float32())), ("created_at", ts), ("rated_at", ts),
+        ("behavior_logprobs", pa.list_(pa.float32())),
+        ("sampling", pa.struct([("temperature", pa.float64()), ("top_p", pa.float64()), ("top_k", pa.int64()), ("min_p", pa.float64()),
+                                ("repetition_penalty", pa.float64()), ("min_tokens", pa.int64()), ("logprobs", pa.string())])),
+        ("created_at", ts), ("rated_at", ts),
     ])
 
 

@@ -16,6 +16,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from liveloop import cli
+from liveloop.sampling import Sampling
 from liveloop.store import FeedbackRecord, ResponseRecord
 from liveloop.store.export import ExportFilter, export, rated_rows
 from liveloop.store.export_text import TokenText
@@ -25,13 +26,13 @@ def _ids(tok: Tokenizer, s: str) -> tuple[int, ...]:
     return tuple(tok.encode(s, add_special_tokens=False).ids)
 
 
-def _chat(tok, rid, question, answer, key="key-a", version=0, segment=None, endpoint="chat") -> ResponseRecord:
+def _chat(tok, rid, question, answer, key="key-a", version=0, segment=None, endpoint="chat", sampling=None) -> ResponseRecord:
     prompt = f"<|user|>\n{question}<|end|>\n<|assistant|>\n" if endpoint == "chat" else question
     reply = _ids(tok, answer) + (4,)  # <|end|>
     return ResponseRecord(
         id=rid, api_key_id=key, model="m", policy_version=version, endpoint=endpoint, prompt_ids=_ids(tok, prompt),
         response_ids=reply, behavior_logprobs=tuple(-0.5 - k / 10 for k in range(len(reply))), finish_reason="stop",
-        temperature=1.0, top_p=1.0, latency_ms=1.0, segment=segment,
+        temperature=1.0, top_p=1.0, latency_ms=1.0, segment=segment, sampling=sampling,
     )
 
 
@@ -41,7 +42,7 @@ def _seed(store, tok) -> None:
     recs = [
         _chat(tok, "a-up", "hello?", "hi there"),
         _chat(tok, "a-down", "hello?", "go away"),
-        _chat(tok, "a-up2", "hello?", "hello friend", version=1),
+        _chat(tok, "a-up2", "hello?", "hello friend", version=1, sampling=Sampling(temperature=0.7, top_p=0.9)),
         _chat(tok, "b-down", "weather?", "no idea", key="key-b", version=1),
         _chat(tok, "c-up", "plain text prompt", " continued", endpoint="completion"),
         _chat(tok, "s-up", "segment q?", "segment a", segment="fr", version=1),
@@ -86,6 +87,9 @@ def test_every_shape_loads_with_datasets(store, tok, text, tmp_path, fmt):
     assert raw["a-down"]["prompt_ids"] == stored.prompt_ids.tolist() and raw["a-down"]["response_ids"] == stored.response_ids.tolist()
     assert raw["a-down"]["behavior_logprobs"] == pytest.approx(stored.behavior_logprobs.tolist())
     assert raw["a-down"]["key_id"] == "key-a" and raw["a-down"]["reward"] == 0 and raw["a-down"]["version_spans"] is None
+    # how each was drawn: what its behaviour logprobs are the distribution of (a row without a record: raw)
+    assert Sampling.from_json(raw["a-up2"]["sampling"]) == Sampling(temperature=0.7, top_p=0.9)
+    assert Sampling.from_json(raw["a-down"]["sampling"]) == Sampling.logged_raw(1.0, 1.0)
 
 
 def test_text_form_keeps_every_row_as_the_model_saw_it(store, tok, text, tmp_path):
