@@ -110,6 +110,13 @@ class ServerConfig:
                   "(uvicorn's forwarded_allow_ips); empty: none, every client is who its socket says (a client that sets "
                   "X-Forwarded-For itself cannot pose as another address, e.g. to the sign-in throttle)"},
     )
+    max_connections: int = field(
+        default=512,
+        metadata={"help": "open connections (idle keep-alive ones too) and requests in progress this server takes at once; "
+                  "past it each new request is answered 503 at once, before any of liveloop's code runs (uvicorn's "
+                  "limit_concurrency). Below the usual 1,024 open files a process may hold, so a client opening "
+                  "sockets by the thousand cannot take the descriptors the store and the engine need; 0: no cap"},
+    )
     keep_alive_seconds: float = field(
         default=75.0,
         metadata={"help": "an idle keep-alive connection is closed after this many seconds; keep it above every client's "
@@ -185,6 +192,8 @@ class ServerConfig:
             raise ValueError("grammar_compile_seconds must be > 0")
         if self.header_timeout_seconds <= 0 or self.body_timeout_seconds <= 0 or self.keep_alive_seconds <= 0:
             raise ValueError("header_timeout_seconds, body_timeout_seconds and keep_alive_seconds must be > 0")
+        if self.max_connections < 0:
+            raise ValueError("max_connections must be >= 0 (0: no cap)")
         if self.max_import_bytes < 1:
             raise ValueError("max_import_bytes must be >= 1")
         if self.default_max_tokens < 1 or self.max_tokens_limit < 1:

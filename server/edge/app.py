@@ -192,4 +192,5 @@ def uvicorn_options(server: ServerConfig) -> dict[str, Any]:
     """What `uvicorn.run` needs besides the app, host and port to bound slow clients."""
     protocol = type("HeaderDeadline", (HeaderDeadline,), {"header_timeout": server.header_timeout_seconds})
     proxies = {"proxy_headers": bool(server.trusted_proxies), "forwarded_allow_ips": ",".join(server.trusted_proxies) or None}
-    return {"http": protocol, "timeout_keep_alive": server.keep_alive_seconds, "log_level": server.log_level, **proxies}
+    return {"http": protocol, "timeout_keep_alive": server.keep_alive_seconds, "log_level": server.log_level,
+            "limit_concurrency": server.max_connections or None, **proxies}
