@@ -10,9 +10,11 @@ A cut logit becomes `CUT` (finite, so 0 * log 0 stays 0 in a KL sum). At tempera
 distribution is the temperature-1 one, uncut: what vLLM logs for a greedy row, and what a greedy reply
 is trained as (the draw itself is a point mass; the policy learnt is the temperature-1 one).
 
-`keep`: the learner scores the policy's own shaping of the new logits, where a token that was drawn may
-fall outside a new nucleus; it is kept in (its logprob stays finite; far from the behaviour's, the
-ratio mask drops it). On-policy the drawn token is inside the cut anyway, so the shaping is the draw's.
+`keep`: the learner scores a drawn token under the policy's own cut of the new logits, where it may fall
+outside a new nucleus; it is kept in (its logprob stays finite; far from the behaviour's, the ratio mask
+drops it). On-policy the drawn token is inside the cut anyway, so the score is the draw's. Only the
+drawn token's logprob is cut (rl/batch.py `token_logprobs`); whole distributions (KL terms) compare the
+tempered, uncut ones, since two models cut differently and a token one cuts would weigh 1e9 nats.
 
 The repetition penalty and `min_tokens` also shape a draw, but depend on the text so far; the learner
 does not replay them, so a response drawn with either is not trained (`Sampling.untrainable`)."""
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 GREEDY_BELOW = 1e-5  # vLLM's sampling epsilon: a temperature below it draws greedily
+LOWEST_TEMPERATURE = 1e-2  # vLLM raises a temperature in (0, 0.01) to this (numerical safety): every engine does
+CUT_ROWS = 256  # `cut_mask` works through this many positions at a time (its sort is [rows, V] int64)
 CUT = -1e9  # a logit the shaping cut: exp() is 0 in float32, yet finite
 NO_CHANCE = -9999.0  # the logprob an API reply shows for a token the draw could not pick (OpenAI's figure)
 
@@ -83,21 +87,40 @@ class Sampling:
 PLAIN = Sampling()
 
 
+def drawn_temperature(temperature: float) -> float:
+    """The temperature a request's draw uses on every engine: 0 (greedy) below vLLM's epsilon, at least
+    vLLM's lowest (it raises smaller ones), else as asked."""
+    return 0.0 if temperature < GREEDY_BELOW else max(temperature, LOWEST_TEMPERATURE)
+
+
+def cuts(s: Sampling) -> bool:
+    """Whether a draw under `s` cuts tokens (min-p, top-k, top-p), beyond its temperature."""
+    return s.shaped and (s.min_p > 0.0 or s.top_k > 0 or s.top_p < 1.0)
+
+
+def tempered(logits: "Tensor", s: Sampling) -> "Tensor":
+    """`logits` divided by the draw's temperature (greedy and temperature 1: as they are)."""
+    return logits / s.temperature if s.shaped and s.temperature != 1.0 else logits
+
+
 def draw_logits(logits: "Tensor", s: Sampling, keep: "Tensor | None" = None) -> "Tensor":
     """`logits` [n, V] shaped as a draw under `s` shapes them (out of place; gradients flow through the
     kept logits, divided by the temperature). `keep` [n] token ids kept whatever the cuts say."""
+    out = tempered(logits, s)
+    return out.masked_fill(cut_mask(out, s, keep), CUT) if cuts(s) else out
+
+
+def cut_mask(logits: "Tensor", s: Sampling, keep: "Tensor | None" = None) -> "Tensor":
+    """[n, V] True where the draw's cuts drop a token of tempered `logits` (or log-probabilities: the same
+    cut), `keep` [n] token ids never; no gradient."""
     import torch
 
-    if not s.shaped:
-        return logits
-    out = logits / s.temperature if s.temperature != 1.0 else logits
-    if not (s.min_p > 0.0 or s.top_k > 0 or s.top_p < 1.0):
-        return out
     with torch.no_grad():
-        cut = _cut(out.detach().float(), s)
+        parts = [_cut(logits[i:i + CUT_ROWS].detach().float(), s) for i in range(0, logits.shape[0], CUT_ROWS)]
+        cut = torch.cat(parts) if parts else torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
         if keep is not None:
-            cut.scatter_(1, keep.reshape(-1, 1).to(torch.long), False)
-    return out.masked_fill(cut, CUT)
+            cut.scatter_(1, keep.reshape(-1, 1).to(device=cut.device, dtype=torch.long), False)
+    return cut
 
 
 def _cut(logits: "Tensor", s: Sampling) -> "Tensor":

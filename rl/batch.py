@@ -15,9 +15,9 @@ the same allowed set (exactly 1 on-policy), and a token the grammar forced (the 
 logprob 0 under both: no ratio, no gradient, as it should be (the model had no choice).
 
 A response drawn at another temperature than 1 or under min-p/top-k/top-p cuts has the shaped
-distribution's behaviour logprobs (liveloop/sampling.py): its `sampling` rides into `TokenBatch.draws`
-and `response_log_dists` shapes the policy's logits the same way after the grammar's mask. Draws the
-learner cannot replay are refused (`Unscorable("sampling")`).
+distribution's behaviour logprobs (liveloop/sampling.py): its `sampling` rides into `TokenBatch.draws`;
+`response_log_dists` tempers the policy's logits after the grammar's mask, and `token_logprobs` scores
+the drawn token under the model's own cut. Draws the learner cannot replay: `Unscorable("sampling")`.
 
 A stored sample that cannot be scored (tokens its grammar forbids, ids outside the vocabulary, non-finite
 logprobs, arrays of different lengths: a corrupt or poisoned record) is refused by `scorable` with the
@@ -35,7 +35,7 @@ from torch import Tensor
 
 from liveloop.episodes import token_versions
 from liveloop.grammar import ConstraintViolated, InvalidConstraint, mask_logits
-from liveloop.sampling import Sampling, draw_logits
+from liveloop.sampling import Sampling, cut_mask, cuts, tempered
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ def response_log_dists(logits: Tensor, batch: TokenBatch) -> Tensor:
             n = allowed.shape[0]
             row = torch.cat([mask_logits(row[:n], allowed), row[n:]])
         if batch.draws and batch.draws[b]:
-            row = _drawn(row, batch.draws[b], batch.response_ids[b])
+            row = _tempered(row, batch.draws[b])
         lp = torch.log_softmax(row, dim=-1)
         if lp.shape[0] < batch.width:
             lp = torch.cat([lp, lp.new_zeros(batch.width - lp.shape[0], lp.shape[1])])
@@ -278,19 +278,33 @@ def response_log_dists(logits: Tensor, batch: TokenBatch) -> Tensor:
     return torch.stack(rows)
 
 
-def _drawn(row: Tensor, spans: tuple[tuple[int, int, Sampling], ...], tokens: Tensor) -> Tensor:
-    """A row's logits [W, V] with each span shaped as its draw was (`draw_logits`, the drawn token kept)."""
+def _tempered(row: Tensor, spans: tuple[tuple[int, int, Sampling], ...]) -> Tensor:
+    """A row's logits [W, V] with each span divided by its draw's temperature."""
     parts, at = [], 0
     for start, end, drawn in spans:
-        parts += [row[at:start], draw_logits(row[start:end], drawn, keep=tokens[start:end])]
+        parts += [row[at:start], tempered(row[start:end], drawn)]
         at = end
     return torch.cat(parts + [row[at:]])
 
 
 def token_logprobs(dists: Tensor, batch: TokenBatch) -> Tensor:
     """log pi(y_t) for each response token, [B, W], read from `response_log_dists` (zeros past a
-    response's end: its rows there are zeros)."""
-    return dists.gather(2, batch.response_ids[:, :, None])[:, :, 0]
+    response's end: its rows there are zeros); a token drawn under min-p/top-k/top-p cuts is scored under
+    the distribution's own cut (the drawn token kept in), renormalised: what its behaviour logprob is."""
+    picked = dists.gather(2, batch.response_ids[:, :, None])[:, :, 0]
+    if not any(cuts(s) for spans in batch.draws for _, _, s in spans):
+        return picked
+    rows = []
+    for b, spans in enumerate(batch.draws):
+        kept_mass = [dists.new_zeros(batch.width)]  # log of the kept tokens' mass, 0 where nothing was cut
+        for start, end, s in spans:
+            if cuts(s) and end > start:
+                lp = dists[b, start:end]
+                cut = cut_mask(lp, s, keep=batch.response_ids[b, start:end])
+                mass = torch.logsumexp(lp.masked_fill(cut, float("-inf")), dim=-1)
+                kept_mass.append(torch.cat([mass.new_zeros(start), mass, mass.new_zeros(batch.width - end)]))
+        rows.append(torch.stack(kept_mass).sum(0))
+    return picked - torch.stack(rows)
 
 
 def response_logprobs(logits: Tensor, batch: TokenBatch) -> Tensor:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from liveloop.sampling import CUT, PLAIN, Sampling, draw_logits
+from liveloop.sampling import CUT, PLAIN, Sampling, draw_logits, drawn_temperature
 
 PROBS = np.array([0.5, 0.3, 0.15, 0.05])
 
@@ -109,3 +109,19 @@ def test_trainable(sampling: Sampling) -> None:
 def test_json_round_trip() -> None:
     s = Sampling(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05)
     assert Sampling.from_json(s.to_json()) == s
+
+
+@pytest.mark.parametrize(("asked", "drawn"), [(0.0, 0.0), (5e-324, 0.0), (9e-6, 0.0), (1e-5, 0.01), (0.002, 0.01),
+                                              (0.01, 0.01), (0.7, 0.7), (2.0, 2.0)])
+def test_the_temperature_every_engine_draws_at(asked, drawn):
+    # vLLM draws greedily below its epsilon (1e-5) and raises (0, 0.01) to 0.01: the record must say what was drawn
+    assert drawn_temperature(asked) == drawn
+
+
+def test_the_cut_works_through_long_rows_in_pieces():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(600, 300, generator=gen) * 2  # more positions than one piece (CUT_ROWS)
+    s = Sampling(temperature=0.8, top_k=20, top_p=0.9)
+    whole = draw_logits(logits, s)
+    rows = torch.cat([draw_logits(logits[i:i + 1], s) for i in range(600)])
+    assert torch.equal(whole == CUT, rows == CUT)

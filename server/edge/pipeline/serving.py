@@ -53,7 +53,7 @@ from liveloop.server.edge.pipeline.splicing import CarriedTurn, Splicer, carries
 from liveloop.server.edge.pipeline.text import TextStream
 from liveloop.server.edge.formats.tool_parsers import Parsed
 from liveloop.server.edge.formats.tools import JSONReply, Tool, ToolChoice, ToolUse, after_user, check_tool_results, output_message
-from liveloop.sampling import GREEDY_BELOW
+from liveloop.sampling import drawn_temperature
 from liveloop.store import BatchWriter, ResponseRecord, WriterDown, WriterFull
 from liveloop.store.linking import LinkKeys, episode_tag
 from liveloop.store.writer import WriterSlow
@@ -393,8 +393,8 @@ class Serving:
             )
         temperature = 1.0 if req.temperature is None else req.temperature  # the Responses API's may be null
         sampling = SamplingParams(
-            max_tokens=max_tokens,  # below vLLM's epsilon a temperature is greedy on every engine (/ 1e-300 overflows)
-            temperature=0.0 if temperature < GREEDY_BELOW else temperature,
+            max_tokens=max_tokens,  # greedy below vLLM's epsilon, vLLM's lowest above it: the same on every engine
+            temperature=drawn_temperature(temperature),
             top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed,
             top_logprobs=ask.top_logprobs,

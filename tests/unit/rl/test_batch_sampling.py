@@ -24,16 +24,31 @@ def test_by_hand_temperature_and_nucleus():
     # one response token, scored from the prompt's last position: logits log(0.5, 0.3, 0.15, 0.05) there
     logits = torch.zeros(1, 4, 4)
     logits[0, 2] = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    batch = make_batch([_sample(1, Sampling(temperature=2.0, top_p=0.5), response=[1])])
-    lp = response_log_dists(logits, batch)[0, 0]
-    # tempered p ~ sqrt(p): 0.379, 0.294, 0.208, 0.120; the nucleus of 0.5 keeps the first two
-    r = np.sqrt([0.5, 0.3])
-    np.testing.assert_allclose(lp[:2].numpy(), np.log(r / r.sum()), atol=1e-6)
-    assert float(lp[2]) < -1e8 and float(lp[3]) < -1e8
-    # the drawn token (3, outside the new nucleus) stays in: its logprob is finite
-    kept = response_log_dists(logits, make_batch([_sample(1, Sampling(temperature=2.0, top_p=0.5), response=[3])]))[0, 0]
-    r = np.sqrt([0.5, 0.3, 0.05])
-    np.testing.assert_allclose(kept[[0, 1, 3]].numpy(), np.log(r / r.sum()), atol=1e-6)
+    s = Sampling(temperature=2.0, top_p=0.5)
+    batch = make_batch([_sample(1, s, response=[1])])
+    # the distribution: tempered, uncut (what KL terms compare): p ~ sqrt(p) = 0.379, 0.294, 0.208, 0.120
+    r = np.sqrt([0.5, 0.3, 0.15, 0.05])
+    np.testing.assert_allclose(response_log_dists(logits, batch)[0, 0].numpy(), np.log(r / r.sum()), atol=1e-6)
+    # the drawn token's score: under the nucleus of 0.5, which keeps the first two
+    score = token_logprobs(response_log_dists(logits, batch), batch)[0, 0]
+    assert float(score) == pytest.approx(np.log(r[1] / r[:2].sum()), abs=1e-6)
+    # a drawn token outside the new nucleus (3) stays in: its score is finite
+    out = make_batch([_sample(1, s, response=[3])])
+    score = token_logprobs(response_log_dists(logits, out), out)[0, 0]
+    assert float(score) == pytest.approx(np.log(r[3] / r[[0, 1, 3]].sum()), abs=1e-6)
+
+
+def test_kl_terms_see_no_cut():
+    """Two models whose nuclei differ compare finite, tempered distributions (a cut token would weigh 1e9)."""
+    from liveloop.rl.diagnostics import token_kl
+
+    a, b = torch.zeros(1, 4, 4), torch.zeros(1, 4, 4)
+    a[0, 2] = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    b[0, 2] = torch.log(torch.tensor([0.3, 0.5, 0.15, 0.05]))
+    batch = make_batch([_sample(1, Sampling(temperature=1.0, top_p=0.4), response=[1])])
+    kl = token_kl(response_log_dists(a, batch), response_log_dists(b, batch), batch.action_mask)
+    p, q = np.array([0.5, 0.3, 0.15, 0.05]), np.array([0.3, 0.5, 0.15, 0.05])
+    assert kl == pytest.approx(float((p * np.log(p / q)).sum()), abs=1e-5)
 
 
 def test_plain_and_greedy_samples_carry_no_draws():
