@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import ARRAY, BigInteger, and_, any_, bindparam, func, literal, select
+from sqlalchemy import ARRAY, BigInteger, any_, bindparam, func, literal, select
 
 import liveloop.store.codec as codec
 from liveloop.store.db import Part
+from liveloop.store.grammars import NAMED
 from liveloop.store.models import Feedback, Grammar, Response, aware
 from liveloop.store.records import Episode, EpisodeTurn, EpisodeView, TurnView, stored_sampling
 
@@ -60,9 +61,8 @@ class EpisodeQueries(Part):
             Response.finish_reason, Response.created_at, Response.sampling, Response.temperature, Response.top_p, chain.c.up, chain.c.depth,
         )
         with self._session() as s:
-            named = and_(Grammar.api_key_id == Response.api_key_id, Grammar.digest == Response.grammar_digest)
             rows = s.execute(
-                select(*cols).join(chain, Response.id == chain.c.id).outerjoin(Grammar, named).order_by(chain.c.depth.desc())
+                select(*cols).join(chain, Response.id == chain.c.id).outerjoin(Grammar, NAMED).order_by(chain.c.depth.desc())
             ).all()
             if not rows:
                 return None

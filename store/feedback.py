@@ -22,7 +22,7 @@ from liveloop.store.bulk import insert_rows
 from liveloop.store.db import Part
 from liveloop.store.episode_links import link_turns
 from liveloop.store.keys import add_stored_bytes
-from liveloop.store.models import ApiKey, Feedback, LearnerCursor, PolicyVersion, Response, aware, utcnow
+from liveloop.store.models import ApiKey, Feedback, Grammar, LearnerCursor, PolicyVersion, Response, aware, utcnow
 from liveloop.store.operator import _only_trusted
 from liveloop.store.records import FeedbackRecord, RatingEvent, ResponseRecord, StoredFeedback, StoredResponse, stored_sampling
 from liveloop.store.rights import Barred, barred, hold_rights
@@ -153,9 +153,8 @@ def _feedback_row(op: FeedbackRecord, now: datetime) -> dict[str, Any]:
     return {"response_id": op.response_id, "api_key_id": op.api_key_id, "reward": op.reward, "comment": op.comment, "created_at": now}
 
 
-def _stored_response(row: Response, grammar_texts: dict[tuple[str, str], str]) -> StoredResponse:
-    """A stored response from its row; `grammar_texts` holds its grammar's text when it names one
-    (`grammars.texts`)."""
+def _stored_response(row: Response, grammar_text: str | None) -> StoredResponse:
+    """A stored response from its row and the text of the grammar it names (joined: `grammars.NAMED`)."""
     response_ids = codec.decode_ids(row.response_ids)
     mask = codec.decode_mask(row.action_mask) if row.action_mask is not None else None
     return StoredResponse(
@@ -178,7 +177,7 @@ def _stored_response(row: Response, grammar_texts: dict[tuple[str, str], str]) -
         created_at=aware(row.created_at),
         segment=row.segment,
         version_spans=None if row.version_spans is None else tuple((a, b, v) for a, b, v in row.version_spans),
-        grammar=row.grammar if row.grammar_digest is None else grammar_texts[(row.api_key_id, row.grammar_digest)],
+        grammar=row.grammar if row.grammar_digest is None else grammar_text,
         sampling=stored_sampling(row.sampling, row.temperature, row.top_p),
         group_id=row.group_id,
         choice_index=row.choice_index or 0,
@@ -308,6 +307,7 @@ class FeedbackQueries(Part):
         now = utcnow()
         with self.db.writing.begin() as conn:
             rows = [response_row(r, now) for r in records]
+            hold_rights(conn, shared=True)  # no deletion drops a grammar these rows name before they commit
             link_turns(conn, records, rows)
             grammars.store_new(conn, records, [now] * len(records))
             self._insert_responses(conn, rows)
@@ -319,9 +319,9 @@ class FeedbackQueries(Part):
         return result
 
     def get_response(self, response_id: str) -> StoredResponse | None:
-        with self._session() as s:
-            row = s.get(Response, response_id)
-            return _stored_response(row, grammars.texts(s, [row])) if row else None
+        with self._session() as s:  # one statement: the row and its grammar's text as of the same moment
+            found = s.execute(select(Response, Grammar.text).outerjoin(Grammar, grammars.NAMED).where(Response.id == response_id)).first()
+            return None if found is None or grammars.gone(*found) else _stored_response(*found)
 
     def get_feedback(self, response_id: str) -> list[StoredFeedback]:
         with self._session() as s:
@@ -335,15 +335,16 @@ class FeedbackQueries(Part):
         only = Response.segment == segment if segment is not None else true()
         with self._session() as s:
             rows = s.execute(
-                select(Feedback, Response)
+                select(Feedback, Response, Grammar.text)
                 .join(Response, Response.id == Feedback.response_id)
+                .outerjoin(Grammar, grammars.NAMED)
                 .outerjoin(ApiKey, ApiKey.key_id == Feedback.api_key_id)
                 .where(Feedback.id > feedback_id, only, or_(ApiKey.quarantined.is_(None), ApiKey.quarantined.is_(False)))
                 .order_by(Feedback.id)
                 .limit(limit)
             ).all()
-            texts = grammars.texts(s, [r for _, r in rows])
-            return [(_stored_feedback(f), _stored_response(r, texts)) for f, r in rows]
+            # a response deleted between its row's read and its grammar's is gone: not returned
+            return [(_stored_feedback(f), _stored_response(r, text)) for f, r, text in rows if not grammars.gone(r, text)]
 
     def trainable_since(
         self, since: datetime, after_id: int, segment: str | None = None, limit: int = 50_000

@@ -1,8 +1,9 @@
 """The constraints responses were sampled under, stored once per API key (`grammars`, migration 0017):
 a request's `n` choices, and every turn of an agent that forces the same call, share one row, named by
 its sha256 from `responses.grammar_digest`. Written in the inserting transaction (`store_new`), read
-back with the responses (`texts`), and dropped with the last response of its key that uses it
-(`drop_unused`, under the deletion's rights lock, so no writer adds a use at the same time)."""
+back joined to its responses in the same statement (`NAMED`: one moment, so no deletion falls between
+the two), and dropped with the last response of its key that uses it (`drop_unused`, under the
+deletion's rights lock, so no writer adds a use at the same time)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, exists, or_, select
+from sqlalchemy import Connection, and_, delete, exists, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from liveloop.store.models import Grammar, Response
@@ -30,8 +31,10 @@ def store_new(conn: Connection, records: Sequence[Any], created: Sequence[dateti
             wanted.setdefault((rec.api_key_id, digest(rec.grammar)), (rec.grammar, at))
     if not wanted:
         return []
-    held = set(conn.execute(select(Grammar.api_key_id, Grammar.digest).where(_pairs(wanted))).tuples())
-    new = [(pair, text, at) for pair, (text, at) in wanted.items() if pair not in held]
+    keys = sorted({key for key, _ in wanted})
+    held = set(conn.execute(select(Grammar.api_key_id, Grammar.digest).where(
+        Grammar.api_key_id.in_(keys), Grammar.digest.in_(sorted({d for _, d in wanted})))).tuples())
+    new = sorted((pair, text, at) for pair, (text, at) in wanted.items() if pair not in held)  # one order: no deadlock
     if new:
         insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(Grammar)
         conn.execute(insert.on_conflict_do_nothing(),
@@ -39,13 +42,14 @@ def store_new(conn: Connection, records: Sequence[Any], created: Sequence[dateti
     return [(key, at, len(text)) for (key, _), text, at in new]
 
 
-def texts(conn: Any, rows: Iterable[Any]) -> dict[tuple[str, str], str]:
-    """(key, digest) -> text for the rows (anything with api_key_id and grammar_digest) that name one."""
-    pairs = {(r.api_key_id, r.grammar_digest) for r in rows if r.grammar_digest is not None}
-    if not pairs:
-        return {}
-    found = conn.execute(select(Grammar.api_key_id, Grammar.digest, Grammar.text).where(_pairs(pairs)))
-    return {(key, d): text for key, d, text in found}
+NAMED = and_(Grammar.api_key_id == Response.api_key_id, Grammar.digest == Response.grammar_digest)  # the join
+
+
+def gone(row: Any, text: str | None) -> bool:
+    """Whether a response row read with its grammar's text (`NAMED`, outer join) names a grammar that is
+    not there (a database edited by hand, a partial restore): such a row reads as gone, never as a
+    response sampled freely, which the learner would train without its grammar's masks."""
+    return row.grammar_digest is not None and text is None
 
 
 def drop_unused(conn: Any, keys: Iterable[str]) -> None:
@@ -55,12 +59,3 @@ def drop_unused(conn: Any, keys: Iterable[str]) -> None:
         return
     used = exists().where(Response.api_key_id == Grammar.api_key_id, Response.grammar_digest == Grammar.digest)
     conn.execute(delete(Grammar).where(Grammar.api_key_id.in_(keys), ~used))
-
-
-def _pairs(pairs: Iterable[tuple[str, str]]) -> Any:
-    """WHERE (api_key_id, digest) is one of `pairs`: one IN per key (a batch holds few keys), each over
-    that key's digests."""
-    by_key: dict[str, list[str]] = {}
-    for key, d in pairs:
-        by_key.setdefault(key, []).append(d)
-    return or_(*(and_(Grammar.api_key_id == key, Grammar.digest.in_(ds)) for key, ds in sorted(by_key.items())))

@@ -66,6 +66,17 @@ def test_a_rows_text_from_before_the_table_still_reads(store):
     assert store.episodes.episode("old").turns[0].grammar == OTHER
 
 
+def test_a_row_whose_grammar_is_missing_reads_as_gone_not_as_free(store):
+    """A response naming a grammar row that is not there (a database edited by hand, a partial restore) is
+    not read as sampled freely: the learner would train it without its grammar's masks."""
+    store.feedback.write_batch([_response("a")])
+    store.feedback.put_feedback(FeedbackRecord("a", "k1", 1))
+    with store.db.writing.begin() as conn:
+        conn.execute(Grammar.__table__.delete())
+    assert store.feedback.get_response("a") is None
+    assert store.feedback.rated_after(0, 10) == []
+
+
 def test_the_row_goes_with_its_last_use_or_with_the_key(store):
     store.feedback.write_batch([_response("a"), _response("b"), _response("c", grammar=OTHER), _response("d", key="k2")])
     store.rights.delete_response("a", "k1")
