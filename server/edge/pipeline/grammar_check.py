@@ -99,6 +99,8 @@ class GrammarChecker:
         return self._child.pid if self._child is not None and self._child.is_alive() else None
 
     def _ready(self) -> Connection:
+        if self._closed:  # a check that waited out `close`: no child after it
+            raise RuntimeError("the grammar checker is closed")
         if self._child is not None and self._child.is_alive() and self._conn is not None:
             return self._conn
         self._kill()

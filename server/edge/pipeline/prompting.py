@@ -83,8 +83,9 @@ class Prompter:
             self.checker.start()
 
     def close(self) -> None:
-        if self._checker is not None:
-            self._checker.close()
+        with self._making:  # a checker being made now is closed too
+            if self._checker is not None:
+                self._checker.close()
 
     def _plain(self, messages: list[dict[str, Any]]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False)

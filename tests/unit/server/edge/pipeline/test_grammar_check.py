@@ -75,6 +75,9 @@ def test_a_closed_checker_starts_no_child(checker):
     starting = checker.start()
     starting.join(60)
     assert not starting.is_alive() and checker.pid is None
+    with pytest.raises(RuntimeError, match="closed"):  # a check that waited out the close starts none either
+        checker.check(_schema(None))
+    assert checker.pid is None
 
 
 def _wait_for_child(checker: GrammarChecker, timeout: float = 60.0) -> int:
