@@ -117,7 +117,9 @@ def test_streamed_tool_calls_accumulate_in_the_sdk(oai):
     firsts = [tc for e in deltas for c in e.chunk.choices for tc in (c.delta.tool_calls or []) if tc.id]
     assert len(firsts) == 1 and firsts[0].function.name == "calc" and firsts[0].id == call.id
     fragments = [tc.function.arguments for e in deltas for c in e.chunk.choices for tc in (c.delta.tool_calls or [])]
-    assert "".join(fragments) == call.function.arguments and len(fragments) > 2  # the arguments came in pieces
+    # the pieces add up to the call (how many pieces: the machine's pace, since a stream sends what its
+    # engine made since the last send, `[server] stream_interval_ms`; a loaded machine sends fewer, larger)
+    assert fragments and "".join(fragments) == call.function.arguments
 
 
 def test_json_schema_output_validates_and_json_mode_is_an_object(oai):
