@@ -142,14 +142,15 @@ def start_server(
     return server
 
 
-def serve_in_thread(app, port: int, timeout: float = 120.0):
+def serve_in_thread(app, port: int, timeout: float = 120.0, **options):
     """`app` served by uvicorn on 127.0.0.1:`port` in a daemon thread of this process, once it listens:
-    (server, thread). Stop it with `server.should_exit = True` and `thread.join(...)`."""
+    (server, thread). `options`: more of uvicorn.Config's (the edge's `uvicorn_options`, say). Stop it
+    with `server.should_exit = True` and `thread.join(...)`."""
     import threading
 
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **({"log_level": "warning"} | options)))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

@@ -5,14 +5,12 @@ hold it, and 200 again once they are gone; 0 is no cap."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
-from liveloop.devtools import free_port
+from liveloop.devtools import free_port, serve_in_thread
 from liveloop.server.config import ServerConfig
 from liveloop.server.edge.app import uvicorn_options
 
@@ -26,18 +24,11 @@ async def _ok(scope, receive, send):
 
 @pytest.fixture
 def serve():
-    running: list[tuple[uvicorn.Server, threading.Thread]] = []
+    running = []
 
     def start(config: ServerConfig) -> int:
         port = free_port()
-        srv = uvicorn.Server(uvicorn.Config(_ok, host="127.0.0.1", port=port, lifespan="off", **uvicorn_options(config)))
-        thread = threading.Thread(target=srv.run, daemon=True)
-        thread.start()
-        running.append((srv, thread))
-        deadline = time.monotonic() + 30  # a hang guard
-        while not srv.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert srv.started
+        running.append(serve_in_thread(_ok, port, timeout=30, lifespan="off", **uvicorn_options(config)))
         return port
 
     yield start

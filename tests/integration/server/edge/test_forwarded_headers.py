@@ -6,15 +6,12 @@ is an address test, not a string prefix (`127.example.com` is a name anyone's DN
 
 from __future__ import annotations
 
-import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 
 from liveloop.config import load_config
-from liveloop.devtools import free_port
+from liveloop.devtools import free_port, serve_in_thread
 from liveloop.server.config import ServerConfig
 from liveloop.server.edge.app import UnsafeBind, check_bind, is_loopback, uvicorn_options
 
@@ -28,14 +25,8 @@ async def _whoami(scope, receive, send):
 
 def _client_seen(server: ServerConfig) -> str:
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(_whoami, host="127.0.0.1", port=port, lifespan="off", **uvicorn_options(server)))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
+    srv, thread = serve_in_thread(_whoami, port, timeout=30, lifespan="off", **uvicorn_options(server))
     try:
-        deadline = time.monotonic() + 30  # a hang guard
-        while not srv.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert srv.started
         return httpx.get(f"http://127.0.0.1:{port}/", headers={"X-Forwarded-For": "203.0.113.9"}, timeout=30).text
     finally:
         srv.should_exit = True

@@ -11,14 +11,12 @@ app: the guard is the HTTP protocol's, not the app's."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
-from liveloop.devtools import free_port
+from liveloop.devtools import free_port, serve_in_thread
 from liveloop.server.edge.app import uvicorn_options
 from liveloop.server.config import ServerConfig
 
@@ -37,14 +35,7 @@ def server(request):
     port = free_port()
     keep_alive = getattr(request, "param", ServerConfig().keep_alive_seconds)
     options = uvicorn_options(ServerConfig(header_timeout_seconds=TIMEOUT, keep_alive_seconds=keep_alive, log_level="warning"))
-    config = uvicorn.Config(_app, host="127.0.0.1", port=port, lifespan="off", **options)
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert srv.started
+    srv, thread = serve_in_thread(_app, port, timeout=30, lifespan="off", **options)
     yield f"http://127.0.0.1:{port}", port
     srv.should_exit = True
     thread.join(10)
