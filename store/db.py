@@ -32,6 +32,14 @@ from liveloop.store.config import StoreConfig
 IMMEDIATE = "liveloop_immediate"  # the execution option that asks for BEGIN IMMEDIATE
 
 
+def dialect_insert(dialect: str, model: Any) -> Any:
+    """An INSERT of `model` that takes an ON CONFLICT clause, in the store's dialect ("postgresql", or
+    SQLite's)."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(model)
+
+
 def immediate(engine: Engine) -> Engine:
     """`engine` (same pool) whose transactions take SQLite's write lock when they begin."""
     return engine.execution_options(**{IMMEDIATE: True})

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import BigInteger, Float, Integer, String, and_, delete, func, or_, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, mapped_column
 
+from liveloop.store.db import dialect_insert
 from liveloop.store.lease import db_seconds
 from liveloop.store.models import Base
 
@@ -110,7 +110,7 @@ class FleetCounts:
                 for (b, sub, w), n in added.items() if n]
         if not rows:
             return
-        insert = (postgresql.insert if self._dialect == "postgresql" else sqlite.insert)(FleetCount)
+        insert = dialect_insert(self._dialect, FleetCount)
         upsert = insert.on_conflict_do_update(
             index_elements=["replica", "bucket", "subject", "window_start"],
             set_={"count": FleetCount.count + insert.excluded.count, "updated_at": insert.excluded.updated_at},

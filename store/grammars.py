@@ -13,8 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, and_, delete, exists, select
-from sqlalchemy.dialects import postgresql, sqlite
 
+from liveloop.store.db import dialect_insert
 from liveloop.store.models import Grammar, Response
 
 
@@ -36,8 +36,7 @@ def store_new(conn: Connection, records: Sequence[Any], created: Sequence[dateti
         Grammar.api_key_id.in_(keys), Grammar.digest.in_(sorted({d for _, d in wanted})))).tuples())
     new = sorted((pair, text, at) for pair, (text, at) in wanted.items() if pair not in held)  # one order: no deadlock
     if new:
-        insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(Grammar)
-        conn.execute(insert.on_conflict_do_nothing(),
+        conn.execute(dialect_insert(conn.dialect.name, Grammar).on_conflict_do_nothing(),
                      [{"api_key_id": key, "digest": d, "text": text} for (key, d), text, _ in new])
     return [(key, at, len(text)) for (key, _), text, at in new]
 
@@ -57,5 +56,4 @@ def drop_unused(conn: Any, keys: Iterable[str]) -> None:
     keys = sorted(set(keys))
     if not keys:
         return
-    used = exists().where(Response.api_key_id == Grammar.api_key_id, Response.grammar_digest == Grammar.digest)
-    conn.execute(delete(Grammar).where(Grammar.api_key_id.in_(keys), ~used))
+    conn.execute(delete(Grammar).where(Grammar.api_key_id.in_(keys), ~exists().where(NAMED)))

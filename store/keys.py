@@ -16,10 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 import liveloop.store.codec as codec
-from liveloop.store.db import Part
+from liveloop.store.db import Part, dialect_insert
 from liveloop.store.models import ApiKey, Feedback, KeyBytes, Response, aware, utcnow
 from liveloop.store.lease import fenced
 from liveloop.store.operator import add_event
@@ -56,7 +55,7 @@ def add_stored_bytes(conn: Connection, rows: Sequence[dict[str, Any]], extra: Se
         added[(key, utc_day(at))] += n
     if not added:
         return
-    insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(KeyBytes)
+    insert = dialect_insert(conn.dialect.name, KeyBytes)
     upsert = insert.on_conflict_do_update(index_elements=["api_key_id", "day"], set_={"bytes": KeyBytes.bytes + insert.excluded.bytes})
     conn.execute(upsert, [{"api_key_id": key, "day": day, "bytes": n} for (key, day), n in sorted(added.items())])
 
