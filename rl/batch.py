@@ -191,8 +191,9 @@ def scorable(sample: Sample, vocab_size: int, grammars: Any = None, nan_logprobs
     shapes = {a.ndim for a in (prompt, resp, np.asarray(sample.behavior_logprobs), np.asarray(sample.action_mask))}
     if shapes != {1} or not n == len(sample.behavior_logprobs) == len(sample.action_mask):
         raise Unscorable("lengths", f"response {n} tokens, logprobs {len(sample.behavior_logprobs)}, mask {len(sample.action_mask)}")
-    if any(not 0 <= start <= end <= n for start, end, _ in sample.grammar_spans + sample.sampling_spans):
-        raise Unscorable("lengths", f"grammar or sampling spans {[s[:2] for s in sample.grammar_spans + sample.sampling_spans]} outside {n} tokens")
+    spans = sample.grammar_spans + sample.sampling_spans
+    if any(not 0 <= start <= end <= n for start, end, _ in spans):
+        raise Unscorable("lengths", f"grammar or sampling spans {[s[:2] for s in spans]} outside {n} tokens")
     for _, _, drawn in sample.draws():
         if (why := drawn.untrainable()) is not None:
             raise Unscorable("sampling", why)

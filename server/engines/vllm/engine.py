@@ -510,8 +510,8 @@ class _Swap:
 
 def sampling_params(s: SamplingParams) -> Any:
     """vLLM's SamplingParams for liveloop's: logprobs of the sampled token always (processed: after the
-    grammar's mask, the penalties, the temperature and the min-p/top-k/top-p cuts, `engine_args`; vLLM's `logprobs=k` is the sampled token's and k alternatives', so 0 when the request asks
-    for none: one Logprob a position for its frontend to build, not two); a constraint as a structural
+    grammar's mask, the penalties, the temperature and the min-p/top-k/top-p cuts, `engine_args`;
+    vLLM's `logprobs=k` is the sampled token's and k alternatives', so 0 when the request asks for none: one Logprob a position for its frontend to build, not two); a constraint as a structural
     tag for vLLM's structured outputs (xgrammar). The stop tokens are all liveloop's (`ignore_eos` at
     the edge leaves the model's eos out of them), so vLLM's own eos check stays off."""
     from vllm import SamplingParams as VSamplingParams
