@@ -21,8 +21,8 @@ prompt is the context every turn was sampled in, so it cannot be cut without cha
 behaviour logprobs are of), one whose turns do not sit where their links say (`mismatch`). Nor is a
 sample the learner cannot score (`check`: rl/batch.py `scorable`; a stored reply whose tokens its grammar
 forbids, say): skipped with a warning naming the response, counted in `learner/skipped_samples` and
-`learner/skipped_samples_<reason>` (alarmed); it is consumed like any skipped rating, never retried.
-A reply drawn so the learner cannot replay it (liveloop/sampling.py): `learner/untrained_samples_sampling`."""
+`learner/skipped_samples_<reason>` (alarmed; `memory`: its step ran out of memory alone twice, learner/memory.py),
+consumed, never retried. One drawn so it cannot be replayed (liveloop/sampling.py): `untrained_samples_sampling`."""
 
 from __future__ import annotations
 
@@ -99,6 +99,11 @@ class EpisodeSamples:
             self.unscorable[exc.reason] += 1
             log.warning("rating %d of response %s not trained, it cannot be scored: %s", feedback.id, response.id, exc)
             return None
+
+    def not_trained(self, reason: str) -> None:
+        """A sample the learner took and could not train after all (a step on it alone ran out of memory:
+        learner/memory.py): counted with the unscorable ones, so alarmed as a skipped sample."""
+        self.unscorable[reason] += 1
 
     def _sample(self, feedback: StoredFeedback, response: StoredResponse) -> Sample | None:
         if getattr(response, "parent_id", None) is None:

@@ -49,9 +49,11 @@ class Method(Protocol):
     name: str
     uses_critic: bool
 
-    def next_batch(self, feed: RatedFeed, after_id: int) -> tuple[list[Sample], int] | None:
+    def next_batch(self, feed: RatedFeed, after_id: int, most: int | None = None) -> tuple[list[Sample], int] | None:
         """The next samples and the last feedback id they consume through; None: not yet. `feed` reads
-        ratings (`rated_after`) and makes each one's sample (`sample`): learner/episodes.py `RatedFeed`."""
+        ratings (`rated_after`) and makes each one's sample (`sample`): learner/episodes.py `RatedFeed`.
+        `most`: at most that many samples, where the method can split its batches (after a step ran out
+        of memory: learner/memory.py)."""
 
     def passed(self, after_id: int) -> int:
         """How far past `after_id` the last `next_batch` (which said "not yet") read ratings that train
@@ -109,10 +111,13 @@ class SAO:
         self.advantage_ms = RunningMean()  # advantage_norm running: mean squared action-token advantage
         self.levers: dict[str, float] = {}  # the last batch's learner/baseline and learner/advantage_scale
 
-    def next_batch(self, feed: RatedFeed, after_id: int) -> tuple[list[Sample], int] | None:
+    def next_batch(self, feed: RatedFeed, after_id: int, most: int | None = None) -> tuple[list[Sample], int] | None:
         """The next ratings in arrival order that are within the influence caps: at least B of them,
-        and with adaptive batching (`max_batch_size` M > B) as many of those waiting as fit, up to M."""
+        and with adaptive batching (`max_batch_size` M > B) as many of those waiting as fit, up to M
+        (both at most `most`)."""
         B, M = self.config.batch_size, self.config.largest_batch
+        if most is not None:
+            B, M = min(B, most), min(M, most)
         self.caps.forget_after(after_id)
         start = self._skipped[1] if self._skipped and self._skipped[0] == after_id else after_id
         plan, taken, through, examined, end, cut = self.caps.plan(), [], start, 0, False, False
@@ -240,7 +245,8 @@ class GRPO(SAO):
         tag = (response.request_meta or {}).get("group")
         return ("tag", tag) if tag else ("prompt", tuple(int(x) for x in response.prompt_ids))
 
-    def next_batch(self, feed: RatedFeed, after_id: int) -> tuple[list[Sample], int] | None:
+    def next_batch(self, feed: RatedFeed, after_id: int, most: int | None = None) -> tuple[list[Sample], int] | None:
+        """The oldest complete group (a group is not split: `most` is not heeded)."""
         G = self.config.grpo.group_size
         self.read_through = max(self.read_through, after_id)
         # read everything new into the buffer, by group

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -42,7 +43,9 @@ from liveloop.learner.adapters import AdapterPolicy
 from liveloop.learner.config import LearnerConfig
 from liveloop.learner.diagnostics import StabilityWindow
 from liveloop.learner.episodes import EpisodeSamples
+from liveloop.learner import heap
 from liveloop.learner.loop import run_lanes
+from liveloop.learner.memory import MemoryRetreat, out_of_memory
 from liveloop.learner.methods import make_method
 from liveloop.learner.objective import policy_objective
 from liveloop.learner.placement import Placement, placement
@@ -134,6 +137,7 @@ class OnlineLearner:
         self._load(policy_dir, critic_dir)
         self.idle_seconds = 0.0
         self.busy_seconds = 0.0
+        self.memory = MemoryRetreat()  # where it stands after steps that ran out of memory
         self.recomputed_steps = 0  # steps whose batch was long enough to recompute activations (recompute_over_tokens)
         self.paused = False
         self.transport = transport
@@ -309,13 +313,53 @@ class OnlineLearner:
     def _step(self) -> bool:
         c, s = self.config, self.state
         # 1. the next B rated responses, in arrival order (GRPO baselines: the next complete group)
-        taken = self.method.next_batch(self.ratings, s.pending_cursor)
+        taken = self.method.next_batch(self.ratings, s.pending_cursor, most=self.memory.batch_limit)
         if taken is None:
             self._pass_untrained()
             return False
         samples, last_id = taken
+        if self.memory.passes(last_id):  # it ran out of memory alone twice (learner/memory.py)
+            self._pass_too_big(samples, last_id)
+            return True
         self.publishing.supersede()  # a version held back for this step never is (coalesce_versions)
-        started = time.perf_counter()
+        started, updates = time.perf_counter(), self.policy_opt.updates
+        try:
+            host, host_values, host_advantages, metrics = self._train(samples)
+        except Exception as exc:
+            if c.ranks > 1 or not out_of_memory(exc):
+                raise
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            error = None
+        if error is not None:  # out here the failed step's frames, and the tensors they held, are gone
+            self._out_of_memory(samples, last_id, error, policy_moved=self.policy_opt.updates != updates)
+            self.busy_seconds += time.perf_counter() - started
+            return True
+        self.memory.stepped(last_id)
+        metrics |= self.method.stats() | self.ratings.stats() | self.window.add(host, host_values, host_advantages)
+        metrics |= self.memory.stats()
+        if self.restart is not None:
+            started_over = self.restart.add(host.rewards.tolist())
+            metrics |= self.restart.stats()
+            if started_over:
+                self._start_over()
+        s.pending_cursor = last_id
+        s.step += 1
+        s.samples += len(samples)
+        s.steps_since_publish += 1
+        s.samples_since_publish += len(samples)
+        s.last_metrics = metrics | {"learner/reward_mean": float(host.rewards.mean()), "learner/batch_size": float(len(samples))}
+        self.busy_seconds += time.perf_counter() - started
+        # 6. publish every N steps or T seconds; with coalesce_versions not while the next rating already waits
+        # (its step's version supersedes this one: learner/publishing.py)
+        if s.steps_since_publish >= c.publish_every_steps and not self.publishing.hold_back(self._rating_waiting):
+            self.publish()
+        return True
+
+    def _train(self, samples: list[Sample]) -> tuple[TokenBatch, torch.Tensor | None, torch.Tensor, dict[str, float]]:
+        """Steps 2-5 on `samples`: the critic's values, the advantages, K critic steps, one policy step.
+        Returns the host batch, its values and advantages, and the step's metrics."""
+        c = self.config
         host = make_batch(samples, grammars=self._grammars(samples))
         if c.episode_observations == "actions" and bool(torch.isnan(host.behavior_logprobs).any()):  # the ablation's observations
             host = self._scored_on_policy(host)
@@ -338,27 +382,45 @@ class OnlineLearner:
             del first
             # 5. one policy step
             metrics |= self._policy_step(batch, advantages)
-        metrics |= self.method.stats() | self.ratings.stats() | self.window.add(host, host_values, host_advantages)
         if c.recompute_over_tokens:
             self.recomputed_steps += int(long_batch)
             metrics["learner/recomputed_steps"] = float(self.recomputed_steps)
-        if self.restart is not None:
-            started_over = self.restart.add(host.rewards.tolist())
-            metrics |= self.restart.stats()
-            if started_over:
-                self._start_over()
+        return host, host_values, host_advantages, metrics
+
+    def _out_of_memory(self, samples: list[Sample], last_id: int, error: str, policy_moved: bool) -> None:
+        """A step on `samples` (through feedback `last_id`) ran out of memory (learner/memory.py): drop it
+        and hand the heap back; the batch is retried smaller, or passed when it comes up again. If the
+        policy's update had begun (`policy_moved`: the failure came in its optimizer or in the trust
+        region's check after it), the learner reloads the version it last published; before that, the
+        policy is as it was (the critic keeps the value steps that stood: one more fit to this batch)."""
+        verdict = self.memory.failed(len(samples), last_id)
+        log.error("learner %s: a step of %d rating(s) through feedback %d ran out of memory (%s): %s",
+                  self.cursor_name, len(samples), last_id, error,
+                  "retrying one rating at a time" if verdict == "retry" else "it will not be trained")
+        for opt in (self.policy_opt, self.critic.optimizer if self.critic is not None else None):
+            if opt is not None:
+                opt.drop_grads()
+        if policy_moved:  # the old models let go first: the reload needs no room beside them
+            self.policy_opt = self.critic = None
+            if self.adapters is None:
+                self.policy = None
+        gc.collect()
+        heap.trim()
+        if policy_moved:  # if it fails all the same, the learner's supervisor starts a fresh one
+            self.reload()
+        self.state.last_metrics = dict(self.state.last_metrics) | self.memory.stats()
+
+    def _pass_too_big(self, samples: list[Sample], last_id: int) -> None:
+        """Consume `samples` untrained: counted and alarmed as skipped samples (`learner/skipped_samples_memory`)."""
+        s = self.state
+        for _ in samples:
+            self.ratings.not_trained("memory")
         s.pending_cursor = last_id
-        s.step += 1
-        s.samples += len(samples)
-        s.steps_since_publish += 1
-        s.samples_since_publish += len(samples)
-        s.last_metrics = metrics | {"learner/reward_mean": float(host.rewards.mean()), "learner/batch_size": float(len(samples))}
-        self.busy_seconds += time.perf_counter() - started
-        # 6. publish every N steps or T seconds; with coalesce_versions not while the next rating already waits
-        # (its step's version supersedes this one: learner/publishing.py)
-        if s.steps_since_publish >= c.publish_every_steps and not self.publishing.hold_back(self._rating_waiting):
-            self.publish()
-        return True
+        s.steps_since_publish += 1  # a publish is due for the cursor (no update)
+        self.memory.stepped(last_id)
+        s.last_metrics = dict(s.last_metrics) | self.ratings.stats() | self.memory.stats()
+        log.warning("learner %s: %d rating(s) through feedback %d not trained: a step on them alone ran out of memory "
+                    "twice (they stay in the store for a replay)", self.cursor_name, len(samples), last_id)
 
     def _pass_untrained(self) -> None:
         """Ratings the method read and trains none of (unscorable, capped) are consumed: the cursor moves

@@ -4,6 +4,8 @@ DeepSpeed ZeRO stage 1-3 (for models that do not fit one device), for the policy
     opt = make_optimizer(model, lr, max_grad_norm, zero_stage)
     out = opt.module(input_ids=...)        # forward through it (ZeRO-3 gathers parameters on the fly)
     norm = opt.step(loss)                  # backward, clip, step; None and no update if not finite
+    opt.updates                            # updates begun so far (a step that failed midway: did it touch the weights?)
+    opt.drop_grads()                       # after a step that failed midway (out of memory)
     opt.set_lr(lr)                         # the next steps' learning rate (step-size control)
     saved = opt.snapshot(); opt.restore(saved)   # undo an update (the trust region; torch AdamW only)
     with opt.full_parameters(): ...        # full weights, for checks and save_pretrained
@@ -41,11 +43,10 @@ class TorchOptimizer:
         # per-tensor kernels in the same order as the loop it replaces, so the update is the same bit for bit
         self.optimizer = torch.optim.AdamW(self.master or self.params, lr=lr, weight_decay=0.0, foreach=True)
         self.max_grad_norm = max_grad_norm
+        self.updates = 0
 
     def step(self, loss: Tensor) -> float | None:
-        self.optimizer.zero_grad(set_to_none=True)
-        for p in self.params:
-            p.grad = None
+        self.drop_grads()
         if not torch.isfinite(loss):
             return None
         loss.backward()
@@ -59,12 +60,18 @@ class TorchOptimizer:
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             return None
+        self.updates += 1
         self.optimizer.step()
         if self.master is not None:
             with torch.no_grad():
                 for m, p in zip(self.master, self.params):
                     p.copy_(m)
         return float(norm)
+
+    def drop_grads(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
 
     def snapshot(self) -> list[Tensor]:
         """The trained weights as they are now (the fp32 copy with master weights), for `restore`."""
@@ -130,6 +137,7 @@ class ZeroOptimizer:
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=params, config=config)
         self.module = self.engine
         self.params = params
+        self.updates = 0
 
     def _grad_norm(self) -> float:
         from deepspeed.utils import safe_get_full_grad
@@ -149,8 +157,12 @@ class ZeroOptimizer:
         if not torch.isfinite(torch.tensor(norm)):
             self.engine.zero_grad()
             return None
+        self.updates += 1
         self.engine.step()
         return norm
+
+    def drop_grads(self) -> None:
+        self.engine.zero_grad()
 
     def set_lr(self, lr: float) -> None:
         for group in self.engine.optimizer.param_groups:
