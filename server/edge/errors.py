@@ -92,6 +92,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
     from liveloop.server.edge.admission import Busy, RateLimited, StorageSpent
     from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
     from liveloop.server.control.activator import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
+    from liveloop.server.edge.pipeline.grammar_check import CheckerUnavailable
     from liveloop.server.edge.pipeline.serving import InvalidRequest, LogFailed, UnknownModel
     from liveloop.server.edge.formats.tools import ToolsRefused
     from liveloop.server.control.weights_import import ImportFailed, ImportRefused
@@ -111,6 +112,7 @@ def domain_table() -> tuple[tuple[type[BaseException], Answer], ...]:
         (InterfaceError, store_down),
         (LogFailed, Answer(503, "log_failed")),
         (EngineUnavailable, Answer(503, "engine_unavailable", retry_after=5)),
+        (CheckerUnavailable, Answer(503, "grammar_checker_unavailable", retry_after=1)),  # stopping, or its child did not start
         # a request the model cannot serve as asked (the exception names its param and code)
         (UnknownModel, Answer(404, "model_not_found", param="model")),
         (InvalidRequest, Answer(400)),

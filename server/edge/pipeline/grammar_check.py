@@ -27,6 +27,11 @@ class GrammarTooComplex(InvalidConstraint):
     """A constraint that did not compile within the deadline (its compile was stopped)."""
 
 
+class CheckerUnavailable(RuntimeError):
+    """The checker cannot check now (closed: the server is stopping; or its child did not start): the
+    server's state, not the constraint's fault, so the client may retry (503)."""
+
+
 def _serve(conn: Connection, info_json: str) -> None:
     """The child: compile each constraint it is sent, answer (True, "") or (False, the error)."""
     import xgrammar as xgr
@@ -77,7 +82,7 @@ class GrammarChecker:
 
     def check(self, constraint: str) -> None:
         """Return when `constraint` compiles; raise InvalidConstraint when it does not, GrammarTooComplex
-        when it did not within the deadline."""
+        when it did not within the deadline, CheckerUnavailable when it cannot check now."""
         with self._lock:
             conn = self._ready()
             conn.send(constraint)
@@ -100,7 +105,7 @@ class GrammarChecker:
 
     def _ready(self) -> Connection:
         if self._closed:  # a check that waited out `close`: no child after it
-            raise RuntimeError("the grammar checker is closed")
+            raise CheckerUnavailable("the server is stopping: the grammar checker is closed")
         if self._child is not None and self._child.is_alive() and self._conn is not None:
             return self._conn
         self._kill()
@@ -116,7 +121,7 @@ class GrammarChecker:
             ready = False
         if not ready:
             self._kill()
-            raise RuntimeError(f"the grammar checker did not start within {START_SECONDS:g} s")
+            raise CheckerUnavailable(f"the grammar checker did not start within {START_SECONDS:g} s")
         return parent
 
     def _replace(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from liveloop.grammar import grammars_for
 from liveloop.server.edge.formats.tool_parsers import PARSERS
 from liveloop.server.edge.formats.tool_rendering import TextTools, default_system, tool_format
-from liveloop.server.edge.pipeline.grammar_check import GrammarChecker, GrammarTooComplex
+from liveloop.server.edge.pipeline.grammar_check import CheckerUnavailable, GrammarChecker, GrammarTooComplex
 from liveloop.server.edge.pipeline.markers import Markers, PromptText
 from liveloop.server.edge.formats.tools import (
     JSONLayout,
@@ -145,6 +145,8 @@ class Prompter:
             self.checker.check(constraint)
         except GrammarTooComplex as exc:
             raise _unfollowable(param, str(exc), "grammar_too_complex") from None
+        except CheckerUnavailable:  # the server's state (stopping), not the schema's: a 503 at the edge
+            raise
         except Exception as exc:  # xgrammar refuses a schema it cannot turn into a grammar
             raise _unfollowable(param, str(exc)[:300]) from None
 

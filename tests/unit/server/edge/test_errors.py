@@ -13,6 +13,7 @@ from liveloop.server.edge.admission import Busy, RateLimited, StorageSpent
 from liveloop.server.edge.errors import APIError, domain_error, domain_table, install_handlers
 from liveloop.server.engines.base import AdaptersUnsupported, AdapterUnusable, EngineUnavailable
 from liveloop.server.control.activator import AlreadyServing, CheckpointUnusable, NotServable, SwapFailed, UnknownSegment
+from liveloop.server.edge.pipeline.grammar_check import CheckerUnavailable
 from liveloop.server.edge.pipeline.serving import InvalidRequest, LogFailed, UnknownModel
 from liveloop.server.edge.formats.tools import ToolsRefused
 from liveloop.grammar import GrammarDeadEnd
@@ -35,6 +36,8 @@ EXPECTED = {
                 "the response could not be logged; please retry", "1"),
     EngineUnavailable: (EngineUnavailable("the SGLang server at http://127.0.0.1:30000 does not answer"), 503, "server_error",
                         "engine_unavailable", None, "the SGLang server at http://127.0.0.1:30000 does not answer", "5"),
+    CheckerUnavailable: (CheckerUnavailable("the server is stopping: the grammar checker is closed"), 503, "server_error",
+                         "grammar_checker_unavailable", None, "the server is stopping: the grammar checker is closed", "1"),
     UnknownModel: (UnknownModel("gpt-9"), 404, "not_found_error", "model_not_found", "model", "the model `gpt-9` does not exist", None),
     InvalidRequest: (InvalidRequest("the prompt is empty", "prompt", code="context_length_exceeded"), 400, "invalid_request_error",
                      "context_length_exceeded", "prompt", "the prompt is empty", None),

@@ -2,7 +2,8 @@
 model's tokenizer and the real xgrammar in a real child process: a constraint that compiles passes, one
 that cannot is InvalidConstraint, and one whose compile runs past the deadline (nested bounded repeats
 in a `pattern`) is stopped (the child killed) as GrammarTooComplex, after which a fresh child starts at
-once in the background and the next check passes on it; `start` readies a child before any check."""
+once in the background and the next check passes on it; `start` readies a child before any check; a
+check after `close` (the server stopping) is CheckerUnavailable, the server's state, not the schema's."""
 
 from __future__ import annotations
 
@@ -89,3 +90,29 @@ def _wait_for_child(checker: GrammarChecker, timeout: float = 60.0) -> int:
                 return checker.pid
         time.sleep(0.05)
     raise AssertionError("no child started")
+
+
+def test_a_check_after_close_is_the_server_stopping_not_the_schemas_fault(checker):
+    """A 503 at the edge (tests/unit/server/edge/test_errors.py), not the 400 of a schema that cannot be followed."""
+    from liveloop.server.edge.pipeline.grammar_check import CheckerUnavailable
+
+    checker.check(_schema(None))
+    checker.close()  # the server's shutdown, with a request still on its way to the grammar thread
+    with pytest.raises(CheckerUnavailable, match="stopping") as stopped:
+        checker.check(_schema(None))
+    assert not isinstance(stopped.value, InvalidConstraint)
+
+
+def test_the_prompter_passes_the_stopping_on_to_the_edge(model_dir):
+    """What the edge calls (`Prompter.check`): a closed checker stays CheckerUnavailable, not the 400 of a
+    schema that cannot be followed (ToolsRefused)."""
+    from transformers import AutoTokenizer
+
+    from liveloop.server.edge.pipeline.grammar_check import CheckerUnavailable
+    from liveloop.server.edge.pipeline.prompting import Prompter
+
+    prompter = Prompter(AutoTokenizer.from_pretrained(str(model_dir)), model_dir, "auto", "canonical", None)
+    prompter.check(_schema(None), "response_format")
+    prompter.close()
+    with pytest.raises(CheckerUnavailable):
+        prompter.check(_schema(None), "response_format")
