@@ -24,7 +24,7 @@ def digest(text: str) -> str:
 
 def store_new(conn: Connection, records: Sequence[Any], created: Sequence[datetime]) -> list[tuple[str, datetime, int]]:
     """Store the grammars of `records` (ResponseRecords about to be inserted) that their keys do not hold
-    yet; (key, created_at, bytes) of each one stored, for the key's daily byte count."""
+    yet; (key, created_at, bytes) of each one this call stored, for the key's daily byte count."""
     wanted: dict[tuple[str, str], tuple[str, datetime]] = {}
     for rec, at in zip(records, created):
         if rec.grammar is not None:
@@ -35,10 +35,15 @@ def store_new(conn: Connection, records: Sequence[Any], created: Sequence[dateti
     held = set(conn.execute(select(Grammar.api_key_id, Grammar.digest).where(
         Grammar.api_key_id.in_(keys), Grammar.digest.in_(sorted({d for _, d in wanted})))).tuples())
     new = sorted((pair, text, at) for pair, (text, at) in wanted.items() if pair not in held)  # one order: no deadlock
-    if new:
-        conn.execute(dialect_insert(conn.dialect.name, Grammar).on_conflict_do_nothing(),
-                     [{"api_key_id": key, "digest": d, "text": text} for (key, d), text, _ in new])
-    return [(key, at, len(text)) for (key, _), text, at in new]
+    if not new:
+        return []
+    # only the rows this insert wrote are counted: a writer beside it that stored the same grammar first (its
+    # insert then waits for that one's commit, and does nothing) counts none of it
+    written = set(conn.execute(
+        dialect_insert(conn.dialect.name, Grammar).on_conflict_do_nothing().returning(Grammar.api_key_id, Grammar.digest),
+        [{"api_key_id": key, "digest": d, "text": text} for (key, d), text, _ in new],
+    ).tuples())
+    return [(key, at, len(text)) for (key, d), text, at in new if (key, d) in written]
 
 
 NAMED = and_(Grammar.api_key_id == Response.api_key_id, Grammar.digest == Response.grammar_digest)  # the join

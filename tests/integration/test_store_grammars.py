@@ -6,10 +6,13 @@ is its own row, and the row goes with the last response of its key that uses it,
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 
-from sqlalchemy import func, select
+import pytest
+from sqlalchemy import func, select, text
 
-from liveloop.store import FeedbackRecord, ResponseRecord
+from liveloop.store import FeedbackRecord, ResponseRecord, grammars
 from liveloop.store.keys import utc_day
 from liveloop.store.models import Grammar, Response, utcnow
 
@@ -93,3 +96,32 @@ def test_insert_responses_stores_them_too(store):
     store.feedback.insert_responses([_response("x"), dataclasses.replace(_response("y"), api_key_id="k3")])
     assert store.feedback.get_response("x").grammar == GRAMMAR == store.feedback.get_response("y").grammar
     assert _grammar_rows(store) == [("k1", len(GRAMMAR)), ("k3", len(GRAMMAR))]
+
+
+def test_two_writers_storing_one_new_grammar_at_once_count_it_once(store, store_url):
+    """PostgreSQL: the second writer's insert waits on the first's uncommitted row, then writes nothing, and
+    so counts nothing (before: both counted its bytes in the key's day)."""
+    if not store_url.startswith("postgresql"):
+        pytest.skip("SQLite takes one writer at a time: the second reads the first's row and stores nothing")
+    rec, now = _response("x"), utcnow()
+    second: list = []
+    with store.db.engine.connect() as a, store.db.engine.connect() as b, store.db.engine.connect() as watch:
+        first_tx, second_tx = a.begin(), b.begin()
+        first = grammars.store_new(a, [rec], [now])  # written, not committed
+        writer = threading.Thread(target=lambda: second.append(grammars.store_new(b, [rec], [now])))
+        writer.start()
+        for _ in range(600):  # bounded: until the second insert waits on the first's row (a lock wait)
+            waiting = watch.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )).scalar()
+            if waiting:
+                break
+            watch.rollback()
+            time.sleep(0.05)
+        assert waiting, "the second writer never waited on the first"
+        first_tx.commit()
+        writer.join(30)
+        second_tx.commit()
+    assert [n for *_, n in first] == [len(GRAMMAR)]
+    assert second == [[]]  # it stored nothing: nothing to count
+    assert _grammar_rows(store) == [("k1", len(GRAMMAR))]
