@@ -302,6 +302,7 @@ class Shaper:
                 "messages": prompt + self._reply(r), "prompt_ids": lay.prompt_ids.astype(np.int32),
                 "completion_ids": lay.response_ids.astype(np.int32), "action_mask": lay.action_mask.astype(np.int8),
                 "behavior_logprobs": lay.behavior_logprobs, "versions": lay.versions, "turns": lay.turns,
+                "sampling_spans": [{"start": a, "end": b, "sampling": d.to_json()} for a, b, d in lay.sampling_spans],
                 "episode_id": episode.turns[0].id, "reward": r.reward, "label": r.reward == 1,
                 "response_id": r.response_id, "policy_version": r.policy_version, "rated_at": r.rated_at, **self._tools(r),
             }
@@ -368,6 +369,9 @@ def schema(shape: str, prompt_form: str, tools: bool = False) -> Any:
     """The Parquet (Arrow) schema of a shape (`tools`: the tool-calling message type and column)."""
     import pyarrow as pa
 
+    draw = pa.struct([("temperature", pa.float64()), ("top_p", pa.float64()), ("top_k", pa.int64()), ("min_p", pa.float64()),
+                      ("repetition_penalty", pa.float64()), ("min_tokens", pa.int64()), ("logprobs", pa.string())])
+
     ts = pa.timestamp("us", tz="UTC")
     tools = tools and prompt_form == "messages"
     if tools:
@@ -390,7 +394,9 @@ def schema(shape: str, prompt_form: str, tools: bool = False) -> Any:
         return pa.schema([
             ("messages", text), ("prompt_ids", pa.list_(pa.int32())), ("completion_ids", pa.list_(pa.int32())),
             ("action_mask", pa.list_(pa.int8())), ("behavior_logprobs", pa.list_(pa.float32())), ("versions", pa.list_(pa.int64())),
-            ("turns", pa.int32()), ("episode_id", pa.string()), ("reward", pa.int8()), ("label", pa.bool_()), *meta,
+            ("turns", pa.int32()),
+            ("sampling_spans", pa.list_(pa.struct([("start", pa.int32()), ("end", pa.int32()), ("sampling", draw)]))),
+            ("episode_id", pa.string()), ("reward", pa.int8()), ("label", pa.bool_()), *meta,
         ])
     if shape == "preference":
         return pa.schema([
@@ -404,9 +410,7 @@ def schema(shape: str, prompt_form: str, tools: bool = False) -> Any:
         ("segment", pa.string()), ("endpoint", pa.string()), ("finish_reason", pa.string()),
         ("prompt_ids", pa.list_(pa.int32())), ("response_ids", pa.list_(pa.int32())),
         ("behavior_logprobs", pa.list_(pa.float32())),
-        ("sampling", pa.struct([("temperature", pa.float64()), ("top_p", pa.float64()), ("top_k", pa.int64()), ("min_p", pa.float64()),
-                                ("repetition_penalty", pa.float64()), ("min_tokens", pa.int64()), ("logprobs", pa.string())])),
-        ("created_at", ts), ("rated_at", ts),
+        ("sampling", draw), ("created_at", ts), ("rated_at", ts),
     ])
 
 

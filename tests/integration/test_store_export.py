@@ -182,7 +182,7 @@ BAD = [
 ]
 
 
-def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys):
+def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, model_dir):
     url = f"sqlite:///{tmp_path / 's.db'}"
     assert cli.main(["store", "migrate", "--url", url]) == 0
     capsys.readouterr()
@@ -190,6 +190,8 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys):
         args = ["store", "export", "--url", url, "--shape", "kto"]
         if "--out" not in argv:
             args += ["--out", str(tmp_path / "x.parquet")]
+        if "--model" not in argv:  # the tests' model: not the default's, which a test before may or may not have imported
+            args += ["--model", str(model_dir)]
         assert cli.main(args + argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (argv, err)
@@ -270,15 +272,16 @@ def test_an_episode_exports_whole_with_its_action_mask(store, tok, text, tmp_pat
     p1, r1 = _ids(tok, "p"), _ids(tok, "call") + (end,)
     p2, r2 = p1 + r1 + _ids(tok, "four"), _ids(tok, "It is 4.") + (end,)
 
-    def turn(rid, prompt, reply, messages, output):
+    def turn(rid, prompt, reply, messages, output, draw):
         return ResponseRecord(
             id=rid, api_key_id="key-a", model="m", policy_version=0, endpoint="chat", prompt_ids=prompt, response_ids=reply,
-            behavior_logprobs=(-0.5,) * len(reply), finish_reason="stop", temperature=1.0, top_p=1.0, latency_ms=1.0,
-            messages=messages, tools=TOOLS, output=output, link=LinkKeys.of(prompt, reply, (end,)),
+            behavior_logprobs=(-0.5,) * len(reply), finish_reason="stop", temperature=draw.temperature, top_p=draw.top_p,
+            latency_ms=1.0, messages=messages, tools=TOOLS, output=output, link=LinkKeys.of(prompt, reply, (end,)), sampling=draw,
         )
 
-    store.feedback.write_batch([turn("e1", p1, r1, ask, called)])
-    store.feedback.write_batch([turn("e2", p2, r2, ask + [called, answer], {"role": "assistant", "content": "It is 4."})])
+    hot, plain_draw = Sampling(temperature=1.3, top_p=0.9, top_k=5), Sampling()  # the agent drew each turn its own way
+    store.feedback.write_batch([turn("e1", p1, r1, ask, called, hot)])
+    store.feedback.write_batch([turn("e2", p2, r2, ask + [called, answer], {"role": "assistant", "content": "It is 4."}, plain_draw)])
     store.feedback.write_batch([FeedbackRecord("e2", "key-a", 1)])
     result = export(store, tmp_path / f"ep.{fmt}", fmt, "episode", text=text)
     assert result.rows == 1 and result.skipped == {}
@@ -287,5 +290,8 @@ def test_an_episode_exports_whole_with_its_action_mask(store, tok, text, tmp_pat
     assert list(row["prompt_ids"]) == list(p1) and list(row["completion_ids"]) == list(r1 + _ids(tok, "four") + r2)
     observed = len(_ids(tok, "four"))
     assert list(row["action_mask"]) == [1] * len(r1) + [0] * observed + [1] * len(r2)
+    second = len(r1) + observed  # each trained turn's tokens with the draw they came from
+    assert [(d["start"], d["end"], Sampling.from_json(d["sampling"])) for d in row["sampling_spans"]] == [
+        (0, len(r1), hot), (second, second + len(r2), plain_draw)]
     assert [m["role"] for m in row["messages"]] == ["user", "assistant", "tool", "assistant"]
     assert row["messages"][1]["tool_calls"][0]["function"]["name"] == "calc" and json.loads(row["tools"]) == TOOLS
