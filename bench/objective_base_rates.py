@@ -9,7 +9,12 @@ prompts (clients/rewards.py `corpus_prompt`, the topics in turn, phrased by rand
 each rated by every candidate rule; per style: the rate among the replies that use markers of that
 style only (the corpus' STYLE_MARKERS), to show whether a rule is a style in disguise.
 
-    .venv/bin/python bench/objective_base_rates.py [--n 200] [--seed 0] [--max-tokens 48]
+    .venv/bin/python bench/objective_base_rates.py [--n 200] [--seed 0] [--max-tokens 48] [--model DIR] [--system TEXT]
+        [--out NAME]
+
+`--model`: another checkpoint directory (default: the tiny model; e.g. models/smollm2-135m-instruct, the
+shipped default), its replies sampled through its own chat template; `--system`: a system message before
+each prompt (what a deployment would say to the model); `--out`: the results file's name.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import math
 import random
 import time
+from pathlib import Path
 
 from common import default_model, save  # noqa: E402
 
@@ -31,21 +37,25 @@ CANDIDATES = (
 )
 
 
-def sample_replies(n: int, seed: int, max_tokens: int) -> list[str]:
+def sample_replies(n: int, seed: int, max_tokens: int, model_dir: Path, system: str | None = None) -> list[str]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from liveloop.clients.rewards import corpus_prompt
-    from liveloop.rl.rollout import chat_prompt_ids, sample_reply
+    from liveloop.rl.rollout import sample_reply
 
-    model_dir = default_model()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     rng = random.Random(seed)
     return [
-        sample_reply(model, tok, chat_prompt_ids(tok, corpus_prompt(i, rng)), max_tokens, torch.Generator().manual_seed(i)).text
+        sample_reply(model, tok, _prompt_ids(tok, corpus_prompt(i, rng), system), max_tokens, torch.Generator().manual_seed(i)).text
         for i in range(n)
     ]
+
+
+def _prompt_ids(tok, text: str, system: str | None) -> list[int]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
 
 
 def style_of(text: str) -> str | None:
@@ -65,11 +75,15 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--model", type=Path, default=None, help="a checkpoint directory (default: the tiny model)")
+    ap.add_argument("--system", default=None, help="a system message before each prompt")
+    ap.add_argument("--out", default="objective_base_rates")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
     t0 = time.perf_counter()
-    replies = sample_replies(args.n, args.seed, args.max_tokens)
+    model_dir = args.model.resolve() if args.model is not None else default_model()
+    replies = sample_replies(args.n, args.seed, args.max_tokens, model_dir, args.system)
     seconds = time.perf_counter() - t0
     styles = [style_of(r) for r in replies]
     specs = list(dict.fromkeys(SIX_OBJECTIVES + CANDIDATES))
@@ -92,8 +106,8 @@ def main() -> None:
     for row in rows:
         cells = " | ".join(f"{row['by_style'][s]:.2f}" for s in STYLES)
         print(f"| `{row['spec']}` | {'yes' if row['six'] else ''} | {row['rate']:.3f} ± {row['ci95']:.3f} | {cells} |")
-    path = save("objective_base_rates", {
-        "n": args.n, "seed": args.seed, "max_tokens": args.max_tokens, "temperature": 1.0,
+    path = save(args.out, {
+        "model": str(model_dir), "system": args.system, "n": args.n, "seed": args.seed, "max_tokens": args.max_tokens, "temperature": 1.0,
         "sample_seconds": seconds, "six_objectives": list(SIX_OBJECTIVES), "rates": rows,
         "styles": {s: styles.count(s) for s in STYLES} | {"mixed_or_none": styles.count(None)},
         "replies": replies,
