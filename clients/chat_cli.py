@@ -17,12 +17,14 @@ TOOL_HELP = "tools are on: when the model calls one, type the tool's result (it 
 
 
 def chat_loop(client: LiveloopClient, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout, max_tokens: int = 96,
-              tools: list[dict[str, Any]] | None = None, tool_choice: Any = None) -> int:
+              tools: list[dict[str, Any]] | None = None, tool_choice: Any = None, seed: int | None = None) -> int:
     print(HELP, file=stdout)
     if tools:
         print(TOOL_HELP, file=stdout)
     history: list[dict[str, Any]] = []
     params: dict[str, Any] = {"max_tokens": max_tokens}
+    if seed is not None:  # every reply drawn with it: a session that replays the same way
+        params["seed"] = seed
     if tools:
         params["tools"] = tools
         if tool_choice is not None:

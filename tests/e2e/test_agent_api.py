@@ -163,7 +163,7 @@ def test_vllm_benchmark_sampling_fields_are_served(oai):
 def test_the_responses_api_chain(oai, store):
     tools = [{"type": "function", "name": "calc", "description": "Add or multiply.", "parameters": CALC}]
     first = oai.responses.create(model=MODEL, input="What is 2 + 3?", instructions="Be brief.", max_output_tokens=12,
-                                 metadata={"run": "chain"})
+                                 metadata={"run": "chain"}, extra_body={"seed": 12})
     assert first.id.startswith("resp_") and first.status in ("completed", "incomplete") and first.output_text
     assert first.instructions == "Be brief." and first.metadata == {"run": "chain"}
     second = oai.responses.create(model=MODEL, input="And 4 + 4?", previous_response_id=first.id, tools=tools,
@@ -211,7 +211,7 @@ def test_responses_stream_events_in_order(oai):
     deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
     (call,) = final.output
     assert "".join(deltas) == call.arguments and json.loads(call.arguments)["op"] in ("add", "mul")
-    text = list(oai.responses.create(model=MODEL, input="Hi", max_output_tokens=8, stream=True))
+    text = list(oai.responses.create(model=MODEL, input="Hi", max_output_tokens=8, stream=True, extra_body={"seed": 13}))
     kinds = [e.type for e in text]
     assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
     assert "response.output_text.delta" in kinds and kinds[-1] in ("response.completed", "response.incomplete")

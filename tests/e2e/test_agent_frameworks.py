@@ -86,7 +86,7 @@ def test_langchain_bind_tools_and_structured_output(base_url):
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(model=MODEL, base_url=base_url, api_key=USER_KEY, max_tokens=BUDGET, max_retries=0, timeout=120)
+    llm = ChatOpenAI(model=MODEL, base_url=base_url, api_key=USER_KEY, max_tokens=BUDGET, max_retries=0, timeout=120, seed=11)
     called = llm.bind_tools([tool(weather)], tool_choice="weather").invoke("What is the weather in Paris?")
     assert [c["name"] for c in called.tool_calls] == ["weather"] and called.tool_calls[0]["args"]["unit"] in ("C", "F")
     assert called.tool_calls[0]["id"].startswith("call_")
@@ -100,7 +100,7 @@ def test_pydantic_ai_output_type(base_url):
     from pydantic_ai.providers.openai import OpenAIProvider
 
     model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=base_url, api_key=USER_KEY))
-    agent = Agent(model, output_type=Weather, model_settings={"max_tokens": BUDGET, "timeout": 120})
+    agent = Agent(model, output_type=Weather, model_settings={"max_tokens": BUDGET, "timeout": 120, "seed": 11})
     result = agent.run_sync("Describe the weather in Paris.")
     assert isinstance(result.output, Weather)
     # pydantic-ai answers through its output tool, which it forces: the call and its arguments were parsed

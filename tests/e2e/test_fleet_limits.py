@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2, ServerProcess
+from liveloop.devtools import ADMIN_KEY, USER_KEY, USER_KEY_2, ServerProcess, wait_until
 from ..conftest import fresh_pg_database
 from .conftest import start_server, stop_server
 
@@ -30,8 +30,8 @@ pytestmark = pytest.mark.slow
 RATE = 16  # chats (and ratings) per key per minute, fleet-wide
 PER_CLIENT, TOTAL = 6, 12  # failed sign-ins per minute: per client address, all together
 # what the other server may answer before this one reads its count (a sync every 0.1 s, requests one at a time:
-# 1 or 2 here, more on a loaded machine); the per-replica limits of before let twice each limit through
-SLACK, SIGN_IN_SLACK = 5, 3
+# 1 or 2 here, more on a loaded machine) is bounded by the sync, not by the limit; the per-replica limits of
+# before let exactly twice each limit through, so "fewer than twice" is what tells the two apart
 SETTLED = 0.6  # seconds: several syncs, after which each server has read what the other pushed
 LIMITS = f"""
 chat_requests_per_minute = {RATE}
@@ -95,27 +95,27 @@ def _refused_for_a_while(r: httpx.Response) -> None:
 
 def test_a_key_alternating_between_servers_meets_its_limit_once(fleet):
     served, refused = _until_refused(lambda s: _chat(s, USER_KEY), fleet, 2 * RATE + 2)
-    assert RATE <= served <= RATE + SLACK, f"{served} chats served, limit {RATE} a minute fleet-wide"
+    assert RATE <= served < 2 * RATE, f"{served} chats served, limit {RATE} a minute fleet-wide"
     _refused_for_a_while(refused)
-    time.sleep(SETTLED)
+    wait_until(lambda: all(_chat(s, USER_KEY).status_code == 429 for s in fleet), 10, "both servers refusing the key")
     for server in fleet:  # and both servers refuse it now
         _refused_for_a_while(_chat(server, USER_KEY))
     assert _chat(fleet[0], USER_KEY_2).status_code == 200  # another key has its own count
 
     rated, refused = _until_refused(lambda s: _rate(s, USER_KEY_2), fleet, 2 * RATE + 2)
-    assert RATE <= rated <= RATE + SLACK, f"{rated} ratings answered, limit {RATE} a minute fleet-wide"
+    assert RATE <= rated < 2 * RATE, f"{rated} ratings answered, limit {RATE} a minute fleet-wide"
     _refused_for_a_while(refused)
 
 
 def test_failed_sign_ins_spread_over_servers_meet_one_throttle(fleet):
     failed, refused = _until_refused(lambda s: _sign_in(s, "wrong"), fleet, 2 * PER_CLIENT + 2)
-    assert PER_CLIENT <= failed <= PER_CLIENT + SIGN_IN_SLACK, f"{failed} failed sign-ins from one address before a 429"
+    assert PER_CLIENT <= failed < 2 * PER_CLIENT, f"{failed} failed sign-ins from one address before a 429"
     _refused_for_a_while(refused)
-    time.sleep(SETTLED)
+    time.sleep(SETTLED)  # not a probe: a sign-in admitted meanwhile would change the counts below
     for server in fleet:
         assert _sign_in(server, ADMIN_KEY).status_code == 429  # the right key waits too
     # more addresses, spread over both servers: the total holds (failures so far count)
     sources = iter(f"127.0.0.{i}" for i in range(2, 2 * TOTAL + 2))
     more, refused = _until_refused(lambda s: _sign_in(s, "wrong", next(sources)), fleet, 2 * TOTAL)
-    assert TOTAL <= failed + more <= TOTAL + 2 * SIGN_IN_SLACK, f"{failed + more} failed sign-ins in all before a 429"
+    assert TOTAL <= failed + more < 2 * TOTAL, f"{failed + more} failed sign-ins in all before a 429"
     _refused_for_a_while(refused)

@@ -28,7 +28,7 @@ def hf_server(tmp_path_factory, model_dir):
 def test_openai_client_on_hf_engine(hf_server, model_dir):
     oai = openai.OpenAI(base_url=hf_server.base_url + "/v1", api_key=USER_KEY, max_retries=0)
     msgs = [{"role": "user", "content": "What do you think of rain?"}]
-    resp = oai.chat.completions.create(model="liveloop-tiny", messages=msgs, max_tokens=32, extra_body={"return_token_ids": True})
+    resp = oai.chat.completions.create(model="liveloop-tiny", messages=msgs, max_tokens=32, seed=2, extra_body={"return_token_ids": True})
     streamed = "".join(
         c.choices[0].delta.content or "" for c in oai.chat.completions.create(model="liveloop-tiny", messages=msgs, max_tokens=32, stream=True, seed=1) if c.choices
     )
@@ -57,7 +57,7 @@ def test_chat_cli_rates_replies(hf_server):
     stdin = io.StringIO("Tell me about trains.\nu\nAnd about bread?\nd\n/quit\n")
     stdout = io.StringIO()
     with LiveloopClient(hf_server.base_url, USER_KEY) as client:
-        assert chat_loop(client, stdin=stdin, stdout=stdout, max_tokens=24) == 0
+        assert chat_loop(client, stdin=stdin, stdout=stdout, max_tokens=24, seed=3) == 0
     out = stdout.getvalue()
     assert out.count("bot> ") == 2 and "thumbs up recorded" in out and "thumbs down recorded" in out
     ids = [line.split("[", 1)[1].split(" ", 1)[0] for line in out.splitlines() if "· version" in line]
@@ -76,7 +76,10 @@ def test_chat_cli_shows_tool_calls_and_takes_their_results(hf_server):
     stdin = io.StringIO("What is 2 + 2?\n4\nu\n/quit\n")
     stdout = io.StringIO()
     with LiveloopClient(hf_server.base_url, USER_KEY) as client:
-        assert chat_loop(client, stdin=stdin, stdout=stdout, max_tokens=120, tools=tools, tool_choice={"type": "function", "function": {"name": "calc"}}) == 0
+        # seeded: the answer after the result is one reply (unseeded, a draw that imitated the call in its
+        # history would call again, and the session would read the rating as that call's result)
+        assert chat_loop(client, stdin=stdin, stdout=stdout, max_tokens=120, tools=tools,
+                         tool_choice={"type": "function", "function": {"name": "calc"}}, seed=3) == 0
     out = stdout.getvalue()
     assert out.count("bot> ") == 2 and "[tool call call_" in out and "result of calc [call_" in out
     assert out.count("rate") == 1 and "rate the episode (2 turns)?" in out
@@ -120,7 +123,7 @@ def test_a_schema_that_cannot_be_satisfied_is_a_400_for_its_request_alone(hf_ser
     beside: list[httpx.Response] = []
     other = threading.Thread(target=lambda: beside.append(httpx.post(
         hf_server.base_url + "/v1/chat/completions", headers=headers, timeout=120,
-        json={"model": "liveloop-tiny", "max_tokens": 16, "messages": [{"role": "user", "content": "Tell me about rain."}]})))
+        json={"model": "liveloop-tiny", "max_tokens": 16, "seed": 4, "messages": [{"role": "user", "content": "Tell me about rain."}]})))
     other.start()
     r = httpx.post(hf_server.base_url + "/v1/chat/completions", headers=headers, json=dead, timeout=120)
     other.join(120)

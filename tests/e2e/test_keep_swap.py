@@ -38,7 +38,7 @@ async def _stream(oai: openai.AsyncOpenAI, i: int, started: asyncio.Event) -> di
         seed=i,
         stream=True,
         logprobs=True,
-        extra_body={"return_token_ids": True},
+        extra_body={"return_token_ids": True, "ignore_eos": True},  # 160 tokens each: a reply that ended early crosses no swap
     )
     out: dict = {"id": None, "tokens": [], "logprobs": [], "arrived": [], "spans": None, "version": None}
     async for chunk in stream:

@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 
 from liveloop.devtools import ServerProcess, wait_until
 
-from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, open_store, start_server, stop_server
+from .conftest import ADMIN_KEY, USER_KEY, USER_KEY_2, metric, open_store, start_server, stop_server
 
 CHAT = "/v1/chat/completions"
 BODY_TIMEOUT = 2.0
@@ -136,6 +136,10 @@ def test_a_non_stream_client_that_disconnects_stops_its_generation(server):
             f"POST {CHAT} HTTP/1.1\r\nHost: {_host(server)}\r\nAuthorization: Bearer {USER_KEY}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
         )
+        # the reset must come after the server took the request (before it, nothing is generated nor logged):
+        # wait for its generation to run, however slowly the loaded machine reads the socket
+        wait_until(lambda: metric(server.base_url, "liveloop_server_generations_running") >= 1, 30, "the generation to start",
+                   interval=0.01)
         time.sleep(took / fraction)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()  # reset, mid-generation

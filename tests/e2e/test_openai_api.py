@@ -51,7 +51,7 @@ def test_models(oai):
 
 def test_chat_non_streaming(oai, store, reference):
     raw = oai.chat.completions.with_raw_response.create(
-        model=MODEL, messages=PROMPT, max_tokens=40, logprobs=True, top_logprobs=3, extra_body={"return_token_ids": True}
+        model=MODEL, messages=PROMPT, max_tokens=40, logprobs=True, top_logprobs=3, seed=1, extra_body={"return_token_ids": True}
     )
     resp = raw.parse()
     version = int(raw.headers["x-liveloop-policy-version"])
@@ -85,6 +85,7 @@ def test_chat_streaming(oai, store, reference):
         model=MODEL,
         messages=PROMPT,
         max_tokens=48,
+        seed=2,
         stream=True,
         logprobs=True,
         stream_options={"include_usage": True},
@@ -131,12 +132,12 @@ def test_text_only_stream_matches_the_whole_response(oai, store):
 
 
 def test_completions_both_modes(oai, store, reference):
-    resp = oai.completions.create(model=MODEL, prompt="The moon", max_tokens=20, logprobs=2, extra_body={"return_token_ids": True})
+    resp = oai.completions.create(model=MODEL, prompt="The moon", max_tokens=20, logprobs=2, seed=3, extra_body={"return_token_ids": True})
     choice = resp.choices[0]
     assert len(choice.logprobs.tokens) == len(choice.logprobs.token_logprobs) == resp.usage.completion_tokens
     _check_row(store, reference, resp.id, choice.model_extra["token_ids"], resp.model_extra["policy_version"])
     text, rid = "", None
-    for chunk in oai.completions.create(model=MODEL, prompt="The moon", max_tokens=20, stream=True):
+    for chunk in oai.completions.create(model=MODEL, prompt="The moon", max_tokens=20, seed=4, stream=True):
         rid = chunk.id
         text += chunk.choices[0].text if chunk.choices else ""
     assert len(store.feedback.get_response(rid).response_ids) > 0 and text
@@ -190,9 +191,9 @@ def test_feedback_rules(vllm_server, oai, store):
 
 def test_liveloop_client(vllm_server, store):
     with LiveloopClient(vllm_server.base_url, USER_KEY) as client:
-        reply = client.chat(PROMPT, max_tokens=24)
+        reply = client.chat(PROMPT, max_tokens=24, seed=5)
         assert reply.text and reply.token_ids == store.feedback.get_response(reply.id).response_ids.tolist()
-        pieces = list(client.stream_chat(PROMPT, max_tokens=24))
+        pieces = list(client.stream_chat(PROMPT, max_tokens=24, seed=6))
         streamed = pieces[-1]
         assert "".join(p for p in pieces[:-1]) == streamed.text
         assert store.feedback.get_response(streamed.id).response_ids.tolist() == streamed.token_ids

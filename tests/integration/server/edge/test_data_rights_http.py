@@ -28,7 +28,9 @@ from liveloop.server.edge.auth import key_id
 from liveloop.store import Store, StoreConfig, VersionStatus
 
 MSG = [{"role": "user", "content": "Tell me a long story about the sea and the night."}]
-LONG = {"max_tokens": 480, "temperature": 1.0, "seed": 7}
+# ignore_eos: the reply runs its 480 tokens whatever it says, so it is still generating after the first
+# chunk however slowly the test's own thread gets there (a reply that ended on its own could be stored first)
+LONG = {"max_tokens": 480, "temperature": 1.0, "seed": 7, "extra_body": {"ignore_eos": True}}
 
 
 class Running:

@@ -232,8 +232,8 @@ async def test_drain_swap_finishes_running_generations_on_their_version(engine):
     assert set(late.versions) == {1} and late.admitted == 1
 
 
-@pytest.mark.parametrize("interval_ms, pieces", [(0, 24), (1000, 2)])
-async def test_tokens_reach_a_stream_merged_within_the_delta_interval(model_dir, interval_ms, pieces):
+@pytest.mark.parametrize("interval_ms", [0, 1000])
+async def test_tokens_reach_a_stream_merged_within_the_delta_interval(model_dir, interval_ms):
     # 0: every token as it is sampled; a long interval: the first token at once, the rest with the last
     engine = await _engine(model_dir, delta_interval_ms=interval_ms)
     try:
@@ -244,5 +244,9 @@ async def test_tokens_reach_a_stream_merged_within_the_delta_interval(model_dir,
         again = await _collect(engine, _req(1, PROMPTS[0], seed=3))
     finally:
         await engine.close()
-    assert len(sizes) == pieces and sum(sizes) == 24 and sizes[0] == 1
+    assert sum(sizes) == 24 and sizes[0] == 1  # the first token at once, whatever the interval
+    if interval_ms == 0:
+        assert len(sizes) == 24  # every token as it is sampled
+    else:  # merged: the rest in one piece when 23 tokens take under a second, a few more on a loaded machine
+        assert 2 <= len(sizes) < 24 and max(sizes) > 1
     assert torch.allclose(torch.tensor(again.logprobs), _forward_logprobs(engine.model, PROMPTS[0], again.ids), atol=1e-4)
