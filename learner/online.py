@@ -321,7 +321,6 @@ class OnlineLearner:
         if self.memory.passes(last_id):  # it ran out of memory alone twice (learner/memory.py)
             self._pass_too_big(samples, last_id)
             return True
-        self.publishing.supersede()  # a version held back for this step never is (coalesce_versions)
         started, updates = time.perf_counter(), self.policy_opt.updates
         try:
             host, host_values, host_advantages, metrics = self._train(samples)
@@ -336,6 +335,7 @@ class OnlineLearner:
             self.busy_seconds += time.perf_counter() - started
             return True
         self.memory.stepped(last_id)
+        self.publishing.supersede()  # a version held back for this step never is (coalesce_versions)
         metrics |= self.method.stats() | self.ratings.stats() | self.window.add(host, host_values, host_advantages)
         metrics |= self.memory.stats()
         if self.restart is not None:
