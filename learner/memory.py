@@ -8,10 +8,11 @@
 An allocation that fails inside a step (torch's CPU allocator, CUDA's `OutOfMemoryError`, Python's
 `MemoryError`) is the rated reply's size meeting the machine's memory, not a bug: crashing would restart
 the learner on the same batch, fail again, and after the supervisor's few restarts stop learning for
-every key. Instead the learner drops the step (it reloads the version it last published: a failed step
-may have moved the critic or part of an optimizer), hands its heap back and retries: a batch of several
-ratings one rating at a time, and one rating once more (the peak may have been the engine's, beside
-it). A rating that fails alone twice is not trained: the cursor moves past it, counted as
+every key. Instead the learner drops the step (its gradients; and if the policy's update had begun, it
+reloads the version it last published), hands its heap back and retries: a batch of several ratings one
+rating at a time, a lone rating once more (the peak may have been the engine's, beside it). A rating
+that fails twice (alone, or last in its batch and then alone), or a group the method cannot split
+(GRPO) that fails twice, is not trained: the cursor moves past it, counted as
 `learner/skipped_samples_memory` (alarmed like every skipped sample); the rating and its reply stay in
 the store for a replay on a larger machine. The served version is never touched: nothing is published
 from a failed step.
@@ -50,12 +51,12 @@ class MemoryRetreat:
 
     def failed(self, batch: int, last_id: int) -> str:
         """A step of `batch` ratings through feedback `last_id` ran out of memory: "retry" it (one rating at
-        a time, or once more alone) or "pass" it when it comes up again (after the reload, the ratings
-        before it that were trained and not published are trained again first)."""
+        a time, or once more alone) or "pass" it: at once where the learner's cursor did not move, else
+        (after a reload, which trains again what was not published) when it comes up (`passes`)."""
         self.failures += 1
         self.until = max(self.until, last_id)
-        if batch > 1 and self.batch_limit is None:
-            self.batch_limit = 1
+        if batch > 1 and self.batch_limit is None:  # its last rating has failed once (a group's: the group)
+            self.batch_limit, self.failed_alone = 1, last_id
             return "retry"
         self.batch_limit = 1  # a batch the method cannot split (a GRPO group) is retried and passed whole
         if self.failed_alone != last_id:

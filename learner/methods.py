@@ -67,6 +67,9 @@ class Method(Protocol):
     def reset(self) -> None:
         """Forget buffered state (after a rollback reloads another version)."""
 
+    def retake(self) -> None:
+        """The last batch's step failed (out of memory: learner/memory.py): offer its ratings again."""
+
     def stats(self) -> dict[str, float]:
         """Cumulative method metrics, merged into the learner's metrics."""
 
@@ -187,6 +190,10 @@ class SAO:
         self._skipped = None
         self._reset_levers()
 
+    def retake(self) -> None:
+        """Nothing to do: the next batch is read from the cursor, which the failed step did not move, and
+        the influence caps forget what was committed past it (`InfluenceCaps.forget_after`)."""
+
     def stats(self) -> dict[str, float]:
         return self.caps.stats() | self.levers
 
@@ -231,6 +238,10 @@ class GRPO(SAO):
 
     def __init__(self, config: LearnerConfig):
         super().__init__(config)
+        self.reset()
+
+    def retake(self) -> None:
+        """The group that failed left the buffer: read everything past the cursor again."""
         self.reset()
 
     def reset(self) -> None:

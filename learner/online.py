@@ -407,7 +407,12 @@ class OnlineLearner:
         gc.collect()
         heap.trim()
         if policy_moved:  # if it fails all the same, the learner's supervisor starts a fresh one
-            self.reload()
+            self.reload()  # the batch passes when it comes up again, after what the reload trains again
+        elif verdict == "pass":  # the cursor is where it was before this batch: past it now
+            self.memory.passes(last_id)
+            self._pass_too_big(samples, last_id)
+        else:
+            self.method.retake()
         self.state.last_metrics = dict(self.state.last_metrics) | self.memory.stats()
 
     def _pass_too_big(self, samples: list[Sample], last_id: int) -> None:

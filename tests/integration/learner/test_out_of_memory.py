@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from liveloop.critic.config import CriticConfig
-from liveloop.learner.config import LearnerConfig
+from liveloop.learner.config import GRPOConfig, LearnerConfig
 from liveloop.learner.online import OnlineLearner
 from liveloop.store import FeedbackRecord, ResponseRecord, Store, StoreConfig
 
@@ -44,12 +44,12 @@ def _memory_nearly_full(room: int) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
-def _reply(store: Store, rid: str, length: int, reward: int = 1) -> None:
+def _reply(store: Store, rid: str, length: int, reward: int = 1, group: str | None = None) -> None:
     rng = np.random.default_rng(sum(map(ord, rid)))
     response = tuple(int(x) for x in rng.integers(5, 500, length))
     rec = ResponseRecord(
         rid, "k", "m", 0, "chat", tuple(int(x) for x in rng.integers(5, 500, 6)), response,
-        (-2.0,) * length, "stop", 1.0, 1.0, 1.0,
+        (-2.0,) * length, "stop", 1.0, 1.0, 1.0, request_meta={"group": group} if group else None,
     )
     store.feedback.write_batch([rec])
     store.feedback.put_feedback(FeedbackRecord(rid, "k", reward))
@@ -63,30 +63,32 @@ def _learner(store: Store, tmp_path, model_dir, **kw) -> OnlineLearner:
     )
 
 
-def _run_limited(db: str, versions: str, model_dir: str, batch_size: int, warm: int, replies: list[tuple[str, int]],
+def _run_limited(db: str, versions: str, model_dir: str, config: dict, warm: int, replies: list[tuple[str, int]],
                  room: int, out: object) -> None:
-    """In a fresh process (its heap holds only this): a learner at `batch_size` takes one step on `warm`
-    short ratings unlimited, then steps on `replies` (name, response tokens) with `room` bytes to grow
-    by, until its cursor is past them (at most 16 steps). Puts what happened on `out`."""
+    """In a fresh process (its heap holds only this): a learner (LearnerConfig `config`) takes one step on
+    `warm` short ratings unlimited, then steps on `replies` (name, response tokens) with `room` bytes to
+    grow by, until it has consumed them (at most 16 steps). Puts what happened on `out`. For a group
+    method the warm ratings are one group and the replies another."""
     import torch
 
     torch.set_num_threads(1)
     store = Store(StoreConfig(url=db))
-    learner = _learner(store, Path(versions), Path(model_dir), batch_size=batch_size, publish_every_steps=1)
+    learner = _learner(store, Path(versions), Path(model_dir), publish_every_steps=1, **config)
+    grouped = "grpo" in config.get("method", "")
     for i in range(warm):
-        _reply(store, f"warm{i}", 8, reward=i % 2)
+        _reply(store, f"warm{i}", 8, reward=i % 2, group="warm" if grouped else None)
     assert learner.step() and learner.state.version == 1
     served = store.versions.get_version(1)
-    for name, length in replies:
-        _reply(store, name, length)
+    for i, (name, length) in enumerate(replies):
+        _reply(store, name, length, reward=i % 2, group="replies" if grouped else None)
     end, steps = warm + len(replies), 0
     with _memory_nearly_full(room):
-        while learner.state.cursor < end and steps < 16:
+        while learner.state.pending_cursor < end and steps < 16:
             learner.step()
             steps += 1
     s, m = learner.state, learner.status().lanes[0].metrics
     out.put({
-        "version": s.version, "samples": s.samples, "cursor": s.cursor, "steps": steps,
+        "version": s.version, "samples": s.samples, "cursor": s.cursor, "pending_cursor": s.pending_cursor, "steps": steps,
         "versions": [v.version for v in store.versions.list_versions()],
         "served_unchanged": store.versions.get_version(1) == served,
         "failures": learner.memory.failures, "limit": learner.memory.batch_limit,
@@ -96,7 +98,7 @@ def _run_limited(db: str, versions: str, model_dir: str, batch_size: int, warm: 
     store.close()
 
 
-def _limited(store_dir: Path, model_dir: Path, batch_size: int, warm: int, replies: list[tuple[str, int]], room: int) -> dict:
+def _limited(store_dir: Path, model_dir: Path, config: dict, warm: int, replies: list[tuple[str, int]], room: int) -> dict:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     db = f"sqlite:///{store_dir / 'l.db'}"
@@ -104,7 +106,7 @@ def _limited(store_dir: Path, model_dir: Path, batch_size: int, warm: int, repli
     store.migrate()
     store.versions.ensure_base_version(str(model_dir))
     store.close()
-    child = ctx.Process(target=_run_limited, args=(db, str(store_dir / "versions"), str(model_dir), batch_size, warm, replies, room, out))
+    child = ctx.Process(target=_run_limited, args=(db, str(store_dir / "versions"), str(model_dir), config, warm, replies, room, out))
     child.start()
     try:
         for _ in range(300):  # bounded: the child's run takes seconds
@@ -125,7 +127,7 @@ def _linux_data_limit():
 
 
 def test_a_reply_too_big_to_train_is_passed_and_the_served_version_stays(tmp_path, model_dir):
-    r = _limited(tmp_path, model_dir, 1, 1, [("long", LONG), ("short", 8)], ROOM)
+    r = _limited(tmp_path, model_dir, {"batch_size": 1}, 1, [("long", LONG), ("short", 8)], ROOM)
     assert r["failures"] == 2  # alone, twice: then passed, untrained
     assert (r["version"], r["samples"], r["cursor"]) == (2, 2, 3)  # the short one behind it trained in the same room
     assert r["versions"] == [0, 1, 2] and r["served_unchanged"]  # nothing was published from a failed step
@@ -133,7 +135,17 @@ def test_a_reply_too_big_to_train_is_passed_and_the_served_version_stays(tmp_pat
 
 
 def test_a_batch_that_does_not_fit_trains_one_rating_at_a_time(tmp_path, model_dir):
-    r = _limited(tmp_path, model_dir, 4, 4, [(f"mid{i}", MID) for i in range(4)], ROOM)
+    r = _limited(tmp_path, model_dir, {"batch_size": 4}, 4, [(f"mid{i}", MID) for i in range(4)], ROOM)
     assert r["failures"] == 1  # the batch of four; each alone fits
     assert (r["samples"], r["cursor"], r["skipped"]) == (4 + 4, 8, 0.0)
     assert r["limit"] is None and r["versions"] == [0, 1, 2, 3, 4, 5]  # past the failed batch, batches grow again
+
+
+def test_a_group_that_does_not_fit_is_passed_whole(tmp_path, model_dir):
+    """GRPO's batch is a group, which is not split: it is tried twice, then passed, and nothing is lost
+    behind it (the group left the method's buffer at the first try: it is read again for the second)."""
+    r = _limited(tmp_path, model_dir, {"method": "grpo", "grpo": GRPOConfig(group_size=2)}, 2,
+                 [("long0", LONG), ("long1", LONG)], ROOM)
+    assert r["failures"] == 2 and (r["samples"], r["pending_cursor"]) == (2, 4)  # past the group (its cursor: the next publish)
+    assert r["versions"] == [0, 1] and r["served_unchanged"]
+    assert r["skipped_memory"] == 2.0

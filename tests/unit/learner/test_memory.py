@@ -44,3 +44,9 @@ def test_a_lone_rating_that_fits_the_second_time_trains():
     assert r.failed(1, last_id=3) == "retry"
     r.stepped(3)
     assert r.failed_alone is None and r.batch_limit is None and r.to_pass is None
+
+
+def test_a_group_the_method_cannot_split_is_passed_on_its_second_failure():
+    r = MemoryRetreat()
+    assert r.failed(2, last_id=6) == "retry"  # a GRPO group of two
+    assert r.failed(2, last_id=6) == "pass" and r.passes(6)  # offered whole again: passed whole
