@@ -321,7 +321,8 @@ class OnlineLearner:
         if self.memory.passes(last_id):  # it ran out of memory alone twice (learner/memory.py)
             self._pass_too_big(samples, last_id)
             return True
-        started, updates = time.perf_counter(), self.policy_opt.updates
+        started = time.perf_counter()
+        updates = self.policy_opt.updates if c.ranks == 1 else 0  # across ranks a failure is not caught (below)
         try:
             host, host_values, host_advantages, metrics = self._train(samples)
         except Exception as exc:
